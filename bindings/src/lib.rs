@@ -1,0 +1,32 @@
+//! Every type that crosses a process boundary in shmbroker.
+//!
+//! Each type here is `#[repr(C)]`, [`bytemuck::Pod`], made of fixed-width integers with explicit
+//! padding, and has a compile-time size assertion, so its bytes mean the same thing in every process
+//! that maps them. This crate has no `unsafe` and does no I/O: it only describes bytes. Validating a
+//! value that came from another process is the job of the crate that reads it, which compares it
+//! against the constants defined here and names expected and found values in its errors.
+//!
+//! All wire integers are little-endian. The crate refuses to build for a big-endian target rather
+//! than silently byte-swap shared memory that atomics also touch.
+//!
+//! ```
+//! use shmbroker_bindings::{RING_MAGIC, RING_LAYOUT_VERSION, RingLayout};
+//!
+//! let layout = RingLayout::new(8, 8, 16, 1024, 384);
+//! assert_eq!(layout.magic, RING_MAGIC);
+//! assert_eq!(layout.version, RING_LAYOUT_VERSION);
+//! assert_eq!(layout.file_size, 384 + 16 * 1024);
+//! // Any 48 bytes are a valid `RingLayout`; whether they describe a ring is for the reader to check.
+//! let from_peer: RingLayout = bytemuck::pod_read_unaligned(&[0xAB; 48]);
+//! assert_ne!(from_peer.magic, RING_MAGIC);
+//! ```
+#![no_std]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("shmbroker's wire format is little-endian; big-endian targets are not supported");
+
+mod ring;
+
+pub use ring::{RING_LAYOUT_VERSION, RING_MAGIC, RingLayout};

@@ -1,0 +1,204 @@
+//! Spin-then-park waiting on a shared 32-bit word, with no lost wake-ups.
+//!
+//! Each direction of a ring has one [`WaitWord`]: the consumer sleeps on one while the ring is
+//! empty, the producer on the other while it is full. The word is `IDLE` (0) or `WAITING` (1).
+//!
+//! # The protocol
+//!
+//! *Waker* (after publishing: a slot's sequence number, the consumer cursor, or a close flag):
+//!
+//! ```text
+//! publish X                          // a Release store
+//! if word.swap(IDLE, AcqRel) == WAITING { FUTEX_WAKE(word) }
+//! ```
+//!
+//! *Waiter* (after spinning on `check()` for a bounded number of rounds):
+//!
+//! ```text
+//! loop {
+//!     word.swap(WAITING, AcqRel)     // register
+//!     if check() sees X { word.swap(IDLE, AcqRel); return }
+//!     FUTEX_WAIT(word, WAITING, remaining time)
+//! }
+//! ```
+//!
+//! # Why no wake-up is lost
+//!
+//! Both sides touch the word only with read-modify-write operations (unregistering too), so every
+//! write to the word is part of the release sequence of the waker's swap before it, the swaps are
+//! ordered in the word's modification order, and each swap reads the value written immediately
+//! before it:
+//!
+//! * If the waiter's registration comes first, the waker's swap reads `WAITING` and issues
+//!   `FUTEX_WAKE`. The kernel compares the word and queues the sleeper under one lock, and the
+//!   waker changed the word to `IDLE` before waking, so either the waiter's `FUTEX_WAIT` finds
+//!   `IDLE` and returns at once, or it is already queued and the wake reaches it.
+//! * If the waker's swap comes first, the waiter's swap reads from it. The waker's swap is a
+//!   Release operation sequenced after the publication of X and the waiter's swap is an Acquire,
+//!   so X happens-before the waiter's `check()`, which therefore sees X and does not sleep.
+//!
+//! Either way the waiter never sleeps through a publication. A stray wake (a waker resetting a
+//! word that a waiter set for a later round) only makes `FUTEX_WAIT` return early; the waiter
+//! re-checks and re-registers. Every sleep is also bounded by the caller's deadline.
+//!
+//! Cost on the hot path: one uncontended swap on a cache line that only the waker writes while
+//! nobody parks, and a system call only when a waiter has registered. The loom tests in
+//! `loom_tests.rs` check the protocol; loom models the futex as a mutex and condition variable
+//! whose wait re-checks the word under the mutex, which is the kernel's contract.
+//!
+//! Across processes the word lives in a `MAP_SHARED` mapping, so the futex calls use the shared
+//! (non-`FUTEX_PRIVATE_FLAG`) forms, which the kernel keys by file and offset.
+
+use crate::sync::{AtomicU32, Ordering, spin_loop};
+use std::time::{Duration, Instant};
+
+const IDLE: u32 = 0;
+const WAITING: u32 = 1;
+
+/// How many spins run between two clock reads while spinning under a deadline.
+const SPINS_PER_CLOCK_READ: u32 = 256;
+
+/// A 32-bit word one side of a ring sleeps on and the other side wakes.
+///
+/// Outside loom this is exactly one `u32` (zero is `IDLE`), so a zero-filled mapping holds a valid
+/// idle word.
+#[cfg_attr(not(loom), repr(transparent))]
+#[derive(Debug)]
+pub(crate) struct WaitWord {
+    state: AtomicU32,
+    #[cfg(loom)]
+    sleepers: loom::sync::Mutex<()>,
+    #[cfg(loom)]
+    condvar: loom::sync::Condvar,
+}
+
+#[cfg(not(loom))]
+const _: () = assert!(size_of::<WaitWord>() == 4);
+
+impl WaitWord {
+    #[cfg(loom)]
+    pub(crate) fn new() -> Self {
+        Self {
+            state: AtomicU32::new(IDLE),
+            sleepers: loom::sync::Mutex::new(()),
+            condvar: loom::sync::Condvar::new(),
+        }
+    }
+
+    /// Wakes the other side if it registered as waiting. Call after every publication.
+    #[inline(always)]
+    pub(crate) fn wake(&self) {
+        if self.state.swap(IDLE, Ordering::AcqRel) != IDLE {
+            self.futex_wake();
+        }
+    }
+
+    /// Runs `check` until it returns `Some`, spinning up to `spin_limit` times and then parking on
+    /// this word; returns `None` once `deadline` has passed (`None` deadline: no limit).
+    pub(crate) fn wait_until<R>(
+        &self,
+        spin_limit: u32,
+        deadline: Option<Instant>,
+        mut check: impl FnMut() -> Option<R>,
+    ) -> Option<R> {
+        if let Some(done) = check() {
+            return Some(done);
+        }
+        let mut spins = 0;
+        while spins < spin_limit {
+            spin_loop();
+            if let Some(done) = check() {
+                return Some(done);
+            }
+            spins += 1;
+            if spins % SPINS_PER_CLOCK_READ == 0 && remaining(deadline).is_none() {
+                return None;
+            }
+        }
+        loop {
+            self.state.swap(WAITING, Ordering::AcqRel);
+            if let Some(done) = check() {
+                self.unregister();
+                return Some(done);
+            }
+            let Some(timeout) = remaining(deadline) else {
+                self.unregister();
+                return None;
+            };
+            self.futex_wait(WAITING, timeout);
+        }
+    }
+
+    /// Leaves the waiting state. A swap, not a store: a plain store would end the release sequence
+    /// of a waker's swap that came just before it, and the next registration, reading the plain
+    /// store, would then not synchronise with that waker's publication (loom finds this).
+    fn unregister(&self) {
+        self.state.swap(IDLE, Ordering::AcqRel);
+    }
+
+    /// Sleeps while the word is `expected`, for at most `timeout` (`None`: no limit). Returns on a
+    /// wake, a changed word, a signal or the timeout alike: the caller re-checks.
+    #[cfg(not(loom))]
+    fn futex_wait(&self, expected: u32, timeout: Option<Duration>) {
+        use nix::libc;
+        let timespec = timeout.map(|t| libc::timespec {
+            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(t.subsec_nanos()),
+        });
+        let timespec_ptr = timespec
+            .as_ref()
+            .map_or(core::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: futex(2) FUTEX_WAIT only reads the 4-byte aligned word, which stays mapped for
+        // as long as `self` is borrowed, and the timespec, which lives on this stack frame. Its
+        // result is deliberately ignored: woken, EAGAIN, EINTR and ETIMEDOUT all mean "re-check".
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.state.as_ptr(),
+                libc::FUTEX_WAIT,
+                expected,
+                timespec_ptr,
+            )
+        };
+    }
+
+    #[cfg(not(loom))]
+    #[cold]
+    fn futex_wake(&self) {
+        use nix::libc;
+        // SAFETY: futex(2) FUTEX_WAKE only uses the word's address as a key; it never writes it.
+        unsafe { libc::syscall(libc::SYS_futex, self.state.as_ptr(), libc::FUTEX_WAKE, 1) };
+    }
+
+    /// Loom model of FUTEX_WAIT: compare and sleep under the lock the waker takes to wake.
+    #[cfg(loom)]
+    fn futex_wait(&self, expected: u32, _timeout: Option<Duration>) {
+        let guard = self.sleepers.lock().unwrap();
+        if self.state.load(Ordering::Relaxed) == expected {
+            drop(self.condvar.wait(guard).unwrap());
+        }
+    }
+
+    #[cfg(loom)]
+    fn futex_wake(&self) {
+        let _guard = self.sleepers.lock().unwrap();
+        self.condvar.notify_all();
+    }
+}
+
+/// Time left before `deadline`: `Some(None)` without a deadline, `None` once it has passed.
+#[allow(clippy::option_option)]
+fn remaining(deadline: Option<Instant>) -> Option<Option<Duration>> {
+    match deadline {
+        None => Some(None),
+        Some(deadline) => deadline
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
+            .map(Some),
+    }
+}
+
+/// The deadline `timeout` from now; `None` (no deadline) when that is beyond what `Instant` holds.
+pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}

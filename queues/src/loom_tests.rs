@@ -1,0 +1,151 @@
+//! Loom models of the ring protocol (see the `ring` and `futex` module docs for the arguments).
+//!
+//! Run with `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p shmbroker-queues --lib loom`.
+//! Each test names the property it checks. A lost wake-up shows up as a loom deadlock ("all threads
+//! blocked"), a data race on a slot as a loom causality violation, and a wrong value as a failed
+//! assertion.
+
+use crate::{RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError, pair};
+use loom::thread;
+use std::time::Duration;
+
+/// Blocking calls in these tests wait without a deadline: loom itself reports a wait that never ends.
+const FOREVER: Duration = Duration::MAX;
+
+/// FIFO order without loss or duplication across wrap-around: 3 messages through 2 slots, the
+/// producer retrying on `Full` and the consumer on `Empty` (pure spinning, no parking).
+#[test]
+fn loom_fifo_across_wrap_around_spinning() {
+    loom::model(|| {
+        let (mut tx, mut rx) = pair::<u64>(2).unwrap();
+        let producer = thread::spawn(move || {
+            for value in 1..=3 {
+                loop {
+                    match tx.try_send(value) {
+                        Ok(()) => break,
+                        Err(TrySendError::Full(_)) => thread::yield_now(),
+                        Err(other) => panic!("unexpected {other:?}"),
+                    }
+                }
+            }
+        });
+        let mut received = Vec::new();
+        while received.len() < 3 {
+            match rx.try_recv() {
+                Ok(value) => received.push(value),
+                Err(TryRecvError::Empty) => thread::yield_now(),
+                Err(other) => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(received, [1, 2, 3]);
+        producer.join().unwrap();
+    });
+}
+
+/// No lost wake-up, both directions: with spinning disabled, a consumer parked on an empty ring
+/// and a producer parked on a full one (1 slot, 2 messages) are always woken.
+#[test]
+fn loom_parked_producer_and_consumer_are_woken() {
+    loom::model(|| {
+        let (mut tx, mut rx) = pair::<u64>(1).unwrap();
+        tx.set_spin_limit(0);
+        rx.set_spin_limit(0);
+        let producer = thread::spawn(move || {
+            tx.send_timeout(1, FOREVER).unwrap();
+            tx.send_timeout(2, FOREVER).unwrap();
+        });
+        assert_eq!(rx.recv_timeout(FOREVER), Ok(1));
+        assert_eq!(rx.recv_timeout(FOREVER), Ok(2));
+        producer.join().unwrap();
+    });
+}
+
+/// Full and empty boundaries: with 2 slots, a third message is refused until the consumer frees a
+/// slot, and the consumer never sees more messages than were sent.
+#[test]
+fn loom_full_and_empty_boundaries() {
+    loom::model(|| {
+        let (mut tx, mut rx) = pair::<u64>(2).unwrap();
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        tx.try_send(1).unwrap();
+        tx.try_send(2).unwrap();
+        assert_eq!(tx.try_send(3), Err(TrySendError::Full(3)));
+        let consumer = thread::spawn(move || {
+            assert_eq!(rx.try_recv(), Ok(1));
+            rx
+        });
+        // Racing with the consumer: either still full or the freed slot takes message 3.
+        let third_sent = match tx.try_send(3) {
+            Ok(()) => true,
+            Err(TrySendError::Full(3)) => false,
+            Err(other) => panic!("unexpected {other:?}"),
+        };
+        let mut rx = consumer.join().unwrap();
+        assert_eq!(rx.try_recv(), Ok(2));
+        if third_sent {
+            assert_eq!(rx.try_recv(), Ok(3));
+        }
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    });
+}
+
+/// A batch is published by one store: a concurrent consumer sees none of it or all of it.
+#[test]
+fn loom_batch_is_published_whole() {
+    loom::model(|| {
+        let (mut tx, mut rx) = pair::<u64>(2).unwrap();
+        let producer = thread::spawn(move || {
+            assert_eq!(tx.try_send_batch(&[10, 20]), Ok(2));
+            tx
+        });
+        let mut buffer = [0; 2];
+        match rx.try_recv_batch(&mut buffer) {
+            Ok(count) => {
+                assert_eq!(count, 2, "saw part of a batch");
+                assert_eq!(buffer, [10, 20]);
+            }
+            Err(TryRecvError::Empty) => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+        drop(producer.join().unwrap());
+    });
+}
+
+/// Close racing with receive: everything sent before the producer dropped is received, in order,
+/// and only then does a parked consumer get `Disconnected`.
+#[test]
+fn loom_consumer_drains_then_sees_close() {
+    loom::model(|| {
+        let (mut tx, mut rx) = pair::<u64>(2).unwrap();
+        rx.set_spin_limit(0);
+        let producer = thread::spawn(move || {
+            tx.try_send(1).unwrap();
+            tx.try_send(2).unwrap();
+            drop(tx);
+        });
+        assert_eq!(rx.recv_timeout(FOREVER), Ok(1));
+        assert_eq!(rx.recv_timeout(FOREVER), Ok(2));
+        assert_eq!(
+            rx.recv_timeout(FOREVER),
+            Err(RecvTimeoutError::Disconnected)
+        );
+        producer.join().unwrap();
+    });
+}
+
+/// Close racing with send: a producer parked on a full ring is woken by the consumer's drop and
+/// gets `Disconnected`, with the count of what it sent.
+#[test]
+fn loom_parked_producer_sees_consumer_close() {
+    loom::model(|| {
+        let (mut tx, rx) = pair::<u64>(1).unwrap();
+        tx.set_spin_limit(0);
+        let consumer = thread::spawn(move || drop(rx));
+        match tx.send_batch_timeout(&[1, 2], FOREVER) {
+            // The first message fits before or after the close; the second never can.
+            Err(SendTimeoutError::Disconnected(sent)) => assert!(sent <= 1),
+            other => panic!("unexpected {other:?}"),
+        }
+        consumer.join().unwrap();
+    });
+}

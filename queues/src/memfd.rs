@@ -1,0 +1,149 @@
+//! Sealed memfds and their mappings: the only kind of shared memory shmbroker uses.
+//!
+//! A memfd has no name in any file system, so nothing collides between jobs and nothing is left
+//! behind when every process holding it exits. [`create_sealed`] sizes the file and then seals it
+//! against shrinking, growing and further sealing, so no peer can truncate the file under another
+//! process's mapping (which would turn that process's next access into `SIGBUS`). Joiners call
+//! [`check_seals`] and [`file_size`] before mapping anything.
+
+use crate::Error;
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+use nix::sys::memfd::{MFdFlags, memfd_create};
+use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
+use std::ffi::CStr;
+use std::num::NonZeroUsize;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+
+/// The seals every shared region must carry before a joiner maps it.
+pub const REQUIRED_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK
+    .union(SealFlag::F_SEAL_GROW)
+    .union(SealFlag::F_SEAL_SEAL);
+
+/// Creates a memfd named `name` (visible only in `/proc/PID/fd`), sizes it to `size` bytes and
+/// seals it with [`REQUIRED_SEALS`]. The file is close-on-exec and zero-filled.
+///
+/// # Errors
+///
+/// [`Error::Sys`] naming the system call that failed.
+pub fn create_sealed(name: &CStr, size: u64) -> Result<OwnedFd, Error> {
+    let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
+        .map_err(Error::sys("memfd_create"))?;
+    let len = i64::try_from(size).map_err(|_| Error::sys("ftruncate")(Errno::EFBIG))?;
+    nix::unistd::ftruncate(&fd, len).map_err(Error::sys("ftruncate"))?;
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(REQUIRED_SEALS)).map_err(Error::sys("fcntl(F_ADD_SEALS)"))?;
+    Ok(fd)
+}
+
+/// Checks that `fd` carries at least [`REQUIRED_SEALS`].
+///
+/// # Errors
+///
+/// [`Error::MissingSeals`] naming the seals expected and found, or [`Error::Sys`] if `fd` cannot
+/// be asked (for example, it is not a memfd).
+pub fn check_seals(fd: BorrowedFd<'_>) -> Result<(), Error> {
+    let found = fcntl(fd, FcntlArg::F_GET_SEALS).map_err(Error::sys("fcntl(F_GET_SEALS)"))?;
+    if SealFlag::from_bits_retain(found).contains(REQUIRED_SEALS) {
+        Ok(())
+    } else {
+        Err(Error::MissingSeals {
+            expected: REQUIRED_SEALS.bits(),
+            found,
+        })
+    }
+}
+
+/// The size of the file behind `fd`, from `fstat`.
+///
+/// # Errors
+///
+/// [`Error::Sys`] if `fstat` fails.
+pub fn file_size(fd: BorrowedFd<'_>) -> Result<u64, Error> {
+    let stat = nix::sys::stat::fstat(fd).map_err(Error::sys("fstat"))?;
+    // A regular file's size is never negative; treat a nonsensical one as empty.
+    Ok(u64::try_from(stat.st_size).unwrap_or(0))
+}
+
+/// A read-write `MAP_SHARED` mapping of a whole file, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: NonZeroUsize,
+}
+
+// SAFETY: a mapping is plain memory; which threads may touch which bytes is the business of the
+// protocol built on top of it, not of the owner of the address range.
+unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`: `Mapping` hands out only raw pointers.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps the first `len` bytes of `fd` read-write and shared. The start is page-aligned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sys`] if `len` is zero or `mmap` fails.
+    pub fn map(fd: impl AsFd, len: u64) -> Result<Self, Error> {
+        let len = usize::try_from(len)
+            .ok()
+            .and_then(NonZeroUsize::new)
+            .ok_or(Errno::EINVAL)
+            .map_err(Error::sys("mmap"))?;
+        // SAFETY: a fresh mapping chosen by the kernel (no address hint, no MAP_FIXED) cannot
+        // overlap memory anything in this process already uses. The caller has checked the file
+        // is sealed against shrinking, so the mapped range stays backed for the mapping's life.
+        let ptr = unsafe {
+            mmap(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                fd,
+                0,
+            )
+        }
+        .map_err(Error::sys("mmap"))?;
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// The first byte of the mapping.
+    #[must_use]
+    pub fn as_ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// The address `offset` bytes into the mapping, clamped to its last byte.
+    ///
+    /// Callers check `offset` against the file size first; the clamp only keeps the pointer
+    /// inside the mapping should they not.
+    #[must_use]
+    pub fn at(&self, offset: usize) -> NonNull<u8> {
+        let offset = offset.min(self.len.get() - 1);
+        // SAFETY: `offset < len`, so the result stays inside this one mapped allocation.
+        unsafe { self.ptr.add(offset) }
+    }
+
+    /// The mapping's length in bytes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len.get()
+    }
+
+    /// Always `false`: a mapping is never empty.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and `len` are exactly what `mmap` returned, and this owner is the only
+        // one that unmaps it. A failure could only mean an invalid range, which cannot happen.
+        let _ = unsafe { munmap(self.ptr.cast(), self.len.get()) };
+    }
+}
