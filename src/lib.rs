@@ -1,1 +1,34 @@
+//! shmbroker: single-node inter-process communication.
+//!
+//! Processes on one machine that must meet, share memory and synchronise get, from one broker
+//! round trip, sealed shared-memory rings and everything else they need, and then talk worker to
+//! worker at memory speed. This crate is the facade over the workspace's layers:
+//!
+//! | module | what it is |
+//! |---|---|
+//! | [`bindings`] | every type that crosses a process boundary (`#[repr(C)]`, `Pod`, size-asserted) |
+//! | [`queues`] | the lock-free SPSC ring in a sealed memfd, with spin-then-futex parking |
+//! | [`process`] | starting helper processes that inherit ring fds, and waiting for them with a deadline |
+//!
+//! The broker, the logon handshake and the worker session arrive with later layers; the ring
+//! below them is complete.
+//!
+//! ```
+//! use shmbroker::queues::{Consumer, Producer, create};
+//! use std::os::fd::AsFd;
+//! use std::time::Duration;
+//!
+//! let fd = create::<[u64; 2]>(256)?;
+//! let mut tx = Producer::<[u64; 2]>::join(fd.as_fd())?;
+//! let mut rx = Consumer::<[u64; 2]>::join(fd.as_fd())?;
+//! tx.send_timeout([1, 2], Duration::from_secs(1)).unwrap();
+//! assert_eq!(rx.recv_timeout(Duration::from_secs(1)), Ok([1, 2]));
+//! # Ok::<(), shmbroker::queues::Error>(())
+//! ```
 
+#![warn(missing_docs)]
+
+pub mod process;
+
+pub use shmbroker_bindings as bindings;
+pub use shmbroker_queues as queues;

@@ -1,1 +1,42 @@
-fn main() {}
+//! The `shmbroker` command: `demo`, `bench`, and the `ring-peer` helper the demo and tests use.
+
+mod args;
+mod bench;
+mod demo;
+mod peer;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+shmbroker: single-node IPC over sealed shared-memory rings
+
+USAGE:
+    shmbroker demo [--messages N] [--round-trips N]
+        Start a second process and exchange messages with it over two rings.
+    shmbroker bench queue [--json] [--quick] [--rounds N]
+        Measure the ring against shaq 4.3 and the physical floors, side by side.
+    shmbroker ring-peer (sink|echo) ...
+        The other end of a ring, for the demo and the tests (fds inherited at 3 and 4).
+    shmbroker --help";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rest = args.get(1..).unwrap_or_default();
+    let result = match args.first().map(String::as_str) {
+        Some("demo") => demo::run(rest),
+        Some("bench") => bench::run(rest),
+        Some("ring-peer") => peer::run(rest),
+        None | Some("-h" | "--help" | "help") => {
+            println!("{USAGE}\n\n{}\n\n{}", bench::USAGE, peer::USAGE);
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("shmbroker: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

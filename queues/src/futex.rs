@@ -94,11 +94,11 @@ impl WaitWord {
     }
 
     /// Runs `check` until it returns `Some`, spinning up to `spin_limit` times and then parking on
-    /// this word; returns `None` once `deadline` has passed (`None` deadline: no limit).
+    /// this word; returns `None` once `deadline` has passed.
     pub(crate) fn wait_until<R>(
         &self,
         spin_limit: u32,
-        deadline: Option<Instant>,
+        deadline: &mut Deadline,
         mut check: impl FnMut() -> Option<R>,
     ) -> Option<R> {
         if let Some(done) = check() {
@@ -111,7 +111,7 @@ impl WaitWord {
                 return Some(done);
             }
             spins += 1;
-            if spins % SPINS_PER_CLOCK_READ == 0 && remaining(deadline).is_none() {
+            if spins.is_multiple_of(SPINS_PER_CLOCK_READ) && deadline.remaining().is_none() {
                 return None;
             }
         }
@@ -121,7 +121,7 @@ impl WaitWord {
                 self.unregister();
                 return Some(done);
             }
-            let Some(timeout) = remaining(deadline) else {
+            let Some(timeout) = deadline.remaining() else {
                 self.unregister();
                 return None;
             };
@@ -186,19 +186,33 @@ impl WaitWord {
     }
 }
 
-/// Time left before `deadline`: `Some(None)` without a deadline, `None` once it has passed.
-#[allow(clippy::option_option)]
-fn remaining(deadline: Option<Instant>) -> Option<Option<Duration>> {
-    match deadline {
-        None => Some(None),
-        Some(deadline) => deadline
-            .checked_duration_since(Instant::now())
-            .filter(|left| !left.is_zero())
-            .map(Some),
-    }
+/// A deadline that reads the clock only once a wait actually has to wait.
+#[derive(Debug)]
+pub(crate) struct Deadline {
+    timeout: Duration,
+    /// `None` until first needed; then `Some(None)` when the timeout is beyond what `Instant`
+    /// can represent (no limit).
+    at: Option<Option<Instant>>,
 }
 
-/// The deadline `timeout` from now; `None` (no deadline) when that is beyond what `Instant` holds.
-pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
-    Instant::now().checked_add(timeout)
+impl Deadline {
+    pub(crate) fn after(timeout: Duration) -> Self {
+        Self { timeout, at: None }
+    }
+
+    /// Time left: `Some(None)` without a limit, `None` once the deadline has passed.
+    #[allow(clippy::option_option)]
+    fn remaining(&mut self) -> Option<Option<Duration>> {
+        let timeout = self.timeout;
+        match *self
+            .at
+            .get_or_insert_with(|| Instant::now().checked_add(timeout))
+        {
+            None => Some(None),
+            Some(at) => at
+                .checked_duration_since(Instant::now())
+                .filter(|left| !left.is_zero())
+                .map(Some),
+        }
+    }
 }

@@ -77,7 +77,7 @@ use crate::error::Role;
 use crate::error::{
     Corruption, Error, RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError,
 };
-use crate::futex::{WaitWord, deadline_after};
+use crate::futex::{Deadline, WaitWord};
 use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
 use bytemuck::Pod;
 use core::fmt;
@@ -691,13 +691,13 @@ impl<T: Pod> Producer<T> {
         messages: &[T],
         timeout: Duration,
     ) -> Result<(), SendTimeoutError<usize>> {
-        let deadline = deadline_after(timeout);
+        let mut deadline = Deadline::after(timeout);
         let mut sent = 0;
         while sent < messages.len() {
             let (ring, cursor) = (&self.ring, &mut self.cursor);
             let outcome = ring.header().consumer.0.producer_wait.wait_until(
                 self.spin_limit,
-                deadline,
+                &mut deadline,
                 || match cursor.try_send(ring, &messages[sent..]) {
                     Err(TrySendError::Full(())) => None,
                     other => Some(other),
@@ -837,7 +837,7 @@ impl<T: Pod> Consumer<T> {
         let (ring, cursor) = (&self.ring, &mut self.cursor);
         let outcome = ring.header().consumer_wait.0.wait_until(
             self.spin_limit,
-            deadline_after(timeout),
+            &mut Deadline::after(timeout),
             || match cursor.try_recv(ring, buffer.len(), |i, message| buffer[i] = message) {
                 Err(TryRecvError::Empty) => None,
                 other => Some(other),

@@ -1,0 +1,335 @@
+//! `shmbroker bench`: measurements that always run ours and a baseline alternately in one run.
+//!
+//! Each suite runs its contenders in rounds, rotating their order every round so that neither
+//! drift nor warm-up favours one of them, and reports ours, each baseline and the ratio
+//! ours/baseline (p50 and p99 for latency, the median over rounds for throughput). There are no
+//! timing assertions anywhere: these machines are shared and noisy, so read medians and ratios.
+
+mod queue;
+
+use crate::args::Args;
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Pid, fork};
+use std::io::Write;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const USAGE: &str = "\
+shmbroker bench queue [--json] [--quick] [--rounds N]
+    Ring latency (ping-pong, hot and parked) and throughput (8, 64 and 4096-byte messages,
+    single and batched) against shaq 4.3, one cache line bounced between two processes,
+    a raw futex ping-pong and memcpy, alternating in one run.";
+
+/// How long any one measured child process may run before it is killed.
+const CHILD_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Run-size knobs shared by every suite.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    pub rounds: usize,
+    pub quick: bool,
+}
+
+impl Plan {
+    /// `full` normally, `quick` under `--quick`.
+    pub fn size(&self, full: usize, quick: usize) -> usize {
+        if self.quick { quick } else { full }
+    }
+}
+
+pub fn run(rest: &[String]) -> Result<(), String> {
+    let mut args = Args::new(rest);
+    let suite = args.positional();
+    let json = args.flag("--json");
+    let quick = args.flag("--quick");
+    let rounds = args
+        .value::<usize>("--rounds")?
+        .unwrap_or(if quick { 1 } else { 5 });
+    args.finish()?;
+    let plan = Plan {
+        rounds: rounds.max(1),
+        quick,
+    };
+    let mut report = Report::new(json);
+    match suite.as_deref() {
+        Some("queue") => queue::run(plan, &mut report)?,
+        _ => return Err(format!("usage:\n{USAGE}")),
+    }
+    report.finish();
+    Ok(())
+}
+
+/// What one contender measured in one benchmark.
+#[derive(Clone, Debug)]
+pub enum Measure {
+    /// Round-trip times in nanoseconds, pooled over all rounds.
+    Latency(Vec<u64>),
+    /// Messages per second, one figure per round.
+    Throughput(Vec<f64>),
+}
+
+/// One benchmark's results: ours first, then the baselines.
+pub struct Comparison {
+    pub bench: String,
+    pub msg_bytes: usize,
+    pub contenders: Vec<(&'static str, Measure)>,
+}
+
+pub fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * p / 100.0).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// Prints comparisons as a table or as JSON lines.
+pub struct Report {
+    json: bool,
+    printed_header: bool,
+}
+
+impl Report {
+    fn new(json: bool) -> Self {
+        Self {
+            json,
+            printed_header: false,
+        }
+    }
+
+    pub fn progress(&self, what: &str) {
+        if !self.json {
+            eprint!("\r\x1b[2K  measuring {what} ...");
+            std::io::stderr().flush().ok();
+        }
+    }
+
+    pub fn add(&mut self, comparison: Comparison) {
+        if !self.json {
+            eprint!("\r\x1b[2K");
+        }
+        let ours = comparison.contenders.first().map(|(_, m)| summarize(m));
+        for (name, measure) in &comparison.contenders {
+            let summary = summarize(measure);
+            let ratio = ours
+                .as_ref()
+                .filter(|_| !std::ptr::eq(name, &comparison.contenders[0].0))
+                .map(|ours| ours.ratio_to(&summary));
+            if self.json {
+                println!("{}", json_line(&comparison, name, &summary, ratio));
+            } else {
+                self.table_line(&comparison, name, &summary, ratio);
+            }
+        }
+        if !self.json {
+            println!();
+        }
+    }
+
+    fn table_line(
+        &mut self,
+        comparison: &Comparison,
+        name: &str,
+        summary: &Summary,
+        ratio: Option<(f64, f64)>,
+    ) {
+        if !self.printed_header {
+            println!(
+                "{:<24} {:>6}  {:<34} {:>10} {:>10} {:>13}  ours/baseline",
+                "bench", "bytes", "impl", "p50", "p99", "msgs/s"
+            );
+            self.printed_header = true;
+        }
+        let (p50, p99, rate, ratio_text) = match summary {
+            Summary::Latency { p50, p99, .. } => (
+                format!("{p50} ns"),
+                format!("{p99} ns"),
+                String::new(),
+                ratio.map_or(String::new(), |(a, b)| format!("p50 {a:.2}x  p99 {b:.2}x")),
+            ),
+            Summary::Throughput { median, .. } => (
+                String::new(),
+                String::new(),
+                format!("{:.2} M", median / 1e6),
+                ratio.map_or(String::new(), |(a, _)| format!("{a:.2}x")),
+            ),
+        };
+        println!(
+            "{:<24} {:>6}  {:<34} {:>10} {:>10} {:>13}  {}",
+            comparison.bench, comparison.msg_bytes, name, p50, p99, rate, ratio_text
+        );
+    }
+
+    fn finish(self) {
+        if !self.json {
+            println!(
+                "ours/baseline: below 1 means ours is faster (latency); above 1 means ours moves more (throughput)."
+            );
+        }
+    }
+}
+
+enum Summary {
+    Latency { p50: u64, p99: u64, samples: usize },
+    Throughput { median: f64, rounds: usize },
+}
+
+impl Summary {
+    /// ours / other: (p50, p99) for latency, (median, median) for throughput.
+    fn ratio_to(&self, other: &Summary) -> (f64, f64) {
+        match (self, other) {
+            (
+                Summary::Latency { p50, p99, .. },
+                Summary::Latency {
+                    p50: b50, p99: b99, ..
+                },
+            ) => (*p50 as f64 / *b50 as f64, *p99 as f64 / *b99 as f64),
+            (Summary::Throughput { median, .. }, Summary::Throughput { median: base, .. }) => {
+                (median / base, median / base)
+            }
+            _ => (f64::NAN, f64::NAN),
+        }
+    }
+}
+
+fn summarize(measure: &Measure) -> Summary {
+    match measure {
+        Measure::Latency(samples) => {
+            let mut sorted = samples.clone();
+            sorted.sort_unstable();
+            Summary::Latency {
+                p50: percentile(&sorted, 50.0),
+                p99: percentile(&sorted, 99.0),
+                samples: sorted.len(),
+            }
+        }
+        Measure::Throughput(rates) => Summary::Throughput {
+            median: median(rates),
+            rounds: rates.len(),
+        },
+    }
+}
+
+fn json_line(
+    comparison: &Comparison,
+    name: &str,
+    summary: &Summary,
+    ratio: Option<(f64, f64)>,
+) -> String {
+    let head = format!(
+        r#"{{"bench":"{}","impl":"{}","msg_bytes":{}"#,
+        comparison.bench, name, comparison.msg_bytes
+    );
+    let body = match summary {
+        Summary::Latency { p50, p99, samples } => {
+            let ratio = ratio.map_or(String::new(), |(a, b)| {
+                format!(r#","ours_over_baseline_p50":{a:.4},"ours_over_baseline_p99":{b:.4}"#)
+            });
+            format!(r#","p50_ns":{p50},"p99_ns":{p99},"samples":{samples}{ratio}"#)
+        }
+        Summary::Throughput { median, rounds } => {
+            let ratio = ratio.map_or(String::new(), |(a, _)| {
+                format!(r#","ours_over_baseline":{a:.4}"#)
+            });
+            let bytes = median * comparison.msg_bytes as f64;
+            format!(
+                r#","msgs_per_s":{median:.0},"bytes_per_s":{bytes:.0},"rounds":{rounds}{ratio}"#
+            )
+        }
+    };
+    format!("{head}{body}}}")
+}
+
+/// The CPUs to pin the two sides of a measurement to, if this process may use two.
+///
+/// Read once, before the first measurement pins this process to one of them: asked afterwards,
+/// the affinity mask would hold a single CPU and both sides would end up sharing it.
+fn cpu_pair() -> Option<(usize, usize)> {
+    static PAIR: OnceLock<Option<(usize, usize)>> = OnceLock::new();
+    *PAIR.get_or_init(|| {
+        let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
+        let mut cpus = (0..CpuSet::count()).filter(|&cpu| allowed.is_set(cpu).unwrap_or(false));
+        Some((cpus.next()?, cpus.next()?))
+    })
+}
+
+fn pin_to(cpu: usize) {
+    let mut set = CpuSet::new();
+    if set.set(cpu).is_ok() {
+        let _ = sched_setaffinity(Pid::from_raw(0), &set);
+    }
+}
+
+/// Runs `child` in a forked process and `parent` here, each pinned to its own CPU when two are
+/// available. Returns what `parent` returned once the child has exited successfully; a child
+/// still running after [`CHILD_DEADLINE`] is killed.
+///
+/// Both closures must bound every wait they do, so that one side's failure ends the other.
+pub fn fork_pair<R>(
+    child: impl FnOnce() -> Result<(), String>,
+    parent: impl FnOnce() -> Result<R, String>,
+) -> Result<R, String> {
+    let cpus = cpu_pair();
+    std::io::stdout().flush().ok();
+    std::io::stderr().flush().ok();
+    // SAFETY: the benchmark runs on the main thread of a process that has started no other
+    // thread, so the child gets a consistent copy of every lock and allocator state.
+    match unsafe { fork() }.map_err(|e| format!("fork: {e}"))? {
+        ForkResult::Child => {
+            if let Some((_, cpu)) = cpus {
+                pin_to(cpu);
+            }
+            let code = match child() {
+                Ok(()) => 0,
+                Err(error) => {
+                    eprintln!("benchmark child: {error}");
+                    1
+                }
+            };
+            // SAFETY: _exit ends this forked child without running the parent's exit handlers
+            // or destructors a second time; nothing in the child needs flushing.
+            unsafe { nix::libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => {
+            if let Some((cpu, _)) = cpus {
+                pin_to(cpu);
+            }
+            let result = parent();
+            let status = reap(child);
+            let value = result?;
+            match status? {
+                WaitStatus::Exited(_, 0) => Ok(value),
+                other => Err(format!("benchmark child ended with {other:?}")),
+            }
+        }
+    }
+}
+
+/// Waits for `child` up to [`CHILD_DEADLINE`], then kills it.
+fn reap(child: Pid) -> Result<WaitStatus, String> {
+    let deadline = Instant::now() + CHILD_DEADLINE;
+    loop {
+        match waitpid(child, Some(WaitPidFlag::WNOHANG)).map_err(|e| format!("waitpid: {e}"))? {
+            WaitStatus::StillAlive if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            WaitStatus::StillAlive => {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                return Err("benchmark child did not finish in time; killed it".into());
+            }
+            status => return Ok(status),
+        }
+    }
+}

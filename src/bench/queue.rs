@@ -1,0 +1,643 @@
+//! `shmbroker bench queue`: the ring against shaq 4.3 and the physical floors.
+//!
+//! | bench | ours | baselines |
+//! |---|---|---|
+//! | `pingpong_hot` | `recv_timeout` spinning (spin limit `u32::MAX`) | shaq `try_read` spin loop; one cache line bounced between the two processes |
+//! | `pingpong_parked` | `recv_timeout` with spin limit 0 (always parks) | a raw futex ping-pong on two shared words; shaq `read_timeout` (which spins 2048 times first) |
+//! | `stream_single` | `try_send` / `try_recv` loops | shaq `try_write` / `try_read` loops |
+//! | `stream_batched` | `try_send_batch` / `try_recv_batch` of 32 | shaq `write_batch` / `try_reserve_read_batch` of 32 |
+//! | `stream_*` at 4096 bytes | as above | also `memcpy` of 4096-byte blocks on one core |
+//!
+//! Every side runs in its own process (fork), pinned to its own CPU when two are available.
+//! Both consumers copy every message out of the ring into a private buffer: ours always does
+//! (it never hands out references into memory a peer can write), so shaq's does too.
+//! Streaming is timed by the consumer from the first message to the last, and every streamed
+//! message is checked, so a benchmark that lost or reordered data fails instead of reporting.
+
+use super::{Comparison, Measure, Plan, Report, fork_pair};
+use bytemuck::Pod;
+use shmbroker::queues::memfd::{Mapping, create_sealed};
+use shmbroker::queues::{Consumer, Producer, TryRecvError, TrySendError, create};
+use std::cell::Cell;
+use std::fs::File;
+use std::hint::spin_loop;
+use std::io::{PipeReader, PipeWriter, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long either side of a measurement waits for the other before failing.
+const PARTNER_TIMEOUT: Duration = Duration::from_secs(20);
+/// Messages to stream before timing starts.
+const STREAM_WARMUP: usize = 10_000;
+const BATCH: usize = 32;
+const OURS: &str = "shmbroker";
+const SHAQ: &str = "shaq-4.3";
+
+pub fn run(plan: Plan, report: &mut Report) -> Result<(), String> {
+    pingpong_hot(plan, report)?;
+    pingpong_parked(plan, report)?;
+    for batched in [false, true] {
+        stream::<1>(plan, report, batched)?;
+        stream::<8>(plan, report, batched)?;
+        stream::<512>(plan, report, batched)?;
+    }
+    Ok(())
+}
+
+/// One measurement of one contender.
+type Run<'a> = &'a dyn Fn() -> Result<Measure, String>;
+
+/// Runs `contenders` for `rounds` rounds, rotating their order each round; collects per name.
+fn alternate(
+    plan: Plan,
+    contenders: &[(&'static str, Run<'_>)],
+) -> Result<Vec<(&'static str, Measure)>, String> {
+    let mut results: Vec<(&'static str, Option<Measure>)> =
+        contenders.iter().map(|(name, _)| (*name, None)).collect();
+    for round in 0..plan.rounds {
+        for k in 0..contenders.len() {
+            let index = (k + round) % contenders.len();
+            let measured =
+                (contenders[index].1)().map_err(|e| format!("{}: {e}", contenders[index].0))?;
+            let slot = &mut results[index].1;
+            *slot = Some(match (slot.take(), measured) {
+                (None, m) => m,
+                (Some(Measure::Latency(mut a)), Measure::Latency(b)) => {
+                    a.extend(b);
+                    Measure::Latency(a)
+                }
+                (Some(Measure::Throughput(mut a)), Measure::Throughput(b)) => {
+                    a.extend(b);
+                    Measure::Throughput(a)
+                }
+                _ => return Err("a contender changed its kind of measure".into()),
+            });
+        }
+    }
+    Ok(results
+        .into_iter()
+        .filter_map(|(name, measure)| Some((name, measure?)))
+        .collect())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ping-pong
+
+fn pingpong_hot(plan: Plan, report: &mut Report) -> Result<(), String> {
+    report.progress("pingpong_hot");
+    let samples = plan.size(20_000, 2_000);
+    let contenders = alternate(
+        plan,
+        &[
+            (OURS, &|| ours_pingpong(samples, u32::MAX)),
+            (SHAQ, &|| shaq_pingpong(samples, false)),
+            ("floor: one cache line bounced", &|| {
+                cacheline_pingpong(samples)
+            }),
+        ],
+    )?;
+    report.add(Comparison {
+        bench: "pingpong_hot".into(),
+        msg_bytes: 8,
+        contenders,
+    });
+    Ok(())
+}
+
+fn pingpong_parked(plan: Plan, report: &mut Report) -> Result<(), String> {
+    report.progress("pingpong_parked");
+    let samples = plan.size(3_000, 300);
+    let contenders = alternate(
+        plan,
+        &[
+            (OURS, &|| ours_pingpong(samples, 0)),
+            ("raw futex ping-pong", &|| futex_pingpong(samples)),
+            ("shaq-4.3 (spins 2048, then parks)", &|| {
+                shaq_pingpong(samples, true)
+            }),
+        ],
+    )?;
+    report.add(Comparison {
+        bench: "pingpong_parked".into(),
+        msg_bytes: 8,
+        contenders,
+    });
+    Ok(())
+}
+
+fn warmup(samples: usize) -> usize {
+    samples / 10 + 100
+}
+
+fn ring_err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+fn ours_pingpong(samples: usize, spin_limit: u32) -> Result<Measure, String> {
+    let there = create::<u64>(1024).map_err(ring_err)?;
+    let back = create::<u64>(1024).map_err(ring_err)?;
+    let total = warmup(samples) + samples;
+    fork_pair(
+        || {
+            let mut rx = Consumer::<u64>::join(there.as_fd()).map_err(ring_err)?;
+            let mut tx = Producer::<u64>::join(back.as_fd()).map_err(ring_err)?;
+            rx.set_spin_limit(spin_limit);
+            tx.set_spin_limit(spin_limit);
+            for _ in 0..total {
+                let value = rx.recv_timeout(PARTNER_TIMEOUT).map_err(ring_err)?;
+                tx.send_timeout(value + 1, PARTNER_TIMEOUT)
+                    .map_err(ring_err)?;
+            }
+            Ok(())
+        },
+        || {
+            let mut tx = Producer::<u64>::join(there.as_fd()).map_err(ring_err)?;
+            let mut rx = Consumer::<u64>::join(back.as_fd()).map_err(ring_err)?;
+            tx.set_spin_limit(spin_limit);
+            rx.set_spin_limit(spin_limit);
+            let mut times = Vec::with_capacity(total);
+            for i in 0..total as u64 {
+                let start = Instant::now();
+                tx.send_timeout(i, PARTNER_TIMEOUT).map_err(ring_err)?;
+                let answer = rx.recv_timeout(PARTNER_TIMEOUT).map_err(ring_err)?;
+                times.push(start.elapsed().as_nanos() as u64);
+                if answer != i + 1 {
+                    return Err(format!("ping {i} answered with {answer}"));
+                }
+            }
+            Ok(Measure::Latency(times.split_off(warmup(samples))))
+        },
+    )
+}
+
+/// A plain (unsealed) memfd for shaq, which sizes the file itself.
+fn shaq_file() -> Result<File, String> {
+    let fd = nix::sys::memfd::memfd_create(c"shaq-bench", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .map_err(|e| format!("memfd_create: {e}"))?;
+    Ok(File::from(fd))
+}
+
+fn shaq_file_size<T>(capacity: usize) -> usize {
+    shaq::spsc::minimum_file_size::<T>(capacity).next_multiple_of(4096)
+}
+
+/// Creates a shaq SPSC queue of `T` in a fresh memfd, as its producer.
+fn shaq_create<T: Pod>(capacity: usize) -> Result<(File, shaq::spsc::Producer<T>), String> {
+    let file = shaq_file()?;
+    // SAFETY: the file was created just now and this is its sole initializer; `T` is `Pod`, so
+    // any bytes are a valid value; the one consumer is joined (with the same `T`) by the caller.
+    let producer =
+        unsafe { shaq::spsc::Producer::<T>::create(&file, shaq_file_size::<T>(capacity)) }
+            .map_err(|e| format!("shaq create: {e:?}"))?;
+    Ok((file, producer))
+}
+
+fn shaq_join_consumer<T: Pod>(file: &File) -> Result<shaq::spsc::Consumer<T>, String> {
+    // SAFETY: the queue was created with the same `T` by `shaq_create`, and this is its only
+    // consumer.
+    unsafe { shaq::spsc::Consumer::<T>::join(file) }.map_err(|e| format!("shaq join: {e:?}"))
+}
+
+fn shaq_join_producer<T: Pod>(file: &File) -> Result<shaq::spsc::Producer<T>, String> {
+    // SAFETY: as in `shaq_join_consumer`, for the only producer.
+    unsafe { shaq::spsc::Producer::<T>::join(file) }.map_err(|e| format!("shaq join: {e:?}"))
+}
+
+/// Receives one value from shaq: spinning with `try_read`, or with `read_timeout` when `parked`.
+fn shaq_recv<T>(rx: &mut shaq::spsc::Consumer<T>, parked: bool) -> Result<T, String> {
+    if parked {
+        return rx
+            .read_timeout(PARTNER_TIMEOUT)
+            .map_err(|e| format!("shaq read: {e:?}"));
+    }
+    let (deadline, mut spins) = (partner_deadline(), 0);
+    loop {
+        if let Some(value) = rx.try_read() {
+            return Ok(value);
+        }
+        spin_loop();
+        check_deadline(deadline, &mut spins)?;
+    }
+}
+
+fn shaq_pingpong(samples: usize, parked: bool) -> Result<Measure, String> {
+    // Both queues are created here; each process then joins the ends it uses.
+    let (there, there_tx) = shaq_create::<u64>(1024)?;
+    let (back, back_tx) = shaq_create::<u64>(1024)?;
+    drop((there_tx, back_tx));
+    let total = warmup(samples) + samples;
+    fork_pair(
+        || {
+            let mut rx = shaq_join_consumer::<u64>(&there)?;
+            let mut tx = shaq_join_producer::<u64>(&back)?;
+            for _ in 0..total {
+                let value = shaq_recv(&mut rx, parked)?;
+                tx.try_write(value + 1).map_err(|_| "shaq: full")?;
+            }
+            Ok(())
+        },
+        || {
+            let mut tx = shaq_join_producer::<u64>(&there)?;
+            let mut rx = shaq_join_consumer::<u64>(&back)?;
+            let mut times = Vec::with_capacity(total);
+            for i in 0..total as u64 {
+                let start = Instant::now();
+                tx.try_write(i).map_err(|_| "shaq: full")?;
+                let answer = shaq_recv(&mut rx, parked)?;
+                times.push(start.elapsed().as_nanos() as u64);
+                if answer != i + 1 {
+                    return Err(format!("ping {i} answered with {answer}"));
+                }
+            }
+            Ok(Measure::Latency(times.split_off(warmup(samples))))
+        },
+    )
+}
+
+/// A sealed shared page for the floor measurements: plain atomics, no protocol.
+struct SharedPage {
+    mapping: Mapping,
+    _fd: OwnedFd,
+}
+
+impl SharedPage {
+    fn new() -> Result<Self, String> {
+        let fd = create_sealed(c"shmbroker-bench", 4096).map_err(ring_err)?;
+        let mapping = Mapping::map(&fd, 4096).map_err(ring_err)?;
+        Ok(Self { mapping, _fd: fd })
+    }
+
+    /// The `u64` at byte `128 * line` (each on its own pair of cache lines).
+    fn word64(&self, line: usize) -> &AtomicU64 {
+        assert!(line < 32);
+        // SAFETY: the mapping is 4096 bytes, page-aligned and lives as long as `self`; offset
+        // `128 * line + 8 <= 4096`, and an `AtomicU64` may alias shared memory.
+        unsafe { self.mapping.at(128 * line).cast::<AtomicU64>().as_ref() }
+    }
+
+    fn word32(&self, line: usize) -> &AtomicU32 {
+        assert!(line < 32);
+        // SAFETY: as in `word64`, for 4 bytes.
+        unsafe { self.mapping.at(128 * line).cast::<AtomicU32>().as_ref() }
+    }
+}
+
+/// The floor: one cache line, written by each side in turn. A round trip is two line transfers.
+fn cacheline_pingpong(samples: usize) -> Result<Measure, String> {
+    let page = SharedPage::new()?;
+    let word = page.word64(0);
+    let total = (warmup(samples) + samples) as u64;
+    let await_value = |target: u64| -> Result<(), String> {
+        let (deadline, mut spins) = (partner_deadline(), 0);
+        while word.load(Ordering::Acquire) != target {
+            spin_loop();
+            check_deadline(deadline, &mut spins)?;
+        }
+        Ok(())
+    };
+    fork_pair(
+        || {
+            for i in 0..total {
+                await_value(2 * i + 1)?;
+                word.store(2 * i + 2, Ordering::Release);
+            }
+            Ok(())
+        },
+        || {
+            let mut times = Vec::with_capacity(total as usize);
+            for i in 0..total {
+                let start = Instant::now();
+                word.store(2 * i + 1, Ordering::Release);
+                await_value(2 * i + 2)?;
+                times.push(start.elapsed().as_nanos() as u64);
+            }
+            Ok(Measure::Latency(times.split_off(warmup(samples))))
+        },
+    )
+}
+
+fn futex(word: &AtomicU32, op: i32, value: u32, timeout: Option<&nix::libc::timespec>) {
+    let timeout = timeout.map_or(std::ptr::null(), |t| t as *const nix::libc::timespec);
+    // SAFETY: FUTEX_WAIT/FUTEX_WAKE on a live, aligned, shared word; the timespec, if any, lives
+    // on the caller's stack. Results are rechecked by the caller's loop.
+    unsafe { nix::libc::syscall(nix::libc::SYS_futex, word.as_ptr(), op, value, timeout) };
+}
+
+/// The parked floor: each side stores the next value, always calls FUTEX_WAKE, then sleeps in
+/// FUTEX_WAIT until its own word changes.
+fn futex_pingpong(samples: usize) -> Result<Measure, String> {
+    let page = SharedPage::new()?;
+    let (ping, pong) = (page.word32(0), page.word32(1));
+    let total = (warmup(samples) + samples) as u32;
+    let send = |word: &AtomicU32, value: u32| {
+        word.store(value, Ordering::Release);
+        futex(word, nix::libc::FUTEX_WAKE, 1, None);
+    };
+    let await_value = |word: &AtomicU32, target: u32| -> Result<(), String> {
+        let deadline = Instant::now() + PARTNER_TIMEOUT;
+        let slice = nix::libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        };
+        loop {
+            let now = word.load(Ordering::Acquire);
+            if now == target {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err("futex: partner silent".into());
+            }
+            futex(word, nix::libc::FUTEX_WAIT, now, Some(&slice));
+        }
+    };
+    fork_pair(
+        || {
+            for i in 1..=total {
+                await_value(ping, i)?;
+                send(pong, i);
+            }
+            Ok(())
+        },
+        || {
+            let mut times = Vec::with_capacity(total as usize);
+            for i in 1..=total {
+                let start = Instant::now();
+                send(ping, i);
+                await_value(pong, i)?;
+                times.push(start.elapsed().as_nanos() as u64);
+            }
+            Ok(Measure::Latency(times.split_off(warmup(samples))))
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming
+
+/// Capacity in messages for a ring of `[u64; W]`: about 1 MiB of slots, at most 1024.
+fn stream_capacity<const W: usize>() -> usize {
+    (1 << 20) / (8 * W + 8).next_power_of_two()
+}
+
+fn stream_count<const W: usize>(plan: Plan) -> usize {
+    match W {
+        512 => plan.size(200_000, 20_000),
+        _ => plan.size(2_000_000, 100_000),
+    }
+}
+
+fn stream<const W: usize>(plan: Plan, report: &mut Report, batched: bool) -> Result<(), String> {
+    let bench = if batched {
+        "stream_batched"
+    } else {
+        "stream_single"
+    };
+    report.progress(&format!("{bench} {} bytes", 8 * W));
+    let count = stream_count::<W>(plan);
+    let ours = || ours_stream::<W>(count, batched);
+    let shaq = || shaq_stream::<W>(count, batched);
+    let copy = || memcpy_stream::<W>(count);
+    let mut contenders: Vec<(&'static str, Run<'_>)> = vec![(OURS, &ours), (SHAQ, &shaq)];
+    if W * 8 >= 4096 {
+        contenders.push(("memcpy, one core, ring-sized buffers", &copy));
+    }
+    let contenders = alternate(plan, &contenders)?;
+    report.add(Comparison {
+        bench: bench.into(),
+        msg_bytes: 8 * W,
+        contenders,
+    });
+    Ok(())
+}
+
+/// A pipe on which the consumer reports its timing. Only one of the two forked closures uses each
+/// end; the `Cell`s let both capture them.
+type TimingPipe = (Cell<Option<PipeReader>>, Cell<Option<PipeWriter>>);
+
+fn timing_pipe() -> Result<TimingPipe, String> {
+    let (reader, writer) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
+    Ok((Cell::new(Some(reader)), Cell::new(Some(writer))))
+}
+
+/// What a streaming consumer reports: messages timed and the nanoseconds they took.
+fn report_rate(mut pipe: PipeWriter, messages: usize, start: Instant) -> Result<(), String> {
+    let nanos = start.elapsed().as_nanos() as u64;
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&(messages as u64).to_le_bytes());
+    bytes[8..].copy_from_slice(&nanos.to_le_bytes());
+    pipe.write_all(&bytes)
+        .map_err(|e| format!("reporting: {e}"))
+}
+
+fn read_rate(mut pipe: PipeReader) -> Result<Measure, String> {
+    let mut bytes = [0u8; 16];
+    pipe.read_exact(&mut bytes)
+        .map_err(|e| format!("reading the consumer's timing: {e}"))?;
+    let messages = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default()) as f64;
+    let nanos = u64::from_le_bytes(bytes[8..].try_into().unwrap_or_default()).max(1) as f64;
+    Ok(Measure::Throughput(vec![messages * 1e9 / nanos]))
+}
+
+/// Checks the streamed sequence numbers and starts the clock after the warm-up.
+struct StreamCheck {
+    next: u64,
+    start: Option<Instant>,
+}
+
+impl StreamCheck {
+    fn new() -> Self {
+        Self {
+            next: 0,
+            start: None,
+        }
+    }
+
+    fn saw(&mut self, first_word: u64) -> Result<(), String> {
+        if first_word != self.next {
+            return Err(format!("expected message {}, got {first_word}", self.next));
+        }
+        self.next += 1;
+        if self.next == STREAM_WARMUP as u64 {
+            self.start = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    fn finish(self, pipe: PipeWriter, total: usize) -> Result<(), String> {
+        let start = self.start.ok_or("stream shorter than its warm-up")?;
+        report_rate(pipe, total - STREAM_WARMUP, start)
+    }
+}
+
+fn partner_deadline() -> Instant {
+    Instant::now() + PARTNER_TIMEOUT
+}
+
+fn check_deadline(deadline: Instant, spins: &mut u32) -> Result<(), String> {
+    *spins = spins.wrapping_add(1);
+    if spins.is_multiple_of(4096) && Instant::now() > deadline {
+        return Err("partner silent".into());
+    }
+    Ok(())
+}
+
+fn ours_stream<const W: usize>(count: usize, batched: bool) -> Result<Measure, String>
+where
+    [u64; W]: Pod,
+{
+    let total = count + STREAM_WARMUP;
+    let ring = create::<[u64; W]>(stream_capacity::<W>()).map_err(ring_err)?;
+    let (reader, writer) = timing_pipe()?;
+    fork_pair(
+        || {
+            drop(reader.take());
+            let mut rx = Consumer::<[u64; W]>::join(ring.as_fd()).map_err(ring_err)?;
+            let mut check = StreamCheck::new();
+            let mut buffer = vec![[0u64; W]; if batched { BATCH } else { 1 }];
+            let (deadline, mut spins) = (partner_deadline(), 0);
+            while (check.next as usize) < total {
+                let received = if batched {
+                    rx.try_recv_batch(&mut buffer)
+                } else {
+                    rx.try_recv().map(|m| {
+                        buffer[0] = m;
+                        1
+                    })
+                };
+                match received {
+                    Ok(n) => buffer[..n].iter().try_for_each(|m| check.saw(m[0]))?,
+                    Err(TryRecvError::Empty) => {
+                        spin_loop();
+                        check_deadline(deadline, &mut spins)?;
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            check.finish(writer.take().ok_or("pipe taken twice")?, total)
+        },
+        || {
+            let mut tx = Producer::<[u64; W]>::join(ring.as_fd()).map_err(ring_err)?;
+            let mut chunk = vec![[0u64; W]; if batched { BATCH } else { 1 }];
+            let (deadline, mut spins) = (partner_deadline(), 0);
+            let mut sent = 0;
+            while sent < total {
+                let n = chunk.len().min(total - sent);
+                for (i, message) in chunk[..n].iter_mut().enumerate() {
+                    message[0] = (sent + i) as u64;
+                }
+                let outcome = if batched {
+                    tx.try_send_batch(&chunk[..n])
+                } else {
+                    tx.try_send(chunk[0]).map(|()| 1).map_err(|e| match e {
+                        TrySendError::Full(_) => TrySendError::Full(()),
+                        TrySendError::Disconnected(_) => TrySendError::Disconnected(()),
+                        TrySendError::Corrupted(_, c) => TrySendError::Corrupted((), c),
+                    })
+                };
+                match outcome {
+                    Ok(k) => sent += k,
+                    Err(TrySendError::Full(())) => {
+                        spin_loop();
+                        check_deadline(deadline, &mut spins)?;
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            drop(writer.take());
+            read_rate(reader.take().ok_or("pipe taken twice")?)
+        },
+    )
+}
+
+fn shaq_stream<const W: usize>(count: usize, batched: bool) -> Result<Measure, String>
+where
+    [u64; W]: Pod,
+{
+    let total = count + STREAM_WARMUP;
+    let (file, producer) = shaq_create::<[u64; W]>(stream_capacity::<W>())?;
+    drop(producer);
+    let (reader, writer) = timing_pipe()?;
+    fork_pair(
+        || {
+            drop(reader.take());
+            let mut rx = shaq_join_consumer::<[u64; W]>(&file)?;
+            let mut check = StreamCheck::new();
+            let (deadline, mut spins) = (partner_deadline(), 0);
+            let max = std::num::NonZeroUsize::new(BATCH).ok_or("batch of 0")?;
+            // Copy every message out, as ours does, so both consumers do the same work. On the
+            // heap: at 4096-byte messages the buffer is 128 KiB.
+            #[allow(clippy::useless_vec)]
+            let mut buffer = vec![[0u64; W]; BATCH];
+            while (check.next as usize) < total {
+                let mut received = 0;
+                if batched {
+                    if let Some(batch) = rx.try_reserve_read_batch(max) {
+                        for (slot, message) in buffer.iter_mut().zip(batch.iter()) {
+                            *slot = *message;
+                            received += 1;
+                        }
+                    }
+                } else if let Some(message) = rx.try_read() {
+                    buffer[0] = message;
+                    received = 1;
+                }
+                if received == 0 {
+                    spin_loop();
+                    check_deadline(deadline, &mut spins)?;
+                }
+                buffer[..received]
+                    .iter()
+                    .try_for_each(|m| check.saw(m[0]))?;
+            }
+            check.finish(writer.take().ok_or("pipe taken twice")?, total)
+        },
+        || {
+            let mut tx = shaq_join_producer::<[u64; W]>(&file)?;
+            let mut message = [0u64; W];
+            let (deadline, mut spins) = (partner_deadline(), 0);
+            let mut sent = 0;
+            while sent < total {
+                let before = sent;
+                if batched {
+                    let mut batch = tx.write_batch();
+                    while sent < total && sent - before < BATCH {
+                        message[0] = sent as u64;
+                        if batch.try_write(message).is_err() {
+                            break;
+                        }
+                        sent += 1;
+                    }
+                } else {
+                    message[0] = sent as u64;
+                    if tx.try_write(message).is_ok() {
+                        sent += 1;
+                    }
+                }
+                if sent == before {
+                    spin_loop();
+                    check_deadline(deadline, &mut spins)?;
+                }
+            }
+            drop(writer.take());
+            read_rate(reader.take().ok_or("pipe taken twice")?)
+        },
+    )
+}
+
+/// The bandwidth baseline: one core copying the same bytes the ring moves, block by block, from a
+/// buffer as large as the ring into another as large (the ring's working set, without a second
+/// core or any protocol).
+fn memcpy_stream<const W: usize>(count: usize) -> Result<Measure, String> {
+    let blocks = stream_capacity::<W>();
+    let source = vec![[7u64; W]; blocks];
+    let mut destination = vec![[0u64; W]; blocks];
+    let start = Instant::now();
+    for i in 0..count {
+        let block = i % blocks;
+        destination[block].copy_from_slice(std::hint::black_box(&source[block]));
+        std::hint::black_box(&mut destination[block]);
+    }
+    let nanos = start.elapsed().as_nanos().max(1) as f64;
+    Ok(Measure::Throughput(vec![count as f64 * 1e9 / nanos]))
+}
