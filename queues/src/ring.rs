@@ -673,6 +673,13 @@ impl<T: Pod> Producer<T> {
         message: T,
         timeout: Duration,
     ) -> Result<(), SendTimeoutError<T>> {
+        // Fast path: room is there, so no deadline and no waiting machinery.
+        match self.try_send(message) {
+            Ok(()) => return Ok(()),
+            Err(TrySendError::Full(_)) => {}
+            Err(TrySendError::Disconnected(m)) => return Err(SendTimeoutError::Disconnected(m)),
+            Err(TrySendError::Corrupted(m, c)) => return Err(SendTimeoutError::Corrupted(m, c)),
+        }
         self.send_batch_timeout(core::slice::from_ref(&message), timeout)
             .map_err(|error| match error {
                 SendTimeoutError::Timeout(_) => SendTimeoutError::Timeout(message),

@@ -16,22 +16,30 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub const USAGE: &str = "\
-shmbroker bench queue [--json] [--quick] [--rounds N]
+shmbroker bench queue [--json] [--quick] [--rounds N] [--only NAME]
     Ring latency (ping-pong, hot and parked) and throughput (8, 64 and 4096-byte messages,
     single and batched) against shaq 4.3, one cache line bounced between two processes,
-    a raw futex ping-pong and memcpy, alternating in one run.";
+    a raw futex ping-pong and memcpy, alternating in one run. --only runs the benches whose
+    name contains NAME (pingpong_hot, pingpong_parked, stream_single, stream_batched).";
 
 /// How long any one measured child process may run before it is killed.
 const CHILD_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Run-size knobs shared by every suite.
 #[derive(Clone, Copy, Debug)]
-pub struct Plan {
+pub struct Plan<'a> {
     pub rounds: usize,
     pub quick: bool,
+    /// Run only the benches whose name contains this.
+    pub only: Option<&'a str>,
 }
 
-impl Plan {
+impl Plan<'_> {
+    /// Whether the bench called `name` is to run.
+    pub fn wants(&self, name: &str) -> bool {
+        self.only.is_none_or(|only| name.contains(only))
+    }
+
     /// `full` normally, `quick` under `--quick`.
     pub fn size(&self, full: usize, quick: usize) -> usize {
         if self.quick { quick } else { full }
@@ -46,10 +54,12 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     let rounds = args
         .value::<usize>("--rounds")?
         .unwrap_or(if quick { 1 } else { 5 });
+    let only = args.value::<String>("--only")?;
     args.finish()?;
     let plan = Plan {
         rounds: rounds.max(1),
         quick,
+        only: only.as_deref(),
     };
     let mut report = Report::new(json);
     match suite.as_deref() {

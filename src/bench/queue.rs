@@ -2,7 +2,7 @@
 //!
 //! | bench | ours | baselines |
 //! |---|---|---|
-//! | `pingpong_hot` | `recv_timeout` spinning (spin limit `u32::MAX`) | shaq `try_read` spin loop; one cache line bounced between the two processes |
+//! | `pingpong_hot` | `send_timeout`/`recv_timeout` spinning (spin limit `u32::MAX`) | shaq `try_write`/`try_read` spin loop; a request line and an answer line (the floor for any pair of rings); one cache line bounced both ways (the physical floor) |
 //! | `pingpong_parked` | `recv_timeout` with spin limit 0 (always parks) | a raw futex ping-pong on two shared words; shaq `read_timeout` (which spins 2048 times first) |
 //! | `stream_single` | `try_send` / `try_recv` loops | shaq `try_write` / `try_read` loops |
 //! | `stream_batched` | `try_send_batch` / `try_recv_batch` of 32 | shaq `write_batch` / `try_reserve_read_batch` of 32 |
@@ -34,7 +34,7 @@ const BATCH: usize = 32;
 const OURS: &str = "shmbroker";
 const SHAQ: &str = "shaq-4.3";
 
-pub fn run(plan: Plan, report: &mut Report) -> Result<(), String> {
+pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
     pingpong_hot(plan, report)?;
     pingpong_parked(plan, report)?;
     for batched in [false, true] {
@@ -84,7 +84,10 @@ fn alternate(
 // ---------------------------------------------------------------------------------------------
 // Ping-pong
 
-fn pingpong_hot(plan: Plan, report: &mut Report) -> Result<(), String> {
+fn pingpong_hot(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
+    if !plan.wants("pingpong_hot") {
+        return Ok(());
+    }
     report.progress("pingpong_hot");
     let samples = plan.size(20_000, 2_000);
     let contenders = alternate(
@@ -92,6 +95,9 @@ fn pingpong_hot(plan: Plan, report: &mut Report) -> Result<(), String> {
         &[
             (OURS, &|| ours_pingpong(samples, u32::MAX)),
             (SHAQ, &|| shaq_pingpong(samples, false)),
+            ("floor: one line per direction", &|| {
+                two_line_pingpong(samples)
+            }),
             ("floor: one cache line bounced", &|| {
                 cacheline_pingpong(samples)
             }),
@@ -105,7 +111,10 @@ fn pingpong_hot(plan: Plan, report: &mut Report) -> Result<(), String> {
     Ok(())
 }
 
-fn pingpong_parked(plan: Plan, report: &mut Report) -> Result<(), String> {
+fn pingpong_parked(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
+    if !plan.wants("pingpong_parked") {
+        return Ok(());
+    }
     report.progress("pingpong_parked");
     let samples = plan.size(3_000, 300);
     let contenders = alternate(
@@ -283,24 +292,38 @@ impl SharedPage {
     }
 }
 
-/// The floor: one cache line, written by each side in turn. A round trip is two line transfers.
+/// Spins until `word` holds `target`, failing if the partner stays silent past its deadline.
+fn await_value(word: &AtomicU64, target: u64) -> Result<(), String> {
+    let (deadline, mut spins) = (partner_deadline(), 0);
+    while word.load(Ordering::Acquire) != target {
+        spin_loop();
+        check_deadline(deadline, &mut spins)?;
+    }
+    Ok(())
+}
+
+/// One line floor: a single cache line, written by each side in turn (two line transfers per
+/// round trip, and the writer always finds the line shared, never elsewhere modified).
 fn cacheline_pingpong(samples: usize) -> Result<Measure, String> {
     let page = SharedPage::new()?;
-    let word = page.word64(0);
+    line_pingpong(samples, page.word64(0), page.word64(0))
+}
+
+/// Two-line floor: the request on one line, the answer on another, as any pair of rings (one per
+/// direction) must do. No ring protocol can beat this; ours is measured against it.
+fn two_line_pingpong(samples: usize) -> Result<Measure, String> {
+    let page = SharedPage::new()?;
+    line_pingpong(samples, page.word64(0), page.word64(4))
+}
+
+/// The parent stores odd numbers to `ping`, the child answers with the next even one on `pong`.
+fn line_pingpong(samples: usize, ping: &AtomicU64, pong: &AtomicU64) -> Result<Measure, String> {
     let total = (warmup(samples) + samples) as u64;
-    let await_value = |target: u64| -> Result<(), String> {
-        let (deadline, mut spins) = (partner_deadline(), 0);
-        while word.load(Ordering::Acquire) != target {
-            spin_loop();
-            check_deadline(deadline, &mut spins)?;
-        }
-        Ok(())
-    };
     fork_pair(
         || {
             for i in 0..total {
-                await_value(2 * i + 1)?;
-                word.store(2 * i + 2, Ordering::Release);
+                await_value(ping, 2 * i + 1)?;
+                pong.store(2 * i + 2, Ordering::Release);
             }
             Ok(())
         },
@@ -308,8 +331,8 @@ fn cacheline_pingpong(samples: usize) -> Result<Measure, String> {
             let mut times = Vec::with_capacity(total as usize);
             for i in 0..total {
                 let start = Instant::now();
-                word.store(2 * i + 1, Ordering::Release);
-                await_value(2 * i + 2)?;
+                ping.store(2 * i + 1, Ordering::Release);
+                await_value(pong, 2 * i + 2)?;
                 times.push(start.elapsed().as_nanos() as u64);
             }
             Ok(Measure::Latency(times.split_off(warmup(samples))))
@@ -380,19 +403,26 @@ fn stream_capacity<const W: usize>() -> usize {
     (1 << 20) / (8 * W + 8).next_power_of_two()
 }
 
-fn stream_count<const W: usize>(plan: Plan) -> usize {
+fn stream_count<const W: usize>(plan: Plan<'_>) -> usize {
     match W {
         512 => plan.size(200_000, 20_000),
         _ => plan.size(2_000_000, 100_000),
     }
 }
 
-fn stream<const W: usize>(plan: Plan, report: &mut Report, batched: bool) -> Result<(), String> {
+fn stream<const W: usize>(
+    plan: Plan<'_>,
+    report: &mut Report,
+    batched: bool,
+) -> Result<(), String> {
     let bench = if batched {
         "stream_batched"
     } else {
         "stream_single"
     };
+    if !plan.wants(bench) {
+        return Ok(());
+    }
     report.progress(&format!("{bench} {} bytes", 8 * W));
     let count = stream_count::<W>(plan);
     let ours = || ours_stream::<W>(count, batched);
