@@ -166,6 +166,8 @@ impl WaitWord {
     #[cold]
     fn futex_wake(&self) {
         use nix::libc;
+        #[cfg(test)]
+        WAKE_SYSCALLS.with(|count| count.set(count.get() + 1));
         // SAFETY: futex(2) FUTEX_WAKE only uses the word's address as a key; it never writes it.
         unsafe { libc::syscall(libc::SYS_futex, self.state.as_ptr(), libc::FUTEX_WAKE, 1) };
     }
@@ -183,6 +185,20 @@ impl WaitWord {
     fn futex_wake(&self) {
         let _guard = self.sleepers.lock().unwrap();
         self.condvar.notify_all();
+    }
+}
+
+// Wake-up system calls made by this thread, for tests that check none is made needlessly.
+#[cfg(all(test, not(loom)))]
+thread_local! {
+    pub(crate) static WAKE_SYSCALLS: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
+}
+
+#[cfg(all(test, not(loom)))]
+impl WaitWord {
+    /// Whether the other side has registered as waiting on this word.
+    pub(crate) fn has_waiter(&self) -> bool {
+        self.state.load(Ordering::Acquire) == WAITING
     }
 }
 

@@ -1,6 +1,8 @@
 //! Creating, joining, using and dropping rings leaves no fd and no mapping behind. Alone in its own
 //! test binary, so that no concurrently running test changes the counts.
 
+#![cfg(not(loom))]
+
 use shmbroker_queues::{Consumer, Producer, TryRecvError, create, pair};
 use std::os::fd::AsFd;
 

@@ -3,6 +3,8 @@
 //!
 //! Corruption is injected the way a hostile process would: by writing into the shared file.
 
+#![cfg(not(loom))]
+
 use bytemuck::{Pod, Zeroable};
 use nix::errno::Errno;
 use shmbroker_bindings::{RING_LAYOUT_VERSION, RING_MAGIC, RingLayout};
