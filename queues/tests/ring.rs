@@ -425,3 +425,29 @@ fn threads_stream_in_order_parked() {
 fn threads_stream_in_order_in_batches_parked() {
     stream_between_threads(200_000, 16, 0);
 }
+
+/// The file layout is what the `ring` module documents (and what the fuzz seed corpus assumes):
+/// a 48-byte `RingLayout` at 0, zeroed control blocks to 512, then `{seq, message}` slots whose
+/// sequence words start "pending" (position + 1 - capacity).
+#[test]
+fn a_new_ring_file_has_the_documented_layout() {
+    let fd = create::<[u64; 2]>(4).unwrap();
+    let file = File::from(fd.try_clone().unwrap());
+    let mut bytes = vec![0u8; file.metadata().unwrap().len() as usize];
+    file.read_exact_at(&mut bytes, 0).unwrap();
+
+    let mut expected = Vec::new();
+    expected.extend_from_slice(b"SHMBRING");
+    for field in [RING_LAYOUT_VERSION, 16, 8, 24] {
+        expected.extend_from_slice(&field.to_le_bytes());
+    }
+    for field in [4u64, 512, 512 + 4 * 24] {
+        expected.extend_from_slice(&field.to_le_bytes());
+    }
+    expected.resize(512, 0);
+    for index in 0..4u64 {
+        expected.extend_from_slice(&(index + 1).wrapping_sub(4).to_le_bytes());
+        expected.extend_from_slice(&[0; 16]);
+    }
+    assert_eq!(bytes, expected);
+}
