@@ -91,22 +91,27 @@ fn a_process_joining_with_another_message_type_is_refused() {
     let ring = create::<u64>(16).unwrap();
     let mut command = peer();
     command.args(["sink", "--count", "1"]);
-    let mut child = spawn_with_fds(&mut command, &[ring.as_fd()]).unwrap();
-    let status = child
-        .wait_timeout(CHILD_DEADLINE)
-        .unwrap()
-        .expect("child hung");
-    assert!(!status.success());
-    let mut stderr = String::new();
-    let _ = child_stderr(&mut child).read_to_string(&mut stderr);
+    let child = spawn_with_fds(&mut command, &[ring.as_fd()]).unwrap();
+    let stderr = stderr_of_failure(child);
     assert!(
         stderr.contains("ring message size mismatch: expected 16 bytes, found 8"),
         "stderr: {stderr}"
     );
 }
 
-fn child_stderr(child: &mut shmbroker::process::ChildGuard) -> std::process::ChildStderr {
-    child.take_stderr().expect("stderr was piped")
+/// Waits (with a deadline) for a child that must fail, and returns what it said on stderr.
+fn stderr_of_failure(mut child: shmbroker::process::ChildGuard) -> String {
+    let status = child
+        .wait_timeout(CHILD_DEADLINE)
+        .unwrap()
+        .expect("child hung");
+    assert!(!status.success(), "child should have failed");
+    let mut stderr = String::new();
+    let _ = child
+        .take_stderr()
+        .expect("stderr was piped")
+        .read_to_string(&mut stderr);
+    stderr
 }
 
 #[test]
@@ -116,17 +121,11 @@ fn a_peer_gives_up_with_an_error_when_its_partner_goes_quiet() {
     let ring = create::<[u64; 2]>(16).unwrap();
     let mut command = peer();
     command.args(["sink", "--count", "2"]);
-    let mut child = spawn_with_fds(&mut command, &[ring.as_fd()]).unwrap();
+    let child = spawn_with_fds(&mut command, &[ring.as_fd()]).unwrap();
     let mut tx = Producer::<[u64; 2]>::join(ring.as_fd()).unwrap();
     tx.try_send([0, mix(0)]).unwrap();
     drop(tx);
-    let status = child
-        .wait_timeout(CHILD_DEADLINE)
-        .unwrap()
-        .expect("child hung");
-    assert!(!status.success());
-    let mut stderr = String::new();
-    let _ = child_stderr(&mut child).read_to_string(&mut stderr);
+    let stderr = stderr_of_failure(child);
     assert!(
         stderr.contains("after 1 of 2 messages: ring producer is gone"),
         "stderr: {stderr}"
