@@ -1,14 +1,58 @@
 //! The one place atomics and cells come from, so that `--cfg loom` can swap in loom's models.
 //!
 //! Everything in this crate that is shared between threads or processes goes through these names:
-//! under `cfg(loom)` they are loom's instrumented types, otherwise they are the core ones, which
-//! have the same in-memory representation as the plain integers and so can live in a mapping.
+//! under `cfg(loom)` they are loom's instrumented types, otherwise thin `#[repr(transparent)]`
+//! wrappers of the core ones, which have the same in-memory representation as the plain integers
+//! and so can live in a mapping. The wrappers exist so that `clippy.toml` can forbid the core types
+//! everywhere else in the crate: an atomic that bypassed this module would be invisible to loom.
+
+// The one module that may name the core types.
+#![allow(clippy::disallowed_types)]
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64};
 
+/// Defines a wrapper exposing only the operations this crate uses.
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{AtomicU32, AtomicU64};
+macro_rules! atomic {
+    ($name:ident, $int:ty) => {
+                #[derive(Debug)]
+        #[repr(transparent)]
+        pub(crate) struct $name(core::sync::atomic::$name);
+
+        #[allow(dead_code)]
+        impl $name {
+            pub(crate) const fn new(value: $int) -> Self {
+                Self(core::sync::atomic::$name::new(value))
+            }
+
+            #[inline(always)]
+            pub(crate) fn load(&self, order: Ordering) -> $int {
+                self.0.load(order)
+            }
+
+            #[inline(always)]
+            pub(crate) fn store(&self, value: $int, order: Ordering) {
+                self.0.store(value, order)
+            }
+
+            #[inline(always)]
+            pub(crate) fn swap(&self, value: $int, order: Ordering) -> $int {
+                self.0.swap(value, order)
+            }
+
+            /// The address of the value, for system calls such as futex(2).
+            pub(crate) const fn as_ptr(&self) -> *mut $int {
+                self.0.as_ptr()
+            }
+        }
+    };
+}
+
+#[cfg(not(loom))]
+atomic!(AtomicU32, u32);
+#[cfg(not(loom))]
+atomic!(AtomicU64, u64);
 
 pub(crate) use core::sync::atomic::Ordering;
 
