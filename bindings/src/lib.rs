@@ -27,6 +27,13 @@
 #[cfg(not(target_endian = "little"))]
 compile_error!("shmbroker's wire format is little-endian; big-endian targets are not supported");
 
+mod logon;
+mod message;
 mod ring;
 
+pub use logon::{
+    ANY_RANK, FdRole, LOGON_MAGIC, LogonFrame, MAX_REPLY_FDS, ManifestEntry, NO_PEER,
+    PROTOCOL_VERSION, REASON_LEN, REPLY_MAGIC, RejectReason, ReplyHeader,
+};
+pub use message::{INLINE_BYTES, Message, PayloadRef};
 pub use ring::{RING_LAYOUT_VERSION, RING_MAGIC, RingLayout};

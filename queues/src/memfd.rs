@@ -28,12 +28,32 @@ pub const REQUIRED_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK
 ///
 /// [`Error::Sys`] naming the system call that failed.
 pub fn create_sealed(name: &CStr, size: u64) -> Result<OwnedFd, Error> {
-    let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
-        .map_err(Error::sys("memfd_create"))?;
+    let fd = create_unsealed(name)?;
     let len = i64::try_from(size).map_err(|_| Error::sys("ftruncate")(Errno::EFBIG))?;
     nix::unistd::ftruncate(&fd, len).map_err(Error::sys("ftruncate"))?;
-    fcntl(&fd, FcntlArg::F_ADD_SEALS(REQUIRED_SEALS)).map_err(Error::sys("fcntl(F_ADD_SEALS)"))?;
+    seal(fd.as_fd())?;
     Ok(fd)
+}
+
+/// Creates an empty, close-on-exec memfd that can be sealed later, for regions whose own code
+/// sizes the file. Call [`seal`] before handing it to anyone.
+///
+/// # Errors
+///
+/// [`Error::Sys`] if `memfd_create` fails.
+pub fn create_unsealed(name: &CStr) -> Result<OwnedFd, Error> {
+    memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
+        .map_err(Error::sys("memfd_create"))
+}
+
+/// Adds [`REQUIRED_SEALS`] to `fd`, fixing its size for good.
+///
+/// # Errors
+///
+/// [`Error::Sys`] if `fcntl(F_ADD_SEALS)` fails (for example, the file was already sealed).
+pub fn seal(fd: BorrowedFd<'_>) -> Result<(), Error> {
+    fcntl(fd, FcntlArg::F_ADD_SEALS(REQUIRED_SEALS)).map_err(Error::sys("fcntl(F_ADD_SEALS)"))?;
+    Ok(())
 }
 
 /// Checks that `fd` carries at least [`REQUIRED_SEALS`].

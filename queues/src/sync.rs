@@ -16,7 +16,7 @@ pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64};
 #[cfg(not(loom))]
 macro_rules! atomic {
     ($name:ident, $int:ty) => {
-                #[derive(Debug)]
+        #[derive(Debug)]
         #[repr(transparent)]
         pub(crate) struct $name(core::sync::atomic::$name);
 

@@ -1,0 +1,239 @@
+//! The logon protocol's frames: what a worker sends the broker, and what the broker answers.
+//!
+//! A worker sends one [`LogonFrame`]. The broker answers with one `sendmsg`: a [`ReplyHeader`],
+//! then `fd_count` [`ManifestEntry`] records, with all fds in a single `SCM_RIGHTS` control
+//! message, in manifest order. A rejection is a header with a nonzero `status` (a
+//! [`RejectReason`] code), a reason text, and no fds.
+
+use bytemuck::{Pod, Zeroable};
+
+/// First eight bytes of a logon frame: `SHMBLOGN`.
+pub const LOGON_MAGIC: u64 = u64::from_le_bytes(*b"SHMBLOGN");
+/// First eight bytes of a reply: `SHMBRPLY`.
+pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"SHMBRPLY");
+/// Version of the logon protocol (frames, manifest, fd order).
+pub const PROTOCOL_VERSION: u32 = 1;
+/// `requested_rank` meaning "any free rank".
+pub const ANY_RANK: u32 = u32::MAX;
+/// `peer` in a manifest entry that belongs to no peer (the payload region).
+pub const NO_PEER: u32 = u32::MAX;
+/// Bytes of reason text a reply carries (UTF-8, zero-padded).
+pub const REASON_LEN: usize = 96;
+/// The most fds one reply may carry: the kernel's `SCM_MAX_FD`.
+pub const MAX_REPLY_FDS: usize = 253;
+
+/// What a worker sends to log on. 32 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct LogonFrame {
+    /// [`LOGON_MAGIC`].
+    pub magic: u64,
+    /// [`PROTOCOL_VERSION`].
+    pub version: u32,
+    /// The rank wanted (say, the local rank), or [`ANY_RANK`].
+    pub requested_rank: u32,
+    /// The fewest ring slots this worker can work with; 0 for the broker's choice.
+    pub min_ring_capacity: u32,
+    /// Explicit padding; must be zero.
+    pub _pad0: u32,
+    /// The fewest payload-region bytes this worker can work with; 0 for the broker's choice.
+    pub min_payload_bytes: u64,
+}
+
+const _: () = assert!(size_of::<LogonFrame>() == 32);
+
+impl LogonFrame {
+    /// A logon asking for `requested_rank` (or [`ANY_RANK`]) with the broker's default sizes.
+    #[must_use]
+    pub const fn new(requested_rank: u32) -> Self {
+        Self {
+            magic: LOGON_MAGIC,
+            version: PROTOCOL_VERSION,
+            requested_rank,
+            min_ring_capacity: 0,
+            _pad0: 0,
+            min_payload_bytes: 0,
+        }
+    }
+}
+
+/// The broker's answer. 136 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct ReplyHeader {
+    /// [`REPLY_MAGIC`].
+    pub magic: u64,
+    /// [`PROTOCOL_VERSION`].
+    pub version: u32,
+    /// 0 when accepted; otherwise a [`RejectReason`] code.
+    pub status: u32,
+    /// The rank given (accepted replies).
+    pub rank: u32,
+    /// The number of ranks in the world.
+    pub world_size: u32,
+    /// How many manifest entries and fds follow.
+    pub fd_count: u32,
+    /// Slots in every ring.
+    pub ring_capacity: u32,
+    /// Bytes in the payload region.
+    pub payload_bytes: u64,
+    /// Why, for rejections: UTF-8 text, zero-padded.
+    pub reason: [u8; REASON_LEN],
+}
+
+const _: () = assert!(size_of::<ReplyHeader>() == 136);
+
+impl ReplyHeader {
+    /// A rejection for `reason`, with `text` cut to [`REASON_LEN`] bytes on a character boundary.
+    #[must_use]
+    pub fn rejection(reason: RejectReason, text: &str) -> Self {
+        let mut header = Self::zeroed();
+        header.magic = REPLY_MAGIC;
+        header.version = PROTOCOL_VERSION;
+        header.status = reason as u32;
+        let mut end = text.len().min(REASON_LEN);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        header.reason[..end].copy_from_slice(&text.as_bytes()[..end]);
+        header
+    }
+
+    /// The reason text, up to the first zero byte, with invalid UTF-8 replaced.
+    #[must_use]
+    pub fn reason_text(&self) -> &str {
+        let end = self
+            .reason
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(REASON_LEN);
+        match core::str::from_utf8(&self.reason[..end]) {
+            Ok(text) => text,
+            Err(error) => {
+                // Keep the valid prefix; a peer's bad bytes must not hide the whole message.
+                core::str::from_utf8(&self.reason[..error.valid_up_to()]).unwrap_or("")
+            }
+        }
+    }
+}
+
+/// What one fd in a reply is. 24 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct ManifestEntry {
+    /// A [`FdRole`] code.
+    pub role: u32,
+    /// The rank at the other end of a ring, or [`NO_PEER`].
+    pub peer: u32,
+    /// The file's size in bytes.
+    pub size: u64,
+    /// The layout version of what the file holds (ring or payload region).
+    pub layout_version: u32,
+    /// Explicit padding; must be zero.
+    pub _pad0: u32,
+}
+
+const _: () = assert!(size_of::<ManifestEntry>() == 24);
+
+/// What an fd in a reply is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum FdRole {
+    /// A ring this worker sends on, to `peer`.
+    RingToPeer = 1,
+    /// A ring this worker receives on, from `peer`.
+    RingFromPeer = 2,
+    /// The session's shared payload region.
+    Payload = 3,
+}
+
+impl FdRole {
+    /// The role for a wire code, if it is one.
+    #[must_use]
+    pub const fn from_code(code: u32) -> Option<Self> {
+        match code {
+            1 => Some(Self::RingToPeer),
+            2 => Some(Self::RingFromPeer),
+            3 => Some(Self::Payload),
+            _ => None,
+        }
+    }
+}
+
+/// Why the broker refused a logon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum RejectReason {
+    /// The frame did not start with [`LOGON_MAGIC`].
+    BadMagic = 1,
+    /// The frame's protocol version is not [`PROTOCOL_VERSION`].
+    BadVersion = 2,
+    /// The connection closed before a whole frame arrived.
+    Truncated = 3,
+    /// The requested rank is not below the world size.
+    RankOutOfRange = 4,
+    /// The requested rank is already logged on.
+    RankTaken = 5,
+    /// Every rank is taken.
+    WorldFull = 6,
+    /// A requested minimum size is more than the broker provides.
+    CapacityOutOfLimits = 7,
+    /// The frame did not arrive before the logon deadline.
+    Deadline = 8,
+    /// The caller's uid is not allowed.
+    NotAllowed = 9,
+    /// A padding field was not zero.
+    BadPadding = 10,
+    /// The broker failed (a system call); the text says which.
+    Internal = 11,
+}
+
+impl RejectReason {
+    /// The reason for a wire code, if it is one.
+    #[must_use]
+    pub const fn from_code(code: u32) -> Option<Self> {
+        Some(match code {
+            1 => Self::BadMagic,
+            2 => Self::BadVersion,
+            3 => Self::Truncated,
+            4 => Self::RankOutOfRange,
+            5 => Self::RankTaken,
+            6 => Self::WorldFull,
+            7 => Self::CapacityOutOfLimits,
+            8 => Self::Deadline,
+            9 => Self::NotAllowed,
+            10 => Self::BadPadding,
+            11 => Self::Internal,
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip() {
+        for code in 0..20 {
+            if let Some(reason) = RejectReason::from_code(code) {
+                assert_eq!(reason as u32, code);
+            }
+            if let Some(role) = FdRole::from_code(code) {
+                assert_eq!(role as u32, code);
+            }
+        }
+        assert_eq!(RejectReason::from_code(0), None);
+        assert_eq!(FdRole::from_code(0), None);
+    }
+
+    #[test]
+    fn reason_text_is_cut_on_a_character_boundary_and_read_back() {
+        let long = "é".repeat(REASON_LEN);
+        let header = ReplyHeader::rejection(RejectReason::Internal, &long);
+        assert_eq!(header.reason_text(), "é".repeat(REASON_LEN / 2));
+        let mut bad = ReplyHeader::rejection(RejectReason::Internal, "ok");
+        bad.reason[2] = 0xff;
+        assert_eq!(bad.reason_text(), "ok");
+    }
+}
