@@ -1,0 +1,339 @@
+//! The worker's side: [`connect`] logs on and returns a [`Session`] holding everything received.
+
+use crate::error::{Error, ProtocolError};
+use crate::fdpass::recv_with_fds;
+use crate::wire::{MANIFEST_ENTRY_LEN, REPLY_HEADER_LEN, decode_manifest, decode_reply_header};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr};
+use shmbroker_allocator::{PAYLOAD_LAYOUT_VERSION, PayloadRegion};
+use shmbroker_bindings::{FdRole, LogonFrame, ManifestEntry, Message, RING_LAYOUT_VERSION};
+use shmbroker_queues::{Consumer, Producer};
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How long to wait between attempts while the broker's socket is missing or its backlog is full.
+const CONNECT_RETRY: Duration = Duration::from_millis(5);
+
+/// The two rings between this worker and one peer.
+#[derive(Debug)]
+pub struct Link {
+    /// Messages to the peer.
+    pub to: Producer<Message>,
+    /// Messages from the peer.
+    pub from: Consumer<Message>,
+}
+
+/// A logged-on worker: its rank, its rings to and from every peer, and the payload region.
+#[derive(Debug)]
+pub struct Session {
+    rank: u32,
+    world_size: u32,
+    ring_capacity: u32,
+    socket: UnixStream,
+    links: Vec<Option<Link>>,
+    payload: PayloadRegion,
+}
+
+impl Session {
+    /// This worker's rank.
+    #[must_use]
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Ranks in the world.
+    #[must_use]
+    pub fn world_size(&self) -> u32 {
+        self.world_size
+    }
+
+    /// Slots in every ring.
+    #[must_use]
+    pub fn ring_capacity(&self) -> u32 {
+        self.ring_capacity
+    }
+
+    /// The rings to and from `peer`; `None` for this worker's own rank or one out of range.
+    pub fn link(&mut self, peer: u32) -> Option<&mut Link> {
+        self.links.get_mut(peer as usize)?.as_mut()
+    }
+
+    /// The session's shared payload region.
+    pub fn payload(&mut self) -> &mut PayloadRegion {
+        &mut self.payload
+    }
+
+    /// The socket to the broker, open for the whole session (its closing tells the broker this
+    /// worker is gone).
+    #[must_use]
+    pub fn broker_socket(&self) -> &UnixStream {
+        &self.socket
+    }
+}
+
+/// Logs on to the broker at `path` with `logon`. One deadline, `timeout` from now, covers
+/// reaching the broker (retrying while its socket does not exist yet or refuses), sending the
+/// frame and receiving the reply.
+///
+/// Every fd received is closed on every error path. Seals, sizes and layouts are checked before
+/// anything is mapped.
+///
+/// # Errors
+///
+/// [`Error::Timeout`] naming the stage; [`Error::Connect`]; [`Error::Rejected`] with the broker's
+/// reason; [`Error::Protocol`] for a malformed reply; [`Error::Ring`] or [`Error::Payload`] when a
+/// received file is not what its manifest entry says.
+pub fn connect(
+    path: impl AsRef<Path>,
+    logon: LogonFrame,
+    timeout: Duration,
+) -> Result<Session, Error> {
+    let path = path.as_ref();
+    let deadline = Instant::now() + timeout;
+    let timed_out = |stage| Error::Timeout { stage, timeout };
+    let mut stream = connect_until(path, deadline).map_err(|e| match e {
+        None => timed_out("reaching the broker"),
+        Some(source) => Error::Connect {
+            path: path.to_path_buf(),
+            source,
+        },
+    })?;
+    send_until(&mut stream, bytemuck::bytes_of(&logon), deadline)
+        .map_err(|e| e.unwrap_or_else(|| timed_out("sending the logon frame")))?;
+    let (header, manifest, fds) = receive_reply(&stream, deadline, timeout)?;
+    stream
+        .set_nonblocking(false)
+        .map_err(|e| Error::sys("fcntl")(io_errno(&e)))?;
+    Session::from_reply(stream, &header, &manifest, fds)
+}
+
+fn io_errno(error: &std::io::Error) -> Errno {
+    Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
+}
+
+/// Connects without blocking past `deadline`. `Err(None)`: the deadline passed.
+fn connect_until(path: &Path, deadline: Instant) -> Result<UnixStream, Option<Errno>> {
+    let address = UnixAddr::new(path).map_err(Some)?;
+    loop {
+        let socket = nix::sys::socket::socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )
+        .map_err(Some)?;
+        match nix::sys::socket::connect(socket.as_raw_fd(), &address) {
+            Ok(()) => return Ok(UnixStream::from(socket)),
+            // Not there yet, gone for the moment, or its backlog is full: try again in a moment.
+            Err(Errno::ENOENT | Errno::ECONNREFUSED | Errno::EAGAIN) => {}
+            Err(other) => return Err(Some(other)),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(None);
+        }
+        std::thread::sleep(CONNECT_RETRY.min(left));
+    }
+}
+
+/// Waits until `stream` is ready for `flags` or `deadline` passes (`false`).
+fn wait_for(stream: &UnixStream, flags: PollFlags, deadline: Instant) -> Result<bool, Errno> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let millis = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(stream.as_fd(), flags)];
+        match poll(&mut fds, PollTimeout::from(millis)) {
+            Ok(0) | Err(Errno::EINTR) => {}
+            Ok(_) => return Ok(true),
+            Err(other) => return Err(other),
+        }
+    }
+}
+
+/// Writes all of `bytes`. `Err(None)`: the deadline passed.
+fn send_until(
+    stream: &mut UnixStream,
+    bytes: &[u8],
+    deadline: Instant,
+) -> Result<(), Option<Error>> {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        match stream.write(&bytes[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if !wait_for(stream, PollFlags::POLLOUT, deadline)
+                    .map_err(|e| Some(Error::sys("poll")(e)))?
+                {
+                    return Err(None);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Some(Error::sys("write")(io_errno(&e)))),
+        }
+    }
+    Ok(())
+}
+
+/// Receives a whole reply: the header, the manifest it announces, and the fds.
+fn receive_reply(
+    stream: &UnixStream,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<
+    (
+        shmbroker_bindings::ReplyHeader,
+        Vec<ManifestEntry>,
+        Vec<OwnedFd>,
+    ),
+    Error,
+> {
+    let mut bytes = Vec::new();
+    let mut fds = Vec::new();
+    let mut scratch =
+        vec![0u8; REPLY_HEADER_LEN + 2 * shmbroker_bindings::MAX_REPLY_FDS * MANIFEST_ENTRY_LEN];
+    let mut expected = REPLY_HEADER_LEN;
+    let mut header = None;
+    while bytes.len() < expected {
+        match recv_with_fds(stream.as_fd(), &mut scratch, &mut fds) {
+            Ok(received) => {
+                if received.control_truncated {
+                    return Err(ProtocolError::ControlTruncated.into());
+                }
+                if received.bytes == 0 {
+                    // A rejection is a bare header; anything shorter than announced is truncated.
+                    return Err(match decode_reply_header(&bytes) {
+                        Err(error) => error,
+                        Ok(_) => ProtocolError::Truncated {
+                            expected,
+                            found: bytes.len(),
+                        }
+                        .into(),
+                    });
+                }
+                bytes.extend_from_slice(&scratch[..received.bytes]);
+            }
+            Err(Errno::EAGAIN) => {
+                if !wait_for(stream, PollFlags::POLLIN, deadline).map_err(Error::sys("poll"))? {
+                    return Err(Error::Timeout {
+                        stage: "waiting for the broker's reply",
+                        timeout,
+                    });
+                }
+            }
+            Err(Errno::EINTR) => {}
+            Err(other) => return Err(Error::sys("recvmsg")(other)),
+        }
+        if header.is_none() && bytes.len() >= REPLY_HEADER_LEN {
+            let decoded = decode_reply_header(&bytes)?;
+            expected = REPLY_HEADER_LEN + decoded.fd_count as usize * MANIFEST_ENTRY_LEN;
+            header = Some(decoded);
+        }
+    }
+    let header = header.ok_or(ProtocolError::Truncated {
+        expected: REPLY_HEADER_LEN,
+        found: bytes.len(),
+    })?;
+    let manifest = decode_manifest(&header, &bytes[REPLY_HEADER_LEN..])?;
+    if fds.len() != manifest.len() {
+        return Err(ProtocolError::FdCount {
+            expected: manifest.len(),
+            found: fds.len(),
+        }
+        .into());
+    }
+    Ok((header, manifest, fds))
+}
+
+/// The two ends of a link as they are joined, in manifest order.
+type HalfLink = (Option<Producer<Message>>, Option<Consumer<Message>>);
+
+impl Session {
+    fn from_reply(
+        socket: UnixStream,
+        header: &shmbroker_bindings::ReplyHeader,
+        manifest: &[ManifestEntry],
+        fds: Vec<OwnedFd>,
+    ) -> Result<Self, Error> {
+        let mut links: Vec<HalfLink> = (0..header.world_size).map(|_| (None, None)).collect();
+        let mut payload = None;
+        for (index, (entry, fd)) in manifest.iter().zip(&fds).enumerate() {
+            let role = FdRole::from_code(entry.role);
+            let expected_version = match role {
+                Some(FdRole::Payload) => PAYLOAD_LAYOUT_VERSION,
+                _ => RING_LAYOUT_VERSION,
+            };
+            let value = |field, expected: u64, found: u64| ProtocolError::ManifestValue {
+                index,
+                field,
+                expected,
+                found,
+            };
+            if entry.layout_version != expected_version {
+                return Err(value(
+                    "layout_version",
+                    u64::from(expected_version),
+                    u64::from(entry.layout_version),
+                )
+                .into());
+            }
+            let size =
+                shmbroker_queues::memfd::file_size(fd.as_fd()).map_err(|source| Error::Ring {
+                    role: "size of",
+                    peer: entry.peer,
+                    source,
+                })?;
+            if size != entry.size {
+                return Err(value("size", entry.size, size).into());
+            }
+            let peer = entry.peer as usize;
+            match role {
+                Some(FdRole::RingToPeer) => {
+                    let ring = Producer::join(fd.as_fd()).map_err(|source| Error::Ring {
+                        role: "to",
+                        peer: entry.peer,
+                        source,
+                    })?;
+                    links[peer].0 = Some(ring);
+                }
+                Some(FdRole::RingFromPeer) => {
+                    let ring = Consumer::join(fd.as_fd()).map_err(|source| Error::Ring {
+                        role: "from",
+                        peer: entry.peer,
+                        source,
+                    })?;
+                    links[peer].1 = Some(ring);
+                }
+                // `decode_manifest` checked every role against the protocol's order.
+                Some(FdRole::Payload) | None => payload = Some(PayloadRegion::join(fd.as_fd())?),
+            }
+        }
+        let payload = payload.ok_or(ProtocolError::FdCount {
+            expected: manifest.len(),
+            found: 0,
+        })?;
+        let links = links
+            .into_iter()
+            .map(|(to, from)| {
+                Some(Link {
+                    to: to?,
+                    from: from?,
+                })
+            })
+            .collect();
+        Ok(Self {
+            rank: header.rank,
+            world_size: header.world_size,
+            ring_capacity: header.ring_capacity,
+            socket,
+            links,
+            payload,
+        })
+    }
+}

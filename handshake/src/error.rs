@@ -1,0 +1,189 @@
+//! Errors of the logon protocol, on both sides.
+
+use nix::errno::Errno;
+use shmbroker_bindings::RejectReason;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Why binding, serving or connecting failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration value is out of its limits.
+    #[error("invalid broker config: {field} {reason}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A broker is already listening on the path.
+    #[error("a broker is already listening on {}", path.display())]
+    AddressInUse {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The path exists and is not a socket; it is left alone.
+    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A system call failed.
+    #[error("{op} failed: {source}")]
+    Sys {
+        /// The call.
+        op: &'static str,
+        /// What it returned.
+        #[source]
+        source: Errno,
+    },
+    /// The broker could not be reached.
+    #[error("connecting to {}: {source}", path.display())]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Errno,
+    },
+    /// The deadline passed.
+    #[error("logon timed out after {timeout:?} while {stage}")]
+    Timeout {
+        /// What was being waited for.
+        stage: &'static str,
+        /// The whole logon's timeout.
+        timeout: Duration,
+    },
+    /// The broker refused the logon.
+    #[error("broker refused the logon ({reason:?}): {text}")]
+    Rejected {
+        /// Why, as a code.
+        reason: RejectReason,
+        /// Why, in words.
+        text: String,
+    },
+    /// The broker's reply broke the protocol; every fd it carried has been closed.
+    #[error("bad reply from the broker: {0}")]
+    Protocol(#[from] ProtocolError),
+    /// A ring in the reply could not be joined.
+    #[error("joining the ring {role} rank {peer}: {source}")]
+    Ring {
+        /// "to" or "from".
+        role: &'static str,
+        /// The peer rank.
+        peer: u32,
+        /// Why.
+        #[source]
+        source: shmbroker_queues::Error,
+    },
+    /// The payload region could not be created or joined.
+    #[error(transparent)]
+    Payload(#[from] shmbroker_allocator::Error),
+    /// A ring could not be created.
+    #[error("creating a ring: {0}")]
+    CreateRing(#[source] shmbroker_queues::Error),
+}
+
+impl Error {
+    pub(crate) fn sys(op: &'static str) -> impl FnOnce(Errno) -> Self {
+        move |source| Self::Sys { op, source }
+    }
+}
+
+/// What was wrong with bytes that came from the other side of the logon socket.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// Wrong magic number.
+    #[error("magic mismatch: expected {expected:#018x}, found {found:#018x}")]
+    BadMagic {
+        /// Expected.
+        expected: u64,
+        /// Found.
+        found: u64,
+    },
+    /// Wrong protocol version.
+    #[error("protocol version mismatch: expected {expected}, found {found}")]
+    BadVersion {
+        /// Expected.
+        expected: u32,
+        /// Found.
+        found: u32,
+    },
+    /// A padding field is not zero.
+    #[error("{field} must be zero, found {found:#x}")]
+    BadPadding {
+        /// The field.
+        field: &'static str,
+        /// Found.
+        found: u64,
+    },
+    /// The stream ended before the whole message.
+    #[error("truncated: expected {expected} bytes, the stream ended after {found}")]
+    Truncated {
+        /// Expected.
+        expected: usize,
+        /// Found.
+        found: usize,
+    },
+    /// A rejection with a reason code this build does not know.
+    #[error("unknown rejection code {code}: {text}")]
+    UnknownRejection {
+        /// The code.
+        code: u32,
+        /// The text.
+        text: String,
+    },
+    /// A field is out of range.
+    #[error("{field}: expected {expected}, found {found}")]
+    Field {
+        /// The field.
+        field: &'static str,
+        /// What was expected, in words.
+        expected: String,
+        /// Found.
+        found: u64,
+    },
+    /// The kernel cut the control message: more fds were sent than there was room for.
+    #[error("control message truncated (MSG_CTRUNC): fds were lost")]
+    ControlTruncated,
+    /// The number of fds received differs from the manifest's.
+    #[error("manifest lists {expected} fds, {found} arrived")]
+    FdCount {
+        /// From the manifest.
+        expected: usize,
+        /// Received.
+        found: usize,
+    },
+    /// A manifest entry is not the one the protocol puts at its place.
+    #[error("manifest entry {index}: expected {expected}, found role {role} peer {peer}")]
+    ManifestOrder {
+        /// The entry's index.
+        index: usize,
+        /// What belongs there, in words.
+        expected: String,
+        /// The role code found.
+        role: u32,
+        /// The peer found.
+        peer: u32,
+    },
+    /// A manifest entry's size or layout version disagrees with the fd or this build.
+    #[error("manifest entry {index}: {field} expected {expected}, found {found}")]
+    ManifestValue {
+        /// The entry's index.
+        index: usize,
+        /// The field.
+        field: &'static str,
+        /// Expected.
+        expected: u64,
+        /// Found.
+        found: u64,
+    },
+    /// Bytes after the reply.
+    #[error("{extra} unexpected bytes after the reply")]
+    TrailingBytes {
+        /// How many.
+        extra: usize,
+    },
+}

@@ -1,0 +1,76 @@
+//! The logon protocol: how a worker process meets the broker and gets its shared memory.
+//!
+//! A broker [`Listener::bind`]s a UNIX stream socket (mode 0600) and serves logons. A worker
+//! calls [`connect`]`(path, logon, timeout)`; the broker checks who is calling (`SO_PEERCRED`: the
+//! same uid by default, an allow-list otherwise), validates every field of the [`LogonFrame`]
+//! against its [`Config`], gives the worker a rank, and answers with a manifest and every fd the
+//! worker needs (its rings to and from each peer, and the payload region) in one `SCM_RIGHTS`
+//! message. The worker's socket stays open for the whole session.
+//!
+//! Nothing here trusts the other side: a logon frame is checked field by field and a bad one is
+//! refused with a reason code and text while every other logon goes on; a reply is checked for
+//! magic, version, counts, manifest order and padding, control-message truncation and fd count,
+//! and every received file's size and seals, before anything is mapped. Every wait has a deadline.
+//!
+//! ```
+//! use shmbroker_handshake::{Config, Listener, connect};
+//! use shmbroker_bindings::{ANY_RANK, LogonFrame, Message};
+//! use std::time::Duration;
+//!
+//! let dir = std::env::temp_dir().join(format!("shmbroker-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let path = dir.join("broker.sock");
+//! let mut listener = Listener::bind(&path, Config { world_size: 2, ..Config::default() })?;
+//! let stop = listener.stop_handle();
+//! let broker = std::thread::spawn(move || listener.serve(|event| println!("{event:?}")));
+//!
+//! let worker = {
+//!     let path = path.clone();
+//!     std::thread::spawn(move || connect(&path, LogonFrame::new(1), Duration::from_secs(5)))
+//! };
+//! let mut zero = connect(&path, LogonFrame::new(ANY_RANK), Duration::from_secs(5))?;
+//! let mut one = worker.join().unwrap()?;
+//! assert_eq!((zero.rank(), one.rank()), (0, 1));
+//!
+//! let hello = Message { kind: 1, len: 0, tag: 42, inline: [0; 48] };
+//! zero.link(1).unwrap().to.try_send(hello).unwrap();
+//! assert_eq!(one.link(0).unwrap().from.recv_timeout(Duration::from_secs(5)), Ok(hello));
+//!
+//! stop.stop();
+//! broker.join().unwrap()?;
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok::<(), shmbroker_handshake::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod client;
+mod error;
+mod fdpass;
+mod listener;
+pub mod wire;
+
+pub use client::{Link, Session, connect};
+pub use error::{Error, ProtocolError};
+pub use listener::{Config, Event, Listener, StopHandle};
+pub use wire::MAX_WORLD_SIZE;
+
+use std::os::fd::{FromRawFd, OwnedFd};
+
+/// `pidfd_open(2)`: an fd for process `pid` that becomes readable when it exits, immune to pid
+/// reuse.
+///
+/// # Errors
+///
+/// The system call's error (`ESRCH` when no such process exists).
+pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; it touches no memory.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd =
+        i32::try_from(fd).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}

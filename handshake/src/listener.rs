@@ -1,0 +1,722 @@
+//! The broker's side: [`Listener`] accepts logons and hands every worker its fds.
+//!
+//! One thread runs [`Listener::serve`] (or [`Listener::poll_once`] in a loop of the caller's).
+//! It sleeps in `poll(2)` on the listening socket, every connection still logging on, every
+//! logged-on worker's socket and a stop eventfd, and never spins. Each connection mid-logon has
+//! its own deadline and its own buffer, so a client that is slow or silent delays nobody: it is
+//! dropped with a `Deadline` rejection when its time is up, and every other connection is served
+//! as soon as its bytes arrive.
+//!
+//! Rings are created when the first of their two ends logs on and handed to the second when it
+//! does; the broker closes its copy as soon as both ends hold the ring, so it keeps fds only for
+//! pairs that are half logged on. The payload region is created at bind and kept.
+
+use crate::error::{Error, ProtocolError};
+use crate::fdpass::send_with_fds;
+use crate::wire::{LOGON_LEN, MAX_WORLD_SIZE, decode_logon, manifest_order};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, sockopt};
+use shmbroker_allocator::PAYLOAD_LAYOUT_VERSION;
+use shmbroker_bindings::{
+    ANY_RANK, FdRole, ManifestEntry, Message, NO_PEER, PROTOCOL_VERSION, REPLY_MAGIC,
+    RING_LAYOUT_VERSION, RejectReason, ReplyHeader,
+};
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a broker serves, and the limits it holds logons to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Ranks in the world, 1 to [`MAX_WORLD_SIZE`].
+    pub world_size: u32,
+    /// Slots in every ring: a power of two from 2 to 65536.
+    pub ring_capacity: u32,
+    /// Bytes in the shared payload region.
+    pub payload_bytes: u64,
+    /// How long a connection may take from accept to a whole logon frame.
+    pub logon_timeout: Duration,
+    /// Uids allowed to log on; empty means only the broker's own uid.
+    pub allowed_uids: Vec<u32>,
+    /// Connections mid-logon at once; more are refused at accept.
+    pub max_pending: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            world_size: 4,
+            ring_capacity: 1024,
+            payload_bytes: 16 << 20,
+            logon_timeout: Duration::from_secs(5),
+            allowed_uids: Vec::new(),
+            max_pending: 256,
+        }
+    }
+}
+
+impl Config {
+    fn validate(&self) -> Result<(), Error> {
+        let invalid = |field, reason: String| Err(Error::InvalidConfig { field, reason });
+        if self.world_size == 0 || self.world_size > MAX_WORLD_SIZE {
+            return invalid(
+                "world_size",
+                format!("must be 1 to {MAX_WORLD_SIZE}, got {}", self.world_size),
+            );
+        }
+        if !self.ring_capacity.is_power_of_two() || !(2..=65536).contains(&self.ring_capacity) {
+            return invalid(
+                "ring_capacity",
+                format!(
+                    "must be a power of two from 2 to 65536, got {}",
+                    self.ring_capacity
+                ),
+            );
+        }
+        if self.logon_timeout.is_zero() {
+            return invalid("logon_timeout", "must be more than zero".into());
+        }
+        if self.max_pending == 0 {
+            return invalid("max_pending", "must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Something the broker did, for logs and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A worker logged on.
+    LoggedOn {
+        /// Its rank.
+        rank: u32,
+        /// Its pid (from `SO_PEERCRED`).
+        pid: i32,
+        /// Its uid.
+        uid: u32,
+    },
+    /// A connection was refused.
+    Rejected {
+        /// Why.
+        reason: RejectReason,
+        /// The caller's pid, when known.
+        pid: Option<i32>,
+        /// Details.
+        detail: String,
+    },
+    /// A logged-on worker's socket closed.
+    WorkerLeft {
+        /// Its rank.
+        rank: u32,
+        /// Its pid.
+        pid: i32,
+    },
+    /// [`StopHandle::stop`] was called.
+    Stopped,
+}
+
+/// Stops a [`Listener`] from another thread (or a signal-handling thread).
+#[derive(Clone, Debug)]
+pub struct StopHandle(Arc<EventFd>);
+
+impl StopHandle {
+    /// Makes the listener's `serve` return, and its next `poll_once` report [`Event::Stopped`].
+    pub fn stop(&self) {
+        let _ = self.0.write(1);
+    }
+}
+
+struct Pending {
+    stream: UnixStream,
+    pid: i32,
+    uid: u32,
+    deadline: Instant,
+    frame: [u8; LOGON_LEN],
+    filled: usize,
+}
+
+struct Worker {
+    stream: Option<UnixStream>,
+    pid: i32,
+    /// Held for the liveness checks built on top of the handshake.
+    _pidfd: Option<OwnedFd>,
+}
+
+/// A broker's listening socket and everything it has handed out.
+pub struct Listener {
+    socket: UnixListener,
+    path: PathBuf,
+    /// `(st_dev, st_ino)` of the socket file this listener created, so that drop removes only it.
+    identity: (u64, u64),
+    config: Config,
+    my_uid: u32,
+    pending: Vec<Pending>,
+    workers: Vec<Option<Worker>>,
+    /// Rings created for a pair `(from, to)` and not yet held by both ends.
+    rings: HashMap<(u32, u32), OwnedFd>,
+    payload: OwnedFd,
+    payload_size: u64,
+    stop: Arc<EventFd>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("path", &self.path)
+            .field("config", &self.config)
+            .field("pending", &self.pending.len())
+            .field("logged_on", &self.logged_on().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Listener {
+    /// Creates the session's payload region and listens on `path` (mode 0600).
+    ///
+    /// A socket file left by a broker that is gone is replaced; one a live broker listens on is
+    /// not (its connect succeeds); a path that is not a socket is never touched.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`], [`Error::AddressInUse`], [`Error::NotASocket`], [`Error::Sys`],
+    /// or [`Error::Payload`] when the payload region cannot be created.
+    pub fn bind(path: impl AsRef<Path>, config: Config) -> Result<Self, Error> {
+        config.validate()?;
+        let path = path.as_ref().to_path_buf();
+        remove_stale_socket(&path)?;
+        let payload = shmbroker_allocator::create(config.world_size, config.payload_bytes)?;
+        let payload_size = shmbroker_queues::memfd::file_size(payload.as_fd())
+            .map_err(|e| Error::Payload(e.into()))?;
+        let socket = nix::sys::socket::socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )
+        .map_err(Error::sys("socket"))?;
+        // Linux creates the socket file with the socket inode's mode (less the umask), so setting
+        // it before bind leaves no moment in which the file is more open than 0600.
+        nix::sys::stat::fchmod(&socket, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(Error::sys("fchmod"))?;
+        let address = UnixAddr::new(&path).map_err(Error::sys("socket path"))?;
+        nix::sys::socket::bind(socket.as_raw_fd(), &address).map_err(|source| {
+            if source == Errno::EADDRINUSE {
+                Error::AddressInUse { path: path.clone() }
+            } else {
+                Error::Sys { op: "bind", source }
+            }
+        })?;
+        nix::sys::socket::listen(&socket, Backlog::new(128).unwrap_or(Backlog::MAXCONN))
+            .map_err(Error::sys("listen"))?;
+        let metadata =
+            std::fs::symlink_metadata(&path).map_err(|e| Error::sys("stat")(io_errno(&e)))?;
+        let stop = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+            .map_err(Error::sys("eventfd"))?;
+        raise_fd_limit();
+        Ok(Self {
+            socket: UnixListener::from(socket),
+            path,
+            identity: (metadata.dev(), metadata.ino()),
+            workers: (0..config.world_size).map(|_| None).collect(),
+            config,
+            my_uid: nix::unistd::getuid().as_raw(),
+            pending: Vec::new(),
+            rings: HashMap::new(),
+            payload,
+            payload_size,
+            stop: Arc::new(stop),
+        })
+    }
+
+    /// The socket path.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The configuration served.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A handle that stops [`Self::serve`] from another thread.
+    #[must_use]
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(Arc::clone(&self.stop))
+    }
+
+    /// Ranks that have logged on (including any whose worker has left since).
+    pub fn logged_on(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..)
+            .zip(&self.workers)
+            .filter_map(|(rank, w)| w.as_ref().map(|_| rank))
+    }
+
+    /// Connections accepted and still logging on.
+    #[must_use]
+    pub fn pending_logons(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Serves logons until [`StopHandle::stop`], reporting each [`Event`] to `on_event`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sys`] if polling or accepting fails for a reason other than a signal.
+    pub fn serve(&mut self, mut on_event: impl FnMut(&Event)) -> Result<(), Error> {
+        loop {
+            for event in self.poll_once(Duration::from_secs(3600))? {
+                on_event(&event);
+                if event == Event::Stopped {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Waits up to `timeout` (less if a logon deadline comes sooner) for something to do, does
+    /// it, and returns what happened.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sys`] if `poll` fails for a reason other than a signal.
+    pub fn poll_once(&mut self, timeout: Duration) -> Result<Vec<Event>, Error> {
+        let now = Instant::now();
+        let wait = self
+            .pending
+            .iter()
+            .map(|p| p.deadline.saturating_duration_since(now))
+            .fold(timeout, Duration::min);
+        let (listener_ready, stop_ready, pending_ready, workers_ready) = self.wait(wait)?;
+        let mut events = Vec::new();
+        if stop_ready {
+            let _ = self.stop.read();
+            events.push(Event::Stopped);
+            return Ok(events);
+        }
+        for index in (0..pending_ready.len()).rev() {
+            if pending_ready[index] {
+                self.read_pending(index, &mut events);
+            }
+        }
+        for (rank, ready) in workers_ready.into_iter().enumerate() {
+            if ready {
+                self.read_worker(rank, &mut events);
+            }
+        }
+        if listener_ready {
+            self.accept_all(&mut events)?;
+        }
+        self.expire_pending(&mut events);
+        Ok(events)
+    }
+
+    /// Polls every socket; returns which are readable.
+    fn wait(&self, timeout: Duration) -> Result<(bool, bool, Vec<bool>, Vec<bool>), Error> {
+        let readable = PollFlags::POLLIN;
+        let mut fds = vec![
+            PollFd::new(self.socket.as_fd(), readable),
+            PollFd::new(self.stop.as_fd(), readable),
+        ];
+        fds.extend(
+            self.pending
+                .iter()
+                .map(|p| PollFd::new(p.stream.as_fd(), readable)),
+        );
+        let worker_streams: Vec<Option<BorrowedFd<'_>>> = self
+            .workers
+            .iter()
+            .map(|w| w.as_ref().and_then(|w| w.stream.as_ref()).map(AsFd::as_fd))
+            .collect();
+        fds.extend(
+            worker_streams
+                .iter()
+                .flatten()
+                .map(|fd| PollFd::new(*fd, readable)),
+        );
+        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
+        let millis = u16::try_from(millis).unwrap_or(u16::MAX);
+        match poll(&mut fds, PollTimeout::from(millis)) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(source) => return Err(Error::Sys { op: "poll", source }),
+        }
+        let woke = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
+        let listener_ready = woke(&fds[0]);
+        let stop_ready = woke(&fds[1]);
+        let pending_ready = fds[2..2 + self.pending.len()].iter().map(woke).collect();
+        let mut worker_fds = fds[2 + self.pending.len()..].iter();
+        let workers_ready = worker_streams
+            .iter()
+            .map(|stream| stream.is_some() && worker_fds.next().is_some_and(woke))
+            .collect();
+        Ok((listener_ready, stop_ready, pending_ready, workers_ready))
+    }
+
+    fn accept_all(&mut self, events: &mut Vec<Event>) -> Result<(), Error> {
+        loop {
+            let stream = match self.socket.accept() {
+                Ok((stream, _)) => stream,
+                Err(error) if error.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(error) if error.kind() == ErrorKind::Interrupted => continue,
+                // The caller vanished between connect and accept, or fds ran out: the others
+                // are still served.
+                Err(error) => {
+                    events.push(Event::Rejected {
+                        reason: RejectReason::Internal,
+                        pid: None,
+                        detail: format!("accept failed: {error}"),
+                    });
+                    return Ok(());
+                }
+            };
+            let Ok(credentials) = nix::sys::socket::getsockopt(&stream, sockopt::PeerCredentials)
+            else {
+                continue;
+            };
+            let (pid, uid) = (credentials.pid(), credentials.uid());
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let allowed = if self.config.allowed_uids.is_empty() {
+                uid == self.my_uid
+            } else {
+                self.config.allowed_uids.contains(&uid)
+            };
+            if !allowed {
+                let text = format!(
+                    "uid {uid} may not log on (allowed: {})",
+                    if self.config.allowed_uids.is_empty() {
+                        format!("the broker's own uid {}", self.my_uid)
+                    } else {
+                        format!("{:?}", self.config.allowed_uids)
+                    }
+                );
+                events.push(reject(&stream, RejectReason::NotAllowed, Some(pid), text));
+                continue;
+            }
+            if self.pending.len() >= self.config.max_pending {
+                let text = format!("{} logons already in progress", self.pending.len());
+                events.push(reject(&stream, RejectReason::Internal, Some(pid), text));
+                continue;
+            }
+            self.pending.push(Pending {
+                stream,
+                pid,
+                uid,
+                deadline: Instant::now() + self.config.logon_timeout,
+                frame: [0; LOGON_LEN],
+                filled: 0,
+            });
+        }
+    }
+
+    fn read_pending(&mut self, index: usize, events: &mut Vec<Event>) {
+        let pending = &mut self.pending[index];
+        loop {
+            match pending.stream.read(&mut pending.frame[pending.filled..]) {
+                Ok(0) => {
+                    let pending = self.pending.swap_remove(index);
+                    let detail = ProtocolError::Truncated {
+                        expected: LOGON_LEN,
+                        found: pending.filled,
+                    }
+                    .to_string();
+                    events.push(reject(
+                        &pending.stream,
+                        RejectReason::Truncated,
+                        Some(pending.pid),
+                        detail,
+                    ));
+                    return;
+                }
+                Ok(n) => {
+                    pending.filled += n;
+                    if pending.filled == LOGON_LEN {
+                        let pending = self.pending.swap_remove(index);
+                        events.push(self.log_on(pending));
+                        return;
+                    }
+                }
+                Err(error) if error.kind() == ErrorKind::Interrupted => {}
+                Err(error) if error.kind() == ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    drop(self.pending.swap_remove(index));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn expire_pending(&mut self, events: &mut Vec<Event>) {
+        let now = Instant::now();
+        let mut index = 0;
+        while index < self.pending.len() {
+            if self.pending[index].deadline <= now {
+                let pending = self.pending.swap_remove(index);
+                let detail = format!(
+                    "no whole logon frame within {:?} ({} of {LOGON_LEN} bytes arrived)",
+                    self.config.logon_timeout, pending.filled
+                );
+                events.push(reject(
+                    &pending.stream,
+                    RejectReason::Deadline,
+                    Some(pending.pid),
+                    detail,
+                ));
+            } else {
+                index += 1;
+            }
+        }
+    }
+
+    fn read_worker(&mut self, rank: usize, events: &mut Vec<Event>) {
+        let Some(worker) = self.workers[rank].as_mut() else {
+            return;
+        };
+        let Some(stream) = worker.stream.as_mut() else {
+            return;
+        };
+        // Nothing is defined for workers to send on this socket yet (the relay of later layers
+        // will read it): anything that arrives is discarded. EOF or an error: the worker is gone.
+        let mut scratch = [0u8; 256];
+        loop {
+            match stream.read(&mut scratch) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(error) if error.kind() == ErrorKind::Interrupted => {}
+                Err(error) if error.kind() == ErrorKind::WouldBlock => return,
+                Err(_) => break,
+            }
+        }
+        worker.stream = None;
+        events.push(Event::WorkerLeft {
+            rank: rank as u32,
+            pid: worker.pid,
+        });
+    }
+
+    /// Validates a whole logon frame and answers it.
+    fn log_on(&mut self, pending: Pending) -> Event {
+        let pid = Some(pending.pid);
+        let frame = match decode_logon(&pending.frame) {
+            Ok(frame) => frame,
+            Err((reason, detail)) => {
+                return reject(&pending.stream, reason, pid, detail.to_string());
+            }
+        };
+        let world = self.config.world_size;
+        let rank = if frame.requested_rank == ANY_RANK {
+            match self.workers.iter().position(Option::is_none) {
+                Some(rank) => rank as u32,
+                None => {
+                    let text = format!("all {world} ranks are taken");
+                    return reject(&pending.stream, RejectReason::WorldFull, pid, text);
+                }
+            }
+        } else {
+            let rank = frame.requested_rank;
+            if rank >= world {
+                let text = format!(
+                    "rank {rank} requested; the world has ranks 0 to {}",
+                    world - 1
+                );
+                return reject(&pending.stream, RejectReason::RankOutOfRange, pid, text);
+            }
+            if let Some(holder) = &self.workers[rank as usize] {
+                let text = format!("rank {rank} is taken by pid {}", holder.pid);
+                return reject(&pending.stream, RejectReason::RankTaken, pid, text);
+            }
+            rank
+        };
+        if frame.min_ring_capacity > self.config.ring_capacity {
+            let text = format!(
+                "needs at least {} ring slots; this broker's rings have {}",
+                frame.min_ring_capacity, self.config.ring_capacity
+            );
+            return reject(
+                &pending.stream,
+                RejectReason::CapacityOutOfLimits,
+                pid,
+                text,
+            );
+        }
+        if frame.min_payload_bytes > self.payload_size {
+            let text = format!(
+                "needs at least {} payload bytes; this broker's region has {}",
+                frame.min_payload_bytes, self.payload_size
+            );
+            return reject(
+                &pending.stream,
+                RejectReason::CapacityOutOfLimits,
+                pid,
+                text,
+            );
+        }
+        match self.reply(&pending, rank) {
+            Ok(pidfd) => {
+                for peer in 0..world {
+                    if peer != rank && self.workers[peer as usize].is_some() {
+                        self.rings.remove(&(rank, peer));
+                        self.rings.remove(&(peer, rank));
+                    }
+                }
+                self.workers[rank as usize] = Some(Worker {
+                    stream: Some(pending.stream),
+                    pid: pending.pid,
+                    _pidfd: pidfd,
+                });
+                Event::LoggedOn {
+                    rank,
+                    pid: pending.pid,
+                    uid: pending.uid,
+                }
+            }
+            Err(error) => reject(
+                &pending.stream,
+                RejectReason::Internal,
+                pid,
+                format!("could not serve rank {rank}: {error}"),
+            ),
+        }
+    }
+
+    /// Creates what rank `rank` still lacks and sends it everything in one message.
+    fn reply(&mut self, pending: &Pending, rank: u32) -> Result<Option<OwnedFd>, Error> {
+        let world = self.config.world_size;
+        for (role, peer) in manifest_order(rank, world) {
+            let key = match (role, peer) {
+                (FdRole::RingToPeer, Some(peer)) => (rank, peer),
+                (FdRole::RingFromPeer, Some(peer)) => (peer, rank),
+                _ => continue,
+            };
+            if !self.rings.contains_key(&key) {
+                let ring = shmbroker_queues::create::<Message>(self.config.ring_capacity as usize)
+                    .map_err(Error::CreateRing)?;
+                self.rings.insert(key, ring);
+            }
+        }
+        let mut manifest = Vec::new();
+        let mut fds = Vec::new();
+        for (role, peer) in manifest_order(rank, world) {
+            let (fd, layout_version) = match (role, peer) {
+                (FdRole::RingToPeer, Some(peer)) => {
+                    (&self.rings[&(rank, peer)], RING_LAYOUT_VERSION)
+                }
+                (FdRole::RingFromPeer, Some(peer)) => {
+                    (&self.rings[&(peer, rank)], RING_LAYOUT_VERSION)
+                }
+                _ => (&self.payload, PAYLOAD_LAYOUT_VERSION),
+            };
+            let size = shmbroker_queues::memfd::file_size(fd.as_fd()).map_err(Error::CreateRing)?;
+            manifest.push(ManifestEntry {
+                role: role as u32,
+                peer: peer.unwrap_or(NO_PEER),
+                size,
+                layout_version,
+                _pad0: 0,
+            });
+            fds.push(fd.as_fd());
+        }
+        let header = ReplyHeader {
+            magic: REPLY_MAGIC,
+            version: PROTOCOL_VERSION,
+            status: 0,
+            rank,
+            world_size: world,
+            fd_count: manifest.len() as u32,
+            ring_capacity: self.config.ring_capacity,
+            payload_bytes: self.payload_size,
+            reason: [0; shmbroker_bindings::REASON_LEN],
+        };
+        // A pidfd now, while the caller is certainly alive (it is waiting for this reply), so
+        // that later liveness checks cannot be fooled by pid reuse.
+        let pidfd = crate::pidfd_open(pending.pid).ok();
+        let total = size_of::<ReplyHeader>() + manifest.len() * size_of::<ManifestEntry>();
+        let sent = send_with_fds(
+            pending.stream.as_fd(),
+            &[bytemuck::bytes_of(&header), bytemuck::cast_slice(&manifest)],
+            &fds,
+        )
+        .map_err(Error::sys("sendmsg"))?;
+        if sent != total {
+            return Err(Error::sys("sendmsg (partial)")(Errno::EAGAIN));
+        }
+        Ok(pidfd)
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Remove the socket file only if it is still the one this listener created.
+        if let Ok(metadata) = std::fs::symlink_metadata(&self.path)
+            && (metadata.dev(), metadata.ino()) == self.identity
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Sends a rejection (best effort: the caller may be gone) and reports it.
+fn reject(stream: &UnixStream, reason: RejectReason, pid: Option<i32>, detail: String) -> Event {
+    let header = ReplyHeader::rejection(reason, &detail);
+    let _ = send_with_fds(stream.as_fd(), &[bytemuck::bytes_of(&header)], &[]);
+    Event::Rejected {
+        reason,
+        pid,
+        detail,
+    }
+}
+
+/// Removes a socket file no broker listens on; refuses a live one and anything not a socket.
+fn remove_stale_socket(path: &Path) -> Result<(), Error> {
+    let metadata = match std::fs::symlink_metadata(path) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(Error::sys("stat")(io_errno(&error))),
+    };
+    if !metadata.file_type().is_socket() {
+        return Err(Error::NotASocket {
+            path: path.to_path_buf(),
+        });
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => Err(Error::AddressInUse {
+            path: path.to_path_buf(),
+        }),
+        Err(error) if error.kind() == ErrorKind::ConnectionRefused => std::fs::remove_file(path)
+            .or_else(|e| {
+                if e.kind() == ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(|e| Error::sys("unlink")(io_errno(&e))),
+        Err(error) => Err(Error::sys("connect to the existing socket")(io_errno(
+            &error,
+        ))),
+    }
+}
+
+fn io_errno(error: &std::io::Error) -> Errno {
+    Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
+}
+
+/// A broker holds two fds per half-logged-on pair; lift the soft fd limit to the hard one.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}

@@ -1,0 +1,213 @@
+//! Decoding and checking the logon protocol's frames: every byte here came from another process.
+
+use crate::error::{Error, ProtocolError};
+use bytemuck::Zeroable;
+use shmbroker_bindings::{
+    FdRole, LOGON_MAGIC, LogonFrame, MAX_REPLY_FDS, ManifestEntry, PROTOCOL_VERSION, REPLY_MAGIC,
+    RejectReason, ReplyHeader,
+};
+
+/// Bytes in a logon frame.
+pub const LOGON_LEN: usize = size_of::<LogonFrame>();
+/// Bytes in a reply header.
+pub const REPLY_HEADER_LEN: usize = size_of::<ReplyHeader>();
+/// Bytes in one manifest entry.
+pub const MANIFEST_ENTRY_LEN: usize = size_of::<ManifestEntry>();
+/// The largest world a reply can serve: `2 (N - 1) + 1` fds must fit in one message.
+pub const MAX_WORLD_SIZE: u32 = 64;
+
+const _: () = assert!(2 * (MAX_WORLD_SIZE as usize - 1) < MAX_REPLY_FDS);
+
+/// Decodes a logon frame. The error pairs the code to send back with what was wrong.
+///
+/// # Errors
+///
+/// Truncated, bad magic, bad version or nonzero padding, with expected and found values.
+pub fn decode_logon(bytes: &[u8]) -> Result<LogonFrame, (RejectReason, ProtocolError)> {
+    let Some(frame) = bytes.get(..LOGON_LEN) else {
+        return Err((
+            RejectReason::Truncated,
+            ProtocolError::Truncated {
+                expected: LOGON_LEN,
+                found: bytes.len(),
+            },
+        ));
+    };
+    let frame: LogonFrame = bytemuck::pod_read_unaligned(frame);
+    if frame.magic != LOGON_MAGIC {
+        return Err((
+            RejectReason::BadMagic,
+            ProtocolError::BadMagic {
+                expected: LOGON_MAGIC,
+                found: frame.magic,
+            },
+        ));
+    }
+    if frame.version != PROTOCOL_VERSION {
+        return Err((
+            RejectReason::BadVersion,
+            ProtocolError::BadVersion {
+                expected: PROTOCOL_VERSION,
+                found: frame.version,
+            },
+        ));
+    }
+    if frame._pad0 != 0 {
+        return Err((
+            RejectReason::BadPadding,
+            ProtocolError::BadPadding {
+                field: "logon _pad0",
+                found: u64::from(frame._pad0),
+            },
+        ));
+    }
+    Ok(frame)
+}
+
+/// The manifest a worker of `rank` in a world of `world_size` receives, in order: for each other
+/// rank, the ring to it and the ring from it; then the payload region. The broker builds replies
+/// from this and the client checks them against it.
+pub fn manifest_order(rank: u32, world_size: u32) -> impl Iterator<Item = (FdRole, Option<u32>)> {
+    (0..world_size)
+        .filter(move |&peer| peer != rank)
+        .flat_map(|peer| {
+            [
+                (FdRole::RingToPeer, Some(peer)),
+                (FdRole::RingFromPeer, Some(peer)),
+            ]
+        })
+        .chain(std::iter::once((FdRole::Payload, None)))
+}
+
+/// Decodes a reply header. A rejection becomes [`Error::Rejected`].
+///
+/// # Errors
+///
+/// [`Error::Rejected`] for a rejection; [`Error::Protocol`] for a truncated or malformed header:
+/// bad magic or version, an unknown rejection code, or counts that do not fit the protocol.
+pub fn decode_reply_header(bytes: &[u8]) -> Result<ReplyHeader, Error> {
+    let Some(header) = bytes.get(..REPLY_HEADER_LEN) else {
+        return Err(ProtocolError::Truncated {
+            expected: REPLY_HEADER_LEN,
+            found: bytes.len(),
+        }
+        .into());
+    };
+    let header: ReplyHeader = bytemuck::pod_read_unaligned(header);
+    if header.magic != REPLY_MAGIC {
+        return Err(ProtocolError::BadMagic {
+            expected: REPLY_MAGIC,
+            found: header.magic,
+        }
+        .into());
+    }
+    if header.version != PROTOCOL_VERSION {
+        return Err(ProtocolError::BadVersion {
+            expected: PROTOCOL_VERSION,
+            found: header.version,
+        }
+        .into());
+    }
+    if header.status != 0 {
+        let text = header.reason_text().to_owned();
+        return Err(match RejectReason::from_code(header.status) {
+            Some(reason) => Error::Rejected { reason, text },
+            None => ProtocolError::UnknownRejection {
+                code: header.status,
+                text,
+            }
+            .into(),
+        });
+    }
+    let field = |field, expected: String, found: u32| ProtocolError::Field {
+        field,
+        expected,
+        found: u64::from(found),
+    };
+    if header.world_size == 0 || header.world_size > MAX_WORLD_SIZE {
+        return Err(field(
+            "world_size",
+            format!("1 to {MAX_WORLD_SIZE}"),
+            header.world_size,
+        )
+        .into());
+    }
+    if header.rank >= header.world_size {
+        return Err(field(
+            "rank",
+            format!("below world_size {}", header.world_size),
+            header.rank,
+        )
+        .into());
+    }
+    let fds = 2 * (header.world_size - 1) + 1;
+    if header.fd_count != fds {
+        return Err(field("fd_count", format!("{fds}"), header.fd_count).into());
+    }
+    if !header.ring_capacity.is_power_of_two() {
+        return Err(field(
+            "ring_capacity",
+            "a power of two".into(),
+            header.ring_capacity,
+        )
+        .into());
+    }
+    if header.reason != ReplyHeader::zeroed().reason {
+        return Err(ProtocolError::BadPadding {
+            field: "reason of an accepted reply",
+            found: 1,
+        }
+        .into());
+    }
+    Ok(header)
+}
+
+/// Decodes the manifest that follows `header` and checks its order and padding.
+///
+/// # Errors
+///
+/// [`ProtocolError::Truncated`], [`ProtocolError::TrailingBytes`],
+/// [`ProtocolError::ManifestOrder`] or [`ProtocolError::BadPadding`].
+pub fn decode_manifest(
+    header: &ReplyHeader,
+    bytes: &[u8],
+) -> Result<Vec<ManifestEntry>, ProtocolError> {
+    let expected = header.fd_count as usize * MANIFEST_ENTRY_LEN;
+    if bytes.len() < expected {
+        return Err(ProtocolError::Truncated {
+            expected: REPLY_HEADER_LEN + expected,
+            found: REPLY_HEADER_LEN + bytes.len(),
+        });
+    }
+    if bytes.len() > expected {
+        return Err(ProtocolError::TrailingBytes {
+            extra: bytes.len() - expected,
+        });
+    }
+    let entries: Vec<ManifestEntry> = bytes
+        .chunks_exact(MANIFEST_ENTRY_LEN)
+        .map(bytemuck::pod_read_unaligned)
+        .collect();
+    for (index, (entry, (role, peer))) in entries
+        .iter()
+        .zip(manifest_order(header.rank, header.world_size))
+        .enumerate()
+    {
+        let want_peer = peer.unwrap_or(shmbroker_bindings::NO_PEER);
+        if entry.role != role as u32 || entry.peer != want_peer {
+            return Err(ProtocolError::ManifestOrder {
+                index,
+                expected: format!("{role:?} peer {want_peer}"),
+                role: entry.role,
+                peer: entry.peer,
+            });
+        }
+        if entry._pad0 != 0 {
+            return Err(ProtocolError::BadPadding {
+                field: "manifest _pad0",
+                found: u64::from(entry._pad0),
+            });
+        }
+    }
+    Ok(entries)
+}
