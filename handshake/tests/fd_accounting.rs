@@ -1,0 +1,295 @@
+//! File-descriptor accounting of the logon protocol: a broker keeps nothing of clients that
+//! vanish, and a client closes every fd of a reply it refuses (a fake broker sends each kind of
+//! bad reply). The tests here count this process's fds, so they take turns (`SERIAL`) and share
+//! the binary with no other test.
+
+use shmbroker_bindings::{LogonFrame, REPLY_MAGIC, RejectReason, ReplyHeader};
+use shmbroker_handshake::{Config, Error, Listener, ProtocolError, connect};
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::thread;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Held by every test here: fd counts mean something only while nothing else opens or closes fds.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.0.join("broker.sock")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn config(world_size: u32) -> Config {
+    Config {
+        world_size,
+        ring_capacity: 64,
+        payload_bytes: 4 << 20,
+        ..Config::default()
+    }
+}
+
+#[test]
+fn a_client_that_vanishes_mid_logon_leaves_no_fd_in_the_broker() {
+    // This test drives the broker itself (no thread), so it can count fds between steps.
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("vanish");
+    let mut listener = Listener::bind(dir.socket(), config(2)).unwrap();
+    let before = open_fds();
+    for _ in 0..20 {
+        let mut client = UnixStream::connect(dir.socket()).unwrap();
+        client.write_all(&[1, 2, 3]).unwrap();
+        // Until the broker has accepted and read what arrived, the connection is pending.
+        while listener.pending_logons() == 0 {
+            listener.poll_once(Duration::from_millis(100)).unwrap();
+        }
+        drop(client);
+        while listener.pending_logons() > 0 {
+            listener.poll_once(Duration::from_millis(100)).unwrap();
+        }
+    }
+    assert_eq!(
+        open_fds(),
+        before,
+        "the broker kept fds of vanished clients"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A fake broker that answers one logon with whatever the test gives it.
+
+/// Serves one connection on `path` with `reply` (bytes) and `fds`, then keeps it open until the
+/// client is done.
+fn fake_broker(
+    path: &Path,
+    reply: Vec<u8>,
+    fds: Vec<std::os::fd::OwnedFd>,
+) -> thread::JoinHandle<()> {
+    let listener = UnixListener::bind(path).unwrap();
+    thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut frame = [0u8; 32];
+        stream.read_exact(&mut frame).unwrap();
+        let raw: Vec<i32> = fds.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+        let rights = [nix::sys::socket::ControlMessage::ScmRights(&raw)];
+        let control: &[_] = if raw.is_empty() { &[] } else { &rights };
+        nix::sys::socket::sendmsg::<()>(
+            std::os::fd::AsRawFd::as_raw_fd(&stream),
+            &[std::io::IoSlice::new(&reply)],
+            control,
+            nix::sys::socket::MsgFlags::empty(),
+            None,
+        )
+        .unwrap();
+        // Hold the connection until the client closes it.
+        let _ = stream.read(&mut [0u8; 1]);
+    })
+}
+
+fn accepted_header(world_size: u32, fd_count: u32) -> ReplyHeader {
+    let mut header = ReplyHeader::rejection(RejectReason::Internal, "");
+    header.status = 0;
+    header.world_size = world_size;
+    header.fd_count = fd_count;
+    header.ring_capacity = 64;
+    header
+}
+
+/// Runs one logon against a fake broker sending `reply` with `fds`; returns the error, after
+/// checking that every fd the client received was closed.
+fn client_error(name: &str, reply: Vec<u8>, fd_count: usize) -> Error {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new(name);
+    let before = open_fds();
+    let fake = fake_broker(&dir.socket(), reply, memfds(fd_count));
+    let error = connect(dir.socket(), LogonFrame::new(0), TIMEOUT).unwrap_err();
+    // The fake broker's socket and files are closed when its thread ends; ours must be too.
+    fake.join().unwrap();
+    assert_eq!(open_fds(), before, "the client kept fds after a bad reply");
+    error
+}
+
+fn memfds(count: usize) -> Vec<std::os::fd::OwnedFd> {
+    (0..count)
+        .map(|_| shmbroker_queues::memfd::create_sealed(c"fake", 4096).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_reply_with_a_bad_magic_is_a_protocol_error() {
+    let mut header = accepted_header(1, 1);
+    header.magic = 7;
+    let error = client_error("fake-magic", bytemuck::bytes_of(&header).to_vec(), 1);
+    assert!(
+        matches!(
+            error,
+            Error::Protocol(ProtocolError::BadMagic {
+                expected: REPLY_MAGIC,
+                found: 7
+            })
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_reply_with_fewer_fds_than_its_manifest_is_a_protocol_error() {
+    // World of 2: 3 fds announced, manifest of 3, only 2 fds attached.
+    let header = accepted_header(2, 3);
+    let mut reply = bytemuck::bytes_of(&header).to_vec();
+    for (role, peer) in [(1u32, 1u32), (2, 1), (3, u32::MAX)] {
+        let entry = shmbroker_bindings::ManifestEntry {
+            role,
+            peer,
+            size: 4096,
+            layout_version: 1,
+            _pad0: 0,
+        };
+        reply.extend_from_slice(bytemuck::bytes_of(&entry));
+    }
+    let error = client_error("fake-fdcount", reply, 2);
+    assert!(
+        matches!(
+            error,
+            Error::Protocol(ProtocolError::FdCount {
+                expected: 3,
+                found: 2
+            })
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_reply_with_a_manifest_out_of_order_is_a_protocol_error() {
+    let header = accepted_header(2, 3);
+    let mut reply = bytemuck::bytes_of(&header).to_vec();
+    for (role, peer) in [(2u32, 1u32), (1, 1), (3, u32::MAX)] {
+        let entry = shmbroker_bindings::ManifestEntry {
+            role,
+            peer,
+            size: 4096,
+            layout_version: 1,
+            _pad0: 0,
+        };
+        reply.extend_from_slice(bytemuck::bytes_of(&entry));
+    }
+    let error = client_error("fake-order", reply, 3);
+    assert!(
+        matches!(
+            error,
+            Error::Protocol(ProtocolError::ManifestOrder { index: 0, .. })
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_reply_cut_short_is_a_protocol_error() {
+    let header = accepted_header(2, 3);
+    let reply = bytemuck::bytes_of(&header)[..100].to_vec();
+    // The fake keeps the connection open, so the client waits for the rest until its deadline.
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("fake-short");
+    let fake = fake_broker(&dir.socket(), reply, memfds(3));
+    let error = connect(dir.socket(), LogonFrame::new(0), Duration::from_millis(300)).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::Timeout {
+                stage: "waiting for the broker's reply",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    fake.join().unwrap();
+}
+
+#[test]
+fn a_manifest_size_that_disagrees_with_the_file_is_a_protocol_error() {
+    let header = accepted_header(2, 3);
+    let mut reply = bytemuck::bytes_of(&header).to_vec();
+    for (role, peer) in [(1u32, 1u32), (2, 1), (3, u32::MAX)] {
+        let entry = shmbroker_bindings::ManifestEntry {
+            role,
+            peer,
+            size: 8192,
+            layout_version: if role == 3 {
+                shmbroker_allocator::PAYLOAD_LAYOUT_VERSION
+            } else {
+                1
+            },
+            _pad0: 0,
+        };
+        reply.extend_from_slice(bytemuck::bytes_of(&entry));
+    }
+    let error = client_error("fake-size", reply, 3);
+    assert!(
+        matches!(
+            error,
+            Error::Protocol(ProtocolError::ManifestValue {
+                index: 0,
+                field: "size",
+                expected: 8192,
+                found: 4096
+            })
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn files_that_are_not_rings_are_refused_before_use() {
+    // Right sizes, right manifest, but the "rings" are blank sealed memfds.
+    let header = accepted_header(2, 3);
+    let mut reply = bytemuck::bytes_of(&header).to_vec();
+    for (role, peer) in [(1u32, 1u32), (2, 1), (3, u32::MAX)] {
+        let entry = shmbroker_bindings::ManifestEntry {
+            role,
+            peer,
+            size: 4096,
+            layout_version: if role == 3 {
+                shmbroker_allocator::PAYLOAD_LAYOUT_VERSION
+            } else {
+                1
+            },
+            _pad0: 0,
+        };
+        reply.extend_from_slice(bytemuck::bytes_of(&entry));
+    }
+    let error = client_error("fake-blank", reply, 3);
+    assert!(
+        matches!(
+            error,
+            Error::Ring {
+                role: "to",
+                peer: 1,
+                source: shmbroker_queues::Error::BadMagic { .. }
+            }
+        ),
+        "{error}"
+    );
+}

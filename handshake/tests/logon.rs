@@ -1,0 +1,420 @@
+//! The logon protocol end to end, broker and clients in one process: every rejection reason
+//! triggered and its code asserted, concurrency, silent and vanishing clients, fd accounting,
+//! and a fake broker that breaks the protocol in each way a client must catch.
+//!
+//! Each test drives its broker on a thread of its own, stopped and joined on the way out.
+
+use shmbroker_bindings::{
+    ANY_RANK, LOGON_MAGIC, LogonFrame, Message, PROTOCOL_VERSION, RejectReason, ReplyHeader,
+};
+use shmbroker_handshake::{Config, Error, Event, Listener, connect};
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A temp dir removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.0.join("broker.sock")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A broker serving on its own thread; its events arrive on `events`. Stops on drop.
+struct Broker {
+    stop: shmbroker_handshake::StopHandle,
+    thread: Option<thread::JoinHandle<()>>,
+    events: mpsc::Receiver<Event>,
+    _dir: TempDir,
+    path: PathBuf,
+}
+
+impl Broker {
+    fn start(name: &str, config: Config) -> Self {
+        let dir = TempDir::new(name);
+        let path = dir.socket();
+        let mut listener = Listener::bind(&path, config).unwrap();
+        let stop = listener.stop_handle();
+        let (tx, events) = mpsc::channel();
+        let thread = thread::spawn(move || {
+            listener
+                .serve(|event| {
+                    let _ = tx.send(event.clone());
+                })
+                .unwrap();
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+            events,
+            _dir: dir,
+            path,
+        }
+    }
+
+    /// The next event that is not a `LoggedOn`.
+    fn next_rejection(&self) -> (RejectReason, String) {
+        loop {
+            match self
+                .events
+                .recv_timeout(TIMEOUT)
+                .expect("no event from the broker")
+            {
+                Event::Rejected { reason, detail, .. } => return (reason, detail),
+                Event::LoggedOn { .. } | Event::WorkerLeft { .. } => {}
+                Event::Stopped => panic!("broker stopped"),
+            }
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+    }
+}
+
+fn config(world_size: u32) -> Config {
+    Config {
+        world_size,
+        ring_capacity: 64,
+        payload_bytes: 4 << 20,
+        ..Config::default()
+    }
+}
+
+fn rejected(result: Result<shmbroker_handshake::Session, Error>) -> (RejectReason, String) {
+    match result {
+        Err(Error::Rejected { reason, text }) => (reason, text),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_world_of_four_logs_on_and_every_pair_talks() {
+    let broker = Broker::start("world4", config(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let path = broker.path.clone();
+            thread::spawn(move || connect(&path, LogonFrame::new(ANY_RANK), TIMEOUT).unwrap())
+        })
+        .collect();
+    let mut sessions: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    sessions.sort_by_key(|s| s.rank());
+    for (rank, session) in sessions.iter().enumerate() {
+        assert_eq!(session.rank(), rank as u32);
+        assert_eq!(session.world_size(), 4);
+        assert_eq!(session.ring_capacity(), 64);
+    }
+    for from in 0..4u32 {
+        for to in 0..4u32 {
+            if from == to {
+                assert!(sessions[from as usize].link(to).is_none());
+                continue;
+            }
+            let message = Message {
+                kind: from,
+                len: to,
+                tag: u64::from(from * 10 + to),
+                inline: [from as u8; 48],
+            };
+            sessions[from as usize]
+                .link(to)
+                .unwrap()
+                .to
+                .try_send(message)
+                .unwrap();
+            let received = sessions[to as usize].link(from).unwrap().from.try_recv();
+            assert_eq!(received, Ok(message), "{from} -> {to}");
+        }
+    }
+    // The payload region is one region: a block written by 0 reads back in 3.
+    let payload = sessions[0].payload().alloc(b"shared").unwrap();
+    assert_eq!(sessions[3].payload().read(payload).unwrap(), b"shared");
+}
+
+#[test]
+fn fifty_concurrent_logons_all_succeed_with_distinct_ranks() {
+    let broker = Broker::start("fifty", config(50));
+    let handles: Vec<_> = (0..50)
+        .map(|_| {
+            let path = broker.path.clone();
+            thread::spawn(move || {
+                connect(&path, LogonFrame::new(ANY_RANK), TIMEOUT).map(|s| s.rank())
+            })
+        })
+        .collect();
+    let mut ranks: Vec<u32> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, (0..50).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_bad_magic_is_refused_and_the_broker_keeps_serving() {
+    let broker = Broker::start("magic", config(2));
+    let mut frame = LogonFrame::new(0);
+    frame.magic = u64::from_le_bytes(*b"NOTLOGON");
+    let (reason, text) = rejected(connect(&broker.path, frame, TIMEOUT));
+    assert_eq!(reason, RejectReason::BadMagic);
+    assert!(
+        text.contains(&format!("expected {LOGON_MAGIC:#018x}")),
+        "{text}"
+    );
+    assert_eq!(broker.next_rejection().0, RejectReason::BadMagic);
+    // Rank 0 is still free for a good logon.
+    assert_eq!(
+        connect(&broker.path, LogonFrame::new(0), TIMEOUT)
+            .unwrap()
+            .rank(),
+        0
+    );
+}
+
+#[test]
+fn another_protocol_version_is_refused() {
+    let broker = Broker::start("version", config(2));
+    let mut frame = LogonFrame::new(0);
+    frame.version = PROTOCOL_VERSION + 1;
+    let (reason, text) = rejected(connect(&broker.path, frame, TIMEOUT));
+    assert_eq!(reason, RejectReason::BadVersion);
+    assert!(text.contains(&format!(
+        "expected {PROTOCOL_VERSION}, found {}",
+        PROTOCOL_VERSION + 1
+    )));
+}
+
+#[test]
+fn nonzero_padding_is_refused() {
+    let broker = Broker::start("padding", config(2));
+    let mut frame = LogonFrame::new(0);
+    frame._pad0 = 7;
+    assert_eq!(
+        rejected(connect(&broker.path, frame, TIMEOUT)).0,
+        RejectReason::BadPadding
+    );
+}
+
+#[test]
+fn a_truncated_frame_is_refused() {
+    let broker = Broker::start("truncated", config(2));
+    let mut stream = UnixStream::connect(&broker.path).unwrap();
+    stream
+        .write_all(&bytemuck::bytes_of(&LogonFrame::new(0))[..10])
+        .unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let header = read_reply_header(&mut stream);
+    assert_eq!(header.status, RejectReason::Truncated as u32);
+    assert!(
+        header
+            .reason_text()
+            .contains("expected 32 bytes, the stream ended after 10")
+    );
+}
+
+#[test]
+fn a_rank_out_of_range_is_refused() {
+    let broker = Broker::start("range", config(2));
+    let (reason, text) = rejected(connect(&broker.path, LogonFrame::new(2), TIMEOUT));
+    assert_eq!(reason, RejectReason::RankOutOfRange);
+    assert!(
+        text.contains("rank 2 requested; the world has ranks 0 to 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_duplicate_rank_is_refused() {
+    let broker = Broker::start("duplicate", config(2));
+    let _first = connect(&broker.path, LogonFrame::new(1), TIMEOUT).unwrap();
+    let (reason, text) = rejected(connect(&broker.path, LogonFrame::new(1), TIMEOUT));
+    assert_eq!(reason, RejectReason::RankTaken);
+    assert!(
+        text.contains(&format!("rank 1 is taken by pid {}", std::process::id())),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_full_world_is_refused() {
+    let broker = Broker::start("full", config(2));
+    let (path, path2) = (broker.path.clone(), broker.path.clone());
+    let a = thread::spawn(move || connect(&path, LogonFrame::new(ANY_RANK), TIMEOUT).unwrap());
+    let b = thread::spawn(move || connect(&path2, LogonFrame::new(ANY_RANK), TIMEOUT).unwrap());
+    let (_a, _b) = (a.join().unwrap(), b.join().unwrap());
+    let (reason, text) = rejected(connect(&broker.path, LogonFrame::new(ANY_RANK), TIMEOUT));
+    assert_eq!(reason, RejectReason::WorldFull);
+    assert!(text.contains("all 2 ranks are taken"), "{text}");
+}
+
+#[test]
+fn capacities_beyond_the_brokers_are_refused() {
+    let broker = Broker::start("capacity", config(2));
+    let mut frame = LogonFrame::new(0);
+    frame.min_ring_capacity = 128;
+    let (reason, text) = rejected(connect(&broker.path, frame, TIMEOUT));
+    assert_eq!(reason, RejectReason::CapacityOutOfLimits);
+    assert!(
+        text.contains("needs at least 128 ring slots; this broker's rings have 64"),
+        "{text}"
+    );
+    let mut frame = LogonFrame::new(0);
+    frame.min_payload_bytes = 1 << 40;
+    let (reason, text) = rejected(connect(&broker.path, frame, TIMEOUT));
+    assert_eq!(reason, RejectReason::CapacityOutOfLimits);
+    assert!(text.contains("payload bytes"), "{text}");
+    // Within limits is fine.
+    let mut frame = LogonFrame::new(0);
+    frame.min_ring_capacity = 64;
+    assert!(connect(&broker.path, frame, TIMEOUT).is_ok());
+}
+
+#[test]
+fn a_silent_client_is_dropped_at_its_deadline_and_delays_nobody() {
+    let broker = Broker::start(
+        "silent",
+        Config {
+            logon_timeout: Duration::from_millis(300),
+            ..config(2)
+        },
+    );
+    let mut silent = UnixStream::connect(&broker.path).unwrap();
+    // While the silent client holds its connection open, a real logon goes straight through.
+    let session = connect(
+        &broker.path,
+        LogonFrame::new(ANY_RANK),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    assert_eq!(session.rank(), 0);
+    let header = read_reply_header(&mut silent);
+    assert_eq!(header.status, RejectReason::Deadline as u32);
+    assert!(
+        header.reason_text().contains("0 of 32 bytes arrived"),
+        "{}",
+        header.reason_text()
+    );
+}
+
+#[test]
+fn a_worker_leaving_is_reported_and_its_rank_stays_taken() {
+    let broker = Broker::start("leaving", config(2));
+    let session = connect(&broker.path, LogonFrame::new(1), TIMEOUT).unwrap();
+    drop(session);
+    loop {
+        match broker.events.recv_timeout(TIMEOUT).unwrap() {
+            Event::WorkerLeft { rank, pid } => {
+                assert_eq!((rank, pid), (1, std::process::id() as i32));
+                break;
+            }
+            Event::LoggedOn { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(
+        rejected(connect(&broker.path, LogonFrame::new(1), TIMEOUT)).0,
+        RejectReason::RankTaken
+    );
+}
+
+#[test]
+fn a_live_broker_is_not_replaced_a_stale_socket_is_and_other_files_are_left_alone() {
+    let dir = TempDir::new("socketfile");
+    let path = dir.socket();
+    let live = Listener::bind(&path, config(1)).unwrap();
+    assert!(matches!(
+        Listener::bind(&path, config(1)),
+        Err(Error::AddressInUse { .. })
+    ));
+    drop(live);
+    assert!(!path.exists(), "the socket file is removed on drop");
+    // A stale socket: bound, then its listener gone without cleanup.
+    drop(UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
+    let listener = Listener::bind(&path, config(1)).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    drop(listener);
+    std::fs::write(&path, b"precious").unwrap();
+    assert!(matches!(
+        Listener::bind(&path, config(1)),
+        Err(Error::NotASocket { .. })
+    ));
+    assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    let dir = TempDir::new("config");
+    for bad in [
+        Config {
+            world_size: 0,
+            ..config(1)
+        },
+        Config {
+            world_size: 65,
+            ..config(1)
+        },
+        Config {
+            ring_capacity: 100,
+            ..config(1)
+        },
+        Config {
+            logon_timeout: Duration::ZERO,
+            ..config(1)
+        },
+    ] {
+        assert!(matches!(
+            Listener::bind(dir.socket(), bad),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+}
+
+#[test]
+fn connect_gives_up_at_its_deadline_when_no_broker_appears() {
+    let dir = TempDir::new("nobroker");
+    let error = connect(dir.socket(), LogonFrame::new(0), Duration::from_millis(100)).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::Timeout {
+                stage: "reaching the broker",
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+fn read_reply_header(stream: &mut UnixStream) -> ReplyHeader {
+    stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut bytes = [0u8; size_of::<ReplyHeader>()];
+    stream.read_exact(&mut bytes).unwrap();
+    bytemuck::pod_read_unaligned(&bytes)
+}
