@@ -1,6 +1,8 @@
-//! `shmbroker demo`: two processes exchanging messages over a pair of rings.
+//! `shmbroker demo`: a broker and worker processes logging on and greeting each other, then two
+//! processes streaming messages over a pair of rings.
 
 use crate::args::Args;
+use shmbroker::handshake::{Config, Listener};
 use shmbroker::process::spawn_with_fds;
 use shmbroker::queues::{Consumer, HEADER_SIZE, Producer, create};
 use std::io::Write;
@@ -13,13 +15,93 @@ const CAPACITY: usize = 1024;
 
 pub fn run(rest: &[String]) -> Result<(), String> {
     let mut args = Args::new(rest);
+    let workers = args.value::<u32>("--workers")?.unwrap_or(4);
     let messages = args.value::<u64>("--messages")?.unwrap_or(100_000);
     let round_trips = args.value::<usize>("--round-trips")?.unwrap_or(10_000);
     args.finish()?;
-
-    let me = std::process::id();
     let shm_before = dev_shm_entries();
-    println!("shmbroker demo: two processes, two shared-memory rings, no broker yet\n");
+    broker_and_workers(workers)?;
+    ring_stream(messages, round_trips)?;
+    let me = std::process::id();
+    let shm_after = dev_shm_entries();
+    if shm_after == shm_before {
+        println!(
+            "[demo   pid {me}] /dev/shm is as it was: every ring and region was a memfd, gone with its fds"
+        );
+    } else {
+        println!(
+            "[demo   pid {me}] note: /dev/shm changed meanwhile (another program?): {shm_before:?} -> {shm_after:?}"
+        );
+    }
+    Ok(())
+}
+
+/// A temporary directory for the demo's socket, removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Part 1: a broker on a thread of this process, `workers` worker processes logging on to it.
+fn broker_and_workers(workers: u32) -> Result<(), String> {
+    let me = std::process::id();
+    println!("shmbroker demo, part 1: a broker and {workers} worker processes\n");
+    let dir = TempDir(std::env::temp_dir().join(format!("shmbroker-demo-{me}")));
+    std::fs::create_dir_all(&dir.0).map_err(|e| format!("creating {}: {e}", dir.0.display()))?;
+    let socket = dir.0.join("broker.sock");
+    let config = Config {
+        world_size: workers,
+        ..Config::default()
+    };
+    let mut listener = Listener::bind(&socket, config.clone()).map_err(|e| e.to_string())?;
+    println!(
+        "[broker pid {me}] listening on {} (mode 0600): {workers} ranks, rings of {} slots, {} MiB payload region",
+        socket.display(),
+        config.ring_capacity,
+        config.payload_bytes >> 20
+    );
+    let stop = listener.stop_handle();
+    let broker = std::thread::spawn(move || {
+        listener.serve(|event| println!("[broker pid {me}] {}", crate::serve::describe(event)))
+    });
+    let exe = std::env::current_exe().map_err(|e| format!("finding my own binary: {e}"))?;
+    let mut children = Vec::new();
+    for _ in 0..workers {
+        let mut command = Command::new(&exe);
+        command.arg("worker").arg("--socket").arg(&socket);
+        std::io::stdout().flush().ok();
+        children.push(
+            spawn_with_fds(&mut command, &[]).map_err(|e| format!("starting a worker: {e}"))?,
+        );
+    }
+    let mut failures = Vec::new();
+    for child in children {
+        let pid = child.id();
+        match child.wait_or_kill(TIMEOUT) {
+            Ok(status) if status.success() => {}
+            Ok(status) => failures.push(format!("worker {pid}: {status}")),
+            Err(error) => failures.push(format!("worker {pid}: {error}")),
+        }
+    }
+    stop.stop();
+    broker
+        .join()
+        .map_err(|_| "the broker thread panicked".to_string())?
+        .map_err(|e| e.to_string())?;
+    if !failures.is_empty() {
+        return Err(failures.join("; "));
+    }
+    println!("[broker pid {me}] all {workers} workers done; socket removed\n");
+    Ok(())
+}
+
+/// Part 2: two processes, two rings, no broker: the raw ring between processes.
+fn ring_stream(messages: u64, round_trips: usize) -> Result<(), String> {
+    let me = std::process::id();
+    println!("shmbroker demo, part 2: two processes streaming over a pair of rings\n");
     let ring_a = create::<[u64; 2]>(CAPACITY).map_err(|e| e.to_string())?;
     let ring_b = create::<[u64; 2]>(CAPACITY).map_err(|e| e.to_string())?;
     let bytes = HEADER_SIZE + CAPACITY * 24;
@@ -98,16 +180,6 @@ pub fn run(rest: &[String]) -> Result<(), String> {
         return Err(format!("child failed: {status}"));
     }
     println!("[parent pid {me}] child exited cleanly ({status})");
-    let shm_after = dev_shm_entries();
-    if shm_after == shm_before {
-        println!(
-            "[parent pid {me}] /dev/shm is as it was: the rings were memfds and are gone with their fds"
-        );
-    } else {
-        println!(
-            "[parent pid {me}] note: /dev/shm changed meanwhile (another program?): {shm_before:?} -> {shm_after:?}"
-        );
-    }
     Ok(())
 }
 

@@ -8,10 +8,11 @@
 //! |---|---|
 //! | [`bindings`] | every type that crosses a process boundary (`#[repr(C)]`, `Pod`, size-asserted) |
 //! | [`queues`] | the lock-free SPSC ring in a sealed memfd, with spin-then-futex parking |
+//! | [`allocator`] | the session's shared payload region (rts-alloc), bounds-checked references |
+//! | [`handshake`] | the broker's [`Listener`](handshake::Listener) and [`connect`](handshake::connect) |
 //! | [`process`] | starting helper processes that inherit ring fds, and waiting for them with a deadline |
 //!
-//! The broker, the logon handshake and the worker session arrive with later layers; the ring
-//! below them is complete.
+//! Collectives, fd and GPU-handle exchange and dead-peer detection arrive with the next layer.
 //!
 //! ```
 //! use shmbroker::queues::{Consumer, Producer, create};
@@ -30,5 +31,7 @@
 
 pub mod process;
 
+pub use shmbroker_allocator as allocator;
 pub use shmbroker_bindings as bindings;
+pub use shmbroker_handshake as handshake;
 pub use shmbroker_queues as queues;

@@ -4,6 +4,8 @@ mod args;
 mod bench;
 mod demo;
 mod peer;
+mod serve;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -11,8 +13,13 @@ const USAGE: &str = "\
 shmbroker: single-node IPC over sealed shared-memory rings
 
 USAGE:
-    shmbroker demo [--messages N] [--round-trips N]
-        Start a second process and exchange messages with it over two rings.
+    shmbroker demo [--workers N] [--messages N] [--round-trips N]
+        Start a broker and N worker processes that log on and greet each other, then stream
+        messages to a second process over a pair of rings.
+    shmbroker serve --socket PATH --workers N ...
+        Run a broker until SIGINT or SIGTERM.
+    shmbroker worker --socket PATH [--rank R]
+        Log on to a broker and greet every peer.
     shmbroker bench queue [--json] [--quick] [--rounds N]
         Measure the ring against shaq 4.3 and the physical floors, side by side.
     shmbroker ring-peer (sink|echo) ...
@@ -26,8 +33,16 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(rest),
         Some("bench") => bench::run(rest),
         Some("ring-peer") => peer::run(rest),
+        Some("serve") => serve::run(rest),
+        Some("worker") => worker::run(rest),
         None | Some("-h" | "--help" | "help") => {
-            println!("{USAGE}\n\n{}\n\n{}", bench::USAGE, peer::USAGE);
+            println!(
+                "{USAGE}\n\n{}\n\n{}\n\n{}\n\n{}",
+                serve::USAGE,
+                worker::USAGE,
+                bench::USAGE,
+                peer::USAGE
+            );
             Ok(())
         }
         Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),

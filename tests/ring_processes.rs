@@ -135,11 +135,30 @@ fn a_peer_gives_up_with_an_error_when_its_partner_goes_quiet() {
 #[test]
 fn the_demo_runs_to_completion() {
     let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
-    command.args(["demo", "--messages", "20000", "--round-trips", "2000"]);
+    command.args([
+        "demo",
+        "--workers",
+        "3",
+        "--messages",
+        "20000",
+        "--round-trips",
+        "2000",
+    ]);
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = spawn_with_fds(&mut command, &[]).unwrap();
     let (ok, stdout) = output_of(child);
     assert!(ok, "demo failed; stdout: {stdout}");
+    assert_eq!(
+        stdout
+            .matches("exchanged a message with each of 2 peers")
+            .count(),
+        3,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("all 3 workers done; socket removed"),
+        "{stdout}"
+    );
     assert!(stdout.contains("all 20000 answers checked"), "{stdout}");
     assert!(
         stdout.contains("ring A closed after 22000 messages; all drained"),

@@ -95,15 +95,47 @@ pub fn connect(
     let path = path.as_ref();
     let deadline = Instant::now() + timeout;
     let timed_out = |stage| Error::Timeout { stage, timeout };
-    let mut stream = connect_until(path, deadline).map_err(|e| match e {
+    let stream = connect_until(path, deadline).map_err(|e| match e {
         None => timed_out("reaching the broker"),
         Some(source) => Error::Connect {
             path: path.to_path_buf(),
             source,
         },
     })?;
-    send_until(&mut stream, bytemuck::bytes_of(&logon), deadline)
-        .map_err(|e| e.unwrap_or_else(|| timed_out("sending the logon frame")))?;
+    log_on(stream, logon, deadline, timeout)
+}
+
+/// Logs on over `stream`, already connected to a broker some other way (a socketpair, an
+/// inherited socket; the broker side uses [`Listener::adopt`](crate::Listener::adopt)). The
+/// same checks and a deadline `timeout` from now apply as in [`connect`].
+///
+/// # Errors
+///
+/// As for [`connect`], less the connection errors.
+pub fn connect_stream(
+    stream: UnixStream,
+    logon: LogonFrame,
+    timeout: Duration,
+) -> Result<Session, Error> {
+    stream
+        .set_nonblocking(true)
+        .map_err(|e| Error::sys("fcntl")(io_errno(&e)))?;
+    log_on(stream, logon, Instant::now() + timeout, timeout)
+}
+
+/// Sends the frame, receives and checks the reply, joins everything: the logon after connecting.
+fn log_on(
+    mut stream: UnixStream,
+    logon: LogonFrame,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Session, Error> {
+    send_until(&mut stream, bytemuck::bytes_of(&logon), deadline).map_err(|e| {
+        e.unwrap_or(Error::Timeout {
+            stage: "sending the logon frame",
+            timeout,
+        })
+    })?;
     let (header, manifest, fds) = receive_reply(&stream, deadline, timeout)?;
     stream
         .set_nonblocking(false)

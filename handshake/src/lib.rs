@@ -50,7 +50,7 @@ mod fdpass;
 mod listener;
 pub mod wire;
 
-pub use client::{Link, Session, connect};
+pub use client::{Link, Session, connect, connect_stream};
 pub use error::{Error, ProtocolError};
 pub use listener::{Config, Event, Listener, StopHandle};
 pub use wire::MAX_WORLD_SIZE;

@@ -361,6 +361,14 @@ impl Listener {
         Ok((listener_ready, stop_ready, pending_ready, workers_ready))
     }
 
+    /// Serves a logon on a stream connected some other way than through this listener's socket
+    /// (a socketpair, or a socket inherited from a launcher), with the same checks and deadline.
+    pub fn adopt(&mut self, stream: UnixStream) -> Vec<Event> {
+        let mut events = Vec::new();
+        self.admit(stream, &mut events);
+        events
+    }
+
     fn accept_all(&mut self, events: &mut Vec<Event>) -> Result<(), Error> {
         loop {
             let stream = match self.socket.accept() {
@@ -378,45 +386,50 @@ impl Listener {
                     return Ok(());
                 }
             };
-            let Ok(credentials) = nix::sys::socket::getsockopt(&stream, sockopt::PeerCredentials)
-            else {
-                continue;
-            };
-            let (pid, uid) = (credentials.pid(), credentials.uid());
-            if stream.set_nonblocking(true).is_err() {
-                continue;
-            }
-            let allowed = if self.config.allowed_uids.is_empty() {
-                uid == self.my_uid
-            } else {
-                self.config.allowed_uids.contains(&uid)
-            };
-            if !allowed {
-                let text = format!(
-                    "uid {uid} may not log on (allowed: {})",
-                    if self.config.allowed_uids.is_empty() {
-                        format!("the broker's own uid {}", self.my_uid)
-                    } else {
-                        format!("{:?}", self.config.allowed_uids)
-                    }
-                );
-                events.push(reject(&stream, RejectReason::NotAllowed, Some(pid), text));
-                continue;
-            }
-            if self.pending.len() >= self.config.max_pending {
-                let text = format!("{} logons already in progress", self.pending.len());
-                events.push(reject(&stream, RejectReason::Internal, Some(pid), text));
-                continue;
-            }
-            self.pending.push(Pending {
-                stream,
-                pid,
-                uid,
-                deadline: Instant::now() + self.config.logon_timeout,
-                frame: [0; LOGON_LEN],
-                filled: 0,
-            });
+            self.admit(stream, events);
         }
+    }
+
+    /// Checks who is calling and queues the connection for its logon frame.
+    fn admit(&mut self, stream: UnixStream, events: &mut Vec<Event>) {
+        let Ok(credentials) = nix::sys::socket::getsockopt(&stream, sockopt::PeerCredentials)
+        else {
+            return;
+        };
+        let (pid, uid) = (credentials.pid(), credentials.uid());
+        if stream.set_nonblocking(true).is_err() {
+            return;
+        }
+        let allowed = if self.config.allowed_uids.is_empty() {
+            uid == self.my_uid
+        } else {
+            self.config.allowed_uids.contains(&uid)
+        };
+        if !allowed {
+            let text = format!(
+                "uid {uid} may not log on (allowed: {})",
+                if self.config.allowed_uids.is_empty() {
+                    format!("the broker's own uid {}", self.my_uid)
+                } else {
+                    format!("{:?}", self.config.allowed_uids)
+                }
+            );
+            events.push(reject(&stream, RejectReason::NotAllowed, Some(pid), text));
+            return;
+        }
+        if self.pending.len() >= self.config.max_pending {
+            let text = format!("{} logons already in progress", self.pending.len());
+            events.push(reject(&stream, RejectReason::Internal, Some(pid), text));
+            return;
+        }
+        self.pending.push(Pending {
+            stream,
+            pid,
+            uid,
+            deadline: Instant::now() + self.config.logon_timeout,
+            frame: [0; LOGON_LEN],
+            filled: 0,
+        });
     }
 
     fn read_pending(&mut self, index: usize, events: &mut Vec<Event>) {

@@ -7,7 +7,7 @@
 use shmbroker_bindings::{
     ANY_RANK, LOGON_MAGIC, LogonFrame, Message, PROTOCOL_VERSION, RejectReason, ReplyHeader,
 };
-use shmbroker_handshake::{Config, Error, Event, Listener, connect};
+use shmbroker_handshake::{Config, Error, Event, Listener, connect, connect_stream};
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -417,4 +417,24 @@ fn read_reply_header(stream: &mut UnixStream) -> ReplyHeader {
     let mut bytes = [0u8; size_of::<ReplyHeader>()];
     stream.read_exact(&mut bytes).unwrap();
     bytemuck::pod_read_unaligned(&bytes)
+}
+
+#[test]
+fn a_logon_over_a_socketpair_is_served_like_any_other() {
+    let dir = TempDir::new("adopt");
+    let mut listener = Listener::bind(dir.socket(), config(2)).unwrap();
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let client = thread::spawn(move || connect_stream(theirs, LogonFrame::new(1), TIMEOUT));
+    let mut events = listener.adopt(ours);
+    while !events
+        .iter()
+        .any(|e| matches!(e, Event::LoggedOn { .. } | Event::Rejected { .. }))
+    {
+        events = listener.poll_once(Duration::from_millis(100)).unwrap();
+    }
+    assert!(
+        matches!(events[..], [Event::LoggedOn { rank: 1, .. }]),
+        "{events:?}"
+    );
+    assert_eq!(client.join().unwrap().unwrap().rank(), 1);
 }

@@ -1,0 +1,71 @@
+//! `shmbroker worker`: log on, show what arrived, greet every peer over the rings.
+
+use crate::args::Args;
+use shmbroker::bindings::{ANY_RANK, INLINE_BYTES, LogonFrame, Message};
+use shmbroker::handshake::connect;
+use std::time::Duration;
+
+pub const USAGE: &str = "\
+shmbroker worker --socket PATH [--rank R] [--timeout-ms MS]
+    Log on to the broker at PATH (as rank R, or any free rank), print the rank and what was
+    received, exchange one message with every peer over the rings, and exit 0.";
+
+/// Message kind of the greeting.
+const HELLO: u32 = 1;
+
+pub fn run(rest: &[String]) -> Result<(), String> {
+    let mut args = Args::new(rest);
+    let socket = args
+        .value::<String>("--socket")?
+        .ok_or_else(|| format!("worker needs --socket\n{USAGE}"))?;
+    let rank = args.value::<u32>("--rank")?.unwrap_or(ANY_RANK);
+    let timeout = Duration::from_millis(args.value("--timeout-ms")?.unwrap_or(30_000));
+    args.finish()?;
+
+    let me = std::process::id();
+    let mut session =
+        connect(&socket, LogonFrame::new(rank), timeout).map_err(|e| format!("logon: {e}"))?;
+    let (rank, world) = (session.rank(), session.world_size());
+    println!(
+        "[worker pid {me}] rank {rank} of {world}: {} rings of {} slots, a payload region of {} bytes",
+        2 * (world - 1),
+        session.ring_capacity(),
+        session.payload().size()
+    );
+    let mut greeting = [0u8; INLINE_BYTES];
+    let text = format!("hello from rank {rank}");
+    greeting[..text.len()].copy_from_slice(text.as_bytes());
+    for peer in (0..world).filter(|&p| p != rank) {
+        let message = Message {
+            kind: HELLO,
+            len: text.len() as u32,
+            tag: u64::from(rank),
+            inline: greeting,
+        };
+        let link = session.link(peer).ok_or("missing link")?;
+        link.to
+            .send_timeout(message, timeout)
+            .map_err(|e| format!("greeting rank {peer}: {e}"))?;
+    }
+    for peer in (0..world).filter(|&p| p != rank) {
+        let link = session.link(peer).ok_or("missing link")?;
+        let message = link
+            .from
+            .recv_timeout(timeout)
+            .map_err(|e| format!("waiting for rank {peer}: {e}"))?;
+        let len = (message.len as usize).min(INLINE_BYTES);
+        let text = String::from_utf8_lossy(&message.inline[..len]);
+        if message.kind != HELLO || message.tag != u64::from(peer) {
+            return Err(format!(
+                "rank {peer} sent kind {} tag {}",
+                message.kind, message.tag
+            ));
+        }
+        println!("[worker pid {me}] rank {rank} got \"{text}\"");
+    }
+    println!(
+        "[worker pid {me}] rank {rank} exchanged a message with each of {} peers",
+        world - 1
+    );
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! The broker and its workers as real processes: `shmbroker serve` and `shmbroker worker`.
+//! Every child is waited for with a deadline and killed on the way out.
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use shmbroker::process::{ChildGuard, spawn_with_fds};
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn shmbroker(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    command
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Starts `shmbroker serve` and waits (with a deadline) for its socket to appear.
+fn serve(socket: &Path, extra: &[&str]) -> ChildGuard {
+    let mut command = shmbroker(&["serve", "--socket", socket.to_str().unwrap()]);
+    command.args(extra);
+    let child = spawn_with_fds(&mut command, &[]).unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the broker never created its socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+/// Waits for `child` (killing it at the deadline) and returns (success, stdout, stderr).
+fn finish(mut child: ChildGuard) -> (bool, String, String) {
+    // Read the pipes only after the exit: a read would block on a hung child, the wait does not.
+    // (Outputs here are a few lines, far below a pipe's buffer.)
+    let status = child
+        .wait_timeout(DEADLINE)
+        .unwrap()
+        .expect("child still running at its deadline");
+    let mut stdout = String::new();
+    if let Some(pipe) = child.stdout() {
+        let _ = pipe.read_to_string(&mut stdout);
+    }
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.take_stderr() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    (status.success(), stdout, stderr)
+}
+
+#[test]
+fn four_worker_processes_log_on_and_greet_each_other_then_the_broker_stops_cleanly() {
+    let dir = TempDir::new("serve4");
+    let socket = dir.0.join("broker.sock");
+    let broker = serve(&socket, &["--workers", "4", "--ring-capacity", "64"]);
+    let workers: Vec<ChildGuard> = (0..4)
+        .map(|_| {
+            let mut command = shmbroker(&["worker", "--socket", socket.to_str().unwrap()]);
+            spawn_with_fds(&mut command, &[]).unwrap()
+        })
+        .collect();
+    let mut ranks = Vec::new();
+    for worker in workers {
+        let (ok, stdout, stderr) = finish(worker);
+        assert!(ok, "worker failed: {stdout}{stderr}");
+        assert!(
+            stdout.contains("exchanged a message with each of 3 peers"),
+            "{stdout}"
+        );
+        let rank: u32 = stdout
+            .split("] rank ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|rank| rank.parse().ok())
+            .unwrap_or_else(|| panic!("no rank in {stdout}"));
+        ranks.push(rank);
+    }
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1, 2, 3]);
+
+    kill(Pid::from_raw(broker.id() as i32), Signal::SIGTERM).unwrap();
+    let (ok, stdout, stderr) = finish(broker);
+    assert!(ok, "broker failed: {stdout}{stderr}");
+    assert!(stdout.contains("rank 3 logged on"), "{stdout}");
+    assert!(stdout.contains("removed"), "{stdout}");
+    assert!(!socket.exists(), "the socket file outlived the broker");
+}
+
+#[test]
+fn a_worker_with_a_rank_out_of_range_exits_with_the_brokers_reason() {
+    let dir = TempDir::new("range");
+    let socket = dir.0.join("broker.sock");
+    let broker = serve(&socket, &["--workers", "2"]);
+    let mut command = shmbroker(&[
+        "worker",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--rank",
+        "5",
+    ]);
+    let (ok, _, stderr) = finish(spawn_with_fds(&mut command, &[]).unwrap());
+    assert!(!ok);
+    assert!(stderr.contains("RankOutOfRange"), "{stderr}");
+    assert!(
+        stderr.contains("rank 5 requested; the world has ranks 0 to 1"),
+        "{stderr}"
+    );
+    drop(broker);
+}
+
+/// Runs a worker as uid/gid 65534 ("nobody") against a broker started with `extra` options,
+/// after opening the socket file to everyone so that only the broker's uid check can refuse.
+fn worker_as_nobody(name: &str, extra: &[&str]) -> (bool, String, String) {
+    let dir = TempDir::new(name);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.0.join("broker.sock");
+    let mut args = vec!["--workers", "1"];
+    args.extend_from_slice(extra);
+    let broker = serve(&socket, &args);
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut command = shmbroker(&["worker", "--socket", socket.to_str().unwrap()]);
+    command.uid(65534).gid(65534);
+    let result = finish(spawn_with_fds(&mut command, &[]).unwrap());
+    drop(broker);
+    result
+}
+
+#[test]
+fn a_worker_of_another_uid_is_refused_unless_allowed() {
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("skipped: dropping privileges to another uid needs root");
+        return;
+    }
+    let (ok, stdout, stderr) = worker_as_nobody("uid-refused", &[]);
+    assert!(!ok, "a foreign uid logged on: {stdout}");
+    assert!(stderr.contains("NotAllowed"), "{stderr}");
+    assert!(stderr.contains("uid 65534 may not log on"), "{stderr}");
+
+    let (ok, stdout, stderr) = worker_as_nobody("uid-allowed", &["--allow-uid", "65534"]);
+    assert!(ok, "an allowed uid was refused: {stdout}{stderr}");
+    assert!(stdout.contains("rank 0 of 1"), "{stdout}");
+}
