@@ -21,8 +21,9 @@
 //! `p & mask`. The slot's sequence word tells the consumer whether the message for `p` is there:
 //!
 //! * `seq == p + 1`: published for position `p` ("ready");
-//! * `seq == p + 1 - capacity`: still holds position `p - capacity` ("pending"), which is also the
-//!   initial value written by [`create`];
+//! * `seq == p + 1 - capacity`: still holds position `p - capacity` ("pending");
+//! * `seq == 0` while `p < capacity`: never written ("pending" too). A fresh file is all zeros, so
+//!   [`create`] writes nothing but the layout: creating a ring is O(1) whatever its capacity;
 //! * anything else: no correct producer wrote it, and the consumer reports
 //!   [`Corruption::SlotSequence`].
 //!
@@ -168,7 +169,8 @@ impl<T> Geometry<T> {
     }
 }
 
-/// The initial sequence word of slot `index`: "pending" for position `index`.
+/// The sequence word a slot holds while the message for `position` is not there yet: the one of
+/// the previous lap (for the first lap, a fresh file's zero is accepted too).
 fn pending_seq(position: u64, capacity: u64) -> u64 {
     position.wrapping_add(1).wrapping_sub(capacity)
 }
@@ -215,7 +217,7 @@ impl<T: Pod> RingRef<T> {
             return Ok(true);
         }
         let pending = pending_seq(position, self.capacity);
-        if found == pending {
+        if found == pending || (found == 0 && position < self.capacity) {
             return Ok(false);
         }
         Err(Corruption::SlotSequence {
@@ -485,23 +487,13 @@ pub fn create<T: Pod>(capacity: usize) -> Result<OwnedFd, Error> {
     let capacity = check_capacity(capacity)?;
     let layout = Geometry::<T>::layout(capacity);
     let fd = crate::memfd::create_sealed(c"shmbroker-ring", layout.file_size)?;
-    let mapping = crate::memfd::Mapping::map(&fd, layout.file_size)?;
-    let header = mapping.as_ptr().cast::<Header>();
-    // SAFETY: the memfd was created just now and no other process or thread has it, so this is
-    // the sole initializer; the mapping is page-aligned and at least `HEADER_SIZE` bytes long.
-    unsafe { header.cast::<RingLayout>().write(layout) };
-    let slots = mapping.at(layout.slots_offset as usize).cast::<Slot<T>>();
-    for index in 0..capacity {
-        // SAFETY: `index < capacity` and the file holds `capacity` slots from `slots`.
-        let slot = unsafe { slots.add(index as usize) };
-        // SAFETY: the slot is mapped, aligned (page-aligned base, offset a multiple of the slot
-        // alignment) and zero-filled, and an all-zero `AtomicU64` is valid.
-        let seq = unsafe { &slot.as_ref().seq };
-        seq.store(pending_seq(index, capacity), Ordering::Relaxed);
-    }
-    // The mapping is dropped here; joiners map the file themselves. munmap orders these writes
-    // before any later mapping of the same file reads them.
-    Ok(fd)
+    // Only the layout: every other byte of a fresh file is zero, which is what the control
+    // blocks start as and what slot sequence words read as "pending" in the first lap.
+    let file = std::fs::File::from(fd);
+    std::os::unix::fs::FileExt::write_all_at(&file, bytemuck::bytes_of(&layout), 0).map_err(
+        |e| Error::sys("pwrite")(nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0))),
+    )?;
+    Ok(OwnedFd::from(file))
 }
 
 /// Creates a ring and joins both ends in this process: for threads, and for tests.
@@ -555,8 +547,8 @@ fn heap_pair<T: Pod>(capacity: u64) -> (RingRef<T>, RingRef<T>) {
         }),
     });
     let slots = (0..capacity)
-        .map(|index| Slot {
-            seq: AtomicU64::new(pending_seq(index, capacity)),
+        .map(|_| Slot {
+            seq: AtomicU64::new(0),
             message: UnsafeCell::new(T::zeroed()),
         })
         .collect::<Box<[_]>>();

@@ -427,8 +427,8 @@ fn threads_stream_in_order_in_batches_parked() {
 }
 
 /// The file layout is what the `ring` module documents (and what the fuzz seed corpus assumes):
-/// a 48-byte `RingLayout` at 0, zeroed control blocks to 512, then `{seq, message}` slots whose
-/// sequence words start "pending" (position + 1 - capacity).
+/// a 48-byte `RingLayout` at 0, zeroed control blocks to 512, then `{seq, message}` slots, all
+/// zero (a zero sequence word is "pending" in the first lap).
 #[test]
 fn a_new_ring_file_has_the_documented_layout() {
     let fd = create::<[u64; 2]>(4).unwrap();
@@ -445,9 +445,26 @@ fn a_new_ring_file_has_the_documented_layout() {
         expected.extend_from_slice(&field.to_le_bytes());
     }
     expected.resize(512, 0);
-    for index in 0..4u64 {
-        expected.extend_from_slice(&(index + 1).wrapping_sub(4).to_le_bytes());
-        expected.extend_from_slice(&[0; 16]);
-    }
+    expected.resize(512 + 4 * 24, 0);
     assert_eq!(bytes, expected);
+}
+
+/// A zero sequence word is "pending" only in the first lap; later, zero is corruption.
+#[test]
+fn a_zero_sequence_word_after_the_first_lap_is_corruption() {
+    let (fd, mut tx, mut rx) = joined::<u64>(2);
+    for value in 0..2 {
+        tx.try_send(value).unwrap();
+        assert_eq!(rx.try_recv(), Ok(value));
+    }
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    poke(&fd, OFFSET_SLOTS, &0u64.to_le_bytes());
+    assert!(matches!(
+        rx.try_recv(),
+        Err(TryRecvError::Corrupted(Corruption::SlotSequence {
+            position: 2,
+            found: 0,
+            ..
+        }))
+    ));
 }

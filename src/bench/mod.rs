@@ -5,6 +5,7 @@
 //! ours/baseline (p50 and p99 for latency, the median over rounds for throughput). There are no
 //! timing assertions anywhere: these machines are shared and noisy, so read medians and ratios.
 
+mod logon;
 mod queue;
 
 use crate::args::Args;
@@ -16,6 +17,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub const USAGE: &str = "\
+shmbroker bench logon [--json] [--quick] [--rounds N]
+    Time for 1, 2, 4, 8 and 16 workers to log on, per worker, against the floor: a bare connect
+    and accept, one SCM_RIGHTS message with as many fds, and memfd create, seal and mmap of the
+    same sizes, alternating in one run.
 shmbroker bench queue [--json] [--quick] [--rounds N] [--only NAME]
     Ring latency (ping-pong, hot and parked) and throughput (8, 64 and 4096-byte messages,
     single and batched) against shaq 4.3, one cache line bounced between two processes,
@@ -64,6 +69,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     let mut report = Report::new(json);
     match suite.as_deref() {
         Some("queue") => queue::run(plan, &mut report)?,
+        Some("logon") => logon::run(plan, &mut report)?,
         _ => return Err(format!("usage:\n{USAGE}")),
     }
     report.finish();
@@ -79,10 +85,19 @@ pub enum Measure {
     Throughput(Vec<f64>),
 }
 
+/// What a benchmark's size column means.
+#[derive(Clone, Copy, Debug)]
+pub enum Size {
+    /// Bytes per message.
+    Bytes(usize),
+    /// Workers logging on.
+    Workers(u32),
+}
+
 /// One benchmark's results: ours first, then the baselines.
 pub struct Comparison {
     pub bench: String,
-    pub msg_bytes: usize,
+    pub size: Size,
     pub contenders: Vec<(&'static str, Measure)>,
 }
 
@@ -156,8 +171,8 @@ impl Report {
     ) {
         if !self.printed_header {
             println!(
-                "{:<24} {:>6}  {:<34} {:>10} {:>10} {:>13}  ours/baseline",
-                "bench", "bytes", "impl", "p50", "p99", "msgs/s"
+                "{:<24} {:>10}  {:<38} {:>10} {:>10} {:>13}  ours/baseline",
+                "bench", "size", "impl", "p50", "p99", "msgs/s"
             );
             self.printed_header = true;
         }
@@ -175,9 +190,13 @@ impl Report {
                 ratio.map_or(String::new(), |(a, _)| format!("{a:.2}x")),
             ),
         };
+        let size = match comparison.size {
+            Size::Bytes(bytes) => format!("{bytes} B"),
+            Size::Workers(workers) => format!("{workers} workers"),
+        };
         println!(
-            "{:<24} {:>6}  {:<34} {:>10} {:>10} {:>13}  {}",
-            comparison.bench, comparison.msg_bytes, name, p50, p99, rate, ratio_text
+            "{:<24} {:>10}  {:<38} {:>10} {:>10} {:>13}  {}",
+            comparison.bench, size, name, p50, p99, rate, ratio_text
         );
     }
 
@@ -237,9 +256,13 @@ fn json_line(
     summary: &Summary,
     ratio: Option<(f64, f64)>,
 ) -> String {
+    let size = match comparison.size {
+        Size::Bytes(bytes) => format!(r#""msg_bytes":{bytes}"#),
+        Size::Workers(workers) => format!(r#""workers":{workers}"#),
+    };
     let head = format!(
-        r#"{{"bench":"{}","impl":"{}","msg_bytes":{}"#,
-        comparison.bench, name, comparison.msg_bytes
+        r#"{{"bench":"{}","impl":"{}",{size}"#,
+        comparison.bench, name
     );
     let body = match summary {
         Summary::Latency { p50, p99, samples } => {
@@ -252,10 +275,11 @@ fn json_line(
             let ratio = ratio.map_or(String::new(), |(a, _)| {
                 format!(r#","ours_over_baseline":{a:.4}"#)
             });
-            let bytes = median * comparison.msg_bytes as f64;
-            format!(
-                r#","msgs_per_s":{median:.0},"bytes_per_s":{bytes:.0},"rounds":{rounds}{ratio}"#
-            )
+            let bytes = match comparison.size {
+                Size::Bytes(size) => format!(r#","bytes_per_s":{:.0}"#, median * size as f64),
+                Size::Workers(_) => String::new(),
+            };
+            format!(r#","msgs_per_s":{median:.0}{bytes},"rounds":{rounds}{ratio}"#)
         }
     };
     format!("{head}{body}}}")

@@ -14,7 +14,7 @@
 //! Streaming is timed by the consumer from the first message to the last, and every streamed
 //! message is checked, so a benchmark that lost or reordered data fails instead of reporting.
 
-use super::{Comparison, Measure, Plan, Report, fork_pair};
+use super::{Comparison, Measure, Plan, Report, Size, fork_pair};
 use bytemuck::Pod;
 use shmbroker::queues::memfd::{Mapping, create_sealed};
 use shmbroker::queues::{Consumer, Producer, TryRecvError, TrySendError, create};
@@ -105,7 +105,7 @@ fn pingpong_hot(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
     )?;
     report.add(Comparison {
         bench: "pingpong_hot".into(),
-        msg_bytes: 8,
+        size: Size::Bytes(8),
         contenders,
     });
     Ok(())
@@ -129,7 +129,7 @@ fn pingpong_parked(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
     )?;
     report.add(Comparison {
         bench: "pingpong_parked".into(),
-        msg_bytes: 8,
+        size: Size::Bytes(8),
         contenders,
     });
     Ok(())
@@ -435,7 +435,7 @@ fn stream<const W: usize>(
     let contenders = alternate(plan, &contenders)?;
     report.add(Comparison {
         bench: bench.into(),
-        msg_bytes: 8 * W,
+        size: Size::Bytes(8 * W),
         contenders,
     });
     Ok(())

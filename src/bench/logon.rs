@@ -1,0 +1,209 @@
+//! `shmbroker bench logon`: how long a world of workers takes to log on, against the floor.
+//!
+//! Ours, per round: bind a broker (which creates the payload region), serve it on a thread, and
+//! log on N workers one after another from this thread; stop when the last has its session.
+//!
+//! The floor does the same system work with no protocol: bind a listening socket, create the
+//! payload memfd (create, size, seal, mmap), then for each worker a bare connect and accept, the
+//! rings it is the first to need (create, size, seal, mmap of the same sizes), one `SCM_RIGHTS`
+//! message carrying as many fds as a reply does, and the worker's `fstat` and mmap of each.
+//!
+//! Both report the time per worker (the round's time divided by N), alternating each round.
+
+use super::{Comparison, Measure, Plan, Report, Size};
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use shmbroker::bindings::{ANY_RANK, LogonFrame, Message};
+use shmbroker::handshake::{Config, Listener, connect};
+use shmbroker::queues::memfd::{Mapping, create_sealed, file_size};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const WORLDS: [u32; 5] = [1, 2, 4, 8, 16];
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
+    if !plan.wants("logon") {
+        return Ok(());
+    }
+    let dir = TempDir::new()?;
+    let repeats = plan.size(10, 2);
+    for workers in WORLDS {
+        report.progress(&format!("logon, {workers} workers"));
+        let mut ours = Vec::new();
+        let mut floor = Vec::new();
+        for round in 0..plan.rounds * repeats {
+            let path = dir.0.join(format!("bench-{workers}-{round}.sock"));
+            // Alternate which goes first.
+            if round % 2 == 0 {
+                ours.push(ours_logon(&path, workers)?);
+                floor.push(floor_logon(&path, workers)?);
+            } else {
+                floor.push(floor_logon(&path, workers)?);
+                ours.push(ours_logon(&path, workers)?);
+            }
+        }
+        report.add(Comparison {
+            bench: "logon_per_worker".into(),
+            size: Size::Workers(workers),
+            contenders: vec![
+                ("shmbroker", Measure::Latency(ours)),
+                ("floor: connect + fds + memfds", Measure::Latency(floor)),
+            ],
+        });
+    }
+    Ok(())
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<Self, String> {
+        let dir = std::env::temp_dir().join(format!("shmbroker-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn config(workers: u32) -> Config {
+    Config {
+        world_size: workers,
+        ..Config::default()
+    }
+}
+
+/// Nanoseconds per worker for a whole world to log on through the broker.
+fn ours_logon(path: &Path, workers: u32) -> Result<u64, String> {
+    let start = Instant::now();
+    let mut listener = Listener::bind(path, config(workers)).map_err(|e| e.to_string())?;
+    let stop = listener.stop_handle();
+    let broker = std::thread::spawn(move || listener.serve(|_| {}));
+    let sessions = (0..workers)
+        .map(|_| connect(path, LogonFrame::new(ANY_RANK), TIMEOUT))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string());
+    let elapsed = start.elapsed();
+    stop.stop();
+    broker
+        .join()
+        .map_err(|_| "broker thread panicked")?
+        .map_err(|e| e.to_string())?;
+    drop(sessions?);
+    Ok(elapsed.as_nanos() as u64 / u64::from(workers))
+}
+
+/// The same sizes the broker uses: its rings of `Message` and its payload region.
+fn ring_bytes() -> Result<u64, String> {
+    let ring = shmbroker::queues::create::<Message>(config(1).ring_capacity as usize)
+        .map_err(|e| e.to_string())?;
+    file_size(ring.as_fd()).map_err(|e| e.to_string())
+}
+
+fn sealed_and_mapped(bytes: u64) -> Result<(OwnedFd, Mapping), String> {
+    let fd = create_sealed(c"bench-floor", bytes).map_err(|e| e.to_string())?;
+    let mapping = Mapping::map(&fd, bytes).map_err(|e| e.to_string())?;
+    Ok((fd, mapping))
+}
+
+/// Nanoseconds per worker for the floor: the same sockets, fds and memfds, no protocol. As with
+/// the broker, the serving side runs on a thread of its own, so both pay the same wake-ups.
+fn floor_logon(path: &Path, workers: u32) -> Result<u64, String> {
+    let ring_size = ring_bytes()?;
+    let payload_size = config(workers).payload_bytes;
+    let start = Instant::now();
+    let listener = UnixListener::bind(path).map_err(|e| format!("bind: {e}"))?;
+    let held = std::thread::scope(|scope| {
+        let server = scope.spawn(move || serve_floor(listener, workers, ring_size, payload_size));
+        let mut held = Vec::new();
+        for _ in 0..workers {
+            let client = UnixStream::connect(path).map_err(|e| format!("connect: {e}"))?;
+            for fd in receive_fds(&client, 136 + 24 * (2 * workers as usize - 1))? {
+                let size = file_size(fd.as_fd()).map_err(|e| e.to_string())?;
+                held.push(Mapping::map(&fd, size).map_err(|e| e.to_string())?);
+            }
+        }
+        server.join().map_err(|_| "floor server panicked")??;
+        Ok::<_, String>(held)
+    })?;
+    let elapsed = start.elapsed();
+    drop(held);
+    let _ = std::fs::remove_file(path);
+    Ok(elapsed.as_nanos() as u64 / u64::from(workers))
+}
+
+/// The floor's serving side: accept each worker in turn and send it its fds, creating (and
+/// mapping, as `create` does) the rings it is first to need.
+fn serve_floor(
+    listener: UnixListener,
+    workers: u32,
+    ring_size: u64,
+    payload_size: u64,
+) -> Result<(), String> {
+    let payload = sealed_and_mapped(payload_size)?;
+    let mut rings: HashMap<(u32, u32), (OwnedFd, Mapping)> = HashMap::new();
+    for rank in 0..workers {
+        let (server, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+        for peer in (0..workers).filter(|&p| p != rank) {
+            for key in [(rank, peer), (peer, rank)] {
+                if let Entry::Vacant(slot) = rings.entry(key) {
+                    slot.insert(sealed_and_mapped(ring_size)?);
+                }
+            }
+        }
+        let mut fds: Vec<RawFd> = (0..workers)
+            .filter(|&p| p != rank)
+            .flat_map(|peer| {
+                [
+                    rings[&(rank, peer)].0.as_raw_fd(),
+                    rings[&(peer, rank)].0.as_raw_fd(),
+                ]
+            })
+            .collect();
+        fds.push(payload.0.as_raw_fd());
+        let reply = vec![0u8; 136 + 24 * fds.len()];
+        sendmsg::<()>(
+            server.as_raw_fd(),
+            &[IoSlice::new(&reply)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .map_err(|e| format!("sendmsg: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Receives one message of `len` bytes and the fds attached to it.
+fn receive_fds(client: &UnixStream, len: usize) -> Result<Vec<OwnedFd>, String> {
+    let mut buffer = vec![0u8; len];
+    let mut control = nix::cmsg_space!([RawFd; 253]);
+    let mut iov = [IoSliceMut::new(&mut buffer)];
+    let message = recvmsg::<()>(
+        client.as_raw_fd(),
+        &mut iov,
+        Some(&mut control),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| format!("recvmsg: {e}"))?;
+    let mut received = Vec::new();
+    for cmsg in message.cmsgs().map_err(|e| format!("cmsgs: {e}"))? {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            // SAFETY: the kernel installed these fds for this message; nothing else owns them.
+            received.extend(
+                raw.into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    Ok(received)
+}
