@@ -2,6 +2,7 @@
 //! processes streaming messages over a pair of rings.
 
 use crate::args::Args;
+use crate::tempdir::TempDir;
 use shmbroker::handshake::{Config, Listener};
 use shmbroker::process::spawn_with_fds;
 use shmbroker::queues::{Consumer, HEADER_SIZE, Producer, create};
@@ -36,22 +37,12 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// A temporary directory for the demo's socket, removed on drop.
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Part 1: a broker on a thread of this process, `workers` worker processes logging on to it.
 fn broker_and_workers(workers: u32) -> Result<(), String> {
     let me = std::process::id();
     println!("shmbroker demo, part 1: a broker and {workers} worker processes\n");
-    let dir = TempDir(std::env::temp_dir().join(format!("shmbroker-demo-{me}")));
-    std::fs::create_dir_all(&dir.0).map_err(|e| format!("creating {}: {e}", dir.0.display()))?;
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("demo")?;
+    let socket = dir.path().join("broker.sock");
     let config = Config {
         world_size: workers,
         ..Config::default()

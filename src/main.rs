@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod peer;
 mod serve;
+mod tempdir;
 mod worker;
 
 use std::process::ExitCode;

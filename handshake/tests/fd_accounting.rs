@@ -3,11 +3,14 @@
 //! bad reply). The tests here count this process's fds, so they take turns (`SERIAL`) and share
 //! the binary with no other test.
 
+mod common;
+
+use common::{TempDir, config};
 use shmbroker_bindings::{LogonFrame, REPLY_MAGIC, RejectReason, ReplyHeader};
-use shmbroker_handshake::{Config, Error, Listener, ProtocolError, connect};
+use shmbroker_handshake::{Error, Listener, ProtocolError, connect};
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
@@ -17,38 +20,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Held by every test here: fd counts mean something only while nothing else opens or closes fds.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.0.join("broker.sock")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
-fn config(world_size: u32) -> Config {
-    Config {
-        world_size,
-        ring_capacity: 64,
-        payload_bytes: 4 << 20,
-        ..Config::default()
-    }
 }
 
 #[test]
@@ -131,6 +104,27 @@ fn client_error(name: &str, reply: Vec<u8>, fd_count: usize) -> Error {
     error
 }
 
+/// An accepted reply for rank 0 of a world of 2 with a manifest of `entries` (role, peer), each
+/// claiming `size` bytes and the layout version its role should have.
+fn reply_for_rank_0_of_2(entries: [(u32, u32); 3], size: u64) -> Vec<u8> {
+    let mut reply = bytemuck::bytes_of(&accepted_header(2, 3)).to_vec();
+    for (role, peer) in entries {
+        let entry = shmbroker_bindings::ManifestEntry {
+            role,
+            peer,
+            size,
+            layout_version: if role == 3 {
+                shmbroker_allocator::PAYLOAD_LAYOUT_VERSION
+            } else {
+                shmbroker_bindings::RING_LAYOUT_VERSION
+            },
+            _pad0: 0,
+        };
+        reply.extend_from_slice(bytemuck::bytes_of(&entry));
+    }
+    reply
+}
+
 fn memfds(count: usize) -> Vec<std::os::fd::OwnedFd> {
     (0..count)
         .map(|_| shmbroker_queues::memfd::create_sealed(c"fake", 4096).unwrap())
@@ -157,18 +151,7 @@ fn a_reply_with_a_bad_magic_is_a_protocol_error() {
 #[test]
 fn a_reply_with_fewer_fds_than_its_manifest_is_a_protocol_error() {
     // World of 2: 3 fds announced, manifest of 3, only 2 fds attached.
-    let header = accepted_header(2, 3);
-    let mut reply = bytemuck::bytes_of(&header).to_vec();
-    for (role, peer) in [(1u32, 1u32), (2, 1), (3, u32::MAX)] {
-        let entry = shmbroker_bindings::ManifestEntry {
-            role,
-            peer,
-            size: 4096,
-            layout_version: 1,
-            _pad0: 0,
-        };
-        reply.extend_from_slice(bytemuck::bytes_of(&entry));
-    }
+    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1), (3, u32::MAX)], 4096);
     let error = client_error("fake-fdcount", reply, 2);
     assert!(
         matches!(
@@ -184,18 +167,7 @@ fn a_reply_with_fewer_fds_than_its_manifest_is_a_protocol_error() {
 
 #[test]
 fn a_reply_with_a_manifest_out_of_order_is_a_protocol_error() {
-    let header = accepted_header(2, 3);
-    let mut reply = bytemuck::bytes_of(&header).to_vec();
-    for (role, peer) in [(2u32, 1u32), (1, 1), (3, u32::MAX)] {
-        let entry = shmbroker_bindings::ManifestEntry {
-            role,
-            peer,
-            size: 4096,
-            layout_version: 1,
-            _pad0: 0,
-        };
-        reply.extend_from_slice(bytemuck::bytes_of(&entry));
-    }
+    let reply = reply_for_rank_0_of_2([(2, 1), (1, 1), (3, u32::MAX)], 4096);
     let error = client_error("fake-order", reply, 3);
     assert!(
         matches!(
@@ -230,22 +202,7 @@ fn a_reply_cut_short_is_a_protocol_error() {
 
 #[test]
 fn a_manifest_size_that_disagrees_with_the_file_is_a_protocol_error() {
-    let header = accepted_header(2, 3);
-    let mut reply = bytemuck::bytes_of(&header).to_vec();
-    for (role, peer) in [(1u32, 1u32), (2, 1), (3, u32::MAX)] {
-        let entry = shmbroker_bindings::ManifestEntry {
-            role,
-            peer,
-            size: 8192,
-            layout_version: if role == 3 {
-                shmbroker_allocator::PAYLOAD_LAYOUT_VERSION
-            } else {
-                1
-            },
-            _pad0: 0,
-        };
-        reply.extend_from_slice(bytemuck::bytes_of(&entry));
-    }
+    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1), (3, u32::MAX)], 8192);
     let error = client_error("fake-size", reply, 3);
     assert!(
         matches!(
@@ -264,22 +221,7 @@ fn a_manifest_size_that_disagrees_with_the_file_is_a_protocol_error() {
 #[test]
 fn files_that_are_not_rings_are_refused_before_use() {
     // Right sizes, right manifest, but the "rings" are blank sealed memfds.
-    let header = accepted_header(2, 3);
-    let mut reply = bytemuck::bytes_of(&header).to_vec();
-    for (role, peer) in [(1u32, 1u32), (2, 1), (3, u32::MAX)] {
-        let entry = shmbroker_bindings::ManifestEntry {
-            role,
-            peer,
-            size: 4096,
-            layout_version: if role == 3 {
-                shmbroker_allocator::PAYLOAD_LAYOUT_VERSION
-            } else {
-                1
-            },
-            _pad0: 0,
-        };
-        reply.extend_from_slice(bytemuck::bytes_of(&entry));
-    }
+    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1), (3, u32::MAX)], 4096);
     let error = client_error("fake-blank", reply, 3);
     assert!(
         matches!(

@@ -4,6 +4,9 @@
 //!
 //! Each test drives its broker on a thread of its own, stopped and joined on the way out.
 
+mod common;
+
+use common::{TempDir, config};
 use shmbroker_bindings::{
     ANY_RANK, LOGON_MAGIC, LogonFrame, Message, PROTOCOL_VERSION, RejectReason, ReplyHeader,
 };
@@ -16,28 +19,6 @@ use std::thread;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A temp dir removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.0.join("broker.sock")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A broker serving on its own thread; its events arrive on `events`. Stops on drop.
 struct Broker {
@@ -93,15 +74,6 @@ impl Drop for Broker {
         if let Some(thread) = self.thread.take() {
             thread.join().unwrap();
         }
-    }
-}
-
-fn config(world_size: u32) -> Config {
-    Config {
-        world_size,
-        ring_capacity: 64,
-        payload_bytes: 4 << 20,
-        ..Config::default()
     }
 }
 

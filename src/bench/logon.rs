@@ -11,6 +11,7 @@
 //! Both report the time per worker (the round's time divided by N), alternating each round.
 
 use super::{Comparison, Measure, Plan, Report, Size};
+use crate::tempdir::TempDir;
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use shmbroker::bindings::{ANY_RANK, LogonFrame, Message};
 use shmbroker::handshake::{Config, Listener, connect};
@@ -20,7 +21,7 @@ use std::collections::hash_map::Entry;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const WORLDS: [u32; 5] = [1, 2, 4, 8, 16];
@@ -30,14 +31,14 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
     if !plan.wants("logon") {
         return Ok(());
     }
-    let dir = TempDir::new()?;
+    let dir = TempDir::new("bench")?;
     let repeats = plan.size(10, 2);
     for workers in WORLDS {
         report.progress(&format!("logon, {workers} workers"));
         let mut ours = Vec::new();
         let mut floor = Vec::new();
         for round in 0..plan.rounds * repeats {
-            let path = dir.0.join(format!("bench-{workers}-{round}.sock"));
+            let path = dir.path().join(format!("bench-{workers}-{round}.sock"));
             // Alternate which goes first.
             if round % 2 == 0 {
                 ours.push(ours_logon(&path, workers)?);
@@ -57,22 +58,6 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
         });
     }
     Ok(())
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Result<Self, String> {
-        let dir = std::env::temp_dir().join(format!("shmbroker-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        Ok(Self(dir))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn config(workers: u32) -> Config {
