@@ -233,7 +233,8 @@ fn receive_reply(
     let mut expected = REPLY_HEADER_LEN;
     let mut header = None;
     while bytes.len() < expected {
-        match recv_with_fds(stream.as_fd(), &mut scratch, &mut fds) {
+        let want = (expected - bytes.len()).min(scratch.len());
+        match recv_with_fds(stream.as_fd(), &mut scratch[..want], &mut fds) {
             Ok(received) => {
                 if received.control_truncated {
                     return Err(ProtocolError::ControlTruncated.into());

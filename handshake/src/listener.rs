@@ -165,7 +165,13 @@ pub struct Listener {
     payload: OwnedFd,
     payload_size: u64,
     stop: Arc<EventFd>,
+    /// After `accept` failed for want of fds or memory, the listening socket stays readable;
+    /// it is left out of the poll until this instant instead of spinning on it.
+    accept_paused_until: Option<Instant>,
 }
+
+/// How long accepting pauses after `accept` fails for want of resources.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -233,6 +239,7 @@ impl Listener {
             payload,
             payload_size,
             stop: Arc::new(stop),
+            accept_paused_until: None,
         })
     }
 
@@ -291,10 +298,15 @@ impl Listener {
     /// [`Error::Sys`] if `poll` fails for a reason other than a signal.
     pub fn poll_once(&mut self, timeout: Duration) -> Result<Vec<Event>, Error> {
         let now = Instant::now();
+        if self.accept_paused_until.is_some_and(|until| until <= now) {
+            self.accept_paused_until = None;
+        }
         let wait = self
             .pending
             .iter()
-            .map(|p| p.deadline.saturating_duration_since(now))
+            .map(|p| p.deadline)
+            .chain(self.accept_paused_until)
+            .map(|at| at.saturating_duration_since(now))
             .fold(timeout, Duration::min);
         let (listener_ready, stop_ready, pending_ready, workers_ready) = self.wait(wait)?;
         let mut events = Vec::new();
@@ -323,8 +335,14 @@ impl Listener {
     /// Polls every socket; returns which are readable.
     fn wait(&self, timeout: Duration) -> Result<(bool, bool, Vec<bool>, Vec<bool>), Error> {
         let readable = PollFlags::POLLIN;
+        // While accepting is paused the listening socket is polled for nothing.
+        let listen_for = if self.accept_paused_until.is_some() {
+            PollFlags::empty()
+        } else {
+            readable
+        };
         let mut fds = vec![
-            PollFd::new(self.socket.as_fd(), readable),
+            PollFd::new(self.socket.as_fd(), listen_for),
             PollFd::new(self.stop.as_fd(), readable),
         ];
         fds.extend(
@@ -375,15 +393,31 @@ impl Listener {
                 Ok((stream, _)) => stream,
                 Err(error) if error.kind() == ErrorKind::WouldBlock => return Ok(()),
                 Err(error) if error.kind() == ErrorKind::Interrupted => continue,
-                // The caller vanished between connect and accept, or fds ran out: the others
-                // are still served.
+                // The caller vanished between connect and accept (skip it), or fds or memory ran
+                // out (pause accepting rather than spin on a socket that stays readable). Either
+                // way, everyone already connected is still served.
                 Err(error) => {
+                    let exhausted = matches!(
+                        error.raw_os_error(),
+                        Some(
+                            nix::libc::EMFILE
+                                | nix::libc::ENFILE
+                                | nix::libc::ENOBUFS
+                                | nix::libc::ENOMEM
+                        )
+                    );
+                    if exhausted {
+                        self.accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                    }
                     events.push(Event::Rejected {
                         reason: RejectReason::Internal,
                         pid: None,
                         detail: format!("accept failed: {error}"),
                     });
-                    return Ok(());
+                    if exhausted {
+                        return Ok(());
+                    }
+                    continue;
                 }
             };
             self.admit(stream, events);

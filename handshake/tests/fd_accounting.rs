@@ -235,3 +235,38 @@ fn files_that_are_not_rings_are_refused_before_use() {
         "{error}"
     );
 }
+
+#[test]
+fn a_broker_out_of_fds_pauses_accepting_instead_of_spinning_and_recovers() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    use shmbroker_handshake::Event;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("emfile");
+    let mut listener = Listener::bind(dir.socket(), config(4)).unwrap();
+    // Three callers wait in the backlog.
+    let clients: Vec<UnixStream> = (0..3)
+        .map(|_| UnixStream::connect(dir.socket()).unwrap())
+        .collect();
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    // No fd left for accept to return.
+    setrlimit(Resource::RLIMIT_NOFILE, open_fds() as u64 - 1, hard).unwrap();
+    let first = listener.poll_once(Duration::from_millis(50));
+    let second = listener.poll_once(Duration::ZERO);
+    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+    let first = first.unwrap();
+    assert!(
+        matches!(&first[..], [Event::Rejected { detail, .. }] if detail.contains("accept failed")),
+        "{first:?}"
+    );
+    // Paused: the still-readable listening socket is not polled, so nothing new happens.
+    assert_eq!(second.unwrap(), []);
+    // After the pause every waiting caller is accepted.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while listener.pending_logons() < clients.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "accepting never resumed"
+        );
+        listener.poll_once(Duration::from_millis(50)).unwrap();
+    }
+}
