@@ -130,12 +130,26 @@ fn log_on(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Session, Error> {
-    send_until(&mut stream, bytemuck::bytes_of(&logon), deadline).map_err(|e| {
-        e.unwrap_or(Error::Timeout {
-            stage: "sending the logon frame",
-            timeout,
-        })
-    })?;
+    match send_until(&mut stream, bytemuck::bytes_of(&logon), deadline) {
+        Ok(()) => {}
+        // A broker that refuses a caller at accept (its uid, say) answers and closes before the
+        // frame arrives, so the write fails; its answer is still waiting to be read.
+        Err(Some(Error::Sys {
+            op,
+            source: source @ (Errno::EPIPE | Errno::ECONNRESET),
+        })) => {
+            return match receive_reply(&stream, deadline, timeout) {
+                Err(rejected @ Error::Rejected { .. }) => Err(rejected),
+                _ => Err(Error::Sys { op, source }),
+            };
+        }
+        Err(error) => {
+            return Err(error.unwrap_or(Error::Timeout {
+                stage: "sending the logon frame",
+                timeout,
+            }));
+        }
+    }
     let (header, manifest, fds) = receive_reply(&stream, deadline, timeout)?;
     stream
         .set_nonblocking(false)

@@ -410,3 +410,32 @@ fn a_logon_over_a_socketpair_is_served_like_any_other() {
     );
     assert_eq!(client.join().unwrap().unwrap().rank(), 1);
 }
+
+#[test]
+fn a_caller_refused_at_accept_still_learns_why() {
+    // The allow-list leaves out our own uid, so the broker refuses at accept and closes. A client
+    // whose frame comes after that finds its write failing (EPIPE); it must still report the
+    // broker's reason, which is waiting to be read.
+    let me = nix::unistd::getuid().as_raw();
+    let broker = Broker::start(
+        "refused-at-accept",
+        Config {
+            allowed_uids: vec![me.wrapping_add(1)],
+            ..config(2)
+        },
+    );
+    let stream = UnixStream::connect(&broker.path).unwrap();
+    // Wait until the refusal has arrived, so the frame is certainly written after the close.
+    let mut fds = [nix::poll::PollFd::new(
+        std::os::fd::AsFd::as_fd(&stream),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    assert_eq!(
+        nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10_000u16)),
+        Ok(1)
+    );
+    assert_eq!(broker.next_rejection().0, RejectReason::NotAllowed);
+    let (reason, text) = rejected(connect_stream(stream, LogonFrame::new(0), TIMEOUT));
+    assert_eq!(reason, RejectReason::NotAllowed);
+    assert!(text.contains(&format!("uid {me} may not log on")), "{text}");
+}
