@@ -47,7 +47,11 @@ pub fn describe(event: &Event) -> String {
             Some(pid) => format!("refused pid {pid} ({reason:?}): {detail}"),
             None => format!("refused a connection ({reason:?}): {detail}"),
         },
-        Event::WorkerLeft { rank, pid } => format!("rank {rank} (pid {pid}) left"),
+        Event::WorkerLeft {
+            rank,
+            pid,
+            rings_closed,
+        } => format!("rank {rank} (pid {pid}) left; closed its {rings_closed} rings"),
         Event::Stopped => "stopping".into(),
     }
 }

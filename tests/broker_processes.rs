@@ -166,3 +166,81 @@ fn a_worker_of_another_uid_is_refused_unless_allowed() {
     assert!(ok, "an allowed uid was refused: {stdout}{stderr}");
     assert!(stdout.contains("rank 0 of 1"), "{stdout}");
 }
+
+#[test]
+fn a_worker_killed_with_sigkill_disconnects_its_peers_at_once() {
+    use shmbroker::bindings::LogonFrame;
+    use shmbroker::handshake::{Config, Event, Listener, connect};
+    use shmbroker::queues::{RecvTimeoutError, SendTimeoutError};
+
+    let dir = TempDir::new("sigkill");
+    let socket = dir.0.join("broker.sock");
+    let mut listener = Listener::bind(
+        &socket,
+        Config {
+            world_size: 2,
+            ring_capacity: 64,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let stop = listener.stop_handle();
+    let (events_tx, events) = std::sync::mpsc::channel();
+    let broker = std::thread::spawn(move || {
+        listener.serve(|event| {
+            let _ = events_tx.send(event.clone());
+        })
+    });
+
+    // Rank 1, a real process: it greets rank 0, then waits a minute for rank 0's greeting.
+    let mut command = shmbroker(&[
+        "worker",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--rank",
+        "1",
+        "--timeout-ms",
+        "60000",
+    ]);
+    let mut child = spawn_with_fds(&mut command, &[]).unwrap();
+    let mut session = connect(&socket, LogonFrame::new(0), DEADLINE).unwrap();
+    let link = session.link(1).unwrap();
+    let greeting = link.from.recv_timeout(DEADLINE).unwrap();
+    assert_eq!(greeting.tag, 1);
+
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    // Blocked on the dead peer with a long deadline: the broker's close wakes us instead.
+    let waited = Instant::now();
+    assert_eq!(
+        link.from.recv_timeout(Duration::from_secs(20)),
+        Err(RecvTimeoutError::Disconnected)
+    );
+    assert!(
+        waited.elapsed() < Duration::from_secs(20),
+        "woken by the deadline, not the close"
+    );
+    let hello = greeting;
+    assert!(matches!(
+        link.to.send_timeout(hello, Duration::from_secs(20)),
+        Err(SendTimeoutError::Disconnected(_))
+    ));
+    let left = events
+        .iter()
+        .find(|event| matches!(event, Event::WorkerLeft { .. }))
+        .unwrap();
+    assert!(
+        matches!(
+            left,
+            Event::WorkerLeft {
+                rank: 1,
+                rings_closed: 2,
+                ..
+            }
+        ),
+        "{left:?}"
+    );
+
+    child.kill();
+    stop.stop();
+    broker.join().unwrap().unwrap();
+}

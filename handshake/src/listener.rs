@@ -8,8 +8,11 @@
 //! as soon as its bytes arrive.
 //!
 //! Rings are created when the first of their two ends logs on and handed to the second when it
-//! does; the broker closes its copy as soon as both ends hold the ring, so it keeps fds only for
-//! pairs that are half logged on. The payload region is created at bind and kept.
+//! does. The broker keeps every ring's fd: when a worker's socket closes (it exited, crashed or
+//! was killed), the broker closes all rings to and from that rank on its behalf
+//! ([`shmbroker_queues::close`]), so a peer blocked on the dead worker is woken and gets
+//! `Disconnected` at once (after draining what was sent) instead of waiting for its deadline.
+//! The payload region is created at bind and kept.
 
 use crate::error::{Error, ProtocolError};
 use crate::fdpass::send_with_fds;
@@ -112,12 +115,14 @@ pub enum Event {
         /// Details.
         detail: String,
     },
-    /// A logged-on worker's socket closed.
+    /// A logged-on worker's socket closed; the broker closed its rings on its behalf.
     WorkerLeft {
         /// Its rank.
         rank: u32,
         /// Its pid.
         pid: i32,
+        /// How many rings to and from it were closed.
+        rings_closed: usize,
     },
     /// [`StopHandle::stop`] was called.
     Stopped,
@@ -160,7 +165,7 @@ pub struct Listener {
     my_uid: u32,
     pending: Vec<Pending>,
     workers: Vec<Option<Worker>>,
-    /// Rings created for a pair `(from, to)` and not yet held by both ends.
+    /// Rings created for a pair `(from, to)`, kept until one of their ends leaves.
     rings: HashMap<(u32, u32), OwnedFd>,
     payload: OwnedFd,
     payload_size: u64,
@@ -545,10 +550,33 @@ impl Listener {
             }
         }
         worker.stream = None;
+        let pid = worker.pid;
+        let rank = rank as u32;
+        let rings_closed = self.close_rings_of(rank);
         events.push(Event::WorkerLeft {
-            rank: rank as u32,
-            pid: worker.pid,
+            rank,
+            pid,
+            rings_closed,
         });
+    }
+
+    /// Closes every ring to and from `rank` on its behalf and lets go of them; returns how many.
+    fn close_rings_of(&mut self, rank: u32) -> usize {
+        let keys: Vec<(u32, u32)> = self
+            .rings
+            .keys()
+            .filter(|&&(from, to)| from == rank || to == rank)
+            .copied()
+            .collect();
+        let mut closed = 0;
+        for key in keys {
+            if let Some(ring) = self.rings.remove(&key) {
+                // Only a ring whose header a worker scribbled over can fail to close; its other
+                // end will then meet its deadline instead, which is all that can be done.
+                closed += usize::from(shmbroker_queues::close::<Message>(ring.as_fd()).is_ok());
+            }
+        }
+        closed
     }
 
     /// Validates a whole logon frame and answers it.
@@ -610,12 +638,6 @@ impl Listener {
         }
         match self.reply(&pending, rank) {
             Ok(pidfd) => {
-                for peer in 0..world {
-                    if peer != rank && self.workers[peer as usize].is_some() {
-                        self.rings.remove(&(rank, peer));
-                        self.rings.remove(&(peer, rank));
-                    }
-                }
                 self.workers[rank as usize] = Some(Worker {
                     stream: Some(pending.stream),
                     pid: pending.pid,
@@ -758,7 +780,8 @@ fn io_errno(error: &std::io::Error) -> Errno {
     Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
 }
 
-/// A broker holds two fds per half-logged-on pair; lift the soft fd limit to the hard one.
+/// A broker holds an fd for every ring, N (N - 1) of them for a world of N; lift the soft fd
+/// limit to the hard one.
 fn raise_fd_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)

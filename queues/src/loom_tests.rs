@@ -149,3 +149,39 @@ fn loom_parked_producer_sees_consumer_close() {
         consumer.join().unwrap();
     });
 }
+
+/// A third party closing the ring (the broker, for a dead peer) wakes a consumer parked on an
+/// empty ring: it drains what was sent, then gets `Disconnected`, never sleeps on.
+#[test]
+fn loom_a_third_party_close_wakes_a_parked_consumer() {
+    loom::model(|| {
+        let (mut tx, mut rx, closer) = crate::ring::pair_with_closer::<u64>(2);
+        rx.set_spin_limit(0);
+        tx.try_send(7).unwrap();
+        let broker = thread::spawn(move || closer.close());
+        assert_eq!(rx.recv_timeout(FOREVER), Ok(7));
+        assert_eq!(
+            rx.recv_timeout(FOREVER),
+            Err(RecvTimeoutError::Disconnected)
+        );
+        broker.join().unwrap();
+        drop(tx);
+    });
+}
+
+/// A third party closing the ring wakes a producer parked on a full ring with `Disconnected`.
+#[test]
+fn loom_a_third_party_close_wakes_a_parked_producer() {
+    loom::model(|| {
+        let (mut tx, rx, closer) = crate::ring::pair_with_closer::<u64>(1);
+        tx.set_spin_limit(0);
+        tx.try_send(1).unwrap();
+        let broker = thread::spawn(move || closer.close());
+        assert_eq!(
+            tx.send_timeout(2, FOREVER),
+            Err(SendTimeoutError::Disconnected(2))
+        );
+        broker.join().unwrap();
+        drop(rx);
+    });
+}

@@ -48,7 +48,8 @@
 //!   the overwrite.
 //! * **FIFO, no loss, no duplicates.** Each side is the only writer of its cursor; each position is
 //!   written once by the producer and read once by the consumer, in increasing order.
-//! * **Close.** Dropping an endpoint stores its close flag (Release) and wakes the other side. A
+//! * **Close.** Dropping an endpoint stores its close flag (Release) and wakes the other side
+//!   ([`close`] does the same for both ends, for a third process acting for a dead peer). A
 //!   consumer that finds its slot pending reads `producer_closed` (Acquire); if set it re-reads the
 //!   slot, which now shows everything sent before the close, and reports `Disconnected` only when
 //!   that too is pending. So all messages are drained first.
@@ -73,10 +74,8 @@
 //!   garbage, never undefined behaviour. A message is read once into a private copy; it is never
 //!   re-read from shared memory after validation.
 
-#[cfg(not(loom))]
-use crate::error::Role;
 use crate::error::{
-    Corruption, Error, RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError,
+    Corruption, Error, RecvTimeoutError, Role, SendTimeoutError, TryRecvError, TrySendError,
 };
 use crate::futex::{Deadline, WaitWord};
 use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
@@ -229,6 +228,25 @@ impl<T: Pod> RingRef<T> {
     }
 }
 
+impl<T> RingRef<T> {
+    /// Closes one end: stores its close flag (Release) and wakes the other side if it parked.
+    /// What dropping that end does, and what [`close`] does for both ends on a dead peer's behalf.
+    fn close_end(&self, role: Role) {
+        // SAFETY: as in `header` above (repeated here because this impl has no `Pod` bound).
+        let header = unsafe { self.header.as_ref() };
+        match role {
+            Role::Producer => {
+                header.control.0.producer_closed.store(1, Ordering::Release);
+                header.consumer_wait.0.wake();
+            }
+            Role::Consumer => {
+                header.control.0.consumer_closed.store(1, Ordering::Release);
+                header.consumer.0.producer_wait.wake();
+            }
+        }
+    }
+}
+
 /// Private state of the sending side.
 struct SendCursor {
     /// Next position to write.
@@ -367,9 +385,25 @@ impl RecvCursor {
     }
 }
 
-/// Maps a ring file and checks everything in it against `T` before trusting any of it.
+/// Maps a ring file and checks everything in it against `T` before trusting any of it, then
+/// claims `role` (each role can be claimed once).
 #[cfg(not(loom))]
 fn join_ring<T: Pod>(fd: BorrowedFd<'_>, role: Role) -> Result<RingRef<T>, Error> {
+    let ring = map_ring::<T>(fd)?;
+    let control = &ring.header().control.0;
+    let flag = match role {
+        Role::Producer => &control.producer_joined,
+        Role::Consumer => &control.consumer_joined,
+    };
+    if flag.swap(1, Ordering::AcqRel) != 0 {
+        return Err(Error::AlreadyJoined { role });
+    }
+    Ok(ring)
+}
+
+/// Maps a ring file and checks everything in it against `T`, claiming no role.
+#[cfg(not(loom))]
+fn map_ring<T: Pod>(fd: BorrowedFd<'_>) -> Result<RingRef<T>, Error> {
     use crate::memfd::{Mapping, check_seals, file_size};
 
     check_seals(fd)?;
@@ -395,15 +429,49 @@ fn join_ring<T: Pod>(fd: BorrowedFd<'_>, role: Role) -> Result<RingRef<T>, Error
         capacity: layout.capacity,
         _backing: Backing::Mapped(mapping),
     };
-    let control = &ring.header().control.0;
-    let flag = match role {
-        Role::Producer => &control.producer_joined,
-        Role::Consumer => &control.consumer_joined,
-    };
-    if flag.swap(1, Ordering::AcqRel) != 0 {
-        return Err(Error::AlreadyJoined { role });
-    }
     Ok(ring)
+}
+
+/// Closes both ends of the ring in `fd` on behalf of processes that cannot close them
+/// themselves (a peer that died without dropping its end), exactly as if both ends had been
+/// dropped: the consumer still receives everything sent, then `Disconnected`; the producer gets
+/// `Disconnected`; whichever side is parked is woken. Safe to call on a ring already closed.
+///
+/// # Errors
+///
+/// As for [`Producer::join`], less [`Error::AlreadyJoined`]: the file must be a ring of `T`.
+#[cfg(not(loom))]
+pub fn close<T: Pod>(fd: BorrowedFd<'_>) -> Result<(), Error> {
+    let ring = map_ring::<T>(fd)?;
+    ring.close_end(Role::Producer);
+    ring.close_end(Role::Consumer);
+    Ok(())
+}
+
+/// A loom model's stand-in for a third process holding the ring (the broker, closing for a
+/// dead peer).
+#[cfg(all(loom, test))]
+pub(crate) struct Closer<T>(RingRef<T>);
+
+#[cfg(all(loom, test))]
+impl<T> Closer<T> {
+    /// What [`close`] does.
+    pub(crate) fn close(&self) {
+        self.0.close_end(Role::Producer);
+        self.0.close_end(Role::Consumer);
+    }
+}
+
+/// [`pair`], plus a [`Closer`] on the same ring.
+#[cfg(all(loom, test))]
+pub(crate) fn pair_with_closer<T: Pod>(capacity: usize) -> (Producer<T>, Consumer<T>, Closer<T>) {
+    let capacity = check_capacity(capacity).expect("valid capacity");
+    let (producer, consumer, closer) = heap_ring::<T>(capacity);
+    (
+        Producer::new(producer),
+        Consumer::new(consumer),
+        Closer(closer),
+    )
 }
 
 /// Checks a layout read from a peer's file of `file_size` bytes against what `T` needs.
@@ -514,13 +582,14 @@ pub fn pair<T: Pod>(capacity: usize) -> Result<(Producer<T>, Consumer<T>), Error
     #[cfg(loom)]
     {
         let capacity = check_capacity(capacity)?;
-        let (producer, consumer) = heap_pair::<T>(capacity);
+        let (producer, consumer, _) = heap_ring::<T>(capacity);
         Ok((Producer::new(producer), Consumer::new(consumer)))
     }
 }
 
+/// Three views of one heap ring: producer, consumer, and a third party's.
 #[cfg(loom)]
-fn heap_pair<T: Pod>(capacity: u64) -> (RingRef<T>, RingRef<T>) {
+fn heap_ring<T: Pod>(capacity: u64) -> (RingRef<T>, RingRef<T>, RingRef<T>) {
     struct HeapRing<T> {
         header: Box<Header>,
         slots: Box<[Slot<T>]>,
@@ -560,7 +629,7 @@ fn heap_pair<T: Pod>(capacity: u64) -> (RingRef<T>, RingRef<T>) {
         capacity,
         _backing: Backing::Heap(ring.clone()),
     };
-    (make(), make())
+    (make(), make(), make())
 }
 
 /// The sending end of a ring. Dropping it closes the ring for sending.
@@ -726,9 +795,7 @@ impl<T: Pod> Producer<T> {
 
 impl<T: Pod> Drop for Producer<T> {
     fn drop(&mut self) {
-        let header = self.ring.header();
-        header.control.0.producer_closed.store(1, Ordering::Release);
-        header.consumer_wait.0.wake();
+        self.ring.close_end(Role::Producer);
     }
 }
 
@@ -858,9 +925,7 @@ impl<T: Pod> Consumer<T> {
 
 impl<T: Pod> Drop for Consumer<T> {
     fn drop(&mut self) {
-        let header = self.ring.header();
-        header.control.0.consumer_closed.store(1, Ordering::Release);
-        header.consumer.0.producer_wait.wake();
+        self.ring.close_end(Role::Consumer);
     }
 }
 
