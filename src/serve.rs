@@ -50,8 +50,18 @@ pub fn describe(event: &Event) -> String {
         Event::WorkerLeft {
             rank,
             pid,
+            clean: true,
             rings_closed,
         } => format!("rank {rank} (pid {pid}) left; closed its {rings_closed} rings"),
+        Event::WorkerLeft {
+            rank,
+            pid,
+            clean: false,
+            rings_closed,
+        } => format!(
+            "rank {rank} (pid {pid}) died; closed all {rings_closed} rings: the session is over"
+        ),
+        Event::BadNotice { rank, detail } => format!("rank {rank} sent a bad notice: {detail}"),
         Event::Stopped => "stopping".into(),
     }
 }

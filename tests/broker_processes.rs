@@ -209,37 +209,118 @@ fn a_worker_killed_with_sigkill_disconnects_its_peers_at_once() {
     assert_eq!(greeting.tag, 1);
 
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
-    // Blocked on the dead peer with a long deadline: the broker's close wakes us instead.
-    let waited = Instant::now();
+    // Blocked on the dead peer with a long deadline: the broker's close wakes us with
+    // `Disconnected` (its deadline would have said `Timeout`), and the ring names the lost rank
+    // (a plain drop by the peer would have left no cause).
     assert_eq!(
         link.from.recv_timeout(Duration::from_secs(20)),
         Err(RecvTimeoutError::Disconnected)
     );
-    assert!(
-        waited.elapsed() < Duration::from_secs(20),
-        "woken by the deadline, not the close"
-    );
-    let hello = greeting;
-    assert!(matches!(
-        link.to.send_timeout(hello, Duration::from_secs(20)),
-        Err(SendTimeoutError::Disconnected(_))
-    ));
-    let left = events
-        .iter()
-        .find(|event| matches!(event, Event::WorkerLeft { .. }))
-        .unwrap();
+    assert_eq!(link.from.close_cause(), Some(1));
+    // The broker closes the session's rings one after another; once it reports the death, every
+    // one of them is closed, and a send fails too.
+    let left = loop {
+        let event = events
+            .recv_timeout(DEADLINE)
+            .expect("the broker never reported the death");
+        if matches!(event, Event::WorkerLeft { .. }) {
+            break event;
+        }
+    };
     assert!(
         matches!(
             left,
             Event::WorkerLeft {
                 rank: 1,
+                clean: false,
                 rings_closed: 2,
                 ..
             }
         ),
         "{left:?}"
     );
+    let sent = link.to.send_timeout(greeting, Duration::from_secs(20));
+    assert!(
+        matches!(sent, Err(SendTimeoutError::Disconnected(_))),
+        "{sent:?}"
+    );
+    assert_eq!(link.to.close_cause(), Some(1));
 
+    child.kill();
+    stop.stop();
+    broker.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_death_ends_the_session_for_everyone_even_those_waiting_on_live_peers() {
+    use shmbroker::bindings::{LogonFrame, RejectReason};
+    use shmbroker::handshake::{Config, Error, Listener, connect};
+    use shmbroker::queues::RecvTimeoutError;
+
+    let dir = TempDir::new("poison");
+    let socket = dir.0.join("broker.sock");
+    let mut listener = Listener::bind(
+        &socket,
+        Config {
+            world_size: 3,
+            ring_capacity: 64,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let stop = listener.stop_handle();
+    let broker = std::thread::spawn(move || listener.serve(|_| {}));
+
+    // Rank 2 is a real process that will be killed; ranks 0 and 1 live here.
+    let mut command = shmbroker(&[
+        "worker",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--rank",
+        "2",
+        "--timeout-ms",
+        "60000",
+    ]);
+    let mut child = spawn_with_fds(&mut command, &[]).unwrap();
+    let one_path = socket.clone();
+    let one = std::thread::spawn(move || connect(&one_path, LogonFrame::new(1), DEADLINE));
+    let mut zero = connect(&socket, LogonFrame::new(0), DEADLINE).unwrap();
+    let one = one.join().unwrap().unwrap();
+    // Rank 2 has greeted rank 0; it is now waiting for greetings that never come.
+    assert_eq!(
+        zero.link(2)
+            .unwrap()
+            .from
+            .recv_timeout(DEADLINE)
+            .unwrap()
+            .tag,
+        2
+    );
+
+    // Rank 0 waits on rank 1, which is alive but silent, when rank 2 dies.
+    let waiter = std::thread::spawn(move || {
+        let result = zero
+            .link(1)
+            .unwrap()
+            .from
+            .recv_timeout(Duration::from_secs(30));
+        let cause = zero.link(1).unwrap().from.close_cause();
+        (result, cause, zero)
+    });
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    let (result, cause, _zero) = waiter.join().unwrap();
+    assert_eq!(result, Err(RecvTimeoutError::Disconnected));
+    assert_eq!(cause, Some(2), "the ring names the rank that was lost");
+
+    // The session is over: nobody new gets in.
+    match connect(&socket, LogonFrame::new(2), DEADLINE) {
+        Err(Error::Rejected {
+            reason: RejectReason::SessionLost,
+            text,
+        }) => assert!(text.contains("rank 2 died"), "{text}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    drop(one);
     child.kill();
     stop.stop();
     broker.join().unwrap().unwrap();

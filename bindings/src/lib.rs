@@ -32,8 +32,8 @@ mod message;
 mod ring;
 
 pub use logon::{
-    ANY_RANK, FdRole, LOGON_MAGIC, LogonFrame, MAX_REPLY_FDS, ManifestEntry, NO_PEER,
-    PROTOCOL_VERSION, REASON_LEN, REPLY_MAGIC, RejectReason, ReplyHeader,
+    ANY_RANK, FdRole, LOGON_MAGIC, LogonFrame, MAX_REPLY_FDS, ManifestEntry, NO_PEER, NOTICE_MAGIC,
+    NoticeKind, PROTOCOL_VERSION, REASON_LEN, REPLY_MAGIC, RejectReason, ReplyHeader, WorkerNotice,
 };
 pub use message::{INLINE_BYTES, Message, PayloadRef};
 pub use ring::{RING_LAYOUT_VERSION, RING_MAGIC, RingLayout};

@@ -186,6 +186,8 @@ pub enum RejectReason {
     BadPadding = 10,
     /// The broker failed (a system call); the text says which.
     Internal = 11,
+    /// A worker of this session died; the session is over.
+    SessionLost = 12,
 }
 
 impl RejectReason {
@@ -204,9 +206,34 @@ impl RejectReason {
             9 => Self::NotAllowed,
             10 => Self::BadPadding,
             11 => Self::Internal,
+            12 => Self::SessionLost,
             _ => return None,
         })
     }
+}
+
+/// First four bytes of every notice a worker sends the broker on its session socket: `SHMN`.
+pub const NOTICE_MAGIC: u32 = u32::from_le_bytes(*b"SHMN");
+
+/// What a logged-on worker tells the broker over its session socket. 8 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct WorkerNotice {
+    /// [`NOTICE_MAGIC`].
+    pub magic: u32,
+    /// A [`NoticeKind`] code.
+    pub kind: u32,
+}
+
+const _: () = assert!(size_of::<WorkerNotice>() == 8);
+
+/// What a [`WorkerNotice`] says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum NoticeKind {
+    /// The worker is leaving on purpose and has closed its rings itself; when its socket closes
+    /// next, the session goes on. A socket that closes without this is a worker that died.
+    Goodbye = 1,
 }
 
 #[cfg(test)]

@@ -75,6 +75,21 @@ impl Session {
     }
 }
 
+impl Drop for Session {
+    /// Tells the broker this worker leaves on purpose, so that it does not end the session for
+    /// everyone else. The rings close as the links drop, right after.
+    fn drop(&mut self) {
+        let notice = shmbroker_bindings::WorkerNotice {
+            magic: shmbroker_bindings::NOTICE_MAGIC,
+            kind: shmbroker_bindings::NoticeKind::Goodbye as u32,
+        };
+        // Never block in drop: eight bytes fit in any socket buffer; if not, the broker treats
+        // this worker as lost, which is the safe side.
+        let _ = self.socket.set_nonblocking(true);
+        let _ = (&self.socket).write(bytemuck::bytes_of(&notice));
+    }
+}
+
 /// Logs on to the broker at `path` with `logon`. One deadline, `timeout` from now, covers
 /// reaching the broker (retrying while its socket does not exist yet or refuses), sending the
 /// frame and receiving the reply.

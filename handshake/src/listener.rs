@@ -8,10 +8,15 @@
 //! as soon as its bytes arrive.
 //!
 //! Rings are created when the first of their two ends logs on and handed to the second when it
-//! does. The broker keeps every ring's fd: when a worker's socket closes (it exited, crashed or
-//! was killed), the broker closes all rings to and from that rank on its behalf
-//! ([`shmbroker_queues::close`]), so a peer blocked on the dead worker is woken and gets
-//! `Disconnected` at once (after draining what was sent) instead of waiting for its deadline.
+//! does. The broker keeps every ring's fd, for liveness: a worker that leaves on purpose says
+//! goodbye on its socket first (its `Session` does so when dropped), and the broker then closes
+//! only that worker's rings. A socket that closes without a goodbye is a worker that died
+//! (killed, crashed): the broker closes *every* ring of the session with the lost rank as cause
+//! ([`shmbroker_queues::close`]), waking every parked waiter, so that nobody waits on a peer that
+//! is itself waiting on the dead one; each survivor learns which rank was lost from any ring.
+//! The rings are closed one after another, so a call that races the closing may still go
+//! through on a ring not yet reached (as a call just before the death would have); the next
+//! call on it reports the loss.
 //! The payload region is created at bind and kept.
 
 use crate::error::{Error, ProtocolError};
@@ -23,8 +28,8 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, sockopt};
 use shmbroker_allocator::PAYLOAD_LAYOUT_VERSION;
 use shmbroker_bindings::{
-    ANY_RANK, FdRole, ManifestEntry, Message, NO_PEER, PROTOCOL_VERSION, REPLY_MAGIC,
-    RING_LAYOUT_VERSION, RejectReason, ReplyHeader,
+    ANY_RANK, FdRole, ManifestEntry, Message, NO_PEER, NOTICE_MAGIC, NoticeKind, PROTOCOL_VERSION,
+    REPLY_MAGIC, RING_LAYOUT_VERSION, RejectReason, ReplyHeader, WorkerNotice,
 };
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read};
@@ -115,14 +120,25 @@ pub enum Event {
         /// Details.
         detail: String,
     },
-    /// A logged-on worker's socket closed; the broker closed its rings on its behalf.
+    /// A logged-on worker's socket closed. After a goodbye (`clean`), the broker closed the
+    /// worker's own rings; without one the worker died, and the broker closed every ring of the
+    /// session with the lost rank as cause, ending the session for everyone.
     WorkerLeft {
         /// Its rank.
         rank: u32,
         /// Its pid.
         pid: i32,
-        /// How many rings to and from it were closed.
+        /// Whether it said goodbye first.
+        clean: bool,
+        /// How many rings were closed.
         rings_closed: usize,
+    },
+    /// A logged-on worker sent bytes that are not a notice; they were ignored.
+    BadNotice {
+        /// Its rank.
+        rank: u32,
+        /// What arrived.
+        detail: String,
     },
     /// [`StopHandle::stop`] was called.
     Stopped,
@@ -151,6 +167,10 @@ struct Pending {
 struct Worker {
     stream: Option<UnixStream>,
     pid: i32,
+    /// Bytes of the notice being received.
+    notice: [u8; size_of::<WorkerNotice>()],
+    filled: usize,
+    said_goodbye: bool,
     /// Held for the liveness checks built on top of the handshake.
     _pidfd: Option<OwnedFd>,
 }
@@ -170,6 +190,8 @@ pub struct Listener {
     payload: OwnedFd,
     payload_size: u64,
     stop: Arc<EventFd>,
+    /// The rank whose death ended the session, if one did.
+    lost: Option<u32>,
     /// After `accept` failed for want of fds or memory, the listening socket stays readable;
     /// it is left out of the poll until this instant instead of spinning on it.
     accept_paused_until: Option<Instant>,
@@ -244,6 +266,7 @@ impl Listener {
             payload,
             payload_size,
             stop: Arc::new(stop),
+            lost: None,
             accept_paused_until: None,
         })
     }
@@ -271,6 +294,12 @@ impl Listener {
         (0..)
             .zip(&self.workers)
             .filter_map(|(rank, w)| w.as_ref().map(|_| rank))
+    }
+
+    /// The rank whose death ended the session, if one did. Logons are refused from then on.
+    #[must_use]
+    pub fn lost_rank(&self) -> Option<u32> {
+        self.lost
     }
 
     /// Connections accepted and still logging on.
@@ -537,35 +566,62 @@ impl Listener {
         let Some(stream) = worker.stream.as_mut() else {
             return;
         };
-        // Nothing is defined for workers to send on this socket yet (the relay of later layers
-        // will read it): anything that arrives is discarded. EOF or an error: the worker is gone.
-        let mut scratch = [0u8; 256];
+        // Notices arrive as 8-byte frames; EOF or an error means the worker is gone.
         loop {
-            match stream.read(&mut scratch) {
+            match stream.read(&mut worker.notice[worker.filled..]) {
                 Ok(0) => break,
-                Ok(_) => {}
+                Ok(n) => {
+                    worker.filled += n;
+                    if worker.filled == worker.notice.len() {
+                        worker.filled = 0;
+                        let notice: WorkerNotice = bytemuck::pod_read_unaligned(&worker.notice);
+                        if notice.magic == NOTICE_MAGIC && notice.kind == NoticeKind::Goodbye as u32
+                        {
+                            worker.said_goodbye = true;
+                        } else {
+                            events.push(Event::BadNotice {
+                                rank: rank as u32,
+                                detail: format!(
+                                    "expected magic {NOTICE_MAGIC:#x} kind {}, found magic {:#x} kind {}",
+                                    NoticeKind::Goodbye as u32,
+                                    notice.magic,
+                                    notice.kind
+                                ),
+                            });
+                        }
+                    }
+                }
                 Err(error) if error.kind() == ErrorKind::Interrupted => {}
                 Err(error) if error.kind() == ErrorKind::WouldBlock => return,
                 Err(_) => break,
             }
         }
         worker.stream = None;
-        let pid = worker.pid;
+        let (pid, clean) = (worker.pid, worker.said_goodbye);
         let rank = rank as u32;
-        let rings_closed = self.close_rings_of(rank);
+        let rings_closed = if clean {
+            self.close_rings(|from, to| from == rank || to == rank, rank)
+        } else {
+            // A death: end the session for everyone, so that nobody waits on a peer that is
+            // itself waiting on the dead one. Every ring learns which rank was lost.
+            self.lost.get_or_insert(rank);
+            self.close_rings(|_, _| true, rank)
+        };
         events.push(Event::WorkerLeft {
             rank,
             pid,
+            clean,
             rings_closed,
         });
     }
 
-    /// Closes every ring to and from `rank` on its behalf and lets go of them; returns how many.
-    fn close_rings_of(&mut self, rank: u32) -> usize {
+    /// Closes every ring whose `(from, to)` matches, with `cause`, and lets go of them; returns
+    /// how many.
+    fn close_rings(&mut self, matches: impl Fn(u32, u32) -> bool, cause: u32) -> usize {
         let keys: Vec<(u32, u32)> = self
             .rings
             .keys()
-            .filter(|&&(from, to)| from == rank || to == rank)
+            .filter(|&&(from, to)| matches(from, to))
             .copied()
             .collect();
         let mut closed = 0;
@@ -573,7 +629,8 @@ impl Listener {
             if let Some(ring) = self.rings.remove(&key) {
                 // Only a ring whose header a worker scribbled over can fail to close; its other
                 // end will then meet its deadline instead, which is all that can be done.
-                closed += usize::from(shmbroker_queues::close::<Message>(ring.as_fd()).is_ok());
+                closed +=
+                    usize::from(shmbroker_queues::close::<Message>(ring.as_fd(), cause).is_ok());
             }
         }
         closed
@@ -589,6 +646,10 @@ impl Listener {
             }
         };
         let world = self.config.world_size;
+        if let Some(lost) = self.lost {
+            let text = format!("rank {lost} died; this session is over");
+            return reject(&pending.stream, RejectReason::SessionLost, pid, text);
+        }
         let rank = if frame.requested_rank == ANY_RANK {
             match self.workers.iter().position(Option::is_none) {
                 Some(rank) => rank as u32,
@@ -641,6 +702,9 @@ impl Listener {
                 self.workers[rank as usize] = Some(Worker {
                     stream: Some(pending.stream),
                     pid: pending.pid,
+                    notice: [0; size_of::<WorkerNotice>()],
+                    filled: 0,
+                    said_goodbye: false,
                     _pidfd: pidfd,
                 });
                 Event::LoggedOn {

@@ -61,7 +61,7 @@ impl Broker {
                 .expect("no event from the broker")
             {
                 Event::Rejected { reason, detail, .. } => return (reason, detail),
-                Event::LoggedOn { .. } | Event::WorkerLeft { .. } => {}
+                Event::LoggedOn { .. } | Event::WorkerLeft { .. } | Event::BadNotice { .. } => {}
                 Event::Stopped => panic!("broker stopped"),
             }
         }
@@ -302,10 +302,15 @@ fn a_worker_leaving_is_reported_and_its_rank_stays_taken() {
             Event::WorkerLeft {
                 rank,
                 pid,
+                clean,
                 rings_closed,
             } => {
-                // Rank 0 never logged on, but the rings between 0 and 1 exist: both are closed.
-                assert_eq!((rank, pid, rings_closed), (1, std::process::id() as i32, 2));
+                // A dropped session says goodbye: a clean exit. Rank 0 never logged on, but the
+                // rings between 0 and 1 exist: both are closed.
+                assert_eq!(
+                    (rank, pid, clean, rings_closed),
+                    (1, std::process::id() as i32, true, 2)
+                );
                 break;
             }
             Event::LoggedOn { .. } => {}
@@ -443,4 +448,41 @@ fn a_caller_refused_at_accept_still_learns_why() {
     let (reason, text) = rejected(connect_stream(stream, LogonFrame::new(0), TIMEOUT));
     assert_eq!(reason, RejectReason::NotAllowed);
     assert!(text.contains(&format!("uid {me} may not log on")), "{text}");
+}
+
+#[test]
+fn a_worker_leaving_on_purpose_ends_only_its_own_rings() {
+    let broker = Broker::start("clean-exit", config(3));
+    let path = broker.path.clone();
+    let joins: Vec<_> = (0..3)
+        .map(|rank| {
+            let path = path.clone();
+            thread::spawn(move || connect(&path, LogonFrame::new(rank), TIMEOUT).unwrap())
+        })
+        .collect();
+    let mut sessions: Vec<_> = joins.into_iter().map(|j| j.join().unwrap()).collect();
+    drop(sessions.pop()); // rank 2 says goodbye and closes its rings
+    loop {
+        if let Event::WorkerLeft { rank, clean, .. } = broker.events.recv_timeout(TIMEOUT).unwrap()
+        {
+            assert_eq!((rank, clean), (2, true));
+            break;
+        }
+    }
+    let (zero, rest) = sessions.split_at_mut(1);
+    let (zero, one) = (&mut zero[0], &mut rest[0]);
+    assert_eq!(
+        zero.link(2).unwrap().from.try_recv(),
+        Err(shmbroker_queues::TryRecvError::Disconnected)
+    );
+    // Ranks 0 and 1 carry on.
+    let message = Message {
+        kind: 9,
+        len: 0,
+        tag: 1,
+        inline: [0; 48],
+    };
+    zero.link(1).unwrap().to.try_send(message).unwrap();
+    assert_eq!(one.link(0).unwrap().from.try_recv(), Ok(message));
+    assert_eq!(zero.link(1).unwrap().from.close_cause(), None);
 }

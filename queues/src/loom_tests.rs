@@ -151,19 +151,22 @@ fn loom_parked_producer_sees_consumer_close() {
 }
 
 /// A third party closing the ring (the broker, for a dead peer) wakes a consumer parked on an
-/// empty ring: it drains what was sent, then gets `Disconnected`, never sleeps on.
+/// empty ring: it drains what was sent, then gets `Disconnected`, never sleeps on, and then sees
+/// the cause the closer gave.
 #[test]
 fn loom_a_third_party_close_wakes_a_parked_consumer() {
     loom::model(|| {
         let (mut tx, mut rx, closer) = crate::ring::pair_with_closer::<u64>(2);
         rx.set_spin_limit(0);
         tx.try_send(7).unwrap();
-        let broker = thread::spawn(move || closer.close());
+        let broker = thread::spawn(move || closer.close(3));
         assert_eq!(rx.recv_timeout(FOREVER), Ok(7));
         assert_eq!(
             rx.recv_timeout(FOREVER),
             Err(RecvTimeoutError::Disconnected)
         );
+        // The cause was stored before the close that the consumer saw.
+        assert_eq!(rx.close_cause(), Some(3));
         broker.join().unwrap();
         drop(tx);
     });
@@ -176,11 +179,12 @@ fn loom_a_third_party_close_wakes_a_parked_producer() {
         let (mut tx, rx, closer) = crate::ring::pair_with_closer::<u64>(1);
         tx.set_spin_limit(0);
         tx.try_send(1).unwrap();
-        let broker = thread::spawn(move || closer.close());
+        let broker = thread::spawn(move || closer.close(0));
         assert_eq!(
             tx.send_timeout(2, FOREVER),
             Err(SendTimeoutError::Disconnected(2))
         );
+        assert_eq!(tx.close_cause(), Some(0));
         broker.join().unwrap();
         drop(rx);
     });

@@ -127,7 +127,12 @@ struct Control {
     consumer_closed: AtomicU32,
     producer_joined: AtomicU32,
     consumer_joined: AtomicU32,
+    /// Set by [`close`] before the close flags: `CAUSE_SET | cause`, or 0.
+    cause: AtomicU64,
 }
+
+/// Marks `Control::cause` as holding a cause (so that cause 0 is distinguishable from none).
+const CAUSE_SET: u64 = 1 << 32;
 
 #[cfg(not(loom))]
 const _: () = assert!(size_of::<Header>() == HEADER_SIZE);
@@ -229,6 +234,29 @@ impl<T: Pod> RingRef<T> {
 }
 
 impl<T> RingRef<T> {
+    fn control(&self) -> &Control {
+        // SAFETY: as in `header` above (this impl has no `Pod` bound, so it cannot call it).
+        let header = unsafe { self.header.as_ref() };
+        &header.control.0
+    }
+
+    /// The cause a third party closed the ring with, if it did (Acquire: pairs with the Release
+    /// store in [`Self::close_with_cause`], made before the close flags).
+    fn close_cause(&self) -> Option<u32> {
+        let cause = self.control().cause.load(Ordering::Acquire);
+        (cause & CAUSE_SET != 0).then_some(cause as u32)
+    }
+
+    /// Records `cause`, then closes both ends. The cause is stored before the close flags, so
+    /// whoever sees the ring closed sees the cause too.
+    fn close_with_cause(&self, cause: u32) {
+        self.control()
+            .cause
+            .store(CAUSE_SET | u64::from(cause), Ordering::Release);
+        self.close_end(Role::Producer);
+        self.close_end(Role::Consumer);
+    }
+
     /// Closes one end: stores its close flag (Release) and wakes the other side if it parked.
     /// What dropping that end does, and what [`close`] does for both ends on a dead peer's behalf.
     fn close_end(&self, role: Role) {
@@ -435,16 +463,15 @@ fn map_ring<T: Pod>(fd: BorrowedFd<'_>) -> Result<RingRef<T>, Error> {
 /// Closes both ends of the ring in `fd` on behalf of processes that cannot close them
 /// themselves (a peer that died without dropping its end), exactly as if both ends had been
 /// dropped: the consumer still receives everything sent, then `Disconnected`; the producer gets
-/// `Disconnected`; whichever side is parked is woken. Safe to call on a ring already closed.
+/// `Disconnected`; whichever side is parked is woken. Either end can then read `cause`
+/// (`close_cause`): the broker passes the rank that was lost. Safe on a ring already closed.
 ///
 /// # Errors
 ///
 /// As for [`Producer::join`], less [`Error::AlreadyJoined`]: the file must be a ring of `T`.
 #[cfg(not(loom))]
-pub fn close<T: Pod>(fd: BorrowedFd<'_>) -> Result<(), Error> {
-    let ring = map_ring::<T>(fd)?;
-    ring.close_end(Role::Producer);
-    ring.close_end(Role::Consumer);
+pub fn close<T: Pod>(fd: BorrowedFd<'_>, cause: u32) -> Result<(), Error> {
+    map_ring::<T>(fd)?.close_with_cause(cause);
     Ok(())
 }
 
@@ -456,9 +483,8 @@ pub(crate) struct Closer<T>(RingRef<T>);
 #[cfg(all(loom, test))]
 impl<T> Closer<T> {
     /// What [`close`] does.
-    pub(crate) fn close(&self) {
-        self.0.close_end(Role::Producer);
-        self.0.close_end(Role::Consumer);
+    pub(crate) fn close(&self, cause: u32) {
+        self.0.close_with_cause(cause);
     }
 }
 
@@ -613,6 +639,7 @@ fn heap_ring<T: Pod>(capacity: u64) -> (RingRef<T>, RingRef<T>, RingRef<T>) {
             consumer_closed: AtomicU32::new(0),
             producer_joined: AtomicU32::new(1),
             consumer_joined: AtomicU32::new(1),
+            cause: AtomicU64::new(0),
         }),
     });
     let slots = (0..capacity)
@@ -679,6 +706,12 @@ impl<T: Pod> Producer<T> {
     /// spins until the deadline.
     pub fn set_spin_limit(&mut self, spins: u32) {
         self.spin_limit = spins;
+    }
+
+    /// Why a third party closed the ring ([`close`]), if one did.
+    #[must_use]
+    pub fn close_cause(&self) -> Option<u32> {
+        self.ring.close_cause()
     }
 
     /// Whether the consumer has closed the ring.
@@ -848,6 +881,12 @@ impl<T: Pod> Consumer<T> {
     /// spins until the deadline.
     pub fn set_spin_limit(&mut self, spins: u32) {
         self.spin_limit = spins;
+    }
+
+    /// Why a third party closed the ring ([`close`]), if one did.
+    #[must_use]
+    pub fn close_cause(&self) -> Option<u32> {
+        self.ring.close_cause()
     }
 
     /// Receives one message if one is there. Never blocks.

@@ -475,7 +475,9 @@ fn a_zero_sequence_word_after_the_first_lap_is_corruption() {
 fn closing_on_behalf_of_a_dead_peer_wakes_and_disconnects_both_ends() {
     let (fd, mut tx, mut rx) = joined::<u64>(4);
     tx.try_send_batch(&[1, 2]).unwrap();
-    shmbroker_queues::close::<u64>(fd.as_fd()).unwrap();
+    assert_eq!((tx.close_cause(), rx.close_cause()), (None, None));
+    shmbroker_queues::close::<u64>(fd.as_fd(), 5).unwrap();
+    assert_eq!((tx.close_cause(), rx.close_cause()), (Some(5), Some(5)));
     assert_eq!(tx.try_send(3), Err(TrySendError::Disconnected(3)));
     assert_eq!(rx.try_recv(), Ok(1));
     assert_eq!(rx.try_recv(), Ok(2));
@@ -485,13 +487,13 @@ fn closing_on_behalf_of_a_dead_peer_wakes_and_disconnects_both_ends() {
     rx.set_spin_limit(0);
     let waiter = thread::spawn(move || rx.recv_timeout(LONG));
     thread::sleep(Duration::from_millis(20)); // most likely parked by now; correct either way
-    shmbroker_queues::close::<u64>(fd.as_fd()).unwrap();
+    shmbroker_queues::close::<u64>(fd.as_fd(), 0).unwrap();
     assert_eq!(waiter.join().unwrap(), Err(RecvTimeoutError::Disconnected));
     drop(tx);
 
     // Only rings of the right type can be closed.
     assert!(matches!(
-        shmbroker_queues::close::<u32>(fd.as_fd()),
+        shmbroker_queues::close::<u32>(fd.as_fd(), 0),
         Err(Error::ElementSize { .. })
     ));
 }
