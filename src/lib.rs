@@ -10,9 +10,10 @@
 //! | [`queues`] | the lock-free SPSC ring in a sealed memfd, with spin-then-futex parking |
 //! | [`allocator`] | the session's shared payload region (rts-alloc), bounds-checked references |
 //! | [`handshake`] | the broker's [`Listener`](handshake::Listener) and [`connect`](handshake::connect) |
+//! | [`session`] | [`Session`]: barrier, all-gather, broadcast, send/recv, worker to worker |
 //! | [`process`] | starting helper processes that inherit ring fds, and waiting for them with a deadline |
 //!
-//! Collectives, fd and GPU-handle exchange and dead-peer detection arrive with the next layer.
+//! File-descriptor and GPU-handle exchange arrive with the next layer.
 //!
 //! ```
 //! use shmbroker::queues::{Consumer, Producer, create};
@@ -30,6 +31,9 @@
 #![warn(missing_docs)]
 
 pub mod process;
+pub mod session;
+
+pub use session::{Error, Session};
 
 pub use shmbroker_allocator as allocator;
 pub use shmbroker_bindings as bindings;

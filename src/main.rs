@@ -4,6 +4,7 @@ mod args;
 mod bench;
 mod demo;
 mod peer;
+mod selftest;
 mod serve;
 mod tempdir;
 mod worker;

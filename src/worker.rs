@@ -7,8 +7,11 @@ use std::time::Duration;
 
 pub const USAGE: &str = "\
 shmbroker worker --socket PATH [--rank R] [--timeout-ms MS]
+                 [--selftest [--repeat N] [--only all|barrier|all_gather]]
     Log on to the broker at PATH (as rank R, or any free rank), print the rank and what was
-    received, exchange one message with every peer over the rings, and exit 0.";
+    received, exchange one message with every peer over the rings, and exit 0.
+    --selftest instead runs every collective N times (default 1) across the world, checks every
+    result, prints a summary and exits 0; if a peer dies it exits 1 naming the lost rank.";
 
 /// Message kind of the greeting.
 const HELLO: u32 = 1;
@@ -20,7 +23,21 @@ pub fn run(rest: &[String]) -> Result<(), String> {
         .ok_or_else(|| format!("worker needs --socket\n{USAGE}"))?;
     let rank = args.value::<u32>("--rank")?.unwrap_or(ANY_RANK);
     let timeout = Duration::from_millis(args.value("--timeout-ms")?.unwrap_or(30_000));
+    let selftest = args.flag("--selftest");
+    let repeat = args.value::<u64>("--repeat")?.unwrap_or(1);
+    let only = args
+        .value::<crate::selftest::Only>("--only")?
+        .unwrap_or(crate::selftest::Only::All);
     args.finish()?;
+    if selftest {
+        let rank = (rank != ANY_RANK).then_some(rank);
+        let mut session = shmbroker::Session::connect(&socket, rank, timeout)
+            .map_err(|e| format!("logon: {e}"))?;
+        session.set_timeout(timeout);
+        let summary = crate::selftest::run(&mut session, repeat, only)?;
+        println!("{summary}");
+        return Ok(());
+    }
 
     let me = std::process::id();
     let mut session =

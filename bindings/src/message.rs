@@ -22,6 +22,23 @@ pub struct Message {
 
 const _: () = assert!(size_of::<Message>() == 64);
 
+/// Values of [`Message::kind`] used by the session layer.
+pub mod kind {
+    /// A barrier arrival; `tag` is the collective's sequence number.
+    pub const BARRIER: u32 = 1;
+    /// One rank's contribution to an all-gather; `tag` is the sequence number.
+    pub const ALL_GATHER: u32 = 2;
+    /// The root's data in a broadcast; `tag` is the sequence number.
+    pub const BROADCAST: u32 = 3;
+    /// A point-to-point message; `tag` counts the sender's messages to this receiver.
+    pub const SEND: u32 = 4;
+    /// "Done with this payload": `inline` holds the [`super::PayloadRef`] to free.
+    pub const PAYLOAD_ACK: u32 = 5;
+    /// Or-ed into a kind when the data is in the payload region, not inline: `inline` then
+    /// starts with a [`super::PayloadRef`].
+    pub const IN_PAYLOAD: u32 = 1 << 16;
+}
+
 /// A block in the session's payload region, as one process names it to another. 16 bytes.
 ///
 /// Only meaningful in the region of the session it came from; a receiver checks it against that

@@ -1,0 +1,122 @@
+//! `shmbroker worker --selftest`: every collective, checked, N times.
+
+use shmbroker::session::{Error, Session};
+use std::time::Instant;
+
+/// Which collectives to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Only {
+    All,
+    Barrier,
+    AllGather,
+}
+
+impl std::str::FromStr for Only {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "all" => Ok(Self::All),
+            "barrier" => Ok(Self::Barrier),
+            "all_gather" => Ok(Self::AllGather),
+            other => Err(format!(
+                "--only: expected all, barrier or all_gather, got {other}"
+            )),
+        }
+    }
+}
+
+/// Bytes that name who made them, for which iteration, at which length.
+fn pattern(who: u32, iteration: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (u64::from(who) * 31 + iteration * 7 + j as u64) as u8)
+        .collect()
+}
+
+fn check(what: &str, peer: u32, got: &[u8], want: &[u8]) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what}: data from rank {peer} is wrong ({} bytes, expected {})",
+            got.len(),
+            want.len()
+        ))
+    }
+}
+
+/// Runs the selftest; returns a summary line or what failed.
+pub fn run(session: &mut Session, repeat: u64, only: Only) -> Result<String, String> {
+    let (rank, world) = (session.rank(), session.world_size());
+    let fail = |what: &str, e: Error| format!("{what}: {e}");
+    let start = Instant::now();
+    let mut checks = 0u64;
+    for i in 0..repeat {
+        if only != Only::AllGather {
+            session.barrier().map_err(|e| fail("barrier", e))?;
+            checks += 1;
+        }
+        if only == Only::Barrier {
+            continue;
+        }
+        // Inline and through the payload region, and sizes that differ by rank.
+        for len in [8usize, 48, 49, 1024, 4096, 100 * rank as usize] {
+            let len = len.min(4096);
+            let all = session
+                .all_gather(&pattern(rank, i, len))
+                .map_err(|e| fail("all_gather", e))?;
+            for (peer, got) in (0u32..).zip(&all) {
+                let want_len = if len == 100 * rank as usize {
+                    100 * peer as usize
+                } else {
+                    len
+                };
+                check(
+                    "all_gather",
+                    peer,
+                    got,
+                    &pattern(peer, i, want_len.min(4096)),
+                )?;
+            }
+            checks += 1;
+        }
+        if only == Only::AllGather {
+            continue;
+        }
+        let values = session
+            .all_gather_pod(&(u64::from(rank) * 1000 + i))
+            .map_err(|e| fail("all_gather_pod", e))?;
+        for (peer, value) in (0u32..).zip(values) {
+            if value != u64::from(peer) * 1000 + i {
+                return Err(format!("all_gather_pod: rank {peer} gave {value}"));
+            }
+        }
+        checks += 1;
+        for root in 0..world {
+            for len in [16usize, 3000] {
+                let mine = pattern(root, i, len);
+                let data = (root == rank).then_some(mine.as_slice());
+                let got = session
+                    .broadcast(root, data)
+                    .map_err(|e| fail("broadcast", e))?;
+                check("broadcast", root, &got, &mine)?;
+                checks += 1;
+            }
+        }
+        if world > 1 {
+            let (next, previous) = ((rank + 1) % world, (rank + world - 1) % world);
+            for len in [5usize, 2000] {
+                session
+                    .send(next, &pattern(rank, i, len))
+                    .map_err(|e| fail("send", e))?;
+                let got = session.recv(previous).map_err(|e| fail("recv", e))?;
+                check("send/recv", previous, &got, &pattern(previous, i, len))?;
+                checks += 1;
+            }
+        }
+    }
+    session.barrier().map_err(|e| fail("final barrier", e))?;
+    Ok(format!(
+        "selftest: rank {rank} of {world}: {checks} collectives checked over {repeat} rounds, all passed in {:.1} ms",
+        start.elapsed().as_secs_f64() * 1e3
+    ))
+}

@@ -1,0 +1,679 @@
+//! A logged-on worker's collectives and point-to-point messages, worker to worker over the rings.
+//!
+//! Every call has the session's default deadline ([`Session::set_timeout`]) and a `_timeout`
+//! variant; the broker is not on any of these paths.
+//!
+//! # Wire protocol
+//!
+//! Each message is one ring slot ([`Message`]): a kind from [`kind`], a tag and 48 inline bytes.
+//! Collectives are tagged with a sequence number that every rank advances once per collective,
+//! so a rank that receives another operation or another sequence number than it expects reports
+//! [`Error::CollectiveMismatch`] instead of hanging or misreading. Point-to-point messages
+//! (`SEND`) and collective messages share a ring; a message that arrives while another kind is
+//! awaited waits in a per-peer queue, in order.
+//!
+//! Data up to 48 bytes travels inline. Larger data (up to [`MAX_PAYLOAD`] bytes) is copied into
+//! the session's payload region and the message carries a bounds-checked [`PayloadRef`]; each
+//! receiver copies it out and answers `PAYLOAD_ACK`, and the sender frees the block when every
+//! receiver has acknowledged it. Acknowledgements are processed whenever the sender reads from
+//! that peer, and all at once when the region runs short.
+//!
+//! # When a peer dies
+//!
+//! The broker closes every ring of the session with the lost rank as cause; every pending and
+//! later call then fails with [`Error::PeerLost`] naming that rank (see
+//! [`shmbroker_handshake::Listener`]).
+
+use shmbroker_allocator::MAX_PAYLOAD;
+use shmbroker_bindings::{ANY_RANK, INLINE_BYTES, LogonFrame, Message, PayloadRef, kind};
+use shmbroker_handshake::connect;
+use shmbroker_queues::{Corruption, RecvTimeoutError, SendTimeoutError, TryRecvError};
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The default deadline of every call, until [`Session::set_timeout`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a session call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Logging on failed.
+    #[error(transparent)]
+    Logon(#[from] shmbroker_handshake::Error),
+    /// A worker of the session is gone (it died, or left while others still needed it).
+    #[error("peer rank {rank} was lost")]
+    PeerLost {
+        /// The rank that was lost.
+        rank: u32,
+    },
+    /// The deadline passed.
+    #[error("{op} timed out after {timeout:?} waiting for rank {peer}")]
+    Timeout {
+        /// The call.
+        op: &'static str,
+        /// The rank waited for.
+        peer: u32,
+        /// The call's timeout.
+        timeout: Duration,
+    },
+    /// A rank argument outside the world.
+    #[error("rank {rank} is out of range for a world of {world_size}")]
+    RankOutOfRange {
+        /// The rank given.
+        rank: u32,
+        /// The world size.
+        world_size: u32,
+    },
+    /// Data larger than one payload block.
+    #[error("{found} bytes is more than the {max} a message can carry")]
+    TooLarge {
+        /// [`MAX_PAYLOAD`].
+        max: usize,
+        /// The size given.
+        found: usize,
+    },
+    /// The ranks called different collectives, or in a different order.
+    #[error(
+        "collective mismatch with rank {peer}: expected kind {expected_kind} #{expected_seq}, received kind {found_kind} #{found_seq}"
+    )]
+    CollectiveMismatch {
+        /// The peer whose message did not match.
+        peer: u32,
+        /// The kind this rank is in.
+        expected_kind: u32,
+        /// This rank's collective sequence number.
+        expected_seq: u64,
+        /// The kind received.
+        found_kind: u32,
+        /// The sequence number received.
+        found_seq: u64,
+    },
+    /// A call this rank cannot make (a broadcast root without data, say).
+    #[error("misuse: {0}")]
+    Misuse(String),
+    /// A peer sent bytes no correct peer sends.
+    #[error("bad message from rank {peer}: {detail}")]
+    Protocol {
+        /// The peer.
+        peer: u32,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A peer corrupted a ring.
+    #[error("ring with rank {peer} corrupted: {corruption}")]
+    Corrupted {
+        /// The peer.
+        peer: u32,
+        /// What was found.
+        corruption: Corruption,
+    },
+    /// The payload region refused (exhausted, or a peer's reference out of bounds).
+    #[error(transparent)]
+    Payload(#[from] shmbroker_allocator::Error),
+}
+
+/// A worker's session: its rank, its links to every peer, and the collectives over them.
+#[derive(Debug)]
+pub struct Session {
+    inner: shmbroker_handshake::Session,
+    timeout: Duration,
+    /// Sequence number of the next collective.
+    seq: u64,
+    /// Per peer: messages received while waiting for another kind, in arrival order.
+    unread: Vec<VecDeque<Message>>,
+    /// Per peer: the next point-to-point tag to send, and to expect.
+    sent_to: Vec<u64>,
+    received_from: Vec<u64>,
+    /// Payload blocks sent and not yet acknowledged by every receiver: offset -> (ref, acks due).
+    unacked: HashMap<u64, (PayloadRef, u32)>,
+}
+
+/// One call's deadline.
+struct Deadline {
+    op: &'static str,
+    at: Instant,
+    timeout: Duration,
+}
+
+impl Deadline {
+    fn new(op: &'static str, timeout: Duration) -> Self {
+        let now = Instant::now();
+        Self {
+            op,
+            at: now
+                .checked_add(timeout)
+                .unwrap_or(now + Duration::from_secs(86_400 * 365)),
+            timeout,
+        }
+    }
+
+    fn left(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    fn timed_out(&self, peer: u32) -> Error {
+        Error::Timeout {
+            op: self.op,
+            peer,
+            timeout: self.timeout,
+        }
+    }
+}
+
+impl Session {
+    /// Logs on to the broker at `path` as `rank` (or any free rank) within `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Logon`] with the handshake's reason.
+    pub fn connect(
+        path: impl AsRef<Path>,
+        rank: Option<u32>,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
+        let logon = LogonFrame::new(rank.unwrap_or(ANY_RANK));
+        Ok(Self::from_handshake(connect(path, logon, timeout)?))
+    }
+
+    /// Wraps a session the handshake returned.
+    #[must_use]
+    pub fn from_handshake(inner: shmbroker_handshake::Session) -> Self {
+        let world = inner.world_size() as usize;
+        Self {
+            inner,
+            timeout: DEFAULT_TIMEOUT,
+            seq: 0,
+            unread: vec![VecDeque::new(); world],
+            sent_to: vec![0; world],
+            received_from: vec![0; world],
+            unacked: HashMap::new(),
+        }
+    }
+
+    /// This worker's rank.
+    #[must_use]
+    pub fn rank(&self) -> u32 {
+        self.inner.rank()
+    }
+
+    /// Ranks in the world.
+    #[must_use]
+    pub fn world_size(&self) -> u32 {
+        self.inner.world_size()
+    }
+
+    /// Sets the deadline every call without `_timeout` uses.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// The handshake-level session: raw rings and the payload region.
+    pub fn raw(&mut self) -> &mut shmbroker_handshake::Session {
+        &mut self.inner
+    }
+
+    fn peers(&self) -> impl Iterator<Item = u32> + use<> {
+        let rank = self.rank();
+        (0..self.world_size()).filter(move |&peer| peer != rank)
+    }
+
+    fn check_rank(&self, rank: u32) -> Result<(), Error> {
+        if rank < self.world_size() {
+            Ok(())
+        } else {
+            Err(Error::RankOutOfRange {
+                rank,
+                world_size: self.world_size(),
+            })
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Collectives
+
+    /// Returns once every rank has entered the barrier.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`].
+    pub fn barrier(&mut self) -> Result<(), Error> {
+        self.barrier_timeout(self.timeout)
+    }
+
+    /// [`Self::barrier`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::barrier`].
+    pub fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
+        let deadline = Deadline::new("barrier", timeout);
+        let seq = self.next_seq();
+        let arrival = message(kind::BARRIER, seq, 0, [0; INLINE_BYTES]);
+        for peer in self.peers() {
+            self.send_message(peer, arrival, &deadline)?;
+        }
+        for peer in self.peers() {
+            self.recv_collective(peer, kind::BARRIER, seq, &deadline)?;
+        }
+        Ok(())
+    }
+
+    /// Every rank's `data` (up to [`MAX_PAYLOAD`] bytes each, sizes may differ), indexed by rank.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::TooLarge`], [`Error::PeerLost`], [`Error::Timeout`],
+    /// [`Error::CollectiveMismatch`], [`Error::Payload`].
+    pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        self.all_gather_timeout(data, self.timeout)
+    }
+
+    /// [`Self::all_gather`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_gather`].
+    pub fn all_gather_timeout(
+        &mut self,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, Error> {
+        let deadline = Deadline::new("all_gather", timeout);
+        let seq = self.next_seq();
+        let receivers = self.world_size() - 1;
+        let outgoing = self.encode(kind::ALL_GATHER, seq, data, receivers)?;
+        for peer in self.peers() {
+            self.send_message(peer, outgoing, &deadline)?;
+        }
+        let mut gathered = vec![Vec::new(); self.world_size() as usize];
+        gathered[self.rank() as usize] = data.to_vec();
+        for peer in self.peers() {
+            let incoming = self.recv_collective(peer, kind::ALL_GATHER, seq, &deadline)?;
+            gathered[peer as usize] = self.decode(peer, incoming, &deadline)?;
+        }
+        Ok(gathered)
+    }
+
+    /// Every rank's `value`, indexed by rank.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_gather`], and [`Error::Protocol`] if a peer's value has another size.
+    pub fn all_gather_pod<T: bytemuck::Pod>(&mut self, value: &T) -> Result<Vec<T>, Error> {
+        let gathered = self.all_gather(bytemuck::bytes_of(value))?;
+        (0..)
+            .zip(gathered)
+            .map(|(peer, bytes)| {
+                bytemuck::try_pod_read_unaligned(&bytes).map_err(|_| Error::Protocol {
+                    peer,
+                    detail: format!(
+                        "all_gather_pod: expected {} bytes, received {}",
+                        size_of::<T>(),
+                        bytes.len()
+                    ),
+                })
+            })
+            .collect()
+    }
+
+    /// `root`'s data on every rank: the root passes `Some(data)`, the others `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
+    /// [`Self::all_gather`].
+    pub fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
+        self.broadcast_timeout(root, data, self.timeout)
+    }
+
+    /// [`Self::broadcast`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::broadcast`].
+    pub fn broadcast_timeout(
+        &mut self,
+        root: u32,
+        data: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, Error> {
+        self.check_rank(root)?;
+        let deadline = Deadline::new("broadcast", timeout);
+        let seq = self.next_seq();
+        match (root == self.rank(), data) {
+            (true, Some(data)) => {
+                let outgoing = self.encode(kind::BROADCAST, seq, data, self.world_size() - 1)?;
+                for peer in self.peers() {
+                    self.send_message(peer, outgoing, &deadline)?;
+                }
+                Ok(data.to_vec())
+            }
+            (false, None) => {
+                let incoming = self.recv_collective(root, kind::BROADCAST, seq, &deadline)?;
+                self.decode(root, incoming, &deadline)
+            }
+            (true, None) => Err(Error::Misuse(format!(
+                "rank {root} is the broadcast root but gave no data"
+            ))),
+            (false, Some(_)) => Err(Error::Misuse(format!(
+                "rank {} gave data to a broadcast rooted at rank {root}",
+                self.rank()
+            ))),
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        let seq = self.seq;
+        self.seq += 1;
+        seq
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Point to point
+
+    /// Sends `data` (up to [`MAX_PAYLOAD`] bytes) to `rank`; it is received, in order, by that
+    /// rank's [`Self::recv`] from this one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RankOutOfRange`] (this rank's own included), [`Error::TooLarge`],
+    /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::Payload`].
+    pub fn send(&mut self, rank: u32, data: &[u8]) -> Result<(), Error> {
+        self.send_to_timeout(rank, data, self.timeout)
+    }
+
+    /// [`Self::send`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::send`].
+    pub fn send_to_timeout(
+        &mut self,
+        rank: u32,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.check_peer(rank)?;
+        let deadline = Deadline::new("send", timeout);
+        let tag = self.sent_to[rank as usize];
+        let outgoing = self.encode(kind::SEND, tag, data, 1)?;
+        self.send_message(rank, outgoing, &deadline)?;
+        self.sent_to[rank as usize] += 1;
+        Ok(())
+    }
+
+    /// The next message `rank` sent this rank with [`Self::send`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::send`].
+    pub fn recv(&mut self, rank: u32) -> Result<Vec<u8>, Error> {
+        self.recv_from_timeout(rank, self.timeout)
+    }
+
+    /// [`Self::recv`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::send`].
+    pub fn recv_from_timeout(&mut self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
+        self.check_peer(rank)?;
+        let deadline = Deadline::new("recv", timeout);
+        let incoming = loop {
+            let queue = &mut self.unread[rank as usize];
+            if let Some(at) = queue
+                .iter()
+                .position(|m| m.kind & !kind::IN_PAYLOAD == kind::SEND)
+            {
+                break queue
+                    .remove(at)
+                    .unwrap_or_else(|| unreachable!("position is in range"));
+            }
+            let message = self.recv_message(rank, &deadline)?;
+            self.unread[rank as usize].push_back(message);
+        };
+        let expected = self.received_from[rank as usize];
+        if incoming.tag != expected {
+            return Err(Error::Protocol {
+                peer: rank,
+                detail: format!(
+                    "message number {} arrived where {expected} was due",
+                    incoming.tag
+                ),
+            });
+        }
+        self.received_from[rank as usize] += 1;
+        self.decode(rank, incoming, &deadline)
+    }
+
+    fn check_peer(&self, rank: u32) -> Result<(), Error> {
+        self.check_rank(rank)?;
+        if rank == self.rank() {
+            return Err(Error::Misuse(format!("rank {rank} cannot message itself")));
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Messages, payloads and acknowledgements
+
+    /// The message carrying `data`: inline, or through the payload region for `receivers`.
+    fn encode(
+        &mut self,
+        kind: u32,
+        tag: u64,
+        data: &[u8],
+        receivers: u32,
+    ) -> Result<Message, Error> {
+        if data.len() > MAX_PAYLOAD {
+            return Err(Error::TooLarge {
+                max: MAX_PAYLOAD,
+                found: data.len(),
+            });
+        }
+        let mut inline = [0u8; INLINE_BYTES];
+        if data.len() <= INLINE_BYTES || receivers == 0 {
+            let len = data.len().min(INLINE_BYTES);
+            inline[..len].copy_from_slice(&data[..len]);
+            return Ok(message(kind, tag, data.len() as u32, inline));
+        }
+        let payload = match self.inner.payload().alloc(data) {
+            Ok(payload) => payload,
+            Err(shmbroker_allocator::Error::Exhausted { .. }) => {
+                // Blocks may be waiting on acknowledgements that have arrived but were not read.
+                self.drain_acks()?;
+                self.inner.payload().alloc(data)?
+            }
+            Err(other) => return Err(other.into()),
+        };
+        self.unacked.insert(payload.offset, (payload, receivers));
+        inline[..size_of::<PayloadRef>()].copy_from_slice(bytemuck::bytes_of(&payload));
+        Ok(message(
+            kind | kind::IN_PAYLOAD,
+            tag,
+            data.len() as u32,
+            inline,
+        ))
+    }
+
+    /// The data a message from `peer` carries; a payload is copied out and acknowledged.
+    fn decode(
+        &mut self,
+        peer: u32,
+        incoming: Message,
+        deadline: &Deadline,
+    ) -> Result<Vec<u8>, Error> {
+        let len = incoming.len as usize;
+        if incoming.kind & kind::IN_PAYLOAD == 0 {
+            if len > INLINE_BYTES {
+                return Err(Error::Protocol {
+                    peer,
+                    detail: format!("inline length {len}, at most {INLINE_BYTES} fit"),
+                });
+            }
+            return Ok(incoming.inline[..len].to_vec());
+        }
+        let payload: PayloadRef =
+            bytemuck::pod_read_unaligned(&incoming.inline[..size_of::<PayloadRef>()]);
+        if payload.len as usize != len {
+            return Err(Error::Protocol {
+                peer,
+                detail: format!(
+                    "message says {len} bytes, its payload reference {}",
+                    payload.len
+                ),
+            });
+        }
+        let data = self.inner.payload().read(payload)?;
+        let mut inline = [0u8; INLINE_BYTES];
+        inline[..size_of::<PayloadRef>()].copy_from_slice(bytemuck::bytes_of(&payload));
+        self.send_message(peer, message(kind::PAYLOAD_ACK, 0, 0, inline), deadline)?;
+        Ok(data)
+    }
+
+    /// Handles an acknowledgement from `peer`: frees the block once every receiver is done.
+    fn acknowledged(&mut self, peer: u32, ack: &Message) -> Result<(), Error> {
+        let payload: PayloadRef =
+            bytemuck::pod_read_unaligned(&ack.inline[..size_of::<PayloadRef>()]);
+        let Some((sent, due)) = self.unacked.get_mut(&payload.offset) else {
+            return Err(Error::Protocol {
+                peer,
+                detail: format!(
+                    "acknowledged payload at offset {} that is not awaiting one",
+                    payload.offset
+                ),
+            });
+        };
+        *due -= 1;
+        if *due == 0 {
+            let sent = *sent;
+            self.unacked.remove(&payload.offset);
+            self.inner.payload().free(sent)?;
+        }
+        Ok(())
+    }
+
+    /// Reads whatever has arrived from every peer without waiting, handling acknowledgements and
+    /// queueing the rest.
+    fn drain_acks(&mut self) -> Result<(), Error> {
+        for peer in self.peers() {
+            loop {
+                let link = self
+                    .inner
+                    .link(peer)
+                    .ok_or(Error::Misuse("no link".into()))?;
+                match link.from.try_recv() {
+                    Ok(message) => self.dispatch(peer, message)?,
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    Err(TryRecvError::Corrupted(corruption)) => {
+                        return Err(Error::Corrupted { peer, corruption });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Acknowledgements are handled at once; everything else waits in the peer's queue.
+    fn dispatch(&mut self, peer: u32, message: Message) -> Result<(), Error> {
+        if message.kind == kind::PAYLOAD_ACK {
+            self.acknowledged(peer, &message)
+        } else {
+            self.unread[peer as usize].push_back(message);
+            Ok(())
+        }
+    }
+
+    /// The next collective message from `peer`, which must be `kind` number `seq`.
+    fn recv_collective(
+        &mut self,
+        peer: u32,
+        kind: u32,
+        seq: u64,
+        deadline: &Deadline,
+    ) -> Result<Message, Error> {
+        let message = loop {
+            let queue = &mut self.unread[peer as usize];
+            if let Some(at) = queue
+                .iter()
+                .position(|m| m.kind & !kind::IN_PAYLOAD != kind::SEND)
+            {
+                break queue
+                    .remove(at)
+                    .unwrap_or_else(|| unreachable!("position is in range"));
+            }
+            let message = self.recv_message(peer, deadline)?;
+            self.unread[peer as usize].push_back(message);
+        };
+        if message.kind & !kind::IN_PAYLOAD != kind || message.tag != seq {
+            return Err(Error::CollectiveMismatch {
+                peer,
+                expected_kind: kind,
+                expected_seq: seq,
+                found_kind: message.kind & !kind::IN_PAYLOAD,
+                found_seq: message.tag,
+            });
+        }
+        Ok(message)
+    }
+
+    /// The next message from `peer` that is not an acknowledgement (which is handled).
+    fn recv_message(&mut self, peer: u32, deadline: &Deadline) -> Result<Message, Error> {
+        loop {
+            let link = self
+                .inner
+                .link(peer)
+                .ok_or(Error::Misuse("no link".into()))?;
+            let message = match link.from.recv_timeout(deadline.left()) {
+                Ok(message) => message,
+                Err(RecvTimeoutError::Timeout) => return Err(deadline.timed_out(peer)),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Error::PeerLost {
+                        rank: link.from.close_cause().unwrap_or(peer),
+                    });
+                }
+                Err(RecvTimeoutError::Corrupted(corruption)) => {
+                    return Err(Error::Corrupted { peer, corruption });
+                }
+            };
+            if message.kind == kind::PAYLOAD_ACK {
+                self.acknowledged(peer, &message)?;
+            } else {
+                return Ok(message);
+            }
+        }
+    }
+
+    fn send_message(
+        &mut self,
+        peer: u32,
+        outgoing: Message,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let link = self
+            .inner
+            .link(peer)
+            .ok_or(Error::Misuse("no link".into()))?;
+        match link.to.send_timeout(outgoing, deadline.left()) {
+            Ok(()) => Ok(()),
+            Err(SendTimeoutError::Timeout(_)) => Err(deadline.timed_out(peer)),
+            Err(SendTimeoutError::Disconnected(_)) => Err(Error::PeerLost {
+                rank: link.to.close_cause().unwrap_or(peer),
+            }),
+            Err(SendTimeoutError::Corrupted(_, corruption)) => {
+                Err(Error::Corrupted { peer, corruption })
+            }
+        }
+    }
+}
+
+fn message(kind: u32, tag: u64, len: u32, inline: [u8; INLINE_BYTES]) -> Message {
+    Message {
+        kind,
+        len,
+        tag,
+        inline,
+    }
+}

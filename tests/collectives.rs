@@ -1,0 +1,160 @@
+//! Collectives between real worker processes (`shmbroker worker --selftest`), with the broker on
+//! a thread of the test: every collective and every root for world sizes 1 to 8, and a worker
+//! killed with SIGKILL in the middle of a barrier loop and of an all-gather loop. Every child is
+//! waited for with a deadline and killed on the way out.
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use shmbroker::handshake::{Config, Event, Listener, StopHandle};
+use shmbroker::process::{ChildGuard, spawn_with_fds};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// A broker on a thread, for a world of `world` ranks, in a temp dir; stopped on drop.
+struct Broker {
+    dir: PathBuf,
+    stop: StopHandle,
+    thread: Option<JoinHandle<()>>,
+    events: mpsc::Receiver<Event>,
+}
+
+impl Broker {
+    fn start(name: &str, world: u32) -> Self {
+        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = Config {
+            world_size: world,
+            ring_capacity: 256,
+            payload_bytes: 8 << 20,
+            ..Config::default()
+        };
+        let mut listener = Listener::bind(dir.join("broker.sock"), config).unwrap();
+        let stop = listener.stop_handle();
+        let (tx, events) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            listener
+                .serve(|event| {
+                    let _ = tx.send(event.clone());
+                })
+                .unwrap();
+        });
+        Self {
+            dir,
+            stop,
+            thread: Some(thread),
+            events,
+        }
+    }
+
+    fn socket(&self) -> String {
+        self.dir.join("broker.sock").to_str().unwrap().to_owned()
+    }
+
+    fn worker(&self, rank: u32, extra: &[&str]) -> ChildGuard {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+        command
+            .args([
+                "worker",
+                "--socket",
+                &self.socket(),
+                "--rank",
+                &rank.to_string(),
+            ])
+            .args(["--selftest", "--timeout-ms", "60000"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        spawn_with_fds(&mut command, &[]).unwrap()
+    }
+
+    /// Waits until `count` workers have logged on.
+    fn await_logons(&self, count: usize) {
+        let mut seen = 0;
+        while seen < count {
+            if let Event::LoggedOn { .. } = self.events.recv_timeout(DEADLINE).unwrap() {
+                seen += 1;
+            }
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits for `child` (killed at the deadline) and returns (success, stdout, stderr).
+fn finish(mut child: ChildGuard) -> (bool, String, String) {
+    let status = child
+        .wait_timeout(DEADLINE)
+        .unwrap()
+        .expect("a worker was still running at its deadline");
+    let mut stdout = String::new();
+    if let Some(pipe) = child.stdout() {
+        let _ = pipe.read_to_string(&mut stdout);
+    }
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.take_stderr() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    (status.success(), stdout, stderr)
+}
+
+#[test]
+fn every_collective_and_every_root_for_world_sizes_one_to_eight() {
+    for world in 1..=8u32 {
+        let broker = Broker::start(&format!("selftest{world}"), world);
+        let workers: Vec<ChildGuard> = (0..world)
+            .map(|rank| broker.worker(rank, &["--repeat", "2"]))
+            .collect();
+        for (rank, worker) in (0..).zip(workers) {
+            let (ok, stdout, stderr) = finish(worker);
+            assert!(ok, "world {world} rank {rank} failed: {stdout}{stderr}");
+            assert!(
+                stdout.contains(&format!("rank {rank} of {world}"))
+                    && stdout.contains("all passed"),
+                "{stdout}"
+            );
+        }
+    }
+}
+
+/// Starts a world of 3 looping on `only`, kills rank 2 once all are in, and checks that both
+/// survivors fail promptly (well inside their 60 s deadlines) naming rank 2.
+fn kill_during(only: &str) {
+    let broker = Broker::start(&format!("kill-{only}"), 3);
+    let forever = ["--repeat", "1000000000", "--only", only];
+    let survivors: Vec<ChildGuard> = (0..2).map(|rank| broker.worker(rank, &forever)).collect();
+    let mut victim = broker.worker(2, &forever);
+    broker.await_logons(3);
+    std::thread::sleep(Duration::from_millis(100)); // well into the loop
+    kill(Pid::from_raw(victim.id() as i32), Signal::SIGKILL).unwrap();
+    victim.kill(); // reap
+    for survivor in survivors {
+        let (ok, stdout, stderr) = finish(survivor);
+        assert!(!ok, "a survivor finished a billion rounds? {stdout}");
+        assert!(stderr.contains("peer rank 2 was lost"), "{stderr}");
+    }
+}
+
+#[test]
+fn a_worker_killed_during_a_barrier_is_named_by_every_survivor() {
+    kill_during("barrier");
+}
+
+#[test]
+fn a_worker_killed_during_an_all_gather_is_named_by_every_survivor() {
+    kill_during("all_gather");
+}

@@ -1,0 +1,246 @@
+//! The session's errors, triggered one by one with ranks on threads of this process: misuse,
+//! mismatched collectives, and bytes from a peer that no correct peer sends.
+
+use shmbroker::bindings::{INLINE_BYTES, Message, PayloadRef, kind};
+use shmbroker::handshake::{Config, Listener, StopHandle};
+use shmbroker::session::{Error, Session};
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+struct World {
+    dir: PathBuf,
+    stop: StopHandle,
+    broker: Option<JoinHandle<()>>,
+}
+
+impl World {
+    /// A broker for `size` ranks and one session per rank, each logged on from its own thread.
+    fn start(name: &str, size: u32) -> (Self, Vec<Session>) {
+        let dir =
+            std::env::temp_dir().join(format!("shmbroker-session-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("broker.sock");
+        let config = Config {
+            world_size: size,
+            ring_capacity: 64,
+            payload_bytes: 4 << 20,
+            ..Config::default()
+        };
+        let mut listener = Listener::bind(&path, config).unwrap();
+        let stop = listener.stop_handle();
+        let broker = std::thread::spawn(move || listener.serve(|_| {}).unwrap());
+        let joins: Vec<_> = (0..size)
+            .map(|rank| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let mut session = Session::connect(&path, Some(rank), TIMEOUT).unwrap();
+                    session.set_timeout(TIMEOUT);
+                    session
+                })
+            })
+            .collect();
+        let sessions = joins.into_iter().map(|j| j.join().unwrap()).collect();
+        (
+            Self {
+                dir,
+                stop,
+                broker: Some(broker),
+            },
+            sessions,
+        )
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(broker) = self.broker.take() {
+            let _ = broker.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn collectives_work_between_threads_too() {
+    let (_world, sessions) = World::start("threads", 3);
+    let handles: Vec<_> = sessions
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                s.barrier().unwrap();
+                let rank = s.rank();
+                let gathered = s
+                    .all_gather(&vec![rank as u8; 100 + rank as usize])
+                    .unwrap();
+                let got = s
+                    .broadcast(1, (rank == 1).then_some(&b"from one"[..]))
+                    .unwrap();
+                (gathered, got)
+            })
+        })
+        .collect();
+    for handle in handles {
+        let (gathered, got) = handle.join().unwrap();
+        for (peer, data) in gathered.iter().enumerate() {
+            assert_eq!(data, &vec![peer as u8; 100 + peer]);
+        }
+        assert_eq!(got, b"from one");
+    }
+}
+
+#[test]
+fn misuse_is_an_error_not_a_hang() {
+    let (_world, mut sessions) = World::start("misuse", 2);
+    let zero = &mut sessions[0];
+    assert!(matches!(
+        zero.send(2, b"x"),
+        Err(Error::RankOutOfRange {
+            rank: 2,
+            world_size: 2
+        })
+    ));
+    assert!(matches!(zero.send(0, b"x"), Err(Error::Misuse(_))));
+    assert!(matches!(
+        zero.broadcast(5, None),
+        Err(Error::RankOutOfRange { .. })
+    ));
+    assert!(matches!(zero.broadcast(0, None), Err(Error::Misuse(_))));
+    assert!(matches!(
+        zero.broadcast(1, Some(b"x")),
+        Err(Error::Misuse(_))
+    ));
+    match zero.all_gather(&vec![0; 4097]) {
+        Err(Error::TooLarge {
+            max: 4096,
+            found: 4097,
+        }) => {}
+        other => panic!("unexpected {other:?}"),
+    }
+    match zero.recv_from_timeout(1, Duration::from_millis(50)) {
+        Err(Error::Timeout {
+            op: "recv",
+            peer: 1,
+            ..
+        }) => {}
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn ranks_in_different_collectives_get_a_mismatch_naming_both() {
+    let (_world, sessions) = World::start("mismatch", 2);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let other = std::thread::spawn(move || {
+        let result = one.all_gather_timeout(b"x", Duration::from_millis(500));
+        (result.map(|_| ()), one)
+    });
+    match zero.barrier() {
+        Err(Error::CollectiveMismatch {
+            peer: 1,
+            expected_kind,
+            expected_seq: 0,
+            found_kind,
+            found_seq: 0,
+        }) => assert_eq!(
+            (expected_kind, found_kind),
+            (kind::BARRIER, kind::ALL_GATHER)
+        ),
+        other => panic!("unexpected {other:?}"),
+    }
+    let (result, _one) = other.join().unwrap();
+    assert!(
+        matches!(result, Err(Error::CollectiveMismatch { peer: 0, .. })),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn point_to_point_messages_keep_their_order_around_collectives() {
+    let (_world, sessions) = World::start("p2p", 2);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let sender = std::thread::spawn(move || {
+        one.send(0, b"first").unwrap();
+        one.send(0, &[7; 3000]).unwrap();
+        one.barrier().unwrap();
+        one.send(0, b"third").unwrap();
+        one
+    });
+    // The barrier is taken first although both sends came before it on the ring.
+    zero.barrier().unwrap();
+    assert_eq!(zero.recv(1).unwrap(), b"first");
+    assert_eq!(zero.recv(1).unwrap(), vec![7; 3000]);
+    assert_eq!(zero.recv(1).unwrap(), b"third");
+    drop(sender.join().unwrap());
+}
+
+#[test]
+fn a_payload_reference_outside_the_region_from_a_peer_is_refused() {
+    let (_world, sessions) = World::start("badref", 2);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    // Rank 1 forges an all-gather contribution pointing far outside the region.
+    let forged = PayloadRef {
+        offset: 1 << 40,
+        len: 100,
+        _pad0: 0,
+    };
+    let mut inline = [0u8; INLINE_BYTES];
+    inline[..16].copy_from_slice(bytemuck::bytes_of(&forged));
+    let message = Message {
+        kind: kind::ALL_GATHER | kind::IN_PAYLOAD,
+        len: 100,
+        tag: 0,
+        inline,
+    };
+    one.raw().link(0).unwrap().to.try_send(message).unwrap();
+    match zero.all_gather_timeout(b"mine", Duration::from_millis(500)) {
+        Err(Error::Payload(shmbroker::allocator::Error::OutOfBounds {
+            offset, len: 100, ..
+        })) => {
+            assert_eq!(offset, 1 << 40);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // An inline length longer than a message holds is refused as well.
+    let message = Message {
+        kind: kind::SEND,
+        len: 200,
+        tag: 0,
+        inline: [0; INLINE_BYTES],
+    };
+    one.raw().link(0).unwrap().to.try_send(message).unwrap();
+    assert!(matches!(zero.recv(1), Err(Error::Protocol { peer: 1, .. })));
+}
+
+#[test]
+fn payload_blocks_are_freed_once_every_receiver_is_done() {
+    let (_world, sessions) = World::start("acks", 3);
+    let handles: Vec<_> = sessions
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                // Far more large broadcasts than the region holds at once: only freeing keeps
+                // this going.
+                for round in 0..2000u32 {
+                    let root = round % 3;
+                    let data = vec![round as u8; 4000];
+                    let got = s
+                        .broadcast(root, (s.rank() == root).then_some(&data[..]))
+                        .unwrap();
+                    assert_eq!(got, data);
+                }
+                s.barrier().unwrap();
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+}
