@@ -40,7 +40,9 @@ pub fn run(rest: &[String]) -> Result<(), String> {
 /// Part 1: a broker on a thread of this process, `workers` worker processes logging on to it.
 fn broker_and_workers(workers: u32) -> Result<(), String> {
     let me = std::process::id();
-    println!("shmbroker demo, part 1: a broker and {workers} worker processes\n");
+    println!(
+        "shmbroker demo, part 1: a broker and {workers} worker processes running every collective\n"
+    );
     let dir = TempDir::new("demo")?;
     let socket = dir.path().join("broker.sock");
     let config = Config {
@@ -63,6 +65,7 @@ fn broker_and_workers(workers: u32) -> Result<(), String> {
     for _ in 0..workers {
         let mut command = Command::new(&exe);
         command.arg("worker").arg("--socket").arg(&socket);
+        command.args(["--selftest", "--repeat", "3", "--table", "2000"]);
         std::io::stdout().flush().ok();
         children.push(
             spawn_with_fds(&mut command, &[]).map_err(|e| format!("starting a worker: {e}"))?,

@@ -120,3 +120,65 @@ pub fn run(session: &mut Session, repeat: u64, only: Only) -> Result<String, Str
         start.elapsed().as_secs_f64() * 1e3
     ))
 }
+
+/// Times each collective over `rounds` calls on every rank; returns (step, p50 ns, p99 ns).
+pub fn timings(session: &mut Session, rounds: usize) -> Result<Vec<(String, u64, u64)>, String> {
+    let (rank, world) = (session.rank(), session.world_size());
+    let fail = |what: &str, e: Error| format!("timing {what}: {e}");
+    let small = [7u8; 8];
+    let large = vec![7u8; 1024];
+    let mut table = Vec::new();
+    let mut time = |name: String, op: &mut dyn FnMut(&mut Session) -> Result<(), Error>| {
+        session.barrier().map_err(|e| fail("barrier", e))?;
+        let mut samples = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let start = Instant::now();
+            op(session).map_err(|e| fail(&name, e))?;
+            samples.push(start.elapsed().as_nanos() as u64);
+        }
+        samples.sort_unstable();
+        let at = |p: usize| samples[(samples.len() * p / 100).min(samples.len() - 1)];
+        table.push((name, at(50), at(99)));
+        Ok::<(), String>(())
+    };
+    time("barrier".into(), &mut |s| s.barrier())?;
+    time("all_gather 8 B".into(), &mut |s| {
+        s.all_gather(&small).map(drop)
+    })?;
+    time("all_gather 1 KiB".into(), &mut |s| {
+        s.all_gather(&large).map(drop)
+    })?;
+    time("broadcast 8 B from rank 0".into(), &mut |s| {
+        s.broadcast(0, (rank == 0).then_some(&small[..])).map(drop)
+    })?;
+    time("broadcast 1 KiB from rank 0".into(), &mut |s| {
+        s.broadcast(0, (rank == 0).then_some(&large[..])).map(drop)
+    })?;
+    if world > 1 {
+        let (next, previous) = ((rank + 1) % world, (rank + world - 1) % world);
+        time("send + recv 8 B around the ring".into(), &mut |s| {
+            s.send(next, &small)?;
+            s.recv(previous).map(drop)
+        })?;
+    }
+    Ok(table)
+}
+
+/// The table rank 0 prints.
+pub fn format_table(world: u32, rounds: usize, table: &[(String, u64, u64)]) -> String {
+    let micros = |ns: u64| format!("{:.1} µs", ns as f64 / 1e3);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut out = format!(
+        "collectives across {world} worker processes on {cores} cores, {rounds} calls each (times on rank 0;\n\
+         with more processes than cores, waits park after spinning, so times include wake-ups):\n  {:<34} {:>10} {:>10}\n",
+        "step", "p50", "p99"
+    );
+    for (name, p50, p99) in table {
+        out.push_str(&format!(
+            "  {name:<34} {:>10} {:>10}\n",
+            micros(*p50),
+            micros(*p99)
+        ));
+    }
+    out
+}

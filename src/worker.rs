@@ -7,11 +7,12 @@ use std::time::Duration;
 
 pub const USAGE: &str = "\
 shmbroker worker --socket PATH [--rank R] [--timeout-ms MS]
-                 [--selftest [--repeat N] [--only all|barrier|all_gather]]
+                 [--selftest [--repeat N] [--only all|barrier|all_gather] [--table ROUNDS]]
     Log on to the broker at PATH (as rank R, or any free rank), print the rank and what was
     received, exchange one message with every peer over the rings, and exit 0.
     --selftest instead runs every collective N times (default 1) across the world, checks every
-    result, prints a summary and exits 0; if a peer dies it exits 1 naming the lost rank.";
+    result, prints a summary and exits 0; if a peer dies it exits 1 naming the lost rank.
+    --table then times each collective ROUNDS times on every rank; rank 0 prints the latencies.";
 
 /// Message kind of the greeting.
 const HELLO: u32 = 1;
@@ -28,6 +29,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     let only = args
         .value::<crate::selftest::Only>("--only")?
         .unwrap_or(crate::selftest::Only::All);
+    let table = args.value::<usize>("--table")?;
     args.finish()?;
     if selftest {
         let rank = (rank != ANY_RANK).then_some(rank);
@@ -35,7 +37,19 @@ pub fn run(rest: &[String]) -> Result<(), String> {
             .map_err(|e| format!("logon: {e}"))?;
         session.set_timeout(timeout);
         let summary = crate::selftest::run(&mut session, repeat, only)?;
-        println!("{summary}");
+        println!("[worker pid {}] {summary}", std::process::id());
+        if let Some(rounds) = table.filter(|&rounds| rounds > 0) {
+            let timings = crate::selftest::timings(&mut session, rounds)?;
+            session
+                .barrier()
+                .map_err(|e| format!("final barrier: {e}"))?;
+            if session.rank() == 0 {
+                print!(
+                    "{}",
+                    crate::selftest::format_table(session.world_size(), rounds, &timings)
+                );
+            }
+        }
         return Ok(());
     }
 

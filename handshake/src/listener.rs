@@ -344,11 +344,6 @@ impl Listener {
             .fold(timeout, Duration::min);
         let (listener_ready, stop_ready, pending_ready, workers_ready) = self.wait(wait)?;
         let mut events = Vec::new();
-        if stop_ready {
-            let _ = self.stop.read();
-            events.push(Event::Stopped);
-            return Ok(events);
-        }
         for index in (0..pending_ready.len()).rev() {
             if pending_ready[index] {
                 self.read_pending(index, &mut events);
@@ -359,10 +354,15 @@ impl Listener {
                 self.read_worker(rank, &mut events);
             }
         }
-        if listener_ready {
+        if listener_ready && !stop_ready {
             self.accept_all(&mut events)?;
         }
         self.expire_pending(&mut events);
+        // Last, so that what arrived together with the stop (a worker leaving, say) is reported.
+        if stop_ready {
+            let _ = self.stop.read();
+            events.push(Event::Stopped);
+        }
         Ok(events)
     }
 
