@@ -27,13 +27,23 @@
 use shmbroker_allocator::MAX_PAYLOAD;
 use shmbroker_bindings::{ANY_RANK, INLINE_BYTES, LogonFrame, Message, PayloadRef, kind};
 use shmbroker_handshake::connect;
-use shmbroker_queues::{Corruption, RecvTimeoutError, SendTimeoutError, TryRecvError};
+use shmbroker_queues::{
+    Corruption, RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError,
+};
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The default deadline of every call, until [`Session::set_timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a send waits on a full ring before taking in what the peer sent meanwhile, and a
+/// receive that owes acknowledgements before trying to send them again.
+const SEND_SLICE: Duration = Duration::from_millis(1);
+
+/// How long an allocation waits for acknowledgements before looking again, when the payload
+/// region is exhausted (a back-pressure path, not a data path).
+const EXHAUSTED_BACKOFF: Duration = Duration::from_micros(200);
 
 /// Why a session call failed.
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +138,8 @@ pub struct Session {
     received_from: Vec<u64>,
     /// Payload blocks sent and not yet acknowledged by every receiver: offset -> (ref, acks due).
     unacked: HashMap<u64, (PayloadRef, u32)>,
+    /// Per peer: acknowledgements not yet sent because the ring to that peer was full.
+    acks_due: Vec<VecDeque<Message>>,
 }
 
 /// One call's deadline.
@@ -189,6 +201,7 @@ impl Session {
             sent_to: vec![0; world],
             received_from: vec![0; world],
             unacked: HashMap::new(),
+            acks_due: vec![VecDeque::new(); world],
         }
     }
 
@@ -283,7 +296,7 @@ impl Session {
         let deadline = Deadline::new("all_gather", timeout);
         let seq = self.next_seq();
         let receivers = self.world_size() - 1;
-        let outgoing = self.encode(kind::ALL_GATHER, seq, data, receivers)?;
+        let outgoing = self.encode(kind::ALL_GATHER, seq, data, receivers, &deadline)?;
         for peer in self.peers() {
             self.send_message(peer, outgoing, &deadline)?;
         }
@@ -291,7 +304,7 @@ impl Session {
         gathered[self.rank() as usize] = data.to_vec();
         for peer in self.peers() {
             let incoming = self.recv_collective(peer, kind::ALL_GATHER, seq, &deadline)?;
-            gathered[peer as usize] = self.decode(peer, incoming, &deadline)?;
+            gathered[peer as usize] = self.decode(peer, incoming)?;
         }
         Ok(gathered)
     }
@@ -344,7 +357,8 @@ impl Session {
         let seq = self.next_seq();
         match (root == self.rank(), data) {
             (true, Some(data)) => {
-                let outgoing = self.encode(kind::BROADCAST, seq, data, self.world_size() - 1)?;
+                let outgoing =
+                    self.encode(kind::BROADCAST, seq, data, self.world_size() - 1, &deadline)?;
                 for peer in self.peers() {
                     self.send_message(peer, outgoing, &deadline)?;
                 }
@@ -352,7 +366,7 @@ impl Session {
             }
             (false, None) => {
                 let incoming = self.recv_collective(root, kind::BROADCAST, seq, &deadline)?;
-                self.decode(root, incoming, &deadline)
+                self.decode(root, incoming)
             }
             (true, None) => Err(Error::Misuse(format!(
                 "rank {root} is the broadcast root but gave no data"
@@ -398,7 +412,7 @@ impl Session {
         self.check_peer(rank)?;
         let deadline = Deadline::new("send", timeout);
         let tag = self.sent_to[rank as usize];
-        let outgoing = self.encode(kind::SEND, tag, data, 1)?;
+        let outgoing = self.encode(kind::SEND, tag, data, 1, &deadline)?;
         self.send_message(rank, outgoing, &deadline)?;
         self.sent_to[rank as usize] += 1;
         Ok(())
@@ -445,7 +459,7 @@ impl Session {
             });
         }
         self.received_from[rank as usize] += 1;
-        self.decode(rank, incoming, &deadline)
+        self.decode(rank, incoming)
     }
 
     fn check_peer(&self, rank: u32) -> Result<(), Error> {
@@ -466,6 +480,7 @@ impl Session {
         tag: u64,
         data: &[u8],
         receivers: u32,
+        deadline: &Deadline,
     ) -> Result<Message, Error> {
         if data.len() > MAX_PAYLOAD {
             return Err(Error::TooLarge {
@@ -479,14 +494,20 @@ impl Session {
             inline[..len].copy_from_slice(&data[..len]);
             return Ok(message(kind, tag, data.len() as u32, inline));
         }
-        let payload = match self.inner.payload().alloc(data) {
-            Ok(payload) => payload,
-            Err(shmbroker_allocator::Error::Exhausted { .. }) => {
-                // Blocks may be waiting on acknowledgements that have arrived but were not read.
-                self.drain_acks()?;
-                self.inner.payload().alloc(data)?
+        let payload = loop {
+            match self.inner.payload().alloc(data) {
+                Ok(payload) => break payload,
+                // Blocks are waiting on acknowledgements: take in what has arrived and try again
+                // until the deadline (receivers send them as soon as their rings have room).
+                Err(shmbroker_allocator::Error::Exhausted { .. }) if !deadline.left().is_zero() => {
+                    let waiting = self.unacked.len();
+                    self.drain_acks()?;
+                    if self.unacked.len() == waiting {
+                        std::thread::sleep(EXHAUSTED_BACKOFF.min(deadline.left()));
+                    }
+                }
+                Err(other) => return Err(other.into()),
             }
-            Err(other) => return Err(other.into()),
         };
         self.unacked.insert(payload.offset, (payload, receivers));
         inline[..size_of::<PayloadRef>()].copy_from_slice(bytemuck::bytes_of(&payload));
@@ -499,12 +520,7 @@ impl Session {
     }
 
     /// The data a message from `peer` carries; a payload is copied out and acknowledged.
-    fn decode(
-        &mut self,
-        peer: u32,
-        incoming: Message,
-        deadline: &Deadline,
-    ) -> Result<Vec<u8>, Error> {
+    fn decode(&mut self, peer: u32, incoming: Message) -> Result<Vec<u8>, Error> {
         let len = incoming.len as usize;
         if incoming.kind & kind::IN_PAYLOAD == 0 {
             if len > INLINE_BYTES {
@@ -529,13 +545,11 @@ impl Session {
         let data = self.inner.payload().read(payload)?;
         let mut inline = [0u8; INLINE_BYTES];
         inline[..size_of::<PayloadRef>()].copy_from_slice(bytemuck::bytes_of(&payload));
-        // The acknowledgement only lets the sender free its block. A sender that has left needs
-        // none, and the data is already copied out: that is not this call's failure. (A session
-        // that died says so on the next call.)
-        match self.send_message(peer, message(kind::PAYLOAD_ACK, 0, 0, inline), deadline) {
-            Ok(()) | Err(Error::PeerLost { .. }) => Ok(data),
-            Err(other) => Err(other),
-        }
+        // The acknowledgement only lets the sender free its block, so it never holds this rank
+        // up: it is queued and goes out as soon as the ring to the sender has room.
+        self.acks_due[peer as usize].push_back(message(kind::PAYLOAD_ACK, 0, 0, inline));
+        self.flush_acks(peer)?;
+        Ok(data)
     }
 
     /// Handles an acknowledgement from `peer`: frees the block once every receiver is done.
@@ -560,25 +574,57 @@ impl Session {
         Ok(())
     }
 
+    /// Sends the acknowledgements owed to `peer` that fit, in order, without waiting. A peer that
+    /// has left needs none: they are dropped (a session that died says so on the next call).
+    fn flush_acks(&mut self, peer: u32) -> Result<(), Error> {
+        while let Some(&ack) = self.acks_due[peer as usize].front() {
+            let link = self
+                .inner
+                .link(peer)
+                .ok_or(Error::Misuse("no link".into()))?;
+            match link.to.try_send(ack) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => return Ok(()),
+                Err(TrySendError::Disconnected(_)) => {
+                    self.acks_due[peer as usize].clear();
+                    return Ok(());
+                }
+                Err(TrySendError::Corrupted(_, corruption)) => {
+                    return Err(Error::Corrupted { peer, corruption });
+                }
+            }
+            self.acks_due[peer as usize].pop_front();
+        }
+        Ok(())
+    }
+
     /// Reads whatever has arrived from every peer without waiting, handling acknowledgements and
     /// queueing the rest.
     fn drain_acks(&mut self) -> Result<(), Error> {
         for peer in self.peers() {
-            loop {
-                let link = self
-                    .inner
-                    .link(peer)
-                    .ok_or(Error::Misuse("no link".into()))?;
-                match link.from.try_recv() {
-                    Ok(message) => self.dispatch(peer, message)?,
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                    Err(TryRecvError::Corrupted(corruption)) => {
-                        return Err(Error::Corrupted { peer, corruption });
-                    }
+            self.drain_from(peer)?;
+        }
+        Ok(())
+    }
+
+    /// Reads whatever has arrived from `peer` without waiting: acknowledgements are handled,
+    /// everything else is queued in order.
+    fn drain_from(&mut self, peer: u32) -> Result<(), Error> {
+        self.flush_acks(peer)?;
+        loop {
+            let link = self
+                .inner
+                .link(peer)
+                .ok_or(Error::Misuse("no link".into()))?;
+            match link.from.try_recv() {
+                Ok(message) => self.dispatch(peer, message)?,
+                // A closed ring shows on the next send or receive, with its cause.
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return Ok(()),
+                Err(TryRecvError::Corrupted(corruption)) => {
+                    return Err(Error::Corrupted { peer, corruption });
                 }
             }
         }
-        Ok(())
     }
 
     /// Acknowledgements are handled at once; everything else waits in the peer's queue.
@@ -626,13 +672,26 @@ impl Session {
 
     /// The next message from `peer` that is not an acknowledgement (which is handled).
     fn recv_message(&mut self, peer: u32, deadline: &Deadline) -> Result<Message, Error> {
+        self.flush_acks(peer)?;
         loop {
             let link = self
                 .inner
                 .link(peer)
                 .ok_or(Error::Misuse("no link".into()))?;
-            let message = match link.from.recv_timeout(deadline.left()) {
+            // While acknowledgements are owed to this peer, wait in slices and send them as room
+            // appears: the peer may be waiting for them to free blocks before it can send more.
+            let owing = !self.acks_due[peer as usize].is_empty();
+            let wait = if owing {
+                deadline.left().min(SEND_SLICE)
+            } else {
+                deadline.left()
+            };
+            let message = match link.from.recv_timeout(wait) {
                 Ok(message) => message,
+                Err(RecvTimeoutError::Timeout) if owing && !deadline.left().is_zero() => {
+                    self.flush_acks(peer)?;
+                    continue;
+                }
                 Err(RecvTimeoutError::Timeout) => return Err(deadline.timed_out(peer)),
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(Error::PeerLost {
@@ -651,24 +710,37 @@ impl Session {
         }
     }
 
+    /// Sends one message to `peer`. While the ring to it is full, takes in what `peer` has sent
+    /// this rank: a peer blocked on a full ring back to us (with acknowledgements, say) stops
+    /// reading, and two ranks each waiting for the other to read would otherwise wait out their
+    /// deadlines.
     fn send_message(
         &mut self,
         peer: u32,
         outgoing: Message,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let link = self
-            .inner
-            .link(peer)
-            .ok_or(Error::Misuse("no link".into()))?;
-        match link.to.send_timeout(outgoing, deadline.left()) {
-            Ok(()) => Ok(()),
-            Err(SendTimeoutError::Timeout(_)) => Err(deadline.timed_out(peer)),
-            Err(SendTimeoutError::Disconnected(_)) => Err(Error::PeerLost {
-                rank: link.to.close_cause().unwrap_or(peer),
-            }),
-            Err(SendTimeoutError::Corrupted(_, corruption)) => {
-                Err(Error::Corrupted { peer, corruption })
+        self.flush_acks(peer)?;
+        loop {
+            let link = self
+                .inner
+                .link(peer)
+                .ok_or(Error::Misuse("no link".into()))?;
+            let slice = deadline.left().min(SEND_SLICE);
+            match link.to.send_timeout(outgoing, slice) {
+                Ok(()) => return Ok(()),
+                Err(SendTimeoutError::Timeout(_)) if deadline.left().is_zero() => {
+                    return Err(deadline.timed_out(peer));
+                }
+                Err(SendTimeoutError::Timeout(_)) => self.drain_from(peer)?,
+                Err(SendTimeoutError::Disconnected(_)) => {
+                    return Err(Error::PeerLost {
+                        rank: link.to.close_cause().unwrap_or(peer),
+                    });
+                }
+                Err(SendTimeoutError::Corrupted(_, corruption)) => {
+                    return Err(Error::Corrupted { peer, corruption });
+                }
             }
         }
     }

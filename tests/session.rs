@@ -244,3 +244,24 @@ fn payload_blocks_are_freed_once_every_receiver_is_done() {
         handle.join().unwrap();
     }
 }
+
+#[test]
+fn a_root_broadcasting_without_reading_is_not_deadlocked_by_acknowledgements() {
+    // Rings of 64 slots: the acknowledgements of 3000 large broadcasts fill the ring back to the
+    // root long before the root reads anything, while the root fills the ring to the receiver.
+    let (_world, sessions) = World::start("ack-flood", 2);
+    let mut sessions = sessions.into_iter();
+    let (mut root, mut receiver) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let data = vec![9u8; 4000];
+    let expected = data.clone();
+    let receiving = std::thread::spawn(move || {
+        for _ in 0..3000 {
+            assert_eq!(receiver.broadcast(0, None).unwrap(), expected);
+        }
+        receiver
+    });
+    for _ in 0..3000 {
+        root.broadcast(0, Some(&data)).unwrap();
+    }
+    let _receiver = receiving.join().unwrap();
+}
