@@ -215,7 +215,9 @@ impl RejectReason {
 /// First four bytes of every notice a worker sends the broker on its session socket: `SHMN`.
 pub const NOTICE_MAGIC: u32 = u32::from_le_bytes(*b"SHMN");
 
-/// What a logged-on worker tells the broker over its session socket. 8 bytes.
+/// A frame on a logged-on worker's session socket, in either direction. 24 bytes.
+///
+/// A frame that passes an fd carries it as `SCM_RIGHTS` on its first byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct WorkerNotice {
@@ -223,17 +225,55 @@ pub struct WorkerNotice {
     pub magic: u32,
     /// A [`NoticeKind`] code.
     pub kind: u32,
+    /// The other rank: where a relayed fd goes, or where it came from; [`NO_PEER`] otherwise.
+    pub peer: u32,
+    /// Explicit padding; must be zero.
+    pub _pad0: u32,
+    /// Chosen by the sender of a relayed fd, to match it to its ticket.
+    pub token: u64,
 }
 
-const _: () = assert!(size_of::<WorkerNotice>() == 8);
+const _: () = assert!(size_of::<WorkerNotice>() == 24);
+
+impl WorkerNotice {
+    /// A notice of `kind` about `peer` with `token`.
+    #[must_use]
+    pub const fn new(kind: NoticeKind, peer: u32, token: u64) -> Self {
+        Self {
+            magic: NOTICE_MAGIC,
+            kind: kind as u32,
+            peer,
+            _pad0: 0,
+            token,
+        }
+    }
+}
 
 /// What a [`WorkerNotice`] says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum NoticeKind {
-    /// The worker is leaving on purpose and has closed its rings itself; when its socket closes
-    /// next, the session goes on. A socket that closes without this is a worker that died.
+    /// Worker to broker: the worker is leaving on purpose and has closed its rings itself; when
+    /// its socket closes next, the session goes on. A socket that closes without this is a
+    /// worker that died.
     Goodbye = 1,
+    /// Worker to broker: pass the attached fd to rank `peer`, with `token`.
+    RelayFd = 2,
+    /// Broker to worker: the attached fd comes from rank `peer`, with the `token` it gave.
+    RelayedFd = 3,
+}
+
+impl NoticeKind {
+    /// The kind for a wire code, if it is one.
+    #[must_use]
+    pub const fn from_code(code: u32) -> Option<Self> {
+        match code {
+            1 => Some(Self::Goodbye),
+            2 => Some(Self::RelayFd),
+            3 => Some(Self::RelayedFd),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

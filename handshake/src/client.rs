@@ -1,16 +1,20 @@
 //! The worker's side: [`connect`] logs on and returns a [`Session`] holding everything received.
 
 use crate::error::{Error, ProtocolError};
-use crate::fdpass::recv_with_fds;
+use crate::fdpass::{recv_with_fds, send_with_fds};
 use crate::wire::{MANIFEST_ENTRY_LEN, REPLY_HEADER_LEN, decode_manifest, decode_reply_header};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr};
 use shmbroker_allocator::{PAYLOAD_LAYOUT_VERSION, PayloadRegion};
-use shmbroker_bindings::{FdRole, LogonFrame, ManifestEntry, Message, RING_LAYOUT_VERSION};
+use shmbroker_bindings::{
+    FdRole, LogonFrame, ManifestEntry, Message, NO_PEER, NOTICE_MAGIC, NoticeKind,
+    RING_LAYOUT_VERSION, WorkerNotice,
+};
 use shmbroker_queues::{Consumer, Producer};
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -36,6 +40,11 @@ pub struct Session {
     socket: UnixStream,
     links: Vec<Option<Link>>,
     payload: PayloadRegion,
+    /// The part of a notice from the broker read so far, and fds that came with notices.
+    notice: Vec<u8>,
+    notice_fds: VecDeque<OwnedFd>,
+    /// Relayed fds received and not yet taken, by (sender rank, token).
+    relayed: HashMap<(u32, u64), OwnedFd>,
 }
 
 impl Session {
@@ -68,10 +77,111 @@ impl Session {
     }
 
     /// The socket to the broker, open for the whole session (its closing tells the broker this
-    /// worker is gone).
+    /// worker is gone). It is non-blocking.
     #[must_use]
     pub fn broker_socket(&self) -> &UnixStream {
         &self.socket
+    }
+
+    /// Passes `fd` to rank `to` through the broker (`SCM_RIGHTS` both ways), tagged `token`;
+    /// `to` takes it with [`Self::take_relayed_fd`]. For when `pidfd_getfd` is not allowed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] if the socket stays full; [`Error::Sys`] if sending fails.
+    pub fn relay_fd(
+        &mut self,
+        to: u32,
+        token: u64,
+        fd: BorrowedFd<'_>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        let notice = WorkerNotice::new(NoticeKind::RelayFd, to, token);
+        loop {
+            match send_with_fds(self.socket.as_fd(), &[bytemuck::bytes_of(&notice)], &[fd]) {
+                Ok(n) if n == size_of::<WorkerNotice>() => return Ok(()),
+                Ok(_) => return Err(Error::sys("sendmsg (partial notice)")(Errno::EAGAIN)),
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => {
+                    if !wait_for(&self.socket, PollFlags::POLLOUT, deadline)
+                        .map_err(Error::sys("poll"))?
+                    {
+                        return Err(Error::Timeout {
+                            stage: "relaying an fd through the broker",
+                            timeout,
+                        });
+                    }
+                }
+                Err(other) => return Err(Error::sys("sendmsg")(other)),
+            }
+        }
+    }
+
+    /// The fd rank `from` relayed with `token`, waiting up to `timeout` for it to arrive.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`]; [`Error::Protocol`] if the broker sends something that is not a
+    /// notice or closes the socket.
+    pub fn take_relayed_fd(
+        &mut self,
+        from: u32,
+        token: u64,
+        timeout: Duration,
+    ) -> Result<OwnedFd, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(fd) = self.relayed.remove(&(from, token)) {
+                return Ok(fd);
+            }
+            let mut buffer = [0u8; size_of::<WorkerNotice>()];
+            let want = buffer.len() - self.notice.len();
+            let mut fds = Vec::new();
+            let received = recv_with_fds(self.socket.as_fd(), &mut buffer[..want], &mut fds);
+            self.notice_fds.extend(fds);
+            match received {
+                Ok(received) if received.bytes == 0 => {
+                    return Err(ProtocolError::Truncated {
+                        expected: size_of::<WorkerNotice>(),
+                        found: self.notice.len(),
+                    }
+                    .into());
+                }
+                Ok(received) => {
+                    self.notice.extend_from_slice(&buffer[..received.bytes]);
+                    if self.notice.len() == size_of::<WorkerNotice>() {
+                        let notice: WorkerNotice = bytemuck::pod_read_unaligned(&self.notice);
+                        self.notice.clear();
+                        let fd = self.notice_fds.pop_front();
+                        if notice.magic != NOTICE_MAGIC
+                            || notice.kind != NoticeKind::RelayedFd as u32
+                        {
+                            return Err(ProtocolError::BadMagic {
+                                expected: u64::from(NOTICE_MAGIC),
+                                found: u64::from(notice.magic),
+                            }
+                            .into());
+                        }
+                        if let Some(fd) = fd {
+                            self.relayed.insert((notice.peer, notice.token), fd);
+                        }
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => {
+                    if !wait_for(&self.socket, PollFlags::POLLIN, deadline)
+                        .map_err(Error::sys("poll"))?
+                    {
+                        return Err(Error::Timeout {
+                            stage: "waiting for a relayed fd",
+                            timeout,
+                        });
+                    }
+                }
+                Err(other) => return Err(Error::sys("recvmsg")(other)),
+            }
+        }
     }
 }
 
@@ -79,13 +189,9 @@ impl Drop for Session {
     /// Tells the broker this worker leaves on purpose, so that it does not end the session for
     /// everyone else. The rings close as the links drop, right after.
     fn drop(&mut self) {
-        let notice = shmbroker_bindings::WorkerNotice {
-            magic: shmbroker_bindings::NOTICE_MAGIC,
-            kind: shmbroker_bindings::NoticeKind::Goodbye as u32,
-        };
-        // Never block in drop: eight bytes fit in any socket buffer; if not, the broker treats
-        // this worker as lost, which is the safe side.
-        let _ = self.socket.set_nonblocking(true);
+        let notice = WorkerNotice::new(NoticeKind::Goodbye, NO_PEER, 0);
+        // Never block in drop (the socket is non-blocking): a notice fits in any socket buffer;
+        // if not, the broker treats this worker as lost, which is the safe side.
         let _ = (&self.socket).write(bytemuck::bytes_of(&notice));
     }
 }
@@ -166,9 +272,7 @@ fn log_on(
         }
     }
     let (header, manifest, fds) = receive_reply(&stream, deadline, timeout)?;
-    stream
-        .set_nonblocking(false)
-        .map_err(|e| Error::sys("fcntl")(io_errno(&e)))?;
+    // The socket stays non-blocking: every wait on it is a poll with a deadline.
     Session::from_reply(stream, &header, &manifest, fds)
 }
 
@@ -396,6 +500,9 @@ impl Session {
             socket,
             links,
             payload,
+            notice: Vec::with_capacity(size_of::<WorkerNotice>()),
+            notice_fds: VecDeque::new(),
+            relayed: HashMap::new(),
         })
     }
 }

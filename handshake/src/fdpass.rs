@@ -1,5 +1,7 @@
 //! Sending and receiving bytes with file descriptors attached (`SCM_RIGHTS`), see unix(7).
 //!
+//! Both calls are non-blocking (`MSG_DONTWAIT`); callers poll with their own deadlines.
+//!
 //! Receiving parses the control buffer itself rather than through nix's iterator: when the kernel
 //! truncates the control data (`MSG_CTRUNC`), the fds that did fit are already installed in this
 //! process, and nix's iterator would refuse to name them, leaking them. Here every fd that arrived
@@ -21,7 +23,7 @@ const _: () = assert!(size_of::<nix::libc::cmsghdr>() == CMSG_HEADER);
 
 /// Sends `parts` as one message with `fds` attached, without blocking and without SIGPIPE.
 /// Returns the number of bytes sent.
-pub(crate) fn send_with_fds(
+pub fn send_with_fds(
     socket: BorrowedFd<'_>,
     parts: &[&[u8]],
     fds: &[BorrowedFd<'_>],
@@ -40,7 +42,8 @@ pub(crate) fn send_with_fds(
 }
 
 /// What one [`recv_with_fds`] call got.
-pub(crate) struct Received {
+#[derive(Debug)]
+pub struct Received {
     /// Bytes read into the buffer (0: the peer closed).
     pub bytes: usize,
     /// Whether the kernel cut the control data; any fds that fit were still pushed.
@@ -49,7 +52,7 @@ pub(crate) struct Received {
 
 /// Receives once without blocking, with `MSG_CMSG_CLOEXEC`, appending every fd that arrived to
 /// `fds` (owned from then on).
-pub(crate) fn recv_with_fds(
+pub fn recv_with_fds(
     socket: BorrowedFd<'_>,
     buffer: &mut [u8],
     fds: &mut Vec<OwnedFd>,

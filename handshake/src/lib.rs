@@ -46,7 +46,7 @@
 
 mod client;
 mod error;
-mod fdpass;
+pub mod fdpass;
 mod listener;
 pub mod wire;
 

@@ -20,7 +20,7 @@
 //! The payload region is created at bind and kept.
 
 use crate::error::{Error, ProtocolError};
-use crate::fdpass::send_with_fds;
+use crate::fdpass::{recv_with_fds, send_with_fds};
 use crate::wire::{LOGON_LEN, MAX_WORLD_SIZE, decode_logon, manifest_order};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -31,7 +31,7 @@ use shmbroker_bindings::{
     ANY_RANK, FdRole, ManifestEntry, Message, NO_PEER, NOTICE_MAGIC, NoticeKind, PROTOCOL_VERSION,
     REPLY_MAGIC, RING_LAYOUT_VERSION, RejectReason, ReplyHeader, WorkerNotice,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
@@ -170,6 +170,8 @@ struct Worker {
     /// Bytes of the notice being received.
     notice: [u8; size_of::<WorkerNotice>()],
     filled: usize,
+    /// Fds received and not yet claimed by a `RelayFd` notice.
+    fds: VecDeque<OwnedFd>,
     said_goodbye: bool,
     /// Held for the liveness checks built on top of the handshake.
     _pidfd: Option<OwnedFd>,
@@ -196,6 +198,9 @@ pub struct Listener {
     /// it is left out of the poll until this instant instead of spinning on it.
     accept_paused_until: Option<Instant>,
 }
+
+/// Fds a worker may send the broker ahead of the notices that claim them.
+const MAX_UNCLAIMED_FDS: usize = 16;
 
 /// How long accepting pauses after `accept` fails for want of resources.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -560,45 +565,119 @@ impl Listener {
     }
 
     fn read_worker(&mut self, rank: usize, events: &mut Vec<Event>) {
-        let Some(worker) = self.workers[rank].as_mut() else {
-            return;
-        };
-        let Some(stream) = worker.stream.as_mut() else {
-            return;
-        };
-        // Notices arrive as 8-byte frames; EOF or an error means the worker is gone.
-        loop {
-            match stream.read(&mut worker.notice[worker.filled..]) {
-                Ok(0) => break,
-                Ok(n) => {
-                    worker.filled += n;
-                    if worker.filled == worker.notice.len() {
-                        worker.filled = 0;
-                        let notice: WorkerNotice = bytemuck::pod_read_unaligned(&worker.notice);
-                        if notice.magic == NOTICE_MAGIC && notice.kind == NoticeKind::Goodbye as u32
-                        {
-                            worker.said_goodbye = true;
-                        } else {
-                            events.push(Event::BadNotice {
-                                rank: rank as u32,
-                                detail: format!(
-                                    "expected magic {NOTICE_MAGIC:#x} kind {}, found magic {:#x} kind {}",
-                                    NoticeKind::Goodbye as u32,
-                                    notice.magic,
-                                    notice.kind
-                                ),
-                            });
+        // Notices arrive as fixed-size frames, an fd riding on the first byte of a frame that
+        // passes one; EOF or an error means the worker is gone.
+        let mut frames = Vec::new();
+        let gone = {
+            let Some(worker) = self.workers[rank].as_mut() else {
+                return;
+            };
+            let Some(stream) = worker.stream.as_ref() else {
+                return;
+            };
+            loop {
+                let mut fds = Vec::new();
+                let received = recv_with_fds(
+                    stream.as_fd(),
+                    &mut worker.notice[worker.filled..],
+                    &mut fds,
+                );
+                worker.fds.extend(fds);
+                // A worker cannot make the broker hoard fds it never claims.
+                while worker.fds.len() > MAX_UNCLAIMED_FDS {
+                    worker.fds.pop_front();
+                }
+                match received {
+                    Ok(received) if received.bytes == 0 => break true,
+                    Ok(received) => {
+                        worker.filled += received.bytes;
+                        if worker.filled == worker.notice.len() {
+                            worker.filled = 0;
+                            let notice: WorkerNotice = bytemuck::pod_read_unaligned(&worker.notice);
+                            let fd = (notice.kind == NoticeKind::RelayFd as u32)
+                                .then(|| worker.fds.pop_front())
+                                .flatten();
+                            frames.push((notice, fd));
                         }
                     }
+                    Err(Errno::EINTR) => {}
+                    Err(Errno::EAGAIN) => break false,
+                    Err(_) => break true,
                 }
-                Err(error) if error.kind() == ErrorKind::Interrupted => {}
-                Err(error) if error.kind() == ErrorKind::WouldBlock => return,
-                Err(_) => break,
+            }
+        };
+        for (notice, fd) in frames {
+            self.on_notice(rank as u32, notice, fd, events);
+        }
+        if gone {
+            self.worker_gone(rank as u32, events);
+        }
+    }
+
+    /// Acts on one notice from `rank`.
+    fn on_notice(
+        &mut self,
+        rank: u32,
+        notice: WorkerNotice,
+        fd: Option<OwnedFd>,
+        events: &mut Vec<Event>,
+    ) {
+        let bad = |detail: String| Event::BadNotice { rank, detail };
+        if notice.magic != NOTICE_MAGIC || notice._pad0 != 0 {
+            events.push(bad(format!(
+                "expected magic {NOTICE_MAGIC:#x} and zero padding, found {:#x} and {:#x}",
+                notice.magic, notice._pad0
+            )));
+            return;
+        }
+        match NoticeKind::from_code(notice.kind) {
+            Some(NoticeKind::Goodbye) => {
+                if let Some(worker) = self.workers[rank as usize].as_mut() {
+                    worker.said_goodbye = true;
+                }
+            }
+            Some(NoticeKind::RelayFd) => {
+                let Some(fd) = fd else {
+                    events.push(bad("a relay notice came without an fd".into()));
+                    return;
+                };
+                let to = notice.peer;
+                let target = self
+                    .workers
+                    .get(to as usize)
+                    .and_then(Option::as_ref)
+                    .and_then(|w| w.stream.as_ref());
+                let Some(target) = target.filter(|_| to != rank) else {
+                    events.push(bad(format!("cannot relay an fd to rank {to}")));
+                    return;
+                };
+                let relayed = WorkerNotice::new(NoticeKind::RelayedFd, rank, notice.token);
+                match send_with_fds(
+                    target.as_fd(),
+                    &[bytemuck::bytes_of(&relayed)],
+                    &[fd.as_fd()],
+                ) {
+                    Ok(n) if n == size_of::<WorkerNotice>() => {}
+                    Ok(_) | Err(_) => {
+                        events.push(bad(format!("could not relay an fd to rank {to}")))
+                    }
+                }
+            }
+            Some(NoticeKind::RelayedFd) | None => {
+                events.push(bad(format!("unexpected notice kind {}", notice.kind)));
             }
         }
+    }
+
+    /// `rank`'s socket closed: a goodbye first means only its rings close; otherwise the whole
+    /// session ends.
+    fn worker_gone(&mut self, rank: u32, events: &mut Vec<Event>) {
+        let Some(worker) = self.workers[rank as usize].as_mut() else {
+            return;
+        };
         worker.stream = None;
+        worker.fds.clear();
         let (pid, clean) = (worker.pid, worker.said_goodbye);
-        let rank = rank as u32;
         let rings_closed = if clean {
             self.close_rings(|from, to| from == rank || to == rank, rank)
         } else {
@@ -704,6 +783,7 @@ impl Listener {
                     pid: pending.pid,
                     notice: [0; size_of::<WorkerNotice>()],
                     filled: 0,
+                    fds: VecDeque::new(),
                     said_goodbye: false,
                     _pidfd: pidfd,
                 });

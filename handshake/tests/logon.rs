@@ -486,3 +486,40 @@ fn a_worker_leaving_on_purpose_ends_only_its_own_rings() {
     assert_eq!(one.link(0).unwrap().from.try_recv(), Ok(message));
     assert_eq!(zero.link(1).unwrap().from.close_cause(), None);
 }
+
+#[test]
+fn fds_relayed_through_the_broker_arrive_as_the_same_files_in_any_order() {
+    use std::os::fd::AsFd;
+    let broker = Broker::start("relay", config(2));
+    let path = broker.path.clone();
+    let other = thread::spawn(move || connect(&path, LogonFrame::new(1), TIMEOUT).unwrap());
+    let mut zero = connect(&broker.path, LogonFrame::new(0), TIMEOUT).unwrap();
+    let mut one = other.join().unwrap();
+    let files: Vec<_> = (0..2)
+        .map(|_| shmbroker_queues::memfd::create_sealed(c"relay-test", 4096).unwrap())
+        .collect();
+    zero.relay_fd(1, 1, files[0].as_fd(), TIMEOUT).unwrap();
+    zero.relay_fd(1, 2, files[1].as_fd(), TIMEOUT).unwrap();
+    // Taken out of order: the first to arrive waits for its turn.
+    for (token, sent) in [(2u64, &files[1]), (1, &files[0])] {
+        let got = one.take_relayed_fd(0, token, TIMEOUT).unwrap();
+        let (s, g) = (
+            nix::sys::stat::fstat(sent).unwrap(),
+            nix::sys::stat::fstat(&got).unwrap(),
+        );
+        assert_eq!((s.st_dev, s.st_ino), (g.st_dev, g.st_ino));
+    }
+    // A relay to a rank that does not exist is reported and goes nowhere.
+    zero.relay_fd(7, 3, files[0].as_fd(), TIMEOUT).unwrap();
+    loop {
+        if let Event::BadNotice { rank, detail } = broker.events.recv_timeout(TIMEOUT).unwrap() {
+            assert_eq!(rank, 0);
+            assert!(detail.contains("cannot relay an fd to rank 7"), "{detail}");
+            break;
+        }
+    }
+    assert!(matches!(
+        one.take_relayed_fd(0, 3, Duration::from_millis(50)),
+        Err(Error::Timeout { .. })
+    ));
+}
