@@ -25,6 +25,26 @@ impl std::str::FromStr for Only {
     }
 }
 
+/// A sealed memfd holding `bytes`.
+fn memfd_with(bytes: &[u8]) -> Result<std::os::fd::OwnedFd, String> {
+    use std::os::unix::fs::FileExt;
+    let fd = shmbroker::queues::memfd::create_sealed(c"selftest", bytes.len() as u64)
+        .map_err(|e| e.to_string())?;
+    let file = std::fs::File::from(fd.try_clone().map_err(|e| e.to_string())?);
+    file.write_all_at(bytes, 0).map_err(|e| e.to_string())?;
+    Ok(fd)
+}
+
+/// What the file behind `fd` holds (32 bytes at most).
+fn contents(fd: &std::os::fd::OwnedFd) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::from(fd.try_clone().map_err(|e| e.to_string())?);
+    let mut bytes = vec![0u8; 32];
+    let n = file.read_at(&mut bytes, 0).map_err(|e| e.to_string())?;
+    bytes.truncate(n);
+    Ok(bytes)
+}
+
 /// Bytes that name who made them, for which iteration, at which length.
 fn pattern(who: u32, iteration: u64, len: usize) -> Vec<u8> {
     (0..len)
@@ -102,6 +122,27 @@ pub fn run(session: &mut Session, repeat: u64, only: Only) -> Result<String, Str
                 checks += 1;
             }
         }
+        // File descriptors: every rank's memfd to everyone, then one rank's to all.
+        let mine = memfd_with(&pattern(rank, i, 32)).map_err(|e| format!("memfd: {e}"))?;
+        let all = session
+            .exchange_fds(std::os::fd::AsFd::as_fd(&mine))
+            .map_err(|e| fail("exchange_fds", e))?;
+        for (peer, fd) in (0u32..).zip(&all) {
+            check("exchange_fds", peer, &contents(fd)?, &pattern(peer, i, 32))?;
+        }
+        checks += 1;
+        let root = (i % u64::from(world)) as u32;
+        let offered = (root == rank).then_some(std::os::fd::AsFd::as_fd(&mine));
+        let got = session
+            .broadcast_fd(root, offered)
+            .map_err(|e| fail("broadcast_fd", e))?;
+        check(
+            "broadcast_fd",
+            root,
+            &contents(&got)?,
+            &pattern(root, i, 32),
+        )?;
+        checks += 1;
         if world > 1 {
             let (next, previous) = ((rank + 1) % world, (rank + world - 1) % world);
             for len in [5usize, 2000] {

@@ -24,6 +24,10 @@
 //! later call then fails with [`Error::PeerLost`] naming that rank (see
 //! [`shmbroker_handshake::Listener`]).
 
+mod fds;
+
+pub use fds::FdTransport;
+
 use shmbroker_allocator::MAX_PAYLOAD;
 use shmbroker_bindings::{ANY_RANK, INLINE_BYTES, LogonFrame, Message, PayloadRef, kind};
 use shmbroker_handshake::connect;
@@ -122,6 +126,24 @@ pub enum Error {
     /// The payload region refused (exhausted, or a peer's reference out of bounds).
     #[error(transparent)]
     Payload(#[from] shmbroker_allocator::Error),
+    /// An fd could not be moved with the transport chosen.
+    #[error("fd exchange: {0}")]
+    FdTransport(String),
+    /// An fd ticket named a file the fd number no longer (or never) referred to.
+    #[error(
+        "stale fd ticket from rank {exporter}: expected (st_dev, st_ino) {expected:?}, found {found:?}"
+    )]
+    StaleFdTicket {
+        /// The rank that offered the fd.
+        exporter: u32,
+        /// What the ticket said.
+        expected: (u64, u64),
+        /// What the fd number referred to.
+        found: (u64, u64),
+    },
+    /// Handshake-level failure while relaying an fd through the broker.
+    #[error("fd relay: {0}")]
+    Relay(String),
 }
 
 /// A worker's session: its rank, its links to every peer, and the collectives over them.
@@ -140,6 +162,9 @@ pub struct Session {
     unacked: HashMap<u64, (PayloadRef, u32)>,
     /// Per peer: acknowledgements not yet sent because the ring to that peer was full.
     acks_due: Vec<VecDeque<Message>>,
+    /// How fds move, and whether the choice was reported yet.
+    fd_transport: FdTransport,
+    fd_transport_reported: bool,
 }
 
 /// One call's deadline.
@@ -185,8 +210,11 @@ impl Session {
         rank: Option<u32>,
         timeout: Duration,
     ) -> Result<Self, Error> {
+        let transport = FdTransport::from_env()?;
         let logon = LogonFrame::new(rank.unwrap_or(ANY_RANK));
-        Ok(Self::from_handshake(connect(path, logon, timeout)?))
+        let mut session = Self::from_handshake(connect(path, logon, timeout)?);
+        session.set_fd_transport(transport);
+        Ok(session)
     }
 
     /// Wraps a session the handshake returned.
@@ -202,6 +230,8 @@ impl Session {
             received_from: vec![0; world],
             unacked: HashMap::new(),
             acks_due: vec![VecDeque::new(); world],
+            fd_transport: FdTransport::Auto,
+            fd_transport_reported: false,
         }
     }
 
@@ -323,6 +353,28 @@ impl Session {
                     peer,
                     detail: format!(
                         "all_gather_pod: expected {} bytes, received {}",
+                        size_of::<T>(),
+                        bytes.len()
+                    ),
+                })
+            })
+            .collect()
+    }
+
+    /// [`Self::all_gather_pod`] within an existing deadline (for collectives built on it).
+    fn all_gather_pod_with<T: bytemuck::Pod>(
+        &mut self,
+        value: &T,
+        deadline: &Deadline,
+    ) -> Result<Vec<T>, Error> {
+        let gathered = self.all_gather_timeout(bytemuck::bytes_of(value), deadline.left())?;
+        (0..)
+            .zip(gathered)
+            .map(|(peer, bytes)| {
+                bytemuck::try_pod_read_unaligned(&bytes).map_err(|_| Error::Protocol {
+                    peer,
+                    detail: format!(
+                        "expected {} bytes, received {}",
                         size_of::<T>(),
                         bytes.len()
                     ),

@@ -26,6 +26,10 @@ struct Broker {
 
 impl Broker {
     fn start(name: &str, world: u32) -> Self {
+        Self::start_with(name, world, Vec::new())
+    }
+
+    fn start_with(name: &str, world: u32, allowed_uids: Vec<u32>) -> Self {
         let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -33,6 +37,7 @@ impl Broker {
             world_size: world,
             ring_capacity: 256,
             payload_bytes: 8 << 20,
+            allowed_uids,
             ..Config::default()
         };
         let mut listener = Listener::bind(dir.join("broker.sock"), config).unwrap();
@@ -58,6 +63,15 @@ impl Broker {
     }
 
     fn worker(&self, rank: u32, extra: &[&str]) -> ChildGuard {
+        self.worker_with(rank, extra, |_| {})
+    }
+
+    fn worker_with(
+        &self,
+        rank: u32,
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> ChildGuard {
         let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
         command
             .args([
@@ -71,6 +85,7 @@ impl Broker {
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        adjust(&mut command);
         spawn_with_fds(&mut command, &[]).unwrap()
     }
 
@@ -157,4 +172,63 @@ fn a_worker_killed_during_a_barrier_is_named_by_every_survivor() {
 #[test]
 fn a_worker_killed_during_an_all_gather_is_named_by_every_survivor() {
     kill_during("all_gather");
+}
+
+/// Rank 0 runs as root, rank 1 as uid 65534, which may not take root's fds with pidfd_getfd.
+/// Returns each rank's (success, stdout, stderr).
+fn fds_across_uids(name: &str, transport: &str) -> Vec<(bool, String, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let broker = Broker::start_with(name, 2, vec![0, 65534]);
+    std::fs::set_permissions(&broker.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(broker.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let workers = [
+        broker.worker_with(0, &[], |c| {
+            c.env("SHMBROKER_FD_TRANSPORT", transport);
+        }),
+        broker.worker_with(1, &[], |c| {
+            c.env("SHMBROKER_FD_TRANSPORT", transport)
+                .uid(65534)
+                .gid(65534);
+        }),
+    ];
+    workers.into_iter().map(finish).collect()
+}
+
+#[test]
+fn fds_from_a_process_of_another_uid_fall_back_to_the_relay_under_auto() {
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("skipped: running a worker as another uid needs root");
+        return;
+    }
+    let results = fds_across_uids("fds-auto-uid", "auto");
+    for (rank, (ok, stdout, stderr)) in results.iter().enumerate() {
+        assert!(ok, "rank {rank}: {stdout}{stderr}");
+        assert!(
+            stderr.contains("fd transport: relay through the broker where needed"),
+            "rank {rank}: {stderr}"
+        );
+    }
+    assert!(
+        results[1].2.contains("pidfd_getfd from rank 0: EPERM"),
+        "{}",
+        results[1].2
+    );
+}
+
+#[test]
+fn fds_from_a_process_of_another_uid_fail_clearly_under_pidfd() {
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("skipped: running a worker as another uid needs root");
+        return;
+    }
+    for (rank, (ok, stdout, stderr)) in fds_across_uids("fds-pidfd-uid", "pidfd").iter().enumerate()
+    {
+        assert!(!ok, "rank {rank} passed under pidfd: {stdout}");
+        assert!(
+            stderr.contains("pidfd_getfd of rank 0's fd by rank 1 was refused")
+                && stderr.contains("SHMBROKER_FD_TRANSPORT=auto"),
+            "rank {rank}: {stderr}"
+        );
+    }
 }

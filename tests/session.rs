@@ -265,3 +265,71 @@ fn a_root_broadcasting_without_reading_is_not_deadlocked_by_acknowledgements() {
     }
     let _receiver = receiving.join().unwrap();
 }
+
+/// A memfd holding `text`.
+fn memfd_with(text: &str) -> std::os::fd::OwnedFd {
+    use std::os::unix::fs::FileExt;
+    let fd = shmbroker::queues::memfd::create_sealed(c"fd-exchange-test", 64).unwrap();
+    let file = std::fs::File::from(fd.try_clone().unwrap());
+    file.write_all_at(text.as_bytes(), 0).unwrap();
+    fd
+}
+
+fn text_of(fd: &std::os::fd::OwnedFd) -> String {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::from(fd.try_clone().unwrap());
+    let mut bytes = [0u8; 64];
+    file.read_at(&mut bytes, 0).unwrap();
+    String::from_utf8_lossy(&bytes)
+        .trim_end_matches('\0')
+        .to_owned()
+}
+
+fn exchange_and_broadcast_fds(name: &str, transport: shmbroker::session::FdTransport) {
+    use std::os::fd::AsFd;
+    let (_world, sessions) = World::start(name, 3);
+    let handles: Vec<_> = sessions
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                s.set_fd_transport(transport);
+                let rank = s.rank();
+                let mine = memfd_with(&format!("file of rank {rank}"));
+                let all = s.exchange_fds(mine.as_fd()).unwrap();
+                let texts: Vec<String> = all.iter().map(text_of).collect();
+                let root_fd = (rank == 2).then(|| memfd_with("broadcast by rank 2"));
+                let got = s
+                    .broadcast_fd(2, root_fd.as_ref().map(|fd| fd.as_fd()))
+                    .unwrap();
+                (texts, text_of(&got))
+            })
+        })
+        .collect();
+    for handle in handles {
+        let (texts, broadcast) = handle.join().unwrap();
+        assert_eq!(
+            texts,
+            ["file of rank 0", "file of rank 1", "file of rank 2"]
+        );
+        assert_eq!(broadcast, "broadcast by rank 2");
+    }
+}
+
+#[test]
+fn fds_move_by_pidfd_getfd() {
+    exchange_and_broadcast_fds("fds-auto", shmbroker::session::FdTransport::Auto);
+}
+
+#[test]
+fn fds_move_through_the_broker_relay() {
+    exchange_and_broadcast_fds("fds-relay", shmbroker::session::FdTransport::Relay);
+}
+
+#[test]
+fn an_fd_broadcast_root_without_an_fd_is_misuse() {
+    let (_world, mut sessions) = World::start("fds-misuse", 2);
+    assert!(matches!(
+        sessions[0].broadcast_fd(0, None),
+        Err(Error::Misuse(_))
+    ));
+}

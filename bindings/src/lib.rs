@@ -35,5 +35,5 @@ pub use logon::{
     ANY_RANK, FdRole, LOGON_MAGIC, LogonFrame, MAX_REPLY_FDS, ManifestEntry, NO_PEER, NOTICE_MAGIC,
     NoticeKind, PROTOCOL_VERSION, REASON_LEN, REPLY_MAGIC, RejectReason, ReplyHeader, WorkerNotice,
 };
-pub use message::{INLINE_BYTES, Message, PayloadRef, kind};
+pub use message::{FdTicket, INLINE_BYTES, Message, PayloadRef, kind};
 pub use ring::{RING_LAYOUT_VERSION, RING_MAGIC, RingLayout};

@@ -34,10 +34,33 @@ pub mod kind {
     pub const SEND: u32 = 4;
     /// "Done with this payload": `inline` holds the [`super::PayloadRef`] to free.
     pub const PAYLOAD_ACK: u32 = 5;
+    /// An exporter's [`super::FdTicket`] in an fd exchange; `tag` is the sequence number.
+    pub const FD_TICKET: u32 = 6;
     /// Or-ed into a kind when the data is in the payload region, not inline: `inline` then
     /// starts with a [`super::PayloadRef`].
     pub const IN_PAYLOAD: u32 = 1 << 16;
 }
+
+/// What an exporter tells importers about an fd it offers. 32 bytes, inline in a [`Message`].
+///
+/// An importer takes the fd with `pidfd_getfd(pidfd_open(pid), fd)` and accepts it only if its
+/// `(st_dev, st_ino)` are these: a number closed and reused since is refused as stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct FdTicket {
+    /// The exporter's process id.
+    pub pid: u32,
+    /// The fd's number in the exporter.
+    pub fd: i32,
+    /// `st_dev` of the file.
+    pub dev: u64,
+    /// `st_ino` of the file.
+    pub ino: u64,
+    /// The exchange's sequence number, which also tags a relayed copy.
+    pub token: u64,
+}
+
+const _: () = assert!(size_of::<FdTicket>() == 32);
 
 /// A block in the session's payload region, as one process names it to another. 16 bytes.
 ///

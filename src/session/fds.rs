@@ -1,0 +1,396 @@
+//! Moving file descriptors between workers: `exchange_fds` and `broadcast_fd`.
+//!
+//! # Protocol
+//!
+//! 1. Each exporter sends every importer an [`FdTicket`]: its pid, the fd's number, and the
+//!    file's `(st_dev, st_ino)`.
+//! 2. Unless the relay is forced, each importer takes every fd with
+//!    `pidfd_getfd(pidfd_open(pid), fd)` and keeps it only if its `(st_dev, st_ino)` match the
+//!    ticket: a number closed and reused in the meantime is refused as stale.
+//! 3. All ranks all-gather which imports were refused by the kernel (`EPERM` from Yama or a
+//!    non-dumpable or differently privileged exporter, `ENOSYS` on old kernels) and which were
+//!    stale. This round is also the acknowledgement: no exporter returns (and so closes its fd)
+//!    before every importer has taken what it could.
+//! 4. A stale ticket fails the call on every rank. A refused import fails it under
+//!    [`FdTransport::Pidfd`]; under [`FdTransport::Auto`] the exporter passes those fds through
+//!    the broker instead (`SCM_RIGHTS` both ways), and the importer checks them against the
+//!    ticket in the same way.
+//!
+//! The transport used the first time is reported once on standard error, with the reason.
+
+use super::{Deadline, Error, Session, message};
+use shmbroker_bindings::{FdTicket, INLINE_BYTES, kind};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// How file descriptors move between workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FdTransport {
+    /// `pidfd_getfd` where the kernel allows it, the broker relay where it does not.
+    Auto,
+    /// Only `pidfd_getfd`; an import the kernel refuses is an error.
+    Pidfd,
+    /// Only the broker relay.
+    Relay,
+}
+
+impl std::str::FromStr for FdTransport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "pidfd" => Ok(Self::Pidfd),
+            "relay" => Ok(Self::Relay),
+            other => Err(format!(
+                "fd transport must be auto, pidfd or relay, not {other:?}"
+            )),
+        }
+    }
+}
+
+impl FdTransport {
+    /// From `SHMBROKER_FD_TRANSPORT`, or [`FdTransport::Auto`] when it is not set.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the variable holds anything else than `auto`, `pidfd` or `relay`.
+    pub fn from_env() -> Result<Self, Error> {
+        match std::env::var("SHMBROKER_FD_TRANSPORT") {
+            Err(_) => Ok(Self::Auto),
+            Ok(value) => value
+                .parse()
+                .map_err(|e: String| Error::Misuse(format!("SHMBROKER_FD_TRANSPORT: {e}"))),
+        }
+    }
+}
+
+/// Why one import did not work.
+enum ImportFailure {
+    /// The kernel would not let us take it (or the exporter is gone): relay can help.
+    Refused(nix::errno::Errno),
+    /// The fd number names another file than the ticket: an exporter bug, or a forgery.
+    Stale { found: (u64, u64) },
+}
+
+/// Takes the fd a ticket describes from its exporter with `pidfd_getfd`, and checks it.
+fn import(ticket: &FdTicket) -> Result<OwnedFd, ImportFailure> {
+    let pid =
+        i32::try_from(ticket.pid).map_err(|_| ImportFailure::Refused(nix::errno::Errno::ESRCH))?;
+    let pidfd =
+        shmbroker_handshake::pidfd_open(pid).map_err(|e| ImportFailure::Refused(errno(&e)))?;
+    // SAFETY: pidfd_getfd(2) takes a pidfd, an fd number in that process and flags; it returns
+    // a new close-on-exec fd in this process or -1, and touches no memory of ours.
+    let raw =
+        unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), ticket.fd, 0) };
+    if raw < 0 {
+        let error = nix::errno::Errno::last();
+        return Err(match error {
+            nix::errno::Errno::EBADF => ImportFailure::Stale { found: (0, 0) },
+            other => ImportFailure::Refused(other),
+        });
+    }
+    // SAFETY: the kernel just installed this fd for us; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
+    check(&fd, ticket).map(|()| fd)
+}
+
+/// Whether `fd` is the file `ticket` describes.
+fn check(fd: &OwnedFd, ticket: &FdTicket) -> Result<(), ImportFailure> {
+    let stat = nix::sys::stat::fstat(fd).map_err(ImportFailure::Refused)?;
+    let found = (stat.st_dev, stat.st_ino);
+    if found == (ticket.dev, ticket.ino) {
+        Ok(())
+    } else {
+        Err(ImportFailure::Stale { found })
+    }
+}
+
+fn errno(error: &std::io::Error) -> nix::errno::Errno {
+    nix::errno::Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
+}
+
+impl Session {
+    /// Chooses how fds move from now on (the default comes from `SHMBROKER_FD_TRANSPORT`).
+    pub fn set_fd_transport(&mut self, transport: FdTransport) {
+        self.fd_transport = transport;
+    }
+
+    /// Every rank's `fd`, indexed by rank (this rank's own as a duplicate).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::FdTransport`] when the kernel refuses an import under [`FdTransport::Pidfd`];
+    /// [`Error::StaleFdTicket`]; otherwise as for [`Session::all_gather`].
+    pub fn exchange_fds(&mut self, fd: BorrowedFd<'_>) -> Result<Vec<OwnedFd>, Error> {
+        self.exchange_fds_timeout(fd, self.timeout)
+    }
+
+    /// [`Self::exchange_fds`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::exchange_fds`].
+    pub fn exchange_fds_timeout(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        timeout: Duration,
+    ) -> Result<Vec<OwnedFd>, Error> {
+        let deadline = Deadline::new("exchange_fds", timeout);
+        let exporters: Vec<u32> = (0..self.world_size()).collect();
+        let mut imported = self.move_fds(&exporters, Some(fd), &deadline)?;
+        let own = fd
+            .try_clone_to_owned()
+            .map_err(|e| Error::Misuse(format!("duplicating this rank's fd: {e}")))?;
+        imported[self.rank() as usize] = Some(own);
+        imported
+            .into_iter()
+            .enumerate()
+            .map(|(peer, fd)| fd.ok_or_else(|| Error::Misuse(format!("no fd from rank {peer}"))))
+            .collect()
+    }
+
+    /// `root`'s fd on every rank: the root passes `Some(fd)` (and gets a duplicate back), the
+    /// others `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
+    /// [`Self::exchange_fds`].
+    pub fn broadcast_fd(
+        &mut self,
+        root: u32,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<OwnedFd, Error> {
+        self.broadcast_fd_timeout(root, fd, self.timeout)
+    }
+
+    /// [`Self::broadcast_fd`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::broadcast_fd`].
+    pub fn broadcast_fd_timeout(
+        &mut self,
+        root: u32,
+        fd: Option<BorrowedFd<'_>>,
+        timeout: Duration,
+    ) -> Result<OwnedFd, Error> {
+        self.check_rank(root)?;
+        let rank = self.rank();
+        match (root == rank, fd) {
+            (true, None) => {
+                return Err(Error::Misuse(format!(
+                    "rank {root} is the fd broadcast root but gave no fd"
+                )));
+            }
+            (false, Some(_)) => {
+                return Err(Error::Misuse(format!(
+                    "rank {rank} gave an fd to a broadcast rooted at {root}"
+                )));
+            }
+            _ => {}
+        }
+        let deadline = Deadline::new("broadcast_fd", timeout);
+        let mut imported = self.move_fds(&[root], fd, &deadline)?;
+        match fd {
+            Some(fd) => fd
+                .try_clone_to_owned()
+                .map_err(|e| Error::Misuse(format!("duplicating the root's fd: {e}"))),
+            None => imported[root as usize]
+                .take()
+                .ok_or_else(|| Error::Misuse(format!("no fd from rank {root}"))),
+        }
+    }
+
+    /// Moves each exporter's fd to every other rank; returns what this rank imported, by rank.
+    fn move_fds(
+        &mut self,
+        exporters: &[u32],
+        mine: Option<BorrowedFd<'_>>,
+        deadline: &Deadline,
+    ) -> Result<Vec<Option<OwnedFd>>, Error> {
+        let (rank, world) = (self.rank(), self.world_size());
+        let seq = self.next_seq();
+        let exporting = exporters.contains(&rank);
+        if exporting {
+            let fd = mine.ok_or_else(|| Error::Misuse("an exporter without an fd".into()))?;
+            let stat = nix::sys::stat::fstat(fd)
+                .map_err(|e| Error::Misuse(format!("fstat of the fd to export: {e}")))?;
+            let ticket = FdTicket {
+                pid: std::process::id(),
+                fd: fd.as_raw_fd(),
+                dev: stat.st_dev,
+                ino: stat.st_ino,
+                token: seq,
+            };
+            let mut inline = [0u8; INLINE_BYTES];
+            inline[..size_of::<FdTicket>()].copy_from_slice(bytemuck::bytes_of(&ticket));
+            let outgoing = message(kind::FD_TICKET, seq, size_of::<FdTicket>() as u32, inline);
+            for peer in self.peers() {
+                self.send_message(peer, outgoing, deadline)?;
+            }
+        }
+        // Tickets, then every import the kernel allows.
+        let mut tickets = vec![None; world as usize];
+        let mut imported: Vec<Option<OwnedFd>> = (0..world).map(|_| None).collect();
+        let (mut refused, mut stale) = (0u64, 0u64);
+        let mut first_refusal = None;
+        let mut my_stale = None;
+        for &exporter in exporters.iter().filter(|&&e| e != rank) {
+            let incoming = self.recv_collective(exporter, kind::FD_TICKET, seq, deadline)?;
+            let ticket: FdTicket =
+                bytemuck::pod_read_unaligned(&incoming.inline[..size_of::<FdTicket>()]);
+            tickets[exporter as usize] = Some(ticket);
+            if self.fd_transport == FdTransport::Relay {
+                refused |= 1 << exporter;
+                continue;
+            }
+            match import(&ticket) {
+                Ok(fd) => imported[exporter as usize] = Some(fd),
+                Err(ImportFailure::Refused(errno)) => {
+                    refused |= 1 << exporter;
+                    first_refusal.get_or_insert((exporter, errno));
+                }
+                Err(ImportFailure::Stale { found }) => {
+                    stale |= 1 << exporter;
+                    my_stale.get_or_insert((exporter, ticket, found));
+                }
+            }
+        }
+        // Who could not take what: every rank learns the same, and decides the same.
+        let statuses = self.all_gather_pod_with(&[refused, stale], deadline)?;
+        if let Some((exporter, ticket, found)) = my_stale {
+            return Err(Error::StaleFdTicket {
+                exporter,
+                expected: (ticket.dev, ticket.ino),
+                found,
+            });
+        }
+        if let Some((importer, status)) = (0u32..).zip(&statuses).find(|(_, s)| s[1] != 0) {
+            return Err(Error::FdTransport(format!(
+                "rank {importer} was offered a stale fd ticket by rank {}",
+                status[1].trailing_zeros()
+            )));
+        }
+        let any_refused = statuses.iter().any(|s| s[0] != 0);
+        self.report_fd_transport(any_refused, first_refusal);
+        if !any_refused {
+            return Ok(imported);
+        }
+        if self.fd_transport == FdTransport::Pidfd {
+            let (importer, exporter) = (0..)
+                .zip(&statuses)
+                .find(|(_, s)| s[0] != 0)
+                .map(|(i, s): (u32, &[u64; 2])| (i, s[0].trailing_zeros()))
+                .unwrap_or((rank, rank));
+            return Err(Error::FdTransport(format!(
+                "pidfd_getfd of rank {exporter}'s fd by rank {importer} was refused{}; \
+                 set SHMBROKER_FD_TRANSPORT=auto (or relay) to pass fds through the broker",
+                first_refusal.map_or(String::new(), |(_, errno)| format!(" here with {errno}"))
+            )));
+        }
+        // Relay what was refused: exporters pass their fd to each importer that needs it ...
+        if exporting {
+            let fd = mine.ok_or_else(|| Error::Misuse("an exporter without an fd".into()))?;
+            for (importer, status) in (0..).zip(&statuses) {
+                if importer != rank && status[0] & (1 << rank) != 0 {
+                    self.inner
+                        .relay_fd(importer, seq, fd, deadline.left())
+                        .map_err(|e| Error::Relay(e.to_string()))?;
+                }
+            }
+        }
+        // ... and importers take theirs, checked against the ticket like any other.
+        for exporter in 0..world {
+            if refused & (1 << exporter) == 0 {
+                continue;
+            }
+            let fd = self
+                .inner
+                .take_relayed_fd(exporter, seq, deadline.left())
+                .map_err(|e| Error::Relay(e.to_string()))?;
+            let ticket = tickets[exporter as usize]
+                .ok_or_else(|| Error::Misuse(format!("no ticket from rank {exporter}")))?;
+            match check(&fd, &ticket) {
+                Ok(()) => imported[exporter as usize] = Some(fd),
+                Err(ImportFailure::Stale { found }) => {
+                    return Err(Error::StaleFdTicket {
+                        exporter,
+                        expected: (ticket.dev, ticket.ino),
+                        found,
+                    });
+                }
+                Err(ImportFailure::Refused(errno)) => {
+                    return Err(Error::FdTransport(format!(
+                        "fstat of a relayed fd: {errno}"
+                    )));
+                }
+            }
+        }
+        Ok(imported)
+    }
+
+    /// Says once, on standard error, which transport moved fds and why.
+    fn report_fd_transport(&mut self, relayed: bool, refusal: Option<(u32, nix::errno::Errno)>) {
+        if self.fd_transport_reported {
+            return;
+        }
+        self.fd_transport_reported = true;
+        let rank = self.rank();
+        let why = match (self.fd_transport, relayed, refusal) {
+            (FdTransport::Relay, _, _) => "relay through the broker (chosen: relay)".to_string(),
+            (_, false, _) => "pidfd_getfd (every import was allowed)".to_string(),
+            (FdTransport::Auto, true, Some((exporter, errno))) => format!(
+                "relay through the broker where needed (pidfd_getfd from rank {exporter}: {errno})"
+            ),
+            (FdTransport::Auto, true, None) => {
+                "relay through the broker where needed (a peer's pidfd_getfd was refused)"
+                    .to_string()
+            }
+            (FdTransport::Pidfd, true, _) => "pidfd_getfd, refused (chosen: pidfd)".to_string(),
+        };
+        eprintln!("shmbroker: rank {rank}: fd transport: {why}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn memfd() -> OwnedFd {
+        shmbroker_queues::memfd::create_sealed(c"ticket-test", 4096).unwrap()
+    }
+
+    fn ticket_for(fd: &OwnedFd, number: RawFd) -> FdTicket {
+        let stat = nix::sys::stat::fstat(fd).unwrap();
+        FdTicket {
+            pid: std::process::id(),
+            fd: number,
+            dev: stat.st_dev,
+            ino: stat.st_ino,
+            token: 0,
+        }
+    }
+
+    #[test]
+    fn a_ticket_is_honoured_only_for_the_file_it_names() {
+        let (a, b) = (memfd(), memfd());
+        // Taken from this very process: the same file arrives under a new number.
+        let fd = import(&ticket_for(&a, a.as_raw_fd())).ok().expect("import");
+        assert_ne!(fd.as_raw_fd(), a.as_raw_fd());
+        // The number now names another file (closed and reused, say): refused as stale.
+        match import(&ticket_for(&a, b.as_raw_fd())) {
+            Err(ImportFailure::Stale { found }) => {
+                let stat = nix::sys::stat::fstat(b.as_fd()).unwrap();
+                assert_eq!(found, (stat.st_dev, stat.st_ino));
+            }
+            _ => panic!("a stale ticket was honoured"),
+        }
+        // A number that is not open at all is stale too.
+        assert!(matches!(
+            import(&ticket_for(&a, 999_999)),
+            Err(ImportFailure::Stale { .. })
+        ));
+    }
+}
