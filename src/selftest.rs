@@ -195,6 +195,23 @@ pub fn timings(session: &mut Session, rounds: usize) -> Result<Vec<(String, u64,
     time("broadcast 1 KiB from rank 0".into(), &mut |s| {
         s.broadcast(0, (rank == 0).then_some(&large[..])).map(drop)
     })?;
+    let memory = memfd_with(&[rank as u8; 32])?;
+    let fd = std::os::fd::AsFd::as_fd(&memory);
+    time("exchange_fds (a memfd each)".into(), &mut |s| {
+        s.exchange_fds(fd).map(drop)
+    })?;
+    let handle = shmbroker::bindings::GpuHandle {
+        kind: shmbroker::bindings::GpuHandleKind::HostMemfd as u32,
+        flags: 0,
+        device_uuid: [rank as u8; 16],
+        handle: [0; shmbroker::bindings::GPU_HANDLE_BYTES],
+        size: 32,
+        offset: 0,
+        buffer_id: 0,
+    };
+    time("all_gather_gpu_handles (host memfd)".into(), &mut |s| {
+        s.all_gather_gpu_handles(&handle, Some(fd)).map(drop)
+    })?;
     if world > 1 {
         let (next, previous) = ((rank + 1) % world, (rank + world - 1) % world);
         time("send + recv 8 B around the ring".into(), &mut |s| {

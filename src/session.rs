@@ -25,6 +25,7 @@
 //! [`shmbroker_handshake::Listener`]).
 
 mod fds;
+mod gpu;
 
 pub use fds::FdTransport;
 

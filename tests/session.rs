@@ -333,3 +333,83 @@ fn an_fd_broadcast_root_without_an_fd_is_misuse() {
         Err(Error::Misuse(_))
     ));
 }
+
+fn gpu_handle(
+    kind: shmbroker::bindings::GpuHandleKind,
+    rank: u32,
+) -> shmbroker::bindings::GpuHandle {
+    shmbroker::bindings::GpuHandle {
+        kind: kind as u32,
+        flags: 0,
+        device_uuid: [rank as u8; 16],
+        handle: [rank as u8 + 100; 64],
+        size: 64,
+        offset: 0,
+        buffer_id: 1000 + u64::from(rank),
+    }
+}
+
+#[test]
+fn gpu_handles_travel_with_their_fds_when_the_kind_has_one() {
+    use shmbroker::bindings::GpuHandleKind::{CudaIpcMemory, HostMemfd};
+    use std::os::fd::AsFd;
+    let (_world, sessions) = World::start("gpu", 3);
+    let handles: Vec<_> = sessions
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                let rank = s.rank();
+                // Rank 0 shares a legacy CUDA IPC handle (no fd); the others host memfds.
+                let kind = if rank == 0 { CudaIpcMemory } else { HostMemfd };
+                let memory = memfd_with(&format!("device memory of rank {rank}"));
+                let fd = (kind == HostMemfd).then(|| memory.as_fd());
+                let gathered = s
+                    .all_gather_gpu_handles(&gpu_handle(kind, rank), fd)
+                    .unwrap();
+                let offered = (rank == 2).then(|| (gpu_handle(HostMemfd, 2), memory.as_fd()));
+                let (root_handle, root_fd) = s
+                    .broadcast_gpu_handle(2, offered.as_ref().map(|(h, fd)| (h, Some(*fd))))
+                    .unwrap();
+                let cuda = (rank == 1).then(|| gpu_handle(CudaIpcMemory, 1));
+                let (cuda_handle, cuda_fd) = s
+                    .broadcast_gpu_handle(1, cuda.as_ref().map(|h| (h, None)))
+                    .unwrap();
+                (gathered, (root_handle, root_fd), (cuda_handle, cuda_fd))
+            })
+        })
+        .collect();
+    for handle in handles {
+        let (gathered, (root_handle, root_fd), (cuda_handle, cuda_fd)) = handle.join().unwrap();
+        for (peer, (handle, fd)) in (0u32..).zip(&gathered) {
+            let kind = if peer == 0 { CudaIpcMemory } else { HostMemfd };
+            assert_eq!(handle, &gpu_handle(kind, peer));
+            match fd {
+                None => assert_eq!(peer, 0),
+                Some(fd) => assert_eq!(text_of(fd), format!("device memory of rank {peer}")),
+            }
+        }
+        assert_eq!(root_handle, gpu_handle(HostMemfd, 2));
+        assert_eq!(text_of(&root_fd.unwrap()), "device memory of rank 2");
+        assert_eq!(
+            (cuda_handle, cuda_fd.is_none()),
+            (gpu_handle(CudaIpcMemory, 1), true)
+        );
+    }
+}
+
+#[test]
+fn a_gpu_handle_with_the_wrong_fd_is_misuse() {
+    use shmbroker::bindings::GpuHandleKind::{CudaIpcMemory, HostMemfd};
+    use std::os::fd::AsFd;
+    let (_world, mut sessions) = World::start("gpu-misuse", 2);
+    let memory = memfd_with("x");
+    let zero = &mut sessions[0];
+    assert!(matches!(
+        zero.all_gather_gpu_handles(&gpu_handle(HostMemfd, 0), None),
+        Err(Error::Misuse(_))
+    ));
+    assert!(matches!(
+        zero.all_gather_gpu_handles(&gpu_handle(CudaIpcMemory, 0), Some(memory.as_fd())),
+        Err(Error::Misuse(_))
+    ));
+}

@@ -27,10 +27,12 @@
 #[cfg(not(target_endian = "little"))]
 compile_error!("shmbroker's wire format is little-endian; big-endian targets are not supported");
 
+mod gpu;
 mod logon;
 mod message;
 mod ring;
 
+pub use gpu::{GPU_HANDLE_BYTES, GpuHandle, GpuHandleKind};
 pub use logon::{
     ANY_RANK, FdRole, LOGON_MAGIC, LogonFrame, MAX_REPLY_FDS, ManifestEntry, NO_PEER, NOTICE_MAGIC,
     NoticeKind, PROTOCOL_VERSION, REASON_LEN, REPLY_MAGIC, RejectReason, ReplyHeader, WorkerNotice,

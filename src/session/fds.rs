@@ -203,7 +203,7 @@ impl Session {
     }
 
     /// Moves each exporter's fd to every other rank; returns what this rank imported, by rank.
-    fn move_fds(
+    pub(super) fn move_fds(
         &mut self,
         exporters: &[u32],
         mine: Option<BorrowedFd<'_>>,
@@ -349,7 +349,9 @@ impl Session {
             }
             (FdTransport::Pidfd, true, _) => "pidfd_getfd, refused (chosen: pidfd)".to_string(),
         };
-        eprintln!("shmbroker: rank {rank}: fd transport: {why}");
+        // One write, so that lines from several processes sharing a terminal do not interleave.
+        let line = format!("shmbroker: rank {rank}: fd transport: {why}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
     }
 }
 
