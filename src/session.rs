@@ -253,6 +253,17 @@ impl Session {
         self.timeout = timeout;
     }
 
+    /// How many times every wait re-checks before parking: 0 parks at once, `u32::MAX` spins
+    /// until the deadline (see [`shmbroker_queues::Producer::set_spin_limit`]).
+    pub fn set_spin_limit(&mut self, spins: u32) {
+        for peer in self.peers() {
+            if let Some(link) = self.inner.link(peer) {
+                link.to.set_spin_limit(spins);
+                link.from.set_spin_limit(spins);
+            }
+        }
+    }
+
     /// The handshake-level session: raw rings and the payload region.
     pub fn raw(&mut self) -> &mut shmbroker_handshake::Session {
         &mut self.inner

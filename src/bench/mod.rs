@@ -5,6 +5,7 @@
 //! ours/baseline (p50 and p99 for latency, the median over rounds for throughput). There are no
 //! timing assertions anywhere: these machines are shared and noisy, so read medians and ratios.
 
+mod collectives;
 mod logon;
 mod queue;
 
@@ -17,6 +18,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub const USAGE: &str = "\
+shmbroker bench collectives [--json] [--quick] [--rounds N] [--only NAME]
+    Barrier latency with 2 workers spinning and 2, 4 and 8 parked, against shared-memory
+    barriers that poll with usleep(1) or wait on a futex; and the time from kill -9 of a
+    worker to a survivor's PeerLost (barrier_hot, barrier_parked, dead_peer).
 shmbroker bench logon [--json] [--quick] [--rounds N]
     Time for 1, 2, 4, 8 and 16 workers to log on, per worker, against the floor: a bare connect
     and accept, one SCM_RIGHTS message with as many fds, and memfd create, seal and mmap of the
@@ -70,6 +75,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     match suite.as_deref() {
         Some("queue") => queue::run(plan, &mut report)?,
         Some("logon") => logon::run(plan, &mut report)?,
+        Some("collectives") => collectives::run(plan, &mut report)?,
         _ => return Err(format!("usage:\n{USAGE}")),
     }
     report.finish();
