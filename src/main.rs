@@ -2,6 +2,8 @@
 
 mod args;
 mod bench;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod demo;
 mod peer;
 mod selftest;
@@ -28,6 +30,38 @@ USAGE:
         The other end of a ring, for the demo and the tests (fds inherited at 3 and 4).
     shmbroker --help";
 
+/// `shmbroker cuda-check --socket PATH --rank 0|1`; exits 2 (after saying why) with no driver.
+#[cfg(feature = "cuda")]
+fn cuda_check(rest: &[String]) -> ExitCode {
+    let mut args = args::Args::new(rest);
+    let parsed = (|| {
+        let socket = args
+            .value::<String>("--socket")?
+            .ok_or("cuda-check needs --socket")?;
+        let rank = args
+            .value::<u32>("--rank")?
+            .ok_or("cuda-check needs --rank 0 or 1")?;
+        Ok::<_, String>((socket, rank))
+    })();
+    let outcome = parsed.and_then(|(socket, rank)| cuda::run(&socket, rank));
+    match outcome {
+        Ok(summary) => {
+            println!("cuda-check: {summary}");
+            ExitCode::SUCCESS
+        }
+        Err(error)
+            if error.contains("libcuda.so.1 cannot be loaded") || error.starts_with("cuInit") =>
+        {
+            eprintln!("cuda-check: skipped: {error}");
+            ExitCode::from(cuda::NO_DRIVER)
+        }
+        Err(error) => {
+            eprintln!("cuda-check: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rest = args.get(1..).unwrap_or_default();
@@ -37,6 +71,8 @@ fn main() -> ExitCode {
         Some("ring-peer") => peer::run(rest),
         Some("serve") => serve::run(rest),
         Some("worker") => worker::run(rest),
+        #[cfg(feature = "cuda")]
+        Some("cuda-check") => return cuda_check(rest),
         None | Some("-h" | "--help" | "help") => {
             println!(
                 "{USAGE}\n\n{}\n\n{}\n\n{}\n\n{}",
