@@ -166,6 +166,8 @@ pub struct Session {
     /// How fds move, and whether the choice was reported yet.
     fd_transport: FdTransport,
     fd_transport_reported: bool,
+    /// Pidfds of exporters' processes, by pid, kept for the session.
+    pidfds: HashMap<u32, std::os::fd::OwnedFd>,
 }
 
 /// One call's deadline.
@@ -233,6 +235,7 @@ impl Session {
             acks_due: vec![VecDeque::new(); world],
             fd_transport: FdTransport::Auto,
             fd_transport_reported: false,
+            pidfds: HashMap::new(),
         }
     }
 

@@ -3,8 +3,10 @@
 //!
 //! | bench | ours | baselines |
 //! |---|---|---|
-//! | `barrier_hot` (2 workers) | `Session::barrier`, spinning | a shared-memory sense-reversing barrier that polls with `usleep(1)` (as KittensBroker's does); the same with waiters parked in `FUTEX_WAIT` |
+//! | `barrier_hot` (2 workers) | `Session::barrier`, spinning | a shared-memory sense-reversing barrier that polls with `usleep(1)` (as KittensBroker's does); the same with waiters parked in `FUTEX_WAIT`; a star relay over UNIX sockets |
 //! | `barrier_parked` (2, 4, 8 workers) | `Session::barrier`, parking at once | the same two |
+//! | `all_gather_hot_{8,64,1024}B` (2 workers) | `Session::all_gather`, spinning | each rank writes a slot in shared memory between two futex barriers; a star relay over UNIX sockets |
+//! | `fd_exchange_per_fd` (2 workers) | `Session::exchange_fds` by `pidfd_getfd` (each rank imports one fd) | one raw `pidfd_getfd` with a cached pidfd; an `SCM_RIGHTS` ping-pong, per fd |
 //! | `dead_peer` (3 workers) | from `kill -9` of one worker to the survivor's `PeerLost` in a barrier | none: the target is an absolute bound |
 //!
 //! Every worker is its own process, forked before any thread exists; worker processes log on
@@ -48,6 +50,67 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
             });
         }
     }
+    if plan.wants("all_gather") {
+        for bytes in [8usize, 64, 1024] {
+            report.progress(&format!("all_gather_hot, {bytes} bytes"));
+            let rounds = plan.size(3_000, 300);
+            let mut ours = Vec::new();
+            let mut shared = Vec::new();
+            let mut star = Vec::new();
+            for round in 0..plan.rounds {
+                let socket = dir.path().join(format!("gather-{bytes}-{round}.sock"));
+                let mut order: Vec<u8> = vec![0, 1, 2];
+                order.rotate_left(round % 3);
+                for contender in order {
+                    match contender {
+                        0 => ours.extend(ours_all_gather(&socket, 2, rounds, bytes)?),
+                        1 => shared.extend(shared_all_gather(2, rounds, bytes)?),
+                        _ => star.extend(star_relay(2, rounds, bytes)?),
+                    }
+                }
+            }
+            report.add(Comparison {
+                bench: format!("all_gather_hot_{bytes}B"),
+                size: Size::Workers(2),
+                contenders: vec![
+                    ("shmbroker", Measure::Latency(ours)),
+                    (
+                        "shared memory slots, futex barriers",
+                        Measure::Latency(shared),
+                    ),
+                    ("star relay over UNIX sockets", Measure::Latency(star)),
+                ],
+            });
+        }
+    }
+    if plan.wants("fd_exchange") {
+        report.progress("fd_exchange, 2 workers");
+        let rounds = plan.size(2_000, 200);
+        let mut ours = Vec::new();
+        let mut pidfd = Vec::new();
+        let mut rights = Vec::new();
+        for round in 0..plan.rounds {
+            let socket = dir.path().join(format!("fds-{round}.sock"));
+            let mut order: Vec<u8> = vec![0, 1, 2];
+            order.rotate_left(round % 3);
+            for contender in order {
+                match contender {
+                    0 => ours.extend(ours_fd_exchange(&socket, rounds)?),
+                    1 => pidfd.extend(raw_pidfd_getfd(rounds)?),
+                    _ => rights.extend(raw_scm_rights(rounds)?),
+                }
+            }
+        }
+        report.add(Comparison {
+            bench: "fd_exchange_per_fd".into(),
+            size: Size::Workers(2),
+            contenders: vec![
+                ("shmbroker exchange_fds (pidfd)", Measure::Latency(ours)),
+                ("raw pidfd_getfd", Measure::Latency(pidfd)),
+                ("raw SCM_RIGHTS ping-pong, per fd", Measure::Latency(rights)),
+            ],
+        });
+    }
     if plan.wants("dead_peer") {
         report.progress("dead_peer, 3 workers");
         let mut samples = Vec::new();
@@ -74,15 +137,17 @@ fn barrier_contenders(
     let mut ours = Vec::new();
     let mut polling = Vec::new();
     let mut futex = Vec::new();
+    let mut star = Vec::new();
     for round in 0..plan.rounds {
         let socket = dir.join(format!("barrier-{workers}-{spin_limit}-{round}.sock"));
-        let mut order: Vec<u8> = vec![0, 1, 2];
-        order.rotate_left(round % 3);
+        let mut order: Vec<u8> = vec![0, 1, 2, 3];
+        order.rotate_left(round % 4);
         for contender in order {
             match contender {
                 0 => ours.extend(ours_barrier(&socket, workers, rounds, spin_limit)?),
                 1 => polling.extend(shared_barrier(workers, rounds, Wait::Usleep)?),
-                _ => futex.extend(shared_barrier(workers, rounds, Wait::Futex)?),
+                2 => futex.extend(shared_barrier(workers, rounds, Wait::Futex)?),
+                _ => star.extend(star_relay(workers, rounds, 0)?),
             }
         }
     }
@@ -92,6 +157,7 @@ fn barrier_contenders(
             "shared memory, polls with usleep(1)",
             Measure::Latency(polling),
         ),
+        ("star relay over UNIX sockets", Measure::Latency(star)),
         ("shared memory, futex wait/wake", Measure::Latency(futex)),
     ])
 }
@@ -361,4 +427,322 @@ fn dead_peer(socket: &Path) -> Result<u64, String> {
     let elapsed = measured?;
     reaped?;
     Ok(elapsed)
+}
+
+/// Nanoseconds of each of `rounds` all-gathers of `bytes` bytes on rank 0, spinning.
+fn ours_all_gather(
+    socket: &Path,
+    workers: u32,
+    rounds: usize,
+    bytes: usize,
+) -> Result<Vec<u64>, String> {
+    let warmup = rounds / 10 + 10;
+    let pids = fork_workers(workers, |rank| {
+        let mut session = connect(socket, rank, u32::MAX)?;
+        let data = vec![rank as u8; bytes];
+        for _ in 0..warmup + rounds {
+            session.all_gather(&data).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })?;
+    let (stop, broker) = start_broker(socket, workers)?;
+    let measured = (|| {
+        let mut session = connect(socket, 0, u32::MAX)?;
+        let data = vec![0u8; bytes];
+        let mut samples = Vec::with_capacity(rounds);
+        for round in 0..warmup + rounds {
+            let start = Instant::now();
+            let all = session.all_gather(&data).map_err(|e| e.to_string())?;
+            if round >= warmup {
+                samples.push(start.elapsed().as_nanos() as u64);
+            }
+            if all.len() != workers as usize {
+                return Err("short all_gather".to_string());
+            }
+        }
+        Ok(samples)
+    })();
+    let reaped = reap(&pids);
+    stop.stop();
+    let _ = broker.join();
+    let samples = measured?;
+    reaped?;
+    Ok(samples)
+}
+
+/// A hand-written shared-memory all-gather: each rank writes its slot, a futex barrier, every
+/// rank copies all slots out, a second barrier before the slots are written again.
+fn shared_all_gather(workers: u32, rounds: usize, bytes: usize) -> Result<Vec<u64>, String> {
+    let warmup = rounds / 10 + 10;
+    let size = 4096 + workers as usize * 1024;
+    let fd = create_sealed(c"bench-gather", size as u64).map_err(|e| e.to_string())?;
+    let page = Mapping::map(&fd, size as u64).map_err(|e| e.to_string())?;
+    // SAFETY: the mapping is `size` bytes and page-aligned; offsets 0 and 128 hold atomics.
+    let count = unsafe { page.at(0).cast::<AtomicU32>().as_ref() };
+    // SAFETY: as above.
+    let sense = unsafe { page.at(128).cast::<AtomicU32>().as_ref() };
+    let barrier = SharedBarrier {
+        count,
+        sense,
+        workers,
+        wait: Wait::Futex,
+    };
+    let round_trip = |rank: u32, local: &mut u32, out: &mut Vec<u8>| -> Result<(), String> {
+        let mine = vec![rank as u8; bytes];
+        // SAFETY: slot `rank` lies inside the mapping (4096 + rank * 1024 + bytes <= size), and
+        // between the barriers only this rank writes it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                mine.as_ptr(),
+                page.at(4096 + rank as usize * 1024).as_ptr(),
+                bytes,
+            );
+        }
+        barrier.arrive(local)?;
+        out.clear();
+        for peer in 0..workers as usize {
+            // SAFETY: every slot lies inside the mapping; no rank writes until the next barrier.
+            let slot =
+                unsafe { std::slice::from_raw_parts(page.at(4096 + peer * 1024).as_ptr(), bytes) };
+            out.extend_from_slice(slot);
+        }
+        barrier.arrive(local)
+    };
+    let pids = fork_workers(workers, |rank| {
+        let (mut local, mut out) = (0, Vec::new());
+        for _ in 0..warmup + rounds {
+            round_trip(rank, &mut local, &mut out)?;
+        }
+        Ok(())
+    })?;
+    let (mut local, mut out) = (0, Vec::new());
+    let mut samples = Vec::with_capacity(rounds);
+    let mut outcome = Ok(());
+    for round in 0..warmup + rounds {
+        let start = Instant::now();
+        if let Err(error) = round_trip(0, &mut local, &mut out) {
+            outcome = Err(error);
+            break;
+        }
+        if round >= warmup {
+            samples.push(start.elapsed().as_nanos() as u64);
+        }
+    }
+    let reaped = reap(&pids);
+    outcome?;
+    reaped?;
+    Ok(samples)
+}
+
+/// A star relay over UNIX sockets: every worker writes its `bytes` (one byte for a barrier) to
+/// rank 0, which answers each with everything gathered.
+fn star_relay(workers: u32, rounds: usize, bytes: usize) -> Result<Vec<u64>, String> {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let warmup = rounds / 10 + 10;
+    let each = bytes.max(1);
+    let mut hub_ends = Vec::new();
+    let mut worker_ends = Vec::new();
+    for _ in 1..workers {
+        let (hub, worker) = UnixStream::pair().map_err(|e| e.to_string())?;
+        for end in [&hub, &worker] {
+            end.set_read_timeout(Some(TIMEOUT))
+                .map_err(|e| e.to_string())?;
+        }
+        hub_ends.push(hub);
+        worker_ends.push(worker);
+    }
+    let pids = fork_workers(workers, |rank| {
+        let mut stream = &worker_ends[rank as usize - 1];
+        let mine = vec![rank as u8; each];
+        let mut all = vec![0u8; each * workers as usize];
+        for _ in 0..warmup + rounds {
+            stream.write_all(&mine).map_err(|e| e.to_string())?;
+            stream.read_exact(&mut all).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })?;
+    drop(worker_ends);
+    let mut samples = Vec::with_capacity(rounds);
+    let mut all = vec![0u8; each * workers as usize];
+    let mut outcome = Ok(());
+    'rounds: for round in 0..warmup + rounds {
+        let start = Instant::now();
+        for (i, mut stream) in hub_ends.iter().enumerate() {
+            let at = (i + 1) * each;
+            if let Err(error) = stream.read_exact(&mut all[at..at + each]) {
+                outcome = Err(error.to_string());
+                break 'rounds;
+            }
+        }
+        for mut stream in &hub_ends {
+            if let Err(error) = stream.write_all(&all) {
+                outcome = Err(error.to_string());
+                break 'rounds;
+            }
+        }
+        if round >= warmup {
+            samples.push(start.elapsed().as_nanos() as u64);
+        }
+    }
+    drop(hub_ends);
+    let reaped = reap(&pids);
+    outcome?;
+    reaped?;
+    Ok(samples)
+}
+
+/// Nanoseconds per fd for `exchange_fds` between 2 workers (each imports one fd per call).
+fn ours_fd_exchange(socket: &Path, rounds: usize) -> Result<Vec<u64>, String> {
+    let warmup = rounds / 10 + 10;
+    // One file for the whole run, as the raw baselines use: this measures moving it.
+    let file = create_sealed(c"bench-fd", 4096).map_err(|e| e.to_string())?;
+    let exchange = |session: &mut Session| -> Result<(), String> {
+        session
+            .exchange_fds(std::os::fd::AsFd::as_fd(&file))
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    let pids = fork_workers(2, |rank| {
+        let mut session = connect(socket, rank, u32::MAX)?;
+        for _ in 0..warmup + rounds {
+            exchange(&mut session)?;
+        }
+        Ok(())
+    })?;
+    let (stop, broker) = start_broker(socket, 2)?;
+    let measured = (|| {
+        let mut session = connect(socket, 0, u32::MAX)?;
+        let mut samples = Vec::with_capacity(rounds);
+        for round in 0..warmup + rounds {
+            let start = Instant::now();
+            exchange(&mut session)?;
+            if round >= warmup {
+                samples.push(start.elapsed().as_nanos() as u64);
+            }
+        }
+        Ok::<_, String>(samples)
+    })();
+    let reaped = reap(&pids);
+    stop.stop();
+    let _ = broker.join();
+    let samples = measured?;
+    reaped?;
+    Ok(samples)
+}
+
+/// Nanoseconds of one `pidfd_getfd` of a child's fd (the pidfd opened once), and the close.
+fn raw_pidfd_getfd(rounds: usize) -> Result<Vec<u64>, String> {
+    use std::os::fd::AsRawFd;
+    let target = create_sealed(c"bench-fd", 4096).map_err(|e| e.to_string())?;
+    let (done_reader, done_writer) = std::io::pipe().map_err(|e| e.to_string())?;
+    let writer = std::cell::Cell::new(Some(done_writer));
+    let pids = fork_workers(2, |_| {
+        drop(writer.take());
+        // Hold the fd until the parent is done (its end of the pipe closes).
+        let mut byte = [0u8; 1];
+        let _ = std::io::Read::read(&mut &done_reader, &mut byte);
+        Ok(())
+    })?;
+    let measured = (|| {
+        let pidfd =
+            shmbroker::handshake::pidfd_open(pids[0].as_raw()).map_err(|e| e.to_string())?;
+        let mut samples = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let start = Instant::now();
+            // SAFETY: pidfd_getfd returns a new fd or -1 and touches no memory of ours.
+            let raw = unsafe {
+                nix::libc::syscall(
+                    nix::libc::SYS_pidfd_getfd,
+                    pidfd.as_raw_fd(),
+                    target.as_raw_fd(),
+                    0,
+                )
+            };
+            if raw < 0 {
+                return Err(format!("pidfd_getfd: {}", nix::errno::Errno::last()));
+            }
+            // SAFETY: the kernel just installed it; closing it is this code's to do.
+            drop(unsafe {
+                <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as i32)
+            });
+            samples.push(start.elapsed().as_nanos() as u64);
+        }
+        Ok(samples)
+    })();
+    // Closing the last write end lets the child go.
+    drop((writer.take(), done_reader));
+    let reaped = reap(&pids);
+    let samples = measured?;
+    reaped?;
+    Ok(samples)
+}
+
+/// Nanoseconds per fd of an `SCM_RIGHTS` ping-pong: one fd to the child, one back.
+fn raw_scm_rights(rounds: usize) -> Result<Vec<u64>, String> {
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+    let (parent_end, child_end) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let file = create_sealed(c"bench-fd", 4096).map_err(|e| e.to_string())?;
+    let pass = |stream: &UnixStream| -> Result<(), String> {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            match shmbroker::handshake::fdpass::send_with_fds(
+                stream.as_fd(),
+                &[b"f"],
+                &[file.as_fd()],
+            ) {
+                Ok(_) => return Ok(()),
+                Err(nix::errno::Errno::EAGAIN) if Instant::now() < deadline => {
+                    std::thread::yield_now()
+                }
+                Err(error) => return Err(format!("sendmsg: {error}")),
+            }
+        }
+    };
+    let take = |stream: &UnixStream| -> Result<(), String> {
+        let deadline = Instant::now() + TIMEOUT;
+        let mut byte = [0u8; 1];
+        let mut fds = Vec::new();
+        loop {
+            match shmbroker::handshake::fdpass::recv_with_fds(stream.as_fd(), &mut byte, &mut fds) {
+                Ok(received) if received.bytes == 1 && fds.len() == 1 => return Ok(()),
+                Ok(_) => return Err("lost the passed fd".into()),
+                Err(nix::errno::Errno::EAGAIN) if Instant::now() < deadline => {
+                    let mut poll = [nix::poll::PollFd::new(
+                        stream.as_fd(),
+                        nix::poll::PollFlags::POLLIN,
+                    )];
+                    let _ = nix::poll::poll(&mut poll, nix::poll::PollTimeout::from(100u16));
+                }
+                Err(error) => return Err(format!("recvmsg: {error}")),
+            }
+        }
+    };
+    let warmup = rounds / 10 + 10;
+    let pids = fork_workers(2, |_| {
+        for _ in 0..warmup + rounds {
+            take(&child_end)?;
+            pass(&child_end)?;
+        }
+        Ok(())
+    })?;
+    let mut samples = Vec::with_capacity(rounds);
+    let mut outcome = Ok(());
+    for round in 0..warmup + rounds {
+        let start = Instant::now();
+        if let Err(error) = pass(&parent_end).and_then(|()| take(&parent_end)) {
+            outcome = Err(error);
+            break;
+        }
+        if round >= warmup {
+            // Two fds moved: report the time per fd.
+            samples.push(start.elapsed().as_nanos() as u64 / 2);
+        }
+    }
+    drop((parent_end, child_end));
+    let reaped = reap(&pids);
+    outcome?;
+    reaped?;
+    Ok(samples)
 }

@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 pub const USAGE: &str = "\
 shmbroker bench collectives [--json] [--quick] [--rounds N] [--only NAME]
     Barrier latency with 2 workers spinning and 2, 4 and 8 parked, against shared-memory
-    barriers that poll with usleep(1) or wait on a futex; and the time from kill -9 of a
-    worker to a survivor's PeerLost (barrier_hot, barrier_parked, dead_peer).
+    barriers that poll with usleep(1) or wait on a futex and a star relay over UNIX sockets;
+    all-gathers of 8, 64 and 1024 bytes; fd exchange per fd against raw pidfd_getfd and
+    SCM_RIGHTS; and the time from kill -9 of a worker to a survivor's PeerLost (barrier_hot,
+    barrier_parked, all_gather, fd_exchange, dead_peer).
 shmbroker bench logon [--json] [--quick] [--rounds N]
     Time for 1, 2, 4, 8 and 16 workers to log on, per worker, against the floor: a bare connect
     and accept, one SCM_RIGHTS message with as many fds, and memfd create, seal and mmap of the

@@ -72,12 +72,15 @@ enum ImportFailure {
     Stale { found: (u64, u64) },
 }
 
-/// Takes the fd a ticket describes from its exporter with `pidfd_getfd`, and checks it.
-fn import(ticket: &FdTicket) -> Result<OwnedFd, ImportFailure> {
+/// A pidfd for the process a ticket names.
+fn open_pidfd(ticket: &FdTicket) -> Result<OwnedFd, ImportFailure> {
     let pid =
         i32::try_from(ticket.pid).map_err(|_| ImportFailure::Refused(nix::errno::Errno::ESRCH))?;
-    let pidfd =
-        shmbroker_handshake::pidfd_open(pid).map_err(|e| ImportFailure::Refused(errno(&e)))?;
+    shmbroker_handshake::pidfd_open(pid).map_err(|e| ImportFailure::Refused(errno(&e)))
+}
+
+/// Takes the fd a ticket describes from its exporter (`pidfd`) with `pidfd_getfd`, and checks it.
+fn import(pidfd: &OwnedFd, ticket: &FdTicket) -> Result<OwnedFd, ImportFailure> {
     // SAFETY: pidfd_getfd(2) takes a pidfd, an fd number in that process and flags; it returns
     // a new close-on-exec fd in this process or -1, and touches no memory of ours.
     let raw =
@@ -245,7 +248,15 @@ impl Session {
                 refused |= 1 << exporter;
                 continue;
             }
-            match import(&ticket) {
+            // A pidfd per exporter process, kept for the session: a pidfd refers to that one
+            // process, so a reused pid can never be mistaken for it later.
+            let pidfd = match self.pidfds.entry(ticket.pid) {
+                std::collections::hash_map::Entry::Occupied(entry) => Ok(entry.into_mut()),
+                std::collections::hash_map::Entry::Vacant(entry) => {
+                    open_pidfd(&ticket).map(|pidfd| entry.insert(pidfd))
+                }
+            };
+            match pidfd.and_then(|pidfd| import(pidfd, &ticket)) {
                 Ok(fd) => imported[exporter as usize] = Some(fd),
                 Err(ImportFailure::Refused(errno)) => {
                     refused |= 1 << exporter;
@@ -379,10 +390,15 @@ mod tests {
     fn a_ticket_is_honoured_only_for_the_file_it_names() {
         let (a, b) = (memfd(), memfd());
         // Taken from this very process: the same file arrives under a new number.
-        let fd = import(&ticket_for(&a, a.as_raw_fd())).ok().expect("import");
+        let me = open_pidfd(&ticket_for(&a, 0))
+            .ok()
+            .expect("pidfd of this process");
+        let fd = import(&me, &ticket_for(&a, a.as_raw_fd()))
+            .ok()
+            .expect("import");
         assert_ne!(fd.as_raw_fd(), a.as_raw_fd());
         // The number now names another file (closed and reused, say): refused as stale.
-        match import(&ticket_for(&a, b.as_raw_fd())) {
+        match import(&me, &ticket_for(&a, b.as_raw_fd())) {
             Err(ImportFailure::Stale { found }) => {
                 let stat = nix::sys::stat::fstat(b.as_fd()).unwrap();
                 assert_eq!(found, (stat.st_dev, stat.st_ino));
@@ -391,7 +407,7 @@ mod tests {
         }
         // A number that is not open at all is stale too.
         assert!(matches!(
-            import(&ticket_for(&a, 999_999)),
+            import(&me, &ticket_for(&a, 999_999)),
             Err(ImportFailure::Stale { .. })
         ));
     }
