@@ -9,6 +9,7 @@ pub enum Only {
     All,
     Barrier,
     AllGather,
+    Fds,
 }
 
 impl std::str::FromStr for Only {
@@ -18,8 +19,9 @@ impl std::str::FromStr for Only {
             "all" => Ok(Self::All),
             "barrier" => Ok(Self::Barrier),
             "all_gather" => Ok(Self::AllGather),
+            "fds" => Ok(Self::Fds),
             other => Err(format!(
-                "--only: expected all, barrier or all_gather, got {other}"
+                "--only: expected all, barrier, all_gather or fds, got {other}"
             )),
         }
     }
@@ -71,6 +73,17 @@ pub fn run(session: &mut Session, repeat: u64, only: Only) -> Result<String, Str
     let start = Instant::now();
     let mut checks = 0u64;
     for i in 0..repeat {
+        if only == Only::Fds {
+            let mine = memfd_with(&pattern(rank, i, 32)).map_err(|e| format!("memfd: {e}"))?;
+            let all = session
+                .exchange_fds(std::os::fd::AsFd::as_fd(&mine))
+                .map_err(|e| fail("exchange_fds", e))?;
+            for (peer, fd) in (0u32..).zip(&all) {
+                check("exchange_fds", peer, &contents(fd)?, &pattern(peer, i, 32))?;
+            }
+            checks += 1;
+            continue;
+        }
         if only != Only::AllGather {
             session.barrier().map_err(|e| fail("barrier", e))?;
             checks += 1;
@@ -102,6 +115,14 @@ pub fn run(session: &mut Session, repeat: u64, only: Only) -> Result<String, Str
         if only == Only::AllGather {
             continue;
         }
+        let mut flat = vec![0u8; 64 * world as usize];
+        session
+            .all_gather_into(&pattern(rank, i, 64), &mut flat)
+            .map_err(|e| fail("all_gather_into", e))?;
+        for (peer, part) in (0u32..).zip(flat.chunks_exact(64)) {
+            check("all_gather_into", peer, part, &pattern(peer, i, 64))?;
+        }
+        checks += 1;
         let values = session
             .all_gather_pod(&(u64::from(rank) * 1000 + i))
             .map_err(|e| fail("all_gather_pod", e))?;

@@ -354,6 +354,37 @@ impl Session {
         Ok(gathered)
     }
 
+    /// Every rank's `data`, all of one size, into `out` in rank order (`out` must hold exactly
+    /// `world_size * data.len()` bytes).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
+    /// contribution has another size; otherwise as for [`Self::all_gather`].
+    pub fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
+        let expected = data.len() * self.world_size() as usize;
+        if out.len() != expected {
+            return Err(Error::Misuse(format!(
+                "all_gather_into needs a buffer of {expected} bytes, got {}",
+                out.len()
+            )));
+        }
+        let gathered = self.all_gather(data)?;
+        for ((peer, part), slot) in (0u32..)
+            .zip(&gathered)
+            .zip(out.chunks_exact_mut(data.len().max(1)))
+        {
+            if part.len() != data.len() {
+                return Err(Error::Protocol {
+                    peer,
+                    detail: format!("gave {} bytes where {} were due", part.len(), data.len()),
+                });
+            }
+            slot[..part.len()].copy_from_slice(part);
+        }
+        Ok(())
+    }
+
     /// Every rank's `value`, indexed by rank.
     ///
     /// # Errors

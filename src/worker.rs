@@ -7,12 +7,14 @@ use std::time::Duration;
 
 pub const USAGE: &str = "\
 shmbroker worker --socket PATH [--rank R] [--timeout-ms MS]
-                 [--selftest [--repeat N] [--only all|barrier|all_gather] [--table ROUNDS]]
+                 [--selftest [--repeat N] [--only all|barrier|all_gather|fds] [--table ROUNDS]]
     Log on to the broker at PATH (as rank R, or any free rank), print the rank and what was
     received, exchange one message with every peer over the rings, and exit 0.
     --selftest instead runs every collective N times (default 1) across the world, checks every
     result, prints a summary and exits 0; if a peer dies it exits 1 naming the lost rank.
-    --table then times each collective ROUNDS times on every rank; rank 0 prints the latencies.";
+    --table then times each collective ROUNDS times on every rank; rank 0 prints the latencies.
+    --non-dumpable marks the process non-dumpable first (no pidfd_getfd of its fds by others
+    without CAP_SYS_PTRACE), as processes holding secrets do.";
 
 /// Message kind of the greeting.
 const HELLO: u32 = 1;
@@ -30,7 +32,19 @@ pub fn run(rest: &[String]) -> Result<(), String> {
         .value::<crate::selftest::Only>("--only")?
         .unwrap_or(crate::selftest::Only::All);
     let table = args.value::<usize>("--table")?;
+    let non_dumpable = args.flag("--non-dumpable");
     args.finish()?;
+    if non_dumpable {
+        // As a process that handles secrets would: no core dumps, no ptrace-class access (and so
+        // no pidfd_getfd) by processes without CAP_SYS_PTRACE.
+        // SAFETY: prctl(PR_SET_DUMPABLE, 0) changes a flag of this process only.
+        if unsafe { nix::libc::prctl(nix::libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+            return Err(format!(
+                "prctl(PR_SET_DUMPABLE): {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
     if selftest {
         let rank = (rank != ANY_RANK).then_some(rank);
         let mut session = shmbroker::Session::connect(&socket, rank, timeout)

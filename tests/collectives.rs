@@ -174,25 +174,72 @@ fn a_worker_killed_during_an_all_gather_is_named_by_every_survivor() {
     kill_during("all_gather");
 }
 
-/// Rank 0 runs as root, rank 1 as uid 65534, which may not take root's fds with pidfd_getfd.
-/// Returns each rank's (success, stdout, stderr).
-fn fds_across_uids(name: &str, transport: &str) -> Vec<(bool, String, String)> {
+#[test]
+fn a_worker_killed_during_an_fd_exchange_is_named_by_every_survivor() {
+    kill_during("fds");
+}
+
+/// Two workers exchanging fds under `transport`; `nobody` says which ranks run as uid 65534,
+/// `extra0` adds options to rank 0's command. Returns each rank's (success, stdout, stderr).
+fn fds_between(
+    name: &str,
+    transport: &str,
+    nobody: [bool; 2],
+    extra0: &[&str],
+) -> Vec<(bool, String, String)> {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     let broker = Broker::start_with(name, 2, vec![0, 65534]);
     std::fs::set_permissions(&broker.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(broker.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
-    let workers = [
-        broker.worker_with(0, &[], |c| {
-            c.env("SHMBROKER_FD_TRANSPORT", transport);
-        }),
-        broker.worker_with(1, &[], |c| {
-            c.env("SHMBROKER_FD_TRANSPORT", transport)
-                .uid(65534)
-                .gid(65534);
-        }),
-    ];
+    let workers: Vec<ChildGuard> = (0..2u32)
+        .map(|rank| {
+            let extra = if rank == 0 { extra0 } else { &[] };
+            broker.worker_with(rank, extra, |c| {
+                c.env("SHMBROKER_FD_TRANSPORT", transport);
+                if nobody[rank as usize] {
+                    c.uid(65534).gid(65534);
+                }
+            })
+        })
+        .collect();
     workers.into_iter().map(finish).collect()
+}
+
+/// Rank 0 runs as root, rank 1 as uid 65534, which may not take root's fds with pidfd_getfd.
+fn fds_across_uids(name: &str, transport: &str) -> Vec<(bool, String, String)> {
+    fds_between(name, transport, [false, true], &[])
+}
+
+#[test]
+fn fds_from_a_non_dumpable_exporter_fall_back_to_the_relay_under_auto() {
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("skipped: running workers without CAP_SYS_PTRACE needs root to drop it");
+        return;
+    }
+    // Both run as uid 65534 (no CAP_SYS_PTRACE); rank 0 is non-dumpable.
+    let results = fds_between("fds-nondumpable", "auto", [true, true], &["--non-dumpable"]);
+    for (rank, (ok, stdout, stderr)) in results.iter().enumerate() {
+        assert!(ok, "rank {rank}: {stdout}{stderr}");
+    }
+    assert!(
+        results[1].2.contains("pidfd_getfd from rank 0: EPERM"),
+        "{}",
+        results[1].2
+    );
+    let results = fds_between(
+        "fds-nondumpable-pidfd",
+        "pidfd",
+        [true, true],
+        &["--non-dumpable"],
+    );
+    for (rank, (ok, stdout, stderr)) in results.iter().enumerate() {
+        assert!(!ok, "rank {rank} passed under pidfd: {stdout}");
+        assert!(
+            stderr.contains("SHMBROKER_FD_TRANSPORT=auto"),
+            "rank {rank}: {stderr}"
+        );
+    }
 }
 
 #[test]

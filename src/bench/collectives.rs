@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `barrier_hot` (2 workers) | `Session::barrier`, spinning | a shared-memory sense-reversing barrier that polls with `usleep(1)` (as KittensBroker's does); the same with waiters parked in `FUTEX_WAIT`; a star relay over UNIX sockets |
 //! | `barrier_parked` (2, 4, 8 workers) | `Session::barrier`, parking at once | the same two |
-//! | `all_gather_hot_{8,64,1024}B` (2 workers) | `Session::all_gather`, spinning | each rank writes a slot in shared memory between two futex barriers; a star relay over UNIX sockets |
+//! | `all_gather_{hot,parked}_{8,64,1024}B` (2 hot; 2, 4, 8 parked) | `Session::all_gather` | each rank writes a slot in shared memory between two futex barriers; a star relay over UNIX sockets |
 //! | `fd_exchange_per_fd` (2 workers) | `Session::exchange_fds` by `pidfd_getfd` (each rank imports one fd) | one raw `pidfd_getfd` with a cached pidfd; an `SCM_RIGHTS` ping-pong, per fd |
 //! | `dead_peer` (3 workers) | from `kill -9` of one worker to the survivor's `PeerLost` in a barrier | none: the target is an absolute bound |
 //!
@@ -51,36 +51,55 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
         }
     }
     if plan.wants("all_gather") {
-        for bytes in [8usize, 64, 1024] {
-            report.progress(&format!("all_gather_hot, {bytes} bytes"));
-            let rounds = plan.size(3_000, 300);
-            let mut ours = Vec::new();
-            let mut shared = Vec::new();
-            let mut star = Vec::new();
-            for round in 0..plan.rounds {
-                let socket = dir.path().join(format!("gather-{bytes}-{round}.sock"));
-                let mut order: Vec<u8> = vec![0, 1, 2];
-                order.rotate_left(round % 3);
-                for contender in order {
-                    match contender {
-                        0 => ours.extend(ours_all_gather(&socket, 2, rounds, bytes)?),
-                        1 => shared.extend(shared_all_gather(2, rounds, bytes)?),
-                        _ => star.extend(star_relay(2, rounds, bytes)?),
+        // 2 workers spinning, then 2, 4 and 8 parked, at each size.
+        let setups = [
+            (2u32, u32::MAX, "hot"),
+            (2, 0, "parked"),
+            (4, 0, "parked"),
+            (8, 0, "parked"),
+        ];
+        for (workers, spin_limit, mode) in setups {
+            for bytes in [8usize, 64, 1024] {
+                report.progress(&format!(
+                    "all_gather_{mode}, {workers} workers, {bytes} bytes"
+                ));
+                let rounds = if mode == "hot" {
+                    plan.size(3_000, 300)
+                } else {
+                    plan.size(1_000, 100)
+                };
+                let mut ours = Vec::new();
+                let mut shared = Vec::new();
+                let mut star = Vec::new();
+                for round in 0..plan.rounds {
+                    let socket = dir
+                        .path()
+                        .join(format!("gather-{mode}-{workers}-{bytes}-{round}.sock"));
+                    let mut order: Vec<u8> = vec![0, 1, 2];
+                    order.rotate_left(round % 3);
+                    for contender in order {
+                        match contender {
+                            0 => ours.extend(ours_all_gather(
+                                &socket, workers, rounds, bytes, spin_limit,
+                            )?),
+                            1 => shared.extend(shared_all_gather(workers, rounds, bytes)?),
+                            _ => star.extend(star_relay(workers, rounds, bytes)?),
+                        }
                     }
                 }
+                report.add(Comparison {
+                    bench: format!("all_gather_{mode}_{bytes}B"),
+                    size: Size::Workers(workers),
+                    contenders: vec![
+                        ("shmbroker", Measure::Latency(ours)),
+                        (
+                            "shared memory slots, futex barriers",
+                            Measure::Latency(shared),
+                        ),
+                        ("star relay over UNIX sockets", Measure::Latency(star)),
+                    ],
+                });
             }
-            report.add(Comparison {
-                bench: format!("all_gather_hot_{bytes}B"),
-                size: Size::Workers(2),
-                contenders: vec![
-                    ("shmbroker", Measure::Latency(ours)),
-                    (
-                        "shared memory slots, futex barriers",
-                        Measure::Latency(shared),
-                    ),
-                    ("star relay over UNIX sockets", Measure::Latency(star)),
-                ],
-            });
         }
     }
     if plan.wants("fd_exchange") {
@@ -429,16 +448,17 @@ fn dead_peer(socket: &Path) -> Result<u64, String> {
     Ok(elapsed)
 }
 
-/// Nanoseconds of each of `rounds` all-gathers of `bytes` bytes on rank 0, spinning.
+/// Nanoseconds of each of `rounds` all-gathers of `bytes` bytes on rank 0.
 fn ours_all_gather(
     socket: &Path,
     workers: u32,
     rounds: usize,
     bytes: usize,
+    spin_limit: u32,
 ) -> Result<Vec<u64>, String> {
     let warmup = rounds / 10 + 10;
     let pids = fork_workers(workers, |rank| {
-        let mut session = connect(socket, rank, u32::MAX)?;
+        let mut session = connect(socket, rank, spin_limit)?;
         let data = vec![rank as u8; bytes];
         for _ in 0..warmup + rounds {
             session.all_gather(&data).map_err(|e| e.to_string())?;
@@ -447,7 +467,7 @@ fn ours_all_gather(
     })?;
     let (stop, broker) = start_broker(socket, workers)?;
     let measured = (|| {
-        let mut session = connect(socket, 0, u32::MAX)?;
+        let mut session = connect(socket, 0, spin_limit)?;
         let data = vec![0u8; bytes];
         let mut samples = Vec::with_capacity(rounds);
         for round in 0..warmup + rounds {
