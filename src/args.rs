@@ -37,7 +37,8 @@ impl Args {
             .map_err(|_| format!("{name}: cannot parse {value:?}"))
     }
 
-    /// Removes and returns the first positional argument, if any.
+    /// Removes and returns the first positional argument, if any. Call it after consuming every
+    /// `--name value` option, or it may take an option's value.
     pub fn positional(&mut self) -> Option<String> {
         let at = self.rest.iter().position(|arg| !arg.starts_with("--"))?;
         Some(self.rest.remove(at))

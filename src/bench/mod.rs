@@ -8,6 +8,7 @@
 mod collectives;
 mod logon;
 mod queue;
+mod results;
 
 use crate::args::Args;
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
@@ -18,6 +19,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub const USAGE: &str = "\
+shmbroker bench [--quick] [--rounds N] [--out DIR]
+    Every suite (queue, logon, collectives) with a progress line, then a results folder
+    (default bench-results/): results.jsonl, results.md (the table, with the machine it ran on)
+    and SVG plots: ping-pong latency CDF, barrier latency against world size, throughput
+    against message size. Each suite below also takes --out DIR.
 shmbroker bench collectives [--json] [--quick] [--rounds N] [--only NAME]
     Barrier latency with 2 workers spinning and 2, 4 and 8 parked, against shared-memory
     barriers that poll with usleep(1) or wait on a futex and a star relay over UNIX sockets;
@@ -60,13 +66,15 @@ impl Plan<'_> {
 
 pub fn run(rest: &[String]) -> Result<(), String> {
     let mut args = Args::new(rest);
-    let suite = args.positional();
     let json = args.flag("--json");
     let quick = args.flag("--quick");
     let rounds = args
         .value::<usize>("--rounds")?
         .unwrap_or(if quick { 1 } else { 5 });
     let only = args.value::<String>("--only")?;
+    let out = args.value::<String>("--out")?;
+    // After every option and its value is consumed, what is left is the suite.
+    let suite = args.positional();
     args.finish()?;
     let plan = Plan {
         rounds: rounds.max(1),
@@ -74,13 +82,33 @@ pub fn run(rest: &[String]) -> Result<(), String> {
         only: only.as_deref(),
     };
     let mut report = Report::new(json);
-    match suite.as_deref() {
-        Some("queue") => queue::run(plan, &mut report)?,
-        Some("logon") => logon::run(plan, &mut report)?,
-        Some("collectives") => collectives::run(plan, &mut report)?,
+    let out = match suite.as_deref() {
+        Some("queue") => {
+            queue::run(plan, &mut report)?;
+            out
+        }
+        Some("logon") => {
+            logon::run(plan, &mut report)?;
+            out
+        }
+        Some("collectives") => {
+            collectives::run(plan, &mut report)?;
+            out
+        }
+        // Every suite, the queue first: it forks, and no thread may exist yet.
+        None | Some("all") => {
+            queue::run(plan, &mut report)?;
+            logon::run(plan, &mut report)?;
+            collectives::run(plan, &mut report)?;
+            Some(out.unwrap_or_else(|| "bench-results".into()))
+        }
         _ => return Err(format!("usage:\n{USAGE}")),
+    };
+    let comparisons = report.finish();
+    if let Some(dir) = out {
+        let written = results::write(std::path::Path::new(&dir), &comparisons)?;
+        eprintln!("results written: {}", written.join(", "));
     }
-    report.finish();
     Ok(())
 }
 
@@ -127,10 +155,11 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
-/// Prints comparisons as a table or as JSON lines.
+/// Prints comparisons as a table or as JSON lines, and keeps them for the results folder.
 pub struct Report {
     json: bool,
     printed_header: bool,
+    kept: Vec<Comparison>,
 }
 
 impl Report {
@@ -138,6 +167,7 @@ impl Report {
         Self {
             json,
             printed_header: false,
+            kept: Vec::new(),
         }
     }
 
@@ -168,6 +198,7 @@ impl Report {
         if !self.json {
             println!();
         }
+        self.kept.push(comparison);
     }
 
     fn table_line(
@@ -208,23 +239,24 @@ impl Report {
         );
     }
 
-    fn finish(self) {
+    fn finish(self) -> Vec<Comparison> {
         if !self.json {
             println!(
                 "ours/baseline: below 1 means ours is faster (latency); above 1 means ours moves more (throughput)."
             );
         }
+        self.kept
     }
 }
 
-enum Summary {
+pub(super) enum Summary {
     Latency { p50: u64, p99: u64, samples: usize },
     Throughput { median: f64, rounds: usize },
 }
 
 impl Summary {
     /// ours / other: (p50, p99) for latency, (median, median) for throughput.
-    fn ratio_to(&self, other: &Summary) -> (f64, f64) {
+    pub(super) fn ratio_to(&self, other: &Summary) -> (f64, f64) {
         match (self, other) {
             (
                 Summary::Latency { p50, p99, .. },
@@ -240,7 +272,7 @@ impl Summary {
     }
 }
 
-fn summarize(measure: &Measure) -> Summary {
+pub(super) fn summarize(measure: &Measure) -> Summary {
     match measure {
         Measure::Latency(samples) => {
             let mut sorted = samples.clone();
@@ -258,7 +290,7 @@ fn summarize(measure: &Measure) -> Summary {
     }
 }
 
-fn json_line(
+pub(super) fn json_line(
     comparison: &Comparison,
     name: &str,
     summary: &Summary,
@@ -344,10 +376,15 @@ pub fn fork_pair<R>(
             unsafe { nix::libc::_exit(code) }
         }
         ForkResult::Parent { child } => {
+            // Pinned only for this measurement: later ones (and their forks) get all CPUs back.
+            let original = sched_getaffinity(Pid::from_raw(0)).ok();
             if let Some((cpu, _)) = cpus {
                 pin_to(cpu);
             }
             let result = parent();
+            if let Some(original) = original {
+                let _ = sched_setaffinity(Pid::from_raw(0), &original);
+            }
             let status = reap(child);
             let value = result?;
             match status? {

@@ -1,0 +1,339 @@
+//! The results folder of `shmbroker bench`: JSON lines, a Markdown table and SVG plots.
+
+use super::{Comparison, Measure, Size, Summary, json_line, summarize};
+use plotters::prelude::*;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Writes every output into `dir` (created if needed); returns the paths written.
+pub fn write(dir: &Path, comparisons: &[Comparison]) -> Result<Vec<String>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let mut written = Vec::new();
+    let mut save = |name: &str, contents: String| -> Result<(), String> {
+        let path = dir.join(name);
+        std::fs::write(&path, contents).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        written.push(path.display().to_string());
+        Ok(())
+    };
+    save("results.jsonl", jsonl(comparisons))?;
+    save("results.md", markdown(comparisons))?;
+    for (name, plot) in [
+        ("pingpong_cdf.svg", pingpong_cdf as Plot),
+        ("barrier_vs_workers.svg", barrier_vs_workers),
+        ("throughput_vs_size.svg", throughput_vs_size),
+    ] {
+        let path = dir.join(name);
+        if plot(&path, comparisons)? {
+            written.push(path.display().to_string());
+        }
+    }
+    Ok(written)
+}
+
+/// Draws one plot into a path; `false` when the suites it needs were not run.
+type Plot = fn(&Path, &[Comparison]) -> Result<bool, String>;
+
+fn jsonl(comparisons: &[Comparison]) -> String {
+    let mut out = String::new();
+    for comparison in comparisons {
+        let ours = comparison.contenders.first().map(|(_, m)| summarize(m));
+        for (index, (name, measure)) in comparison.contenders.iter().enumerate() {
+            let summary = summarize(measure);
+            let ratio = ours
+                .as_ref()
+                .filter(|_| index > 0)
+                .map(|ours| ours.ratio_to(&summary));
+            out.push_str(&json_line(comparison, name, &summary, ratio));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The machine, in one line: CPU model, cores, kernel.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split(':').nth(1))
+                .map(|model| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    // Online CPUs, not this process's affinity (measurements pin it for a while).
+    // SAFETY: sysconf only reads a system value.
+    let cores = unsafe { nix::libc::sysconf(nix::libc::_SC_NPROCESSORS_ONLN) };
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|release| release.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    format!("{cpu}, {cores} cores, Linux {kernel}")
+}
+
+fn size_text(size: Size) -> String {
+    match size {
+        Size::Bytes(bytes) => format!("{bytes} B"),
+        Size::Workers(workers) => format!("{workers} workers"),
+    }
+}
+
+fn markdown(comparisons: &[Comparison]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Measured on {}.\n", machine());
+    out.push_str("| bench | size | impl | p50 | p99 | msgs/s | ours/baseline |\n");
+    out.push_str("|---|---:|---|---:|---:|---:|---|\n");
+    for comparison in comparisons {
+        let ours = comparison.contenders.first().map(|(_, m)| summarize(m));
+        for (index, (name, measure)) in comparison.contenders.iter().enumerate() {
+            let summary = summarize(measure);
+            let ratio = ours
+                .as_ref()
+                .filter(|_| index > 0)
+                .map(|ours| ours.ratio_to(&summary));
+            let (p50, p99, rate, ratio) = match summary {
+                Summary::Latency { p50, p99, .. } => (
+                    format!("{p50} ns"),
+                    format!("{p99} ns"),
+                    String::new(),
+                    ratio.map_or(String::new(), |(a, b)| format!("p50 {a:.2}x, p99 {b:.2}x")),
+                ),
+                Summary::Throughput { median, .. } => (
+                    String::new(),
+                    String::new(),
+                    format!("{:.2} M", median / 1e6),
+                    ratio.map_or(String::new(), |(a, _)| format!("{a:.2}x")),
+                ),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {name} | {p50} | {p99} | {rate} | {ratio} |",
+                comparison.bench,
+                size_text(comparison.size)
+            );
+        }
+    }
+    out.push_str(
+        "\nours/baseline: below 1 means ours is faster (latency); above 1 means ours moves more (throughput).\n",
+    );
+    out
+}
+
+const COLORS: [RGBColor; 6] = [
+    RGBColor(200, 30, 30),
+    RGBColor(30, 90, 200),
+    RGBColor(30, 150, 60),
+    RGBColor(150, 60, 170),
+    RGBColor(220, 130, 0),
+    RGBColor(90, 90, 90),
+];
+
+fn plot_error(error: impl std::fmt::Display) -> String {
+    format!("plotting: {error}")
+}
+
+/// Latency CDF of the hot ping-pong: ours against every baseline.
+fn pingpong_cdf(path: &Path, comparisons: &[Comparison]) -> Result<bool, String> {
+    let Some(comparison) = comparisons.iter().find(|c| c.bench == "pingpong_hot") else {
+        return Ok(false);
+    };
+    let mut curves = Vec::new();
+    let mut x_max = 1.0f64;
+    for (name, measure) in &comparison.contenders {
+        if let Measure::Latency(samples) = measure {
+            let mut sorted = samples.clone();
+            sorted.sort_unstable();
+            if sorted.is_empty() {
+                continue;
+            }
+            let n = sorted.len();
+            let step = (n / 400).max(1);
+            let points: Vec<(f64, f64)> = (0..n)
+                .step_by(step)
+                .map(|i| (sorted[i] as f64, (i + 1) as f64 / n as f64))
+                .collect();
+            x_max = x_max.max(sorted[(n * 999 / 1000).min(n - 1)] as f64);
+            curves.push((*name, points));
+        }
+    }
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Hot ping-pong round trip, cumulative distribution",
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..x_max * 1.05, 0f64..1f64)
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("round trip (ns)")
+        .y_desc("fraction of round trips")
+        .draw()
+        .map_err(plot_error)?;
+    for (index, (name, points)) in curves.into_iter().enumerate() {
+        let color = COLORS[index % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(plot_error)?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_error)?;
+    root.present().map_err(plot_error)?;
+    Ok(true)
+}
+
+/// Barrier p50 against the number of workers, parked, for ours and each baseline.
+fn barrier_vs_workers(path: &Path, comparisons: &[Comparison]) -> Result<bool, String> {
+    let mut series: Vec<(&'static str, Vec<(f64, f64)>)> = Vec::new();
+    for comparison in comparisons.iter().filter(|c| c.bench == "barrier_parked") {
+        let Size::Workers(workers) = comparison.size else {
+            continue;
+        };
+        for (name, measure) in &comparison.contenders {
+            if let Summary::Latency { p50, .. } = summarize(measure) {
+                let point = (f64::from(workers), p50 as f64 / 1e3);
+                match series.iter_mut().find(|(n, _)| n == name) {
+                    Some((_, points)) => points.push(point),
+                    None => series.push((name, vec![point])),
+                }
+            }
+        }
+    }
+    if series.is_empty() {
+        return Ok(false);
+    }
+    let y_max = series
+        .iter()
+        .flat_map(|(_, points)| points.iter().map(|p| p.1))
+        .fold(1.0f64, f64::max);
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Barrier latency (p50, parked) against world size",
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(1f64..9f64, 0f64..y_max * 1.1)
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("workers (processes)")
+        .y_desc("barrier p50 (µs)")
+        .draw()
+        .map_err(plot_error)?;
+    for (index, (name, points)) in series.into_iter().enumerate() {
+        let color = COLORS[index % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(plot_error)?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, color.filled())),
+            )
+            .map_err(plot_error)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_error)?;
+    root.present().map_err(plot_error)?;
+    Ok(true)
+}
+
+/// Streaming throughput (MB/s) against message size, single and batched, ours and shaq.
+fn throughput_vs_size(path: &Path, comparisons: &[Comparison]) -> Result<bool, String> {
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for comparison in comparisons
+        .iter()
+        .filter(|c| c.bench == "stream_single" || c.bench == "stream_batched")
+    {
+        let Size::Bytes(bytes) = comparison.size else {
+            continue;
+        };
+        for (name, measure) in &comparison.contenders {
+            if let Summary::Throughput { median, .. } = summarize(measure) {
+                let label = format!("{name}, {}", comparison.bench.trim_start_matches("stream_"));
+                let point = (bytes as f64, median * bytes as f64 / 1e6);
+                match series.iter_mut().find(|(n, _)| *n == label) {
+                    Some((_, points)) => points.push(point),
+                    None => series.push((label, vec![point])),
+                }
+            }
+        }
+    }
+    if series.is_empty() {
+        return Ok(false);
+    }
+    let y_max = series
+        .iter()
+        .flat_map(|(_, points)| points.iter().map(|p| p.1))
+        .fold(10.0f64, f64::max);
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Streaming throughput against message size",
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((4f64..8192f64).log_scale(), (1f64..y_max * 2.0).log_scale())
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("message size (bytes)")
+        .y_desc("MB/s (median over rounds)")
+        .draw()
+        .map_err(plot_error)?;
+    for (index, (name, points)) in series.into_iter().enumerate() {
+        let color = COLORS[index % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(plot_error)?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, color.filled())),
+            )
+            .map_err(plot_error)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_error)?;
+    root.present().map_err(plot_error)?;
+    Ok(true)
+}
