@@ -150,8 +150,10 @@ fn pingpong_cdf(path: &Path, comparisons: &[Comparison]) -> Result<bool, String>
             let points: Vec<(f64, f64)> = (0..n)
                 .step_by(step)
                 .map(|i| (sorted[i] as f64, (i + 1) as f64 / n as f64))
+                .take_while(|&(x, _)| x <= sorted[(n * 99 / 100).min(n - 1)] as f64 * 1.25)
                 .collect();
-            x_max = x_max.max(sorted[(n * 999 / 1000).min(n - 1)] as f64);
+            // Up to the largest p99: a single outlier's tail would squash every curve.
+            x_max = x_max.max(sorted[(n * 99 / 100).min(n - 1)] as f64 * 1.25);
             curves.push((*name, points));
         }
     }
