@@ -30,6 +30,7 @@
 
 #![warn(missing_docs)]
 
+pub mod launch;
 pub mod process;
 pub mod session;
 

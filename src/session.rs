@@ -145,6 +145,9 @@ pub enum Error {
     /// Handshake-level failure while relaying an fd through the broker.
     #[error("fd relay: {0}")]
     Relay(String),
+    /// The launcher's variables do not say where this worker stands.
+    #[error("launch environment: {0}")]
+    Launch(String),
 }
 
 /// A worker's session: its rank, its links to every peer, and the collectives over them.
@@ -168,6 +171,25 @@ pub struct Session {
     fd_transport_reported: bool,
     /// Pidfds of exporters' processes, by pid, kept for the session.
     pidfds: HashMap<u32, std::os::fd::OwnedFd>,
+    /// The broker this worker hosts (local rank 0 under a launcher). Last, so that it stops
+    /// only after this session has said goodbye to it.
+    embedded: Option<EmbeddedBroker>,
+}
+
+/// A broker on a thread of this process, stopped and joined when dropped.
+#[derive(Debug)]
+struct EmbeddedBroker {
+    stop: shmbroker_handshake::StopHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for EmbeddedBroker {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// One call's deadline.
@@ -220,6 +242,44 @@ impl Session {
         Ok(session)
     }
 
+    /// Joins the job this process was launched in, with no socket path and no broker to start
+    /// by hand: the local rank, local world size and job id come from Open MPI, MPICH, torchrun
+    /// or Slurm (or `SHMBROKER_RANK`, `SHMBROKER_WORLD_SIZE`, `SHMBROKER_SOCKET`; see
+    /// [`crate::launch`]). Local rank 0 hosts the broker on a thread of its own, on a socket
+    /// named after the job, for as long as its session lives; every rank logs on within
+    /// `timeout`, retrying while the broker comes up.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Launch`] naming the variables that are missing or contradict each other;
+    /// [`Error::Logon`] when the broker cannot be started or reached.
+    pub fn from_env(timeout: Duration) -> Result<Self, Error> {
+        let launch = crate::launch::from_env().map_err(Error::Launch)?;
+        let embedded = if launch.rank == 0 {
+            let config = shmbroker_handshake::Config {
+                world_size: launch.world_size,
+                ..shmbroker_handshake::Config::default()
+            };
+            let mut listener = shmbroker_handshake::Listener::bind(&launch.socket, config)?;
+            let stop = listener.stop_handle();
+            let thread = std::thread::Builder::new()
+                .name("shmbroker-broker".into())
+                .spawn(move || {
+                    let _ = listener.serve(|_| {});
+                })
+                .map_err(|e| Error::Launch(format!("starting the broker thread: {e}")))?;
+            Some(EmbeddedBroker {
+                stop,
+                thread: Some(thread),
+            })
+        } else {
+            None
+        };
+        let mut session = Self::connect(&launch.socket, Some(launch.rank), timeout)?;
+        session.embedded = embedded;
+        Ok(session)
+    }
+
     /// Wraps a session the handshake returned.
     #[must_use]
     pub fn from_handshake(inner: shmbroker_handshake::Session) -> Self {
@@ -236,6 +296,7 @@ impl Session {
             fd_transport: FdTransport::Auto,
             fd_transport_reported: false,
             pidfds: HashMap::new(),
+            embedded: None,
         }
     }
 

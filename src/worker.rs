@@ -1,15 +1,16 @@
 //! `shmbroker worker`: log on, show what arrived, greet every peer over the rings.
 
 use crate::args::Args;
-use shmbroker::bindings::{ANY_RANK, INLINE_BYTES, LogonFrame, Message};
-use shmbroker::handshake::connect;
+use shmbroker::bindings::{ANY_RANK, INLINE_BYTES, Message};
 use std::time::Duration;
 
 pub const USAGE: &str = "\
-shmbroker worker --socket PATH [--rank R] [--timeout-ms MS]
+shmbroker worker (--socket PATH [--rank R] | --from-env) [--timeout-ms MS]
                  [--selftest [--repeat N] [--only all|barrier|all_gather|fds] [--table ROUNDS]]
     Log on to the broker at PATH (as rank R, or any free rank), print the rank and what was
     received, exchange one message with every peer over the rings, and exit 0.
+    --from-env takes the rank, world size and a job-unique socket from the launcher (Open MPI,
+    MPICH, torchrun, Slurm, or SHMBROKER_RANK/_WORLD_SIZE/_SOCKET); local rank 0 hosts the broker.
     --selftest instead runs every collective N times (default 1) across the world, checks every
     result, prints a summary and exits 0; if a peer dies it exits 1 naming the lost rank.
     --table then times each collective ROUNDS times on every rank; rank 0 prints the latencies.
@@ -21,9 +22,8 @@ const HELLO: u32 = 1;
 
 pub fn run(rest: &[String]) -> Result<(), String> {
     let mut args = Args::new(rest);
-    let socket = args
-        .value::<String>("--socket")?
-        .ok_or_else(|| format!("worker needs --socket\n{USAGE}"))?;
+    let socket = args.value::<String>("--socket")?;
+    let from_env = args.flag("--from-env");
     let rank = args.value::<u32>("--rank")?.unwrap_or(ANY_RANK);
     let timeout = Duration::from_millis(args.value("--timeout-ms")?.unwrap_or(30_000));
     let selftest = args.flag("--selftest");
@@ -45,11 +45,20 @@ pub fn run(rest: &[String]) -> Result<(), String> {
             ));
         }
     }
+    let mut session = match (from_env, socket) {
+        (true, None) => shmbroker::Session::from_env(timeout),
+        (false, Some(socket)) => {
+            shmbroker::Session::connect(&socket, (rank != ANY_RANK).then_some(rank), timeout)
+        }
+        _ => {
+            return Err(format!(
+                "worker needs either --socket or --from-env\n{USAGE}"
+            ));
+        }
+    }
+    .map_err(|e| format!("logon: {e}"))?;
+    session.set_timeout(timeout);
     if selftest {
-        let rank = (rank != ANY_RANK).then_some(rank);
-        let mut session = shmbroker::Session::connect(&socket, rank, timeout)
-            .map_err(|e| format!("logon: {e}"))?;
-        session.set_timeout(timeout);
         let summary = crate::selftest::run(&mut session, repeat, only)?;
         println!("[worker pid {}] {summary}", std::process::id());
         if let Some(rounds) = table.filter(|&rounds| rounds > 0) {
@@ -68,8 +77,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     }
 
     let me = std::process::id();
-    let mut session =
-        connect(&socket, LogonFrame::new(rank), timeout).map_err(|e| format!("logon: {e}"))?;
+    let session = session.raw();
     let (rank, world) = (session.rank(), session.world_size());
     println!(
         "[worker pid {me}] rank {rank} of {world}: {} rings of {} slots, a payload region of {} bytes",
