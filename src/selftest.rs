@@ -66,6 +66,20 @@ fn check(what: &str, peer: u32, got: &[u8], want: &[u8]) -> Result<(), String> {
     }
 }
 
+/// Exchanges a memfd holding this rank's pattern with every rank and checks what each holds;
+/// returns this rank's memfd.
+fn exchange_fds_checked(session: &mut Session, i: u64) -> Result<std::os::fd::OwnedFd, String> {
+    let rank = session.rank();
+    let mine = memfd_with(&pattern(rank, i, 32)).map_err(|e| format!("memfd: {e}"))?;
+    let all = session
+        .exchange_fds(std::os::fd::AsFd::as_fd(&mine))
+        .map_err(|e| format!("exchange_fds: {e}"))?;
+    for (peer, fd) in (0u32..).zip(&all) {
+        check("exchange_fds", peer, &contents(fd)?, &pattern(peer, i, 32))?;
+    }
+    Ok(mine)
+}
+
 /// Runs the selftest; returns a summary line or what failed.
 pub fn run(session: &mut Session, repeat: u64, only: Only) -> Result<String, String> {
     let (rank, world) = (session.rank(), session.world_size());
@@ -74,13 +88,7 @@ pub fn run(session: &mut Session, repeat: u64, only: Only) -> Result<String, Str
     let mut checks = 0u64;
     for i in 0..repeat {
         if only == Only::Fds {
-            let mine = memfd_with(&pattern(rank, i, 32)).map_err(|e| format!("memfd: {e}"))?;
-            let all = session
-                .exchange_fds(std::os::fd::AsFd::as_fd(&mine))
-                .map_err(|e| fail("exchange_fds", e))?;
-            for (peer, fd) in (0u32..).zip(&all) {
-                check("exchange_fds", peer, &contents(fd)?, &pattern(peer, i, 32))?;
-            }
+            exchange_fds_checked(session, i)?;
             checks += 1;
             continue;
         }
@@ -144,13 +152,7 @@ pub fn run(session: &mut Session, repeat: u64, only: Only) -> Result<String, Str
             }
         }
         // File descriptors: every rank's memfd to everyone, then one rank's to all.
-        let mine = memfd_with(&pattern(rank, i, 32)).map_err(|e| format!("memfd: {e}"))?;
-        let all = session
-            .exchange_fds(std::os::fd::AsFd::as_fd(&mine))
-            .map_err(|e| fail("exchange_fds", e))?;
-        for (peer, fd) in (0u32..).zip(&all) {
-            check("exchange_fds", peer, &contents(fd)?, &pattern(peer, i, 32))?;
-        }
+        let mine = exchange_fds_checked(session, i)?;
         checks += 1;
         let root = (i % u64::from(world)) as u32;
         let offered = (root == rank).then_some(std::os::fd::AsFd::as_fd(&mine));

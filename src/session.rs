@@ -452,20 +452,8 @@ impl Session {
     ///
     /// As for [`Self::all_gather`], and [`Error::Protocol`] if a peer's value has another size.
     pub fn all_gather_pod<T: bytemuck::Pod>(&mut self, value: &T) -> Result<Vec<T>, Error> {
-        let gathered = self.all_gather(bytemuck::bytes_of(value))?;
-        (0..)
-            .zip(gathered)
-            .map(|(peer, bytes)| {
-                bytemuck::try_pod_read_unaligned(&bytes).map_err(|_| Error::Protocol {
-                    peer,
-                    detail: format!(
-                        "all_gather_pod: expected {} bytes, received {}",
-                        size_of::<T>(),
-                        bytes.len()
-                    ),
-                })
-            })
-            .collect()
+        let deadline = Deadline::new("all_gather", self.timeout);
+        self.all_gather_pod_with(value, &deadline)
     }
 
     /// [`Self::all_gather_pod`] within an existing deadline (for collectives built on it).

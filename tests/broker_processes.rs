@@ -1,33 +1,18 @@
 //! The broker and its workers as real processes: `shmbroker serve` and `shmbroker worker`.
 //! Every child is waited for with a deadline and killed on the way out.
 
+mod common;
+
+use common::{TempDir, finish};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::process::{ChildGuard, spawn_with_fds};
-use std::io::Read;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn shmbroker(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
@@ -52,25 +37,6 @@ fn serve(socket: &Path, extra: &[&str]) -> ChildGuard {
         std::thread::sleep(Duration::from_millis(10));
     }
     child
-}
-
-/// Waits for `child` (killing it at the deadline) and returns (success, stdout, stderr).
-fn finish(mut child: ChildGuard) -> (bool, String, String) {
-    // Read the pipes only after the exit: a read would block on a hung child, the wait does not.
-    // (Outputs here are a few lines, far below a pipe's buffer.)
-    let status = child
-        .wait_timeout(DEADLINE)
-        .unwrap()
-        .expect("child still running at its deadline");
-    let mut stdout = String::new();
-    if let Some(pipe) = child.stdout() {
-        let _ = pipe.read_to_string(&mut stdout);
-    }
-    let mut stderr = String::new();
-    if let Some(mut pipe) = child.take_stderr() {
-        let _ = pipe.read_to_string(&mut stderr);
-    }
-    (status.success(), stdout, stderr)
 }
 
 #[test]

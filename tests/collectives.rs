@@ -3,11 +3,13 @@
 //! killed with SIGKILL in the middle of a barrier loop and of an all-gather loop. Every child is
 //! waited for with a deadline and killed on the way out.
 
+mod common;
+
+use common::finish;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::handshake::{Config, Event, Listener, StopHandle};
 use shmbroker::process::{ChildGuard, spawn_with_fds};
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -108,23 +110,6 @@ impl Drop for Broker {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// Waits for `child` (killed at the deadline) and returns (success, stdout, stderr).
-fn finish(mut child: ChildGuard) -> (bool, String, String) {
-    let status = child
-        .wait_timeout(DEADLINE)
-        .unwrap()
-        .expect("a worker was still running at its deadline");
-    let mut stdout = String::new();
-    if let Some(pipe) = child.stdout() {
-        let _ = pipe.read_to_string(&mut stdout);
-    }
-    let mut stderr = String::new();
-    if let Some(mut pipe) = child.take_stderr() {
-        let _ = pipe.read_to_string(&mut stderr);
-    }
-    (status.success(), stdout, stderr)
 }
 
 #[test]

@@ -2,30 +2,12 @@
 //! environment variables: no socket path, no broker started by hand. Each worker gets a cleared
 //! environment plus the launcher's variables. Every child is waited for with a deadline.
 
+mod common;
+
+use common::{TempDir, finish};
 use shmbroker::process::{ChildGuard, spawn_with_fds};
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
-
-const DEADLINE: Duration = Duration::from_secs(120);
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A `worker --from-env --selftest` with only `vars` (and `XDG_RUNTIME_DIR`) in its environment.
 fn worker(runtime_dir: &Path, vars: &[(&str, String)]) -> ChildGuard {
@@ -48,22 +30,6 @@ fn worker(runtime_dir: &Path, vars: &[(&str, String)]) -> ChildGuard {
         command.env(name, value);
     }
     spawn_with_fds(&mut command, &[]).unwrap()
-}
-
-fn finish(mut child: ChildGuard) -> (bool, String, String) {
-    let status = child
-        .wait_timeout(DEADLINE)
-        .unwrap()
-        .expect("a worker was still running at its deadline");
-    let mut stdout = String::new();
-    if let Some(pipe) = child.stdout() {
-        let _ = pipe.read_to_string(&mut stdout);
-    }
-    let mut stderr = String::new();
-    if let Some(mut pipe) = child.take_stderr() {
-        let _ = pipe.read_to_string(&mut stderr);
-    }
-    (status.success(), stdout, stderr)
 }
 
 fn torchrun(rank: u32, world: u32, run_id: &str) -> Vec<(&'static str, String)> {

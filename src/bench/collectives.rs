@@ -272,18 +272,20 @@ fn connect(socket: &Path, rank: u32, spin_limit: u32) -> Result<Session, String>
     Ok(session)
 }
 
-/// Nanoseconds of each of `rounds` barriers on rank 0, after as many warm-up barriers / 10.
-fn ours_barrier(
+/// Nanoseconds of each of `rounds` calls of `op` on rank 0, after warm-up calls, with every one
+/// of `workers` forked workers calling it as often.
+fn ours_timed(
     socket: &Path,
     workers: u32,
     rounds: usize,
     spin_limit: u32,
+    op: impl Fn(&mut Session) -> Result<(), String>,
 ) -> Result<Vec<u64>, String> {
     let warmup = rounds / 10 + 10;
     let pids = fork_workers(workers, |rank| {
         let mut session = connect(socket, rank, spin_limit)?;
         for _ in 0..warmup + rounds {
-            session.barrier().map_err(|e| e.to_string())?;
+            op(&mut session)?;
         }
         Ok(())
     })?;
@@ -293,7 +295,7 @@ fn ours_barrier(
         let mut samples = Vec::with_capacity(rounds);
         for round in 0..warmup + rounds {
             let start = Instant::now();
-            session.barrier().map_err(|e| e.to_string())?;
+            op(&mut session)?;
             if round >= warmup {
                 samples.push(start.elapsed().as_nanos() as u64);
             }
@@ -306,6 +308,18 @@ fn ours_barrier(
     let samples = measured?;
     reaped?;
     Ok(samples)
+}
+
+/// Nanoseconds of each of `rounds` barriers on rank 0.
+fn ours_barrier(
+    socket: &Path,
+    workers: u32,
+    rounds: usize,
+    spin_limit: u32,
+) -> Result<Vec<u64>, String> {
+    ours_timed(socket, workers, rounds, spin_limit, |session| {
+        session.barrier().map_err(|e| e.to_string())
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -456,38 +470,15 @@ fn ours_all_gather(
     bytes: usize,
     spin_limit: u32,
 ) -> Result<Vec<u64>, String> {
-    let warmup = rounds / 10 + 10;
-    let pids = fork_workers(workers, |rank| {
-        let mut session = connect(socket, rank, spin_limit)?;
-        let data = vec![rank as u8; bytes];
-        for _ in 0..warmup + rounds {
-            session.all_gather(&data).map_err(|e| e.to_string())?;
+    ours_timed(socket, workers, rounds, spin_limit, |session| {
+        let data = vec![session.rank() as u8; bytes];
+        let all = session.all_gather(&data).map_err(|e| e.to_string())?;
+        if all.len() == workers as usize {
+            Ok(())
+        } else {
+            Err("short all_gather".into())
         }
-        Ok(())
-    })?;
-    let (stop, broker) = start_broker(socket, workers)?;
-    let measured = (|| {
-        let mut session = connect(socket, 0, spin_limit)?;
-        let data = vec![0u8; bytes];
-        let mut samples = Vec::with_capacity(rounds);
-        for round in 0..warmup + rounds {
-            let start = Instant::now();
-            let all = session.all_gather(&data).map_err(|e| e.to_string())?;
-            if round >= warmup {
-                samples.push(start.elapsed().as_nanos() as u64);
-            }
-            if all.len() != workers as usize {
-                return Err("short all_gather".to_string());
-            }
-        }
-        Ok(samples)
-    })();
-    let reaped = reap(&pids);
-    stop.stop();
-    let _ = broker.join();
-    let samples = measured?;
-    reaped?;
-    Ok(samples)
+    })
 }
 
 /// A hand-written shared-memory all-gather: each rank writes its slot, a futex barrier, every
@@ -614,41 +605,14 @@ fn star_relay(workers: u32, rounds: usize, bytes: usize) -> Result<Vec<u64>, Str
 
 /// Nanoseconds per fd for `exchange_fds` between 2 workers (each imports one fd per call).
 fn ours_fd_exchange(socket: &Path, rounds: usize) -> Result<Vec<u64>, String> {
-    let warmup = rounds / 10 + 10;
     // One file for the whole run, as the raw baselines use: this measures moving it.
     let file = create_sealed(c"bench-fd", 4096).map_err(|e| e.to_string())?;
-    let exchange = |session: &mut Session| -> Result<(), String> {
+    ours_timed(socket, 2, rounds, u32::MAX, |session| {
         session
             .exchange_fds(std::os::fd::AsFd::as_fd(&file))
             .map(drop)
             .map_err(|e| e.to_string())
-    };
-    let pids = fork_workers(2, |rank| {
-        let mut session = connect(socket, rank, u32::MAX)?;
-        for _ in 0..warmup + rounds {
-            exchange(&mut session)?;
-        }
-        Ok(())
-    })?;
-    let (stop, broker) = start_broker(socket, 2)?;
-    let measured = (|| {
-        let mut session = connect(socket, 0, u32::MAX)?;
-        let mut samples = Vec::with_capacity(rounds);
-        for round in 0..warmup + rounds {
-            let start = Instant::now();
-            exchange(&mut session)?;
-            if round >= warmup {
-                samples.push(start.elapsed().as_nanos() as u64);
-            }
-        }
-        Ok::<_, String>(samples)
-    })();
-    let reaped = reap(&pids);
-    stop.stop();
-    let _ = broker.join();
-    let samples = measured?;
-    reaped?;
-    Ok(samples)
+    })
 }
 
 /// Nanoseconds of one `pidfd_getfd` of a child's fd (the pidfd opened once), and the close.
