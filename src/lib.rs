@@ -10,10 +10,9 @@
 //! | [`queues`] | the lock-free SPSC ring in a sealed memfd, with spin-then-futex parking |
 //! | [`allocator`] | the session's shared payload region (rts-alloc), bounds-checked references |
 //! | [`handshake`] | the broker's [`Listener`](handshake::Listener) and [`connect`](handshake::connect) |
-//! | [`session`] | [`Session`]: barrier, all-gather, broadcast, send/recv, worker to worker |
+//! | [`session`] | [`Session`]: barrier, all-gather, broadcast, send/recv, fd and GPU-handle exchange, worker to worker |
+//! | [`launch`] | where a worker stands under Open MPI, MPICH, torchrun or Slurm, for [`Session::from_env`] |
 //! | [`process`] | starting helper processes that inherit ring fds, and waiting for them with a deadline |
-//!
-//! File-descriptor and GPU-handle exchange arrive with the next layer.
 //!
 //! ```
 //! use shmbroker::queues::{Consumer, Producer, create};
