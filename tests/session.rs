@@ -413,3 +413,55 @@ fn a_gpu_handle_with_the_wrong_fd_is_misuse() {
         Err(Error::Misuse(_))
     ));
 }
+
+#[test]
+fn an_acknowledgement_for_a_block_not_awaiting_one_is_refused() {
+    let (_world, sessions) = World::start("forged-ack", 2);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let forged = PayloadRef {
+        offset: 4096,
+        len: 10,
+        _pad0: 0,
+    };
+    let mut inline = [0u8; INLINE_BYTES];
+    inline[..16].copy_from_slice(bytemuck::bytes_of(&forged));
+    let ack = Message {
+        kind: kind::PAYLOAD_ACK,
+        len: 0,
+        tag: 0,
+        inline,
+    };
+    one.raw().link(0).unwrap().to.try_send(ack).unwrap();
+    match zero.recv_from_timeout(1, Duration::from_millis(200)) {
+        Err(Error::Protocol { peer: 1, detail }) => {
+            assert!(
+                detail.contains("offset 4096 that is not awaiting one"),
+                "{detail}"
+            );
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_gpu_handle_of_an_unknown_kind_from_a_peer_is_refused() {
+    use shmbroker::bindings::GpuHandleKind::CudaIpcMemory;
+    let (_world, sessions) = World::start("gpu-kind", 2);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    // Rank 1 sends a handle of kind 99 (as a forger would, under the handle's all-gather).
+    let forger = std::thread::spawn(move || {
+        let mut forged = gpu_handle(CudaIpcMemory, 1);
+        forged.kind = 99;
+        one.all_gather_pod(&forged).unwrap();
+        one
+    });
+    match zero.all_gather_gpu_handles(&gpu_handle(CudaIpcMemory, 0), None) {
+        Err(Error::Protocol { peer: 1, detail }) => {
+            assert!(detail.contains("unknown GPU handle kind 99"), "{detail}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    drop(forger.join().unwrap());
+}

@@ -523,3 +523,41 @@ fn fds_relayed_through_the_broker_arrive_as_the_same_files_in_any_order() {
         Err(Error::Timeout { .. })
     ));
 }
+
+#[test]
+fn garbage_on_a_workers_socket_is_reported_and_the_worker_stays() {
+    use std::io::Write;
+    let broker = Broker::start("bad-notice", config(1));
+    let session = connect(&broker.path, LogonFrame::new(0), TIMEOUT).unwrap();
+    // 24 bytes that are no notice, then a notice with a kind nobody defined.
+    let mut socket = session.broker_socket();
+    socket.write_all(&[0xAB; 24]).unwrap();
+    let unknown = shmbroker_bindings::WorkerNotice {
+        magic: shmbroker_bindings::NOTICE_MAGIC,
+        kind: 99,
+        peer: 0,
+        _pad0: 0,
+        token: 0,
+    };
+    socket.write_all(bytemuck::bytes_of(&unknown)).unwrap();
+    let mut details = Vec::new();
+    while details.len() < 2 {
+        match broker.events.recv_timeout(TIMEOUT).unwrap() {
+            Event::BadNotice { rank: 0, detail } => details.push(detail),
+            Event::LoggedOn { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(details[0].contains("expected magic"), "{details:?}");
+    assert!(
+        details[1].contains("unexpected notice kind 99"),
+        "{details:?}"
+    );
+    // The worker was not dropped for it: no WorkerLeft until it really leaves.
+    assert!(
+        broker
+            .events
+            .recv_timeout(Duration::from_millis(100))
+            .is_err()
+    );
+}
