@@ -338,6 +338,13 @@ impl Session {
         (0..self.world_size()).filter(move |&peer| peer != rank)
     }
 
+    /// The rings to and from `peer` (a rank other than this one; callers check).
+    fn link(&mut self, peer: u32) -> Result<&mut shmbroker_handshake::Link, Error> {
+        self.inner
+            .link(peer)
+            .ok_or_else(|| Error::Misuse(format!("rank {peer} has no link to this rank")))
+    }
+
     fn check_rank(&self, rank: u32) -> Result<(), Error> {
         if rank < self.world_size() {
             Ok(())
@@ -725,10 +732,7 @@ impl Session {
     /// has left needs none: they are dropped (a session that died says so on the next call).
     fn flush_acks(&mut self, peer: u32) -> Result<(), Error> {
         while let Some(&ack) = self.acks_due[peer as usize].front() {
-            let link = self
-                .inner
-                .link(peer)
-                .ok_or(Error::Misuse("no link".into()))?;
+            let link = self.link(peer)?;
             match link.to.try_send(ack) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) => return Ok(()),
@@ -759,10 +763,7 @@ impl Session {
     fn drain_from(&mut self, peer: u32) -> Result<(), Error> {
         self.flush_acks(peer)?;
         loop {
-            let link = self
-                .inner
-                .link(peer)
-                .ok_or(Error::Misuse("no link".into()))?;
+            let link = self.link(peer)?;
             match link.from.try_recv() {
                 Ok(message) => self.dispatch(peer, message)?,
                 // A closed ring shows on the next send or receive, with its cause.
@@ -821,10 +822,6 @@ impl Session {
     fn recv_message(&mut self, peer: u32, deadline: &Deadline) -> Result<Message, Error> {
         self.flush_acks(peer)?;
         loop {
-            let link = self
-                .inner
-                .link(peer)
-                .ok_or(Error::Misuse("no link".into()))?;
             // While acknowledgements are owed to this peer, wait in slices and send them as room
             // appears: the peer may be waiting for them to free blocks before it can send more.
             let owing = !self.acks_due[peer as usize].is_empty();
@@ -833,6 +830,7 @@ impl Session {
             } else {
                 deadline.left()
             };
+            let link = self.link(peer)?;
             let message = match link.from.recv_timeout(wait) {
                 Ok(message) => message,
                 Err(RecvTimeoutError::Timeout) if owing && !deadline.left().is_zero() => {
@@ -869,10 +867,7 @@ impl Session {
     ) -> Result<(), Error> {
         self.flush_acks(peer)?;
         loop {
-            let link = self
-                .inner
-                .link(peer)
-                .ok_or(Error::Misuse("no link".into()))?;
+            let link = self.link(peer)?;
             let slice = deadline.left().min(SEND_SLICE);
             match link.to.send_timeout(outgoing, slice) {
                 Ok(()) => return Ok(()),
