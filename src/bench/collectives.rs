@@ -272,6 +272,29 @@ fn connect(socket: &Path, rank: u32, spin_limit: u32) -> Result<Session, String>
     Ok(session)
 }
 
+/// Warm-up calls before the timed ones, on every side of a measurement.
+fn warmup(rounds: usize) -> usize {
+    rounds / 10 + 10
+}
+
+/// Times `warmup(rounds) + rounds` calls of `op` and keeps the last `rounds` (nanoseconds);
+/// stops at the first error. The caller reaps its children whichever way this ends.
+fn time_loop(
+    rounds: usize,
+    mut op: impl FnMut() -> Result<(), String>,
+) -> Result<Vec<u64>, String> {
+    let warmup = warmup(rounds);
+    let mut samples = Vec::with_capacity(rounds);
+    for round in 0..warmup + rounds {
+        let start = Instant::now();
+        op()?;
+        if round >= warmup {
+            samples.push(start.elapsed().as_nanos() as u64);
+        }
+    }
+    Ok(samples)
+}
+
 /// Nanoseconds of each of `rounds` calls of `op` on rank 0, after warm-up calls, with every one
 /// of `workers` forked workers calling it as often.
 fn ours_timed(
@@ -281,7 +304,7 @@ fn ours_timed(
     spin_limit: u32,
     op: impl Fn(&mut Session) -> Result<(), String>,
 ) -> Result<Vec<u64>, String> {
-    let warmup = rounds / 10 + 10;
+    let warmup = warmup(rounds);
     let pids = fork_workers(workers, |rank| {
         let mut session = connect(socket, rank, spin_limit)?;
         for _ in 0..warmup + rounds {
@@ -290,18 +313,8 @@ fn ours_timed(
         Ok(())
     })?;
     let (stop, broker) = start_broker(socket, workers)?;
-    let measured = (|| {
-        let mut session = connect(socket, 0, spin_limit)?;
-        let mut samples = Vec::with_capacity(rounds);
-        for round in 0..warmup + rounds {
-            let start = Instant::now();
-            op(&mut session)?;
-            if round >= warmup {
-                samples.push(start.elapsed().as_nanos() as u64);
-            }
-        }
-        Ok::<_, String>(samples)
-    })();
+    let measured = connect(socket, 0, spin_limit)
+        .and_then(|mut session| time_loop(rounds, || op(&mut session)));
     let reaped = reap(&pids);
     stop.stop();
     let _ = broker.join();
@@ -382,7 +395,7 @@ fn futex(word: &AtomicU32, op: i32, value: u32) {
 
 /// Nanoseconds of each of `rounds` shared-memory barriers on rank 0.
 fn shared_barrier(workers: u32, rounds: usize, wait: Wait) -> Result<Vec<u64>, String> {
-    let warmup = rounds / 10 + 10;
+    let warmup = warmup(rounds);
     let fd = create_sealed(c"bench-barrier", 4096).map_err(|e| e.to_string())?;
     let page = Mapping::map(&fd, 4096).map_err(|e| e.to_string())?;
     // SAFETY: the mapping is 4096 bytes, page-aligned and outlives every use below (children
@@ -404,20 +417,9 @@ fn shared_barrier(workers: u32, rounds: usize, wait: Wait) -> Result<Vec<u64>, S
         Ok(())
     })?;
     let mut local = 0;
-    let mut samples = Vec::with_capacity(rounds);
-    let mut outcome = Ok(());
-    for round in 0..warmup + rounds {
-        let start = Instant::now();
-        if let Err(error) = barrier.arrive(&mut local) {
-            outcome = Err(error);
-            break;
-        }
-        if round >= warmup {
-            samples.push(start.elapsed().as_nanos() as u64);
-        }
-    }
+    let measured = time_loop(rounds, || barrier.arrive(&mut local));
     let reaped = reap(&pids);
-    outcome?;
+    let samples = measured?;
     reaped?;
     Ok(samples)
 }
@@ -484,7 +486,7 @@ fn ours_all_gather(
 /// A hand-written shared-memory all-gather: each rank writes its slot, a futex barrier, every
 /// rank copies all slots out, a second barrier before the slots are written again.
 fn shared_all_gather(workers: u32, rounds: usize, bytes: usize) -> Result<Vec<u64>, String> {
-    let warmup = rounds / 10 + 10;
+    let warmup = warmup(rounds);
     let size = 4096 + workers as usize * 1024;
     let fd = create_sealed(c"bench-gather", size as u64).map_err(|e| e.to_string())?;
     let page = Mapping::map(&fd, size as u64).map_err(|e| e.to_string())?;
@@ -527,20 +529,9 @@ fn shared_all_gather(workers: u32, rounds: usize, bytes: usize) -> Result<Vec<u6
         Ok(())
     })?;
     let (mut local, mut out) = (0, Vec::new());
-    let mut samples = Vec::with_capacity(rounds);
-    let mut outcome = Ok(());
-    for round in 0..warmup + rounds {
-        let start = Instant::now();
-        if let Err(error) = round_trip(0, &mut local, &mut out) {
-            outcome = Err(error);
-            break;
-        }
-        if round >= warmup {
-            samples.push(start.elapsed().as_nanos() as u64);
-        }
-    }
+    let measured = time_loop(rounds, || round_trip(0, &mut local, &mut out));
     let reaped = reap(&pids);
-    outcome?;
+    let samples = measured?;
     reaped?;
     Ok(samples)
 }
@@ -550,7 +541,7 @@ fn shared_all_gather(workers: u32, rounds: usize, bytes: usize) -> Result<Vec<u6
 fn star_relay(workers: u32, rounds: usize, bytes: usize) -> Result<Vec<u64>, String> {
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
-    let warmup = rounds / 10 + 10;
+    let warmup = warmup(rounds);
     let each = bytes.max(1);
     let mut hub_ends = Vec::new();
     let mut worker_ends = Vec::new();
@@ -574,31 +565,22 @@ fn star_relay(workers: u32, rounds: usize, bytes: usize) -> Result<Vec<u64>, Str
         Ok(())
     })?;
     drop(worker_ends);
-    let mut samples = Vec::with_capacity(rounds);
     let mut all = vec![0u8; each * workers as usize];
-    let mut outcome = Ok(());
-    'rounds: for round in 0..warmup + rounds {
-        let start = Instant::now();
+    let measured = time_loop(rounds, || {
         for (i, mut stream) in hub_ends.iter().enumerate() {
             let at = (i + 1) * each;
-            if let Err(error) = stream.read_exact(&mut all[at..at + each]) {
-                outcome = Err(error.to_string());
-                break 'rounds;
-            }
+            stream
+                .read_exact(&mut all[at..at + each])
+                .map_err(|e| e.to_string())?;
         }
         for mut stream in &hub_ends {
-            if let Err(error) = stream.write_all(&all) {
-                outcome = Err(error.to_string());
-                break 'rounds;
-            }
+            stream.write_all(&all).map_err(|e| e.to_string())?;
         }
-        if round >= warmup {
-            samples.push(start.elapsed().as_nanos() as u64);
-        }
-    }
+        Ok(())
+    });
     drop(hub_ends);
     let reaped = reap(&pids);
-    outcome?;
+    let samples = measured?;
     reaped?;
     Ok(samples)
 }
@@ -703,7 +685,7 @@ fn raw_scm_rights(rounds: usize) -> Result<Vec<u64>, String> {
             }
         }
     };
-    let warmup = rounds / 10 + 10;
+    let warmup = warmup(rounds);
     let pids = fork_workers(2, |_| {
         for _ in 0..warmup + rounds {
             take(&child_end)?;
@@ -711,22 +693,13 @@ fn raw_scm_rights(rounds: usize) -> Result<Vec<u64>, String> {
         }
         Ok(())
     })?;
-    let mut samples = Vec::with_capacity(rounds);
-    let mut outcome = Ok(());
-    for round in 0..warmup + rounds {
-        let start = Instant::now();
-        if let Err(error) = pass(&parent_end).and_then(|()| take(&parent_end)) {
-            outcome = Err(error);
-            break;
-        }
-        if round >= warmup {
-            // Two fds moved: report the time per fd.
-            samples.push(start.elapsed().as_nanos() as u64 / 2);
-        }
-    }
+    let measured = time_loop(rounds, || {
+        pass(&parent_end).and_then(|()| take(&parent_end))
+    });
     drop((parent_end, child_end));
     let reaped = reap(&pids);
-    outcome?;
+    // Two fds moved per round: report the time per fd.
+    let samples = measured?.into_iter().map(|ns| ns / 2).collect();
     reaped?;
     Ok(samples)
 }
