@@ -131,6 +131,43 @@ fn plot_error(error: impl std::fmt::Display) -> String {
     format!("plotting: {error}")
 }
 
+/// Draws each named series as a line (with a marker at every point when `markers`), in its own
+/// color, and the legend.
+fn draw_series<'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    series: Vec<(String, Vec<(f64, f64)>)>,
+    markers: bool,
+    legend_at: SeriesLabelPosition,
+) -> Result<(), String>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    for (index, (name, points)) in series.into_iter().enumerate() {
+        let color = COLORS[index % COLORS.len()];
+        if markers {
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(plot_error)?;
+        }
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(plot_error)?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(legend_at)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_error)?;
+    Ok(())
+}
+
 /// Latency CDF of the hot ping-pong: ours against every baseline.
 fn pingpong_cdf(path: &Path, comparisons: &[Comparison]) -> Result<bool, String> {
     let Some(comparison) = comparisons.iter().find(|c| c.bench == "pingpong_hot") else {
@@ -154,7 +191,7 @@ fn pingpong_cdf(path: &Path, comparisons: &[Comparison]) -> Result<bool, String>
                 .collect();
             // Up to the largest p99: a single outlier's tail would squash every curve.
             x_max = x_max.max(sorted[(n * 99 / 100).min(n - 1)] as f64 * 1.25);
-            curves.push((*name, points));
+            curves.push((name.to_string(), points));
         }
     }
     let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
@@ -175,30 +212,14 @@ fn pingpong_cdf(path: &Path, comparisons: &[Comparison]) -> Result<bool, String>
         .y_desc("fraction of round trips")
         .draw()
         .map_err(plot_error)?;
-    for (index, (name, points)) in curves.into_iter().enumerate() {
-        let color = COLORS[index % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(plot_error)?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_error)?;
+    draw_series(&mut chart, curves, false, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(plot_error)?;
     Ok(true)
 }
 
 /// Barrier p50 against the number of workers, parked, for ours and each baseline.
 fn barrier_vs_workers(path: &Path, comparisons: &[Comparison]) -> Result<bool, String> {
-    let mut series: Vec<(&'static str, Vec<(f64, f64)>)> = Vec::new();
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for comparison in comparisons.iter().filter(|c| c.bench == "barrier_parked") {
         let Size::Workers(workers) = comparison.size else {
             continue;
@@ -208,7 +229,7 @@ fn barrier_vs_workers(path: &Path, comparisons: &[Comparison]) -> Result<bool, S
                 let point = (f64::from(workers), p50 as f64 / 1e3);
                 match series.iter_mut().find(|(n, _)| n == name) {
                     Some((_, points)) => points.push(point),
-                    None => series.push((name, vec![point])),
+                    None => series.push((name.to_string(), vec![point])),
                 }
             }
         }
@@ -238,30 +259,7 @@ fn barrier_vs_workers(path: &Path, comparisons: &[Comparison]) -> Result<bool, S
         .y_desc("barrier p50 (µs)")
         .draw()
         .map_err(plot_error)?;
-    for (index, (name, points)) in series.into_iter().enumerate() {
-        let color = COLORS[index % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-            .map_err(plot_error)?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(
-                points
-                    .into_iter()
-                    .map(|p| Circle::new(p, 4, color.filled())),
-            )
-            .map_err(plot_error)?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_error)?;
+    draw_series(&mut chart, series, true, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(plot_error)?;
     Ok(true)
 }
@@ -312,30 +310,7 @@ fn throughput_vs_size(path: &Path, comparisons: &[Comparison]) -> Result<bool, S
         .y_desc("MB/s (median over rounds)")
         .draw()
         .map_err(plot_error)?;
-    for (index, (name, points)) in series.into_iter().enumerate() {
-        let color = COLORS[index % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-            .map_err(plot_error)?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(
-                points
-                    .into_iter()
-                    .map(|p| Circle::new(p, 4, color.filled())),
-            )
-            .map_err(plot_error)?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_error)?;
+    draw_series(&mut chart, series, true, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(plot_error)?;
     Ok(true)
 }
