@@ -2,68 +2,12 @@
 //! mismatched collectives, and bytes from a peer that no correct peer sends.
 
 use shmbroker::bindings::{INLINE_BYTES, Message, PayloadRef, kind};
-use shmbroker::handshake::{Config, Listener, StopHandle};
-use shmbroker::session::{Error, Session};
-use std::path::PathBuf;
-use std::thread::JoinHandle;
+use shmbroker::session::Error;
 use std::time::Duration;
 
-const TIMEOUT: Duration = Duration::from_secs(10);
+mod common;
 
-struct World {
-    dir: PathBuf,
-    stop: StopHandle,
-    broker: Option<JoinHandle<()>>,
-}
-
-impl World {
-    /// A broker for `size` ranks and one session per rank, each logged on from its own thread.
-    fn start(name: &str, size: u32) -> (Self, Vec<Session>) {
-        let dir =
-            std::env::temp_dir().join(format!("shmbroker-session-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("broker.sock");
-        let config = Config {
-            world_size: size,
-            ring_capacity: 64,
-            payload_bytes: 4 << 20,
-            ..Config::default()
-        };
-        let mut listener = Listener::bind(&path, config).unwrap();
-        let stop = listener.stop_handle();
-        let broker = std::thread::spawn(move || listener.serve(|_| {}).unwrap());
-        let joins: Vec<_> = (0..size)
-            .map(|rank| {
-                let path = path.clone();
-                std::thread::spawn(move || {
-                    let mut session = Session::connect(&path, Some(rank), TIMEOUT).unwrap();
-                    session.set_timeout(TIMEOUT);
-                    session
-                })
-            })
-            .collect();
-        let sessions = joins.into_iter().map(|j| j.join().unwrap()).collect();
-        (
-            Self {
-                dir,
-                stop,
-                broker: Some(broker),
-            },
-            sessions,
-        )
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        self.stop.stop();
-        if let Some(broker) = self.broker.take() {
-            let _ = broker.join();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use common::World;
 
 #[test]
 fn collectives_work_between_threads_too() {

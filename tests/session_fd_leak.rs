@@ -3,10 +3,12 @@
 //! where it started. Alone in its own test binary, so that no concurrent test moves the count.
 
 use shmbroker::bindings::{GPU_HANDLE_BYTES, GpuHandle, GpuHandleKind};
-use shmbroker::handshake::{Config, Listener};
 use shmbroker::session::{FdTransport, Session};
 use std::os::fd::AsFd;
-use std::time::Duration;
+
+mod common;
+
+use common::World;
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
@@ -38,25 +40,8 @@ fn rounds(session: &mut Session, count: usize) {
 
 #[test]
 fn moving_fds_leaves_no_fd_behind() {
-    let dir = std::env::temp_dir().join(format!("shmbroker-fd-leak-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("broker.sock");
-    let config = Config {
-        world_size: 2,
-        ring_capacity: 64,
-        payload_bytes: 4 << 20,
-        ..Config::default()
-    };
-    let mut listener = Listener::bind(&path, config).unwrap();
-    let stop = listener.stop_handle();
-    let broker = std::thread::spawn(move || listener.serve(|_| {}).unwrap());
-    let other_path = path.clone();
-    let other = std::thread::spawn(move || {
-        Session::connect(&other_path, Some(1), Duration::from_secs(10)).unwrap()
-    });
-    let mut zero = Session::connect(&path, Some(0), Duration::from_secs(10)).unwrap();
-    let mut one = other.join().unwrap();
+    let (world, sessions) = World::start("fd-leak", 2);
+    let [mut zero, mut one]: [Session; 2] = sessions.try_into().unwrap();
 
     for transport in [FdTransport::Auto, FdTransport::Relay] {
         zero.set_fd_transport(transport);
@@ -77,8 +62,5 @@ fn moving_fds_leaves_no_fd_behind() {
         one = peer.join().unwrap();
         assert_eq!(open_fds(), before, "fds leaked moving fds by {transport:?}");
     }
-    drop((zero, one));
-    stop.stop();
-    broker.join().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop((zero, one, world));
 }

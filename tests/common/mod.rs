@@ -2,9 +2,12 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+use shmbroker::handshake::{Config, Listener, StopHandle};
 use shmbroker::process::ChildGuard;
+use shmbroker::session::Session;
 use std::io::Read;
 use std::path::PathBuf;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How long any child of a test may run before it is killed and the test fails.
@@ -25,6 +28,61 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How long a session of an in-process [`World`] waits for a peer before it fails the test.
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A broker on a thread of this process; dropping it stops the broker and removes its folder.
+pub struct World {
+    stop: StopHandle,
+    broker: Option<JoinHandle<()>>,
+    // Declared last: dropped after `drop` below has stopped the broker.
+    _dir: TempDir,
+}
+
+impl World {
+    /// A broker for `size` ranks and one session per rank, each logged on from its own thread,
+    /// with [`SESSION_TIMEOUT`] as every session's deadline.
+    pub fn start(name: &str, size: u32) -> (Self, Vec<Session>) {
+        let dir = TempDir::new(&format!("world-{name}"));
+        let path = dir.0.join("broker.sock");
+        let config = Config {
+            world_size: size,
+            ring_capacity: 64,
+            payload_bytes: 4 << 20,
+            ..Config::default()
+        };
+        let mut listener = Listener::bind(&path, config).unwrap();
+        let stop = listener.stop_handle();
+        let broker = std::thread::spawn(move || listener.serve(|_| {}).unwrap());
+        let joins: Vec<_> = (0..size)
+            .map(|rank| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let mut session = Session::connect(&path, Some(rank), SESSION_TIMEOUT).unwrap();
+                    session.set_timeout(SESSION_TIMEOUT);
+                    session
+                })
+            })
+            .collect();
+        let sessions = joins.into_iter().map(|j| j.join().unwrap()).collect();
+        let world = Self {
+            stop,
+            broker: Some(broker),
+            _dir: dir,
+        };
+        (world, sessions)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(broker) = self.broker.take() {
+            let _ = broker.join();
+        }
     }
 }
 
