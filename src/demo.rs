@@ -51,10 +51,9 @@ fn broker_and_workers(workers: u32) -> Result<(), String> {
     };
     let mut listener = Listener::bind(&socket, config.clone()).map_err(|e| e.to_string())?;
     println!(
-        "[broker pid {me}] listening on {} (mode 0600): {workers} ranks, rings of {} slots, {} MiB payload region",
+        "[broker pid {me}] listening on {} (mode 0600): {workers} ranks, rings of {} slots",
         socket.display(),
         config.ring_capacity,
-        config.payload_bytes >> 20
     );
     let stop = listener.stop_handle();
     let broker = std::thread::spawn(move || {

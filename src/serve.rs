@@ -6,7 +6,7 @@ use shmbroker::handshake::{Config, Event, Listener};
 use std::time::Duration;
 
 pub const USAGE: &str = "\
-shmbroker serve --socket PATH --workers N [--ring-capacity SLOTS] [--payload-bytes BYTES]
+shmbroker serve --socket PATH --workers N [--ring-capacity SLOTS]
                 [--logon-timeout-ms MS] [--allow-uid UID]...
     Run a broker on PATH (mode 0600) for a world of N workers until SIGINT or SIGTERM, then
     remove the socket file. Workers of another uid are refused unless allowed.";
@@ -23,9 +23,6 @@ pub fn config_from(args: &mut Args) -> Result<Config, String> {
         ring_capacity: args
             .value("--ring-capacity")?
             .unwrap_or(defaults.ring_capacity),
-        payload_bytes: args
-            .value("--payload-bytes")?
-            .unwrap_or(defaults.payload_bytes),
         logon_timeout: args
             .value::<u64>("--logon-timeout-ms")?
             .map_or(defaults.logon_timeout, Duration::from_millis),
@@ -84,8 +81,8 @@ pub fn run(rest: &[String]) -> Result<(), String> {
 
     let mut listener = Listener::bind(&socket, config.clone()).map_err(|e| e.to_string())?;
     println!(
-        "broker listening on {socket}: {} ranks, rings of {} slots, {} payload bytes",
-        config.world_size, config.ring_capacity, config.payload_bytes
+        "broker listening on {socket}: {} ranks, rings of {} slots",
+        config.world_size, config.ring_capacity
     );
     let stop = listener.stop_handle();
     std::thread::spawn(move || {

@@ -1,54 +1,65 @@
 //! A logged-on worker's collectives and point-to-point messages, worker to worker over the rings.
 //!
-//! Every call has the session's default deadline ([`Session::set_timeout`]) and a `_timeout`
-//! variant; the broker is not on any of these paths.
+//! Every call has the session's default deadline ([`Session::set_timeout`], [`DEFAULT_TIMEOUT`])
+//! and a `_timeout` variant; the broker is not on any of these paths.
 //!
-//! # Wire protocol
+//! # Messages of any size
 //!
-//! Each message is one ring slot ([`Message`]): a kind from [`kind`], a tag and 48 inline bytes.
+//! Every operation takes data of any length (up to what memory holds). Small data travels
+//! eagerly in ring slots: 48 bytes in the header slot and 64 in each slot behind it, up to half a
+//! ring ([`kind::EAGER_MAX`] at most). Larger data is pipelined through the sender's outbox in
+//! chunks that receivers copy out and acknowledge, so both copies overlap and a slow receiver
+//! holds the sender back; a message larger than the outbox goes through. [`Session::loan`] and
+//! [`Session::send_loan`] hand a buffer over by reference instead, at a cost that does not depend
+//! on its size. See the `transfer` module for the protocol.
+//!
+//! # Whose memory is whose
+//!
+//! Each rank owns an outbox ([`shmbroker_allocator::Outbox`]) that only it can write: the kernel
+//! refuses every other process, whatever it tries (the seals). Peers map it read-only and copy
+//! out of it after checking every reference against its bounds. Which blocks are free, and which
+//! ranks still owe an acknowledgement for which block, is recorded in the owner's private memory;
+//! an acknowledgement the owner did not expect is an [`Error::Protocol`] naming the rank that sent
+//! it, and frees nothing.
+//!
+//! # Matching
+//!
 //! Collectives are tagged with a sequence number that every rank advances once per collective,
 //! so a rank that receives another operation or another sequence number than it expects reports
 //! [`Error::CollectiveMismatch`] instead of hanging or misreading. Point-to-point messages
 //! (`SEND`) and collective messages share a ring; a message that arrives while another kind is
-//! awaited waits in a per-peer queue, in order.
-//!
-//! Data up to 48 bytes travels inline. Larger data (up to [`MAX_PAYLOAD`] bytes) is copied into
-//! the session's payload region and the message carries a bounds-checked [`PayloadRef`]; each
-//! receiver copies it out and answers `PAYLOAD_ACK`, and the sender frees the block when every
-//! receiver has acknowledged it. Acknowledgements are processed whenever the sender reads from
-//! that peer, and all at once when the region runs short.
+//! awaited waits in a per-peer queue, in order. Like `MPI_Send`, a send larger than the sender's
+//! outbox returns only once its receiver is receiving it.
 //!
 //! # When a peer dies
 //!
 //! The broker closes every ring of the session with the lost rank as cause; every pending and
 //! later call then fails with [`Error::PeerLost`] naming that rank (see
-//! [`shmbroker_handshake::Listener`]).
+//! [`shmbroker_handshake::Listener`]). Blocks of this rank's outbox that a lost peer still owed an
+//! acknowledgement for are given back.
 
 mod fds;
 mod gpu;
+mod transfer;
 
 pub use fds::FdTransport;
+pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
 
-use shmbroker_allocator::MAX_PAYLOAD;
-use shmbroker_bindings::{ANY_RANK, INLINE_BYTES, LogonFrame, Message, PayloadRef, kind};
+use shmbroker_allocator::{Outbox, PeerOutbox, View};
+use shmbroker_bindings::{ANY_RANK, LogonFrame, Message, PayloadRef, kind};
 use shmbroker_handshake::connect;
-use shmbroker_queues::{
-    Corruption, RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError,
-};
-use std::collections::{HashMap, VecDeque};
+use shmbroker_queues::Corruption;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use transfer::{Expect, Incoming, Sink, ViewAcks, message};
 
 /// The default deadline of every call, until [`Session::set_timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a send waits on a full ring before taking in what the peer sent meanwhile, and a
-/// receive that owes acknowledgements before trying to send them again.
-const SEND_SLICE: Duration = Duration::from_millis(1);
-
-/// How long an allocation waits for acknowledgements before looking again, when the payload
-/// region is exhausted (a back-pressure path, not a data path).
-const EXHAUSTED_BACKOFF: Duration = Duration::from_micros(200);
+/// The variable that sets every session's outbox size in bytes (default
+/// [`DEFAULT_OUTBOX_BYTES`]).
+pub const OUTBOX_BYTES_VAR: &str = "SHMBROKER_OUTBOX_BYTES";
 
 /// Why a session call failed.
 #[derive(Debug, thiserror::Error)]
@@ -81,13 +92,16 @@ pub enum Error {
         /// The world size.
         world_size: u32,
     },
-    /// Data larger than one payload block.
-    #[error("{found} bytes is more than the {max} a message can carry")]
-    TooLarge {
-        /// [`MAX_PAYLOAD`].
-        max: usize,
-        /// The size given.
-        found: usize,
+    /// A message longer than the buffer given to receive it. It was received to its end (and
+    /// acknowledged), so the next message is intact.
+    #[error("rank {peer} sent {needed} bytes; the buffer holds {capacity}")]
+    BufferTooSmall {
+        /// The sender.
+        peer: u32,
+        /// The message's length.
+        needed: u64,
+        /// The buffer's length.
+        capacity: usize,
     },
     /// The ranks called different collectives, or in a different order.
     #[error(
@@ -124,9 +138,19 @@ pub enum Error {
         /// What was found.
         corruption: Corruption,
     },
-    /// The payload region refused (exhausted, or a peer's reference out of bounds).
-    #[error(transparent)]
-    Payload(#[from] shmbroker_allocator::Error),
+    /// A peer's outbox is unusable (seals, size or header), or a reference into it is out of
+    /// bounds.
+    #[error("outbox of rank {peer}: {source}")]
+    Outbox {
+        /// The rank that owns the outbox.
+        peer: u32,
+        /// What was wrong.
+        #[source]
+        source: shmbroker_allocator::Error,
+    },
+    /// This rank's own outbox refused (it cannot be created, or a loan larger than it).
+    #[error("this rank's outbox: {0}")]
+    OwnOutbox(#[source] shmbroker_allocator::Error),
     /// An fd could not be moved with the transport chosen.
     #[error("fd exchange: {0}")]
     FdTransport(String),
@@ -157,15 +181,21 @@ pub struct Session {
     timeout: Duration,
     /// Sequence number of the next collective.
     seq: u64,
-    /// Per peer: messages received while waiting for another kind, in arrival order.
+    /// Per peer: messages received and not yet taken, in arrival order (see `transfer`).
     unread: Vec<VecDeque<Message>>,
     /// Per peer: the next point-to-point tag to send, and to expect.
     sent_to: Vec<u64>,
     received_from: Vec<u64>,
-    /// Payload blocks sent and not yet acknowledged by every receiver: offset -> (ref, acks due).
-    unacked: HashMap<u64, (PayloadRef, u32)>,
+    /// This rank's outbox: large data and loans go out through it.
+    outbox: Outbox,
+    /// Peers' outboxes, mapped read-only when first needed.
+    outboxes: Vec<Option<PeerOutbox>>,
+    /// Offsets of outbox blocks holding chunks of pipelined transfers, not yet acknowledged.
+    chunk_blocks: HashSet<u64>,
     /// Per peer: acknowledgements not yet sent because the ring to that peer was full.
     acks_due: Vec<VecDeque<Message>>,
+    /// Acknowledgements of dropped loan views.
+    view_acks: ViewAcks,
     /// How fds move, and whether the choice was reported yet.
     fd_transport: FdTransport,
     fd_transport_reported: bool,
@@ -224,20 +254,80 @@ impl Deadline {
     }
 }
 
+/// A read-only view of a buffer a peer lent this rank ([`Session::recv_loan`]). Dropping it tells
+/// the owner it may reuse the buffer (the acknowledgement goes out with this session's next
+/// call).
+///
+/// # Trust
+///
+/// The view reads the owner's memory in place: it is always in bounds and stays mapped while the
+/// view lives, so reading it never faults. Only the owner can write those bytes; an honest owner
+/// does not touch a buffer it lent until every receiver has dropped its view, but a buggy or
+/// hostile one can change them at any time. Copy out what you must validate before trusting it.
+#[derive(Debug)]
+pub struct LoanView {
+    view: View,
+    owner: u32,
+    payload: PayloadRef,
+    acks: ViewAcks,
+}
+
+impl LoanView {
+    /// The rank that lent the buffer.
+    #[must_use]
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+}
+
+impl std::ops::Deref for LoanView {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.view
+    }
+}
+
+impl Drop for LoanView {
+    fn drop(&mut self) {
+        self.acks.push(self.owner, self.payload);
+    }
+}
+
+/// The outbox size from [`OUTBOX_BYTES_VAR`], or [`DEFAULT_OUTBOX_BYTES`].
+///
+/// # Errors
+///
+/// [`Error::Misuse`] when the variable is not a number of bytes.
+pub fn outbox_bytes_from_env() -> Result<u64, Error> {
+    match std::env::var(OUTBOX_BYTES_VAR) {
+        Err(_) => Ok(DEFAULT_OUTBOX_BYTES),
+        Ok(value) => value.trim().parse().map_err(|_| {
+            Error::Misuse(format!(
+                "{OUTBOX_BYTES_VAR} must be a number of bytes, not {value:?}"
+            ))
+        }),
+    }
+}
+
 impl Session {
-    /// Logs on to the broker at `path` as `rank` (or any free rank) within `timeout`.
+    /// Logs on to the broker at `path` as `rank` (or any free rank) within `timeout`, and
+    /// publishes this rank's outbox ([`OUTBOX_BYTES_VAR`] bytes, [`DEFAULT_OUTBOX_BYTES`] when
+    /// unset).
     ///
     /// # Errors
     ///
-    /// [`Error::Logon`] with the handshake's reason.
+    /// [`Error::Logon`] with the handshake's reason; [`Error::OwnOutbox`] when the outbox cannot
+    /// be created; [`Error::Misuse`] for a bad variable.
     pub fn connect(
         path: impl AsRef<Path>,
         rank: Option<u32>,
         timeout: Duration,
     ) -> Result<Self, Error> {
         let transport = FdTransport::from_env()?;
+        let outbox_bytes = outbox_bytes_from_env()?;
         let logon = LogonFrame::new(rank.unwrap_or(ANY_RANK));
-        let mut session = Self::from_handshake(connect(path, logon, timeout)?);
+        let mut session =
+            Self::from_handshake_with(connect(path, logon, timeout)?, outbox_bytes, timeout)?;
         session.set_fd_transport(transport);
         Ok(session)
     }
@@ -280,24 +370,40 @@ impl Session {
         Ok(session)
     }
 
-    /// Wraps a session the handshake returned.
-    #[must_use]
-    pub fn from_handshake(inner: shmbroker_handshake::Session) -> Self {
+    /// Wraps a session the handshake returned: creates this rank's outbox of `outbox_bytes` bytes
+    /// and publishes it to the peers through the broker.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OwnOutbox`] when the outbox cannot be created; [`Error::Logon`] when it cannot be
+    /// published within `timeout`.
+    pub fn from_handshake_with(
+        mut inner: shmbroker_handshake::Session,
+        outbox_bytes: u64,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
         let world = inner.world_size() as usize;
-        Self {
+        let outbox = Outbox::create(inner.rank(), outbox_bytes).map_err(Error::OwnOutbox)?;
+        if world > 1 {
+            inner.publish_outbox(outbox.fd(), timeout)?;
+        }
+        Ok(Self {
             inner,
             timeout: DEFAULT_TIMEOUT,
             seq: 0,
             unread: vec![VecDeque::new(); world],
             sent_to: vec![0; world],
             received_from: vec![0; world],
-            unacked: HashMap::new(),
+            outbox,
+            outboxes: vec![None; world],
+            chunk_blocks: HashSet::new(),
             acks_due: vec![VecDeque::new(); world],
+            view_acks: ViewAcks::default(),
             fd_transport: FdTransport::Auto,
             fd_transport_reported: false,
             pidfds: HashMap::new(),
             embedded: None,
-        }
+        })
     }
 
     /// This worker's rank.
@@ -328,9 +434,36 @@ impl Session {
         }
     }
 
-    /// The handshake-level session: raw rings and the payload region.
+    /// The handshake-level session: raw rings and the broker socket.
     pub fn raw(&mut self) -> &mut shmbroker_handshake::Session {
         &mut self.inner
+    }
+
+    /// The size of this rank's outbox in bytes: the largest loan it can make.
+    #[must_use]
+    pub fn outbox_bytes(&self) -> u64 {
+        self.outbox.size()
+    }
+
+    /// Blocks of this rank's outbox sent and still awaiting some peer's acknowledgement.
+    #[must_use]
+    pub fn outbox_blocks_owed(&self) -> usize {
+        self.outbox.blocks_owed()
+    }
+
+    /// Takes in every acknowledgement peers have sent so far (and sends those this rank owes),
+    /// without waiting: afterwards [`Self::outbox_blocks_owed`] is current.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Protocol`] for an acknowledgement this rank did not expect; [`Error::Corrupted`].
+    pub fn poll_acks(&mut self) -> Result<(), Error> {
+        self.flush_view_acks()?;
+        for peer in self.peers() {
+            self.drain_from(peer)?;
+            self.flush_acks(peer)?;
+        }
+        Ok(())
     }
 
     fn peers(&self) -> impl Iterator<Item = u32> + use<> {
@@ -356,6 +489,30 @@ impl Session {
         }
     }
 
+    fn check_peer(&self, rank: u32) -> Result<(), Error> {
+        self.check_rank(rank)?;
+        if rank == self.rank() {
+            return Err(Error::Misuse(format!("rank {rank} cannot message itself")));
+        }
+        Ok(())
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        let seq = self.seq;
+        self.seq += 1;
+        seq
+    }
+
+    /// Sends one single-slot message to `peer` (fd tickets).
+    fn send_message(
+        &mut self,
+        peer: u32,
+        outgoing: Message,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        self.send_slots(peer, std::slice::from_ref(&outgoing), deadline)
+    }
+
     // -----------------------------------------------------------------------------------------
     // Collectives
 
@@ -376,7 +533,7 @@ impl Session {
     pub fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
         let deadline = Deadline::new("barrier", timeout);
         let seq = self.next_seq();
-        let arrival = message(kind::BARRIER, seq, 0, [0; INLINE_BYTES]);
+        let arrival = message(kind::BARRIER, seq, 0, [0; shmbroker_bindings::INLINE_BYTES]);
         for peer in self.peers() {
             self.send_message(peer, arrival, &deadline)?;
         }
@@ -386,12 +543,12 @@ impl Session {
         Ok(())
     }
 
-    /// Every rank's `data` (up to [`MAX_PAYLOAD`] bytes each, sizes may differ), indexed by rank.
+    /// Every rank's `data` (any size, sizes may differ), indexed by rank.
     ///
     /// # Errors
     ///
-    /// [`Error::TooLarge`], [`Error::PeerLost`], [`Error::Timeout`],
-    /// [`Error::CollectiveMismatch`], [`Error::Payload`].
+    /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
+    /// [`Error::Protocol`], [`Error::Outbox`].
     pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         self.all_gather_timeout(data, self.timeout)
     }
@@ -408,22 +565,35 @@ impl Session {
     ) -> Result<Vec<Vec<u8>>, Error> {
         let deadline = Deadline::new("all_gather", timeout);
         let seq = self.next_seq();
-        let receivers = self.world_size() - 1;
-        let outgoing = self.encode(kind::ALL_GATHER, seq, data, receivers, &deadline)?;
-        for peer in self.peers() {
-            self.send_message(peer, outgoing, &deadline)?;
-        }
+        let expect = Expect::Collective {
+            op: kind::ALL_GATHER,
+            seq,
+        };
+        let mut incoming: Vec<Incoming<'_>> = self
+            .peers()
+            .map(|peer| Incoming::new(peer, expect, Sink::Vec(Vec::new())))
+            .collect();
+        let targets = self.peers().collect();
+        self.transfer(
+            kind::ALL_GATHER,
+            seq,
+            Some((data, targets)),
+            &mut incoming,
+            &deadline,
+        )?;
         let mut gathered = vec![Vec::new(); self.world_size() as usize];
         gathered[self.rank() as usize] = data.to_vec();
-        for peer in self.peers() {
-            let incoming = self.recv_collective(peer, kind::ALL_GATHER, seq, &deadline)?;
-            gathered[peer as usize] = self.decode(peer, incoming)?;
+        for incoming in incoming {
+            let peer = incoming.peer;
+            if let (_, Sink::Vec(bytes)) = incoming.finish()? {
+                gathered[peer as usize] = bytes;
+            }
         }
         Ok(gathered)
     }
 
     /// Every rank's `data`, all of one size, into `out` in rank order (`out` must hold exactly
-    /// `world_size * data.len()` bytes).
+    /// `world_size * data.len()` bytes), with no allocation per peer.
     ///
     /// # Errors
     ///
@@ -437,18 +607,38 @@ impl Session {
                 out.len()
             )));
         }
-        let gathered = self.all_gather(data)?;
-        for ((peer, part), slot) in (0u32..)
-            .zip(&gathered)
-            .zip(out.chunks_exact_mut(data.len().max(1)))
-        {
-            if part.len() != data.len() {
-                return Err(Error::Protocol {
-                    peer,
-                    detail: format!("gave {} bytes where {} were due", part.len(), data.len()),
-                });
+        let deadline = Deadline::new("all_gather", self.timeout);
+        let seq = self.next_seq();
+        let expect = Expect::Collective {
+            op: kind::ALL_GATHER,
+            seq,
+        };
+        let rank = self.rank() as usize;
+        let mut incoming = Vec::with_capacity(self.world_size() as usize);
+        for (peer, slot) in (0u32..).zip(out.chunks_mut(data.len().max(1))) {
+            if peer as usize == rank {
+                slot.copy_from_slice(data);
+            } else {
+                incoming.push(Incoming::new(peer, expect, Sink::Slice(slot)));
             }
-            slot[..part.len()].copy_from_slice(part);
+        }
+        let targets = self.peers().collect();
+        self.transfer(
+            kind::ALL_GATHER,
+            seq,
+            Some((data, targets)),
+            &mut incoming,
+            &deadline,
+        )?;
+        for incoming in incoming {
+            let peer = incoming.peer;
+            let (len, _) = incoming.finish().map_err(|error| match error {
+                Error::BufferTooSmall { needed, .. } => wrong_size(peer, needed, data.len()),
+                other => other,
+            })?;
+            if len != data.len() as u64 {
+                return Err(wrong_size(peer, len, data.len()));
+            }
         }
         Ok(())
     }
@@ -473,14 +663,8 @@ impl Session {
         (0..)
             .zip(gathered)
             .map(|(peer, bytes)| {
-                bytemuck::try_pod_read_unaligned(&bytes).map_err(|_| Error::Protocol {
-                    peer,
-                    detail: format!(
-                        "expected {} bytes, received {}",
-                        size_of::<T>(),
-                        bytes.len()
-                    ),
-                })
+                bytemuck::try_pod_read_unaligned(&bytes)
+                    .map_err(|_| wrong_size(peer, bytes.len() as u64, size_of::<T>()))
             })
             .collect()
     }
@@ -506,48 +690,101 @@ impl Session {
         data: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<Vec<u8>, Error> {
-        self.check_rank(root)?;
+        self.check_root(root, data.is_some(), "broadcast")?;
         let deadline = Deadline::new("broadcast", timeout);
         let seq = self.next_seq();
-        match (root == self.rank(), data) {
-            (true, Some(data)) => {
-                let outgoing =
-                    self.encode(kind::BROADCAST, seq, data, self.world_size() - 1, &deadline)?;
-                for peer in self.peers() {
-                    self.send_message(peer, outgoing, &deadline)?;
-                }
-                Ok(data.to_vec())
-            }
-            (false, None) => {
-                let incoming = self.recv_collective(root, kind::BROADCAST, seq, &deadline)?;
-                self.decode(root, incoming)
-            }
-            (true, None) => Err(Error::Misuse(format!(
-                "rank {root} is the broadcast root but gave no data"
-            ))),
-            (false, Some(_)) => Err(Error::Misuse(format!(
-                "rank {} gave data to a broadcast rooted at rank {root}",
-                self.rank()
-            ))),
+        if let Some(data) = data {
+            let targets = self.peers().collect();
+            self.transfer(kind::BROADCAST, seq, Some((data, targets)), &mut [], &deadline)?;
+            return Ok(data.to_vec());
+        }
+        let expect = Expect::Collective {
+            op: kind::BROADCAST,
+            seq,
+        };
+        let mut incoming = [Incoming::new(root, expect, Sink::Vec(Vec::new()))];
+        self.transfer(kind::BROADCAST, seq, None, &mut incoming, &deadline)?;
+        let [incoming] = incoming;
+        match incoming.finish()? {
+            (_, Sink::Vec(bytes)) => Ok(bytes),
+            (_, Sink::Slice(_)) => unreachable!("a vector sink stays a vector"),
         }
     }
 
-    fn next_seq(&mut self) -> u64 {
-        let seq = self.seq;
-        self.seq += 1;
-        seq
+    /// Every rank's `data` (any size, sizes may differ) at `root`, indexed by rank: `Some` at the
+    /// root, `None` elsewhere.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_gather`], and [`Error::RankOutOfRange`] for a bad root.
+    pub fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
+        self.gather_timeout(root, data, self.timeout)
+    }
+
+    /// [`Self::gather`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::gather`].
+    pub fn gather_timeout(
+        &mut self,
+        root: u32,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<Option<Vec<Vec<u8>>>, Error> {
+        self.check_rank(root)?;
+        let deadline = Deadline::new("gather", timeout);
+        let seq = self.next_seq();
+        if root != self.rank() {
+            self.transfer(kind::GATHER, seq, Some((data, vec![root])), &mut [], &deadline)?;
+            return Ok(None);
+        }
+        let expect = Expect::Collective {
+            op: kind::GATHER,
+            seq,
+        };
+        let mut incoming: Vec<Incoming<'_>> = self
+            .peers()
+            .map(|peer| Incoming::new(peer, expect, Sink::Vec(Vec::new())))
+            .collect();
+        self.transfer(kind::GATHER, seq, None, &mut incoming, &deadline)?;
+        let mut gathered = vec![Vec::new(); self.world_size() as usize];
+        gathered[root as usize] = data.to_vec();
+        for incoming in incoming {
+            let peer = incoming.peer;
+            if let (_, Sink::Vec(bytes)) = incoming.finish()? {
+                gathered[peer as usize] = bytes;
+            }
+        }
+        Ok(Some(gathered))
+    }
+
+    /// Checks a rooted call: `root` in range, and data given exactly at the root.
+    fn check_root(&self, root: u32, has_data: bool, op: &str) -> Result<(), Error> {
+        self.check_rank(root)?;
+        match (root == self.rank(), has_data) {
+            (true, false) => Err(Error::Misuse(format!(
+                "rank {root} is the {op} root but gave no data"
+            ))),
+            (false, true) => Err(Error::Misuse(format!(
+                "rank {} gave data to a {op} rooted at rank {root}",
+                self.rank()
+            ))),
+            _ => Ok(()),
+        }
     }
 
     // -----------------------------------------------------------------------------------------
     // Point to point
 
-    /// Sends `data` (up to [`MAX_PAYLOAD`] bytes) to `rank`; it is received, in order, by that
-    /// rank's [`Self::recv`] from this one.
+    /// Sends `data` (any size) to `rank`; it is received, in order, by that rank's
+    /// [`Self::recv`] from this one. Returns once the data is copied out of `data` (into the
+    /// ring, or into this rank's outbox).
     ///
     /// # Errors
     ///
-    /// [`Error::RankOutOfRange`] (this rank's own included), [`Error::TooLarge`],
-    /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::Payload`].
+    /// [`Error::RankOutOfRange`], [`Error::Misuse`] for this rank's own, [`Error::PeerLost`],
+    /// [`Error::Timeout`].
     pub fn send(&mut self, rank: u32, data: &[u8]) -> Result<(), Error> {
         self.send_to_timeout(rank, data, self.timeout)
     }
@@ -566,17 +803,17 @@ impl Session {
         self.check_peer(rank)?;
         let deadline = Deadline::new("send", timeout);
         let tag = self.sent_to[rank as usize];
-        let outgoing = self.encode(kind::SEND, tag, data, 1, &deadline)?;
-        self.send_message(rank, outgoing, &deadline)?;
+        self.transfer(kind::SEND, tag, Some((data, vec![rank])), &mut [], &deadline)?;
         self.sent_to[rank as usize] += 1;
         Ok(())
     }
 
-    /// The next message `rank` sent this rank with [`Self::send`].
+    /// The next message `rank` sent this rank with [`Self::send`] (or lent with
+    /// [`Self::send_loan`], copied).
     ///
     /// # Errors
     ///
-    /// As for [`Self::send`].
+    /// As for [`Self::send`], and [`Error::Protocol`] or [`Error::Outbox`] for bad bytes.
     pub fn recv(&mut self, rank: u32) -> Result<Vec<u8>, Error> {
         self.recv_from_timeout(rank, self.timeout)
     }
@@ -585,314 +822,174 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// As for [`Self::send`].
+    /// As for [`Self::recv`].
     pub fn recv_from_timeout(&mut self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
-        self.check_peer(rank)?;
-        let deadline = Deadline::new("recv", timeout);
-        let incoming = loop {
-            let queue = &mut self.unread[rank as usize];
-            if let Some(at) = queue
-                .iter()
-                .position(|m| m.kind & !kind::IN_PAYLOAD == kind::SEND)
-            {
-                break queue
-                    .remove(at)
-                    .unwrap_or_else(|| unreachable!("position is in range"));
-            }
-            let message = self.recv_message(rank, &deadline)?;
-            self.unread[rank as usize].push_back(message);
-        };
-        let expected = self.received_from[rank as usize];
-        if incoming.tag != expected {
-            return Err(Error::Protocol {
-                peer: rank,
-                detail: format!(
-                    "message number {} arrived where {expected} was due",
-                    incoming.tag
-                ),
-            });
+        match self.recv_with(rank, Sink::Vec(Vec::new()), timeout)? {
+            (_, Sink::Vec(bytes)) => Ok(bytes),
+            (_, Sink::Slice(_)) => unreachable!("a vector sink stays a vector"),
         }
-        self.received_from[rank as usize] += 1;
-        self.decode(rank, incoming)
     }
 
-    fn check_peer(&self, rank: u32) -> Result<(), Error> {
-        self.check_rank(rank)?;
-        if rank == self.rank() {
-            return Err(Error::Misuse(format!("rank {rank} cannot message itself")));
-        }
-        Ok(())
+    /// Like [`Self::recv`], into `buffer`, with no allocation; returns the message's length.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferTooSmall`] for a longer message (received to its end and dropped, so the
+    /// next one is intact); otherwise as for [`Self::recv`].
+    pub fn recv_into(&mut self, rank: u32, buffer: &mut [u8]) -> Result<usize, Error> {
+        self.recv_into_timeout(rank, buffer, self.timeout)
+    }
+
+    /// [`Self::recv_into`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::recv_into`].
+    pub fn recv_into_timeout(
+        &mut self,
+        rank: u32,
+        buffer: &mut [u8],
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        let (len, _) = self.recv_with(rank, Sink::Slice(buffer), timeout)?;
+        Ok(len as usize)
+    }
+
+    fn recv_with<'a>(
+        &mut self,
+        rank: u32,
+        sink: Sink<'a>,
+        timeout: Duration,
+    ) -> Result<(u64, Sink<'a>), Error> {
+        self.check_peer(rank)?;
+        let deadline = Deadline::new("recv", timeout);
+        let expect = Expect::Send {
+            tag: self.received_from[rank as usize],
+        };
+        let mut incoming = [Incoming::new(rank, expect, sink)];
+        self.transfer(kind::SEND, 0, None, &mut incoming, &deadline)?;
+        self.received_from[rank as usize] += 1;
+        let [incoming] = incoming;
+        incoming.finish()
     }
 
     // -----------------------------------------------------------------------------------------
-    // Messages, payloads and acknowledgements
+    // Loans: zero-copy hand-off
 
-    /// The message carrying `data`: inline, or through the payload region for `receivers`.
-    fn encode(
+    /// A writable buffer of `len` bytes in this rank's outbox, to fill and hand to peers by
+    /// reference with [`Self::send_loan`] or [`Self::broadcast_loan`]. Waits (up to the session's
+    /// deadline) while the outbox is full of buffers peers have not let go of yet. Dropped unsent,
+    /// it goes back to the outbox.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OwnOutbox`] when `len` is more than the outbox can ever hold
+    /// ([`Self::outbox_bytes`]); [`Error::Timeout`].
+    pub fn loan(&mut self, len: usize) -> Result<Loan, Error> {
+        let deadline = Deadline::new("loan", self.timeout);
+        loop {
+            if let Some(loan) = self.outbox.try_loan(len).map_err(Error::OwnOutbox)? {
+                return Ok(loan);
+            }
+            if deadline.left().is_zero() {
+                let waiting = self
+                    .peers()
+                    .max_by_key(|&peer| self.outbox.owed_by(peer))
+                    .unwrap_or(self.rank());
+                return Err(deadline.timed_out(waiting));
+            }
+            self.poll_acks()?;
+            std::thread::yield_now();
+        }
+    }
+
+    /// Hands `loan` to `rank` by reference: it receives it with [`Self::recv_loan`] (or copies it
+    /// with [`Self::recv`]). The buffer comes back to this rank's outbox when `rank` is done.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OwnOutbox`] for a loan of another session; otherwise as for [`Self::send`].
+    pub fn send_loan(&mut self, rank: u32, loan: Loan) -> Result<(), Error> {
+        self.check_peer(rank)?;
+        let deadline = Deadline::new("send_loan", self.timeout);
+        let tag = self.sent_to[rank as usize];
+        self.lend(kind::SEND, tag, loan, &[rank], &deadline)?;
+        self.sent_to[rank as usize] += 1;
+        Ok(())
+    }
+
+    /// Sends the reference to `loan` to `targets` as operation `op` number `tag`.
+    fn lend(
         &mut self,
-        kind: u32,
+        op: u32,
         tag: u64,
-        data: &[u8],
-        receivers: u32,
-        deadline: &Deadline,
-    ) -> Result<Message, Error> {
-        if data.len() > MAX_PAYLOAD {
-            return Err(Error::TooLarge {
-                max: MAX_PAYLOAD,
-                found: data.len(),
-            });
-        }
-        let mut inline = [0u8; INLINE_BYTES];
-        if data.len() <= INLINE_BYTES || receivers == 0 {
-            let len = data.len().min(INLINE_BYTES);
-            inline[..len].copy_from_slice(&data[..len]);
-            return Ok(message(kind, tag, data.len() as u32, inline));
-        }
-        let payload = loop {
-            match self.inner.payload().alloc(data) {
-                Ok(payload) => break payload,
-                // Blocks are waiting on acknowledgements: take in what has arrived and try again
-                // until the deadline (receivers send them as soon as their rings have room).
-                Err(shmbroker_allocator::Error::Exhausted { .. }) if !deadline.left().is_zero() => {
-                    let waiting = self.unacked.len();
-                    self.drain_acks()?;
-                    if self.unacked.len() == waiting {
-                        std::thread::sleep(EXHAUSTED_BACKOFF.min(deadline.left()));
-                    }
-                }
-                Err(other) => return Err(other.into()),
-            }
-        };
-        self.unacked.insert(payload.offset, (payload, receivers));
-        inline[..size_of::<PayloadRef>()].copy_from_slice(bytemuck::bytes_of(&payload));
-        Ok(message(
-            kind | kind::IN_PAYLOAD,
-            tag,
-            data.len() as u32,
-            inline,
-        ))
-    }
-
-    /// The data a message from `peer` carries; a payload is copied out and acknowledged.
-    fn decode(&mut self, peer: u32, incoming: Message) -> Result<Vec<u8>, Error> {
-        let len = incoming.len as usize;
-        if incoming.kind & kind::IN_PAYLOAD == 0 {
-            if len > INLINE_BYTES {
-                return Err(Error::Protocol {
-                    peer,
-                    detail: format!("inline length {len}, at most {INLINE_BYTES} fit"),
-                });
-            }
-            return Ok(incoming.inline[..len].to_vec());
-        }
-        let payload: PayloadRef =
-            bytemuck::pod_read_unaligned(&incoming.inline[..size_of::<PayloadRef>()]);
-        if payload.len as usize != len {
-            return Err(Error::Protocol {
-                peer,
-                detail: format!(
-                    "message says {len} bytes, its payload reference {}",
-                    payload.len
-                ),
-            });
-        }
-        let data = self.inner.payload().read(payload)?;
-        let mut inline = [0u8; INLINE_BYTES];
-        inline[..size_of::<PayloadRef>()].copy_from_slice(bytemuck::bytes_of(&payload));
-        // The acknowledgement only lets the sender free its block, so it never holds this rank
-        // up: it is queued and goes out as soon as the ring to the sender has room.
-        self.acks_due[peer as usize].push_back(message(kind::PAYLOAD_ACK, 0, 0, inline));
-        self.flush_acks(peer)?;
-        Ok(data)
-    }
-
-    /// Handles an acknowledgement from `peer`: frees the block once every receiver is done.
-    fn acknowledged(&mut self, peer: u32, ack: &Message) -> Result<(), Error> {
-        let payload: PayloadRef =
-            bytemuck::pod_read_unaligned(&ack.inline[..size_of::<PayloadRef>()]);
-        let Some((sent, due)) = self.unacked.get_mut(&payload.offset) else {
-            return Err(Error::Protocol {
-                peer,
-                detail: format!(
-                    "acknowledged payload at offset {} that is not awaiting one",
-                    payload.offset
-                ),
-            });
-        };
-        *due -= 1;
-        if *due == 0 {
-            let sent = *sent;
-            self.unacked.remove(&payload.offset);
-            self.inner.payload().free(sent)?;
-        }
-        Ok(())
-    }
-
-    /// Sends the acknowledgements owed to `peer` that fit, in order, without waiting. A peer that
-    /// has left needs none: they are dropped (a session that died says so on the next call).
-    fn flush_acks(&mut self, peer: u32) -> Result<(), Error> {
-        while let Some(&ack) = self.acks_due[peer as usize].front() {
-            let link = self.link(peer)?;
-            match link.to.try_send(ack) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) => return Ok(()),
-                Err(TrySendError::Disconnected(_)) => {
-                    self.acks_due[peer as usize].clear();
-                    return Ok(());
-                }
-                Err(TrySendError::Corrupted(_, corruption)) => {
-                    return Err(Error::Corrupted { peer, corruption });
-                }
-            }
-            self.acks_due[peer as usize].pop_front();
-        }
-        Ok(())
-    }
-
-    /// Reads whatever has arrived from every peer without waiting, handling acknowledgements and
-    /// queueing the rest.
-    fn drain_acks(&mut self) -> Result<(), Error> {
-        for peer in self.peers() {
-            self.drain_from(peer)?;
-        }
-        Ok(())
-    }
-
-    /// Reads whatever has arrived from `peer` without waiting: acknowledgements are handled,
-    /// everything else is queued in order.
-    fn drain_from(&mut self, peer: u32) -> Result<(), Error> {
-        self.flush_acks(peer)?;
-        loop {
-            let link = self.link(peer)?;
-            match link.from.try_recv() {
-                Ok(message) => self.dispatch(peer, message)?,
-                // A closed ring shows on the next send or receive, with its cause.
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return Ok(()),
-                Err(TryRecvError::Corrupted(corruption)) => {
-                    return Err(Error::Corrupted { peer, corruption });
-                }
-            }
-        }
-    }
-
-    /// Acknowledgements are handled at once; everything else waits in the peer's queue.
-    fn dispatch(&mut self, peer: u32, message: Message) -> Result<(), Error> {
-        if message.kind == kind::PAYLOAD_ACK {
-            self.acknowledged(peer, &message)
-        } else {
-            self.unread[peer as usize].push_back(message);
-            Ok(())
-        }
-    }
-
-    /// The next collective message from `peer`, which must be `kind` number `seq`.
-    fn recv_collective(
-        &mut self,
-        peer: u32,
-        kind: u32,
-        seq: u64,
-        deadline: &Deadline,
-    ) -> Result<Message, Error> {
-        let message = loop {
-            let queue = &mut self.unread[peer as usize];
-            if let Some(at) = queue
-                .iter()
-                .position(|m| m.kind & !kind::IN_PAYLOAD != kind::SEND)
-            {
-                break queue
-                    .remove(at)
-                    .unwrap_or_else(|| unreachable!("position is in range"));
-            }
-            let message = self.recv_message(peer, deadline)?;
-            self.unread[peer as usize].push_back(message);
-        };
-        if message.kind & !kind::IN_PAYLOAD != kind || message.tag != seq {
-            return Err(Error::CollectiveMismatch {
-                peer,
-                expected_kind: kind,
-                expected_seq: seq,
-                found_kind: message.kind & !kind::IN_PAYLOAD,
-                found_seq: message.tag,
-            });
-        }
-        Ok(message)
-    }
-
-    /// The next message from `peer` that is not an acknowledgement (which is handled).
-    fn recv_message(&mut self, peer: u32, deadline: &Deadline) -> Result<Message, Error> {
-        self.flush_acks(peer)?;
-        loop {
-            // While acknowledgements are owed to this peer, wait in slices and send them as room
-            // appears: the peer may be waiting for them to free blocks before it can send more.
-            let owing = !self.acks_due[peer as usize].is_empty();
-            let wait = if owing {
-                deadline.left().min(SEND_SLICE)
-            } else {
-                deadline.left()
-            };
-            let link = self.link(peer)?;
-            let message = match link.from.recv_timeout(wait) {
-                Ok(message) => message,
-                Err(RecvTimeoutError::Timeout) if owing && !deadline.left().is_zero() => {
-                    self.flush_acks(peer)?;
-                    continue;
-                }
-                Err(RecvTimeoutError::Timeout) => return Err(deadline.timed_out(peer)),
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(Error::PeerLost {
-                        rank: link.from.close_cause().unwrap_or(peer),
-                    });
-                }
-                Err(RecvTimeoutError::Corrupted(corruption)) => {
-                    return Err(Error::Corrupted { peer, corruption });
-                }
-            };
-            if message.kind == kind::PAYLOAD_ACK {
-                self.acknowledged(peer, &message)?;
-            } else {
-                return Ok(message);
-            }
-        }
-    }
-
-    /// Sends one message to `peer`. While the ring to it is full, takes in what `peer` has sent
-    /// this rank: a peer blocked on a full ring back to us (with acknowledgements, say) stops
-    /// reading, and two ranks each waiting for the other to read would otherwise wait out their
-    /// deadlines.
-    fn send_message(
-        &mut self,
-        peer: u32,
-        outgoing: Message,
+        loan: Loan,
+        targets: &[u32],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        self.flush_acks(peer)?;
-        loop {
-            let link = self.link(peer)?;
-            let slice = deadline.left().min(SEND_SLICE);
-            match link.to.send_timeout(outgoing, slice) {
-                Ok(()) => return Ok(()),
-                Err(SendTimeoutError::Timeout(_)) if deadline.left().is_zero() => {
-                    return Err(deadline.timed_out(peer));
-                }
-                Err(SendTimeoutError::Timeout(_)) => self.drain_from(peer)?,
-                Err(SendTimeoutError::Disconnected(_)) => {
-                    return Err(Error::PeerLost {
-                        rank: link.to.close_cause().unwrap_or(peer),
-                    });
-                }
-                Err(SendTimeoutError::Corrupted(_, corruption)) => {
-                    return Err(Error::Corrupted { peer, corruption });
-                }
-            }
+        self.flush_view_acks()?;
+        let receivers = Outbox::receivers(targets.iter().copied());
+        let lent = self
+            .outbox
+            .send_loan(loan, receivers)
+            .map_err(Error::OwnOutbox)?;
+        let mut inline = [0u8; shmbroker_bindings::INLINE_BYTES];
+        inline[..size_of::<PayloadRef>()].copy_from_slice(bytemuck::bytes_of(&lent));
+        let header = message(op | kind::LOAN, tag, 0, inline);
+        for &peer in targets {
+            self.send_message(peer, header, deadline)?;
         }
+        Ok(())
+    }
+
+    /// The next message `rank` sent this rank, which must be a loan, as a read-only view of the
+    /// lender's buffer; dropping the view gives the buffer back to its owner.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the next message from `rank` is not a loan (it stays queued for
+    /// [`Self::recv`]); otherwise as for [`Self::recv`].
+    pub fn recv_loan(&mut self, rank: u32) -> Result<LoanView, Error> {
+        self.check_peer(rank)?;
+        let deadline = Deadline::new("recv_loan", self.timeout);
+        let expect = Expect::Send {
+            tag: self.received_from[rank as usize],
+        };
+        let view = self.take_loan(rank, expect, &deadline)?;
+        self.received_from[rank as usize] += 1;
+        Ok(view)
+    }
+
+    /// `root`'s loan on every other rank, by reference: the root passes `Some(loan)` and gets
+    /// `None`; the others pass `None` and get a view of the root's buffer.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::broadcast`] and [`Self::recv_loan`].
+    pub fn broadcast_loan(
+        &mut self,
+        root: u32,
+        loan: Option<Loan>,
+    ) -> Result<Option<LoanView>, Error> {
+        self.check_root(root, loan.is_some(), "broadcast_loan")?;
+        let deadline = Deadline::new("broadcast_loan", self.timeout);
+        let seq = self.next_seq();
+        if let Some(loan) = loan {
+            let targets: Vec<u32> = self.peers().collect();
+            self.lend(kind::BROADCAST, seq, loan, &targets, &deadline)?;
+            return Ok(None);
+        }
+        let expect = Expect::Collective {
+            op: kind::BROADCAST,
+            seq,
+        };
+        self.take_loan(root, expect, &deadline).map(Some)
     }
 }
 
-fn message(kind: u32, tag: u64, len: u32, inline: [u8; INLINE_BYTES]) -> Message {
-    Message {
-        kind,
-        len,
-        tag,
-        inline,
+fn wrong_size(peer: u32, found: u64, due: usize) -> Error {
+    Error::Protocol {
+        peer,
+        detail: format!("gave {found} bytes where {due} were due"),
     }
 }

@@ -77,13 +77,14 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     }
 
     let me = std::process::id();
+    let outbox_bytes = session.outbox_bytes();
     let session = session.raw();
     let (rank, world) = (session.rank(), session.world_size());
     println!(
-        "[worker pid {me}] rank {rank} of {world}: {} rings of {} slots, a payload region of {} bytes",
+        "[worker pid {me}] rank {rank} of {world}: {} rings of {} slots, an outbox of {} MiB",
         2 * (world - 1),
         session.ring_capacity(),
-        session.payload().size()
+        outbox_bytes >> 20
     );
     let mut greeting = [0u8; INLINE_BYTES];
     let text = format!("hello from rank {rank}");

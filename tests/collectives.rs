@@ -38,7 +38,6 @@ impl Broker {
         let config = Config {
             world_size: world,
             ring_capacity: 256,
-            payload_bytes: 8 << 20,
             allowed_uids,
             ..Config::default()
         };

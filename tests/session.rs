@@ -58,11 +58,11 @@ fn misuse_is_an_error_not_a_hang() {
         zero.broadcast(1, Some(b"x")),
         Err(Error::Misuse(_))
     ));
-    match zero.all_gather(&vec![0; 4097]) {
-        Err(Error::TooLarge {
-            max: 4096,
-            found: 4097,
-        }) => {}
+    let too_large = zero.outbox_bytes() as usize + 1;
+    match zero.loan(too_large) {
+        Err(Error::OwnOutbox(shmbroker::allocator::Error::TooLarge { requested, .. })) => {
+            assert_eq!(requested, too_large as u64);
+        }
         other => panic!("unexpected {other:?}"),
     }
     match zero.recv_from_timeout(1, Duration::from_millis(50)) {
@@ -125,11 +125,11 @@ fn point_to_point_messages_keep_their_order_around_collectives() {
 }
 
 #[test]
-fn a_payload_reference_outside_the_region_from_a_peer_is_refused() {
+fn a_payload_reference_outside_the_senders_outbox_is_refused() {
     let (_world, sessions) = World::start("badref", 2);
     let mut sessions = sessions.into_iter();
     let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
-    // Rank 1 forges an all-gather contribution pointing far outside the region.
+    // Rank 1 forges a loan pointing far outside its outbox.
     let forged = PayloadRef {
         offset: 1 << 40,
         len: 100,
@@ -138,29 +138,35 @@ fn a_payload_reference_outside_the_region_from_a_peer_is_refused() {
     let mut inline = [0u8; INLINE_BYTES];
     inline[..16].copy_from_slice(bytemuck::bytes_of(&forged));
     let message = Message {
-        kind: kind::ALL_GATHER | kind::IN_PAYLOAD,
-        len: 100,
+        kind: kind::ALL_GATHER | kind::LOAN,
+        len: 0,
         tag: 0,
         inline,
     };
     one.raw().link(0).unwrap().to.try_send(message).unwrap();
     match zero.all_gather_timeout(b"mine", Duration::from_millis(500)) {
-        Err(Error::Payload(shmbroker::allocator::Error::OutOfBounds {
-            offset, len: 100, ..
-        })) => {
+        Err(Error::Outbox {
+            peer: 1,
+            source: shmbroker::allocator::Error::OutOfBounds { offset, len: 100, .. },
+        }) => {
             assert_eq!(offset, 1 << 40);
         }
         other => panic!("unexpected {other:?}"),
     }
-    // An inline length longer than a message holds is refused as well.
+    // An eager length longer than an eager message can be is refused as well.
     let message = Message {
         kind: kind::SEND,
-        len: 200,
+        len: kind::EAGER_MAX as u32 + 1,
         tag: 0,
         inline: [0; INLINE_BYTES],
     };
     one.raw().link(0).unwrap().to.try_send(message).unwrap();
-    assert!(matches!(zero.recv(1), Err(Error::Protocol { peer: 1, .. })));
+    match zero.recv(1) {
+        Err(Error::Protocol { peer: 1, detail }) => {
+            assert!(detail.contains("eager message of 4081 bytes"), "{detail}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
 }
 
 #[test]
@@ -380,7 +386,7 @@ fn an_acknowledgement_for_a_block_not_awaiting_one_is_refused() {
     match zero.recv_from_timeout(1, Duration::from_millis(200)) {
         Err(Error::Protocol { peer: 1, detail }) => {
             assert!(
-                detail.contains("offset 4096 that is not awaiting one"),
+                detail.contains("offset 4096 (10 bytes) refused: no block was sent"),
                 "{detail}"
             );
         }

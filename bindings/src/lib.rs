@@ -30,6 +30,7 @@ compile_error!("shmbroker's wire format is little-endian; big-endian targets are
 mod gpu;
 mod logon;
 mod message;
+mod outbox;
 mod ring;
 
 pub use gpu::{GPU_HANDLE_BYTES, GpuHandle, GpuHandleKind};
@@ -38,4 +39,5 @@ pub use logon::{
     NoticeKind, PROTOCOL_VERSION, REASON_LEN, REPLY_MAGIC, RejectReason, ReplyHeader, WorkerNotice,
 };
 pub use message::{FdTicket, INLINE_BYTES, Message, PayloadRef, kind};
+pub use outbox::{OUTBOX_HEADER_BYTES, OUTBOX_LAYOUT_VERSION, OUTBOX_MAGIC, OutboxHeader};
 pub use ring::{RING_LAYOUT_VERSION, RING_MAGIC, RingLayout};

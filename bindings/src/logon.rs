@@ -11,11 +11,14 @@ use bytemuck::{Pod, Zeroable};
 pub const LOGON_MAGIC: u64 = u64::from_le_bytes(*b"SHMBLOGN");
 /// First eight bytes of a reply: `SHMBRPLY`.
 pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"SHMBRPLY");
-/// Version of the logon protocol (frames, manifest, fd order).
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version of the logon protocol (frames, manifest, fd order, notices).
+///
+/// 2: the broker no longer hands out a shared payload region; each worker publishes its own
+/// outbox with a [`NoticeKind::Outbox`] notice.
+pub const PROTOCOL_VERSION: u32 = 2;
 /// `requested_rank` meaning "any free rank".
 pub const ANY_RANK: u32 = u32::MAX;
-/// `peer` in a manifest entry that belongs to no peer (the payload region).
+/// `peer` in a notice that concerns no other rank.
 pub const NO_PEER: u32 = u32::MAX;
 /// Bytes of reason text a reply carries (UTF-8, zero-padded).
 pub const REASON_LEN: usize = 96;
@@ -36,8 +39,8 @@ pub struct LogonFrame {
     pub min_ring_capacity: u32,
     /// Explicit padding; must be zero.
     pub _pad0: u32,
-    /// The fewest payload-region bytes this worker can work with; 0 for the broker's choice.
-    pub min_payload_bytes: u64,
+    /// Reserved; must be zero.
+    pub _pad1: u64,
 }
 
 const _: () = assert!(size_of::<LogonFrame>() == 32);
@@ -52,7 +55,7 @@ impl LogonFrame {
             requested_rank,
             min_ring_capacity: 0,
             _pad0: 0,
-            min_payload_bytes: 0,
+            _pad1: 0,
         }
     }
 }
@@ -75,8 +78,8 @@ pub struct ReplyHeader {
     pub fd_count: u32,
     /// Slots in every ring.
     pub ring_capacity: u32,
-    /// Bytes in the payload region.
-    pub payload_bytes: u64,
+    /// Reserved; must be zero.
+    pub _pad1: u64,
     /// Why, for rejections: UTF-8 text, zero-padded.
     pub reason: [u8; REASON_LEN],
 }
@@ -127,7 +130,7 @@ pub struct ManifestEntry {
     pub peer: u32,
     /// The file's size in bytes.
     pub size: u64,
-    /// The layout version of what the file holds (ring or payload region).
+    /// The layout version of what the file holds (the ring layout).
     pub layout_version: u32,
     /// Explicit padding; must be zero.
     pub _pad0: u32,
@@ -143,8 +146,7 @@ pub enum FdRole {
     RingToPeer = 1,
     /// A ring this worker receives on, from `peer`.
     RingFromPeer = 2,
-    /// The session's shared payload region.
-    Payload = 3,
+    // 3 was the shared payload region of protocol version 1; workers now own their outboxes.
 }
 
 impl FdRole {
@@ -154,7 +156,6 @@ impl FdRole {
         match code {
             1 => Some(Self::RingToPeer),
             2 => Some(Self::RingFromPeer),
-            3 => Some(Self::Payload),
             _ => None,
         }
     }
@@ -261,6 +262,11 @@ pub enum NoticeKind {
     RelayFd = 2,
     /// Broker to worker: the attached fd comes from rank `peer`, with the `token` it gave.
     RelayedFd = 3,
+    /// Worker to broker: the attached fd is this worker's outbox, sealed so that only it can
+    /// write it; the broker checks the seals and passes it to every other worker of the session.
+    Outbox = 4,
+    /// Broker to worker: the attached fd is rank `peer`'s outbox (map it read-only).
+    PeerOutbox = 5,
 }
 
 impl NoticeKind {
@@ -271,6 +277,8 @@ impl NoticeKind {
             1 => Some(Self::Goodbye),
             2 => Some(Self::RelayFd),
             3 => Some(Self::RelayedFd),
+            4 => Some(Self::Outbox),
+            5 => Some(Self::PeerOutbox),
             _ => None,
         }
     }

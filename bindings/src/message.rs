@@ -1,4 +1,4 @@
-//! What travels over the rings between workers, and references into the payload region.
+//! What travels over the rings between workers, and references into a worker's outbox.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -12,7 +12,7 @@ pub const INLINE_BYTES: usize = 48;
 pub struct Message {
     /// What kind of message this is (defined by the session layer).
     pub kind: u32,
-    /// Bytes of `inline` in use, or of the payload for messages that carry a [`PayloadRef`].
+    /// Bytes of data in an eager message (see [`kind`]); 0 for other transports.
     pub len: u32,
     /// A sequence or tag chosen by the sender.
     pub tag: u64,
@@ -23,6 +23,19 @@ pub struct Message {
 const _: () = assert!(size_of::<Message>() == 64);
 
 /// Values of [`Message::kind`] used by the session layer.
+///
+/// The low 16 bits name the operation ([`kind::OP_MASK`]); one of the transport flags above them
+/// says where the data is:
+///
+/// * **no flag (eager):** `len` bytes of data; the first [`INLINE_BYTES`] are in `inline`, the
+///   rest fill [`kind::continuation_slots`]`(len)` whole slots that follow at once on the same
+///   ring (raw bytes, 64 to a slot). A receiver accepts at most [`kind::EAGER_MAX`] bytes this way.
+/// * **[`kind::PIPELINED`]:** the data is in the sender's outbox, in chunks: `inline` starts with
+///   the total length (`u64`), and [`kind::CHUNK`] messages follow on the same ring, each carrying
+///   a [`PayloadRef`] to the next piece, until the total is reached. Each chunk is acknowledged
+///   with [`kind::PAYLOAD_ACK`] as soon as it is copied out.
+/// * **[`kind::LOAN`]:** zero-copy: `inline` starts with a [`PayloadRef`] to the whole buffer in
+///   the sender's outbox; the receiver acknowledges it when it is done with it.
 pub mod kind {
     /// A barrier arrival; `tag` is the collective's sequence number.
     pub const BARRIER: u32 = 1;
@@ -32,13 +45,34 @@ pub mod kind {
     pub const BROADCAST: u32 = 3;
     /// A point-to-point message; `tag` counts the sender's messages to this receiver.
     pub const SEND: u32 = 4;
-    /// "Done with this payload": `inline` holds the [`super::PayloadRef`] to free.
+    /// "Done with this block of your outbox": `inline` holds the [`super::PayloadRef`] as sent.
     pub const PAYLOAD_ACK: u32 = 5;
     /// An exporter's [`super::FdTicket`] in an fd exchange; `tag` is the sequence number.
     pub const FD_TICKET: u32 = 6;
-    /// Or-ed into a kind when the data is in the payload region, not inline: `inline` then
-    /// starts with a [`super::PayloadRef`].
-    pub const IN_PAYLOAD: u32 = 1 << 16;
+    /// One rank's contribution to a gather at a root; `tag` is the sequence number.
+    pub const GATHER: u32 = 7;
+    /// The next piece of a [`PIPELINED`] message: `inline` holds its [`super::PayloadRef`].
+    pub const CHUNK: u32 = 8;
+
+    /// The operation bits of a kind.
+    pub const OP_MASK: u32 = 0xffff;
+    /// Transport flag: the data follows in [`CHUNK`]s through the sender's outbox.
+    pub const PIPELINED: u32 = 1 << 16;
+    /// Transport flag: the data is lent by reference, in the sender's outbox.
+    pub const LOAN: u32 = 1 << 17;
+
+    /// The most bytes an eager message may carry: 48 inline and 63 continuation slots.
+    pub const EAGER_MAX: usize = super::INLINE_BYTES + 63 * size_of::<super::Message>();
+
+    /// How many continuation slots follow an eager message of `len` bytes.
+    #[must_use]
+    pub const fn continuation_slots(len: usize) -> usize {
+        if len <= super::INLINE_BYTES {
+            0
+        } else {
+            (len - super::INLINE_BYTES).div_ceil(size_of::<super::Message>())
+        }
+    }
 }
 
 /// What an exporter tells importers about an fd it offers. 32 bytes, inline in a [`Message`].
@@ -62,10 +96,11 @@ pub struct FdTicket {
 
 const _: () = assert!(size_of::<FdTicket>() == 32);
 
-/// A block in the session's payload region, as one process names it to another. 16 bytes.
+/// A block in a worker's outbox, as the owner names it to a peer. 16 bytes.
 ///
-/// Only meaningful in the region of the session it came from; a receiver checks it against that
-/// region's bounds before reading a byte.
+/// Only meaningful in the outbox of the rank that sent it; a receiver checks it against that
+/// outbox's bounds before reading a byte, and the owner checks an acknowledgement's reference
+/// against its private ledger of blocks it sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct PayloadRef {

@@ -21,7 +21,6 @@ fuzz_target!(|data: &[u8]| {
     let config = Config {
         world_size: 2,
         ring_capacity: 2,
-        payload_bytes: 1 << 20,
         ..Config::default()
     };
     let mut listener = Listener::bind(&path, config).expect("bind");

@@ -6,7 +6,6 @@ use crate::wire::{MANIFEST_ENTRY_LEN, REPLY_HEADER_LEN, decode_manifest, decode_
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr};
-use shmbroker_allocator::{PAYLOAD_LAYOUT_VERSION, PayloadRegion};
 use shmbroker_bindings::{
     FdRole, LogonFrame, ManifestEntry, Message, NO_PEER, NOTICE_MAGIC, NoticeKind,
     RING_LAYOUT_VERSION, WorkerNotice,
@@ -31,7 +30,7 @@ pub struct Link {
     pub from: Consumer<Message>,
 }
 
-/// A logged-on worker: its rank, its rings to and from every peer, and the payload region.
+/// A logged-on worker: its rank, its rings to and from every peer, and its socket to the broker.
 #[derive(Debug)]
 pub struct Session {
     rank: u32,
@@ -39,12 +38,13 @@ pub struct Session {
     ring_capacity: u32,
     socket: UnixStream,
     links: Vec<Option<Link>>,
-    payload: PayloadRegion,
     /// The part of a notice from the broker read so far, and fds that came with notices.
     notice: Vec<u8>,
     notice_fds: VecDeque<OwnedFd>,
     /// Relayed fds received and not yet taken, by (sender rank, token).
     relayed: HashMap<(u32, u64), OwnedFd>,
+    /// Peers' outboxes received and not yet taken, by owner rank.
+    outboxes: HashMap<u32, OwnedFd>,
 }
 
 impl Session {
@@ -71,16 +71,64 @@ impl Session {
         self.links.get_mut(peer as usize)?.as_mut()
     }
 
-    /// The session's shared payload region.
-    pub fn payload(&mut self) -> &mut PayloadRegion {
-        &mut self.payload
-    }
 
     /// The socket to the broker, open for the whole session (its closing tells the broker this
     /// worker is gone). It is non-blocking.
     #[must_use]
     pub fn broker_socket(&self) -> &UnixStream {
         &self.socket
+    }
+
+    /// Publishes this worker's outbox: the broker checks its seals and passes it to every peer.
+    /// Call it once, with a memfd sealed so that only this process can write it.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::relay_fd`].
+    pub fn publish_outbox(&mut self, fd: BorrowedFd<'_>, timeout: Duration) -> Result<(), Error> {
+        let notice = WorkerNotice::new(NoticeKind::Outbox, NO_PEER, 0);
+        self.send_notice(notice, fd, "publishing the outbox", timeout)
+    }
+
+    /// Rank `owner`'s outbox, waiting up to `timeout` for the broker to pass it on. Each peer's
+    /// outbox is handed over once.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::take_relayed_fd`].
+    pub fn take_peer_outbox(&mut self, owner: u32, timeout: Duration) -> Result<OwnedFd, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(fd) = self.outboxes.remove(&owner) {
+                return Ok(fd);
+            }
+            self.read_notice(deadline, "waiting for a peer's outbox", timeout)?;
+        }
+    }
+
+    fn send_notice(
+        &mut self,
+        notice: WorkerNotice,
+        fd: BorrowedFd<'_>,
+        stage: &'static str,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match send_with_fds(self.socket.as_fd(), &[bytemuck::bytes_of(&notice)], &[fd]) {
+                Ok(n) if n == size_of::<WorkerNotice>() => return Ok(()),
+                Ok(_) => return Err(Error::sys("sendmsg (partial notice)")(Errno::EAGAIN)),
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => {
+                    if !wait_for(&self.socket, PollFlags::POLLOUT, deadline)
+                        .map_err(Error::sys("poll"))?
+                    {
+                        return Err(Error::Timeout { stage, timeout });
+                    }
+                }
+                Err(other) => return Err(Error::sys("sendmsg")(other)),
+            }
+        }
     }
 
     /// Passes `fd` to rank `to` through the broker (`SCM_RIGHTS` both ways), tagged `token`;
@@ -96,26 +144,8 @@ impl Session {
         fd: BorrowedFd<'_>,
         timeout: Duration,
     ) -> Result<(), Error> {
-        let deadline = Instant::now() + timeout;
         let notice = WorkerNotice::new(NoticeKind::RelayFd, to, token);
-        loop {
-            match send_with_fds(self.socket.as_fd(), &[bytemuck::bytes_of(&notice)], &[fd]) {
-                Ok(n) if n == size_of::<WorkerNotice>() => return Ok(()),
-                Ok(_) => return Err(Error::sys("sendmsg (partial notice)")(Errno::EAGAIN)),
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => {
-                    if !wait_for(&self.socket, PollFlags::POLLOUT, deadline)
-                        .map_err(Error::sys("poll"))?
-                    {
-                        return Err(Error::Timeout {
-                            stage: "relaying an fd through the broker",
-                            timeout,
-                        });
-                    }
-                }
-                Err(other) => return Err(Error::sys("sendmsg")(other)),
-            }
-        }
+        self.send_notice(notice, fd, "relaying an fd through the broker", timeout)
     }
 
     /// The fd rank `from` relayed with `token`, waiting up to `timeout` for it to arrive.
@@ -135,6 +165,18 @@ impl Session {
             if let Some(fd) = self.relayed.remove(&(from, token)) {
                 return Ok(fd);
             }
+            self.read_notice(deadline, "waiting for a relayed fd", timeout)?;
+        }
+    }
+
+    /// Reads what the broker sent until one whole notice has been taken in (or the deadline).
+    fn read_notice(
+        &mut self,
+        deadline: Instant,
+        stage: &'static str,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        loop {
             let mut buffer = [0u8; size_of::<WorkerNotice>()];
             let want = buffer.len() - self.notice.len();
             let mut fds = Vec::new();
@@ -153,19 +195,7 @@ impl Session {
                     if self.notice.len() == size_of::<WorkerNotice>() {
                         let notice: WorkerNotice = bytemuck::pod_read_unaligned(&self.notice);
                         self.notice.clear();
-                        let fd = self.notice_fds.pop_front();
-                        if notice.magic != NOTICE_MAGIC
-                            || notice.kind != NoticeKind::RelayedFd as u32
-                        {
-                            return Err(ProtocolError::BadMagic {
-                                expected: u64::from(NOTICE_MAGIC),
-                                found: u64::from(notice.magic),
-                            }
-                            .into());
-                        }
-                        if let Some(fd) = fd {
-                            self.relayed.insert((notice.peer, notice.token), fd);
-                        }
+                        return self.on_notice(notice);
                     }
                 }
                 Err(Errno::EINTR) => {}
@@ -173,15 +203,51 @@ impl Session {
                     if !wait_for(&self.socket, PollFlags::POLLIN, deadline)
                         .map_err(Error::sys("poll"))?
                     {
-                        return Err(Error::Timeout {
-                            stage: "waiting for a relayed fd",
-                            timeout,
-                        });
+                        return Err(Error::Timeout { stage, timeout });
                     }
                 }
                 Err(other) => return Err(Error::sys("recvmsg")(other)),
             }
         }
+    }
+
+    /// Files a whole notice from the broker with the fd that came with it.
+    fn on_notice(&mut self, notice: WorkerNotice) -> Result<(), Error> {
+        let fd = self.notice_fds.pop_front();
+        if notice.magic != NOTICE_MAGIC {
+            return Err(ProtocolError::BadMagic {
+                expected: u64::from(NOTICE_MAGIC),
+                found: u64::from(notice.magic),
+            }
+            .into());
+        }
+        let kind = NoticeKind::from_code(notice.kind);
+        let (Some(kind @ (NoticeKind::RelayedFd | NoticeKind::PeerOutbox)), Some(fd)) = (kind, fd)
+        else {
+            return Err(ProtocolError::Field {
+                field: "notice kind",
+                expected: "a relayed fd or a peer's outbox, with its fd".into(),
+                found: u64::from(notice.kind),
+            }
+            .into());
+        };
+        if notice.peer >= self.world_size || notice.peer == self.rank {
+            return Err(ProtocolError::Field {
+                field: "notice peer",
+                expected: format!("another rank below {}", self.world_size),
+                found: u64::from(notice.peer),
+            }
+            .into());
+        }
+        match kind {
+            NoticeKind::PeerOutbox => {
+                self.outboxes.insert(notice.peer, fd);
+            }
+            _ => {
+                self.relayed.insert((notice.peer, notice.token), fd);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -428,13 +494,9 @@ impl Session {
         fds: Vec<OwnedFd>,
     ) -> Result<Self, Error> {
         let mut links: Vec<HalfLink> = (0..header.world_size).map(|_| (None, None)).collect();
-        let mut payload = None;
         for (index, (entry, fd)) in manifest.iter().zip(&fds).enumerate() {
             let role = FdRole::from_code(entry.role);
-            let expected_version = match role {
-                Some(FdRole::Payload) => PAYLOAD_LAYOUT_VERSION,
-                _ => RING_LAYOUT_VERSION,
-            };
+            let expected_version = RING_LAYOUT_VERSION;
             let value = |field, expected: u64, found: u64| ProtocolError::ManifestValue {
                 index,
                 field,
@@ -477,13 +539,11 @@ impl Session {
                     links[peer].1 = Some(ring);
                 }
                 // `decode_manifest` checked every role against the protocol's order.
-                Some(FdRole::Payload) | None => payload = Some(PayloadRegion::join(fd.as_fd())?),
+                None => {
+                    return Err(value("role", 1, u64::from(entry.role)).into());
+                }
             }
         }
-        let payload = payload.ok_or(ProtocolError::FdCount {
-            expected: manifest.len(),
-            found: 0,
-        })?;
         let links = links
             .into_iter()
             .map(|(to, from)| {
@@ -499,10 +559,10 @@ impl Session {
             ring_capacity: header.ring_capacity,
             socket,
             links,
-            payload,
             notice: Vec::with_capacity(size_of::<WorkerNotice>()),
             notice_fds: VecDeque::new(),
             relayed: HashMap::new(),
+            outboxes: HashMap::new(),
         })
     }
 }

@@ -77,9 +77,6 @@ pub enum Error {
         #[source]
         source: shmbroker_queues::Error,
     },
-    /// The payload region could not be created or joined.
-    #[error(transparent)]
-    Payload(#[from] shmbroker_allocator::Error),
     /// A ring could not be created.
     #[error("creating a ring: {0}")]
     CreateRing(#[source] shmbroker_queues::Error),

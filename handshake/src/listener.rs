@@ -17,7 +17,11 @@
 //! The rings are closed one after another, so a call that races the closing may still go
 //! through on a ring not yet reached (as a call just before the death would have); the next
 //! call on it reports the loss.
-//! The payload region is created at bind and kept.
+//!
+//! Each worker publishes its outbox once logged on (an `Outbox` notice with the memfd). The broker
+//! checks that its seals keep everyone but the owner from writing or resizing it, passes it to every
+//! other logged-on worker (`PeerOutbox`), and to each worker that logs on later right after its
+//! reply, so every worker gets every peer's outbox exactly once.
 
 use crate::error::{Error, ProtocolError};
 use crate::fdpass::{recv_with_fds, send_with_fds};
@@ -26,9 +30,8 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, sockopt};
-use shmbroker_allocator::PAYLOAD_LAYOUT_VERSION;
 use shmbroker_bindings::{
-    ANY_RANK, FdRole, ManifestEntry, Message, NO_PEER, NOTICE_MAGIC, NoticeKind, PROTOCOL_VERSION,
+    ANY_RANK, FdRole, ManifestEntry, Message, NOTICE_MAGIC, NoticeKind, PROTOCOL_VERSION,
     REPLY_MAGIC, RING_LAYOUT_VERSION, RejectReason, ReplyHeader, WorkerNotice,
 };
 use std::collections::{HashMap, VecDeque};
@@ -48,8 +51,6 @@ pub struct Config {
     pub world_size: u32,
     /// Slots in every ring: a power of two from 2 to 65536.
     pub ring_capacity: u32,
-    /// Bytes in the shared payload region.
-    pub payload_bytes: u64,
     /// How long a connection may take from accept to a whole logon frame.
     pub logon_timeout: Duration,
     /// Uids allowed to log on; empty means only the broker's own uid.
@@ -63,7 +64,6 @@ impl Default for Config {
         Self {
             world_size: 4,
             ring_capacity: 1024,
-            payload_bytes: 16 << 20,
             logon_timeout: Duration::from_secs(5),
             allowed_uids: Vec::new(),
             max_pending: 256,
@@ -173,6 +173,8 @@ struct Worker {
     /// Fds received and not yet claimed by a `RelayFd` notice.
     fds: VecDeque<OwnedFd>,
     said_goodbye: bool,
+    /// The worker's outbox, once published; passed to every worker that logs on later.
+    outbox: Option<OwnedFd>,
     /// Held for the liveness checks built on top of the handshake.
     _pidfd: Option<OwnedFd>,
 }
@@ -189,8 +191,6 @@ pub struct Listener {
     workers: Vec<Option<Worker>>,
     /// Rings created for a pair `(from, to)`, kept until one of their ends leaves.
     rings: HashMap<(u32, u32), OwnedFd>,
-    payload: OwnedFd,
-    payload_size: u64,
     stop: Arc<EventFd>,
     /// The rank whose death ended the session, if one did.
     lost: Option<u32>,
@@ -217,22 +217,18 @@ impl std::fmt::Debug for Listener {
 }
 
 impl Listener {
-    /// Creates the session's payload region and listens on `path` (mode 0600).
+    /// Listens on `path` (mode 0600).
     ///
     /// A socket file left by a broker that is gone is replaced; one a live broker listens on is
     /// not (its connect succeeds); a path that is not a socket is never touched.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`], [`Error::AddressInUse`], [`Error::NotASocket`], [`Error::Sys`],
-    /// or [`Error::Payload`] when the payload region cannot be created.
+    /// [`Error::InvalidConfig`], [`Error::AddressInUse`], [`Error::NotASocket`], [`Error::Sys`].
     pub fn bind(path: impl AsRef<Path>, config: Config) -> Result<Self, Error> {
         config.validate()?;
         let path = path.as_ref().to_path_buf();
         remove_stale_socket(&path)?;
-        let payload = shmbroker_allocator::create(config.world_size, config.payload_bytes)?;
-        let payload_size = shmbroker_queues::memfd::file_size(payload.as_fd())
-            .map_err(|e| Error::Payload(e.into()))?;
         let socket = nix::sys::socket::socket(
             AddressFamily::Unix,
             SockType::Stream,
@@ -268,8 +264,6 @@ impl Listener {
             my_uid: nix::unistd::getuid().as_raw(),
             pending: Vec::new(),
             rings: HashMap::new(),
-            payload,
-            payload_size,
             stop: Arc::new(stop),
             lost: None,
             accept_paused_until: None,
@@ -594,9 +588,9 @@ impl Listener {
                         if worker.filled == worker.notice.len() {
                             worker.filled = 0;
                             let notice: WorkerNotice = bytemuck::pod_read_unaligned(&worker.notice);
-                            let fd = (notice.kind == NoticeKind::RelayFd as u32)
-                                .then(|| worker.fds.pop_front())
-                                .flatten();
+                            let carries_fd = notice.kind == NoticeKind::RelayFd as u32
+                                || notice.kind == NoticeKind::Outbox as u32;
+                            let fd = carries_fd.then(|| worker.fds.pop_front()).flatten();
                             frames.push((notice, fd));
                         }
                     }
@@ -663,7 +657,16 @@ impl Listener {
                     }
                 }
             }
-            Some(NoticeKind::RelayedFd) | None => {
+            Some(NoticeKind::Outbox) => {
+                let Some(fd) = fd else {
+                    events.push(bad("an outbox notice came without an fd".into()));
+                    return;
+                };
+                if let Err(detail) = self.take_outbox(rank, fd) {
+                    events.push(bad(detail));
+                }
+            }
+            Some(NoticeKind::RelayedFd | NoticeKind::PeerOutbox) | None => {
                 events.push(bad(format!("unexpected notice kind {}", notice.kind)));
             }
         }
@@ -677,6 +680,7 @@ impl Listener {
         };
         worker.stream = None;
         worker.fds.clear();
+        worker.outbox = None;
         let (pid, clean) = (worker.pid, worker.said_goodbye);
         let rings_closed = if clean {
             self.close_rings(|from, to| from == rank || to == rank, rank)
@@ -713,6 +717,63 @@ impl Listener {
             }
         }
         closed
+    }
+
+    /// Checks and keeps `rank`'s outbox, and passes it to every other logged-on worker.
+    fn take_outbox(&mut self, rank: u32, fd: OwnedFd) -> Result<(), String> {
+        let Some(worker) = self.workers[rank as usize].as_mut() else {
+            return Ok(());
+        };
+        if worker.outbox.is_some() {
+            return Err("a second outbox notice; the first outbox stays".into());
+        }
+        shmbroker_queues::memfd::check_seals_with(
+            fd.as_fd(),
+            shmbroker_queues::memfd::OWNER_ONLY_SEALS,
+        )
+        .map_err(|e| format!("outbox refused: {e}"))?;
+        worker.outbox = Some(fd);
+        let peers: Vec<u32> = (0..self.config.world_size)
+            .filter(|&peer| peer != rank)
+            .collect();
+        let mut failed = Vec::new();
+        for peer in peers {
+            if !self.pass_outbox(rank, peer) {
+                failed.push(peer);
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("could not pass rank {rank}'s outbox to ranks {failed:?}"))
+        }
+    }
+
+    /// Sends rank `to` every outbox published so far by the other ranks.
+    fn send_outboxes_to(&mut self, to: u32) {
+        for owner in 0..self.config.world_size {
+            if owner != to {
+                self.pass_outbox(owner, to);
+            }
+        }
+    }
+
+    /// Passes `owner`'s outbox to rank `to`, if both are there; `false` only when sending failed.
+    fn pass_outbox(&self, owner: u32, to: u32) -> bool {
+        let outbox = self.workers[owner as usize]
+            .as_ref()
+            .and_then(|w| w.outbox.as_ref());
+        let target = self.workers[to as usize]
+            .as_ref()
+            .and_then(|w| w.stream.as_ref());
+        let (Some(outbox), Some(target)) = (outbox, target) else {
+            return true;
+        };
+        let notice = WorkerNotice::new(NoticeKind::PeerOutbox, owner, 0);
+        matches!(
+            send_with_fds(target.as_fd(), &[bytemuck::bytes_of(&notice)], &[outbox.as_fd()]),
+            Ok(n) if n == size_of::<WorkerNotice>()
+        )
     }
 
     /// Validates a whole logon frame and answers it.
@@ -764,18 +825,6 @@ impl Listener {
                 text,
             );
         }
-        if frame.min_payload_bytes > self.payload_size {
-            let text = format!(
-                "needs at least {} payload bytes; this broker's region has {}",
-                frame.min_payload_bytes, self.payload_size
-            );
-            return reject(
-                &pending.stream,
-                RejectReason::CapacityOutOfLimits,
-                pid,
-                text,
-            );
-        }
         match self.reply(&pending, rank) {
             Ok(pidfd) => {
                 self.workers[rank as usize] = Some(Worker {
@@ -785,8 +834,10 @@ impl Listener {
                     filled: 0,
                     fds: VecDeque::new(),
                     said_goodbye: false,
+                    outbox: None,
                     _pidfd: pidfd,
                 });
+                self.send_outboxes_to(rank);
                 Event::LoggedOn {
                     rank,
                     pid: pending.pid,
@@ -809,7 +860,7 @@ impl Listener {
             let key = match (role, peer) {
                 (FdRole::RingToPeer, Some(peer)) => (rank, peer),
                 (FdRole::RingFromPeer, Some(peer)) => (peer, rank),
-                _ => continue,
+                (_, None) => continue,
             };
             if !self.rings.contains_key(&key) {
                 let ring = shmbroker_queues::create::<Message>(self.config.ring_capacity as usize)
@@ -820,21 +871,17 @@ impl Listener {
         let mut manifest = Vec::new();
         let mut fds = Vec::new();
         for (role, peer) in manifest_order(rank, world) {
-            let (fd, layout_version) = match (role, peer) {
-                (FdRole::RingToPeer, Some(peer)) => {
-                    (&self.rings[&(rank, peer)], RING_LAYOUT_VERSION)
-                }
-                (FdRole::RingFromPeer, Some(peer)) => {
-                    (&self.rings[&(peer, rank)], RING_LAYOUT_VERSION)
-                }
-                _ => (&self.payload, PAYLOAD_LAYOUT_VERSION),
+            let Some(peer) = peer else { continue };
+            let fd = match role {
+                FdRole::RingToPeer => &self.rings[&(rank, peer)],
+                FdRole::RingFromPeer => &self.rings[&(peer, rank)],
             };
             let size = shmbroker_queues::memfd::file_size(fd.as_fd()).map_err(Error::CreateRing)?;
             manifest.push(ManifestEntry {
                 role: role as u32,
-                peer: peer.unwrap_or(NO_PEER),
+                peer,
                 size,
-                layout_version,
+                layout_version: RING_LAYOUT_VERSION,
                 _pad0: 0,
             });
             fds.push(fd.as_fd());
@@ -847,7 +894,7 @@ impl Listener {
             world_size: world,
             fd_count: manifest.len() as u32,
             ring_capacity: self.config.ring_capacity,
-            payload_bytes: self.payload_size,
+            _pad1: 0,
             reason: [0; shmbroker_bindings::REASON_LEN],
         };
         // A pidfd now, while the caller is certainly alive (it is waiting for this reply), so

@@ -13,10 +13,10 @@ pub const LOGON_LEN: usize = size_of::<LogonFrame>();
 pub const REPLY_HEADER_LEN: usize = size_of::<ReplyHeader>();
 /// Bytes in one manifest entry.
 pub const MANIFEST_ENTRY_LEN: usize = size_of::<ManifestEntry>();
-/// The largest world a reply can serve: `2 (N - 1) + 1` fds must fit in one message.
+/// The largest world a reply can serve: `2 (N - 1)` fds must fit in one message.
 pub const MAX_WORLD_SIZE: u32 = 64;
 
-const _: () = assert!(2 * (MAX_WORLD_SIZE as usize - 1) < MAX_REPLY_FDS);
+const _: () = assert!(2 * (MAX_WORLD_SIZE as usize - 1) <= MAX_REPLY_FDS);
 
 /// Decodes a logon frame. The error pairs the code to send back with what was wrong.
 ///
@@ -52,20 +52,22 @@ pub fn decode_logon(bytes: &[u8]) -> Result<LogonFrame, (RejectReason, ProtocolE
             },
         ));
     }
-    if frame._pad0 != 0 {
-        return Err((
-            RejectReason::BadPadding,
-            ProtocolError::BadPadding {
-                field: "logon _pad0",
-                found: u64::from(frame._pad0),
-            },
-        ));
+    for (field, found) in [
+        ("logon _pad0", u64::from(frame._pad0)),
+        ("logon _pad1", frame._pad1),
+    ] {
+        if found != 0 {
+            return Err((
+                RejectReason::BadPadding,
+                ProtocolError::BadPadding { field, found },
+            ));
+        }
     }
     Ok(frame)
 }
 
 /// The manifest a worker of `rank` in a world of `world_size` receives, in order: for each other
-/// rank, the ring to it and the ring from it; then the payload region. The broker builds replies
+/// rank, the ring to it and the ring from it. The broker builds replies
 /// from this and the client checks them against it.
 pub fn manifest_order(rank: u32, world_size: u32) -> impl Iterator<Item = (FdRole, Option<u32>)> {
     (0..world_size)
@@ -76,7 +78,6 @@ pub fn manifest_order(rank: u32, world_size: u32) -> impl Iterator<Item = (FdRol
                 (FdRole::RingFromPeer, Some(peer)),
             ]
         })
-        .chain(std::iter::once((FdRole::Payload, None)))
 }
 
 /// Decodes a reply header. A rejection becomes [`Error::Rejected`].
@@ -140,7 +141,7 @@ pub fn decode_reply_header(bytes: &[u8]) -> Result<ReplyHeader, Error> {
         )
         .into());
     }
-    let fds = 2 * (header.world_size - 1) + 1;
+    let fds = 2 * (header.world_size - 1);
     if header.fd_count != fds {
         return Err(field("fd_count", format!("{fds}"), header.fd_count).into());
     }
@@ -150,6 +151,13 @@ pub fn decode_reply_header(bytes: &[u8]) -> Result<ReplyHeader, Error> {
             "a power of two".into(),
             header.ring_capacity,
         )
+        .into());
+    }
+    if header._pad1 != 0 {
+        return Err(ProtocolError::BadPadding {
+            field: "reply _pad1",
+            found: header._pad1,
+        }
         .into());
     }
     if header.reason != ReplyHeader::zeroed().reason {

@@ -106,18 +106,14 @@ fn client_error(name: &str, reply: Vec<u8>, fd_count: usize) -> Error {
 
 /// An accepted reply for rank 0 of a world of 2 with a manifest of `entries` (role, peer), each
 /// claiming `size` bytes and the layout version its role should have.
-fn reply_for_rank_0_of_2(entries: [(u32, u32); 3], size: u64) -> Vec<u8> {
-    let mut reply = bytemuck::bytes_of(&accepted_header(2, 3)).to_vec();
+fn reply_for_rank_0_of_2(entries: [(u32, u32); 2], size: u64) -> Vec<u8> {
+    let mut reply = bytemuck::bytes_of(&accepted_header(2, 2)).to_vec();
     for (role, peer) in entries {
         let entry = shmbroker_bindings::ManifestEntry {
             role,
             peer,
             size,
-            layout_version: if role == 3 {
-                shmbroker_allocator::PAYLOAD_LAYOUT_VERSION
-            } else {
-                shmbroker_bindings::RING_LAYOUT_VERSION
-            },
+            layout_version: shmbroker_bindings::RING_LAYOUT_VERSION,
             _pad0: 0,
         };
         reply.extend_from_slice(bytemuck::bytes_of(&entry));
@@ -133,7 +129,7 @@ fn memfds(count: usize) -> Vec<std::os::fd::OwnedFd> {
 
 #[test]
 fn a_reply_with_a_bad_magic_is_a_protocol_error() {
-    let mut header = accepted_header(1, 1);
+    let mut header = accepted_header(1, 0);
     header.magic = 7;
     let error = client_error("fake-magic", bytemuck::bytes_of(&header).to_vec(), 1);
     assert!(
@@ -150,15 +146,15 @@ fn a_reply_with_a_bad_magic_is_a_protocol_error() {
 
 #[test]
 fn a_reply_with_fewer_fds_than_its_manifest_is_a_protocol_error() {
-    // World of 2: 3 fds announced, manifest of 3, only 2 fds attached.
-    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1), (3, u32::MAX)], 4096);
-    let error = client_error("fake-fdcount", reply, 2);
+    // World of 2: 2 fds announced, manifest of 2, only 1 fd attached.
+    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1)], 4096);
+    let error = client_error("fake-fdcount", reply, 1);
     assert!(
         matches!(
             error,
             Error::Protocol(ProtocolError::FdCount {
-                expected: 3,
-                found: 2
+                expected: 2,
+                found: 1
             })
         ),
         "{error}"
@@ -167,8 +163,8 @@ fn a_reply_with_fewer_fds_than_its_manifest_is_a_protocol_error() {
 
 #[test]
 fn a_reply_with_a_manifest_out_of_order_is_a_protocol_error() {
-    let reply = reply_for_rank_0_of_2([(2, 1), (1, 1), (3, u32::MAX)], 4096);
-    let error = client_error("fake-order", reply, 3);
+    let reply = reply_for_rank_0_of_2([(2, 1), (1, 1)], 4096);
+    let error = client_error("fake-order", reply, 2);
     assert!(
         matches!(
             error,
@@ -180,12 +176,12 @@ fn a_reply_with_a_manifest_out_of_order_is_a_protocol_error() {
 
 #[test]
 fn a_reply_cut_short_is_a_protocol_error() {
-    let header = accepted_header(2, 3);
+    let header = accepted_header(2, 2);
     let reply = bytemuck::bytes_of(&header)[..100].to_vec();
     // The fake keeps the connection open, so the client waits for the rest until its deadline.
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = TempDir::new("fake-short");
-    let fake = fake_broker(&dir.socket(), reply, memfds(3));
+    let fake = fake_broker(&dir.socket(), reply, memfds(2));
     let error = connect(dir.socket(), LogonFrame::new(0), Duration::from_millis(300)).unwrap_err();
     assert!(
         matches!(
@@ -202,8 +198,8 @@ fn a_reply_cut_short_is_a_protocol_error() {
 
 #[test]
 fn a_manifest_size_that_disagrees_with_the_file_is_a_protocol_error() {
-    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1), (3, u32::MAX)], 8192);
-    let error = client_error("fake-size", reply, 3);
+    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1)], 8192);
+    let error = client_error("fake-size", reply, 2);
     assert!(
         matches!(
             error,
@@ -221,8 +217,8 @@ fn a_manifest_size_that_disagrees_with_the_file_is_a_protocol_error() {
 #[test]
 fn files_that_are_not_rings_are_refused_before_use() {
     // Right sizes, right manifest, but the "rings" are blank sealed memfds.
-    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1), (3, u32::MAX)], 4096);
-    let error = client_error("fake-blank", reply, 3);
+    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1)], 4096);
+    let error = client_error("fake-blank", reply, 2);
     assert!(
         matches!(
             error,

@@ -12,6 +12,7 @@ use shmbroker_bindings::{
 };
 use shmbroker_handshake::{Config, Error, Event, Listener, connect, connect_stream};
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -63,6 +64,19 @@ impl Broker {
                 Event::Rejected { reason, detail, .. } => return (reason, detail),
                 Event::LoggedOn { .. } | Event::WorkerLeft { .. } | Event::BadNotice { .. } => {}
                 Event::Stopped => panic!("broker stopped"),
+            }
+        }
+    }
+
+    /// The next event `matches` picks, skipping the others.
+    fn wait_for(&self, matches: impl Fn(&Event) -> bool) -> Event {
+        loop {
+            let event = self
+                .events
+                .recv_timeout(TIMEOUT)
+                .expect("no event from the broker");
+            if matches(&event) {
+                return event;
             }
         }
     }
@@ -122,9 +136,48 @@ fn a_world_of_four_logs_on_and_every_pair_talks() {
             assert_eq!(received, Ok(message), "{from} -> {to}");
         }
     }
-    // The payload region is one region: a block written by 0 reads back in 3.
-    let payload = sessions[0].payload().alloc(b"shared").unwrap();
-    assert_eq!(sessions[3].payload().read(payload).unwrap(), b"shared");
+    // An outbox rank 0 publishes reaches every peer, through the broker, as the same file.
+    let outbox = owner_only_memfd();
+    sessions[0].publish_outbox(outbox.as_fd(), TIMEOUT).unwrap();
+    let published = nix::sys::stat::fstat(&outbox).unwrap();
+    for peer in 1..4 {
+        let received = sessions[peer].take_peer_outbox(0, TIMEOUT).unwrap();
+        let stat = nix::sys::stat::fstat(&received).unwrap();
+        assert_eq!((stat.st_dev, stat.st_ino), (published.st_dev, published.st_ino));
+    }
+    // Each peer's outbox is handed over once.
+    assert!(matches!(
+        sessions[1].take_peer_outbox(0, Duration::from_millis(50)),
+        Err(shmbroker_handshake::Error::Timeout { .. })
+    ));
+}
+
+/// A memfd sealed so that only mappings made before the seal can write it.
+fn owner_only_memfd() -> std::os::fd::OwnedFd {
+    use shmbroker_queues::memfd::{OWNER_ONLY_SEALS, create_sized, seal_with};
+    let fd = create_sized(c"test-outbox", 1 << 16).unwrap();
+    seal_with(fd.as_fd(), OWNER_ONLY_SEALS).unwrap();
+    fd
+}
+
+#[test]
+fn an_outbox_others_could_write_is_refused_and_never_passed_on() {
+    let broker = Broker::start("outbox-seals", config(2));
+    let mut zero = connect(&broker.path, LogonFrame::new(0), TIMEOUT).unwrap();
+    let mut one = connect(&broker.path, LogonFrame::new(1), TIMEOUT).unwrap();
+    // Sealed against resizing only: another process could still write it.
+    let writable = shmbroker_queues::memfd::create_sealed(c"test-outbox", 1 << 16).unwrap();
+    zero.publish_outbox(writable.as_fd(), TIMEOUT).unwrap();
+    assert!(matches!(
+        one.take_peer_outbox(0, Duration::from_millis(200)),
+        Err(shmbroker_handshake::Error::Timeout { .. })
+    ));
+    let refused = broker.wait_for(|event| matches!(event, Event::BadNotice { rank: 0, .. }));
+    assert!(format!("{refused:?}").contains("outbox refused"), "{refused:?}");
+    // A proper one published later still goes through.
+    zero.publish_outbox(owner_only_memfd().as_fd(), TIMEOUT)
+        .unwrap();
+    one.take_peer_outbox(0, TIMEOUT).unwrap();
 }
 
 #[test]
@@ -255,10 +308,10 @@ fn capacities_beyond_the_brokers_are_refused() {
         "{text}"
     );
     let mut frame = LogonFrame::new(0);
-    frame.min_payload_bytes = 1 << 40;
+    frame._pad1 = 1 << 40;
     let (reason, text) = rejected(connect(&broker.path, frame, TIMEOUT));
-    assert_eq!(reason, RejectReason::CapacityOutOfLimits);
-    assert!(text.contains("payload bytes"), "{text}");
+    assert_eq!(reason, RejectReason::BadPadding);
+    assert!(text.contains("_pad1"), "{text}");
     // Within limits is fine.
     let mut frame = LogonFrame::new(0);
     frame.min_ring_capacity = 64;

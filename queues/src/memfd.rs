@@ -28,10 +28,21 @@ pub const REQUIRED_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK
 ///
 /// [`Error::Sys`] naming the system call that failed.
 pub fn create_sealed(name: &CStr, size: u64) -> Result<OwnedFd, Error> {
+    let fd = create_sized(name, size)?;
+    seal(fd.as_fd())?;
+    Ok(fd)
+}
+
+/// Creates a close-on-exec, zero-filled memfd of `size` bytes that can be sealed later: for a
+/// region its creator must map before sealing. Call [`seal_with`] before handing it to anyone.
+///
+/// # Errors
+///
+/// [`Error::Sys`] naming the system call that failed.
+pub fn create_sized(name: &CStr, size: u64) -> Result<OwnedFd, Error> {
     let fd = create_unsealed(name)?;
     let len = i64::try_from(size).map_err(|_| Error::sys("ftruncate")(Errno::EFBIG))?;
     nix::unistd::ftruncate(&fd, len).map_err(Error::sys("ftruncate"))?;
-    seal(fd.as_fd())?;
     Ok(fd)
 }
 
@@ -46,13 +57,29 @@ pub fn create_unsealed(name: &CStr) -> Result<OwnedFd, Error> {
         .map_err(Error::sys("memfd_create"))
 }
 
+/// The seals of a region only its creator may write: [`REQUIRED_SEALS`] and
+/// `F_SEAL_FUTURE_WRITE`. Mappings that were writable before the seal stay writable (the owner's
+/// own); from then on the kernel refuses every new way to write the file, whoever asks: `write`,
+/// a writable shared `mmap` (also through a reopened `/proc/PID/fd/N`), `mprotect` of a read-only
+/// mapping to writable, and `fallocate` hole punching.
+pub const OWNER_ONLY_SEALS: SealFlag = REQUIRED_SEALS.union(SealFlag::F_SEAL_FUTURE_WRITE);
+
 /// Adds [`REQUIRED_SEALS`] to `fd`, fixing its size for good.
 ///
 /// # Errors
 ///
 /// [`Error::Sys`] if `fcntl(F_ADD_SEALS)` fails (for example, the file was already sealed).
 pub fn seal(fd: BorrowedFd<'_>) -> Result<(), Error> {
-    fcntl(fd, FcntlArg::F_ADD_SEALS(REQUIRED_SEALS)).map_err(Error::sys("fcntl(F_ADD_SEALS)"))?;
+    seal_with(fd, REQUIRED_SEALS)
+}
+
+/// Adds `seals` to `fd` (`fcntl(2)`, `F_ADD_SEALS`).
+///
+/// # Errors
+///
+/// [`Error::Sys`] if `fcntl(F_ADD_SEALS)` fails (for example, the file was already sealed).
+pub fn seal_with(fd: BorrowedFd<'_>, seals: SealFlag) -> Result<(), Error> {
+    fcntl(fd, FcntlArg::F_ADD_SEALS(seals)).map_err(Error::sys("fcntl(F_ADD_SEALS)"))?;
     Ok(())
 }
 
@@ -63,12 +90,21 @@ pub fn seal(fd: BorrowedFd<'_>) -> Result<(), Error> {
 /// [`Error::MissingSeals`] naming the seals expected and found, or [`Error::Sys`] if `fd` cannot
 /// be asked (for example, it is not a memfd).
 pub fn check_seals(fd: BorrowedFd<'_>) -> Result<(), Error> {
+    check_seals_with(fd, REQUIRED_SEALS)
+}
+
+/// Checks that `fd` carries at least `required` (`fcntl(2)`, `F_GET_SEALS`).
+///
+/// # Errors
+///
+/// As for [`check_seals`].
+pub fn check_seals_with(fd: BorrowedFd<'_>, required: SealFlag) -> Result<(), Error> {
     let found = fcntl(fd, FcntlArg::F_GET_SEALS).map_err(Error::sys("fcntl(F_GET_SEALS)"))?;
-    if SealFlag::from_bits_retain(found).contains(REQUIRED_SEALS) {
+    if SealFlag::from_bits_retain(found).contains(required) {
         Ok(())
     } else {
         Err(Error::MissingSeals {
-            expected: REQUIRED_SEALS.bits(),
+            expected: required.bits(),
             found,
         })
     }
@@ -85,7 +121,7 @@ pub fn file_size(fd: BorrowedFd<'_>) -> Result<u64, Error> {
     Ok(u64::try_from(stat.st_size).unwrap_or(0))
 }
 
-/// A read-write `MAP_SHARED` mapping of a whole file, unmapped on drop.
+/// A `MAP_SHARED` mapping of a whole file (read-write, or read-only), unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
     ptr: NonNull<u8>,
@@ -105,6 +141,20 @@ impl Mapping {
     ///
     /// [`Error::Sys`] if `len` is zero or `mmap` fails.
     pub fn map(fd: impl AsFd, len: u64) -> Result<Self, Error> {
+        Self::map_with(fd, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)
+    }
+
+    /// Maps the first `len` bytes of `fd` read-only and shared: for a file another process
+    /// writes. Nothing in this process can write through the mapping.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sys`] if `len` is zero or `mmap` fails.
+    pub fn map_read_only(fd: impl AsFd, len: u64) -> Result<Self, Error> {
+        Self::map_with(fd, len, ProtFlags::PROT_READ)
+    }
+
+    fn map_with(fd: impl AsFd, len: u64, protection: ProtFlags) -> Result<Self, Error> {
         let len = usize::try_from(len)
             .ok()
             .and_then(NonZeroUsize::new)
@@ -117,7 +167,7 @@ impl Mapping {
             mmap(
                 None,
                 len,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                protection,
                 MapFlags::MAP_SHARED,
                 fd,
                 0,

@@ -1,10 +1,10 @@
 //! `shmbroker bench logon`: how long a world of workers takes to log on, against the floor.
 //!
-//! Ours, per round: bind a broker (which creates the payload region), serve it on a thread, and
+//! Ours, per round: bind a broker, serve it on a thread, and
 //! log on N workers one after another from this thread; stop when the last has its session.
 //!
-//! The floor does the same system work with no protocol: bind a listening socket, create the
-//! payload memfd (create, size, seal, mmap), then for each worker a bare connect and accept, the
+//! The floor does the same system work with no protocol: bind a listening socket, then for each
+//! worker a bare connect and accept, the
 //! rings it is the first to need (create, size, seal, mmap of the same sizes), one `SCM_RIGHTS`
 //! message carrying as many fds as a reply does, and the worker's `fstat` and mmap of each.
 //!
@@ -87,7 +87,7 @@ fn ours_logon(path: &Path, workers: u32) -> Result<u64, String> {
     Ok(elapsed.as_nanos() as u64 / u64::from(workers))
 }
 
-/// The same sizes the broker uses: its rings of `Message` and its payload region.
+/// The same sizes the broker uses: its rings of `Message`.
 fn ring_bytes() -> Result<u64, String> {
     let ring = shmbroker::queues::create::<Message>(config(1).ring_capacity as usize)
         .map_err(|e| e.to_string())?;
@@ -104,15 +104,14 @@ fn sealed_and_mapped(bytes: u64) -> Result<(OwnedFd, Mapping), String> {
 /// the broker, the serving side runs on a thread of its own, so both pay the same wake-ups.
 fn floor_logon(path: &Path, workers: u32) -> Result<u64, String> {
     let ring_size = ring_bytes()?;
-    let payload_size = config(workers).payload_bytes;
     let start = Instant::now();
     let listener = UnixListener::bind(path).map_err(|e| format!("bind: {e}"))?;
     let held = std::thread::scope(|scope| {
-        let server = scope.spawn(move || serve_floor(listener, workers, ring_size, payload_size));
+        let server = scope.spawn(move || serve_floor(listener, workers, ring_size));
         let mut held = Vec::new();
         for _ in 0..workers {
             let client = UnixStream::connect(path).map_err(|e| format!("connect: {e}"))?;
-            for fd in receive_fds(&client, 136 + 24 * (2 * workers as usize - 1))? {
+            for fd in receive_fds(&client, 136 + 24 * (2 * (workers as usize - 1)))? {
                 let size = file_size(fd.as_fd()).map_err(|e| e.to_string())?;
                 held.push(Mapping::map(&fd, size).map_err(|e| e.to_string())?);
             }
@@ -132,9 +131,7 @@ fn serve_floor(
     listener: UnixListener,
     workers: u32,
     ring_size: u64,
-    payload_size: u64,
 ) -> Result<(), String> {
-    let payload = sealed_and_mapped(payload_size)?;
     let mut rings: HashMap<(u32, u32), (OwnedFd, Mapping)> = HashMap::new();
     for rank in 0..workers {
         let (server, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
@@ -145,7 +142,7 @@ fn serve_floor(
                 }
             }
         }
-        let mut fds: Vec<RawFd> = (0..workers)
+        let fds: Vec<RawFd> = (0..workers)
             .filter(|&p| p != rank)
             .flat_map(|peer| {
                 [
@@ -154,7 +151,6 @@ fn serve_floor(
                 ]
             })
             .collect();
-        fds.push(payload.0.as_raw_fd());
         let reply = vec![0u8; 136 + 24 * fds.len()];
         sendmsg::<()>(
             server.as_raw_fd(),

@@ -51,7 +51,6 @@ impl World {
         let config = Config {
             world_size: size,
             ring_capacity: 64,
-            payload_bytes: 4 << 20,
             ..Config::default()
         };
         let mut listener = Listener::bind(&path, config).unwrap();

@@ -30,7 +30,6 @@ pub fn config(world_size: u32) -> Config {
     Config {
         world_size,
         ring_capacity: 64,
-        payload_bytes: 4 << 20,
         ..Config::default()
     }
 }

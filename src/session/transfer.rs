@@ -1,0 +1,1021 @@
+//! How data of any size moves between two ranks: eager slots, pipelined chunks, loans, and the
+//! acknowledgements that give outbox blocks back.
+//!
+//! # Reading a peer's ring
+//!
+//! Everything a peer sends goes through one function, [`Session::pull`]: acknowledgements are
+//! handed to this rank's outbox ledger at once; every other message (with the continuation slots
+//! of an eager message, read in the same breath) is appended to that peer's `unread` queue. The
+//! operations then take whole *groups* out of `unread`: an eager header and its continuation
+//! slots, a pipelined header and its chunks (some of which may still be in the ring), or a loan.
+//! Collectives take the first group that is not a point-to-point `SEND`; `recv` takes the first
+//! `SEND`; either checks the group's operation and sequence number before using a byte of it.
+//!
+//! # Sending
+//!
+//! Up to the session's eager limit, a message is a header slot plus continuation slots, written to
+//! each receiver's ring back to back: nothing else is sent on that ring until the last slot is in,
+//! so the receiver reads the continuation as raw bytes right behind its header. Larger data is *pipelined*: a header with the
+//! total length, then chunks of [`CHUNK_BYTES`] written into this rank's outbox one after the
+//! other, each announced with a `CHUNK` message carrying its [`PayloadRef`]; receivers copy each
+//! chunk out and acknowledge it, which frees the block for the next chunk. At most
+//! [`CHUNKS_IN_FLIGHT`] chunks are unacknowledged at once, so the sender's copy of chunk `n + 1`
+//! overlaps the receivers' copies of chunk `n`, the chunks stay warm in cache, a slow receiver
+//! holds the sender back, and a message larger than the outbox goes through.
+//!
+//! # Progress without deadlock
+//!
+//! A collective whose own data is pipelined drives its outgoing transfer and its incoming
+//! transfers together ([`Session::drive`]), one non-blocking step at a time, so two ranks that
+//! each send more than their outbox holds to the other both make progress. Incoming transfers
+//! alone wait parked on the ring they need.
+
+use super::{Deadline, Error, Session};
+use shmbroker_allocator::{Outbox, PeerOutbox};
+use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
+use shmbroker_queues::{RecvTimeoutError, TryRecvError, TrySendError};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Bytes per chunk of a pipelined transfer: small enough to stay in a core's L2 cache between the
+/// sender's copy and the receivers' copy, large enough that a message costs few ring messages.
+pub const CHUNK_BYTES: usize = 256 << 10;
+
+/// Chunks a pipelined transfer keeps unacknowledged at once.
+pub const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// Slots of the largest eager message: a header and [`kind::continuation_slots`] of
+/// [`kind::EAGER_MAX`].
+const MAX_EAGER_SLOTS: usize = 1 + kind::continuation_slots(kind::EAGER_MAX);
+
+/// How long a receive that owes acknowledgements waits before trying to send them again, and a
+/// send on a full ring before taking in what the peer sent meanwhile.
+pub(super) const SEND_SLICE: Duration = Duration::from_millis(1);
+
+/// Which group a receive takes from a peer's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Expect {
+    /// The first non-`SEND` group, which must be operation `op` number `seq`.
+    Collective { op: u32, seq: u64 },
+    /// The first `SEND` group, which must carry point-to-point number `tag`.
+    Send { tag: u64 },
+}
+
+impl Expect {
+    fn selects(self, message: &Message) -> bool {
+        let op = message.kind & kind::OP_MASK;
+        match self {
+            Self::Collective { .. } => op != kind::SEND,
+            Self::Send { .. } => op == kind::SEND,
+        }
+    }
+
+    /// Whether `header` (a group [`Self::selects`]) is the one expected, naming what differs.
+    fn check(self, peer: u32, header: &Message) -> Result<(), Error> {
+        let op = header.kind & kind::OP_MASK;
+        match self {
+            Self::Collective { op: want, seq } if op != want || header.tag != seq => {
+                Err(Error::CollectiveMismatch {
+                    peer,
+                    expected_kind: want,
+                    expected_seq: seq,
+                    found_kind: op,
+                    found_seq: header.tag,
+                })
+            }
+            Self::Send { tag } if header.tag != tag => Err(Error::Protocol {
+                peer,
+                detail: format!(
+                    "message number {} arrived where {tag} was due",
+                    header.tag
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where the bytes of an incoming message go.
+#[derive(Debug)]
+pub(super) enum Sink<'a> {
+    /// A vector sized when the header says how much is coming.
+    Vec(Vec<u8>),
+    /// A caller's buffer; a longer message is read to its end and reported as too large for it.
+    Slice(&'a mut [u8]),
+}
+
+impl Sink<'_> {
+    /// Makes room for `len` bytes; `false` when they cannot all be kept.
+    fn prepare(&mut self, peer: u32, len: u64) -> Result<bool, Error> {
+        match self {
+            Self::Vec(bytes) => {
+                let len = usize::try_from(len).map_err(|_| too_big(peer, len))?;
+                bytes.clear();
+                bytes.try_reserve_exact(len).map_err(|_| too_big(peer, len as u64))?;
+                Ok(true)
+            }
+            Self::Slice(buffer) => Ok(len <= buffer.len() as u64),
+        }
+    }
+
+    /// The `len` bytes from `at` on, to be filled (after a successful [`Self::prepare`]).
+    fn window(&mut self, at: usize, len: usize) -> &mut [u8] {
+        match self {
+            Self::Vec(bytes) => {
+                if bytes.len() < at + len {
+                    bytes.resize(at + len, 0);
+                }
+                &mut bytes[at..at + len]
+            }
+            Self::Slice(buffer) => &mut buffer[at..at + len],
+        }
+    }
+}
+
+fn too_big(peer: u32, len: u64) -> Error {
+    Error::Protocol {
+        peer,
+        detail: format!("announced a message of {len} bytes, more than this process can hold"),
+    }
+}
+
+/// One message being received from `peer`, step by step.
+#[derive(Debug)]
+pub(super) struct Incoming<'a> {
+    pub(super) peer: u32,
+    expect: Expect,
+    pub(super) sink: Sink<'a>,
+    state: InState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InState {
+    /// Waiting for the header.
+    Header,
+    /// Taking chunks: the group continues at `unread[at]`.
+    Chunks {
+        at: usize,
+        tag: u64,
+        total: u64,
+        done: u64,
+        fits: bool,
+    },
+    /// Complete: `len` bytes arrived (and fit, unless `fits` is false).
+    Done { len: u64, fits: bool },
+}
+
+impl<'a> Incoming<'a> {
+    pub(super) fn new(peer: u32, expect: Expect, sink: Sink<'a>) -> Self {
+        Self {
+            peer,
+            expect,
+            sink,
+            state: InState::Header,
+        }
+    }
+
+    pub(super) fn is_done(&self) -> bool {
+        matches!(self.state, InState::Done { .. })
+    }
+
+    /// The length received, or [`Error::BufferTooSmall`] when it did not fit the caller's buffer.
+    pub(super) fn finish(self) -> Result<(u64, Sink<'a>), Error> {
+        match self.state {
+            InState::Done { len, fits: true } => Ok((len, self.sink)),
+            InState::Done { len, fits: false } => Err(Error::BufferTooSmall {
+                peer: self.peer,
+                needed: len,
+                capacity: match self.sink {
+                    Sink::Slice(buffer) => buffer.len(),
+                    Sink::Vec(bytes) => bytes.len(),
+                },
+            }),
+            _ => Err(Error::Misuse("a receive was finished before it completed".into())),
+        }
+    }
+}
+
+/// One pipelined message being sent to `targets`, step by step.
+#[derive(Debug)]
+pub(super) struct Outgoing<'d> {
+    data: &'d [u8],
+    targets: Vec<u32>,
+    receivers: u64,
+    tag: u64,
+    /// The header, then one `CHUNK` message per chunk written so far.
+    messages: Vec<Message>,
+    /// Per target: how many of `messages` it has been sent.
+    delivered: Vec<usize>,
+    /// Bytes of `data` written into the outbox so far.
+    written: usize,
+}
+
+impl<'d> Outgoing<'d> {
+    pub(super) fn new(op: u32, tag: u64, data: &'d [u8], targets: Vec<u32>) -> Self {
+        let mut inline = [0u8; INLINE_BYTES];
+        inline[..8].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        let header = message(op | kind::PIPELINED, tag, 0, inline);
+        Self {
+            data,
+            receivers: Outbox::receivers(targets.iter().copied()),
+            delivered: vec![0; targets.len()],
+            targets,
+            tag,
+            messages: vec![header],
+            written: 0,
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.written == self.data.len() && self.delivered.iter().all(|&d| d == self.messages.len())
+    }
+}
+
+/// The slots of an eager message: a header and its continuation, in a stack buffer.
+pub(super) struct EagerSlots {
+    slots: [Message; MAX_EAGER_SLOTS],
+    count: usize,
+}
+
+impl EagerSlots {
+    /// `data` (at most [`kind::EAGER_MAX`] bytes) as operation `op` with `tag`.
+    pub(super) fn new(op: u32, tag: u64, data: &[u8]) -> Self {
+        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); MAX_EAGER_SLOTS];
+        let head = data.len().min(INLINE_BYTES);
+        slots[0].kind = op;
+        slots[0].len = data.len() as u32;
+        slots[0].tag = tag;
+        slots[0].inline[..head].copy_from_slice(&data[..head]);
+        let count = 1 + kind::continuation_slots(data.len());
+        let body: &mut [u8] = bytemuck::cast_slice_mut(&mut slots[1..count]);
+        body[..data.len() - head].copy_from_slice(&data[head..]);
+        Self { slots, count }
+    }
+
+    pub(super) fn as_slice(&self) -> &[Message] {
+        &self.slots[..self.count]
+    }
+}
+
+pub(super) fn message(kind: u32, tag: u64, len: u32, inline: [u8; INLINE_BYTES]) -> Message {
+    Message {
+        kind,
+        len,
+        tag,
+        inline,
+    }
+}
+
+/// A message whose `inline` holds `payload` and zeros.
+fn with_ref(kind: u32, tag: u64, payload: PayloadRef) -> Message {
+    let mut inline = [0u8; INLINE_BYTES];
+    inline[..size_of::<PayloadRef>()].copy_from_slice(bytemuck::bytes_of(&payload));
+    message(kind, tag, 0, inline)
+}
+
+/// The reference in a message's `inline`, after checking that the rest of it is zero.
+fn read_ref(peer: u32, message: &Message) -> Result<PayloadRef, Error> {
+    let (head, rest) = message.inline.split_at(size_of::<PayloadRef>());
+    if message.len != 0 || rest.iter().any(|&b| b != 0) {
+        return Err(Error::Protocol {
+            peer,
+            detail: format!(
+                "a reference message (kind {:#x}) must have len 0 and zeros after the reference",
+                message.kind
+            ),
+        });
+    }
+    Ok(bytemuck::pod_read_unaligned(head))
+}
+
+/// The transport flags of a kind, checked: eager (0), pipelined or loan, and nothing else.
+fn transport(peer: u32, message: &Message) -> Result<u32, Error> {
+    let flags = message.kind & !kind::OP_MASK;
+    let op = message.kind & kind::OP_MASK;
+    let known_op = matches!(
+        op,
+        kind::BARRIER
+            | kind::ALL_GATHER
+            | kind::BROADCAST
+            | kind::SEND
+            | kind::FD_TICKET
+            | kind::GATHER
+    );
+    if known_op && matches!(flags, 0 | kind::PIPELINED | kind::LOAN) {
+        Ok(flags)
+    } else {
+        Err(Error::Protocol {
+            peer,
+            detail: format!("unknown message kind {:#x}", message.kind),
+        })
+    }
+}
+
+impl Session {
+    /// The most bytes this session sends eagerly: what fits in half a ring, up to
+    /// [`kind::EAGER_MAX`].
+    pub(super) fn eager_limit(&self) -> usize {
+        let half = (self.inner.ring_capacity() as usize / 2).max(1);
+        (INLINE_BYTES + (half - 1) * size_of::<Message>()).min(kind::EAGER_MAX)
+    }
+
+    /// `peer`'s outbox, mapped read-only the first time it is needed.
+    pub(super) fn peer_outbox(
+        &mut self,
+        peer: u32,
+        deadline: &Deadline,
+    ) -> Result<&PeerOutbox, Error> {
+        let slot = peer as usize;
+        if self.outboxes[slot].is_none() {
+            let fd = self
+                .inner
+                .take_peer_outbox(peer, deadline.left())
+                .map_err(|error| match error {
+                    shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(peer),
+                    other => Error::Logon(other),
+                })?;
+            let outbox = PeerOutbox::join(std::os::fd::AsFd::as_fd(&fd), peer).map_err(|source| {
+                Error::Outbox {
+                    peer,
+                    source,
+                }
+            })?;
+            self.outboxes[slot] = Some(outbox);
+        }
+        Ok(self.outboxes[slot]
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("set above")))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Reading rings
+
+    /// Takes in the next message from `peer`: an acknowledgement is handled, anything else is
+    /// queued (an eager message with its continuation). With `wait`, waits up to its deadline
+    /// (parked); without, returns `false` at once when nothing is there.
+    pub(super) fn pull(&mut self, peer: u32, wait: Option<&Deadline>) -> Result<bool, Error> {
+        let received = match wait {
+            None => match self.link(peer)?.from.try_recv() {
+                Ok(message) => message,
+                Err(TryRecvError::Empty) => return Ok(false),
+                Err(TryRecvError::Disconnected) => return Err(self.lost_from(peer)),
+                Err(TryRecvError::Corrupted(corruption)) => {
+                    return Err(Error::Corrupted { peer, corruption });
+                }
+            },
+            Some(deadline) => {
+                // While acknowledgements are owed, wait in slices and send them as room appears:
+                // a peer may be waiting for them to free blocks before it can send more.
+                let owing = self.owes_acks();
+                let slice = if owing {
+                    deadline.left().min(SEND_SLICE)
+                } else {
+                    deadline.left()
+                };
+                match self.link(peer)?.from.recv_timeout(slice) {
+                    Ok(message) => message,
+                    Err(RecvTimeoutError::Timeout) if owing && !deadline.left().is_zero() => {
+                        self.flush_all_acks()?;
+                        return Ok(false);
+                    }
+                    Err(RecvTimeoutError::Timeout) => return Err(deadline.timed_out(peer)),
+                    Err(RecvTimeoutError::Disconnected) => return Err(self.lost_from(peer)),
+                    Err(RecvTimeoutError::Corrupted(corruption)) => {
+                        return Err(Error::Corrupted { peer, corruption });
+                    }
+                }
+            }
+        };
+        self.take_in(peer, received)?;
+        Ok(true)
+    }
+
+    /// Files one message from `peer`.
+    fn take_in(&mut self, peer: u32, received: Message) -> Result<(), Error> {
+        if received.kind == kind::PAYLOAD_ACK {
+            let acked = read_ref(peer, &received)?;
+            return self.acknowledged(peer, acked);
+        }
+        if received.kind == kind::CHUNK {
+            read_ref(peer, &received)?;
+            self.unread[peer as usize].push_back(received);
+            return Ok(());
+        }
+        let eager = transport(peer, &received)? == 0;
+        let len = received.len as usize;
+        if !eager {
+            self.unread[peer as usize].push_back(received);
+            return Ok(());
+        }
+        if len > kind::EAGER_MAX {
+            return Err(Error::Protocol {
+                peer,
+                detail: format!(
+                    "eager message of {len} bytes; at most {} travel eagerly",
+                    kind::EAGER_MAX
+                ),
+            });
+        }
+        self.unread[peer as usize].push_back(received);
+        let mut missing = kind::continuation_slots(len);
+        if missing == 0 {
+            return Ok(());
+        }
+        // The sender publishes a message's slots as one unit, right behind its header.
+        let deadline = Deadline::new("receiving an eager message", self.timeout);
+        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); MAX_EAGER_SLOTS];
+        while missing > 0 {
+            let got = match self
+                .link(peer)?
+                .from
+                .recv_batch_timeout(&mut slots[..missing], deadline.left())
+            {
+                Ok(got) => got,
+                Err(RecvTimeoutError::Timeout) => return Err(deadline.timed_out(peer)),
+                Err(RecvTimeoutError::Disconnected) => return Err(self.lost_from(peer)),
+                Err(RecvTimeoutError::Corrupted(corruption)) => {
+                    return Err(Error::Corrupted { peer, corruption });
+                }
+            };
+            self.unread[peer as usize].extend(&slots[..got]);
+            missing -= got;
+        }
+        Ok(())
+    }
+
+    /// The error for a ring from `peer` that closed: the rank the broker named as lost, or `peer`.
+    /// Blocks `peer` owed acknowledgements for are freed: none can arrive any more.
+    pub(super) fn lost_from(&mut self, peer: u32) -> Error {
+        let rank = self
+            .inner
+            .link(peer)
+            .and_then(|link| link.from.close_cause())
+            .unwrap_or(peer);
+        self.forget_peer(peer);
+        Error::PeerLost { rank }
+    }
+
+    /// Gives back every block `peer` still owed an acknowledgement for.
+    pub(super) fn forget_peer(&mut self, peer: u32) {
+        for offset in self.outbox.forget(peer) {
+            self.chunk_blocks.remove(&offset);
+        }
+        self.acks_due[peer as usize].clear();
+    }
+
+    /// Reads whatever has arrived from `peer` without waiting.
+    pub(super) fn drain_from(&mut self, peer: u32) -> Result<(), Error> {
+        while self.pull(peer, None)? {}
+        Ok(())
+    }
+
+    /// The first queued group from `peer` that `expect` selects: its index, or `None`.
+    fn find(&self, peer: u32, expect: Expect) -> Result<Option<usize>, Error> {
+        let queue = &self.unread[peer as usize];
+        let mut at = 0;
+        while let Some(header) = queue.get(at) {
+            if header.kind == kind::CHUNK {
+                return Err(Error::Protocol {
+                    peer,
+                    detail: "a chunk that no pipelined message announced".into(),
+                });
+            }
+            if expect.selects(header) {
+                return Ok(Some(at));
+            }
+            at += match header.kind & !kind::OP_MASK {
+                0 => 1 + kind::continuation_slots(header.len as usize),
+                kind::PIPELINED => {
+                    let total = u64::from_le_bytes(header.inline[..8].try_into().unwrap_or([0; 8]));
+                    let mut seen = 0u64;
+                    let mut next = at + 1;
+                    while seen < total {
+                        let Some(chunk) = queue.get(next).filter(|m| m.kind == kind::CHUNK) else {
+                            // The rest of this message is still in the ring: nothing queued
+                            // after it.
+                            return Ok(None);
+                        };
+                        seen += u64::from(read_ref(peer, chunk)?.len.max(1));
+                        next += 1;
+                    }
+                    next - at
+                }
+                _ => 1,
+            };
+        }
+        Ok(None)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Receiving
+
+    /// Advances `incoming` with what is queued, without waiting. Returns whether it moved.
+    pub(super) fn step_in(
+        &mut self,
+        incoming: &mut Incoming<'_>,
+        deadline: &Deadline,
+    ) -> Result<bool, Error> {
+        let peer = incoming.peer;
+        let mut moved = false;
+        loop {
+            match incoming.state {
+                InState::Done { .. } => return Ok(moved),
+                InState::Header => {
+                    let Some(at) = self.find(peer, incoming.expect)? else {
+                        return Ok(moved);
+                    };
+                    let header = self.unread[peer as usize][at];
+                    incoming.expect.check(peer, &header)?;
+                    moved = true;
+                    incoming.state = match transport(peer, &header)? {
+                        0 => self.take_eager(peer, at, &header, &mut incoming.sink)?,
+                        kind::PIPELINED => {
+                            let (total, rest) = header.inline.split_at(8);
+                            let total = u64::from_le_bytes(total.try_into().unwrap_or([0; 8]));
+                            if header.len != 0 || rest.iter().any(|&b| b != 0) {
+                                return Err(Error::Protocol {
+                                    peer,
+                                    detail: "a pipelined header must hold only the total length"
+                                        .into(),
+                                });
+                            }
+                            let fits = incoming.sink.prepare(peer, total)?;
+                            self.unread[peer as usize].remove(at);
+                            InState::Chunks {
+                                at,
+                                tag: header.tag,
+                                total,
+                                done: 0,
+                                fits,
+                            }
+                        }
+                        _ => {
+                            let lent = read_ref(peer, &header)?;
+                            let len = u64::from(lent.len);
+                            let fits = incoming.sink.prepare(peer, len)?;
+                            if fits {
+                                let window = incoming.sink.window(0, lent.len as usize);
+                                self.peer_outbox(peer, deadline)?
+                                    .read_into(lent, window)
+                                    .map_err(|source| Error::Outbox { peer, source })?;
+                            }
+                            self.unread[peer as usize].remove(at);
+                            self.queue_ack(peer, lent)?;
+                            InState::Done { len, fits }
+                        }
+                    };
+                }
+                InState::Chunks {
+                    at,
+                    tag,
+                    total,
+                    done,
+                    fits,
+                } => {
+                    if done == total {
+                        incoming.state = InState::Done { len: total, fits };
+                        continue;
+                    }
+                    let Some(&chunk) = self.unread[peer as usize].get(at) else {
+                        return Ok(moved);
+                    };
+                    let piece = read_ref(peer, &chunk)?;
+                    let len = u64::from(piece.len);
+                    if chunk.kind != kind::CHUNK || chunk.tag != tag || len == 0 || len > total - done
+                    {
+                        return Err(Error::Protocol {
+                            peer,
+                            detail: format!(
+                                "expected a chunk of message {tag} with 1 to {} bytes, found kind {:#x} tag {} with {len} bytes",
+                                total - done,
+                                chunk.kind,
+                                chunk.tag
+                            ),
+                        });
+                    }
+                    if fits {
+                        let window = incoming.sink.window(done as usize, piece.len as usize);
+                        self.peer_outbox(peer, deadline)?
+                            .read_into(piece, window)
+                            .map_err(|source| Error::Outbox { peer, source })?;
+                    }
+                    self.unread[peer as usize].remove(at);
+                    self.queue_ack(peer, piece)?;
+                    moved = true;
+                    incoming.state = InState::Chunks {
+                        at,
+                        tag,
+                        total,
+                        done: done + len,
+                        fits,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Copies out the eager group at `unread[at]` and removes it.
+    fn take_eager(
+        &mut self,
+        peer: u32,
+        at: usize,
+        header: &Message,
+        sink: &mut Sink<'_>,
+    ) -> Result<InState, Error> {
+        let len = header.len as usize;
+        let slots = kind::continuation_slots(len);
+        let fits = sink.prepare(peer, len as u64)?;
+        let queue = &mut self.unread[peer as usize];
+        if fits {
+            let head = len.min(INLINE_BYTES);
+            let out = sink.window(0, len);
+            out[..head].copy_from_slice(&header.inline[..head]);
+            let mut filled = head;
+            for slot in queue.range(at + 1..at + 1 + slots) {
+                let bytes = bytemuck::bytes_of(slot);
+                let take = (len - filled).min(bytes.len());
+                out[filled..filled + take].copy_from_slice(&bytes[..take]);
+                filled += take;
+            }
+        }
+        queue.drain(at..at + 1 + slots);
+        Ok(InState::Done {
+            len: len as u64,
+            fits,
+        })
+    }
+
+    /// Receives `incoming` to the end, waiting parked on its ring.
+    pub(super) fn complete(
+        &mut self,
+        incoming: &mut Incoming<'_>,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        while !incoming.is_done() {
+            if !self.step_in(incoming, deadline)? {
+                self.pull(incoming.peer, Some(deadline))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next collective message from `peer`, which must be one eager slot of `op` number `seq`.
+    pub(super) fn recv_collective(
+        &mut self,
+        peer: u32,
+        op: u32,
+        seq: u64,
+        deadline: &Deadline,
+    ) -> Result<Message, Error> {
+        let expect = Expect::Collective { op, seq };
+        loop {
+            if let Some(at) = self.find(peer, expect)? {
+                let header = self.unread[peer as usize][at];
+                expect.check(peer, &header)?;
+                if header.kind != op || header.len as usize > INLINE_BYTES {
+                    return Err(Error::Protocol {
+                        peer,
+                        detail: format!(
+                            "operation {op} travels in one slot; found kind {:#x} with {} bytes",
+                            header.kind, header.len
+                        ),
+                    });
+                }
+                self.unread[peer as usize].remove(at);
+                return Ok(header);
+            }
+            self.pull(peer, Some(deadline))?;
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Sending
+
+    /// Sends `slots` (one message) to `peer` as one unit. While the ring is full, takes in what
+    /// `peer` sent meanwhile (but sends nothing else on this ring until the message is whole): a
+    /// peer blocked on a full ring back to us stops reading, and two ranks each waiting for the
+    /// other would otherwise wait out their deadlines.
+    pub(super) fn send_slots(
+        &mut self,
+        peer: u32,
+        slots: &[Message],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        self.flush_acks(peer)?;
+        let mut sent = 0;
+        while sent < slots.len() {
+            match self.link(peer)?.to.try_send_batch(&slots[sent..]) {
+                Ok(count) => {
+                    sent += count;
+                    continue;
+                }
+                Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => return Err(self.lost_to(peer)),
+                Err(TrySendError::Corrupted((), corruption)) => {
+                    return Err(Error::Corrupted { peer, corruption });
+                }
+            }
+            // Full: wait a slice for room, then take in what the peer sent.
+            let slice = deadline.left().min(SEND_SLICE);
+            match self
+                .link(peer)?
+                .to
+                .send_batch_timeout(&slots[sent..sent + 1], slice)
+            {
+                Ok(()) => sent += 1,
+                Err(shmbroker_queues::SendTimeoutError::Timeout(_)) => {
+                    if deadline.left().is_zero() {
+                        return Err(deadline.timed_out(peer));
+                    }
+                    self.drain_from(peer)?;
+                }
+                Err(shmbroker_queues::SendTimeoutError::Disconnected(_)) => {
+                    return Err(self.lost_to(peer));
+                }
+                Err(shmbroker_queues::SendTimeoutError::Corrupted(_, corruption)) => {
+                    return Err(Error::Corrupted { peer, corruption });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lost_to(&mut self, peer: u32) -> Error {
+        let rank = self
+            .inner
+            .link(peer)
+            .and_then(|link| link.to.close_cause())
+            .unwrap_or(peer);
+        self.forget_peer(peer);
+        Error::PeerLost { rank }
+    }
+
+    /// Sends `data` to every rank in `targets` as operation `op` with `tag`: eagerly when it is
+    /// small, otherwise pipelined while `incoming` are received (see the module docs).
+    pub(super) fn transfer(
+        &mut self,
+        op: u32,
+        tag: u64,
+        data: Option<(&[u8], Vec<u32>)>,
+        incoming: &mut [Incoming<'_>],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        self.flush_view_acks()?;
+        let mut outgoing = None;
+        if let Some((data, targets)) = data {
+            if data.len() <= self.eager_limit() {
+                let slots = EagerSlots::new(op, tag, data);
+                for &peer in &targets {
+                    self.send_slots(peer, slots.as_slice(), deadline)?;
+                }
+            } else {
+                outgoing = Some(Outgoing::new(op, tag, data, targets));
+            }
+        }
+        match outgoing {
+            Some(mut outgoing) => self.drive(&mut outgoing, incoming, deadline),
+            None => {
+                for incoming in incoming.iter_mut() {
+                    self.complete(incoming, deadline)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs `outgoing` and every `incoming` to completion together, a non-blocking step of each
+    /// at a time; spins, then yields, while nothing moves.
+    fn drive(
+        &mut self,
+        outgoing: &mut Outgoing<'_>,
+        incoming: &mut [Incoming<'_>],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let mut idle = 0u32;
+        loop {
+            let mut moved = self.step_out(outgoing)?;
+            for incoming in incoming.iter_mut() {
+                if !incoming.is_done() {
+                    moved |= self.pull(incoming.peer, None)?;
+                    moved |= self.step_in(incoming, deadline)?;
+                }
+            }
+            if outgoing.is_done() {
+                break;
+            }
+            if moved {
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else {
+                if deadline.left().is_zero() {
+                    let waiting = outgoing
+                        .targets
+                        .iter()
+                        .zip(&outgoing.delivered)
+                        .find(|&(_, &d)| d < outgoing.messages.len())
+                        .map_or(outgoing.targets[0], |(&t, _)| t);
+                    return Err(deadline.timed_out(waiting));
+                }
+                std::thread::yield_now();
+            }
+        }
+        for incoming in incoming.iter_mut() {
+            self.complete(incoming, deadline)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the next chunks `outgoing` has room for and delivers every message its targets
+    /// have room for, without waiting. Returns whether anything moved.
+    fn step_out(&mut self, outgoing: &mut Outgoing<'_>) -> Result<bool, Error> {
+        let mut moved = false;
+        for index in 0..outgoing.targets.len() {
+            let peer = outgoing.targets[index];
+            self.drain_from(peer)?;
+            self.flush_acks(peer)?;
+        }
+        while outgoing.written < outgoing.data.len() && self.chunk_blocks.len() < CHUNKS_IN_FLIGHT
+        {
+            let len = CHUNK_BYTES.min(outgoing.data.len() - outgoing.written);
+            let Some(block) = self
+                .outbox
+                .try_alloc(len as u64)
+                .map_err(Error::OwnOutbox)?
+            else {
+                break;
+            };
+            let piece = &outgoing.data[outgoing.written..outgoing.written + len];
+            self.outbox
+                .write(&block, 0, piece)
+                .map_err(Error::OwnOutbox)?;
+            let sent = self
+                .outbox
+                .send(block, len as u64, outgoing.receivers)
+                .map_err(Error::OwnOutbox)?;
+            self.chunk_blocks.insert(sent.offset);
+            outgoing
+                .messages
+                .push(with_ref(kind::CHUNK, outgoing.tag, sent));
+            outgoing.written += len;
+            moved = true;
+        }
+        for (index, &peer) in outgoing.targets.iter().enumerate() {
+            let from = outgoing.delivered[index];
+            if from == outgoing.messages.len() {
+                continue;
+            }
+            match self.link(peer)?.to.try_send_batch(&outgoing.messages[from..]) {
+                Ok(count) => {
+                    outgoing.delivered[index] += count;
+                    moved = true;
+                }
+                Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => return Err(self.lost_to(peer)),
+                Err(TrySendError::Corrupted((), corruption)) => {
+                    return Err(Error::Corrupted { peer, corruption });
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Acknowledgements
+
+    /// Handles `peer`'s acknowledgement of a block of this rank's outbox.
+    fn acknowledged(&mut self, peer: u32, acked: PayloadRef) -> Result<(), Error> {
+        let freed = self.outbox.ack(peer, acked).map_err(|source| Error::Protocol {
+            peer,
+            detail: source.to_string(),
+        })?;
+        if freed {
+            self.chunk_blocks.remove(&acked.offset);
+        }
+        Ok(())
+    }
+
+    /// Acknowledges `payload` to its owner `peer`: queued, and sent as soon as the ring has room.
+    pub(super) fn queue_ack(&mut self, peer: u32, payload: PayloadRef) -> Result<(), Error> {
+        self.acks_due[peer as usize].push_back(with_ref(kind::PAYLOAD_ACK, 0, payload));
+        self.flush_acks(peer)
+    }
+
+    fn owes_acks(&self) -> bool {
+        self.acks_due.iter().any(|due| !due.is_empty())
+    }
+
+    fn flush_all_acks(&mut self) -> Result<(), Error> {
+        for peer in self.peers() {
+            self.flush_acks(peer)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the acknowledgements owed to `peer` that fit, in order, without waiting. A peer that
+    /// has left needs none: they are dropped (a session that died says so on the next call).
+    pub(super) fn flush_acks(&mut self, peer: u32) -> Result<(), Error> {
+        let due = &mut self.acks_due[peer as usize];
+        if due.is_empty() {
+            return Ok(());
+        }
+        let link = self
+            .inner
+            .link(peer)
+            .ok_or_else(|| Error::Misuse(format!("rank {peer} has no link to this rank")))?;
+        match link.to.try_send_batch(due.make_contiguous()) {
+            Ok(count) => {
+                self.acks_due[peer as usize].drain(..count);
+                Ok(())
+            }
+            Err(TrySendError::Full(())) => Ok(()),
+            Err(TrySendError::Disconnected(())) => {
+                self.acks_due[peer as usize].clear();
+                Ok(())
+            }
+            Err(TrySendError::Corrupted((), corruption)) => {
+                Err(Error::Corrupted { peer, corruption })
+            }
+        }
+    }
+
+    /// Queues the acknowledgements of loan views dropped since the last call.
+    pub(super) fn flush_view_acks(&mut self) -> Result<(), Error> {
+        for (peer, payload) in self.view_acks.take() {
+            if peer < self.world_size() && peer != self.rank() {
+                self.queue_ack(peer, payload)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Acknowledgements of dropped loan views, waiting for their session's next call.
+#[derive(Debug, Default, Clone)]
+pub(super) struct ViewAcks {
+    queue: std::sync::Arc<std::sync::Mutex<VecDeque<(u32, PayloadRef)>>>,
+    waiting: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ViewAcks {
+    pub(super) fn push(&self, peer: u32, payload: PayloadRef) {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push_back((peer, payload));
+        self.waiting
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn take(&self) -> VecDeque<(u32, PayloadRef)> {
+        if !self.waiting.swap(false, std::sync::atomic::Ordering::Acquire) {
+            return VecDeque::new();
+        }
+        std::mem::take(
+            &mut *self
+                .queue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
+impl Session {
+    /// The loan group `expect` selects from `peer`, as a view of the lender's buffer.
+    pub(super) fn take_loan(
+        &mut self,
+        peer: u32,
+        expect: Expect,
+        deadline: &Deadline,
+    ) -> Result<super::LoanView, Error> {
+        self.flush_view_acks()?;
+        let at = loop {
+            if let Some(at) = self.find(peer, expect)? {
+                break at;
+            }
+            self.pull(peer, Some(deadline))?;
+        };
+        let header = self.unread[peer as usize][at];
+        expect.check(peer, &header)?;
+        if transport(peer, &header)? != kind::LOAN {
+            return Err(Error::Misuse(format!(
+                "the next message from rank {peer} is not a loan; receive it with recv"
+            )));
+        }
+        self.unread[peer as usize].remove(at);
+        let lent = read_ref(peer, &header)?;
+        let view = self
+            .peer_outbox(peer, deadline)?
+            .view(lent)
+            .map_err(|source| Error::Outbox { peer, source })?;
+        Ok(super::LoanView {
+            view,
+            owner: peer,
+            payload: lent,
+            acks: self.view_acks.clone(),
+        })
+    }
+}
