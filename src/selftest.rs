@@ -10,7 +10,13 @@ pub enum Only {
     Barrier,
     AllGather,
     Fds,
+    /// Every operation at every size of [`SIZES`] up to `--max-bytes`, every root.
+    Sizes,
 }
+
+/// The sizes `--only sizes` checks: around the inline slot (48), around the eager limit (4 KiB),
+/// one and many chunks.
+pub const SIZES: [usize; 9] = [0, 1, 47, 48, 49, 4096, 4097, 1 << 20, 64 << 20];
 
 impl std::str::FromStr for Only {
     type Err = String;
@@ -20,8 +26,9 @@ impl std::str::FromStr for Only {
             "barrier" => Ok(Self::Barrier),
             "all_gather" => Ok(Self::AllGather),
             "fds" => Ok(Self::Fds),
+            "sizes" => Ok(Self::Sizes),
             other => Err(format!(
-                "--only: expected all, barrier, all_gather or fds, got {other}"
+                "--only: expected all, barrier, all_gather, fds or sizes, got {other}"
             )),
         }
     }
@@ -47,11 +54,15 @@ fn contents(fd: &std::os::fd::OwnedFd) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-/// Bytes that name who made them, for which iteration, at which length.
+/// Bytes that name who made them, for which iteration, at which length. The pattern repeats
+/// every 251 bytes (a prime, so a chunk misplaced by any power of two shows), and is built by
+/// copying, so 64 MiB of it is quick even unoptimised.
 fn pattern(who: u32, iteration: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|j| (u64::from(who) * 31 + iteration * 7 + j as u64) as u8)
-        .collect()
+    let seed = u64::from(who) * 31 + iteration * 7 + len as u64 * 13;
+    let period: Vec<u8> = (0..251u64).map(|j| (seed + j * 3) as u8).collect();
+    let mut bytes = period.repeat(len / 251 + 1);
+    bytes.truncate(len);
+    bytes
 }
 
 fn check(what: &str, peer: u32, got: &[u8], want: &[u8]) -> Result<(), String> {
@@ -81,12 +92,23 @@ fn exchange_fds_checked(session: &mut Session, i: u64) -> Result<std::os::fd::Ow
 }
 
 /// Runs the selftest; returns a summary line or what failed.
-pub fn run(session: &mut Session, repeat: u64, only: Only) -> Result<String, String> {
+pub fn run(
+    session: &mut Session,
+    repeat: u64,
+    only: Only,
+    max_bytes: usize,
+) -> Result<String, String> {
     let (rank, world) = (session.rank(), session.world_size());
     let fail = |what: &str, e: Error| format!("{what}: {e}");
     let start = Instant::now();
     let mut checks = 0u64;
     for i in 0..repeat {
+        if only == Only::Sizes {
+            for len in SIZES.into_iter().filter(|&len| len <= max_bytes) {
+                checks += every_operation_at(session, i, len)?;
+            }
+            continue;
+        }
         if only == Only::Fds {
             exchange_fds_checked(session, i)?;
             checks += 1;
@@ -183,6 +205,96 @@ pub fn run(session: &mut Session, repeat: u64, only: Only) -> Result<String, Str
         "selftest: rank {rank} of {world}: {checks} collectives checked over {repeat} rounds, all passed in {:.1} ms",
         start.elapsed().as_secs_f64() * 1e3
     ))
+}
+
+/// Every data-carrying operation once with `len` bytes per rank (and every root); returns how
+/// many were checked.
+fn every_operation_at(session: &mut Session, i: u64, len: usize) -> Result<u64, String> {
+    let (rank, world) = (session.rank(), session.world_size());
+    let fail = |what: &str, e: Error| format!("{what} of {len} bytes: {e}");
+    let mut checks = 0;
+    let mine = pattern(rank, i, len);
+    let all = session
+        .all_gather(&mine)
+        .map_err(|e| fail("all_gather", e))?;
+    for (peer, got) in (0u32..).zip(&all) {
+        check("all_gather", peer, got, &pattern(peer, i, len))?;
+    }
+    drop(all);
+    let mut flat = vec![0u8; len * world as usize];
+    session
+        .all_gather_into(&mine, &mut flat)
+        .map_err(|e| fail("all_gather_into", e))?;
+    for (peer, part) in (0u32..).zip(flat.chunks(len.max(1))) {
+        check("all_gather_into", peer, part, &pattern(peer, i, len))?;
+    }
+    drop(flat);
+    checks += 2;
+    for root in 0..world {
+        let theirs = pattern(root, i, len);
+        let data = (root == rank).then_some(mine.as_slice());
+        let got = session
+            .broadcast(root, data)
+            .map_err(|e| fail("broadcast", e))?;
+        check("broadcast", root, &got, &theirs)?;
+        if let Some(gathered) = session.gather(root, &mine).map_err(|e| fail("gather", e))? {
+            for (peer, got) in (0u32..).zip(&gathered) {
+                check("gather", peer, got, &pattern(peer, i, len))?;
+            }
+        }
+        let lent = if len > session.max_loan_bytes() {
+            None
+        } else if root == rank {
+            let mut loan = session.loan(len).map_err(|e| fail("loan", e))?;
+            loan.copy_from_slice(&mine);
+            session
+                .broadcast_loan(root, Some(loan))
+                .map_err(|e| fail("broadcast_loan", e))?
+        } else {
+            session
+                .broadcast_loan(root, None)
+                .map_err(|e| fail("broadcast_loan", e))?
+        };
+        if let Some(view) = lent {
+            check("broadcast_loan", root, &view, &theirs)?;
+        }
+        checks += 3;
+    }
+    if world > 1 {
+        let (next, previous) = ((rank + 1) % world, (rank + world - 1) % world);
+        let want = pattern(previous, i, len);
+        // Even ranks send first, odd ones receive first: a send larger than the outbox waits
+        // for its receiver (as MPI_Send may), so a ring of ranks that all send first would not.
+        let mut buffer = vec![0u8; len + 7];
+        let mut received = 0;
+        for turn in [rank % 2 == 0, rank % 2 != 0] {
+            if turn {
+                session.send(next, &mine).map_err(|e| fail("send", e))?;
+                session.send(next, &mine).map_err(|e| fail("send", e))?;
+            } else {
+                let got = session.recv(previous).map_err(|e| fail("recv", e))?;
+                check("send/recv", previous, &got, &want)?;
+                received = session
+                    .recv_into(previous, &mut buffer)
+                    .map_err(|e| fail("recv_into", e))?;
+            }
+        }
+        check("recv_into", previous, &buffer[..received], &want)?;
+        checks += 2;
+        if len <= session.max_loan_bytes() {
+            let mut loan = session.loan(len).map_err(|e| fail("loan", e))?;
+            loan.copy_from_slice(&mine);
+            session
+                .send_loan(next, loan)
+                .map_err(|e| fail("send_loan", e))?;
+            let view = session
+                .recv_loan(previous)
+                .map_err(|e| fail("recv_loan", e))?;
+            check("recv_loan", previous, &view, &want)?;
+            checks += 1;
+        }
+    }
+    Ok(checks)
 }
 
 /// Times each collective over `rounds` calls on every rank; returns (step, p50 ns, p99 ns).

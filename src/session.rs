@@ -445,6 +445,12 @@ impl Session {
         self.outbox.size()
     }
 
+    /// The largest loan this rank's outbox can ever make ([`Self::loan`]).
+    #[must_use]
+    pub fn max_loan_bytes(&self) -> usize {
+        usize::try_from(self.outbox.capacity()).unwrap_or(usize::MAX)
+    }
+
     /// Blocks of this rank's outbox sent and still awaiting some peer's acknowledgement.
     #[must_use]
     pub fn outbox_blocks_owed(&self) -> usize {
@@ -615,7 +621,10 @@ impl Session {
         };
         let rank = self.rank() as usize;
         let mut incoming = Vec::with_capacity(self.world_size() as usize);
-        for (peer, slot) in (0u32..).zip(out.chunks_mut(data.len().max(1))) {
+        let mut rest = out;
+        for peer in 0..self.world_size() {
+            let (slot, tail) = std::mem::take(&mut rest).split_at_mut(data.len());
+            rest = tail;
             if peer as usize == rank {
                 slot.copy_from_slice(data);
             } else {
@@ -695,7 +704,13 @@ impl Session {
         let seq = self.next_seq();
         if let Some(data) = data {
             let targets = self.peers().collect();
-            self.transfer(kind::BROADCAST, seq, Some((data, targets)), &mut [], &deadline)?;
+            self.transfer(
+                kind::BROADCAST,
+                seq,
+                Some((data, targets)),
+                &mut [],
+                &deadline,
+            )?;
             return Ok(data.to_vec());
         }
         let expect = Expect::Collective {
@@ -736,7 +751,13 @@ impl Session {
         let deadline = Deadline::new("gather", timeout);
         let seq = self.next_seq();
         if root != self.rank() {
-            self.transfer(kind::GATHER, seq, Some((data, vec![root])), &mut [], &deadline)?;
+            self.transfer(
+                kind::GATHER,
+                seq,
+                Some((data, vec![root])),
+                &mut [],
+                &deadline,
+            )?;
             return Ok(None);
         }
         let expect = Expect::Collective {
@@ -803,7 +824,13 @@ impl Session {
         self.check_peer(rank)?;
         let deadline = Deadline::new("send", timeout);
         let tag = self.sent_to[rank as usize];
-        self.transfer(kind::SEND, tag, Some((data, vec![rank])), &mut [], &deadline)?;
+        self.transfer(
+            kind::SEND,
+            tag,
+            Some((data, vec![rank])),
+            &mut [],
+            &deadline,
+        )?;
         self.sent_to[rank as usize] += 1;
         Ok(())
     }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 pub const USAGE: &str = "\
 shmbroker worker (--socket PATH [--rank R] | --from-env) [--timeout-ms MS]
-                 [--selftest [--repeat N] [--only all|barrier|all_gather|fds] [--table ROUNDS]]
+                 [--selftest [--repeat N] [--only all|barrier|all_gather|fds|sizes] [--max-bytes N]
+                             [--table ROUNDS]]
     Log on to the broker at PATH (as rank R, or any free rank), print the rank and what was
     received, exchange one message with every peer over the rings, and exit 0.
     --from-env takes the rank, world size and a job-unique socket from the launcher (Open MPI,
@@ -31,6 +32,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     let only = args
         .value::<crate::selftest::Only>("--only")?
         .unwrap_or(crate::selftest::Only::All);
+    let max_bytes = args.value::<usize>("--max-bytes")?.unwrap_or(1 << 20);
     let table = args.value::<usize>("--table")?;
     let non_dumpable = args.flag("--non-dumpable");
     args.finish()?;
@@ -59,7 +61,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     .map_err(|e| format!("logon: {e}"))?;
     session.set_timeout(timeout);
     if selftest {
-        let summary = crate::selftest::run(&mut session, repeat, only)?;
+        let summary = crate::selftest::run(&mut session, repeat, only, max_bytes)?;
         println!("[worker pid {}] {summary}", std::process::id());
         if let Some(rounds) = table.filter(|&rounds| rounds > 0) {
             let timings = crate::selftest::timings(&mut session, rounds)?;

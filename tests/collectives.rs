@@ -263,3 +263,45 @@ fn fds_from_a_process_of_another_uid_fail_clearly_under_pidfd() {
         );
     }
 }
+
+/// Runs `--only sizes` (every operation, every root, at each size of the selftest's list up to
+/// `max_bytes`) in worlds of each size in `worlds`, with `outbox` bytes of outbox per rank.
+fn every_size(name: &str, worlds: &[u32], max_bytes: usize, outbox: u64) {
+    for &world in worlds {
+        let broker = Broker::start(&format!("{name}{world}"), world);
+        let max = max_bytes.to_string();
+        let workers: Vec<ChildGuard> = (0..world)
+            .map(|rank| {
+                broker.worker_with(
+                    rank,
+                    &["--only", "sizes", "--max-bytes", &max, "--repeat", "1"],
+                    |command| {
+                        command.env("SHMBROKER_OUTBOX_BYTES", outbox.to_string());
+                    },
+                )
+            })
+            .collect();
+        for (rank, worker) in (0..).zip(workers) {
+            let (ok, stdout, stderr) = finish(worker);
+            assert!(ok, "world {world} rank {rank} failed: {stdout}{stderr}");
+            assert!(stdout.contains("all passed"), "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn every_operation_at_every_size_to_one_mib_for_world_sizes_one_to_eight() {
+    every_size("sizes", &[1, 2, 3, 4, 5, 6, 7, 8], 1 << 20, 8 << 20);
+}
+
+#[test]
+fn every_operation_at_64_mib() {
+    every_size("sizes64", &[1, 2, 3, 8], 64 << 20, 72 << 20);
+}
+
+#[test]
+fn messages_larger_than_the_outbox_go_through_in_chunks() {
+    // 256 KiB outboxes: a 1 MiB message is four times what the sender's outbox holds (loans of
+    // more than that are skipped: they cannot fit).
+    every_size("small-outbox", &[2, 4], 1 << 20, 256 << 10);
+}

@@ -147,7 +147,10 @@ fn a_payload_reference_outside_the_senders_outbox_is_refused() {
     match zero.all_gather_timeout(b"mine", Duration::from_millis(500)) {
         Err(Error::Outbox {
             peer: 1,
-            source: shmbroker::allocator::Error::OutOfBounds { offset, len: 100, .. },
+            source:
+                shmbroker::allocator::Error::OutOfBounds {
+                    offset, len: 100, ..
+                },
         }) => {
             assert_eq!(offset, 1 << 40);
         }

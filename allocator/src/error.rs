@@ -21,7 +21,9 @@ pub enum Error {
         found: u64,
     },
     /// A peer's outbox header is not what its owner must have written.
-    #[error("outbox of rank {owner} has a bad header: {field} expected {expected:#x}, found {found:#x}")]
+    #[error(
+        "outbox of rank {owner} has a bad header: {field} expected {expected:#x}, found {found:#x}"
+    )]
     BadHeader {
         /// The rank the outbox should belong to.
         owner: u32,

@@ -34,7 +34,10 @@ impl std::fmt::Display for AckFault {
             Self::UnknownBlock => f.write_str("no block was sent at that offset"),
             Self::NotOwed => f.write_str("that rank owes no acknowledgement for the block"),
             Self::Mismatch { sent_len } => {
-                write!(f, "the block was sent as {sent_len} bytes with zero padding")
+                write!(
+                    f,
+                    "the block was sent as {sent_len} bytes with zero padding"
+                )
             }
         }
     }
@@ -167,7 +170,10 @@ mod tests {
         assert_eq!(ledger.ack(1, sent(64, 100)), Ok(None));
         assert_eq!(ledger.ack(1, sent(64, 100)), Err(AckFault::NotOwed));
         assert_eq!(ledger.ack(0, sent(64, 100)), Err(AckFault::NotOwed));
-        assert_eq!(ledger.ack(2, sent(64, 99)), Err(AckFault::Mismatch { sent_len: 100 }));
+        assert_eq!(
+            ledger.ack(2, sent(64, 99)),
+            Err(AckFault::Mismatch { sent_len: 100 })
+        );
         assert_eq!(ledger.ack(2, sent(128, 100)), Err(AckFault::UnknownBlock));
         assert_eq!(ledger.ack(2, sent(64, 100)), Ok(Some((64, 128))));
         assert_eq!(ledger.ack(2, sent(64, 100)), Err(AckFault::UnknownBlock));
@@ -183,6 +189,9 @@ mod tests {
         assert_eq!(ledger.forget(1), vec![(64, 64)]);
         assert_eq!(ledger.len(), 1);
         assert_eq!(ledger.ack(2, sent(128, 1)), Ok(Some((128, 64))));
-        assert!(!ledger.insert(sent(192, 1), 64, 0), "owed by nobody: not recorded");
+        assert!(
+            !ledger.insert(sent(192, 1), 64, 0),
+            "owed by nobody: not recorded"
+        );
     }
 }

@@ -312,7 +312,9 @@ impl Outbox {
     /// The bit mask of `ranks`, for [`Self::send`].
     #[must_use]
     pub fn receivers(ranks: impl IntoIterator<Item = u32>) -> u64 {
-        ranks.into_iter().fold(0, |mask, rank| mask | rank_bit(rank))
+        ranks
+            .into_iter()
+            .fold(0, |mask, rank| mask | rank_bit(rank))
     }
 }
 

@@ -96,7 +96,11 @@ mod tests {
         assert_eq!(ranges.free_bytes(), 1024 - 256);
         ranges.free(b.0, b.1);
         ranges.free(a.0, a.1);
-        assert_eq!(ranges.alloc(192), Some((64, 192)), "a and b merged into one hole");
+        assert_eq!(
+            ranges.alloc(192),
+            Some((64, 192)),
+            "a and b merged into one hole"
+        );
         ranges.free(64, 192);
         ranges.free(c.0, c.1);
         assert_eq!(ranges.free_bytes(), 1024);

@@ -71,7 +71,6 @@ impl Session {
         self.links.get_mut(peer as usize)?.as_mut()
     }
 
-
     /// The socket to the broker, open for the whole session (its closing tells the broker this
     /// worker is gone). It is non-blocking.
     #[must_use]

@@ -745,7 +745,9 @@ impl Listener {
         if failed.is_empty() {
             Ok(())
         } else {
-            Err(format!("could not pass rank {rank}'s outbox to ranks {failed:?}"))
+            Err(format!(
+                "could not pass rank {rank}'s outbox to ranks {failed:?}"
+            ))
         }
     }
 

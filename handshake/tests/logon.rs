@@ -143,7 +143,10 @@ fn a_world_of_four_logs_on_and_every_pair_talks() {
     for peer in 1..4 {
         let received = sessions[peer].take_peer_outbox(0, TIMEOUT).unwrap();
         let stat = nix::sys::stat::fstat(&received).unwrap();
-        assert_eq!((stat.st_dev, stat.st_ino), (published.st_dev, published.st_ino));
+        assert_eq!(
+            (stat.st_dev, stat.st_ino),
+            (published.st_dev, published.st_ino)
+        );
     }
     // Each peer's outbox is handed over once.
     assert!(matches!(
@@ -173,7 +176,10 @@ fn an_outbox_others_could_write_is_refused_and_never_passed_on() {
         Err(shmbroker_handshake::Error::Timeout { .. })
     ));
     let refused = broker.wait_for(|event| matches!(event, Event::BadNotice { rank: 0, .. }));
-    assert!(format!("{refused:?}").contains("outbox refused"), "{refused:?}");
+    assert!(
+        format!("{refused:?}").contains("outbox refused"),
+        "{refused:?}"
+    );
     // A proper one published later still goes through.
     zero.publish_outbox(owner_only_memfd().as_fd(), TIMEOUT)
         .unwrap();

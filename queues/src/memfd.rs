@@ -163,17 +163,8 @@ impl Mapping {
         // SAFETY: a fresh mapping chosen by the kernel (no address hint, no MAP_FIXED) cannot
         // overlap memory anything in this process already uses. The caller has checked the file
         // is sealed against shrinking, so the mapped range stays backed for the mapping's life.
-        let ptr = unsafe {
-            mmap(
-                None,
-                len,
-                protection,
-                MapFlags::MAP_SHARED,
-                fd,
-                0,
-            )
-        }
-        .map_err(Error::sys("mmap"))?;
+        let ptr = unsafe { mmap(None, len, protection, MapFlags::MAP_SHARED, fd, 0) }
+            .map_err(Error::sys("mmap"))?;
         Ok(Self {
             ptr: ptr.cast(),
             len,

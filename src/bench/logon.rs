@@ -127,11 +127,7 @@ fn floor_logon(path: &Path, workers: u32) -> Result<u64, String> {
 
 /// The floor's serving side: accept each worker in turn and send it its fds, creating (and
 /// mapping, as `create` does) the rings it is first to need.
-fn serve_floor(
-    listener: UnixListener,
-    workers: u32,
-    ring_size: u64,
-) -> Result<(), String> {
+fn serve_floor(listener: UnixListener, workers: u32, ring_size: u64) -> Result<(), String> {
     let mut rings: HashMap<(u32, u32), (OwnedFd, Mapping)> = HashMap::new();
     for rank in 0..workers {
         let (server, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;

@@ -21,7 +21,10 @@
 //! chunk out and acknowledge it, which frees the block for the next chunk. At most
 //! [`CHUNKS_IN_FLIGHT`] chunks are unacknowledged at once, so the sender's copy of chunk `n + 1`
 //! overlaps the receivers' copies of chunk `n`, the chunks stay warm in cache, a slow receiver
-//! holds the sender back, and a message larger than the outbox goes through.
+//! holds the sender back, and a message larger than the outbox goes through. A transfer that
+//! stalls widens its window up to the whole outbox: a message that fits is then buffered there
+//! even when its receiver is not receiving yet (two ranks sending to each other first, say); a
+//! larger one waits for its receiver, as `MPI_Send` does.
 //!
 //! # Progress without deadlock
 //!
@@ -35,7 +38,7 @@ use shmbroker_allocator::{Outbox, PeerOutbox};
 use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 use shmbroker_queues::{RecvTimeoutError, TryRecvError, TrySendError};
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes per chunk of a pipelined transfer: small enough to stay in a core's L2 cache between the
 /// sender's copy and the receivers' copy, large enough that a message costs few ring messages.
@@ -43,6 +46,9 @@ pub const CHUNK_BYTES: usize = 256 << 10;
 
 /// Chunks a pipelined transfer keeps unacknowledged at once.
 pub const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// How long a pipelined transfer may make no progress before it widens its window.
+const STALL: Duration = Duration::from_millis(1);
 
 /// Slots of the largest eager message: a header and [`kind::continuation_slots`] of
 /// [`kind::EAGER_MAX`].
@@ -85,10 +91,7 @@ impl Expect {
             }
             Self::Send { tag } if header.tag != tag => Err(Error::Protocol {
                 peer,
-                detail: format!(
-                    "message number {} arrived where {tag} was due",
-                    header.tag
-                ),
+                detail: format!("message number {} arrived where {tag} was due", header.tag),
             }),
             _ => Ok(()),
         }
@@ -111,7 +114,9 @@ impl Sink<'_> {
             Self::Vec(bytes) => {
                 let len = usize::try_from(len).map_err(|_| too_big(peer, len))?;
                 bytes.clear();
-                bytes.try_reserve_exact(len).map_err(|_| too_big(peer, len as u64))?;
+                bytes
+                    .try_reserve_exact(len)
+                    .map_err(|_| too_big(peer, len as u64))?;
                 Ok(true)
             }
             Self::Slice(buffer) => Ok(len <= buffer.len() as u64),
@@ -190,7 +195,9 @@ impl<'a> Incoming<'a> {
                     Sink::Vec(bytes) => bytes.len(),
                 },
             }),
-            _ => Err(Error::Misuse("a receive was finished before it completed".into())),
+            _ => Err(Error::Misuse(
+                "a receive was finished before it completed".into(),
+            )),
         }
     }
 }
@@ -208,6 +215,10 @@ pub(super) struct Outgoing<'d> {
     delivered: Vec<usize>,
     /// Bytes of `data` written into the outbox so far.
     written: usize,
+    /// Chunks allowed unacknowledged: [`CHUNKS_IN_FLIGHT`], doubled each time the transfer
+    /// stalls, so that a receiver that is not receiving yet (it is sending to this rank too, say)
+    /// cannot hold this send up while the outbox has room.
+    window: usize,
 }
 
 impl<'d> Outgoing<'d> {
@@ -223,6 +234,7 @@ impl<'d> Outgoing<'d> {
             tag,
             messages: vec![header],
             written: 0,
+            window: CHUNKS_IN_FLIGHT,
         }
     }
 
@@ -327,19 +339,14 @@ impl Session {
     ) -> Result<&PeerOutbox, Error> {
         let slot = peer as usize;
         if self.outboxes[slot].is_none() {
-            let fd = self
-                .inner
-                .take_peer_outbox(peer, deadline.left())
-                .map_err(|error| match error {
+            let fd = self.inner.take_peer_outbox(peer, deadline.left()).map_err(
+                |error| match error {
                     shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(peer),
                     other => Error::Logon(other),
-                })?;
-            let outbox = PeerOutbox::join(std::os::fd::AsFd::as_fd(&fd), peer).map_err(|source| {
-                Error::Outbox {
-                    peer,
-                    source,
-                }
-            })?;
+                },
+            )?;
+            let outbox = PeerOutbox::join(std::os::fd::AsFd::as_fd(&fd), peer)
+                .map_err(|source| Error::Outbox { peer, source })?;
             self.outboxes[slot] = Some(outbox);
         }
         Ok(self.outboxes[slot]
@@ -581,7 +588,10 @@ impl Session {
                     };
                     let piece = read_ref(peer, &chunk)?;
                     let len = u64::from(piece.len);
-                    if chunk.kind != kind::CHUNK || chunk.tag != tag || len == 0 || len > total - done
+                    if chunk.kind != kind::CHUNK
+                        || chunk.tag != tag
+                        || len == 0
+                        || len > total - done
                     {
                         return Err(Error::Protocol {
                             peer,
@@ -792,6 +802,7 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         let mut idle = 0u32;
+        let mut stalled_since = None;
         loop {
             let mut moved = self.step_out(outgoing)?;
             for incoming in incoming.iter_mut() {
@@ -805,23 +816,31 @@ impl Session {
             }
             if moved {
                 idle = 0;
+                stalled_since = None;
                 continue;
             }
             idle += 1;
             if idle < 64 {
                 std::hint::spin_loop();
-            } else {
-                if deadline.left().is_zero() {
-                    let waiting = outgoing
-                        .targets
-                        .iter()
-                        .zip(&outgoing.delivered)
-                        .find(|&(_, &d)| d < outgoing.messages.len())
-                        .map_or(outgoing.targets[0], |(&t, _)| t);
-                    return Err(deadline.timed_out(waiting));
-                }
-                std::thread::yield_now();
+                continue;
             }
+            // Nothing moves: the clock is read only here.
+            let now = Instant::now();
+            if deadline.left().is_zero() {
+                let waiting = outgoing
+                    .targets
+                    .iter()
+                    .zip(&outgoing.delivered)
+                    .find(|&(_, &d)| d < outgoing.messages.len())
+                    .map_or(outgoing.targets[0], |(&t, _)| t);
+                return Err(deadline.timed_out(waiting));
+            }
+            let since = *stalled_since.get_or_insert(now);
+            if now.duration_since(since) >= STALL {
+                outgoing.window = outgoing.window.saturating_mul(2);
+                stalled_since = Some(now);
+            }
+            std::thread::yield_now();
         }
         for incoming in incoming.iter_mut() {
             self.complete(incoming, deadline)?;
@@ -833,13 +852,13 @@ impl Session {
     /// have room for, without waiting. Returns whether anything moved.
     fn step_out(&mut self, outgoing: &mut Outgoing<'_>) -> Result<bool, Error> {
         let mut moved = false;
-        for index in 0..outgoing.targets.len() {
-            let peer = outgoing.targets[index];
+        // Acknowledgements from every peer, not only the targets: blocks of earlier transfers
+        // that another peer still holds count against the window.
+        for peer in self.peers() {
             self.drain_from(peer)?;
             self.flush_acks(peer)?;
         }
-        while outgoing.written < outgoing.data.len() && self.chunk_blocks.len() < CHUNKS_IN_FLIGHT
-        {
+        while outgoing.written < outgoing.data.len() && self.chunk_blocks.len() < outgoing.window {
             let len = CHUNK_BYTES.min(outgoing.data.len() - outgoing.written);
             let Some(block) = self
                 .outbox
@@ -868,7 +887,11 @@ impl Session {
             if from == outgoing.messages.len() {
                 continue;
             }
-            match self.link(peer)?.to.try_send_batch(&outgoing.messages[from..]) {
+            match self
+                .link(peer)?
+                .to
+                .try_send_batch(&outgoing.messages[from..])
+            {
                 Ok(count) => {
                     outgoing.delivered[index] += count;
                     moved = true;
@@ -888,10 +911,13 @@ impl Session {
 
     /// Handles `peer`'s acknowledgement of a block of this rank's outbox.
     fn acknowledged(&mut self, peer: u32, acked: PayloadRef) -> Result<(), Error> {
-        let freed = self.outbox.ack(peer, acked).map_err(|source| Error::Protocol {
-            peer,
-            detail: source.to_string(),
-        })?;
+        let freed = self
+            .outbox
+            .ack(peer, acked)
+            .map_err(|source| Error::Protocol {
+                peer,
+                detail: source.to_string(),
+            })?;
         if freed {
             self.chunk_blocks.remove(&acked.offset);
         }
@@ -971,7 +997,10 @@ impl ViewAcks {
     }
 
     fn take(&self) -> VecDeque<(u32, PayloadRef)> {
-        if !self.waiting.swap(false, std::sync::atomic::Ordering::Acquire) {
+        if !self
+            .waiting
+            .swap(false, std::sync::atomic::Ordering::Acquire)
+        {
             return VecDeque::new();
         }
         std::mem::take(
