@@ -331,6 +331,13 @@ impl Session {
         (INLINE_BYTES + (half - 1) * size_of::<Message>()).min(kind::EAGER_MAX)
     }
 
+    /// Bytes per chunk: [`CHUNK_BYTES`], or a quarter of a smaller outbox, so that several chunks
+    /// are always in flight.
+    fn chunk_bytes(&self) -> usize {
+        let quarter = (self.outbox.capacity() / 4 / 64 * 64).max(64);
+        CHUNK_BYTES.min(usize::try_from(quarter).unwrap_or(usize::MAX))
+    }
+
     /// `peer`'s outbox, mapped read-only the first time it is needed.
     pub(super) fn peer_outbox(
         &mut self,
@@ -859,7 +866,9 @@ impl Session {
             self.flush_acks(peer)?;
         }
         while outgoing.written < outgoing.data.len() && self.chunk_blocks.len() < outgoing.window {
-            let len = CHUNK_BYTES.min(outgoing.data.len() - outgoing.written);
+            let len = self
+                .chunk_bytes()
+                .min(outgoing.data.len() - outgoing.written);
             let Some(block) = self
                 .outbox
                 .try_alloc(len as u64)
