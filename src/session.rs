@@ -323,8 +323,21 @@ impl Session {
         rank: Option<u32>,
         timeout: Duration,
     ) -> Result<Self, Error> {
+        Self::connect_with_outbox(path, rank, timeout, outbox_bytes_from_env()?)
+    }
+
+    /// [`Self::connect`] with an outbox of `outbox_bytes` bytes, whatever the environment says.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::connect`].
+    pub fn connect_with_outbox(
+        path: impl AsRef<Path>,
+        rank: Option<u32>,
+        timeout: Duration,
+        outbox_bytes: u64,
+    ) -> Result<Self, Error> {
         let transport = FdTransport::from_env()?;
-        let outbox_bytes = outbox_bytes_from_env()?;
         let logon = LogonFrame::new(rank.unwrap_or(ANY_RANK));
         let mut session =
             Self::from_handshake_with(connect(path, logon, timeout)?, outbox_bytes, timeout)?;
@@ -914,6 +927,7 @@ impl Session {
     /// ([`Self::outbox_bytes`]); [`Error::Timeout`].
     pub fn loan(&mut self, len: usize) -> Result<Loan, Error> {
         let deadline = Deadline::new("loan", self.timeout);
+        self.flush_view_acks()?;
         loop {
             if let Some(loan) = self.outbox.try_loan(len).map_err(Error::OwnOutbox)? {
                 return Ok(loan);

@@ -140,8 +140,8 @@ fn a_world_of_four_logs_on_and_every_pair_talks() {
     let outbox = owner_only_memfd();
     sessions[0].publish_outbox(outbox.as_fd(), TIMEOUT).unwrap();
     let published = nix::sys::stat::fstat(&outbox).unwrap();
-    for peer in 1..4 {
-        let received = sessions[peer].take_peer_outbox(0, TIMEOUT).unwrap();
+    for peer in &mut sessions[1..] {
+        let received = peer.take_peer_outbox(0, TIMEOUT).unwrap();
         let stat = nix::sys::stat::fstat(&received).unwrap();
         assert_eq!(
             (stat.st_dev, stat.st_ino),

@@ -51,6 +51,15 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
         }
     }
     if plan.wants("all_gather") {
+        let mpi = match super::mpi::available()
+            .and_then(|()| super::mpi::build("allgather", super::mpi::ALLGATHER_C))
+        {
+            Ok(program) => Some(program),
+            Err(why) => {
+                eprintln!("bench collectives: no Open MPI baseline ({why})");
+                None
+            }
+        };
         // 2 workers spinning, then 2, 4 and 8 parked, at each size.
         let setups = [
             (2u32, u32::MAX, "hot"),
@@ -71,33 +80,47 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
                 let mut ours = Vec::new();
                 let mut shared = Vec::new();
                 let mut star = Vec::new();
+                let mut open_mpi = Vec::new();
+                // Open MPI always spins: it is compared with the spinning figures, at the sizes
+                // the payload issue names.
+                let with_mpi = mpi.as_ref().filter(|_| mode == "hot" && bytes != 8);
                 for round in 0..plan.rounds {
                     let socket = dir
                         .path()
                         .join(format!("gather-{mode}-{workers}-{bytes}-{round}.sock"));
-                    let mut order: Vec<u8> = vec![0, 1, 2];
-                    order.rotate_left(round % 3);
+                    let mut order: Vec<u8> = vec![0, 1, 2, 3];
+                    order.rotate_left(round % 4);
                     for contender in order {
                         match contender {
                             0 => ours.extend(ours_all_gather(
                                 &socket, workers, rounds, bytes, spin_limit,
                             )?),
                             1 => shared.extend(shared_all_gather(workers, rounds, bytes)?),
-                            _ => star.extend(star_relay(workers, rounds, bytes)?),
+                            2 => star.extend(star_relay(workers, rounds, bytes)?),
+                            _ => {
+                                if let Some(program) = with_mpi {
+                                    open_mpi
+                                        .extend(mpi_all_gather(program, workers, rounds, bytes)?);
+                                }
+                            }
                         }
                     }
+                }
+                let mut contenders = vec![
+                    ("shmbroker", Measure::Latency(ours)),
+                    (
+                        "shared memory slots, futex barriers",
+                        Measure::Latency(shared),
+                    ),
+                    ("star relay over UNIX sockets", Measure::Latency(star)),
+                ];
+                if with_mpi.is_some() {
+                    contenders.push(("open-mpi", Measure::Latency(open_mpi)));
                 }
                 report.add(Comparison {
                     bench: format!("all_gather_{mode}_{bytes}B"),
                     size: Size::Workers(workers),
-                    contenders: vec![
-                        ("shmbroker", Measure::Latency(ours)),
-                        (
-                            "shared memory slots, futex barriers",
-                            Measure::Latency(shared),
-                        ),
-                        ("star relay over UNIX sockets", Measure::Latency(star)),
-                    ],
+                    contenders,
                 });
             }
         }
@@ -182,7 +205,7 @@ fn barrier_contenders(
 }
 
 /// Forks `workers - 1` children running `child(rank)`; returns their pids. The caller is rank 0.
-fn fork_workers(
+pub(super) fn fork_workers(
     workers: u32,
     child: impl Fn(u32) -> Result<(), String>,
 ) -> Result<Vec<Pid>, String> {
@@ -212,7 +235,7 @@ fn fork_workers(
 }
 
 /// Waits for `pids` with a deadline, killing stragglers.
-fn reap(pids: &[Pid]) -> Result<(), String> {
+pub(super) fn reap(pids: &[Pid]) -> Result<(), String> {
     let deadline = Instant::now() + TIMEOUT;
     let mut failed = false;
     for &pid in pids {
@@ -243,7 +266,7 @@ fn reap(pids: &[Pid]) -> Result<(), String> {
 }
 
 /// A broker on a thread for `workers` ranks.
-fn start_broker(
+pub(super) fn start_broker(
     socket: &Path,
     workers: u32,
 ) -> Result<
@@ -273,13 +296,13 @@ fn connect(socket: &Path, rank: u32, spin_limit: u32) -> Result<Session, String>
 }
 
 /// Warm-up calls before the timed ones, on every side of a measurement.
-fn warmup(rounds: usize) -> usize {
+pub(super) fn warmup(rounds: usize) -> usize {
     rounds / 10 + 10
 }
 
 /// Times `warmup(rounds) + rounds` calls of `op` and keeps the last `rounds` (nanoseconds);
 /// stops at the first error. The caller reaps its children whichever way this ends.
-fn time_loop(
+pub(super) fn time_loop(
     rounds: usize,
     mut op: impl FnMut() -> Result<(), String>,
 ) -> Result<Vec<u64>, String> {
@@ -481,6 +504,21 @@ fn ours_all_gather(
             Err("short all_gather".into())
         }
     })
+}
+
+/// Rank 0's nanoseconds per `MPI_Allgather` of `bytes` bytes among `workers` ranks.
+fn mpi_all_gather(
+    program: &super::mpi::Program,
+    workers: u32,
+    rounds: usize,
+    bytes: usize,
+) -> Result<Vec<u64>, String> {
+    let args = [rounds, warmup(rounds), bytes].map(|n| n.to_string());
+    let stdout = program.run(workers, &args, Duration::from_secs(120))?;
+    Ok(super::mpi::parse_lines(&stdout, "allgather_sample")
+        .into_iter()
+        .filter_map(|fields| fields.get(2).copied())
+        .collect())
 }
 
 /// A hand-written shared-memory all-gather: each rank writes its slot, a futex barrier, every

@@ -5,8 +5,10 @@
 //! ours/baseline (p50 and p99 for latency, the median over rounds for throughput). There are no
 //! timing assertions anywhere: these machines are shared and noisy, so read medians and ratios.
 
+mod bulk;
 mod collectives;
 mod logon;
+mod mpi;
 mod queue;
 mod results;
 
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 
 pub const USAGE: &str = "\
 shmbroker bench [--quick] [--rounds N] [--out DIR]
-    Every suite (queue, logon, collectives) with a progress line, then a results folder
+    Every suite (queue, logon, collectives, bulk) with a progress line, then a results folder
     (default bench-results/): results.jsonl, results.md (the table, with the machine it ran on)
     and SVG plots: ping-pong latency CDF, barrier latency against world size, throughput
     against message size. Each suite below also takes --out DIR.
@@ -30,6 +32,12 @@ shmbroker bench collectives [--json] [--quick] [--rounds N] [--only NAME]
     all-gathers of 8, 64 and 1024 bytes; fd exchange per fd against raw pidfd_getfd and
     SCM_RIGHTS; and the time from kill -9 of a worker to a survivor's PeerLost (barrier_hot,
     barrier_parked, all_gather, fd_exchange, dead_peer).
+shmbroker bench bulk [--json] [--quick] [--rounds N] [--only NAME]
+    Large messages between two processes: ping-pong round trip and one-way throughput at 4 KiB,
+    64 KiB, 1 MiB, 16 MiB and 64 MiB with send/recv and with loans, against a UNIX socket and
+    (when mpicc and mpirun are on PATH) Open MPI built and run in the same invocation; the loan
+    hand-off by size; outbox block allocation against rts-alloc (bulk_pingpong,
+    bulk_throughput, loan_handoff, outbox_alloc).
 shmbroker bench logon [--json] [--quick] [--rounds N]
     Time for 1, 2, 4, 8 and 16 workers to log on, per worker, against the floor: a bare connect
     and accept, one SCM_RIGHTS message with as many fds, and memfd create, seal and mmap of the
@@ -95,11 +103,16 @@ pub fn run(rest: &[String]) -> Result<(), String> {
             collectives::run(plan, &mut report)?;
             out
         }
+        Some("bulk") => {
+            bulk::run(plan, &mut report)?;
+            out
+        }
         // Every suite, the queue first: it forks, and no thread may exist yet.
         None | Some("all") => {
             queue::run(plan, &mut report)?;
             logon::run(plan, &mut report)?;
             collectives::run(plan, &mut report)?;
+            bulk::run(plan, &mut report)?;
             Some(out.unwrap_or_else(|| "bench-results".into()))
         }
         _ => return Err(format!("usage:\n{USAGE}")),
@@ -211,7 +224,7 @@ impl Report {
         if !self.printed_header {
             println!(
                 "{:<24} {:>10}  {:<38} {:>10} {:>10} {:>13}  ours/baseline",
-                "bench", "size", "impl", "p50", "p99", "msgs/s"
+                "bench", "size", "impl", "p50", "p99", "msgs or B/s"
             );
             self.printed_header = true;
         }
@@ -225,7 +238,12 @@ impl Report {
             Summary::Throughput { median, .. } => (
                 String::new(),
                 String::new(),
-                format!("{:.2} M", median / 1e6),
+                match comparison.size {
+                    Size::Bytes(bytes) if bytes >= 4096 => {
+                        format!("{:.2} GB/s", median * bytes as f64 / 1e9)
+                    }
+                    _ => format!("{:.2} M", median / 1e6),
+                },
                 ratio.map_or(String::new(), |(a, _)| format!("{a:.2}x")),
             ),
         };

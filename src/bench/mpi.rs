@@ -143,11 +143,6 @@ pub fn build(name: &str, source: &str) -> Result<Program, String> {
 }
 
 impl Program {
-    /// The built executable.
-    pub fn exe(&self) -> &Path {
-        &self.exe
-    }
-
     /// Runs `mpirun -np <ranks> --oversubscribe --bind-to none <exe> <args>...` (allowed to run
     /// as root, over shared memory: see the module docs) and returns its stdout once it exits.
     ///
@@ -381,7 +376,7 @@ allgather 4 64 6580 17646
         }
         let program = build("bulk", BULK_C).unwrap();
         let dir = program.dir.clone();
-        assert!(program.exe().is_file());
+        assert!(program.exe.is_file());
         let sizes = [4096u64, 65536];
         let args: Vec<String> = ["20", "2"]
             .into_iter()
@@ -445,7 +440,7 @@ allgather 4 64 6580 17646
         assert!(err.contains("killed"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(60), "{err}");
         // The ranks go too (zombies have an empty cmdline and do not count).
-        let exe = program.exe().as_os_str().as_encoded_bytes().to_vec();
+        let exe = program.exe.as_os_str().as_encoded_bytes().to_vec();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let left = processes_running(&exe);

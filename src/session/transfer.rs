@@ -243,16 +243,16 @@ impl<'d> Outgoing<'d> {
     }
 }
 
-/// The slots of an eager message: a header and its continuation, in a stack buffer.
-pub(super) struct EagerSlots {
-    slots: [Message; MAX_EAGER_SLOTS],
+/// The slots of an eager message: a header and its continuation, in a stack buffer of `N`.
+pub(super) struct EagerSlots<const N: usize> {
+    slots: [Message; N],
     count: usize,
 }
 
-impl EagerSlots {
-    /// `data` (at most [`kind::EAGER_MAX`] bytes) as operation `op` with `tag`.
+impl<const N: usize> EagerSlots<N> {
+    /// `data` as operation `op` with `tag`; `data` must take at most `N` slots.
     pub(super) fn new(op: u32, tag: u64, data: &[u8]) -> Self {
-        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); MAX_EAGER_SLOTS];
+        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); N];
         let head = data.len().min(INLINE_BYTES);
         slots[0].kind = op;
         slots[0].len = data.len() as u32;
@@ -781,10 +781,7 @@ impl Session {
         let mut outgoing = None;
         if let Some((data, targets)) = data {
             if data.len() <= self.eager_limit() {
-                let slots = EagerSlots::new(op, tag, data);
-                for &peer in &targets {
-                    self.send_slots(peer, slots.as_slice(), deadline)?;
-                }
+                self.send_eager(op, tag, data, &targets, deadline)?;
             } else {
                 outgoing = Some(Outgoing::new(op, tag, data, targets));
             }
@@ -798,6 +795,39 @@ impl Session {
                 Ok(())
             }
         }
+    }
+
+    /// Sends `data` (at most the eager limit) to each of `targets`, from a stack buffer no larger
+    /// than the message needs.
+    fn send_eager(
+        &mut self,
+        op: u32,
+        tag: u64,
+        data: &[u8],
+        targets: &[u32],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        match kind::continuation_slots(data.len()) {
+            0 => self.send_each(&EagerSlots::<1>::new(op, tag, data), targets, deadline),
+            1..8 => self.send_each(&EagerSlots::<8>::new(op, tag, data), targets, deadline),
+            _ => self.send_each(
+                &EagerSlots::<MAX_EAGER_SLOTS>::new(op, tag, data),
+                targets,
+                deadline,
+            ),
+        }
+    }
+
+    fn send_each<const N: usize>(
+        &mut self,
+        slots: &EagerSlots<N>,
+        targets: &[u32],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        for &peer in targets {
+            self.send_slots(peer, slots.as_slice(), deadline)?;
+        }
+        Ok(())
     }
 
     /// Runs `outgoing` and every `incoming` to completion together, a non-blocking step of each
@@ -1006,9 +1036,11 @@ impl ViewAcks {
     }
 
     fn take(&self) -> VecDeque<(u32, PayloadRef)> {
-        if !self
-            .waiting
-            .swap(false, std::sync::atomic::Ordering::Acquire)
+        // A plain load first: the common case (no view dropped) costs no read-modify-write.
+        if !self.waiting.load(std::sync::atomic::Ordering::Relaxed)
+            || !self
+                .waiting
+                .swap(false, std::sync::atomic::Ordering::Acquire)
         {
             return VecDeque::new();
         }

@@ -100,6 +100,9 @@ int main(int argc, char **argv) {
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         if (rank == 0) {
+            for (uint64_t r = 0; r < rounds; r++)
+                printf("allgather_sample %d %d %llu\n", world, size,
+                       (unsigned long long)samples[r]);
             qsort(samples, rounds, sizeof *samples, cmp_u64);
             printf("allgather %d %d %llu %llu\n", world, size,
                    (unsigned long long)percentile(samples, rounds, 50.0),

@@ -135,6 +135,8 @@ int main(int argc, char **argv) {
         }
 
         if (rank == 0) {
+            for (uint64_t r = 0; r < rounds; r++)
+                printf("pingpong_sample %d %llu\n", size, (unsigned long long)samples[r]);
             qsort(samples, rounds, sizeof *samples, cmp_u64);
             double bps = elapsed > 0 ? (double)n * (double)size * 1e9 / (double)elapsed : 0.0;
             printf("pingpong %d %llu %llu\n", size,
