@@ -5,6 +5,7 @@ mod bench;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod demo;
+mod hostile;
 mod peer;
 mod selftest;
 mod serve;
@@ -28,6 +29,8 @@ USAGE:
         Measure the ring against shaq 4.3 and the physical floors, side by side.
     shmbroker ring-peer (sink|echo) ...
         The other end of a ring, for the demo and the tests (fds inherited at 3 and 4).
+    shmbroker hostile (reopen|scribble) ...
+        A worker that attacks its peers' shared memory, for the tests.
     shmbroker --help";
 
 /// `shmbroker cuda-check --socket PATH --rank 0|1`; exits 2 (after saying why) with no driver.
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(rest),
         Some("bench") => bench::run(rest),
         Some("ring-peer") => peer::run(rest),
+        Some("hostile") => hostile::run(rest),
         Some("serve") => serve::run(rest),
         Some("worker") => worker::run(rest),
         #[cfg(feature = "cuda")]

@@ -12,6 +12,8 @@ pub enum Only {
     Fds,
     /// Every operation at every size of [`SIZES`] up to `--max-bytes`, every root.
     Sizes,
+    /// Ranks other than 0 send back every message rank 0 sends them, `--repeat` times.
+    Echo,
 }
 
 /// The sizes `--only sizes` checks: around the inline slot (48), around the eager limit (4 KiB),
@@ -27,8 +29,9 @@ impl std::str::FromStr for Only {
             "all_gather" => Ok(Self::AllGather),
             "fds" => Ok(Self::Fds),
             "sizes" => Ok(Self::Sizes),
+            "echo" => Ok(Self::Echo),
             other => Err(format!(
-                "--only: expected all, barrier, all_gather, fds or sizes, got {other}"
+                "--only: expected all, barrier, all_gather, fds, sizes or echo, got {other}"
             )),
         }
     }
@@ -103,6 +106,14 @@ pub fn run(
     let start = Instant::now();
     let mut checks = 0u64;
     for i in 0..repeat {
+        if only == Only::Echo {
+            if rank != 0 {
+                let message = session.recv(0).map_err(|e| fail("recv", e))?;
+                session.send(0, &message).map_err(|e| fail("send", e))?;
+                checks += 1;
+            }
+            continue;
+        }
         if only == Only::Sizes {
             for len in SIZES.into_iter().filter(|&len| len <= max_bytes) {
                 checks += every_operation_at(session, i, len)?;

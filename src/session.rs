@@ -140,7 +140,7 @@ pub enum Error {
     },
     /// A peer's outbox is unusable (seals, size or header), or a reference into it is out of
     /// bounds.
-    #[error("outbox of rank {peer}: {source}")]
+    #[error("{source} (from rank {peer})")]
     Outbox {
         /// The rank that owns the outbox.
         peer: u32,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 pub const USAGE: &str = "\
 shmbroker worker (--socket PATH [--rank R] | --from-env) [--timeout-ms MS]
-                 [--selftest [--repeat N] [--only all|barrier|all_gather|fds|sizes] [--max-bytes N]
+                 [--selftest [--repeat N] [--only all|barrier|all_gather|fds|sizes|echo] [--max-bytes N]
                              [--table ROUNDS]]
     Log on to the broker at PATH (as rank R, or any free rank), print the rank and what was
     received, exchange one message with every peer over the rings, and exit 0.

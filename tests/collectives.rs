@@ -5,111 +5,11 @@
 
 mod common;
 
-use common::finish;
+use common::{Broker, finish};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use shmbroker::handshake::{Config, Event, Listener, StopHandle};
-use shmbroker::process::{ChildGuard, spawn_with_fds};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::thread::JoinHandle;
+use shmbroker::process::ChildGuard;
 use std::time::Duration;
-
-const DEADLINE: Duration = Duration::from_secs(120);
-
-/// A broker on a thread, for a world of `world` ranks, in a temp dir; stopped on drop.
-struct Broker {
-    dir: PathBuf,
-    stop: StopHandle,
-    thread: Option<JoinHandle<()>>,
-    events: mpsc::Receiver<Event>,
-}
-
-impl Broker {
-    fn start(name: &str, world: u32) -> Self {
-        Self::start_with(name, world, Vec::new())
-    }
-
-    fn start_with(name: &str, world: u32, allowed_uids: Vec<u32>) -> Self {
-        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = Config {
-            world_size: world,
-            ring_capacity: 256,
-            allowed_uids,
-            ..Config::default()
-        };
-        let mut listener = Listener::bind(dir.join("broker.sock"), config).unwrap();
-        let stop = listener.stop_handle();
-        let (tx, events) = mpsc::channel();
-        let thread = std::thread::spawn(move || {
-            listener
-                .serve(|event| {
-                    let _ = tx.send(event.clone());
-                })
-                .unwrap();
-        });
-        Self {
-            dir,
-            stop,
-            thread: Some(thread),
-            events,
-        }
-    }
-
-    fn socket(&self) -> String {
-        self.dir.join("broker.sock").to_str().unwrap().to_owned()
-    }
-
-    fn worker(&self, rank: u32, extra: &[&str]) -> ChildGuard {
-        self.worker_with(rank, extra, |_| {})
-    }
-
-    fn worker_with(
-        &self,
-        rank: u32,
-        extra: &[&str],
-        adjust: impl FnOnce(&mut Command),
-    ) -> ChildGuard {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
-        command
-            .args([
-                "worker",
-                "--socket",
-                &self.socket(),
-                "--rank",
-                &rank.to_string(),
-            ])
-            .args(["--selftest", "--timeout-ms", "60000"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        adjust(&mut command);
-        spawn_with_fds(&mut command, &[]).unwrap()
-    }
-
-    /// Waits until `count` workers have logged on.
-    fn await_logons(&self, count: usize) {
-        let mut seen = 0;
-        while seen < count {
-            if let Event::LoggedOn { .. } = self.events.recv_timeout(DEADLINE).unwrap() {
-                seen += 1;
-            }
-        }
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.stop.stop();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 #[test]
 fn every_collective_and_every_root_for_world_sizes_one_to_eight() {
@@ -304,4 +204,9 @@ fn messages_larger_than_the_outbox_go_through_in_chunks() {
     // 256 KiB outboxes: a 1 MiB message is four times what the sender's outbox holds (loans of
     // more than that are skipped: they cannot fit).
     every_size("small-outbox", &[2, 4], 1 << 20, 256 << 10);
+}
+
+#[test]
+fn a_worker_killed_during_large_transfers_is_named_by_every_survivor() {
+    kill_during("sizes");
 }

@@ -3,7 +3,7 @@
 
 use shmbroker::bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 use shmbroker::session::Error;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod common;
 
@@ -417,4 +417,142 @@ fn a_gpu_handle_of_an_unknown_kind_from_a_peer_is_refused() {
         other => panic!("unexpected {other:?}"),
     }
     drop(forger.join().unwrap());
+}
+
+/// Rank `peer`'s acknowledgement of `payload`, forged on its raw ring to rank 0.
+fn forge_ack(session: &mut shmbroker::Session, payload: PayloadRef) {
+    let mut inline = [0u8; INLINE_BYTES];
+    inline[..16].copy_from_slice(bytemuck::bytes_of(&payload));
+    let ack = Message {
+        kind: kind::PAYLOAD_ACK,
+        len: 0,
+        tag: 0,
+        inline,
+    };
+    session.raw().link(0).unwrap().to.try_send(ack).unwrap();
+}
+
+/// The reference in the next message on `session`'s raw ring from rank 0 (a loan).
+fn lent_ref(session: &mut shmbroker::Session) -> PayloadRef {
+    let message = session
+        .raw()
+        .link(0)
+        .unwrap()
+        .from
+        .recv_timeout(Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(message.kind & kind::LOAN, kind::LOAN, "{message:?}");
+    bytemuck::pod_read_unaligned(&message.inline[..16])
+}
+
+fn expect_refused_ack(zero: &mut shmbroker::Session, from: u32, fault: &str) {
+    match zero.poll_acks() {
+        Err(Error::Protocol { peer, detail }) => {
+            assert_eq!(peer, from, "{detail}");
+            assert!(detail.contains(fault), "{detail}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn duplicate_foreign_and_altered_acknowledgements_are_refused_and_free_nothing() {
+    let (_world, sessions) = World::start("bad-acks", 3);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one, mut two) = (
+        sessions.next().unwrap(),
+        sessions.next().unwrap(),
+        sessions.next().unwrap(),
+    );
+    // A loan to ranks 1 and 2: both owe an acknowledgement.
+    let mut loan = zero.loan(1000).unwrap();
+    loan.fill(9);
+    let receiver = std::thread::spawn(move || {
+        let view = one.broadcast_loan(0, None).unwrap().unwrap();
+        assert!(view.iter().all(|&b| b == 9));
+        (one, view)
+    });
+    zero.broadcast_loan(0, Some(loan)).unwrap();
+    let (mut one, view) = receiver.join().unwrap();
+    let sent = lent_ref(&mut two);
+    assert_eq!(zero.outbox_blocks_owed(), 1);
+
+    // Rank 2 acknowledges, then again: the second is refused, naming rank 2, and the block
+    // stays owed by rank 1 (whose view still reads it).
+    forge_ack(&mut two, sent);
+    forge_ack(&mut two, sent);
+    expect_refused_ack(&mut zero, 2, "that rank owes no acknowledgement");
+    assert_eq!(zero.outbox_blocks_owed(), 1);
+    // An acknowledgement of the right block with another length, and of a block never sent.
+    forge_ack(&mut two, PayloadRef { len: 999, ..sent });
+    expect_refused_ack(&mut zero, 2, "was sent as 1000 bytes");
+    forge_ack(
+        &mut two,
+        PayloadRef {
+            offset: sent.offset + 4096,
+            ..sent
+        },
+    );
+    expect_refused_ack(&mut zero, 2, "no block was sent at that offset");
+    assert_eq!(zero.outbox_blocks_owed(), 1);
+    assert!(view.iter().all(|&b| b == 9), "the block was reused");
+
+    // Rank 1 lets go: its acknowledgement (sent with its next call) frees the block.
+    drop(view);
+    one.poll_acks().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while zero.outbox_blocks_owed() != 0 && Instant::now() < deadline {
+        zero.poll_acks().unwrap();
+    }
+    assert_eq!(zero.outbox_blocks_owed(), 0);
+}
+
+#[test]
+fn an_acknowledgement_from_a_rank_the_block_was_not_sent_to_is_refused() {
+    let (_world, sessions) = World::start("foreign-ack", 3);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one, mut two) = (
+        sessions.next().unwrap(),
+        sessions.next().unwrap(),
+        sessions.next().unwrap(),
+    );
+    let loan = zero.loan(64).unwrap();
+    zero.send_loan(1, loan).unwrap();
+    let sent = lent_ref(&mut one);
+    // Rank 2 never got it, but names it exactly.
+    forge_ack(&mut two, sent);
+    expect_refused_ack(&mut zero, 2, "that rank owes no acknowledgement");
+    assert_eq!(zero.outbox_blocks_owed(), 1);
+    forge_ack(&mut one, sent);
+    zero.poll_acks().unwrap();
+    assert_eq!(zero.outbox_blocks_owed(), 0);
+}
+
+#[test]
+fn a_receiver_that_never_reads_holds_the_sender_back_until_its_deadline() {
+    let (_world, mut sessions) = World::start("never-reads", 2);
+    let zero = &mut sessions[0];
+    // Large: the chunks it may have in flight fill, then the window widens until the outbox is
+    // full; the send gives up at its deadline, with every block still accounted for.
+    let start = Instant::now();
+    let outcome = zero.send_to_timeout(1, &vec![1u8; 256 << 20], Duration::from_millis(300));
+    let waited = start.elapsed();
+    match outcome {
+        Err(Error::Timeout {
+            op: "send",
+            peer: 1,
+            ..
+        }) => {}
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(3));
+    let blocks = zero.outbox_blocks_owed();
+    assert!(blocks > 0 && blocks as u64 <= zero.outbox_bytes() / (64 << 10));
+    // Small: the ring fills, and the send gives up at its deadline as well.
+    let small = loop {
+        if let Err(error) = zero.send_to_timeout(1, &[2u8; 1000], Duration::from_millis(100)) {
+            break error;
+        }
+    };
+    assert!(matches!(small, Error::Timeout { peer: 1, .. }), "{small:?}");
 }

@@ -2,11 +2,13 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
-use shmbroker::handshake::{Config, Listener, StopHandle};
-use shmbroker::process::ChildGuard;
+use shmbroker::handshake::{Config, Event, Listener, StopHandle};
+use shmbroker::process::{ChildGuard, spawn_with_fds};
 use shmbroker::session::Session;
 use std::io::Read;
 use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -88,7 +90,13 @@ impl Drop for World {
 /// Waits for `child` (failing the test if it outlives [`CHILD_DEADLINE`]; the guard then kills
 /// it) and returns (success, stdout, stderr). The pipes are read after the exit: a read would
 /// block on a hung child, the wait does not (outputs here are far below a pipe's buffer).
-pub fn finish(mut child: ChildGuard) -> (bool, String, String) {
+pub fn finish(child: ChildGuard) -> (bool, String, String) {
+    let (status, stdout, stderr) = finish_status(child);
+    (status.success(), stdout, stderr)
+}
+
+/// Like [`finish`], with the exit status itself (to tell an exit from a signal).
+pub fn finish_status(mut child: ChildGuard) -> (std::process::ExitStatus, String, String) {
     let status = child
         .wait_timeout(CHILD_DEADLINE)
         .unwrap()
@@ -101,5 +109,98 @@ pub fn finish(mut child: ChildGuard) -> (bool, String, String) {
     if let Some(mut pipe) = child.take_stderr() {
         let _ = pipe.read_to_string(&mut stderr);
     }
-    (status.success(), stdout, stderr)
+    (status, stdout, stderr)
+}
+
+/// A broker on a thread, for a world of `world` ranks, in a temp dir; stopped on drop.
+pub struct Broker {
+    pub dir: PathBuf,
+    stop: StopHandle,
+    thread: Option<JoinHandle<()>>,
+    events: mpsc::Receiver<Event>,
+}
+
+impl Broker {
+    pub fn start(name: &str, world: u32) -> Self {
+        Self::start_with(name, world, Vec::new())
+    }
+
+    pub fn start_with(name: &str, world: u32, allowed_uids: Vec<u32>) -> Self {
+        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = Config {
+            world_size: world,
+            ring_capacity: 256,
+            allowed_uids,
+            ..Config::default()
+        };
+        let mut listener = Listener::bind(dir.join("broker.sock"), config).unwrap();
+        let stop = listener.stop_handle();
+        let (tx, events) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            listener
+                .serve(|event| {
+                    let _ = tx.send(event.clone());
+                })
+                .unwrap();
+        });
+        Self {
+            dir,
+            stop,
+            thread: Some(thread),
+            events,
+        }
+    }
+
+    pub fn socket(&self) -> String {
+        self.dir.join("broker.sock").to_str().unwrap().to_owned()
+    }
+
+    pub fn worker(&self, rank: u32, extra: &[&str]) -> ChildGuard {
+        self.worker_with(rank, extra, |_| {})
+    }
+
+    pub fn worker_with(
+        &self,
+        rank: u32,
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> ChildGuard {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+        command
+            .args([
+                "worker",
+                "--socket",
+                &self.socket(),
+                "--rank",
+                &rank.to_string(),
+            ])
+            .args(["--selftest", "--timeout-ms", "60000"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        adjust(&mut command);
+        spawn_with_fds(&mut command, &[]).unwrap()
+    }
+
+    /// Waits until `count` workers have logged on.
+    pub fn await_logons(&self, count: usize) {
+        let mut seen = 0;
+        while seen < count {
+            if let Event::LoggedOn { .. } = self.events.recv_timeout(CHILD_DEADLINE).unwrap() {
+                seen += 1;
+            }
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

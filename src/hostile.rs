@@ -1,0 +1,283 @@
+//! `shmbroker hostile`: a worker that attacks its peers' shared memory, for the tests that check
+//! no peer can hurt another (it is a test helper, like `ring-peer`).
+//!
+//! * `reopen`: takes every peer's outbox fd straight from the broker, adds its own outbox, and
+//!   tries every way to write each one: `write`, `pwrite` and a writable shared `mmap` of the fd
+//!   and of `/proc/self/fd/N` reopened read-write, `mprotect` of a read-only mapping to writable,
+//!   `madvise(MADV_REMOVE)`, hole punching, `ftruncate`. Prints one line per attempt the kernel
+//!   allowed and exits 1 if there was any. Then takes part in the session's two barriers, like
+//!   `worker --selftest --only barrier --repeat 1`.
+//! * `scribble`: takes part in the collectives of `worker --selftest --only sizes` honestly
+//!   while, `--delay-ms` in, a second thread starts filling every shared writable mapping of a
+//!   shmbroker memfd in this process (its rings' ends and its own outbox) with random bytes, again
+//!   and again for `--for-ms`; then the process exits without a goodbye.
+
+use crate::args::Args;
+use nix::fcntl::{FallocateFlags, OFlag, fallocate, open};
+use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags, madvise, mmap, mprotect, munmap};
+use nix::sys::stat::Mode;
+use shmbroker::allocator::Outbox;
+use shmbroker::bindings::{ANY_RANK, LogonFrame};
+use shmbroker::session::Session;
+use std::num::NonZeroUsize;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+pub const USAGE: &str = "\
+shmbroker hostile reopen --socket PATH [--rank R]
+shmbroker hostile scribble --socket PATH [--rank R] [--delay-ms MS] [--for-ms MS]
+    A worker that attacks its peers' shared memory (a test helper; see the tests).";
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn run(rest: &[String]) -> Result<(), String> {
+    let mut args = Args::new(rest);
+    let socket = args
+        .value::<String>("--socket")?
+        .ok_or("hostile needs --socket")?;
+    let rank = args.value::<u32>("--rank")?;
+    let delay_ms = args.value::<u64>("--delay-ms")?.unwrap_or(100);
+    let scribble_ms = args.value::<u64>("--for-ms")?.unwrap_or(500);
+    let mode = args.positional();
+    args.finish()?;
+    match mode.as_deref() {
+        Some("reopen") => reopen(&socket, rank),
+        Some("scribble") => scribble(
+            &socket,
+            rank,
+            Duration::from_millis(delay_ms),
+            Duration::from_millis(scribble_ms),
+        ),
+        _ => Err(format!("usage:\n{USAGE}")),
+    }
+}
+
+fn reopen(socket: &str, rank: Option<u32>) -> Result<(), String> {
+    let mut raw =
+        shmbroker::handshake::connect(socket, LogonFrame::new(rank.unwrap_or(ANY_RANK)), TIMEOUT)
+            .map_err(|e| e.to_string())?;
+    let me = raw.rank();
+    let mut targets: Vec<(String, OwnedFd)> = Vec::new();
+    for peer in (0..raw.world_size()).filter(|&p| p != me) {
+        let fd = raw
+            .take_peer_outbox(peer, TIMEOUT)
+            .map_err(|e| format!("rank {peer}'s outbox: {e}"))?;
+        targets.push((format!("rank {peer}'s outbox"), fd));
+    }
+    let own = Outbox::create(me, 1 << 20).map_err(|e| e.to_string())?;
+    let own_fd = own.fd().try_clone_to_owned().map_err(|e| e.to_string())?;
+    targets.push(("this rank's own outbox".into(), own_fd));
+    let mut allowed = Vec::new();
+    let mut attempts = 0;
+    for (name, fd) in &targets {
+        for (how, outcome) in attack(fd.as_fd()) {
+            attempts += 1;
+            if let Some(detail) = outcome {
+                allowed.push(format!("{name}: {how} was allowed ({detail})"));
+            }
+        }
+    }
+    // Take part in the session like `worker --selftest --only barrier --repeat 1`.
+    let mut session =
+        Session::from_handshake_with(raw, 1 << 20, TIMEOUT).map_err(|e| e.to_string())?;
+    session.set_timeout(TIMEOUT);
+    for _ in 0..2 {
+        session.barrier().map_err(|e| format!("barrier: {e}"))?;
+    }
+    for line in &allowed {
+        println!("hostile: {line}");
+    }
+    if allowed.is_empty() {
+        println!(
+            "hostile: rank {me}: all {attempts} write attempts on {} outboxes were refused",
+            targets.len()
+        );
+        Ok(())
+    } else {
+        Err(format!(
+            "{} of {attempts} write attempts succeeded",
+            allowed.len()
+        ))
+    }
+}
+
+/// Every way to write `fd`'s file; for each, `Some(what happened)` when the kernel allowed it.
+fn attack(fd: BorrowedFd<'_>) -> Vec<(&'static str, Option<String>)> {
+    let len = NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN);
+    let mut outcomes = Vec::new();
+    let junk = [0xA5u8; 64];
+    outcomes.push((
+        "write(2)",
+        nix::unistd::write(fd, &junk)
+            .ok()
+            .map(|n| format!("{n} bytes")),
+    ));
+    outcomes.push((
+        "pwrite(2)",
+        nix::sys::uio::pwrite(fd, &junk, 128)
+            .ok()
+            .map(|n| format!("{n} bytes")),
+    ));
+    outcomes.push(("mmap(PROT_WRITE, MAP_SHARED)", writable_mapping(fd, len)));
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    match open(
+        path.as_str(),
+        OFlag::O_RDWR | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(reopened) => {
+            outcomes.push((
+                "write(2) through /proc/self/fd reopened O_RDWR",
+                nix::unistd::write(&reopened, &junk)
+                    .ok()
+                    .map(|n| format!("{n} bytes")),
+            ));
+            outcomes.push((
+                "mmap(PROT_WRITE, MAP_SHARED) through /proc/self/fd",
+                writable_mapping(reopened.as_fd(), len),
+            ));
+        }
+        // Refused at open: nothing more to try that way.
+        Err(_) => outcomes.push(("open(/proc/self/fd/N, O_RDWR)", None)),
+    }
+    outcomes.push((
+        "mprotect(PROT_WRITE) of a read-only mapping",
+        remap_writable(fd, len),
+    ));
+    outcomes.push(("madvise(MADV_REMOVE)", punch_by_madvise(fd, len)));
+    outcomes.push((
+        "fallocate(PUNCH_HOLE)",
+        fallocate(
+            fd,
+            FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            64,
+            4096,
+        )
+        .ok()
+        .map(|()| "hole punched".into()),
+    ));
+    outcomes.push((
+        "ftruncate(2)",
+        nix::unistd::ftruncate(fd, 64)
+            .ok()
+            .map(|()| "shrunk".into()),
+    ));
+    outcomes
+}
+
+fn writable_mapping(fd: BorrowedFd<'_>, len: NonZeroUsize) -> Option<String> {
+    // SAFETY: a fresh mapping chosen by the kernel (no address hint); it is unmapped below and
+    // never dereferenced.
+    let ptr = unsafe {
+        mmap(
+            None,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED,
+            fd,
+            0,
+        )
+    }
+    .ok()?;
+    // SAFETY: exactly the mapping made above.
+    let _ = unsafe { munmap(ptr, len.get()) };
+    Some("mapped writable".into())
+}
+
+/// Maps `fd` read-only, then asks for write access; `Some` if granted.
+fn remap_writable(fd: BorrowedFd<'_>, len: NonZeroUsize) -> Option<String> {
+    // SAFETY: a fresh read-only mapping chosen by the kernel, unmapped below.
+    let ptr = unsafe { mmap(None, len, ProtFlags::PROT_READ, MapFlags::MAP_SHARED, fd, 0) }.ok()?;
+    // SAFETY: `ptr` is the mapping just made, `len` long; only its protection changes.
+    let granted = unsafe { mprotect(ptr, len.get(), ProtFlags::PROT_READ | ProtFlags::PROT_WRITE) };
+    // SAFETY: exactly the mapping made above.
+    let _ = unsafe { munmap(ptr, len.get()) };
+    granted.ok().map(|()| "protection raised".into())
+}
+
+/// Maps `fd` read-only and asks the kernel to free its pages; `Some` if it did.
+fn punch_by_madvise(fd: BorrowedFd<'_>, len: NonZeroUsize) -> Option<String> {
+    // SAFETY: a fresh read-only mapping chosen by the kernel, unmapped below.
+    let ptr = unsafe { mmap(None, len, ProtFlags::PROT_READ, MapFlags::MAP_SHARED, fd, 0) }.ok()?;
+    // SAFETY: `ptr` is the mapping just made; MADV_REMOVE touches no memory of this process.
+    let removed = unsafe { madvise(ptr, len.get(), MmapAdvise::MADV_REMOVE) };
+    // SAFETY: exactly the mapping made above.
+    let _ = unsafe { munmap(ptr, len.get()) };
+    removed.ok().map(|()| "pages removed".into())
+}
+
+fn scribble(
+    socket: &str,
+    rank: Option<u32>,
+    delay: Duration,
+    time: Duration,
+) -> Result<(), String> {
+    let mut session = Session::connect(socket, rank, TIMEOUT).map_err(|e| e.to_string())?;
+    session.set_timeout(TIMEOUT);
+    let scribbler = std::thread::spawn(move || -> Result<(), String> {
+        std::thread::sleep(delay);
+        let regions = writable_shared_memfds()?;
+        let mut seed = u64::from(std::process::id()) | 1;
+        let end = Instant::now() + time;
+        let mut passes = 0u64;
+        while Instant::now() < end {
+            for &(start, len) in &regions {
+                for offset in (0..len).step_by(8) {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let at = (start + offset) as *mut u64;
+                    // SAFETY: `at` lies inside a shared mapping of this process that
+                    // /proc/self/maps lists as readable and writable (`rw-s`), 8-byte aligned
+                    // (mappings are page-aligned); writing it is the attack. This process's own
+                    // session may misbehave meanwhile: that is the attacker's business, not its
+                    // peers'.
+                    unsafe { at.write_volatile(seed) };
+                }
+            }
+            passes += 1;
+        }
+        println!(
+            "hostile: scribbled over {} shared regions {passes} times",
+            regions.len()
+        );
+        std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
+        // Die without a goodbye (no destructor runs), leaving the peers with whatever is in
+        // the rings and the outbox.
+        std::process::exit(3);
+    });
+    // Honest meanwhile, so that the peers are in the middle of transfers when it turns; its
+    // own calls fail once the scribbling starts, and it waits for the scribbler to end it all.
+    let _ = crate::selftest::run(
+        &mut session,
+        u64::MAX,
+        crate::selftest::Only::Sizes,
+        1 << 20,
+    );
+    std::mem::forget(session);
+    match scribbler.join() {
+        Ok(result) => result,
+        Err(_) => Err("the scribbler panicked".into()),
+    }
+}
+
+/// `(start, len)` of every shared read-write mapping of a shmbroker memfd in this process.
+fn writable_shared_memfds() -> Result<Vec<(usize, usize)>, String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| e.to_string())?;
+    Ok(maps
+        .lines()
+        .filter(|line| line.contains("memfd:shmbroker"))
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let range = fields.next()?;
+            let perms = fields.next()?;
+            if !perms.starts_with("rw") || !perms.ends_with('s') {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            let start = usize::from_str_radix(start, 16).ok()?;
+            let end = usize::from_str_radix(end, 16).ok()?;
+            Some((start, end - start))
+        })
+        .collect())
+}

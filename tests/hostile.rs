@@ -1,0 +1,153 @@
+//! Peers that attack: real processes that try to write other ranks' outboxes, scribble over every
+//! region they can write, or die in the middle of large transfers. Nobody else may get a signal,
+//! a panic or a hang; the kernel must refuse every write to an outbox but its owner's own
+//! mapping. Every child is waited for with a deadline and killed on the way out.
+
+mod common;
+
+use common::{Broker, finish, finish_status};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use shmbroker::process::{ChildGuard, spawn_with_fds};
+use shmbroker::session::{Error, Session};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `shmbroker hostile MODE --socket S --rank R EXTRA...`.
+fn hostile(broker: &Broker, mode: &str, rank: u32, extra: &[&str]) -> ChildGuard {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    command
+        .args(["hostile", mode, "--socket", &broker.socket()])
+        .args(["--rank", &rank.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    spawn_with_fds(&mut command, &[]).unwrap()
+}
+
+#[test]
+fn no_peer_can_write_another_ranks_outbox_by_any_means() {
+    let broker = Broker::start("reopen", 3);
+    let honest: Vec<ChildGuard> = (0..2)
+        .map(|rank| broker.worker(rank, &["--only", "barrier", "--repeat", "1"]))
+        .collect();
+    let attacker = hostile(&broker, "reopen", 2, &[]);
+    let (ok, stdout, stderr) = finish(attacker);
+    assert!(ok, "the kernel let a write through:\n{stdout}{stderr}");
+    // Two peers' outboxes and its own, each attacked nine ways.
+    assert!(
+        stdout.contains("all 27 write attempts on 3 outboxes were refused"),
+        "{stdout}"
+    );
+    for (rank, worker) in honest.into_iter().enumerate() {
+        let (ok, stdout, stderr) = finish(worker);
+        assert!(ok, "rank {rank}: {stdout}{stderr}");
+    }
+}
+
+/// One trial: two honest ranks loop over every operation at every size to 1 MiB with rank 2,
+/// which starts scribbling over everything it can write `delay_ms` in, and dies.
+fn scribble_trial(trial: u32, delay_ms: u32) {
+    let broker = Broker::start(&format!("scribble{trial}"), 3);
+    let victims: Vec<ChildGuard> = (0..2)
+        .map(|rank| {
+            broker.worker(
+                rank,
+                &[
+                    "--only",
+                    "sizes",
+                    "--repeat",
+                    "1000000",
+                    "--timeout-ms",
+                    "5000",
+                ],
+            )
+        })
+        .collect();
+    let delay = delay_ms.to_string();
+    let attacker = hostile(
+        &broker,
+        "scribble",
+        2,
+        &["--delay-ms", &delay, "--for-ms", "300"],
+    );
+    let (status, stdout, _) = finish_status(attacker);
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "the attacker did not scribble: {stdout}"
+    );
+    for (rank, victim) in victims.into_iter().enumerate() {
+        let (status, stdout, stderr) = finish_status(victim);
+        assert_eq!(
+            status.signal(),
+            None,
+            "trial {trial}: rank {rank} was killed by a signal: {stdout}{stderr}"
+        );
+        assert!(
+            !stderr.contains("panicked"),
+            "trial {trial}: rank {rank} panicked: {stderr}"
+        );
+        // A million rounds cannot have passed: each victim stopped with an error that says
+        // what went wrong (a peer lost, a corrupted ring, a bad reference, wrong data...).
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "trial {trial}: rank {rank}: {stdout}"
+        );
+        assert!(stderr.starts_with("shmbroker: "), "trial {trial}: {stderr}");
+    }
+}
+
+#[test]
+fn a_peer_scribbling_over_every_region_it_can_write_hurts_nobody() {
+    for (trial, delay_ms) in [(0, 0), (1, 17), (2, 60), (3, 150)] {
+        scribble_trial(trial, delay_ms);
+    }
+}
+
+/// Rank 0 in this process, echoing rank 1 in a child; rank 1 is killed `after` into a loop of
+/// 16 MiB round trips (so mid-transfer, one way or the other).
+fn death_mid_transfer(trial: u32, after: Duration) {
+    let broker = Broker::start(&format!("death{trial}"), 2);
+    let mut echo = broker.worker(1, &["--only", "echo", "--repeat", "1000000"]);
+    let mut zero = Session::connect(broker.socket(), Some(0), Duration::from_secs(10)).unwrap();
+    zero.set_timeout(Duration::from_secs(10));
+    let message = vec![7u8; 16 << 20];
+    let start = Instant::now();
+    let mut killed_at = None;
+    let error = loop {
+        if killed_at.is_none() && start.elapsed() >= after {
+            kill(Pid::from_raw(echo.id() as i32), Signal::SIGKILL).unwrap();
+            killed_at = Some(Instant::now());
+        }
+        if let Err(error) = zero.send(1, &message) {
+            break error;
+        }
+        match zero.recv(1) {
+            Ok(echoed) => assert_eq!(echoed.len(), message.len()),
+            Err(error) => break error,
+        }
+    };
+    let killed_at = killed_at.expect("rank 0 failed before the kill");
+    let detection = killed_at.elapsed();
+    assert!(
+        matches!(error, Error::PeerLost { rank: 1 }),
+        "trial {trial}: {error}"
+    );
+    assert!(
+        detection < Duration::from_secs(1),
+        "trial {trial}: the death took {detection:?} to be seen"
+    );
+    // Every block the dead rank still owed an acknowledgement for is back.
+    assert_eq!(zero.outbox_blocks_owed(), 0, "trial {trial}");
+    echo.kill();
+}
+
+#[test]
+fn a_peer_dying_mid_transfer_is_named_and_gives_back_every_block() {
+    for (trial, ms) in [(0, 5), (1, 37), (2, 120), (3, 301)] {
+        death_mid_transfer(trial, Duration::from_millis(ms));
+    }
+}
