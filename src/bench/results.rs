@@ -21,6 +21,7 @@ pub fn write(dir: &Path, comparisons: &[Comparison]) -> Result<Vec<String>, Stri
         ("pingpong_cdf.svg", pingpong_cdf as Plot),
         ("barrier_vs_workers.svg", barrier_vs_workers),
         ("throughput_vs_size.svg", throughput_vs_size),
+        ("bulk_throughput_vs_size.svg", bulk_throughput_vs_size),
     ] {
         let path = dir.join(name);
         if plot(&path, comparisons)? {
@@ -266,17 +267,50 @@ fn barrier_vs_workers(path: &Path, comparisons: &[Comparison]) -> Result<bool, S
 
 /// Streaming throughput (MB/s) against message size, single and batched, ours and shaq.
 fn throughput_vs_size(path: &Path, comparisons: &[Comparison]) -> Result<bool, String> {
+    throughput_plot(
+        path,
+        comparisons,
+        &["stream_single", "stream_batched"],
+        "Streaming throughput against message size",
+        4.0..8192.0,
+    )
+}
+
+fn bulk_throughput_vs_size(path: &Path, comparisons: &[Comparison]) -> Result<bool, String> {
+    throughput_plot(
+        path,
+        comparisons,
+        &["bulk_throughput"],
+        "Large-message throughput against size, one way between two processes",
+        2048.0..(128u64 << 20) as f64,
+    )
+}
+
+/// Throughput (MB/s, median over rounds) against message size for the benches named, one line
+/// per contender (and bench, when there are several).
+fn throughput_plot(
+    path: &Path,
+    comparisons: &[Comparison],
+    benches: &[&str],
+    title: &str,
+    sizes: std::ops::Range<f64>,
+) -> Result<bool, String> {
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for comparison in comparisons
         .iter()
-        .filter(|c| c.bench == "stream_single" || c.bench == "stream_batched")
+        .filter(|c| benches.contains(&c.bench.as_str()))
     {
         let Size::Bytes(bytes) = comparison.size else {
             continue;
         };
         for (name, measure) in &comparison.contenders {
             if let Summary::Throughput { median, .. } = summarize(measure) {
-                let label = format!("{name}, {}", comparison.bench.trim_start_matches("stream_"));
+                let label = if benches.len() > 1 {
+                    let kind = comparison.bench.rsplit('_').next().unwrap_or_default();
+                    format!("{name}, {kind}")
+                } else {
+                    (*name).to_owned()
+                };
                 let point = (bytes as f64, median * bytes as f64 / 1e6);
                 match series.iter_mut().find(|(n, _)| *n == label) {
                     Some((_, points)) => points.push(point),
@@ -295,14 +329,11 @@ fn throughput_vs_size(path: &Path, comparisons: &[Comparison]) -> Result<bool, S
     let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Streaming throughput against message size",
-            ("sans-serif", 20),
-        )
+        .caption(title, ("sans-serif", 20))
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(70)
-        .build_cartesian_2d((4f64..8192f64).log_scale(), (1f64..y_max * 2.0).log_scale())
+        .build_cartesian_2d(sizes.log_scale(), (1f64..y_max * 2.0).log_scale())
         .map_err(plot_error)?;
     chart
         .configure_mesh()
