@@ -52,7 +52,7 @@ use shmbroker_queues::Corruption;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use transfer::{Expect, Incoming, Sink, ViewAcks, message};
+use transfer::{Expect, Incoming, Sink, Targets, ViewAcks, message};
 
 /// The default deadline of every call, until [`Session::set_timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -222,27 +222,33 @@ impl Drop for EmbeddedBroker {
     }
 }
 
-/// One call's deadline.
+/// One call's deadline. The clock is first read when the call first has to wait, so a call that
+/// finds everything ready reads it never (the wait is then `timeout` from that moment).
 struct Deadline {
     op: &'static str,
-    at: Instant,
+    at: std::cell::Cell<Option<Instant>>,
     timeout: Duration,
 }
 
 impl Deadline {
     fn new(op: &'static str, timeout: Duration) -> Self {
-        let now = Instant::now();
         Self {
             op,
-            at: now
-                .checked_add(timeout)
-                .unwrap_or(now + Duration::from_secs(86_400 * 365)),
+            at: std::cell::Cell::new(None),
             timeout,
         }
     }
 
     fn left(&self) -> Duration {
-        self.at.saturating_duration_since(Instant::now())
+        let now = Instant::now();
+        let at = self.at.get().unwrap_or_else(|| {
+            let at = now
+                .checked_add(self.timeout)
+                .unwrap_or(now + Duration::from_secs(86_400 * 365));
+            self.at.set(Some(at));
+            at
+        });
+        at.saturating_duration_since(now)
     }
 
     fn timed_out(&self, peer: u32) -> Error {
@@ -592,11 +598,10 @@ impl Session {
             .peers()
             .map(|peer| Incoming::new(peer, expect, Sink::Vec(Vec::new())))
             .collect();
-        let targets = self.peers().collect();
         self.transfer(
             kind::ALL_GATHER,
             seq,
-            Some((data, targets)),
+            Some((data, Targets::Peers)),
             &mut incoming,
             &deadline,
         )?;
@@ -632,35 +637,43 @@ impl Session {
             op: kind::ALL_GATHER,
             seq,
         };
-        let rank = self.rank() as usize;
+        let rank = self.rank();
+        // Small: sent at once, then each peer's part received in turn, with no allocation.
+        if self.send_if_eager(kind::ALL_GATHER, seq, data, Targets::Peers, &deadline)? {
+            let mut rest = out;
+            for peer in 0..self.world_size() {
+                let (slot, tail) = std::mem::take(&mut rest).split_at_mut(data.len());
+                rest = tail;
+                if peer == rank {
+                    slot.copy_from_slice(data);
+                    continue;
+                }
+                let mut incoming = Incoming::new(peer, expect, Sink::Slice(slot));
+                self.complete(&mut incoming, &deadline)?;
+                check_part(incoming, data.len())?;
+            }
+            return Ok(());
+        }
         let mut incoming = Vec::with_capacity(self.world_size() as usize);
         let mut rest = out;
         for peer in 0..self.world_size() {
             let (slot, tail) = std::mem::take(&mut rest).split_at_mut(data.len());
             rest = tail;
-            if peer as usize == rank {
+            if peer == rank {
                 slot.copy_from_slice(data);
             } else {
                 incoming.push(Incoming::new(peer, expect, Sink::Slice(slot)));
             }
         }
-        let targets = self.peers().collect();
         self.transfer(
             kind::ALL_GATHER,
             seq,
-            Some((data, targets)),
+            Some((data, Targets::Peers)),
             &mut incoming,
             &deadline,
         )?;
         for incoming in incoming {
-            let peer = incoming.peer;
-            let (len, _) = incoming.finish().map_err(|error| match error {
-                Error::BufferTooSmall { needed, .. } => wrong_size(peer, needed, data.len()),
-                other => other,
-            })?;
-            if len != data.len() as u64 {
-                return Err(wrong_size(peer, len, data.len()));
-            }
+            check_part(incoming, data.len())?;
         }
         Ok(())
     }
@@ -716,11 +729,10 @@ impl Session {
         let deadline = Deadline::new("broadcast", timeout);
         let seq = self.next_seq();
         if let Some(data) = data {
-            let targets = self.peers().collect();
             self.transfer(
                 kind::BROADCAST,
                 seq,
-                Some((data, targets)),
+                Some((data, Targets::Peers)),
                 &mut [],
                 &deadline,
             )?;
@@ -767,7 +779,7 @@ impl Session {
             self.transfer(
                 kind::GATHER,
                 seq,
-                Some((data, vec![root])),
+                Some((data, Targets::One(root))),
                 &mut [],
                 &deadline,
             )?;
@@ -840,7 +852,7 @@ impl Session {
         self.transfer(
             kind::SEND,
             tag,
-            Some((data, vec![rank])),
+            Some((data, Targets::One(rank))),
             &mut [],
             &deadline,
         )?;
@@ -1025,6 +1037,20 @@ impl Session {
             seq,
         };
         self.take_loan(root, expect, &deadline).map(Some)
+    }
+}
+
+/// Checks that `incoming` brought exactly `due` bytes (a part of an `all_gather_into`).
+fn check_part(incoming: Incoming<'_>, due: usize) -> Result<(), Error> {
+    let peer = incoming.peer;
+    let (len, _) = incoming.finish().map_err(|error| match error {
+        Error::BufferTooSmall { needed, .. } => wrong_size(peer, needed, due),
+        other => other,
+    })?;
+    if len == due as u64 {
+        Ok(())
+    } else {
+        Err(wrong_size(peer, len, due))
     }
 }
 

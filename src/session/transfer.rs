@@ -98,6 +98,15 @@ impl Expect {
     }
 }
 
+/// Whom a message goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Targets {
+    /// Every other rank.
+    Peers,
+    /// One rank.
+    One(u32),
+}
+
 /// Where the bytes of an incoming message go.
 #[derive(Debug)]
 pub(super) enum Sink<'a> {
@@ -368,16 +377,15 @@ impl Session {
     /// queued (an eager message with its continuation). With `wait`, waits up to its deadline
     /// (parked); without, returns `false` at once when nothing is there.
     pub(super) fn pull(&mut self, peer: u32, wait: Option<&Deadline>) -> Result<bool, Error> {
-        let received = match wait {
-            None => match self.link(peer)?.from.try_recv() {
-                Ok(message) => message,
-                Err(TryRecvError::Empty) => return Ok(false),
-                Err(TryRecvError::Disconnected) => return Err(self.lost_from(peer)),
-                Err(TryRecvError::Corrupted(corruption)) => {
-                    return Err(Error::Corrupted { peer, corruption });
-                }
-            },
-            Some(deadline) => {
+        // What is already there is taken without reading the clock.
+        let received = match (self.link(peer)?.from.try_recv(), wait) {
+            (Ok(message), _) => message,
+            (Err(TryRecvError::Empty), None) => return Ok(false),
+            (Err(TryRecvError::Disconnected), _) => return Err(self.lost_from(peer)),
+            (Err(TryRecvError::Corrupted(corruption)), _) => {
+                return Err(Error::Corrupted { peer, corruption });
+            }
+            (Err(TryRecvError::Empty), Some(deadline)) => {
                 // While acknowledgements are owed, wait in slices and send them as room appears:
                 // a peer may be waiting for them to free blocks before it can send more.
                 let owing = self.owes_acks();
@@ -435,19 +443,33 @@ impl Session {
         if missing == 0 {
             return Ok(());
         }
-        // The sender publishes a message's slots as one unit, right behind its header.
-        let deadline = Deadline::new("receiving an eager message", self.timeout);
-        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); MAX_EAGER_SLOTS];
+        // The sender writes a message's slots back to back, right behind its header: usually
+        // they are all there already, and the clock is read only when they are not.
+        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); 8];
+        let mut deadline = None;
         while missing > 0 {
-            let got = match self
-                .link(peer)?
-                .from
-                .recv_batch_timeout(&mut slots[..missing], deadline.left())
-            {
+            let want = missing.min(slots.len());
+            let got = match self.link(peer)?.from.try_recv_batch(&mut slots[..want]) {
                 Ok(got) => got,
-                Err(RecvTimeoutError::Timeout) => return Err(deadline.timed_out(peer)),
-                Err(RecvTimeoutError::Disconnected) => return Err(self.lost_from(peer)),
-                Err(RecvTimeoutError::Corrupted(corruption)) => {
+                Err(TryRecvError::Empty) => {
+                    let deadline = deadline.get_or_insert_with(|| {
+                        Deadline::new("receiving an eager message", self.timeout)
+                    });
+                    match self
+                        .link(peer)?
+                        .from
+                        .recv_batch_timeout(&mut slots[..want], deadline.left())
+                    {
+                        Ok(got) => got,
+                        Err(RecvTimeoutError::Timeout) => return Err(deadline.timed_out(peer)),
+                        Err(RecvTimeoutError::Disconnected) => return Err(self.lost_from(peer)),
+                        Err(RecvTimeoutError::Corrupted(corruption)) => {
+                            return Err(Error::Corrupted { peer, corruption });
+                        }
+                    }
+                }
+                Err(TryRecvError::Disconnected) => return Err(self.lost_from(peer)),
+                Err(TryRecvError::Corrupted(corruption)) => {
                     return Err(Error::Corrupted { peer, corruption });
                 }
             };
@@ -773,18 +795,21 @@ impl Session {
         &mut self,
         op: u32,
         tag: u64,
-        data: Option<(&[u8], Vec<u32>)>,
+        data: Option<(&[u8], Targets)>,
         incoming: &mut [Incoming<'_>],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        self.flush_view_acks()?;
         let mut outgoing = None;
         if let Some((data, targets)) = data {
-            if data.len() <= self.eager_limit() {
-                self.send_eager(op, tag, data, &targets, deadline)?;
-            } else {
+            if !self.send_if_eager(op, tag, data, targets, deadline)? {
+                let targets = match targets {
+                    Targets::Peers => self.peers().collect(),
+                    Targets::One(peer) => vec![peer],
+                };
                 outgoing = Some(Outgoing::new(op, tag, data, targets));
             }
+        } else {
+            self.flush_view_acks()?;
         }
         match outgoing {
             Some(mut outgoing) => self.drive(&mut outgoing, incoming, deadline),
@@ -797,37 +822,47 @@ impl Session {
         }
     }
 
-    /// Sends `data` (at most the eager limit) to each of `targets`, from a stack buffer no larger
-    /// than the message needs.
-    fn send_eager(
+    /// Sends `data` eagerly to `targets` if it is small enough (then `true`), from a stack buffer
+    /// no larger than the message needs; `false`, sending nothing, for a pipelined message.
+    pub(super) fn send_if_eager(
         &mut self,
         op: u32,
         tag: u64,
         data: &[u8],
-        targets: &[u32],
+        targets: Targets,
         deadline: &Deadline,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
+        self.flush_view_acks()?;
+        if data.len() > self.eager_limit() {
+            return Ok(false);
+        }
         match kind::continuation_slots(data.len()) {
-            0 => self.send_each(&EagerSlots::<1>::new(op, tag, data), targets, deadline),
-            1..8 => self.send_each(&EagerSlots::<8>::new(op, tag, data), targets, deadline),
+            0 => self.send_each(&EagerSlots::<1>::new(op, tag, data), targets, deadline)?,
+            1..8 => self.send_each(&EagerSlots::<8>::new(op, tag, data), targets, deadline)?,
             _ => self.send_each(
                 &EagerSlots::<MAX_EAGER_SLOTS>::new(op, tag, data),
                 targets,
                 deadline,
-            ),
+            )?,
         }
+        Ok(true)
     }
 
     fn send_each<const N: usize>(
         &mut self,
         slots: &EagerSlots<N>,
-        targets: &[u32],
+        targets: Targets,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        for &peer in targets {
-            self.send_slots(peer, slots.as_slice(), deadline)?;
+        match targets {
+            Targets::One(peer) => self.send_slots(peer, slots.as_slice(), deadline),
+            Targets::Peers => {
+                for peer in self.peers() {
+                    self.send_slots(peer, slots.as_slice(), deadline)?;
+                }
+                Ok(())
+            }
         }
-        Ok(())
     }
 
     /// Runs `outgoing` and every `incoming` to completion together, a non-blocking step of each
