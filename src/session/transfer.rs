@@ -192,6 +192,11 @@ impl<'a> Incoming<'a> {
         matches!(self.state, InState::Done { .. })
     }
 
+    /// Whether the header of a pipelined message arrived and chunks are still due.
+    fn mid_transfer(&self) -> bool {
+        matches!(self.state, InState::Chunks { .. })
+    }
+
     /// The length received, or [`Error::BufferTooSmall`] when it did not fit the caller's buffer.
     pub(super) fn finish(self) -> Result<(u64, Sink<'a>), Error> {
         match self.state {
@@ -690,9 +695,32 @@ impl Session {
         incoming: &mut Incoming<'_>,
         deadline: &Deadline,
     ) -> Result<(), Error> {
+        let mut idle = 0u32;
         while !incoming.is_done() {
-            if !self.step_in(incoming, deadline)? {
+            if self.step_in(incoming, deadline)? {
+                idle = 0;
+                continue;
+            }
+            if !incoming.mid_transfer() {
                 self.pull(incoming.peer, Some(deadline))?;
+                continue;
+            }
+            // Between chunks the sender is busy copying the next one: parking would add a
+            // wake-up (tens of microseconds here) to every chunk, so spin, then yield the core
+            // (to the sender, when both share it).
+            if self.pull(incoming.peer, None)? {
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else {
+                if deadline.left().is_zero() {
+                    return Err(deadline.timed_out(incoming.peer));
+                }
+                self.flush_all_acks()?;
+                std::thread::yield_now();
             }
         }
         Ok(())
