@@ -316,10 +316,7 @@ impl Session {
             if refused & (1 << exporter) == 0 {
                 continue;
             }
-            let fd = self
-                .inner
-                .take_relayed_fd(exporter, seq, deadline.left())
-                .map_err(|e| Error::Relay(e.to_string()))?;
+            let fd = self.take_relayed_fd_from_live(exporter, seq, deadline)?;
             let ticket = tickets[exporter as usize]
                 .ok_or_else(|| Error::Misuse(format!("no ticket from rank {exporter}")))?;
             match check(&fd, &ticket) {
@@ -339,6 +336,36 @@ impl Session {
             }
         }
         Ok(imported)
+    }
+
+    /// The fd `exporter` relays with `token`, waiting in slices and checking between them that
+    /// `exporter` is still there: a relay from a rank that died never comes. (An exporter that
+    /// died shows first as `ESRCH` from `pidfd_getfd`, a refusal like any other; the broker, which
+    /// alone decides that a rank is lost, then closes the rings and this wait ends naming it.)
+    fn take_relayed_fd_from_live(
+        &mut self,
+        exporter: u32,
+        token: u64,
+        deadline: &Deadline,
+    ) -> Result<OwnedFd, Error> {
+        const SLICE: Duration = Duration::from_millis(5);
+        loop {
+            let wait = deadline.left().min(SLICE);
+            match self.inner.take_relayed_fd(exporter, token, wait) {
+                Ok(fd) => return Ok(fd),
+                Err(shmbroker_handshake::Error::Timeout { .. }) => {}
+                Err(other) => return Err(Error::Relay(other.to_string())),
+            }
+            if let Some(link) = self.inner.link(exporter)
+                && (link.to.is_disconnected() || link.from.close_cause().is_some())
+            {
+                let rank = link.from.close_cause().unwrap_or(exporter);
+                return Err(Error::PeerLost { rank });
+            }
+            if deadline.left().is_zero() {
+                return Err(deadline.timed_out(exporter));
+            }
+        }
     }
 
     /// Says once, on standard error, which transport moved fds and why.

@@ -487,13 +487,37 @@ impl Session {
     /// The error for a ring from `peer` that closed: the rank the broker named as lost, or `peer`.
     /// Blocks `peer` owed acknowledgements for are freed: none can arrive any more.
     pub(super) fn lost_from(&mut self, peer: u32) -> Error {
-        let rank = self
-            .inner
-            .link(peer)
-            .and_then(|link| link.from.close_cause())
-            .unwrap_or(peer);
+        let rank = self.lost_rank(peer);
         self.forget_peer(peer);
         Error::PeerLost { rank }
+    }
+
+    /// Which rank a closed link to `peer` says was lost. A ring closed by the broker carries the
+    /// cause; one that `peer`'s own exit closed first does not, and then the broker may still be
+    /// closing every ring for a death elsewhere (a peer that gave up because another died, say).
+    /// So a missing cause is waited for a little, on this link or any other, before `peer` itself
+    /// is named.
+    fn lost_rank(&mut self, peer: u32) -> u32 {
+        const GRACE: Duration = Duration::from_millis(20);
+        let give_up = Instant::now() + GRACE;
+        loop {
+            let cause = |link: &shmbroker_handshake::Link| {
+                link.from.close_cause().or_else(|| link.to.close_cause())
+            };
+            if let Some(rank) = self.inner.link(peer).and_then(|link| cause(link)) {
+                return rank;
+            }
+            let me = self.rank();
+            for other in (0..self.world_size()).filter(|&p| p != peer && p != me) {
+                if let Some(rank) = self.inner.link(other).and_then(|link| cause(link)) {
+                    return rank;
+                }
+            }
+            if Instant::now() >= give_up {
+                return peer;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     /// Gives back every block `peer` still owed an acknowledgement for.
@@ -808,13 +832,7 @@ impl Session {
     }
 
     fn lost_to(&mut self, peer: u32) -> Error {
-        let rank = self
-            .inner
-            .link(peer)
-            .and_then(|link| link.to.close_cause())
-            .unwrap_or(peer);
-        self.forget_peer(peer);
-        Error::PeerLost { rank }
+        self.lost_from(peer)
     }
 
     /// Sends `data` to every rank in `targets` as operation `op` with `tag`: eagerly when it is
