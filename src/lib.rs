@@ -8,7 +8,7 @@
 //! |---|---|
 //! | [`bindings`] | every type that crosses a process boundary (`#[repr(C)]`, `Pod`, size-asserted) |
 //! | [`queues`] | the lock-free SPSC ring in a sealed memfd, with spin-then-futex parking |
-//! | [`allocator`] | the session's shared payload region (rts-alloc), bounds-checked references |
+//! | [`allocator`] | per-worker outboxes only their owner can write: private allocator and acknowledgement ledger, bounds-checked references, loans |
 //! | [`handshake`] | the broker's [`Listener`](handshake::Listener) and [`connect`](handshake::connect) |
 //! | [`session`] | [`Session`]: barrier, all-gather, broadcast, send/recv, fd and GPU-handle exchange, worker to worker |
 //! | [`launch`] | where a worker stands under Open MPI, MPICH, torchrun or Slurm, for [`Session::from_env`] |

@@ -132,7 +132,7 @@ pub fn run(
         if only == Only::Barrier {
             continue;
         }
-        // Inline and through the payload region, and sizes that differ by rank.
+        // Inline, eager in several slots, pipelined, and sizes that differ by rank.
         for len in [8usize, 48, 49, 1024, 4096, 100 * rank as usize] {
             let len = len.min(4096);
             let all = session

@@ -54,6 +54,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use transfer::{Expect, Incoming, Sink, Targets, ViewAcks, message};
 
+// Who owes which acknowledgement is a bit per rank: every rank of the largest world needs one.
+const _: () =
+    assert!(shmbroker_allocator::ledger::MAX_RANKS >= shmbroker_handshake::MAX_WORLD_SIZE);
+
 /// The default deadline of every call, until [`Session::set_timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -183,6 +187,8 @@ pub struct Session {
     seq: u64,
     /// Per peer: messages received and not yet taken, in arrival order (see `transfer`).
     unread: Vec<VecDeque<Message>>,
+    /// Per peer: continuation slots still owed by the eager message last queued from it.
+    owed_slots: Vec<usize>,
     /// Per peer: the next point-to-point tag to send, and to expect.
     sent_to: Vec<u64>,
     received_from: Vec<u64>,
@@ -411,6 +417,7 @@ impl Session {
             timeout: DEFAULT_TIMEOUT,
             seq: 0,
             unread: vec![VecDeque::new(); world],
+            owed_slots: vec![0; world],
             sent_to: vec![0; world],
             received_from: vec![0; world],
             outbox,
@@ -458,16 +465,19 @@ impl Session {
         &mut self.inner
     }
 
-    /// The size of this rank's outbox in bytes: the largest loan it can make.
+    /// The size of this rank's outbox in bytes (its header included; see
+    /// [`Self::max_loan_bytes`]).
     #[must_use]
     pub fn outbox_bytes(&self) -> u64 {
         self.outbox.size()
     }
 
-    /// The largest loan this rank's outbox can ever make ([`Self::loan`]).
+    /// The largest loan this rank's outbox can ever make ([`Self::loan`]): its capacity, at most
+    /// 4 GiB - 1 (a reference's length is 32 bits).
     #[must_use]
     pub fn max_loan_bytes(&self) -> usize {
-        usize::try_from(self.outbox.capacity()).unwrap_or(usize::MAX)
+        let most = self.outbox.capacity().min(u64::from(u32::MAX));
+        usize::try_from(most).unwrap_or(usize::MAX)
     }
 
     /// Blocks of this rank's outbox sent and still awaiting some peer's acknowledgement.
@@ -936,7 +946,8 @@ impl Session {
     /// # Errors
     ///
     /// [`Error::OwnOutbox`] when `len` is more than the outbox can ever hold
-    /// ([`Self::outbox_bytes`]); [`Error::Timeout`].
+    /// ([`Self::max_loan_bytes`]); [`Error::Timeout`]; [`Error::Protocol`] or
+    /// [`Error::Corrupted`] from what peers sent meanwhile.
     pub fn loan(&mut self, len: usize) -> Result<Loan, Error> {
         let deadline = Deadline::new("loan", self.timeout);
         self.flush_view_acks()?;
@@ -1000,8 +1011,8 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::Misuse`] when the next message from `rank` is not a loan (it stays queued for
-    /// [`Self::recv`]); otherwise as for [`Self::recv`].
+    /// [`Error::Misuse`] when the next message from `rank` is not a loan (it stays queued, and
+    /// [`Self::recv`] takes it); otherwise as for [`Self::recv`].
     pub fn recv_loan(&mut self, rank: u32) -> Result<LoanView, Error> {
         self.check_peer(rank)?;
         let deadline = Deadline::new("recv_loan", self.timeout);

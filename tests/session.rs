@@ -556,3 +556,158 @@ fn a_receiver_that_never_reads_holds_the_sender_back_until_its_deadline() {
     };
     assert!(matches!(small, Error::Timeout { peer: 1, .. }), "{small:?}");
 }
+
+/// A raw ring message from `from` to rank 0.
+fn raw_send(session: &mut shmbroker::Session, message: Message) {
+    session
+        .raw()
+        .link(0)
+        .unwrap()
+        .to
+        .send_timeout(message, Duration::from_secs(5))
+        .unwrap();
+}
+
+fn raw(kind: u32, tag: u64, len: u32, inline: [u8; INLINE_BYTES]) -> Message {
+    Message {
+        kind,
+        len,
+        tag,
+        inline,
+    }
+}
+
+#[test]
+fn an_eager_message_cut_short_times_out_without_harm_and_completes_later() {
+    let (_world, sessions) = World::start("partial-eager", 2);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    // 48 + 3 * 64 = 240 bytes: a header and three continuation slots, of which one is sent.
+    let data: Vec<u8> = (0..240u32).map(|i| i as u8).collect();
+    let mut inline = [0u8; INLINE_BYTES];
+    inline.copy_from_slice(&data[..48]);
+    raw_send(&mut one, raw(kind::SEND, 0, 240, inline));
+    let slot = |i: usize| -> Message { bytemuck::pod_read_unaligned(&data[48 + 64 * i..][..64]) };
+    raw_send(&mut one, slot(0));
+    for _ in 0..2 {
+        match zero.recv_from_timeout(1, Duration::from_millis(50)) {
+            Err(Error::Timeout {
+                op: "recv",
+                peer: 1,
+                ..
+            }) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    raw_send(&mut one, slot(1));
+    raw_send(&mut one, slot(2));
+    assert_eq!(zero.recv(1).unwrap(), data);
+}
+
+#[test]
+fn chunks_and_pipelined_headers_no_correct_peer_sends_are_refused() {
+    let cases: [(&str, Vec<Message>, &str); 4] = [
+        (
+            "stray-chunk",
+            vec![raw(kind::CHUNK, 0, 0, [0; INLINE_BYTES])],
+            "a chunk (tag 0) that no pipelined message announced",
+        ),
+        (
+            "header-bytes",
+            vec![raw(kind::SEND | kind::PIPELINED, 0, 0, {
+                let mut inline = [7u8; INLINE_BYTES];
+                inline[..8].copy_from_slice(&100u64.to_le_bytes());
+                inline
+            })],
+            "a pipelined header must hold only the total length",
+        ),
+        (
+            "cut-off",
+            vec![
+                raw(kind::SEND | kind::PIPELINED, 0, 0, {
+                    let mut inline = [0u8; INLINE_BYTES];
+                    inline[..8].copy_from_slice(&100u64.to_le_bytes());
+                    inline
+                }),
+                raw(kind::SEND, 1, 0, [0; INLINE_BYTES]),
+            ],
+            "expected a chunk of message 0 with 1 to 100 bytes, found kind 0x4 tag 1",
+        ),
+        (
+            "unknown-kind",
+            vec![raw(0x99, 0, 0, [0; INLINE_BYTES])],
+            "unknown message kind 0x99",
+        ),
+    ];
+    for (name, messages, expected) in cases {
+        let (_world, sessions) = World::start(name, 2);
+        let mut sessions = sessions.into_iter();
+        let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+        for message in messages {
+            raw_send(&mut one, message);
+        }
+        match zero.recv_from_timeout(1, Duration::from_millis(500)) {
+            Err(Error::Protocol { peer: 1, detail }) => {
+                assert!(detail.contains(expected), "{name}: {detail}");
+            }
+            other => panic!("{name}: unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_pipelined_message_cut_off_by_another_is_refused_while_skipped() {
+    let (_world, sessions) = World::start("cut-off-skipped", 2);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let mut inline = [0u8; INLINE_BYTES];
+    inline[..8].copy_from_slice(&100u64.to_le_bytes());
+    raw_send(&mut one, raw(kind::SEND | kind::PIPELINED, 0, 0, inline));
+    raw_send(&mut one, raw(kind::BARRIER, 0, 0, [0; INLINE_BYTES]));
+    // The barrier looks past the point-to-point message, and finds it cut off.
+    match zero.barrier_timeout(Duration::from_millis(500)) {
+        Err(Error::Protocol { peer: 1, detail }) => {
+            assert!(detail.contains("was cut off after 0 bytes"), "{detail}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_peer_flooding_messages_nobody_receives_cannot_hold_a_call_past_its_deadline() {
+    let (_world, sessions) = World::start("flood", 2);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooding = std::sync::Arc::clone(&stop);
+    let flooder = std::thread::spawn(move || {
+        let mut tag = 0;
+        while !flooding.load(std::sync::atomic::Ordering::Relaxed) {
+            let link = one.raw().link(0).unwrap();
+            if link
+                .to
+                .try_send(raw(kind::SEND, tag, 0, [0; INLINE_BYTES]))
+                .is_ok()
+            {
+                tag += 1;
+            }
+        }
+        one
+    });
+    let start = Instant::now();
+    let outcome = zero.barrier_timeout(Duration::from_millis(300));
+    let took = start.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(flooder.join().unwrap());
+    assert!(
+        matches!(
+            outcome,
+            Err(Error::Timeout { peer: 1, .. } | Error::Protocol { peer: 1, .. })
+        ),
+        "{outcome:?}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the flood held the barrier for {took:?}"
+    );
+}

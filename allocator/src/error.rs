@@ -72,6 +72,14 @@ pub enum Error {
         /// What was wrong.
         fault: AckFault,
     },
+    /// A copy out of a block into a buffer of another length.
+    #[error("a reference of {found} bytes read into a buffer of {expected}")]
+    LengthMismatch {
+        /// The buffer's length.
+        expected: usize,
+        /// The reference's length.
+        found: u32,
+    },
     /// A loan handed to an outbox it did not come from.
     #[error("this loan belongs to another outbox")]
     ForeignLoan,

@@ -5,7 +5,9 @@ use crate::outbox::{MAX_OUTBOX_BYTES, MIN_OUTBOX_BYTES};
 use shmbroker_bindings::{
     OUTBOX_HEADER_BYTES, OUTBOX_LAYOUT_VERSION, OUTBOX_MAGIC, OutboxHeader, PayloadRef,
 };
-use shmbroker_queues::memfd::{Mapping, OWNER_ONLY_SEALS, check_seals_with, file_size};
+use shmbroker_queues::memfd::{
+    Mapping, OWNER_ONLY_SEALS, check_seals_with, check_shmem, file_size,
+};
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
@@ -54,6 +56,7 @@ impl PeerOutbox {
     /// [`Error::BadHeader`].
     pub fn join(fd: BorrowedFd<'_>, owner: u32) -> Result<Self, Error> {
         check_seals_with(fd, OWNER_ONLY_SEALS)?;
+        check_shmem(fd)?;
         let size = file_size(fd)?;
         if !(MIN_OUTBOX_BYTES..=MAX_OUTBOX_BYTES).contains(&size) {
             return Err(Error::BadSize {
@@ -125,18 +128,14 @@ impl PeerOutbox {
     ///
     /// # Errors
     ///
-    /// [`Error::OutOfBounds`] for a reference outside the blocks, or one whose length is not
-    /// `out.len()`.
+    /// [`Error::OutOfBounds`] for a reference outside the blocks; [`Error::LengthMismatch`] for
+    /// one whose length is not `out.len()`.
     pub fn read_into(&self, payload: PayloadRef, out: &mut [u8]) -> Result<(), Error> {
         let (offset, len) = check_ref(self.owner, payload, self.size())?;
         if len != out.len() {
-            return Err(Error::OutOfBounds {
-                owner: self.owner,
-                offset: payload.offset,
-                len: payload.len,
-                pad: payload._pad0,
-                first: OUTBOX_HEADER_BYTES,
-                region: self.size(),
+            return Err(Error::LengthMismatch {
+                expected: out.len(),
+                found: payload.len,
             });
         }
         let source = self.map.at(offset);

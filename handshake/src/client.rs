@@ -221,12 +221,22 @@ impl Session {
             .into());
         }
         let kind = NoticeKind::from_code(notice.kind);
-        let (Some(kind @ (NoticeKind::RelayedFd | NoticeKind::PeerOutbox)), Some(fd)) = (kind, fd)
-        else {
+        let Some(kind @ (NoticeKind::RelayedFd | NoticeKind::PeerOutbox)) = kind else {
             return Err(ProtocolError::Field {
                 field: "notice kind",
-                expected: "a relayed fd or a peer's outbox, with its fd".into(),
+                expected: format!(
+                    "{} (a relayed fd) or {} (a peer's outbox)",
+                    NoticeKind::RelayedFd as u32,
+                    NoticeKind::PeerOutbox as u32
+                ),
                 found: u64::from(notice.kind),
+            }
+            .into());
+        };
+        let Some(fd) = fd else {
+            return Err(ProtocolError::FdCount {
+                expected: 1,
+                found: 0,
             }
             .into());
         };

@@ -21,7 +21,9 @@
 //! Each worker publishes its outbox once logged on (an `Outbox` notice with the memfd). The broker
 //! checks that its seals keep everyone but the owner from writing or resizing it, passes it to every
 //! other logged-on worker (`PeerOutbox`), and to each worker that logs on later right after its
-//! reply, so every worker gets every peer's outbox exactly once.
+//! reply, so every worker gets every peer's outbox once. Passing one is a non-blocking send on the
+//! worker's socket; one that fails (a full socket) is reported as a `BadNotice` event, and that
+//! worker's first large receive from the owner then ends at its deadline.
 
 use crate::error::{Error, ProtocolError};
 use crate::fdpass::{recv_with_fds, send_with_fds};
@@ -731,6 +733,7 @@ impl Listener {
             fd.as_fd(),
             shmbroker_queues::memfd::OWNER_ONLY_SEALS,
         )
+        .and_then(|()| shmbroker_queues::memfd::check_shmem(fd.as_fd()))
         .map_err(|e| format!("outbox refused: {e}"))?;
         worker.outbox = Some(fd);
         let peers: Vec<u32> = (0..self.config.world_size)

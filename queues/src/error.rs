@@ -26,12 +26,23 @@ pub enum Error {
         found: u64,
     },
     /// The file lacks seals that stop a peer from resizing it under our mapping.
-    #[error("ring memfd is not sealed: expected seals {expected:#x}, found {found:#x}")]
+    #[error("memfd lacks seals: expected seals {expected:#x}, found {found:#x}")]
     MissingSeals {
         /// The `F_SEAL_*` bits required.
         expected: i32,
         /// The `F_SEAL_*` bits the file has.
         found: i32,
+    },
+    /// The file is not an ordinary shared-memory (shmem) file: a hugetlbfs file, say, whose pages
+    /// may be missing when a reader touches them (`SIGBUS`).
+    #[error(
+        "memfd is not a shmem file: expected filesystem type {expected:#x} (tmpfs), found {found:#x}"
+    )]
+    NotShmem {
+        /// `TMPFS_MAGIC`.
+        expected: u64,
+        /// What `fstatfs` said.
+        found: u64,
     },
     /// The file is too small to hold even a ring header.
     #[error("ring file too small: expected at least {minimum} bytes, found {found}")]

@@ -110,6 +110,28 @@ pub fn check_seals_with(fd: BorrowedFd<'_>, required: SealFlag) -> Result<(), Er
     }
 }
 
+/// Checks that `fd` is an ordinary shmem file (what `memfd_create` without `MFD_HUGETLB` makes),
+/// whose pages are allocated on first touch and never missing: a `MFD_HUGETLB` file from a peer
+/// could leave a reader's access to an unreserved huge page to fault with `SIGBUS`.
+///
+/// # Errors
+///
+/// [`Error::NotShmem`] naming the filesystem type found, or [`Error::Sys`] if `fstatfs` fails.
+pub fn check_shmem(fd: BorrowedFd<'_>) -> Result<(), Error> {
+    use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
+    let found = fstatfs(fd)
+        .map_err(Error::sys("fstatfs"))?
+        .filesystem_type();
+    if found == TMPFS_MAGIC {
+        Ok(())
+    } else {
+        Err(Error::NotShmem {
+            expected: TMPFS_MAGIC.0 as u64,
+            found: found.0 as u64,
+        })
+    }
+}
+
 /// The size of the file behind `fd`, from `fstat`.
 ///
 /// # Errors
@@ -161,8 +183,9 @@ impl Mapping {
             .ok_or(Errno::EINVAL)
             .map_err(Error::sys("mmap"))?;
         // SAFETY: a fresh mapping chosen by the kernel (no address hint, no MAP_FIXED) cannot
-        // overlap memory anything in this process already uses. The caller has checked the file
-        // is sealed against shrinking, so the mapped range stays backed for the mapping's life.
+        // overlap memory anything in this process already uses. The file is either sealed against
+        // shrinking (checked by the caller) or not yet shared with anyone (an outbox mapped by its
+        // creator before sealing), so the mapped range stays backed for the mapping's life.
         let ptr = unsafe { mmap(None, len, protection, MapFlags::MAP_SHARED, fd, 0) }
             .map_err(Error::sys("mmap"))?;
         Ok(Self {

@@ -347,7 +347,7 @@ pub(super) fn json_line(
 ///
 /// Read once, before the first measurement pins this process to one of them: asked afterwards,
 /// the affinity mask would hold a single CPU and both sides would end up sharing it.
-fn cpu_pair() -> Option<(usize, usize)> {
+pub(super) fn cpu_pair() -> Option<(usize, usize)> {
     static PAIR: OnceLock<Option<(usize, usize)>> = OnceLock::new();
     *PAIR.get_or_init(|| {
         let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
@@ -356,7 +356,7 @@ fn cpu_pair() -> Option<(usize, usize)> {
     })
 }
 
-fn pin_to(cpu: usize) {
+pub(super) fn pin_to(cpu: usize) {
     let mut set = CpuSet::new();
     if set.set(cpu).is_ok() {
         let _ = sched_setaffinity(Pid::from_raw(0), &set);

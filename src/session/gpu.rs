@@ -1,6 +1,6 @@
 //! Sharing GPU memory handles: [`GpuHandle`] messages, with their fd when the kind has one.
 //!
-//! The handles travel as a `Pod` all-gather (through the payload region: 112 bytes each); fds
+//! The handles travel as a `Pod` all-gather (eagerly, in ring slots: 112 bytes each); fds
 //! travel through the fd exchange (`pidfd_getfd`, or the broker relay). The library never links
 //! a GPU runtime: opening a handle is the caller's business, with whatever runtime exported it.
 

@@ -16,9 +16,10 @@
 //! Up to the session's eager limit, a message is a header slot plus continuation slots, written to
 //! each receiver's ring back to back: nothing else is sent on that ring until the last slot is in,
 //! so the receiver reads the continuation as raw bytes right behind its header. Larger data is *pipelined*: a header with the
-//! total length, then chunks of [`CHUNK_BYTES`] written into this rank's outbox one after the
-//! other, each announced with a `CHUNK` message carrying its [`PayloadRef`]; receivers copy each
-//! chunk out and acknowledge it, which frees the block for the next chunk. At most
+//! total length, then chunks (a quarter of the message, from [`MIN_CHUNK_BYTES`] to
+//! [`CHUNK_BYTES`]) written into this rank's outbox one after the other, each announced with a
+//! `CHUNK` message carrying its [`PayloadRef`]; receivers copy each chunk out and acknowledge it,
+//! which frees the block for the next chunk. At most
 //! [`CHUNKS_IN_FLIGHT`] chunks are unacknowledged at once, so the sender's copy of chunk `n + 1`
 //! overlaps the receivers' copies of chunk `n`, the chunks stay warm in cache, a slow receiver
 //! holds the sender back, and a message larger than the outbox goes through. A transfer that
@@ -31,7 +32,20 @@
 //! A collective whose own data is pipelined drives its outgoing transfer and its incoming
 //! transfers together ([`Session::drive`]), one non-blocking step at a time, so two ranks that
 //! each send more than their outbox holds to the other both make progress. Incoming transfers
-//! alone wait parked on the ring they need.
+//! alone wait on the ring they need: parked while waiting for a message to start, spinning and
+//! then yielding between the chunks of one (a wake-up per chunk would cost more than the chunk).
+//! Every loop looks at the deadline now and then even while messages keep coming, and a peer may
+//! have at most [`MAX_UNREAD`] messages queued that no call has taken: a peer that floods cannot
+//! hold a call past its deadline or grow this process's memory without bound.
+//!
+//! # What an interrupted transfer leaves
+//!
+//! A call that fails in the middle of a transfer (`Timeout`, `PeerLost`) leaves that link out of
+//! step: blocks sent to a peer that never acknowledges them stay owed (a lost peer's are given
+//! back), and chunks already queued from the peer no longer belong to any receive. Drop the
+//! session after such an error. A rank that leaves or dies is dropped from every owed set, so
+//! its blocks are reused even if a `LoanView` of them outlives its session there: a view must not
+//! outlive the session that received it.
 
 use super::{Deadline, Error, Session};
 use shmbroker_allocator::{Outbox, PeerOutbox};
@@ -44,8 +58,15 @@ use std::time::{Duration, Instant};
 /// sender's copy and the receivers' copy, large enough that a message costs few ring messages.
 pub const CHUNK_BYTES: usize = 256 << 10;
 
+/// The smallest chunk a message is cut into (unless the outbox is smaller still).
+pub const MIN_CHUNK_BYTES: usize = 16 << 10;
+
 /// Chunks a pipelined transfer keeps unacknowledged at once.
 pub const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// The most messages queued from one peer that no call has taken yet; past it the peer is
+/// refused with [`Error::Protocol`] rather than this process's memory growing without bound.
+pub const MAX_UNREAD: usize = 1 << 20;
 
 /// How long a pipelined transfer may make no progress before it widens its window.
 const STALL: Duration = Duration::from_millis(1);
@@ -149,7 +170,9 @@ impl Sink<'_> {
 fn too_big(peer: u32, len: u64) -> Error {
     Error::Protocol {
         peer,
-        detail: format!("announced a message of {len} bytes, more than this process can hold"),
+        detail: format!(
+            "announced a message of {len} bytes; this process could not reserve that much memory"
+        ),
     }
 }
 
@@ -255,6 +278,16 @@ impl<'d> Outgoing<'d> {
     fn is_done(&self) -> bool {
         self.written == self.data.len() && self.delivered.iter().all(|&d| d == self.messages.len())
     }
+
+    /// The first target that has not been sent everything yet (to name in a timeout).
+    fn first_waiting(&self) -> u32 {
+        self.targets
+            .iter()
+            .zip(&self.delivered)
+            .find(|&(_, &d)| d < self.messages.len())
+            .or_else(|| self.targets.iter().zip(&self.delivered).next())
+            .map_or(u32::MAX, |(&t, _)| t)
+    }
 }
 
 /// The slots of an eager message: a header and its continuation, in a stack buffer of `N`.
@@ -306,8 +339,11 @@ fn read_ref(peer: u32, message: &Message) -> Result<PayloadRef, Error> {
         return Err(Error::Protocol {
             peer,
             detail: format!(
-                "a reference message (kind {:#x}) must have len 0 and zeros after the reference",
-                message.kind
+                "a reference message (kind {:#x}) must have len 0 and zeros after the reference; \
+                 found len {} and {} nonzero bytes",
+                message.kind,
+                message.len,
+                rest.iter().filter(|&&b| b != 0).count()
             ),
         });
     }
@@ -345,11 +381,16 @@ impl Session {
         (INLINE_BYTES + (half - 1) * size_of::<Message>()).min(kind::EAGER_MAX)
     }
 
-    /// Bytes per chunk: [`CHUNK_BYTES`], or a quarter of a smaller outbox, so that several chunks
-    /// are always in flight.
-    fn chunk_bytes(&self) -> usize {
-        let quarter = (self.outbox.capacity() / 4 / 64 * 64).max(64);
-        CHUNK_BYTES.min(usize::try_from(quarter).unwrap_or(usize::MAX))
+    /// Bytes per chunk of a `total`-byte message: [`CHUNK_BYTES`], but at most a quarter of the
+    /// message (at least [`MIN_CHUNK_BYTES`]), so that even a message of a few chunks overlaps the
+    /// sender's copy with the receivers', and at most a quarter of the outbox, so that several
+    /// chunks are always in flight.
+    fn chunk_bytes(&self, total: usize) -> usize {
+        let quarter_outbox = (self.outbox.capacity() / 4 / 64 * 64).max(64);
+        let quarter_message = (total / 4).next_multiple_of(4096).max(MIN_CHUNK_BYTES);
+        CHUNK_BYTES
+            .min(quarter_message)
+            .min(usize::try_from(quarter_outbox).unwrap_or(usize::MAX))
     }
 
     /// `peer`'s outbox, mapped read-only the first time it is needed.
@@ -378,46 +419,82 @@ impl Session {
     // -----------------------------------------------------------------------------------------
     // Reading rings
 
-    /// Takes in the next message from `peer`: an acknowledgement is handled, anything else is
-    /// queued (an eager message with its continuation). With `wait`, waits up to its deadline
-    /// (parked); without, returns `false` at once when nothing is there.
+    /// Takes in what `peer` sent next: an acknowledgement is handled, anything else is queued.
+    /// An eager message's continuation slots are taken as they come, never waited for here: a
+    /// message whose slots are still owed stays invisible to [`Self::find`] until it is whole. With
+    /// `wait`, waits up to its deadline (parked) for something to arrive; without, returns
+    /// `false` at once when nothing is there.
     pub(super) fn pull(&mut self, peer: u32, wait: Option<&Deadline>) -> Result<bool, Error> {
-        // What is already there is taken without reading the clock.
-        let received = match (self.link(peer)?.from.try_recv(), wait) {
-            (Ok(message), _) => message,
-            (Err(TryRecvError::Empty), None) => return Ok(false),
-            (Err(TryRecvError::Disconnected), _) => return Err(self.lost_from(peer)),
-            (Err(TryRecvError::Corrupted(corruption)), _) => {
-                return Err(Error::Corrupted { peer, corruption });
-            }
-            (Err(TryRecvError::Empty), Some(deadline)) => {
-                // While acknowledgements are owed, wait in slices and send them as room appears:
-                // a peer may be waiting for them to free blocks before it can send more.
-                let owing = self.owes_acks();
-                let slice = if owing {
-                    deadline.left().min(SEND_SLICE)
-                } else {
-                    deadline.left()
-                };
-                match self.link(peer)?.from.recv_timeout(slice) {
-                    Ok(message) => message,
-                    Err(RecvTimeoutError::Timeout) if owing && !deadline.left().is_zero() => {
-                        self.flush_all_acks()?;
-                        return Ok(false);
-                    }
-                    Err(RecvTimeoutError::Timeout) => return Err(deadline.timed_out(peer)),
-                    Err(RecvTimeoutError::Disconnected) => return Err(self.lost_from(peer)),
-                    Err(RecvTimeoutError::Corrupted(corruption)) => {
-                        return Err(Error::Corrupted { peer, corruption });
-                    }
-                }
-            }
-        };
-        self.take_in(peer, received)?;
+        let p = peer as usize;
+        if self.unread[p].len() >= MAX_UNREAD {
+            return Err(Error::Protocol {
+                peer,
+                detail: format!(
+                    "sent more than {MAX_UNREAD} messages that nobody receives yet; expected them \
+                     to be received first"
+                ),
+            });
+        }
+        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); 8];
+        let owed = self.owed_slots[p];
+        // One message at a time, unless continuation slots are owed: a header must be looked at
+        // before what follows it can be told apart.
+        let want = owed.clamp(1, slots.len());
+        let got = self.receive(peer, &mut slots[..want], wait)?;
+        if got == 0 {
+            return Ok(false);
+        }
+        if owed > 0 {
+            self.unread[p].extend(&slots[..got]);
+            self.owed_slots[p] = owed - got;
+        } else {
+            self.take_in(peer, slots[0])?;
+        }
         Ok(true)
     }
 
-    /// Files one message from `peer`.
+    /// Up to `buffer.len()` messages from `peer`'s ring: those already there (no clock read), or
+    /// with `wait` the first ones to arrive before its deadline. 0 when nothing is there and
+    /// there is no `wait`, or after a slice spent waiting while acknowledgements are owed (they
+    /// are sent meanwhile: a peer may be waiting for them to free blocks before it sends more).
+    fn receive(
+        &mut self,
+        peer: u32,
+        buffer: &mut [Message],
+        wait: Option<&Deadline>,
+    ) -> Result<usize, Error> {
+        match self.link(peer)?.from.try_recv_batch(buffer) {
+            Ok(got) => return Ok(got),
+            Err(TryRecvError::Empty) => {}
+            Err(TryRecvError::Disconnected) => return Err(self.lost_from(peer)),
+            Err(TryRecvError::Corrupted(corruption)) => {
+                return Err(Error::Corrupted { peer, corruption });
+            }
+        }
+        let Some(deadline) = wait else {
+            return Ok(0);
+        };
+        let owing = self.owes_acks();
+        let slice = if owing {
+            deadline.left().min(SEND_SLICE)
+        } else {
+            deadline.left()
+        };
+        match self.link(peer)?.from.recv_batch_timeout(buffer, slice) {
+            Ok(got) => Ok(got),
+            Err(RecvTimeoutError::Timeout) if owing && !deadline.left().is_zero() => {
+                self.flush_all_acks()?;
+                Ok(0)
+            }
+            Err(RecvTimeoutError::Timeout) => Err(deadline.timed_out(peer)),
+            Err(RecvTimeoutError::Disconnected) => Err(self.lost_from(peer)),
+            Err(RecvTimeoutError::Corrupted(corruption)) => {
+                Err(Error::Corrupted { peer, corruption })
+            }
+        }
+    }
+
+    /// Files one message from `peer` (not a continuation slot).
     fn take_in(&mut self, peer: u32, received: Message) -> Result<(), Error> {
         if received.kind == kind::PAYLOAD_ACK {
             let acked = read_ref(peer, &received)?;
@@ -430,11 +507,7 @@ impl Session {
         }
         let eager = transport(peer, &received)? == 0;
         let len = received.len as usize;
-        if !eager {
-            self.unread[peer as usize].push_back(received);
-            return Ok(());
-        }
-        if len > kind::EAGER_MAX {
+        if eager && len > kind::EAGER_MAX {
             return Err(Error::Protocol {
                 peer,
                 detail: format!(
@@ -444,42 +517,8 @@ impl Session {
             });
         }
         self.unread[peer as usize].push_back(received);
-        let mut missing = kind::continuation_slots(len);
-        if missing == 0 {
-            return Ok(());
-        }
-        // The sender writes a message's slots back to back, right behind its header: usually
-        // they are all there already, and the clock is read only when they are not.
-        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); 8];
-        let mut deadline = None;
-        while missing > 0 {
-            let want = missing.min(slots.len());
-            let got = match self.link(peer)?.from.try_recv_batch(&mut slots[..want]) {
-                Ok(got) => got,
-                Err(TryRecvError::Empty) => {
-                    let deadline = deadline.get_or_insert_with(|| {
-                        Deadline::new("receiving an eager message", self.timeout)
-                    });
-                    match self
-                        .link(peer)?
-                        .from
-                        .recv_batch_timeout(&mut slots[..want], deadline.left())
-                    {
-                        Ok(got) => got,
-                        Err(RecvTimeoutError::Timeout) => return Err(deadline.timed_out(peer)),
-                        Err(RecvTimeoutError::Disconnected) => return Err(self.lost_from(peer)),
-                        Err(RecvTimeoutError::Corrupted(corruption)) => {
-                            return Err(Error::Corrupted { peer, corruption });
-                        }
-                    }
-                }
-                Err(TryRecvError::Disconnected) => return Err(self.lost_from(peer)),
-                Err(TryRecvError::Corrupted(corruption)) => {
-                    return Err(Error::Corrupted { peer, corruption });
-                }
-            };
-            self.unread[peer as usize].extend(&slots[..got]);
-            missing -= got;
+        if eager {
+            self.owed_slots[peer as usize] = kind::continuation_slots(len);
         }
         Ok(())
     }
@@ -529,8 +568,13 @@ impl Session {
     }
 
     /// Reads whatever has arrived from `peer` without waiting.
+    /// At most a ringful, so that a peer that keeps sending cannot keep this rank here.
     pub(super) fn drain_from(&mut self, peer: u32) -> Result<(), Error> {
-        while self.pull(peer, None)? {}
+        for _ in 0..self.inner.ring_capacity() {
+            if !self.pull(peer, None)? {
+                break;
+            }
+        }
         Ok(())
     }
 
@@ -542,24 +586,44 @@ impl Session {
             if header.kind == kind::CHUNK {
                 return Err(Error::Protocol {
                     peer,
-                    detail: "a chunk that no pipelined message announced".into(),
+                    detail: format!(
+                        "a chunk (tag {}) that no pipelined message announced; expected a message \
+                         header",
+                        header.tag
+                    ),
                 });
+            }
+            let eager = header.kind & !kind::OP_MASK == 0;
+            let extent = 1 + kind::continuation_slots(header.len as usize);
+            if eager && at + extent > queue.len() {
+                // Its continuation is still owed: the last group, and not whole yet.
+                return Ok(None);
             }
             if expect.selects(header) {
                 return Ok(Some(at));
             }
             at += match header.kind & !kind::OP_MASK {
-                0 => 1 + kind::continuation_slots(header.len as usize),
+                0 => extent,
                 kind::PIPELINED => {
                     let total = u64::from_le_bytes(header.inline[..8].try_into().unwrap_or([0; 8]));
                     let mut seen = 0u64;
                     let mut next = at + 1;
                     while seen < total {
-                        let Some(chunk) = queue.get(next).filter(|m| m.kind == kind::CHUNK) else {
+                        let Some(chunk) = queue.get(next) else {
                             // The rest of this message is still in the ring: nothing queued
                             // after it.
                             return Ok(None);
                         };
+                        if chunk.kind != kind::CHUNK || chunk.tag != header.tag {
+                            return Err(Error::Protocol {
+                                peer,
+                                detail: format!(
+                                    "message {} of {total} bytes was cut off after {seen} bytes \
+                                     by kind {:#x} tag {}; expected its next chunk",
+                                    header.tag, chunk.kind, chunk.tag
+                                ),
+                            });
+                        }
                         seen += u64::from(read_ref(peer, chunk)?.len.max(1));
                         next += 1;
                     }
@@ -699,14 +763,16 @@ impl Session {
             let out = sink.window(0, len);
             out[..head].copy_from_slice(&header.inline[..head]);
             let mut filled = head;
-            for slot in queue.range(at + 1..at + 1 + slots) {
+            let end = (at + 1 + slots).min(queue.len());
+            for slot in queue.range(at + 1..end) {
                 let bytes = bytemuck::bytes_of(slot);
                 let take = (len - filled).min(bytes.len());
                 out[filled..filled + take].copy_from_slice(&bytes[..take]);
                 filled += take;
             }
         }
-        queue.drain(at..at + 1 + slots);
+        let end = (at + 1 + slots).min(queue.len());
+        queue.drain(at..end);
         Ok(InState::Done {
             len: len as u64,
             fits,
@@ -720,7 +786,14 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         let mut idle = 0u32;
+        let mut turns = 0u32;
         while !incoming.is_done() {
+            turns = turns.wrapping_add(1);
+            // A peer that keeps sending what nobody waits for must not keep this call past its
+            // deadline: look at the clock now and then even while things move.
+            if turns.is_multiple_of(1024) && deadline.left().is_zero() {
+                return Err(deadline.timed_out(incoming.peer));
+            }
             if self.step_in(incoming, deadline)? {
                 idle = 0;
                 continue;
@@ -759,21 +832,37 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<Message, Error> {
         let expect = Expect::Collective { op, seq };
+        let at = self.await_group(peer, expect, deadline)?;
+        let header = self.unread[peer as usize][at];
+        expect.check(peer, &header)?;
+        if header.kind != op || header.len as usize > INLINE_BYTES {
+            return Err(Error::Protocol {
+                peer,
+                detail: format!(
+                    "operation {op} travels in one slot; found kind {:#x} with {} bytes",
+                    header.kind, header.len
+                ),
+            });
+        }
+        self.unread[peer as usize].remove(at);
+        Ok(header)
+    }
+
+    /// Waits until a whole group `expect` selects is queued from `peer`; returns its index.
+    fn await_group(
+        &mut self,
+        peer: u32,
+        expect: Expect,
+        deadline: &Deadline,
+    ) -> Result<usize, Error> {
+        let mut turns = 0u32;
         loop {
             if let Some(at) = self.find(peer, expect)? {
-                let header = self.unread[peer as usize][at];
-                expect.check(peer, &header)?;
-                if header.kind != op || header.len as usize > INLINE_BYTES {
-                    return Err(Error::Protocol {
-                        peer,
-                        detail: format!(
-                            "operation {op} travels in one slot; found kind {:#x} with {} bytes",
-                            header.kind, header.len
-                        ),
-                    });
-                }
-                self.unread[peer as usize].remove(at);
-                return Ok(header);
+                return Ok(at);
+            }
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(1024) && deadline.left().is_zero() {
+                return Err(deadline.timed_out(peer));
             }
             self.pull(peer, Some(deadline))?;
         }
@@ -818,7 +907,11 @@ impl Session {
                     if deadline.left().is_zero() {
                         return Err(deadline.timed_out(peer));
                     }
-                    self.drain_from(peer)?;
+                    // Every peer, not only this one: in a ring of ranks each sending to the next,
+                    // the rank this one waits for is itself waiting on a third.
+                    for other in self.peers() {
+                        self.drain_from(other)?;
+                    }
                 }
                 Err(shmbroker_queues::SendTimeoutError::Disconnected(_)) => {
                     return Err(self.lost_to(peer));
@@ -848,11 +941,14 @@ impl Session {
         let mut outgoing = None;
         if let Some((data, targets)) = data {
             if !self.send_if_eager(op, tag, data, targets, deadline)? {
-                let targets = match targets {
+                let targets: Vec<u32> = match targets {
                     Targets::Peers => self.peers().collect(),
                     Targets::One(peer) => vec![peer],
                 };
-                outgoing = Some(Outgoing::new(op, tag, data, targets));
+                // A world of one: nobody to send to.
+                if !targets.is_empty() {
+                    outgoing = Some(Outgoing::new(op, tag, data, targets));
+                }
             }
         } else {
             self.flush_view_acks()?;
@@ -920,6 +1016,7 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         let mut idle = 0u32;
+        let mut turns = 0u32;
         let mut stalled_since = None;
         loop {
             let mut moved = self.step_out(outgoing)?;
@@ -932,10 +1029,14 @@ impl Session {
             if outgoing.is_done() {
                 break;
             }
-            if moved {
+            turns = turns.wrapping_add(1);
+            if moved && (!turns.is_multiple_of(1024) || !deadline.left().is_zero()) {
                 idle = 0;
                 stalled_since = None;
                 continue;
+            }
+            if moved {
+                return Err(deadline.timed_out(outgoing.first_waiting()));
             }
             idle += 1;
             if idle < 64 {
@@ -945,13 +1046,7 @@ impl Session {
             // Nothing moves: the clock is read only here.
             let now = Instant::now();
             if deadline.left().is_zero() {
-                let waiting = outgoing
-                    .targets
-                    .iter()
-                    .zip(&outgoing.delivered)
-                    .find(|&(_, &d)| d < outgoing.messages.len())
-                    .map_or(outgoing.targets[0], |(&t, _)| t);
-                return Err(deadline.timed_out(waiting));
+                return Err(deadline.timed_out(outgoing.first_waiting()));
             }
             let since = *stalled_since.get_or_insert(now);
             if now.duration_since(since) >= STALL {
@@ -978,7 +1073,7 @@ impl Session {
         }
         while outgoing.written < outgoing.data.len() && self.chunk_blocks.len() < outgoing.window {
             let len = self
-                .chunk_bytes()
+                .chunk_bytes(outgoing.data.len())
                 .min(outgoing.data.len() - outgoing.written);
             let Some(block) = self
                 .outbox
@@ -995,7 +1090,9 @@ impl Session {
                 .outbox
                 .send(block, len as u64, outgoing.receivers)
                 .map_err(Error::OwnOutbox)?;
-            self.chunk_blocks.insert(sent.offset);
+            if outgoing.receivers != 0 {
+                self.chunk_blocks.insert(sent.offset);
+            }
             outgoing
                 .messages
                 .push(with_ref(kind::CHUNK, outgoing.tag, sent));
@@ -1100,6 +1197,13 @@ impl Session {
 }
 
 /// Acknowledgements of dropped loan views, waiting for their session's next call.
+///
+/// Views may be dropped on any thread of this process; the queue is behind a mutex and `waiting`
+/// only spares the session a lock when nothing is queued. A push stores `waiting` after it queued
+/// (Release); a take that sees it unset skips this time and the acknowledgement goes with the
+/// next call, so none is lost. This is an in-process protocol on the standard library's own
+/// primitives: the cross-process protocols (rings, parking) are the queue crate's, loom-checked;
+/// the outboxes add none (their ledger is private, and acknowledgements travel on the rings).
 #[derive(Debug, Default, Clone)]
 pub(super) struct ViewAcks {
     queue: std::sync::Arc<std::sync::Mutex<VecDeque<(u32, PayloadRef)>>>,
@@ -1143,25 +1247,25 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<super::LoanView, Error> {
         self.flush_view_acks()?;
-        let at = loop {
-            if let Some(at) = self.find(peer, expect)? {
-                break at;
-            }
-            self.pull(peer, Some(deadline))?;
-        };
+        let at = self.await_group(peer, expect, deadline)?;
         let header = self.unread[peer as usize][at];
         expect.check(peer, &header)?;
-        if transport(peer, &header)? != kind::LOAN {
+        let transport = transport(peer, &header)?;
+        if transport != kind::LOAN {
             return Err(Error::Misuse(format!(
-                "the next message from rank {peer} is not a loan; receive it with recv"
+                "the next message from rank {peer} is not a loan (kind {:#x}, {}); receive it \
+                 with recv",
+                header.kind,
+                if transport == 0 { "eager" } else { "pipelined" }
             )));
         }
-        self.unread[peer as usize].remove(at);
+        // Checked before it leaves the queue: a reference that fails is not lost on the way.
         let lent = read_ref(peer, &header)?;
         let view = self
             .peer_outbox(peer, deadline)?
             .view(lent)
             .map_err(|source| Error::Outbox { peer, source })?;
+        self.unread[peer as usize].remove(at);
         Ok(super::LoanView {
             view,
             owner: peer,

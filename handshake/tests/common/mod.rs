@@ -25,7 +25,7 @@ impl Drop for TempDir {
     }
 }
 
-/// A small world: rings of 64 slots, a 4 MiB payload region.
+/// A small world: rings of 64 slots.
 pub fn config(world_size: u32) -> Config {
     Config {
         world_size,

@@ -1,0 +1,176 @@
+//! The outbox's public API: what its owner can do, and every error a peer's file or reference
+//! can trigger.
+
+use shmbroker_allocator::{AckFault, Error, MIN_OUTBOX_BYTES, Outbox, PeerOutbox, check_ref};
+use shmbroker_bindings::{OUTBOX_HEADER_BYTES, PayloadRef};
+use shmbroker_queues::memfd::{OWNER_ONLY_SEALS, create_sealed, create_sized, seal_with};
+use std::os::fd::AsFd;
+
+fn reference(offset: u64, len: u32) -> PayloadRef {
+    PayloadRef {
+        offset,
+        len,
+        _pad0: 0,
+    }
+}
+
+#[test]
+fn bytes_written_by_the_owner_are_read_by_a_peer_and_the_block_comes_back() {
+    let mut outbox = Outbox::create(3, 1 << 20).unwrap();
+    let peer = PeerOutbox::join(outbox.fd(), 3).unwrap();
+    let free = outbox.free_bytes();
+    let block = outbox.try_alloc(100_000).unwrap().unwrap();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    outbox.write(&block, 0, &data).unwrap();
+    let sent = outbox
+        .send(block, 100_000, Outbox::receivers([0, 1]))
+        .unwrap();
+    let mut copy = vec![0; 100_000];
+    peer.read_into(sent, &mut copy).unwrap();
+    assert_eq!(copy, data);
+    assert_eq!(&*peer.view(sent).unwrap(), &data[..]);
+    assert!(!outbox.ack(0, sent).unwrap(), "rank 1 still owes one");
+    assert_eq!(outbox.blocks_owed(), 1);
+    assert!(matches!(
+        outbox.ack(0, sent),
+        Err(Error::Ack {
+            rank: 0,
+            fault: AckFault::NotOwed,
+            ..
+        })
+    ));
+    assert!(
+        outbox.ack(1, sent).unwrap(),
+        "the last acknowledgement frees"
+    );
+    assert_eq!(outbox.free_bytes(), free);
+}
+
+#[test]
+fn a_loan_dropped_unsent_comes_back_and_a_foreign_one_is_refused() {
+    let mut a = Outbox::create(0, 1 << 20).unwrap();
+    let mut b = Outbox::create(1, 1 << 20).unwrap();
+    let (free_a, free_b) = (a.free_bytes(), b.free_bytes());
+    let mut loan = a.try_loan(5000).unwrap().unwrap();
+    loan.fill(1);
+    drop(loan);
+    assert_eq!(a.free_bytes(), free_a);
+    let foreign = b.try_loan(10).unwrap().unwrap();
+    assert!(matches!(a.send_loan(foreign, 2), Err(Error::ForeignLoan)));
+    // Refused and dropped: it went back to the outbox it came from.
+    assert_eq!(b.free_bytes(), free_b);
+    let too_big = a.capacity() as usize + 1;
+    assert!(matches!(a.try_loan(too_big), Err(Error::TooLarge { .. })));
+}
+
+#[test]
+fn a_write_past_its_block_is_refused() {
+    let mut outbox = Outbox::create(0, MIN_OUTBOX_BYTES).unwrap();
+    let block = outbox.try_alloc(64).unwrap().unwrap();
+    assert!(matches!(
+        outbox.write(&block, 60, &[1; 5]),
+        Err(Error::TooLarge {
+            requested: 65,
+            capacity: 64
+        })
+    ));
+    outbox.release(block);
+}
+
+#[test]
+fn references_outside_the_blocks_or_with_padding_are_refused() {
+    let size = 1 << 20;
+    let cases = [
+        reference(0, 1),                       // the header
+        reference(OUTBOX_HEADER_BYTES - 1, 2), // reaches into the header
+        reference(size, 1),                    // past the end
+        reference(size - 10, 11),              // runs past the end
+        reference(u64::MAX - 5, 10),           // overflows
+        PayloadRef {
+            _pad0: 1,
+            ..reference(64, 1)
+        }, // padding
+    ];
+    for case in cases {
+        match check_ref(4, case, size) {
+            Err(Error::OutOfBounds {
+                owner: 4,
+                offset,
+                len,
+                ..
+            }) => {
+                assert_eq!((offset, len), (case.offset, case.len));
+            }
+            other => panic!("{case:?}: {other:?}"),
+        }
+    }
+    assert_eq!(check_ref(4, reference(64, 10), size).unwrap(), (64, 10));
+    assert_eq!(
+        check_ref(4, reference(size - 1, 1), size).unwrap(),
+        ((size - 1) as usize, 1)
+    );
+    let outbox = Outbox::create(4, size).unwrap();
+    let peer = PeerOutbox::join(outbox.fd(), 4).unwrap();
+    let mut wrong_length = [0u8; 9];
+    assert!(matches!(
+        peer.read_into(reference(64, 10), &mut wrong_length),
+        Err(Error::LengthMismatch {
+            expected: 9,
+            found: 10
+        })
+    ));
+}
+
+#[test]
+fn a_file_that_is_not_an_owners_outbox_is_refused_before_mapping() {
+    // Sealed against resizing only: others could still write it.
+    let writable = create_sealed(c"test", 1 << 20).unwrap();
+    assert!(matches!(
+        PeerOutbox::join(writable.as_fd(), 0),
+        Err(Error::Memfd(shmbroker_queues::Error::MissingSeals { .. }))
+    ));
+    // Sealed, but no outbox header.
+    let blank = create_sized(c"test", 1 << 20).unwrap();
+    seal_with(blank.as_fd(), OWNER_ONLY_SEALS).unwrap();
+    assert!(matches!(
+        PeerOutbox::join(blank.as_fd(), 0),
+        Err(Error::BadHeader { field: "magic", .. })
+    ));
+    // Too small to be an outbox.
+    let tiny = create_sized(c"test", 64).unwrap();
+    seal_with(tiny.as_fd(), OWNER_ONLY_SEALS).unwrap();
+    assert!(matches!(
+        PeerOutbox::join(tiny.as_fd(), 0),
+        Err(Error::BadSize { found: 64, .. })
+    ));
+    // Another rank's outbox passed off as rank 1's.
+    let other = Outbox::create(2, 1 << 20).unwrap();
+    assert!(matches!(
+        PeerOutbox::join(other.fd(), 1),
+        Err(Error::BadHeader {
+            field: "owner_rank",
+            expected: 1,
+            found: 2,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_hugetlb_file_is_refused_as_an_outbox() {
+    use nix::sys::memfd::{MFdFlags, memfd_create};
+    let flags = MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING | MFdFlags::MFD_HUGETLB;
+    let Ok(fd) = memfd_create(c"test-huge", flags) else {
+        eprintln!("skipped: this kernel makes no MFD_HUGETLB memfds");
+        return;
+    };
+    // Its size may not be settable without huge pages; the filesystem check comes first anyway.
+    let _ = nix::unistd::ftruncate(&fd, 2 << 20);
+    let _ = seal_with(fd.as_fd(), OWNER_ONLY_SEALS);
+    match PeerOutbox::join(fd.as_fd(), 0) {
+        Err(Error::Memfd(
+            shmbroker_queues::Error::NotShmem { .. } | shmbroker_queues::Error::MissingSeals { .. },
+        )) => {}
+        other => panic!("a hugetlb memfd was accepted: {other:?}"),
+    }
+}
