@@ -196,7 +196,7 @@ fn every_operation_at_every_size_to_one_mib_for_world_sizes_one_to_eight() {
 
 #[test]
 fn every_operation_at_64_mib() {
-    every_size("sizes64", &[1, 2, 3, 8], 64 << 20, 72 << 20);
+    every_size("sizes64", &[1, 2, 3, 4, 5, 6, 7, 8], 64 << 20, 72 << 20);
 }
 
 #[test]

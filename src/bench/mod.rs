@@ -224,7 +224,7 @@ impl Report {
         if !self.printed_header {
             println!(
                 "{:<24} {:>10}  {:<38} {:>10} {:>10} {:>13}  ours/baseline",
-                "bench", "size", "impl", "p50", "p99", "msgs or B/s"
+                "bench", "size", "impl", "p50", "p99", "per second"
             );
             self.printed_header = true;
         }
@@ -238,12 +238,7 @@ impl Report {
             Summary::Throughput { median, .. } => (
                 String::new(),
                 String::new(),
-                match comparison.size {
-                    Size::Bytes(bytes) if bytes >= 4096 => {
-                        format!("{:.2} GB/s", median * bytes as f64 / 1e9)
-                    }
-                    _ => format!("{:.2} M", median / 1e6),
-                },
+                rate_text(comparison.size, *median),
                 ratio.map_or(String::new(), |(a, _)| format!("{a:.2}x")),
             ),
         };
@@ -264,6 +259,17 @@ impl Report {
             );
         }
         self.kept
+    }
+}
+
+/// A throughput for the tables: messages per second, or bytes per second for messages of 4 KiB
+/// and more.
+pub(super) fn rate_text(size: Size, messages_per_s: f64) -> String {
+    match size {
+        Size::Bytes(bytes) if bytes >= 4096 => {
+            format!("{:.2} GB/s", messages_per_s * bytes as f64 / 1e9)
+        }
+        _ => format!("{:.2} M msgs", messages_per_s / 1e6),
     }
 }
 

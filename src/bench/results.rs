@@ -81,7 +81,7 @@ fn size_text(size: Size) -> String {
 fn markdown(comparisons: &[Comparison]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "Measured on {}.\n", machine());
-    out.push_str("| bench | size | impl | p50 | p99 | msgs/s | ours/baseline |\n");
+    out.push_str("| bench | size | impl | p50 | p99 | per second | ours/baseline |\n");
     out.push_str("|---|---:|---|---:|---:|---:|---|\n");
     for comparison in comparisons {
         let ours = comparison.contenders.first().map(|(_, m)| summarize(m));
@@ -101,7 +101,7 @@ fn markdown(comparisons: &[Comparison]) -> String {
                 Summary::Throughput { median, .. } => (
                     String::new(),
                     String::new(),
-                    format!("{:.2} M", median / 1e6),
+                    super::rate_text(comparison.size, median),
                     ratio.map_or(String::new(), |(a, _)| format!("{a:.2}x")),
                 ),
             };
