@@ -110,9 +110,14 @@ fn worker_as_nobody(name: &str, extra: &[&str]) -> (bool, String, String) {
     args.extend_from_slice(extra);
     let broker = serve(&socket, &args);
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let mut command = shmbroker(&["worker", "--socket", socket.to_str().unwrap()]);
-    command.uid(65534).gid(65534);
-    let result = finish(spawn_with_fds(&mut command, &[]).unwrap());
+    let mut command = Command::new(common::binary_for_any_uid(&dir.0));
+    command
+        .args(["worker", "--socket", socket.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .uid(65534)
+        .gid(65534);
+    let result = finish(common::spawn(&mut command));
     drop(broker);
     result
 }

@@ -73,8 +73,8 @@ fn fds_between(
 ) -> Vec<(bool, String, String)> {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    let broker = Broker::start_with(name, 2, vec![0, 65534]);
-    std::fs::set_permissions(&broker.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut broker = Broker::start_with(name, 2, vec![0, 65534]);
+    broker.program = common::binary_for_any_uid(&broker.dir);
     std::fs::set_permissions(broker.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
     let workers: Vec<ChildGuard> = (0..2u32)
         .map(|rank| {

@@ -33,6 +33,41 @@ impl Drop for TempDir {
     }
 }
 
+/// A copy of the `shmbroker` binary in `dir`, with `dir` opened to everyone (mode 0755), for
+/// children that run as another uid: the build's own target directory may lie where that uid
+/// cannot reach (a clone under `/root`, inside a `mktemp -d` directory), and a test must set up
+/// everything it runs.
+pub fn binary_for_any_uid(dir: &std::path::Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let open = |path: &std::path::Path| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    open(dir);
+    let copy = dir.join("shmbroker");
+    // A hard link where it can be (same file system, and no copy that another thread's fork
+    // could still hold open for writing when this one execs it: ETXTBSY); a copy where not.
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_shmbroker"), &copy).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_shmbroker"), &copy).unwrap();
+        open(&copy);
+    }
+    copy
+}
+
+/// `spawn_with_fds` with no fds, retried while the binary is busy (`ETXTBSY`: a copy just written
+/// may still be open for writing in a child another thread forked meanwhile, until it execs).
+pub fn spawn(command: &mut Command) -> ChildGuard {
+    let mut tries = 0;
+    loop {
+        match spawn_with_fds(command, &[]) {
+            Err(error) if error.raw_os_error() == Some(nix::libc::ETXTBSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            spawned => return spawned.unwrap(),
+        }
+    }
+}
+
 /// How long a session of an in-process [`World`] waits for a peer before it fails the test.
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -115,6 +150,8 @@ pub fn finish_status(mut child: ChildGuard) -> (std::process::ExitStatus, String
 /// A broker on a thread, for a world of `world` ranks, in a temp dir; stopped on drop.
 pub struct Broker {
     pub dir: PathBuf,
+    /// The binary workers run: the build's own, or [`binary_for_any_uid`]'s copy.
+    pub program: PathBuf,
     stop: StopHandle,
     thread: Option<JoinHandle<()>>,
     events: mpsc::Receiver<Event>,
@@ -147,6 +184,7 @@ impl Broker {
         });
         Self {
             dir,
+            program: env!("CARGO_BIN_EXE_shmbroker").into(),
             stop,
             thread: Some(thread),
             events,
@@ -167,7 +205,7 @@ impl Broker {
         extra: &[&str],
         adjust: impl FnOnce(&mut Command),
     ) -> ChildGuard {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+        let mut command = Command::new(&self.program);
         command
             .args([
                 "worker",
@@ -181,7 +219,7 @@ impl Broker {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         adjust(&mut command);
-        spawn_with_fds(&mut command, &[]).unwrap()
+        spawn(&mut command)
     }
 
     /// Waits until `count` workers have logged on.
