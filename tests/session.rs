@@ -711,3 +711,45 @@ fn a_peer_flooding_messages_nobody_receives_cannot_hold_a_call_past_its_deadline
         "the flood held the barrier for {took:?}"
     );
 }
+
+#[test]
+fn an_fd_ticket_naming_another_process_than_the_exporters_is_refused() {
+    // A process of this uid with an fd worth stealing (its stdout).
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("30")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (_world, sessions) = World::start("fd-steal", 2);
+    let mut sessions = sessions.into_iter();
+    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    // Rank 1's ticket for the first collective names the bystander's fd 1, exactly (a process of
+    // the same uid can read its (st_dev, st_ino) in /proc), so only the pid check stands between
+    // rank 0 and taking it.
+    let target = nix::sys::stat::stat(format!("/proc/{}/fd/1", bystander.id()).as_str()).unwrap();
+    let ticket = shmbroker::bindings::FdTicket {
+        pid: bystander.id(),
+        fd: 1,
+        dev: target.st_dev,
+        ino: target.st_ino,
+        token: 0,
+    };
+    let mut inline = [0u8; INLINE_BYTES];
+    inline[..32].copy_from_slice(bytemuck::bytes_of(&ticket));
+    raw_send(&mut one, raw(kind::FD_TICKET, 0, 32, inline));
+    let mine = std::fs::File::open("/dev/null").unwrap();
+    zero.set_timeout(Duration::from_secs(2));
+    match zero.exchange_fds(std::os::fd::AsFd::as_fd(&mine)) {
+        Err(Error::Protocol { peer: 1, detail }) => {
+            let expected = format!(
+                "fd ticket names pid {}; rank 1 logged on as pid {}",
+                bystander.id(),
+                std::process::id()
+            );
+            assert!(detail.contains(&expected), "{detail}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+}

@@ -265,7 +265,8 @@ pub enum NoticeKind {
     /// Worker to broker: the attached fd is this worker's outbox, sealed so that only it can
     /// write it; the broker checks the seals and passes it to every other worker of the session.
     Outbox = 4,
-    /// Broker to worker: the attached fd is rank `peer`'s outbox (map it read-only).
+    /// Broker to worker: the attached fd is rank `peer`'s outbox (map it read-only); `token` is
+    /// that rank's process id, as the broker saw it log on.
     PeerOutbox = 5,
 }
 

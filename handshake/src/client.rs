@@ -45,6 +45,8 @@ pub struct Session {
     relayed: HashMap<(u32, u64), OwnedFd>,
     /// Peers' outboxes received and not yet taken, by owner rank.
     outboxes: HashMap<u32, OwnedFd>,
+    /// Peers' process ids as the broker saw them log on, by rank (they come with the outboxes).
+    peer_pids: HashMap<u32, i32>,
 }
 
 impl Session {
@@ -100,6 +102,22 @@ impl Session {
         loop {
             if let Some(fd) = self.outboxes.remove(&owner) {
                 return Ok(fd);
+            }
+            self.read_notice(deadline, "waiting for a peer's outbox", timeout)?;
+        }
+    }
+
+    /// Rank `peer`'s process id as the broker saw it log on (it comes with the peer's outbox),
+    /// waiting up to `timeout` for it to arrive. Not a pid a peer claims: one to trust.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::take_relayed_fd`].
+    pub fn peer_pid(&mut self, peer: u32, timeout: Duration) -> Result<i32, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(&pid) = self.peer_pids.get(&peer) {
+                return Ok(pid);
             }
             self.read_notice(deadline, "waiting for a peer's outbox", timeout)?;
         }
@@ -250,6 +268,15 @@ impl Session {
         }
         match kind {
             NoticeKind::PeerOutbox => {
+                let pid = i32::try_from(notice.token)
+                    .ok()
+                    .filter(|&pid| pid > 0)
+                    .ok_or_else(|| ProtocolError::Field {
+                        field: "peer outbox token (the owner's pid)",
+                        expected: "a process id".into(),
+                        found: notice.token,
+                    })?;
+                self.peer_pids.insert(notice.peer, pid);
                 self.outboxes.insert(notice.peer, fd);
             }
             _ => {
@@ -572,6 +599,7 @@ impl Session {
             notice_fds: VecDeque::new(),
             relayed: HashMap::new(),
             outboxes: HashMap::new(),
+            peer_pids: HashMap::new(),
         })
     }
 }

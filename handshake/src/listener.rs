@@ -763,18 +763,19 @@ impl Listener {
         }
     }
 
-    /// Passes `owner`'s outbox to rank `to`, if both are there; `false` only when sending failed.
+    /// Passes `owner`'s outbox to rank `to`, if both are there, with the owner's pid as the broker
+    /// saw it log on (`SO_PEERCRED`) as the token; `false` only when sending failed.
     fn pass_outbox(&self, owner: u32, to: u32) -> bool {
-        let outbox = self.workers[owner as usize]
-            .as_ref()
-            .and_then(|w| w.outbox.as_ref());
+        let owner_worker = self.workers[owner as usize].as_ref();
+        let pid = owner_worker.map_or(0, |w| w.pid);
+        let outbox = owner_worker.and_then(|w| w.outbox.as_ref());
         let target = self.workers[to as usize]
             .as_ref()
             .and_then(|w| w.stream.as_ref());
         let (Some(outbox), Some(target)) = (outbox, target) else {
             return true;
         };
-        let notice = WorkerNotice::new(NoticeKind::PeerOutbox, owner, 0);
+        let notice = WorkerNotice::new(NoticeKind::PeerOutbox, owner, pid as u64);
         matches!(
             send_with_fds(target.as_fd(), &[bytemuck::bytes_of(&notice)], &[outbox.as_fd()]),
             Ok(n) if n == size_of::<WorkerNotice>()

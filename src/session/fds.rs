@@ -72,10 +72,8 @@ enum ImportFailure {
     Stale { found: (u64, u64) },
 }
 
-/// A pidfd for the process a ticket names.
-fn open_pidfd(ticket: &FdTicket) -> Result<OwnedFd, ImportFailure> {
-    let pid =
-        i32::try_from(ticket.pid).map_err(|_| ImportFailure::Refused(nix::errno::Errno::ESRCH))?;
+/// A pidfd for process `pid`.
+fn open_pidfd(pid: i32) -> Result<OwnedFd, ImportFailure> {
     shmbroker_handshake::pidfd_open(pid).map_err(|e| ImportFailure::Refused(errno(&e)))
 }
 
@@ -248,12 +246,24 @@ impl Session {
                 refused |= 1 << exporter;
                 continue;
             }
+            // Only from the process the broker saw log on as that rank: a ticket naming any other
+            // (some other process of this uid, say) would make this rank pull an fd out of it.
+            let pid = self.exporter_pid(exporter, deadline)?;
+            if i64::from(ticket.pid) != i64::from(pid) {
+                return Err(Error::Protocol {
+                    peer: exporter,
+                    detail: format!(
+                        "fd ticket names pid {}; rank {exporter} logged on as pid {pid}",
+                        ticket.pid
+                    ),
+                });
+            }
             // A pidfd per exporter process, kept for the session: a pidfd refers to that one
             // process, so a reused pid can never be mistaken for it later.
             let pidfd = match self.pidfds.entry(ticket.pid) {
                 std::collections::hash_map::Entry::Occupied(entry) => Ok(entry.into_mut()),
                 std::collections::hash_map::Entry::Vacant(entry) => {
-                    open_pidfd(&ticket).map(|pidfd| entry.insert(pidfd))
+                    open_pidfd(pid).map(|pidfd| entry.insert(pidfd))
                 }
             };
             match pidfd.and_then(|pidfd| import(pidfd, &ticket)) {
@@ -368,6 +378,16 @@ impl Session {
         }
     }
 
+    /// `exporter`'s process id as the broker saw it log on.
+    fn exporter_pid(&mut self, exporter: u32, deadline: &Deadline) -> Result<i32, Error> {
+        self.inner
+            .peer_pid(exporter, deadline.left())
+            .map_err(|error| match error {
+                shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(exporter),
+                other => Error::Logon(other),
+            })
+    }
+
     /// Says once, on standard error, which transport moved fds and why.
     fn report_fd_transport(&mut self, relayed: bool, refusal: Option<(u32, nix::errno::Errno)>) {
         if self.fd_transport_reported {
@@ -417,7 +437,7 @@ mod tests {
     fn a_ticket_is_honoured_only_for_the_file_it_names() {
         let (a, b) = (memfd(), memfd());
         // Taken from this very process: the same file arrives under a new number.
-        let me = open_pidfd(&ticket_for(&a, 0))
+        let me = open_pidfd(std::process::id() as i32)
             .ok()
             .expect("pidfd of this process");
         let fd = import(&me, &ticket_for(&a, a.as_raw_fd()))
