@@ -600,14 +600,7 @@ impl Session {
     ) -> Result<Vec<Vec<u8>>, Error> {
         let deadline = Deadline::new("all_gather", timeout);
         let seq = self.next_seq();
-        let expect = Expect::Collective {
-            op: kind::ALL_GATHER,
-            seq,
-        };
-        let mut incoming: Vec<Incoming<'_>> = self
-            .peers()
-            .map(|peer| Incoming::new(peer, expect, Sink::Vec(Vec::new())))
-            .collect();
+        let mut incoming = self.receive_from_every_peer(kind::ALL_GATHER, seq);
         self.transfer(
             kind::ALL_GATHER,
             seq,
@@ -615,6 +608,19 @@ impl Session {
             &mut incoming,
             &deadline,
         )?;
+        self.gathered(data, incoming)
+    }
+
+    /// A receive into a vector from every peer, of collective `op` number `seq`.
+    fn receive_from_every_peer(&self, op: u32, seq: u64) -> Vec<Incoming<'static>> {
+        let expect = Expect::Collective { op, seq };
+        self.peers()
+            .map(|peer| Incoming::new(peer, expect, Sink::Vec(Vec::new())))
+            .collect()
+    }
+
+    /// Every rank's data by rank: this rank's `data` and what each of `incoming` received.
+    fn gathered(&self, data: &[u8], incoming: Vec<Incoming<'_>>) -> Result<Vec<Vec<u8>>, Error> {
         let mut gathered = vec![Vec::new(); self.world_size() as usize];
         gathered[self.rank() as usize] = data.to_vec();
         for incoming in incoming {
@@ -795,24 +801,9 @@ impl Session {
             )?;
             return Ok(None);
         }
-        let expect = Expect::Collective {
-            op: kind::GATHER,
-            seq,
-        };
-        let mut incoming: Vec<Incoming<'_>> = self
-            .peers()
-            .map(|peer| Incoming::new(peer, expect, Sink::Vec(Vec::new())))
-            .collect();
+        let mut incoming = self.receive_from_every_peer(kind::GATHER, seq);
         self.transfer(kind::GATHER, seq, None, &mut incoming, &deadline)?;
-        let mut gathered = vec![Vec::new(); self.world_size() as usize];
-        gathered[root as usize] = data.to_vec();
-        for incoming in incoming {
-            let peer = incoming.peer;
-            if let (_, Sink::Vec(bytes)) = incoming.finish()? {
-                gathered[peer as usize] = bytes;
-            }
-        }
-        Ok(Some(gathered))
+        self.gathered(data, incoming).map(Some)
     }
 
     /// Checks a rooted call: `root` in range, and data given exactly at the root.
