@@ -39,10 +39,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Source of `bulk`: two-rank ping-pong latency and one-way throughput.
-pub const BULK_C: &str = include_str!("mpi/bulk.c");
+pub const BULK_C: &str = concat!(include_str!("mpi/common.h"), include_str!("mpi/bulk.c"));
 
 /// Source of `allgather`: `MPI_Allgather` latency at any world size.
-pub const ALLGATHER_C: &str = include_str!("mpi/allgather.c");
+pub const ALLGATHER_C: &str = concat!(
+    include_str!("mpi/common.h"),
+    include_str!("mpi/allgather.c")
+);
 
 /// How long `mpicc` and `ompi_info` may run before they are killed.
 const TOOL_DEADLINE: Duration = Duration::from_secs(120);

@@ -435,22 +435,22 @@ impl Session {
                 ),
             });
         }
-        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); 8];
         let owed = self.owed_slots[p];
         // One message at a time, unless continuation slots are owed: a header must be looked at
         // before what follows it can be told apart.
-        let want = owed.clamp(1, slots.len());
-        let got = self.receive(peer, &mut slots[..want], wait)?;
-        if got == 0 {
-            return Ok(false);
+        if owed == 0 {
+            let mut one = [message(0, 0, 0, [0; INLINE_BYTES])];
+            if self.receive(peer, &mut one, wait)? == 0 {
+                return Ok(false);
+            }
+            self.take_in(peer, one[0])?;
+            return Ok(true);
         }
-        if owed > 0 {
-            self.unread[p].extend(&slots[..got]);
-            self.owed_slots[p] = owed - got;
-        } else {
-            self.take_in(peer, slots[0])?;
-        }
-        Ok(true)
+        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); 8];
+        let got = self.receive(peer, &mut slots[..owed.min(8)], wait)?;
+        self.unread[p].extend(&slots[..got]);
+        self.owed_slots[p] = owed - got;
+        Ok(got > 0)
     }
 
     /// Up to `buffer.len()` messages from `peer`'s ring: those already there (no clock read), or
@@ -980,7 +980,8 @@ impl Session {
         }
         match kind::continuation_slots(data.len()) {
             0 => self.send_each(&EagerSlots::<1>::new(op, tag, data), targets, deadline)?,
-            1..8 => self.send_each(&EagerSlots::<8>::new(op, tag, data), targets, deadline)?,
+            1 => self.send_each(&EagerSlots::<2>::new(op, tag, data), targets, deadline)?,
+            2..8 => self.send_each(&EagerSlots::<8>::new(op, tag, data), targets, deadline)?,
             _ => self.send_each(
                 &EagerSlots::<MAX_EAGER_SLOTS>::new(op, tag, data),
                 targets,
