@@ -77,9 +77,7 @@ fn misuse_is_an_error_not_a_hang() {
 
 #[test]
 fn ranks_in_different_collectives_get_a_mismatch_naming_both() {
-    let (_world, sessions) = World::start("mismatch", 2);
-    let mut sessions = sessions.into_iter();
-    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let (_world, mut zero, mut one) = pair("mismatch");
     let other = std::thread::spawn(move || {
         let result = one.all_gather_timeout(b"x", Duration::from_millis(500));
         (result.map(|_| ()), one)
@@ -106,9 +104,7 @@ fn ranks_in_different_collectives_get_a_mismatch_naming_both() {
 
 #[test]
 fn point_to_point_messages_keep_their_order_around_collectives() {
-    let (_world, sessions) = World::start("p2p", 2);
-    let mut sessions = sessions.into_iter();
-    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let (_world, mut zero, mut one) = pair("p2p");
     let sender = std::thread::spawn(move || {
         one.send(0, b"first").unwrap();
         one.send(0, &[7; 3000]).unwrap();
@@ -126,9 +122,7 @@ fn point_to_point_messages_keep_their_order_around_collectives() {
 
 #[test]
 fn a_payload_reference_outside_the_senders_outbox_is_refused() {
-    let (_world, sessions) = World::start("badref", 2);
-    let mut sessions = sessions.into_iter();
-    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let (_world, mut zero, mut one) = pair("badref");
     // Rank 1 forges a loan pointing far outside its outbox.
     let forged = PayloadRef {
         offset: 1 << 40,
@@ -164,12 +158,7 @@ fn a_payload_reference_outside_the_senders_outbox_is_refused() {
         inline: [0; INLINE_BYTES],
     };
     one.raw().link(0).unwrap().to.try_send(message).unwrap();
-    match zero.recv(1) {
-        Err(Error::Protocol { peer: 1, detail }) => {
-            assert!(detail.contains("eager message of 4081 bytes"), "{detail}");
-        }
-        other => panic!("unexpected {other:?}"),
-    }
+    expect_protocol(zero.recv(1), 1, "eager message of 4081 bytes");
 }
 
 #[test]
@@ -369,9 +358,7 @@ fn a_gpu_handle_with_the_wrong_fd_is_misuse() {
 
 #[test]
 fn an_acknowledgement_for_a_block_not_awaiting_one_is_refused() {
-    let (_world, sessions) = World::start("forged-ack", 2);
-    let mut sessions = sessions.into_iter();
-    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let (_world, mut zero, mut one) = pair("forged-ack");
     let forged = PayloadRef {
         offset: 4096,
         len: 10,
@@ -400,9 +387,7 @@ fn an_acknowledgement_for_a_block_not_awaiting_one_is_refused() {
 #[test]
 fn a_gpu_handle_of_an_unknown_kind_from_a_peer_is_refused() {
     use shmbroker::bindings::GpuHandleKind::CudaIpcMemory;
-    let (_world, sessions) = World::start("gpu-kind", 2);
-    let mut sessions = sessions.into_iter();
-    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let (_world, mut zero, mut one) = pair("gpu-kind");
     // Rank 1 sends a handle of kind 99 (as a forger would, under the handle's all-gather).
     let forger = std::thread::spawn(move || {
         let mut forged = gpu_handle(CudaIpcMemory, 1);
@@ -410,12 +395,11 @@ fn a_gpu_handle_of_an_unknown_kind_from_a_peer_is_refused() {
         one.all_gather_pod(&forged).unwrap();
         one
     });
-    match zero.all_gather_gpu_handles(&gpu_handle(CudaIpcMemory, 0), None) {
-        Err(Error::Protocol { peer: 1, detail }) => {
-            assert!(detail.contains("unknown GPU handle kind 99"), "{detail}");
-        }
-        other => panic!("unexpected {other:?}"),
-    }
+    expect_protocol(
+        zero.all_gather_gpu_handles(&gpu_handle(CudaIpcMemory, 0), None),
+        1,
+        "unknown GPU handle kind 99",
+    );
     drop(forger.join().unwrap());
 }
 
@@ -446,13 +430,25 @@ fn lent_ref(session: &mut shmbroker::Session) -> PayloadRef {
 }
 
 fn expect_refused_ack(zero: &mut shmbroker::Session, from: u32, fault: &str) {
-    match zero.poll_acks() {
+    expect_protocol(zero.poll_acks(), from, fault);
+}
+
+/// `outcome` must be [`Error::Protocol`] from rank `from`, saying `text`.
+fn expect_protocol<T: std::fmt::Debug>(outcome: Result<T, Error>, from: u32, text: &str) {
+    match outcome {
         Err(Error::Protocol { peer, detail }) => {
             assert_eq!(peer, from, "{detail}");
-            assert!(detail.contains(fault), "{detail}");
+            assert!(detail.contains(text), "{detail}");
         }
-        other => panic!("unexpected {other:?}"),
+        other => panic!("expected a protocol error from rank {from} saying {text:?}: {other:?}"),
     }
+}
+
+/// A fresh world of two ranks: its broker (keep it alive) and sessions 0 and 1.
+fn pair(name: &str) -> (World, shmbroker::Session, shmbroker::Session) {
+    let (world, sessions) = World::start(name, 2);
+    let mut sessions = sessions.into_iter();
+    (world, sessions.next().unwrap(), sessions.next().unwrap())
 }
 
 #[test]
@@ -579,9 +575,7 @@ fn raw(kind: u32, tag: u64, len: u32, inline: [u8; INLINE_BYTES]) -> Message {
 
 #[test]
 fn an_eager_message_cut_short_times_out_without_harm_and_completes_later() {
-    let (_world, sessions) = World::start("partial-eager", 2);
-    let mut sessions = sessions.into_iter();
-    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let (_world, mut zero, mut one) = pair("partial-eager");
     // 48 + 3 * 64 = 240 bytes: a header and three continuation slots, of which one is sent.
     let data: Vec<u8> = (0..240u32).map(|i| i as u8).collect();
     let mut inline = [0u8; INLINE_BYTES];
@@ -640,9 +634,7 @@ fn chunks_and_pipelined_headers_no_correct_peer_sends_are_refused() {
         ),
     ];
     for (name, messages, expected) in cases {
-        let (_world, sessions) = World::start(name, 2);
-        let mut sessions = sessions.into_iter();
-        let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+        let (_world, mut zero, mut one) = pair(name);
         for message in messages {
             raw_send(&mut one, message);
         }
@@ -657,27 +649,22 @@ fn chunks_and_pipelined_headers_no_correct_peer_sends_are_refused() {
 
 #[test]
 fn a_pipelined_message_cut_off_by_another_is_refused_while_skipped() {
-    let (_world, sessions) = World::start("cut-off-skipped", 2);
-    let mut sessions = sessions.into_iter();
-    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let (_world, mut zero, mut one) = pair("cut-off-skipped");
     let mut inline = [0u8; INLINE_BYTES];
     inline[..8].copy_from_slice(&100u64.to_le_bytes());
     raw_send(&mut one, raw(kind::SEND | kind::PIPELINED, 0, 0, inline));
     raw_send(&mut one, raw(kind::BARRIER, 0, 0, [0; INLINE_BYTES]));
     // The barrier looks past the point-to-point message, and finds it cut off.
-    match zero.barrier_timeout(Duration::from_millis(500)) {
-        Err(Error::Protocol { peer: 1, detail }) => {
-            assert!(detail.contains("was cut off after 0 bytes"), "{detail}");
-        }
-        other => panic!("unexpected {other:?}"),
-    }
+    expect_protocol(
+        zero.barrier_timeout(Duration::from_millis(500)),
+        1,
+        "was cut off after 0 bytes",
+    );
 }
 
 #[test]
 fn a_peer_flooding_messages_nobody_receives_cannot_hold_a_call_past_its_deadline() {
-    let (_world, sessions) = World::start("flood", 2);
-    let mut sessions = sessions.into_iter();
-    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let (_world, mut zero, mut one) = pair("flood");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flooding = std::sync::Arc::clone(&stop);
     let flooder = std::thread::spawn(move || {
@@ -720,9 +707,7 @@ fn an_fd_ticket_naming_another_process_than_the_exporters_is_refused() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let (_world, sessions) = World::start("fd-steal", 2);
-    let mut sessions = sessions.into_iter();
-    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    let (_world, mut zero, mut one) = pair("fd-steal");
     // Rank 1's ticket for the first collective names the bystander's fd 1, exactly (a process of
     // the same uid can read its (st_dev, st_ino) in /proc), so only the pid check stands between
     // rank 0 and taking it.
