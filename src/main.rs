@@ -6,6 +6,7 @@ mod bench;
 mod cuda;
 mod demo;
 mod hostile;
+mod logging;
 mod peer;
 mod selftest;
 mod serve;

@@ -33,10 +33,14 @@
 //!
 //! # When a peer dies
 //!
-//! The broker closes every ring of the session with the lost rank as cause; every pending and
-//! later call then fails with [`Error::PeerLost`] naming that rank (see
-//! [`shmbroker_handshake::Listener`]). Blocks of this rank's outbox that a lost peer still owed an
-//! acknowledgement for are given back.
+//! Every worker watches every peer's process itself (a pidfd the broker opened at that peer's
+//! logon), whether or not the broker is still there. When a peer's process exits without having
+//! dropped its session, the watcher closes every ring of this worker, waking whatever call is
+//! parked; every pending and later call then fails with [`Error::PeerLost`] naming the first rank
+//! that died. A peer that dropped its session **left**: calls that need it fail with
+//! [`Error::PeerLeft`], others go on. With the broker gone, what needs it fails with
+//! [`Error::BrokerLost`]. See the handshake's `liveness` module. Blocks of this rank's outbox that
+//! a departed peer still owed an acknowledgement for are given back.
 
 mod fds;
 mod gpu;
@@ -49,7 +53,7 @@ use shmbroker_allocator::{Outbox, PeerOutbox, View};
 use shmbroker_bindings::{ANY_RANK, LogonFrame, Message, PayloadRef, kind};
 use shmbroker_handshake::connect;
 use shmbroker_queues::Corruption;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use transfer::{Expect, Incoming, Sink, Targets, ViewAcks, message};
@@ -72,12 +76,25 @@ pub enum Error {
     /// Logging on failed.
     #[error(transparent)]
     Logon(#[from] shmbroker_handshake::Error),
-    /// A worker of the session is gone (it died, or left while others still needed it).
-    #[error("peer rank {rank} was lost")]
+    /// A worker of the session died (its process exited without dropping its session): the
+    /// session is over, and every pending and later call that needs a peer reports the first rank
+    /// that died.
+    #[error("peer rank {rank} was lost (its process exited without leaving)")]
     PeerLost {
         /// The rank that was lost.
         rank: u32,
     },
+    /// A worker this call needs dropped its session (on purpose). Calls that do not need it go on.
+    #[error("peer rank {rank} left the session")]
+    PeerLeft {
+        /// The rank that left.
+        rank: u32,
+    },
+    /// The broker is gone, and this call needed it: a peer that never logged on while it was
+    /// there, an fd relay, or a peer's outbox still to come. Peers already logged on can still
+    /// be reached.
+    #[error("the broker is gone (its socket closed)")]
+    BrokerLost,
     /// The deadline passed.
     #[error("{op} timed out after {timeout:?} waiting for rank {peer}")]
     Timeout {
@@ -205,8 +222,6 @@ pub struct Session {
     /// How fds move, and whether the choice was reported yet.
     fd_transport: FdTransport,
     fd_transport_reported: bool,
-    /// Pidfds of exporters' processes, by pid, kept for the session.
-    pidfds: HashMap<u32, std::os::fd::OwnedFd>,
     /// The broker this worker hosts (local rank 0 under a launcher). Last, so that it stops
     /// only after this session has said goodbye to it.
     embedded: Option<EmbeddedBroker>,
@@ -427,7 +442,6 @@ impl Session {
             view_acks: ViewAcks::default(),
             fd_transport: FdTransport::Auto,
             fd_transport_reported: false,
-            pidfds: HashMap::new(),
             embedded: None,
         })
     }
@@ -1039,6 +1053,15 @@ impl Session {
             seq,
         };
         self.take_loan(root, expect, &deadline).map(Some)
+    }
+}
+
+/// The error for a peer that is gone, as the handshake's watcher established it.
+fn departure_error(departure: shmbroker_handshake::Departure) -> Error {
+    match departure {
+        shmbroker_handshake::Departure::Lost { rank } => Error::PeerLost { rank },
+        shmbroker_handshake::Departure::Left { rank } => Error::PeerLeft { rank },
+        shmbroker_handshake::Departure::BrokerLost => Error::BrokerLost,
     }
 }
 

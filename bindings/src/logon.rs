@@ -15,7 +15,10 @@ pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"SHMBRPLY");
 ///
 /// 2: the broker no longer hands out a shared payload region; each worker publishes its own
 /// outbox with a [`NoticeKind::Outbox`] notice.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: the broker passes every worker a pidfd of every peer ([`NoticeKind::Peer`]), answers every
+/// relay ([`NoticeKind::RelayDelivered`] or a refusal), and workers say which relayed fds they
+/// took ([`NoticeKind::Claimed`]).
+pub const PROTOCOL_VERSION: u32 = 3;
 /// `requested_rank` meaning "any free rank".
 pub const ANY_RANK: u32 = u32::MAX;
 /// `peer` in a notice that concerns no other rank.
@@ -268,6 +271,21 @@ pub enum NoticeKind {
     /// Broker to worker: the attached fd is rank `peer`'s outbox (map it read-only); `token` is
     /// that rank's process id, as the broker saw it log on.
     PeerOutbox = 5,
+    /// Broker to worker: the attached fd is a pidfd of rank `peer`'s process, opened by the
+    /// broker while that process waited for its logon reply; `token` is its pid. Every worker
+    /// gets one for every peer, to see it exit whether or not the broker is still there.
+    Peer = 6,
+    /// Broker to worker: the fd this worker relayed to rank `peer` with `token` was passed on.
+    RelayDelivered = 7,
+    /// Broker to worker: the fd this worker relayed to rank `peer` with `token` was refused,
+    /// because that rank already holds as many relayed fds as it may without taking them.
+    RelayRefusedFull = 8,
+    /// Broker to worker: the fd this worker relayed to rank `peer` with `token` was refused,
+    /// because that rank is not logged on (it has not yet, or it is gone).
+    RelayRefusedGone = 9,
+    /// Worker to broker: this worker took the fd rank `peer` relayed with `token`; it no longer
+    /// counts against this worker's limit of relayed fds not yet taken.
+    Claimed = 10,
 }
 
 impl NoticeKind {
@@ -280,6 +298,11 @@ impl NoticeKind {
             3 => Some(Self::RelayedFd),
             4 => Some(Self::Outbox),
             5 => Some(Self::PeerOutbox),
+            6 => Some(Self::Peer),
+            7 => Some(Self::RelayDelivered),
+            8 => Some(Self::RelayRefusedFull),
+            9 => Some(Self::RelayRefusedGone),
+            10 => Some(Self::Claimed),
             _ => None,
         }
     }

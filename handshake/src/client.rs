@@ -2,20 +2,21 @@
 
 use crate::error::{Error, ProtocolError};
 use crate::fdpass::{recv_with_fds, send_with_fds};
+use crate::liveness::{Departure, RelayAnswer, Shared, Watcher};
 use crate::wire::{MANIFEST_ENTRY_LEN, REPLY_HEADER_LEN, decode_manifest, decode_reply_header};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr};
 use shmbroker_bindings::{
-    FdRole, LogonFrame, ManifestEntry, Message, NO_PEER, NOTICE_MAGIC, NoticeKind,
-    RING_LAYOUT_VERSION, WorkerNotice,
+    FdRole, LogonFrame, ManifestEntry, Message, NO_PEER, NoticeKind, RING_LAYOUT_VERSION,
+    WorkerNotice,
 };
-use shmbroker_queues::{Consumer, Producer};
-use std::collections::{HashMap, VecDeque};
+use shmbroker_queues::{Consumer, Producer, Role};
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long to wait between attempts while the broker's socket is missing or its backlog is full.
@@ -30,7 +31,8 @@ pub struct Link {
     pub from: Consumer<Message>,
 }
 
-/// A logged-on worker: its rank, its rings to and from every peer, and its socket to the broker.
+/// A logged-on worker: its rank, its rings to and from every peer, its socket to the broker, and
+/// the watcher that sees peers and the broker go (see the `liveness` module).
 #[derive(Debug)]
 pub struct Session {
     rank: u32,
@@ -38,15 +40,10 @@ pub struct Session {
     ring_capacity: u32,
     socket: UnixStream,
     links: Vec<Option<Link>>,
-    /// The part of a notice from the broker read so far, and fds that came with notices.
-    notice: Vec<u8>,
-    notice_fds: VecDeque<OwnedFd>,
-    /// Relayed fds received and not yet taken, by (sender rank, token).
-    relayed: HashMap<(u32, u64), OwnedFd>,
-    /// Peers' outboxes received and not yet taken, by owner rank.
-    outboxes: HashMap<u32, OwnedFd>,
-    /// Peers' process ids as the broker saw them log on, by rank (they come with the outboxes).
-    peer_pids: HashMap<u32, i32>,
+    /// What the broker sent and who is gone, shared with the watcher thread.
+    shared: Arc<Shared>,
+    /// Stopped (and joined) first when the session drops.
+    watcher: Option<Watcher>,
 }
 
 impl Session {
@@ -74,10 +71,32 @@ impl Session {
     }
 
     /// The socket to the broker, open for the whole session (its closing tells the broker this
-    /// worker is gone). It is non-blocking.
+    /// worker is gone). It is non-blocking, and only the session's watcher thread reads it.
     #[must_use]
     pub fn broker_socket(&self) -> &UnixStream {
         &self.socket
+    }
+
+    /// Why the link to `peer` closed, or why a call on it failed: the first peer seen to die
+    /// (every ring closes then), `peer` itself having left, or the broker gone before `peer`
+    /// ever logged on. `None` when nobody is known to be gone. It checks every peer's process
+    /// first, so it is current.
+    #[must_use]
+    pub fn departure(&self, peer: u32) -> Option<Departure> {
+        self.shared.departure(peer)
+    }
+
+    /// The first rank this worker saw die, if any (checked now).
+    #[must_use]
+    pub fn lost_rank(&self) -> Option<u32> {
+        self.shared.check_now();
+        self.shared.first_dead()
+    }
+
+    /// Whether the broker's socket has closed.
+    #[must_use]
+    pub fn broker_lost(&self) -> bool {
+        self.shared.broker_lost()
     }
 
     /// Publishes this worker's outbox: the broker checks its seals and passes it to every peer.
@@ -88,7 +107,7 @@ impl Session {
     /// As for [`Self::relay_fd`].
     pub fn publish_outbox(&mut self, fd: BorrowedFd<'_>, timeout: Duration) -> Result<(), Error> {
         let notice = WorkerNotice::new(NoticeKind::Outbox, NO_PEER, 0);
-        self.send_notice(notice, fd, "publishing the outbox", timeout)
+        self.send_notice(notice, Some(fd), "publishing the outbox", timeout)
     }
 
     /// Rank `owner`'s outbox, waiting up to `timeout` for the broker to pass it on. Each peer's
@@ -99,40 +118,59 @@ impl Session {
     /// As for [`Self::take_relayed_fd`].
     pub fn take_peer_outbox(&mut self, owner: u32, timeout: Duration) -> Result<OwnedFd, Error> {
         let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(fd) = self.outboxes.remove(&owner) {
-                return Ok(fd);
-            }
-            self.read_notice(deadline, "waiting for a peer's outbox", timeout)?;
-        }
+        self.shared
+            .wait_for(deadline, "waiting for a peer's outbox", timeout, |inbox| {
+                inbox.outboxes.remove(&owner)
+            })
     }
 
-    /// Rank `peer`'s process id as the broker saw it log on (it comes with the peer's outbox),
-    /// waiting up to `timeout` for it to arrive. Not a pid a peer claims: one to trust.
+    /// Rank `peer`'s process id as the broker saw it log on, waiting up to `timeout` for it to
+    /// arrive. Not a pid a peer claims: one to trust.
     ///
     /// # Errors
     ///
     /// As for [`Self::take_relayed_fd`].
     pub fn peer_pid(&mut self, peer: u32, timeout: Duration) -> Result<i32, Error> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(&pid) = self.peer_pids.get(&peer) {
-                return Ok(pid);
-            }
-            self.read_notice(deadline, "waiting for a peer's outbox", timeout)?;
-        }
+        self.peer_process(peer, timeout).map(|(pid, _)| pid)
     }
 
+    /// Rank `peer`'s pid and a pidfd for that very process (the broker opened it while the peer
+    /// waited for its logon reply, so it cannot name another process that reused the pid),
+    /// waiting up to `timeout` for the broker to pass them on.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::take_relayed_fd`].
+    pub fn peer_process(
+        &mut self,
+        peer: u32,
+        timeout: Duration,
+    ) -> Result<(i32, Arc<OwnedFd>), Error> {
+        let deadline = Instant::now() + timeout;
+        self.shared
+            .wait_for(deadline, "waiting for a peer's process", timeout, |inbox| {
+                inbox
+                    .peers
+                    .get(&peer)
+                    .map(|process| (process.pid, Arc::clone(&process.pidfd)))
+            })
+    }
+
+    /// Sends one notice (with an fd, or none) to the broker, waiting up to `timeout` for room.
     fn send_notice(
         &mut self,
         notice: WorkerNotice,
-        fd: BorrowedFd<'_>,
+        fd: Option<BorrowedFd<'_>>,
         stage: &'static str,
         timeout: Duration,
     ) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
+        let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
         loop {
-            match send_with_fds(self.socket.as_fd(), &[bytemuck::bytes_of(&notice)], &[fd]) {
+            if self.shared.broker_lost() {
+                return Err(Error::BrokerLost { stage });
+            }
+            match send_with_fds(self.socket.as_fd(), &[bytemuck::bytes_of(&notice)], &fds) {
                 Ok(n) if n == size_of::<WorkerNotice>() => return Ok(()),
                 Ok(_) => return Err(Error::sys("sendmsg (partial notice)")(Errno::EAGAIN)),
                 Err(Errno::EINTR) => {}
@@ -143,17 +181,23 @@ impl Session {
                         return Err(Error::Timeout { stage, timeout });
                     }
                 }
+                Err(Errno::EPIPE | Errno::ECONNRESET) => {
+                    return Err(Error::BrokerLost { stage });
+                }
                 Err(other) => return Err(Error::sys("sendmsg")(other)),
             }
         }
     }
 
-    /// Passes `fd` to rank `to` through the broker (`SCM_RIGHTS` both ways), tagged `token`;
-    /// `to` takes it with [`Self::take_relayed_fd`]. For when `pidfd_getfd` is not allowed.
+    /// Passes `fd` to rank `to` through the broker (`SCM_RIGHTS` both ways), tagged `token`, and
+    /// waits for the broker to say it did; `to` takes it with [`Self::take_relayed_fd`]. For
+    /// when `pidfd_getfd` is not allowed.
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`] if the socket stays full; [`Error::Sys`] if sending fails.
+    /// [`Error::RelayRefused`] when `to` is not logged on or already holds as many relayed fds
+    /// as it may without taking them; [`Error::Timeout`] if the socket stays full or the answer
+    /// does not come; [`Error::BrokerLost`]; [`Error::Sys`] if sending fails.
     pub fn relay_fd(
         &mut self,
         to: u32,
@@ -161,16 +205,39 @@ impl Session {
         fd: BorrowedFd<'_>,
         timeout: Duration,
     ) -> Result<(), Error> {
+        if to >= self.world_size || to == self.rank {
+            return Err(Error::RelayRefused {
+                to,
+                reason: "no such rank: another rank of this world is needed",
+            });
+        }
+        let deadline = Instant::now() + timeout;
+        let stage = "relaying an fd through the broker";
         let notice = WorkerNotice::new(NoticeKind::RelayFd, to, token);
-        self.send_notice(notice, fd, "relaying an fd through the broker", timeout)
+        self.send_notice(notice, Some(fd), stage, timeout)?;
+        let answer = self.shared.wait_for(deadline, stage, timeout, |inbox| {
+            inbox.relay_answers.remove(&(to, token))
+        })?;
+        match answer {
+            RelayAnswer::Delivered => Ok(()),
+            RelayAnswer::Refused(NoticeKind::RelayRefusedFull) => Err(Error::RelayRefused {
+                to,
+                reason: "it already holds as many relayed fds as it may without taking them",
+            }),
+            RelayAnswer::Refused(_) => Err(Error::RelayRefused {
+                to,
+                reason: "it is not logged on",
+            }),
+        }
     }
 
-    /// The fd rank `from` relayed with `token`, waiting up to `timeout` for it to arrive.
+    /// The fd rank `from` relayed with `token`, waiting up to `timeout` for it to arrive. The
+    /// broker is told it was taken, so that it no longer counts against this worker's limit.
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`]; [`Error::Protocol`] if the broker sends something that is not a
-    /// notice or closes the socket.
+    /// [`Error::Timeout`]; [`Error::BrokerLost`]; [`Error::Protocol`] if the broker sent
+    /// something that is not a notice.
     pub fn take_relayed_fd(
         &mut self,
         from: u32,
@@ -178,123 +245,31 @@ impl Session {
         timeout: Duration,
     ) -> Result<OwnedFd, Error> {
         let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(fd) = self.relayed.remove(&(from, token)) {
-                return Ok(fd);
-            }
-            self.read_notice(deadline, "waiting for a relayed fd", timeout)?;
-        }
-    }
-
-    /// Reads what the broker sent until one whole notice has been taken in (or the deadline).
-    fn read_notice(
-        &mut self,
-        deadline: Instant,
-        stage: &'static str,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        loop {
-            let mut buffer = [0u8; size_of::<WorkerNotice>()];
-            let want = buffer.len() - self.notice.len();
-            let mut fds = Vec::new();
-            let received = recv_with_fds(self.socket.as_fd(), &mut buffer[..want], &mut fds);
-            self.notice_fds.extend(fds);
-            match received {
-                Ok(received) if received.bytes == 0 => {
-                    return Err(ProtocolError::Truncated {
-                        expected: size_of::<WorkerNotice>(),
-                        found: self.notice.len(),
-                    }
-                    .into());
-                }
-                Ok(received) => {
-                    self.notice.extend_from_slice(&buffer[..received.bytes]);
-                    if self.notice.len() == size_of::<WorkerNotice>() {
-                        let notice: WorkerNotice = bytemuck::pod_read_unaligned(&self.notice);
-                        self.notice.clear();
-                        return self.on_notice(notice);
-                    }
-                }
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => {
-                    if !wait_for(&self.socket, PollFlags::POLLIN, deadline)
-                        .map_err(Error::sys("poll"))?
-                    {
-                        return Err(Error::Timeout { stage, timeout });
-                    }
-                }
-                Err(other) => return Err(Error::sys("recvmsg")(other)),
-            }
-        }
-    }
-
-    /// Files a whole notice from the broker with the fd that came with it.
-    fn on_notice(&mut self, notice: WorkerNotice) -> Result<(), Error> {
-        let fd = self.notice_fds.pop_front();
-        if notice.magic != NOTICE_MAGIC {
-            return Err(ProtocolError::BadMagic {
-                expected: u64::from(NOTICE_MAGIC),
-                found: u64::from(notice.magic),
-            }
-            .into());
-        }
-        let kind = NoticeKind::from_code(notice.kind);
-        let Some(kind @ (NoticeKind::RelayedFd | NoticeKind::PeerOutbox)) = kind else {
-            return Err(ProtocolError::Field {
-                field: "notice kind",
-                expected: format!(
-                    "{} (a relayed fd) or {} (a peer's outbox)",
-                    NoticeKind::RelayedFd as u32,
-                    NoticeKind::PeerOutbox as u32
-                ),
-                found: u64::from(notice.kind),
-            }
-            .into());
-        };
-        let Some(fd) = fd else {
-            return Err(ProtocolError::FdCount {
-                expected: 1,
-                found: 0,
-            }
-            .into());
-        };
-        if notice.peer >= self.world_size || notice.peer == self.rank {
-            return Err(ProtocolError::Field {
-                field: "notice peer",
-                expected: format!("another rank below {}", self.world_size),
-                found: u64::from(notice.peer),
-            }
-            .into());
-        }
-        match kind {
-            NoticeKind::PeerOutbox => {
-                let pid = i32::try_from(notice.token)
-                    .ok()
-                    .filter(|&pid| pid > 0)
-                    .ok_or_else(|| ProtocolError::Field {
-                        field: "peer outbox token (the owner's pid)",
-                        expected: "a process id".into(),
-                        found: notice.token,
-                    })?;
-                self.peer_pids.insert(notice.peer, pid);
-                self.outboxes.insert(notice.peer, fd);
-            }
-            _ => {
-                self.relayed.insert((notice.peer, notice.token), fd);
-            }
-        }
-        Ok(())
+        let fd = self
+            .shared
+            .wait_for(deadline, "waiting for a relayed fd", timeout, |inbox| {
+                inbox.relayed.remove(&(from, token))
+            })?;
+        let claimed = WorkerNotice::new(NoticeKind::Claimed, from, token);
+        // Best effort: a broker that is gone has nothing left to count.
+        let _ = self.send_notice(claimed, None, "saying a relayed fd was taken", timeout);
+        Ok(fd)
     }
 }
 
 impl Drop for Session {
-    /// Tells the broker this worker leaves on purpose, so that it does not end the session for
-    /// everyone else. The rings close as the links drop, right after.
+    /// Leaves on purpose: closes this worker's ends of every ring first (peers that see its
+    /// process exit afterwards know it left, not died), tells the broker, and stops the watcher.
     fn drop(&mut self) {
+        for link in self.links.iter().flatten() {
+            link.to.closer().close_end(Role::Producer);
+            link.from.closer().close_end(Role::Consumer);
+        }
         let notice = WorkerNotice::new(NoticeKind::Goodbye, NO_PEER, 0);
         // Never block in drop (the socket is non-blocking): a notice fits in any socket buffer;
         // if not, the broker treats this worker as lost, which is the safe side.
         let _ = (&self.socket).write(bytemuck::bytes_of(&notice));
+        drop(self.watcher.take());
     }
 }
 
@@ -317,10 +292,13 @@ pub fn connect(
 ) -> Result<Session, Error> {
     let path = path.as_ref();
     let deadline = Instant::now() + timeout;
-    let timed_out = |stage| Error::Timeout { stage, timeout };
     let stream = connect_until(path, deadline).map_err(|e| match e {
-        None => timed_out("reaching the broker"),
-        Some(source) => Error::Connect {
+        Retried::GaveUp(last) => Error::Unreachable {
+            path: path.to_path_buf(),
+            timeout,
+            last,
+        },
+        Retried::Failed(source) => Error::Connect {
             path: path.to_path_buf(),
             source,
         },
@@ -382,9 +360,17 @@ fn io_errno(error: &std::io::Error) -> Errno {
     Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
 }
 
-/// Connects without blocking past `deadline`. `Err(None)`: the deadline passed.
-fn connect_until(path: &Path, deadline: Instant) -> Result<UnixStream, Option<Errno>> {
-    let address = UnixAddr::new(path).map_err(Some)?;
+/// Why connecting stopped.
+enum Retried {
+    /// The deadline passed; the last attempt's error.
+    GaveUp(Errno),
+    /// An error retrying cannot help.
+    Failed(Errno),
+}
+
+/// Connects without blocking past `deadline`, retrying while the socket is missing or refuses.
+fn connect_until(path: &Path, deadline: Instant) -> Result<UnixStream, Retried> {
+    let address = UnixAddr::new(path).map_err(Retried::Failed)?;
     loop {
         let socket = nix::sys::socket::socket(
             AddressFamily::Unix,
@@ -392,16 +378,16 @@ fn connect_until(path: &Path, deadline: Instant) -> Result<UnixStream, Option<Er
             SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
             None,
         )
-        .map_err(Some)?;
-        match nix::sys::socket::connect(socket.as_raw_fd(), &address) {
+        .map_err(Retried::Failed)?;
+        let last = match nix::sys::socket::connect(socket.as_raw_fd(), &address) {
             Ok(()) => return Ok(UnixStream::from(socket)),
             // Not there yet, gone for the moment, or its backlog is full: try again in a moment.
-            Err(Errno::ENOENT | Errno::ECONNREFUSED | Errno::EAGAIN) => {}
-            Err(other) => return Err(Some(other)),
-        }
+            Err(errno @ (Errno::ENOENT | Errno::ECONNREFUSED | Errno::EAGAIN)) => errno,
+            Err(other) => return Err(Retried::Failed(other)),
+        };
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(None);
+            return Err(Retried::GaveUp(last));
         }
         std::thread::sleep(CONNECT_RETRY.min(left));
     }
@@ -580,7 +566,7 @@ impl Session {
                 }
             }
         }
-        let links = links
+        let links: Vec<Option<Link>> = links
             .into_iter()
             .map(|(to, from)| {
                 Some(Link {
@@ -589,17 +575,26 @@ impl Session {
                 })
             })
             .collect();
+        let closers = links
+            .iter()
+            .map(|link| {
+                link.as_ref()
+                    .map(|link| (link.to.closer(), link.from.closer()))
+            })
+            .collect();
+        let shared = Arc::new(Shared::new(header.rank, closers));
+        let reader = socket
+            .try_clone()
+            .map_err(|e| Error::sys("dup of the broker socket")(io_errno(&e)))?;
+        let watcher = Watcher::start(Arc::clone(&shared), reader, header.world_size)?;
         Ok(Self {
             rank: header.rank,
             world_size: header.world_size,
             ring_capacity: header.ring_capacity,
             socket,
             links,
-            notice: Vec::with_capacity(size_of::<WorkerNotice>()),
-            notice_fds: VecDeque::new(),
-            relayed: HashMap::new(),
-            outboxes: HashMap::new(),
-            peer_pids: HashMap::new(),
+            shared,
+            watcher: Some(watcher),
         })
     }
 }

@@ -80,6 +80,42 @@ pub enum Error {
     /// A ring could not be created.
     #[error("creating a ring: {0}")]
     CreateRing(#[source] shmbroker_queues::Error),
+    /// No broker answered at the path before the deadline.
+    #[error("no broker at {} within {timeout:?} (last attempt: {last})", path.display())]
+    Unreachable {
+        /// The socket path.
+        path: PathBuf,
+        /// The whole logon's timeout.
+        timeout: Duration,
+        /// What the last attempt to connect returned (`ENOENT`: no socket file there yet).
+        last: Errno,
+    },
+    /// The broker's socket closed: what needs the broker cannot happen any more.
+    #[error("the broker is gone (its socket closed) while {stage}")]
+    BrokerLost {
+        /// What was being done.
+        stage: &'static str,
+    },
+    /// The broker would not pass an fd on.
+    #[error("the broker refused to relay an fd to rank {to}: {reason}")]
+    RelayRefused {
+        /// The receiver.
+        to: u32,
+        /// Why, in words.
+        reason: &'static str,
+    },
+    /// The broker cannot hold the fds a world of this size needs.
+    #[error(
+        "a world of {world_size} needs up to {needed} fds in the broker; its limit (RLIMIT_NOFILE, hard) is {limit}: raise it (ulimit -n) or serve fewer workers"
+    )]
+    FdLimit {
+        /// The world size asked for.
+        world_size: u32,
+        /// Fds needed at most.
+        needed: u64,
+        /// The hard limit.
+        limit: u64,
+    },
 }
 
 impl Error {

@@ -49,11 +49,13 @@ mod client;
 mod error;
 pub mod fdpass;
 mod listener;
+mod liveness;
 pub mod wire;
 
 pub use client::{Link, Session, connect, connect_stream};
 pub use error::{Error, ProtocolError};
 pub use listener::{Config, Event, Listener, StopHandle};
+pub use liveness::Departure;
 pub use wire::MAX_WORLD_SIZE;
 
 use std::os::fd::{FromRawFd, OwnedFd};

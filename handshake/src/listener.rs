@@ -8,22 +8,42 @@
 //! as soon as its bytes arrive.
 //!
 //! Rings are created when the first of their two ends logs on and handed to the second when it
-//! does. The broker keeps every ring's fd, for liveness: a worker that leaves on purpose says
-//! goodbye on its socket first (its `Session` does so when dropped), and the broker then closes
-//! only that worker's rings. A socket that closes without a goodbye is a worker that died
-//! (killed, crashed): the broker closes *every* ring of the session with the lost rank as cause
-//! ([`shmbroker_queues::close`]), waking every parked waiter, so that nobody waits on a peer that
-//! is itself waiting on the dead one; each survivor learns which rank was lost from any ring.
-//! The rings are closed one after another, so a call that races the closing may still go
-//! through on a ring not yet reached (as a call just before the death would have); the next
-//! call on it reports the loss.
+//! does. The broker keeps every ring's fd until its job ends.
+//!
+//! # Who is there
+//!
+//! The broker opens a pidfd for each worker while it waits for its reply, so the pidfd names that
+//! very process. It watches both the worker's socket and its pidfd (a worker that forked a child
+//! which holds the socket still shows its own exit), and passes each worker a duplicate of every
+//! peer's pidfd (a `Peer` notice), so that workers see each other exit whether or not the broker
+//! is still there (see the client's `liveness` module). A worker that says goodbye before its
+//! socket closes **left**; one whose socket closes or process exits without it **died**. Either
+//! way the broker only updates its own records: it never writes into rings or reads headers a
+//! worker could have scribbled on; survivors close their own rings.
+//!
+//! # Jobs
+//!
+//! Once a worker of a job has left or died, the job is winding down: logons are refused with
+//! [`RejectReason::SessionLost`] (a late rank would wait for a peer that is gone). Once every
+//! worker that logged on is gone, the broker forgets the job (its rings, ranks and records) and
+//! serves the next one on the same socket ([`Event::JobEnded`]).
+//!
+//! # Notices, bounded
 //!
 //! Each worker publishes its outbox once logged on (an `Outbox` notice with the memfd). The broker
-//! checks that its seals keep everyone but the owner from writing or resizing it, passes it to every
-//! other logged-on worker (`PeerOutbox`), and to each worker that logs on later right after its
-//! reply, so every worker gets every peer's outbox once. Passing one is a non-blocking send on the
-//! worker's socket; one that fails (a full socket) is reported as a `BadNotice` event, and that
-//! worker's first large receive from the owner then ends at its deadline.
+//! checks that its seals keep everyone but the owner from writing or resizing it, and passes it to
+//! every other worker (`PeerOutbox`), and to each worker that logs on later right after its reply.
+//! Everything the broker sends a worker goes through that worker's queue: what its socket has no
+//! room for now is sent when it has, never dropped. Fds relayed to a worker and not yet taken
+//! (`Claimed`) are capped per receiver ([`MAX_UNCLAIMED_RELAYS`]); past the cap the sender is told
+//! (`RelayRefusedFull`), and every relay is answered. Connections still logging on are capped
+//! per uid and in all, and the oldest idle one makes room for a newcomer.
+//!
+//! # Logs
+//!
+//! Everything the broker does is also a `tracing` event with structured fields (rank, pid, uid,
+//! reason). Complaints about one worker or one uid are rate-limited (a burst, then one line per
+//! second with how many were suppressed), so a hostile worker cannot flood the log.
 
 use crate::error::{Error, ProtocolError};
 use crate::fdpass::{recv_with_fds, send_with_fds};
@@ -57,8 +77,16 @@ pub struct Config {
     pub logon_timeout: Duration,
     /// Uids allowed to log on; empty means only the broker's own uid.
     pub allowed_uids: Vec<u32>,
-    /// Connections mid-logon at once; more are refused at accept.
+    /// Connections mid-logon at once; past it, the oldest that has sent nothing yet is dropped
+    /// to make room (or the newcomer is refused when none is idle).
     pub max_pending: usize,
+    /// Connections mid-logon at once from one uid, with the same rule.
+    pub max_pending_per_uid: usize,
+    /// Permission bits of the socket file (0600 by default: only the broker's uid can connect).
+    pub socket_mode: u32,
+    /// Group to give the socket file (with a mode such as 0660, so that `allowed_uids` in that
+    /// group can connect).
+    pub socket_group: Option<u32>,
 }
 
 impl Default for Config {
@@ -69,6 +97,9 @@ impl Default for Config {
             logon_timeout: Duration::from_secs(5),
             allowed_uids: Vec::new(),
             max_pending: 256,
+            max_pending_per_uid: 64,
+            socket_mode: 0o600,
+            socket_group: None,
         }
     }
 }
@@ -94,10 +125,32 @@ impl Config {
         if self.logon_timeout.is_zero() {
             return invalid("logon_timeout", "must be more than zero".into());
         }
-        if self.max_pending == 0 {
-            return invalid("max_pending", "must be at least 1".into());
+        if self.max_pending == 0 || self.max_pending_per_uid == 0 {
+            return invalid(
+                "max_pending",
+                "must be at least 1 in all and per uid".into(),
+            );
+        }
+        if self.socket_mode & !0o777 != 0 {
+            return invalid(
+                "socket_mode",
+                format!(
+                    "must be permission bits (0 to 0777), got {:#o}",
+                    self.socket_mode
+                ),
+            );
         }
         Ok(())
+    }
+
+    /// The most fds a broker serving this config can hold at once: every ring of a full world,
+    /// and for each worker its socket, pidfd and outbox, fds it sent ahead of their notices,
+    /// relayed fds and peers' pidfds queued for it; connections logging on; a few of its own.
+    #[must_use]
+    pub fn fds_needed(&self) -> u64 {
+        let world = u64::from(self.world_size);
+        let per_worker = 3 + MAX_UNCLAIMED_FDS as u64 + MAX_UNCLAIMED_RELAYS as u64 + 2 * world;
+        32 + self.max_pending as u64 + world * (world - 1) + world * per_worker
     }
 }
 
@@ -122,9 +175,9 @@ pub enum Event {
         /// Details.
         detail: String,
     },
-    /// A logged-on worker's socket closed. After a goodbye (`clean`), the broker closed the
-    /// worker's own rings; without one the worker died, and the broker closed every ring of the
-    /// session with the lost rank as cause, ending the session for everyone.
+    /// A logged-on worker is gone: it said goodbye before its socket closed (`clean`), or its
+    /// socket closed or its process exited without one (it died). The job winds down: later
+    /// logons are refused until every worker of it is gone.
     WorkerLeft {
         /// Its rank.
         rank: u32,
@@ -132,15 +185,25 @@ pub enum Event {
         pid: i32,
         /// Whether it said goodbye first.
         clean: bool,
-        /// How many rings were closed.
-        rings_closed: usize,
     },
-    /// A logged-on worker sent bytes that are not a notice; they were ignored.
+    /// Every worker of a job is gone; the broker forgot it and takes the next job.
+    JobEnded {
+        /// The job's number, from 0.
+        job: u64,
+        /// How many workers had logged on.
+        workers: u32,
+        /// The first rank that died, if one did.
+        lost: Option<u32>,
+    },
+    /// A logged-on worker sent something the broker refused; it was ignored. At most a burst of
+    /// these per worker, then one a second (`suppressed` counts those left out before this one).
     BadNotice {
         /// Its rank.
         rank: u32,
         /// What arrived.
         detail: String,
+        /// How many complaints about this worker were not reported since the last one.
+        suppressed: u64,
     },
     /// [`StopHandle::stop`] was called.
     Stopped,
@@ -167,18 +230,56 @@ struct Pending {
 }
 
 struct Worker {
+    /// `None` once the worker is gone.
     stream: Option<UnixStream>,
     pid: i32,
+    uid: u32,
     /// Bytes of the notice being received.
     notice: [u8; size_of::<WorkerNotice>()],
     filled: usize,
-    /// Fds received and not yet claimed by a `RelayFd` notice.
+    /// Fds received and not yet claimed by a `RelayFd` or `Outbox` notice.
     fds: VecDeque<OwnedFd>,
     said_goodbye: bool,
     /// The worker's outbox, once published; passed to every worker that logs on later.
     outbox: Option<OwnedFd>,
-    /// Held for the liveness checks built on top of the handshake.
-    _pidfd: Option<OwnedFd>,
+    /// Opened while the worker waited for its reply: readable once that process has exited.
+    pidfd: OwnedFd,
+    /// Whether the pidfd has shown the exit.
+    exited: bool,
+    /// Notices (each with its fd, if any) waiting for room on the worker's socket, in order.
+    outgoing: VecDeque<(WorkerNotice, Option<OwnedFd>)>,
+    /// Fds relayed to this worker that it has not said it took.
+    unclaimed: usize,
+    /// Complaints about this worker.
+    complaints: RateLimit,
+}
+
+/// A burst of `BURST` reports, then one a second; counts what it holds back.
+#[derive(Debug, Default)]
+pub(crate) struct RateLimit {
+    window: Option<Instant>,
+    reported: u32,
+    suppressed: u64,
+}
+
+impl RateLimit {
+    const BURST: u32 = 10;
+
+    /// `Some(suppressed since the last report)` when this one may be reported, `None` if not.
+    pub(crate) fn allow(&mut self, now: Instant) -> Option<u64> {
+        let window = *self.window.get_or_insert(now);
+        if now.duration_since(window) >= Duration::from_secs(1) {
+            self.window = Some(now);
+            self.reported = 0;
+        }
+        if self.reported < Self::BURST {
+            self.reported += 1;
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed += 1;
+            None
+        }
+    }
 }
 
 /// A broker's listening socket and everything it has handed out.
@@ -194,8 +295,13 @@ pub struct Listener {
     /// Rings created for a pair `(from, to)`, kept until one of their ends leaves.
     rings: HashMap<(u32, u32), OwnedFd>,
     stop: Arc<EventFd>,
-    /// The rank whose death ended the session, if one did.
+    /// The first rank of the current job that died, and the first that left.
     lost: Option<u32>,
+    left: Option<u32>,
+    /// Jobs ended so far.
+    jobs: u64,
+    /// Complaints about connections that never logged on, by uid.
+    rejections: HashMap<u32, RateLimit>,
     /// After `accept` failed for want of fds or memory, the listening socket stays readable;
     /// it is left out of the poll until this instant instead of spinning on it.
     accept_paused_until: Option<Instant>,
@@ -204,8 +310,26 @@ pub struct Listener {
 /// Fds a worker may send the broker ahead of the notices that claim them.
 const MAX_UNCLAIMED_FDS: usize = 16;
 
+/// Fds relayed to one worker that it has not taken yet; past this, relays to it are refused.
+pub const MAX_UNCLAIMED_RELAYS: usize = 64;
+
 /// How long accepting pauses after `accept` fails for want of resources.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What one `poll` found ready.
+struct Ready {
+    listener: bool,
+    stop: bool,
+    pending: Vec<bool>,
+    workers: Vec<WorkerReady>,
+}
+
+#[derive(Default)]
+struct WorkerReady {
+    readable: bool,
+    writable: bool,
+    exited: bool,
+}
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -219,16 +343,27 @@ impl std::fmt::Debug for Listener {
 }
 
 impl Listener {
-    /// Listens on `path` (mode 0600).
+    /// Listens on `path` (mode [`Config::socket_mode`], 0600 by default, and group
+    /// [`Config::socket_group`]), after raising the fd limit to its hard limit.
     ///
     /// A socket file left by a broker that is gone is replaced; one a live broker listens on is
     /// not (its connect succeeds); a path that is not a socket is never touched.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`], [`Error::AddressInUse`], [`Error::NotASocket`], [`Error::Sys`].
+    /// [`Error::InvalidConfig`], [`Error::FdLimit`] when the world cannot fit in the fd limit,
+    /// [`Error::AddressInUse`], [`Error::NotASocket`], [`Error::Sys`].
     pub fn bind(path: impl AsRef<Path>, config: Config) -> Result<Self, Error> {
         config.validate()?;
+        let limit = raise_fd_limit();
+        let needed = config.fds_needed();
+        if needed > limit {
+            return Err(Error::FdLimit {
+                world_size: config.world_size,
+                needed,
+                limit,
+            });
+        }
         let path = path.as_ref().to_path_buf();
         remove_stale_socket(&path)?;
         let socket = nix::sys::socket::socket(
@@ -252,11 +387,21 @@ impl Listener {
         })?;
         nix::sys::socket::listen(&socket, Backlog::new(128).unwrap_or(Backlog::MAXCONN))
             .map_err(Error::sys("listen"))?;
+        // Group first, while the file is still 0600, then the mode: no moment in which the file
+        // is open to a group it is not meant for.
+        if let Some(gid) = config.socket_group {
+            std::os::unix::fs::lchown(&path, None, Some(gid))
+                .map_err(|e| Error::sys("chown of the socket file")(io_errno(&e)))?;
+        }
+        if config.socket_mode != 0o600 {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(config.socket_mode))
+                .map_err(|e| Error::sys("chmod of the socket file")(io_errno(&e)))?;
+        }
         let metadata =
             std::fs::symlink_metadata(&path).map_err(|e| Error::sys("stat")(io_errno(&e)))?;
         let stop = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
             .map_err(Error::sys("eventfd"))?;
-        raise_fd_limit();
         Ok(Self {
             socket: UnixListener::from(socket),
             path,
@@ -268,6 +413,9 @@ impl Listener {
             rings: HashMap::new(),
             stop: Arc::new(stop),
             lost: None,
+            left: None,
+            jobs: 0,
+            rejections: HashMap::new(),
             accept_paused_until: None,
         })
     }
@@ -290,17 +438,25 @@ impl Listener {
         StopHandle(Arc::clone(&self.stop))
     }
 
-    /// Ranks that have logged on (including any whose worker has left since).
+    /// Ranks of the current job that have logged on (including any whose worker has left
+    /// since).
     pub fn logged_on(&self) -> impl Iterator<Item = u32> + '_ {
         (0..)
             .zip(&self.workers)
             .filter_map(|(rank, w)| w.as_ref().map(|_| rank))
     }
 
-    /// The rank whose death ended the session, if one did. Logons are refused from then on.
+    /// The first rank of the current job that died, if one did. Logons are refused until the job
+    /// ends.
     #[must_use]
     pub fn lost_rank(&self) -> Option<u32> {
         self.lost
+    }
+
+    /// How many jobs have ended on this listener.
+    #[must_use]
+    pub fn jobs_ended(&self) -> u64 {
+        self.jobs
     }
 
     /// Connections accepted and still logging on.
@@ -343,32 +499,39 @@ impl Listener {
             .chain(self.accept_paused_until)
             .map(|at| at.saturating_duration_since(now))
             .fold(timeout, Duration::min);
-        let (listener_ready, stop_ready, pending_ready, workers_ready) = self.wait(wait)?;
+        let ready = self.wait(wait)?;
         let mut events = Vec::new();
-        for index in (0..pending_ready.len()).rev() {
-            if pending_ready[index] {
+        for index in (0..ready.pending.len()).rev() {
+            if ready.pending[index] {
                 self.read_pending(index, &mut events);
             }
         }
-        for (rank, ready) in workers_ready.into_iter().enumerate() {
-            if ready {
+        for (rank, worker) in ready.workers.into_iter().enumerate() {
+            if worker.writable {
+                self.flush(rank);
+            }
+            if worker.readable {
                 self.read_worker(rank, &mut events);
             }
+            if worker.exited {
+                self.process_exited(rank, &mut events);
+            }
         }
-        if listener_ready && !stop_ready {
+        self.end_job_if_over(&mut events);
+        if ready.listener && !ready.stop {
             self.accept_all(&mut events)?;
         }
         self.expire_pending(&mut events);
         // Last, so that what arrived together with the stop (a worker leaving, say) is reported.
-        if stop_ready {
+        if ready.stop {
             let _ = self.stop.read();
             events.push(Event::Stopped);
         }
         Ok(events)
     }
 
-    /// Polls every socket; returns which are readable.
-    fn wait(&self, timeout: Duration) -> Result<(bool, bool, Vec<bool>, Vec<bool>), Error> {
+    /// Polls every socket and pidfd; returns which are ready.
+    fn wait(&self, timeout: Duration) -> Result<Ready, Error> {
         let readable = PollFlags::POLLIN;
         // While accepting is paused the listening socket is polled for nothing.
         let listen_for = if self.accept_paused_until.is_some() {
@@ -385,33 +548,54 @@ impl Listener {
                 .iter()
                 .map(|p| PollFd::new(p.stream.as_fd(), readable)),
         );
-        let worker_streams: Vec<Option<BorrowedFd<'_>>> = self
-            .workers
-            .iter()
-            .map(|w| w.as_ref().and_then(|w| w.stream.as_ref()).map(AsFd::as_fd))
-            .collect();
-        fds.extend(
-            worker_streams
-                .iter()
-                .flatten()
-                .map(|fd| PollFd::new(*fd, readable)),
-        );
+        // Per worker: its socket (and whether there is something to write), its pidfd.
+        let mut watched = Vec::with_capacity(self.workers.len());
+        for worker in &self.workers {
+            let Some(worker) = worker else {
+                watched.push((false, false));
+                continue;
+            };
+            let stream = worker.stream.as_ref().map(|stream| {
+                let mut flags = readable;
+                if !worker.outgoing.is_empty() {
+                    flags |= PollFlags::POLLOUT;
+                }
+                PollFd::new(stream.as_fd(), flags)
+            });
+            let pidfd = (!worker.exited).then(|| PollFd::new(worker.pidfd.as_fd(), readable));
+            watched.push((stream.is_some(), pidfd.is_some()));
+            fds.extend(stream);
+            fds.extend(pidfd);
+        }
         let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
         let millis = u16::try_from(millis).unwrap_or(u16::MAX);
         match poll(&mut fds, PollTimeout::from(millis)) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(source) => return Err(Error::Sys { op: "poll", source }),
         }
-        let woke = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
-        let listener_ready = woke(&fds[0]);
-        let stop_ready = woke(&fds[1]);
-        let pending_ready = fds[2..2 + self.pending.len()].iter().map(woke).collect();
-        let mut worker_fds = fds[2 + self.pending.len()..].iter();
-        let workers_ready = worker_streams
-            .iter()
-            .map(|stream| stream.is_some() && worker_fds.next().is_some_and(woke))
+        let revents = |fd: &PollFd<'_>| fd.revents().unwrap_or(PollFlags::empty());
+        let woke = |fd: &PollFd<'_>| !revents(fd).is_empty();
+        let mut rest = fds[2 + self.pending.len()..].iter();
+        let workers = watched
+            .into_iter()
+            .map(|(has_stream, has_pidfd)| {
+                let stream = if has_stream { rest.next() } else { None };
+                let pidfd = if has_pidfd { rest.next() } else { None };
+                let stream = stream.map_or(PollFlags::empty(), revents);
+                WorkerReady {
+                    readable: stream
+                        .intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR),
+                    writable: stream.contains(PollFlags::POLLOUT),
+                    exited: pidfd.is_some_and(woke),
+                }
+            })
             .collect();
-        Ok((listener_ready, stop_ready, pending_ready, workers_ready))
+        Ok(Ready {
+            listener: woke(&fds[0]),
+            stop: woke(&fds[1]),
+            pending: fds[2..2 + self.pending.len()].iter().map(woke).collect(),
+            workers,
+        })
     }
 
     /// Serves a logon on a stream connected some other way than through this listener's socket
@@ -483,13 +667,47 @@ impl Listener {
                     format!("{:?}", self.config.allowed_uids)
                 }
             );
-            events.push(reject(&stream, RejectReason::NotAllowed, Some(pid), text));
+            self.refuse(&stream, RejectReason::NotAllowed, (pid, uid), text, events);
             return;
         }
-        if self.pending.len() >= self.config.max_pending {
-            let text = format!("{} logons already in progress", self.pending.len());
-            events.push(reject(&stream, RejectReason::Internal, Some(pid), text));
-            return;
+        // Room for the newcomer: past a cap, the oldest connection of that uid (or of anyone,
+        // for the overall cap) that has sent nothing yet goes; if none is idle, the newcomer does.
+        let of_uid = self.pending.iter().filter(|p| p.uid == uid).count();
+        let evict = if of_uid >= self.config.max_pending_per_uid {
+            Some(Some(uid))
+        } else if self.pending.len() >= self.config.max_pending {
+            Some(None)
+        } else {
+            None
+        };
+        if let Some(which) = evict {
+            let oldest_idle = (0..self.pending.len())
+                .filter(|&i| self.pending[i].filled == 0)
+                .filter(|&i| which.is_none_or(|uid| self.pending[i].uid == uid))
+                .min_by_key(|&i| self.pending[i].deadline);
+            match oldest_idle {
+                Some(index) => {
+                    let idle = self.pending.remove(index);
+                    let text = "dropped: connected and sent nothing while logons were waiting \
+                                for room"
+                        .to_string();
+                    self.refuse(
+                        &idle.stream,
+                        RejectReason::Deadline,
+                        (idle.pid, idle.uid),
+                        text,
+                        events,
+                    );
+                }
+                None => {
+                    let text = format!(
+                        "{} logons already in progress ({of_uid} from uid {uid}), none idle",
+                        self.pending.len()
+                    );
+                    self.refuse(&stream, RejectReason::Internal, (pid, uid), text, events);
+                    return;
+                }
+            }
         }
         self.pending.push(Pending {
             stream,
@@ -501,37 +719,60 @@ impl Listener {
         });
     }
 
+    /// Refuses a connection with `reason`, reports it, and logs it unless that uid has had its
+    /// share of log lines this second.
+    fn refuse(
+        &mut self,
+        stream: &UnixStream,
+        reason: RejectReason,
+        (pid, uid): (i32, u32),
+        detail: String,
+        events: &mut Vec<Event>,
+    ) {
+        if let Some(suppressed) = self
+            .rejections
+            .entry(uid)
+            .or_default()
+            .allow(Instant::now())
+        {
+            tracing::warn!(pid, uid, ?reason, suppressed, "refused a logon: {detail}");
+        }
+        events.push(reject(stream, reason, Some(pid), detail));
+    }
+
     fn read_pending(&mut self, index: usize, events: &mut Vec<Event>) {
         let pending = &mut self.pending[index];
         loop {
             match pending.stream.read(&mut pending.frame[pending.filled..]) {
                 Ok(0) => {
-                    let pending = self.pending.swap_remove(index);
+                    let pending = self.pending.remove(index);
                     let detail = ProtocolError::Truncated {
                         expected: LOGON_LEN,
                         found: pending.filled,
                     }
                     .to_string();
-                    events.push(reject(
+                    let who = (pending.pid, pending.uid);
+                    self.refuse(
                         &pending.stream,
                         RejectReason::Truncated,
-                        Some(pending.pid),
+                        who,
                         detail,
-                    ));
+                        events,
+                    );
                     return;
                 }
                 Ok(n) => {
                     pending.filled += n;
                     if pending.filled == LOGON_LEN {
-                        let pending = self.pending.swap_remove(index);
-                        events.push(self.log_on(pending));
+                        let pending = self.pending.remove(index);
+                        self.log_on(pending, events);
                         return;
                     }
                 }
                 Err(error) if error.kind() == ErrorKind::Interrupted => {}
                 Err(error) if error.kind() == ErrorKind::WouldBlock => return,
                 Err(_) => {
-                    drop(self.pending.swap_remove(index));
+                    drop(self.pending.remove(index));
                     return;
                 }
             }
@@ -543,17 +784,13 @@ impl Listener {
         let mut index = 0;
         while index < self.pending.len() {
             if self.pending[index].deadline <= now {
-                let pending = self.pending.swap_remove(index);
+                let pending = self.pending.remove(index);
                 let detail = format!(
                     "no whole logon frame within {:?} ({} of {LOGON_LEN} bytes arrived)",
                     self.config.logon_timeout, pending.filled
                 );
-                events.push(reject(
-                    &pending.stream,
-                    RejectReason::Deadline,
-                    Some(pending.pid),
-                    detail,
-                ));
+                let who = (pending.pid, pending.uid);
+                self.refuse(&pending.stream, RejectReason::Deadline, who, detail, events);
             } else {
                 index += 1;
             }
@@ -562,7 +799,9 @@ impl Listener {
 
     fn read_worker(&mut self, rank: usize, events: &mut Vec<Event>) {
         // Notices arrive as fixed-size frames, an fd riding on the first byte of a frame that
-        // passes one; EOF or an error means the worker is gone.
+        // passes one; EOF or an error means the worker is gone. At most `BATCH` frames per call,
+        // so that one busy worker cannot keep the broker from everyone else.
+        const BATCH: usize = 256;
         let mut frames = Vec::new();
         let gone = {
             let Some(worker) = self.workers[rank].as_mut() else {
@@ -572,6 +811,9 @@ impl Listener {
                 return;
             };
             loop {
+                if frames.len() == BATCH {
+                    break false;
+                }
                 let mut fds = Vec::new();
                 let received = recv_with_fds(
                     stream.as_fd(),
@@ -610,6 +852,22 @@ impl Listener {
         }
     }
 
+    /// Reports a complaint about `rank`, unless it has had its share this second.
+    fn complain(&mut self, rank: u32, detail: String, events: &mut Vec<Event>) {
+        let Some(worker) = self.workers[rank as usize].as_mut() else {
+            return;
+        };
+        if let Some(suppressed) = worker.complaints.allow(Instant::now()) {
+            let (pid, uid) = (worker.pid, worker.uid);
+            tracing::warn!(rank, pid, uid, suppressed, "refused a notice: {detail}");
+            events.push(Event::BadNotice {
+                rank,
+                detail,
+                suppressed,
+            });
+        }
+    }
+
     /// Acts on one notice from `rank`.
     fn on_notice(
         &mut self,
@@ -618,13 +876,12 @@ impl Listener {
         fd: Option<OwnedFd>,
         events: &mut Vec<Event>,
     ) {
-        let bad = |detail: String| Event::BadNotice { rank, detail };
         if notice.magic != NOTICE_MAGIC || notice._pad0 != 0 {
-            events.push(bad(format!(
+            let detail = format!(
                 "expected magic {NOTICE_MAGIC:#x} and zero padding, found {:#x} and {:#x}",
                 notice.magic, notice._pad0
-            )));
-            return;
+            );
+            return self.complain(rank, detail, events);
         }
         match NoticeKind::from_code(notice.kind) {
             Some(NoticeKind::Goodbye) => {
@@ -634,91 +891,166 @@ impl Listener {
             }
             Some(NoticeKind::RelayFd) => {
                 let Some(fd) = fd else {
-                    events.push(bad("a relay notice came without an fd".into()));
-                    return;
+                    return self.complain(rank, "a relay notice came without an fd".into(), events);
                 };
-                let to = notice.peer;
-                let target = self
-                    .workers
-                    .get(to as usize)
-                    .and_then(Option::as_ref)
-                    .and_then(|w| w.stream.as_ref());
-                let Some(target) = target.filter(|_| to != rank) else {
-                    events.push(bad(format!("cannot relay an fd to rank {to}")));
-                    return;
-                };
-                let relayed = WorkerNotice::new(NoticeKind::RelayedFd, rank, notice.token);
-                match send_with_fds(
-                    target.as_fd(),
-                    &[bytemuck::bytes_of(&relayed)],
-                    &[fd.as_fd()],
-                ) {
-                    Ok(n) if n == size_of::<WorkerNotice>() => {}
-                    Ok(_) | Err(_) => {
-                        events.push(bad(format!("could not relay an fd to rank {to}")))
-                    }
+                self.relay(rank, notice.peer, notice.token, fd, events);
+            }
+            Some(NoticeKind::Claimed) => {
+                if let Some(worker) = self.workers[rank as usize].as_mut() {
+                    worker.unclaimed = worker.unclaimed.saturating_sub(1);
                 }
             }
             Some(NoticeKind::Outbox) => {
                 let Some(fd) = fd else {
-                    events.push(bad("an outbox notice came without an fd".into()));
-                    return;
+                    let detail = "an outbox notice came without an fd".into();
+                    return self.complain(rank, detail, events);
                 };
                 if let Err(detail) = self.take_outbox(rank, fd) {
-                    events.push(bad(detail));
+                    self.complain(rank, detail, events);
                 }
             }
-            Some(NoticeKind::RelayedFd | NoticeKind::PeerOutbox) | None => {
-                events.push(bad(format!("unexpected notice kind {}", notice.kind)));
+            Some(
+                NoticeKind::RelayedFd
+                | NoticeKind::PeerOutbox
+                | NoticeKind::Peer
+                | NoticeKind::RelayDelivered
+                | NoticeKind::RelayRefusedFull
+                | NoticeKind::RelayRefusedGone,
+            )
+            | None => {
+                let detail = format!("unexpected notice kind {}", notice.kind);
+                self.complain(rank, detail, events);
             }
         }
     }
 
-    /// `rank`'s socket closed: a goodbye first means only its rings close; otherwise the whole
-    /// session ends.
+    /// Passes `fd` from `from` to rank `to` with `token`, unless `to` is not there or holds its
+    /// share of relayed fds; answers `from` either way.
+    fn relay(&mut self, from: u32, to: u32, token: u64, fd: OwnedFd, events: &mut Vec<Event>) {
+        let target = self
+            .workers
+            .get_mut(to as usize)
+            .and_then(Option::as_mut)
+            .filter(|w| w.stream.is_some() && to != from);
+        let answer = match target {
+            None => NoticeKind::RelayRefusedGone,
+            Some(target) if target.unclaimed >= MAX_UNCLAIMED_RELAYS => {
+                NoticeKind::RelayRefusedFull
+            }
+            Some(target) => {
+                target.unclaimed += 1;
+                let relayed = WorkerNotice::new(NoticeKind::RelayedFd, from, token);
+                target.outgoing.push_back((relayed, Some(fd)));
+                self.flush(to as usize);
+                NoticeKind::RelayDelivered
+            }
+        };
+        if answer != NoticeKind::RelayDelivered {
+            let detail = match answer {
+                NoticeKind::RelayRefusedFull => format!(
+                    "relay to rank {to} refused: it holds {MAX_UNCLAIMED_RELAYS} relayed fds it \
+                     has not taken"
+                ),
+                _ => format!("relay to rank {to} refused: it is not logged on"),
+            };
+            self.complain(from, detail, events);
+        }
+        self.send(from, WorkerNotice::new(answer, to, token), None);
+    }
+
+    /// Queues a notice (and its fd) for `to` and sends what its socket has room for.
+    fn send(&mut self, to: u32, notice: WorkerNotice, fd: Option<OwnedFd>) {
+        if let Some(worker) = self.workers[to as usize].as_mut()
+            && worker.stream.is_some()
+        {
+            worker.outgoing.push_back((notice, fd));
+            self.flush(to as usize);
+        }
+    }
+
+    /// Sends `rank` what is queued for it, until its socket is full (the rest goes when `poll`
+    /// says it has room) or gone (reading it will say so).
+    fn flush(&mut self, rank: usize) {
+        let Some(worker) = self.workers[rank].as_mut() else {
+            return;
+        };
+        let Some(stream) = worker.stream.as_ref() else {
+            worker.outgoing.clear();
+            return;
+        };
+        while let Some((notice, fd)) = worker.outgoing.front() {
+            let fds: Vec<BorrowedFd<'_>> = fd.iter().map(AsFd::as_fd).collect();
+            match send_with_fds(stream.as_fd(), &[bytemuck::bytes_of(notice)], &fds) {
+                Ok(n) if n == size_of::<WorkerNotice>() => {
+                    worker.outgoing.pop_front();
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return,
+                // A partial notice (cannot happen for 24 bytes on a stream socket with room) or a
+                // broken socket: the worker is gone, and reading its socket will say so.
+                Ok(_) | Err(_) => {
+                    worker.outgoing.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// `rank`'s process exited. Whatever it sent before is read first; if its socket is still
+    /// open (a child it forked holds it), the worker is gone all the same.
+    fn process_exited(&mut self, rank: usize, events: &mut Vec<Event>) {
+        let Some(worker) = self.workers[rank].as_mut() else {
+            return;
+        };
+        worker.exited = true;
+        if worker.stream.is_some() {
+            self.read_worker(rank, events);
+            self.worker_gone(rank as u32, events);
+        }
+    }
+
+    /// `rank` is gone: with a goodbye first it left, otherwise it died. Either way only the
+    /// broker's records change, and the job winds down.
     fn worker_gone(&mut self, rank: u32, events: &mut Vec<Event>) {
         let Some(worker) = self.workers[rank as usize].as_mut() else {
             return;
         };
-        worker.stream = None;
+        if worker.stream.take().is_none() {
+            return;
+        }
         worker.fds.clear();
+        worker.outgoing.clear();
         worker.outbox = None;
-        let (pid, clean) = (worker.pid, worker.said_goodbye);
-        let rings_closed = if clean {
-            self.close_rings(|from, to| from == rank || to == rank, rank)
+        let (pid, uid, clean) = (worker.pid, worker.uid, worker.said_goodbye);
+        if clean {
+            self.left.get_or_insert(rank);
+            tracing::info!(rank, pid, uid, "left");
         } else {
-            // A death: end the session for everyone, so that nobody waits on a peer that is
-            // itself waiting on the dead one. Every ring learns which rank was lost.
             self.lost.get_or_insert(rank);
-            self.close_rings(|_, _| true, rank)
-        };
-        events.push(Event::WorkerLeft {
-            rank,
-            pid,
-            clean,
-            rings_closed,
-        });
+            tracing::warn!(rank, pid, uid, "died without saying goodbye");
+        }
+        events.push(Event::WorkerLeft { rank, pid, clean });
     }
 
-    /// Closes every ring whose `(from, to)` matches, with `cause`, and lets go of them; returns
-    /// how many.
-    fn close_rings(&mut self, matches: impl Fn(u32, u32) -> bool, cause: u32) -> usize {
-        let keys: Vec<(u32, u32)> = self
-            .rings
-            .keys()
-            .filter(|&&(from, to)| matches(from, to))
-            .copied()
-            .collect();
-        let mut closed = 0;
-        for key in keys {
-            if let Some(ring) = self.rings.remove(&key) {
-                // Only a ring whose header a worker scribbled over can fail to close; its other
-                // end will then meet its deadline instead, which is all that can be done.
-                closed +=
-                    usize::from(shmbroker_queues::close::<Message>(ring.as_fd(), cause).is_ok());
-            }
+    /// Forgets the job once every worker that logged on is gone, so the next one can start.
+    fn end_job_if_over(&mut self, events: &mut Vec<Event>) {
+        let mut logged_on = self.workers.iter().flatten().peekable();
+        if logged_on.peek().is_none() || self.workers.iter().flatten().any(|w| w.stream.is_some()) {
+            return;
         }
-        closed
+        let workers = self.workers.iter().flatten().count() as u32;
+        let event = Event::JobEnded {
+            job: self.jobs,
+            workers,
+            lost: self.lost,
+        };
+        tracing::info!(job = self.jobs, workers, lost = ?self.lost, "job ended");
+        self.jobs += 1;
+        self.workers.iter_mut().for_each(|w| *w = None);
+        self.rings.clear();
+        self.lost = None;
+        self.left = None;
+        events.push(event);
     }
 
     /// Checks and keeps `rank`'s outbox, and passes it to every other logged-on worker.
@@ -736,12 +1068,9 @@ impl Listener {
         .and_then(|()| shmbroker_queues::memfd::check_shmem(fd.as_fd()))
         .map_err(|e| format!("outbox refused: {e}"))?;
         worker.outbox = Some(fd);
-        let peers: Vec<u32> = (0..self.config.world_size)
-            .filter(|&peer| peer != rank)
-            .collect();
         let mut failed = Vec::new();
-        for peer in peers {
-            if !self.pass_outbox(rank, peer) {
+        for peer in 0..self.config.world_size {
+            if peer != rank && !self.pass_outbox(rank, peer) {
                 failed.push(peer);
             }
         }
@@ -749,59 +1078,72 @@ impl Listener {
             Ok(())
         } else {
             Err(format!(
-                "could not pass rank {rank}'s outbox to ranks {failed:?}"
+                "could not duplicate rank {rank}'s outbox for ranks {failed:?}"
             ))
         }
     }
 
-    /// Sends rank `to` every outbox published so far by the other ranks.
-    fn send_outboxes_to(&mut self, to: u32) {
-        for owner in 0..self.config.world_size {
-            if owner != to {
-                self.pass_outbox(owner, to);
-            }
-        }
-    }
-
-    /// Passes `owner`'s outbox to rank `to`, if both are there, with the owner's pid as the broker
-    /// saw it log on (`SO_PEERCRED`) as the token; `false` only when sending failed.
-    fn pass_outbox(&self, owner: u32, to: u32) -> bool {
-        let owner_worker = self.workers[owner as usize].as_ref();
-        let pid = owner_worker.map_or(0, |w| w.pid);
-        let outbox = owner_worker.and_then(|w| w.outbox.as_ref());
-        let target = self.workers[to as usize]
-            .as_ref()
-            .and_then(|w| w.stream.as_ref());
-        let (Some(outbox), Some(target)) = (outbox, target) else {
+    /// Queues `owner`'s outbox for rank `to`, if both are there, with the owner's pid as the
+    /// broker saw it log on (`SO_PEERCRED`) as the token; `false` only when it could not be
+    /// duplicated.
+    fn pass_outbox(&mut self, owner: u32, to: u32) -> bool {
+        let Some(owner_worker) = self.workers[owner as usize].as_ref() else {
             return true;
         };
-        let notice = WorkerNotice::new(NoticeKind::PeerOutbox, owner, pid as u64);
-        matches!(
-            send_with_fds(target.as_fd(), &[bytemuck::bytes_of(&notice)], &[outbox.as_fd()]),
-            Ok(n) if n == size_of::<WorkerNotice>()
-        )
+        let Some(outbox) = owner_worker.outbox.as_ref() else {
+            return true;
+        };
+        let pid = owner_worker.pid;
+        let Ok(copy) = outbox.try_clone() else {
+            return false;
+        };
+        self.send(
+            to,
+            WorkerNotice::new(NoticeKind::PeerOutbox, owner, pid as u64),
+            Some(copy),
+        );
+        true
     }
 
     /// Validates a whole logon frame and answers it.
-    fn log_on(&mut self, pending: Pending) -> Event {
-        let pid = Some(pending.pid);
+    fn log_on(&mut self, pending: Pending, events: &mut Vec<Event>) {
+        let who = (pending.pid, pending.uid);
         let frame = match decode_logon(&pending.frame) {
             Ok(frame) => frame,
             Err((reason, detail)) => {
-                return reject(&pending.stream, reason, pid, detail.to_string());
+                return self.refuse(&pending.stream, reason, who, detail.to_string(), events);
             }
         };
         let world = self.config.world_size;
-        if let Some(lost) = self.lost {
-            let text = format!("rank {lost} died; this session is over");
-            return reject(&pending.stream, RejectReason::SessionLost, pid, text);
+        let ending = match (self.lost, self.left) {
+            (Some(lost), _) => Some(format!("rank {lost} died")),
+            (None, Some(left)) => Some(format!("rank {left} left")),
+            (None, None) => None,
+        };
+        if let Some(why) = ending {
+            let text = format!(
+                "{why}: this job is over; the next one starts once all of its workers are gone"
+            );
+            return self.refuse(
+                &pending.stream,
+                RejectReason::SessionLost,
+                who,
+                text,
+                events,
+            );
         }
         let rank = if frame.requested_rank == ANY_RANK {
             match self.workers.iter().position(Option::is_none) {
                 Some(rank) => rank as u32,
                 None => {
                     let text = format!("all {world} ranks are taken");
-                    return reject(&pending.stream, RejectReason::WorldFull, pid, text);
+                    return self.refuse(
+                        &pending.stream,
+                        RejectReason::WorldFull,
+                        who,
+                        text,
+                        events,
+                    );
                 }
             }
         } else {
@@ -811,11 +1153,12 @@ impl Listener {
                     "rank {rank} requested; the world has ranks 0 to {}",
                     world - 1
                 );
-                return reject(&pending.stream, RejectReason::RankOutOfRange, pid, text);
+                let reason = RejectReason::RankOutOfRange;
+                return self.refuse(&pending.stream, reason, who, text, events);
             }
             if let Some(holder) = &self.workers[rank as usize] {
                 let text = format!("rank {rank} is taken by pid {}", holder.pid);
-                return reject(&pending.stream, RejectReason::RankTaken, pid, text);
+                return self.refuse(&pending.stream, RejectReason::RankTaken, who, text, events);
             }
             rank
         };
@@ -824,44 +1167,79 @@ impl Listener {
                 "needs at least {} ring slots; this broker's rings have {}",
                 frame.min_ring_capacity, self.config.ring_capacity
             );
-            return reject(
-                &pending.stream,
-                RejectReason::CapacityOutOfLimits,
-                pid,
-                text,
-            );
+            let reason = RejectReason::CapacityOutOfLimits;
+            return self.refuse(&pending.stream, reason, who, text, events);
         }
         match self.reply(&pending, rank) {
-            Ok(pidfd) => {
+            Ok((pidfd, introductions)) => {
                 self.workers[rank as usize] = Some(Worker {
                     stream: Some(pending.stream),
                     pid: pending.pid,
+                    uid: pending.uid,
                     notice: [0; size_of::<WorkerNotice>()],
                     filled: 0,
                     fds: VecDeque::new(),
                     said_goodbye: false,
                     outbox: None,
-                    _pidfd: pidfd,
+                    pidfd,
+                    exited: false,
+                    outgoing: VecDeque::new(),
+                    unclaimed: 0,
+                    complaints: RateLimit::default(),
                 });
-                self.send_outboxes_to(rank);
-                Event::LoggedOn {
+                for (to, notice, fd) in introductions {
+                    self.send(to, notice, Some(fd));
+                }
+                for owner in 0..world {
+                    if owner != rank {
+                        self.pass_outbox(owner, rank);
+                    }
+                }
+                tracing::info!(rank, pid = pending.pid, uid = pending.uid, "logged on");
+                events.push(Event::LoggedOn {
                     rank,
                     pid: pending.pid,
                     uid: pending.uid,
-                }
+                });
             }
-            Err(error) => reject(
-                &pending.stream,
-                RejectReason::Internal,
-                pid,
-                format!("could not serve rank {rank}: {error}"),
-            ),
+            Err(error) => {
+                let text = format!("could not serve rank {rank}: {error}");
+                self.refuse(&pending.stream, RejectReason::Internal, who, text, events);
+            }
         }
     }
 
-    /// Creates what rank `rank` still lacks and sends it everything in one message.
-    fn reply(&mut self, pending: &Pending, rank: u32) -> Result<Option<OwnedFd>, Error> {
+    /// Creates what rank `rank` still lacks and sends it everything in one message. Returns its
+    /// pidfd and the `Peer` notices that introduce it to every logged-on worker and them to it,
+    /// all made before the reply is sent: a logon that cannot be finished is refused whole.
+    #[allow(clippy::type_complexity)]
+    fn reply(
+        &mut self,
+        pending: &Pending,
+        rank: u32,
+    ) -> Result<(OwnedFd, Vec<(u32, WorkerNotice, OwnedFd)>), Error> {
         let world = self.config.world_size;
+        // A pidfd now, while the caller is certainly alive (it is waiting for this reply), so
+        // that no liveness check can be fooled by pid reuse.
+        let pidfd =
+            crate::pidfd_open(pending.pid).map_err(|e| Error::sys("pidfd_open")(io_errno(&e)))?;
+        let mut introductions = Vec::new();
+        for (peer, worker) in (0..).zip(&self.workers) {
+            let Some(worker) = worker.as_ref().filter(|w| w.stream.is_some()) else {
+                continue;
+            };
+            let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| Error::sys("dup")(io_errno(&e)));
+            introductions.push((
+                peer,
+                WorkerNotice::new(NoticeKind::Peer, rank, pending.pid as u64),
+                dup(&pidfd)?,
+            ));
+            introductions.push((
+                rank,
+                WorkerNotice::new(NoticeKind::Peer, peer, worker.pid as u64),
+                dup(&worker.pidfd)?,
+            ));
+        }
         for (role, peer) in manifest_order(rank, world) {
             let key = match (role, peer) {
                 (FdRole::RingToPeer, Some(peer)) => (rank, peer),
@@ -903,9 +1281,6 @@ impl Listener {
             _pad1: 0,
             reason: [0; shmbroker_bindings::REASON_LEN],
         };
-        // A pidfd now, while the caller is certainly alive (it is waiting for this reply), so
-        // that later liveness checks cannot be fooled by pid reuse.
-        let pidfd = crate::pidfd_open(pending.pid).ok();
         let total = size_of::<ReplyHeader>() + manifest.len() * size_of::<ManifestEntry>();
         let sent = send_with_fds(
             pending.stream.as_fd(),
@@ -916,7 +1291,7 @@ impl Listener {
         if sent != total {
             return Err(Error::sys("sendmsg (partial)")(Errno::EAGAIN));
         }
-        Ok(pidfd)
+        Ok((pidfd, introductions))
     }
 }
 
@@ -977,13 +1352,19 @@ fn io_errno(error: &std::io::Error) -> Errno {
     Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
 }
 
-/// A broker holds an fd for every ring, N (N - 1) of them for a world of N; lift the soft fd
-/// limit to the hard one.
-fn raise_fd_limit() {
+/// A broker holds an fd for every ring, N (N - 1) of them for a world of N: lifts the soft fd
+/// limit to the hard one, and returns the limit now in force.
+fn raise_fd_limit() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
-        && soft < hard
-    {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+                hard
+            } else {
+                soft
+            }
+        }
+        Ok((soft, _)) => soft,
+        Err(_) => u64::MAX,
     }
 }

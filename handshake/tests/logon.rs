@@ -62,7 +62,10 @@ impl Broker {
                 .expect("no event from the broker")
             {
                 Event::Rejected { reason, detail, .. } => return (reason, detail),
-                Event::LoggedOn { .. } | Event::WorkerLeft { .. } | Event::BadNotice { .. } => {}
+                Event::LoggedOn { .. }
+                | Event::WorkerLeft { .. }
+                | Event::JobEnded { .. }
+                | Event::BadNotice { .. } => {}
                 Event::Stopped => panic!("broker stopped"),
             }
         }
@@ -192,15 +195,15 @@ fn fifty_concurrent_logons_all_succeed_with_distinct_ranks() {
     let handles: Vec<_> = (0..50)
         .map(|_| {
             let path = broker.path.clone();
-            thread::spawn(move || {
-                connect(&path, LogonFrame::new(ANY_RANK), TIMEOUT).map(|s| s.rank())
-            })
+            thread::spawn(move || connect(&path, LogonFrame::new(ANY_RANK), TIMEOUT))
         })
         .collect();
-    let mut ranks: Vec<u32> = handles
+    // Every session is held until all are in: one leaving would wind the job down.
+    let sessions: Vec<_> = handles
         .into_iter()
         .map(|h| h.join().unwrap().unwrap())
         .collect();
+    let mut ranks: Vec<u32> = sessions.iter().map(|s| s.rank()).collect();
     ranks.sort_unstable();
     assert_eq!(ranks, (0..50).collect::<Vec<_>>());
 }
@@ -352,34 +355,46 @@ fn a_silent_client_is_dropped_at_its_deadline_and_delays_nobody() {
 }
 
 #[test]
-fn a_worker_leaving_is_reported_and_its_rank_stays_taken() {
+fn a_job_winds_down_when_a_worker_leaves_and_the_next_one_starts_once_all_are_gone() {
     let broker = Broker::start("leaving", config(2));
-    let session = connect(&broker.path, LogonFrame::new(1), TIMEOUT).unwrap();
-    drop(session);
-    loop {
-        match broker.events.recv_timeout(TIMEOUT).unwrap() {
-            Event::WorkerLeft {
-                rank,
-                pid,
-                clean,
-                rings_closed,
-            } => {
-                // A dropped session says goodbye: a clean exit. Rank 0 never logged on, but the
-                // rings between 0 and 1 exist: both are closed.
-                assert_eq!(
-                    (rank, pid, clean, rings_closed),
-                    (1, std::process::id() as i32, true, 2)
-                );
-                break;
-            }
-            Event::LoggedOn { .. } => {}
-            other => panic!("unexpected {other:?}"),
+    let zero = connect(&broker.path, LogonFrame::new(0), TIMEOUT).unwrap();
+    let one = connect(&broker.path, LogonFrame::new(1), TIMEOUT).unwrap();
+    drop(one);
+    let wait_for = |wanted: &dyn Fn(&Event) -> bool| loop {
+        let event = broker.events.recv_timeout(TIMEOUT).unwrap();
+        if wanted(&event) {
+            return event;
         }
-    }
+    };
+    // A dropped session says goodbye: a clean exit.
+    let left = wait_for(&|e| matches!(e, Event::WorkerLeft { .. }));
     assert_eq!(
-        rejected(connect(&broker.path, LogonFrame::new(1), TIMEOUT)).0,
-        RejectReason::RankTaken
+        left,
+        Event::WorkerLeft {
+            rank: 1,
+            pid: std::process::id() as i32,
+            clean: true
+        }
     );
+    // Rank 0 is still there: the job winds down, and a newcomer would wait for rank 1 in vain.
+    let (reason, text) = rejected(connect(&broker.path, LogonFrame::new(ANY_RANK), TIMEOUT));
+    assert_eq!(reason, RejectReason::SessionLost);
+    assert!(text.contains("rank 1 left"), "{text}");
+    drop(zero);
+    let ended = wait_for(&|e| matches!(e, Event::JobEnded { .. }));
+    assert_eq!(
+        ended,
+        Event::JobEnded {
+            job: 0,
+            workers: 2,
+            lost: None
+        }
+    );
+    // The next job, on the same socket, from rank 0 again.
+    let again = connect(&broker.path, LogonFrame::new(1), TIMEOUT).unwrap();
+    assert_eq!(again.rank(), 1);
+    let zero = connect(&broker.path, LogonFrame::new(ANY_RANK), TIMEOUT).unwrap();
+    assert_eq!(zero.rank(), 0);
 }
 
 #[test]
@@ -444,13 +459,17 @@ fn connect_gives_up_at_its_deadline_when_no_broker_appears() {
     assert!(
         matches!(
             error,
-            Error::Timeout {
-                stage: "reaching the broker",
+            Error::Unreachable {
+                last: nix::errno::Errno::ENOENT,
                 ..
             }
         ),
         "{error}"
     );
+    // The message names the path and what the last attempt found.
+    let text = error.to_string();
+    assert!(text.contains(&dir.socket().display().to_string()), "{text}");
+    assert!(text.contains("ENOENT"), "{text}");
 }
 
 fn read_reply_header(stream: &mut UnixStream) -> ReplyHeader {
@@ -544,6 +563,13 @@ fn a_worker_leaving_on_purpose_ends_only_its_own_rings() {
     zero.link(1).unwrap().to.try_send(message).unwrap();
     assert_eq!(one.link(0).unwrap().from.try_recv(), Ok(message));
     assert_eq!(zero.link(1).unwrap().from.close_cause(), None);
+    // Both know rank 2 left (not died), and nobody else is gone.
+    assert_eq!(
+        zero.departure(2),
+        Some(shmbroker_handshake::Departure::Left { rank: 2 })
+    );
+    assert_eq!(zero.departure(1), None);
+    assert_eq!(zero.lost_rank(), None);
 }
 
 #[test]
@@ -568,14 +594,12 @@ fn fds_relayed_through_the_broker_arrive_as_the_same_files_in_any_order() {
         );
         assert_eq!((s.st_dev, s.st_ino), (g.st_dev, g.st_ino));
     }
-    // A relay to a rank that does not exist is reported and goes nowhere.
-    zero.relay_fd(7, 3, files[0].as_fd(), TIMEOUT).unwrap();
-    loop {
-        if let Event::BadNotice { rank, detail } = broker.events.recv_timeout(TIMEOUT).unwrap() {
-            assert_eq!(rank, 0);
-            assert!(detail.contains("cannot relay an fd to rank 7"), "{detail}");
-            break;
+    // A relay to a rank that does not exist is refused, to the sender, and goes nowhere.
+    match zero.relay_fd(7, 3, files[0].as_fd(), TIMEOUT) {
+        Err(Error::RelayRefused { to: 7, reason }) => {
+            assert!(reason.contains("no such rank"), "{reason}");
         }
+        other => panic!("unexpected {other:?}"),
     }
     assert!(matches!(
         one.take_relayed_fd(0, 3, Duration::from_millis(50)),
@@ -602,7 +626,9 @@ fn garbage_on_a_workers_socket_is_reported_and_the_worker_stays() {
     let mut details = Vec::new();
     while details.len() < 2 {
         match broker.events.recv_timeout(TIMEOUT).unwrap() {
-            Event::BadNotice { rank: 0, detail } => details.push(detail),
+            Event::BadNotice {
+                rank: 0, detail, ..
+            } => details.push(detail),
             Event::LoggedOn { .. } => {}
             other => panic!("unexpected {other:?}"),
         }

@@ -179,10 +179,11 @@ fn pending_seq(position: u64, capacity: u64) -> u64 {
     position.wrapping_add(1).wrapping_sub(capacity)
 }
 
-/// What keeps a ring's memory alive.
+/// What keeps a ring's memory alive: shared by the endpoint and any [`Closer`] made from it.
+#[derive(Clone)]
 enum Backing {
     #[cfg(not(loom))]
-    Mapped(#[allow(dead_code)] crate::memfd::Mapping),
+    Mapped(#[allow(dead_code)] std::sync::Arc<crate::memfd::Mapping>),
     #[cfg(loom)]
     Heap(#[allow(dead_code)] std::sync::Arc<dyn Send + Sync>),
 }
@@ -234,6 +235,17 @@ impl<T: Pod> RingRef<T> {
 }
 
 impl<T> RingRef<T> {
+    /// Another view of the same memory, for a [`Closer`].
+    fn share(&self) -> Self {
+        Self {
+            header: self.header,
+            slots: self.slots,
+            mask: self.mask,
+            capacity: self.capacity,
+            _backing: self._backing.clone(),
+        }
+    }
+
     fn control(&self) -> &Control {
         // SAFETY: as in `header` above (this impl has no `Pod` bound, so it cannot call it).
         let header = unsafe { self.header.as_ref() };
@@ -455,7 +467,7 @@ fn map_ring<T: Pod>(fd: BorrowedFd<'_>) -> Result<RingRef<T>, Error> {
         slots: mapping.at(layout.slots_offset as usize).cast::<Slot<T>>(),
         mask: layout.capacity - 1,
         capacity: layout.capacity,
-        _backing: Backing::Mapped(mapping),
+        _backing: Backing::Mapped(std::sync::Arc::new(mapping)),
     };
     Ok(ring)
 }
@@ -475,29 +487,60 @@ pub fn close<T: Pod>(fd: BorrowedFd<'_>, cause: u32) -> Result<(), Error> {
     Ok(())
 }
 
-/// A loom model's stand-in for a third process holding the ring (the broker, closing for a
-/// dead peer).
-#[cfg(all(loom, test))]
-pub(crate) struct Closer<T>(RingRef<T>);
+/// A handle that closes a ring from another thread of the process holding one of its ends: a
+/// watcher that learns the peer died (from its pidfd) closes the rings of the session with it,
+/// waking whichever side is parked there, exactly as [`close`] does from another process.
+///
+/// It shares the endpoint's mapping and its validated geometry; it never re-reads the layout a
+/// peer could have scribbled on, so closing works whatever the peer left in the header.
+pub struct Closer<T>(RingRef<T>);
 
-#[cfg(all(loom, test))]
+// SAFETY: a closer only stores to the control block's atomics and wakes futex words, all through
+// shared references to atomics in memory its backing keeps mapped; any thread may do that.
+unsafe impl<T> Send for Closer<T> {}
+// SAFETY: as for `Send`: every operation takes `&self` and touches only atomics.
+unsafe impl<T> Sync for Closer<T> {}
+
 impl<T> Closer<T> {
-    /// What [`close`] does.
-    pub(crate) fn close(&self, cause: u32) {
+    /// Closes both ends with `cause`, waking whichever side is parked: the consumer still
+    /// receives what was sent, then `Disconnected`; the producer gets `Disconnected`. Safe to call
+    /// again, and on a ring already closed.
+    pub fn close(&self, cause: u32) {
         self.0.close_with_cause(cause);
+    }
+
+    /// Closes only the `role` end, as dropping that end would (waking the other side).
+    pub fn close_end(&self, role: Role) {
+        self.0.close_end(role);
+    }
+
+    /// Whether the `role` end of the ring has been closed (by that end dropping, or by any
+    /// closer).
+    #[must_use]
+    pub fn is_closed(&self, role: Role) -> bool {
+        let control = self.0.control();
+        let flag = match role {
+            Role::Producer => &control.producer_closed,
+            Role::Consumer => &control.consumer_closed,
+        };
+        flag.load(Ordering::Acquire) != 0
+    }
+}
+
+impl<T> fmt::Debug for Closer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Closer")
+            .field("capacity", &self.0.capacity)
+            .finish_non_exhaustive()
     }
 }
 
 /// [`pair`], plus a [`Closer`] on the same ring.
 #[cfg(all(loom, test))]
 pub(crate) fn pair_with_closer<T: Pod>(capacity: usize) -> (Producer<T>, Consumer<T>, Closer<T>) {
-    let capacity = check_capacity(capacity).expect("valid capacity");
-    let (producer, consumer, closer) = heap_ring::<T>(capacity);
-    (
-        Producer::new(producer),
-        Consumer::new(consumer),
-        Closer(closer),
-    )
+    let (producer, consumer) = pair::<T>(capacity).expect("valid capacity");
+    let closer = consumer.closer();
+    (producer, consumer, closer)
 }
 
 /// Checks a layout read from a peer's file of `file_size` bytes against what `T` needs.
@@ -608,14 +651,14 @@ pub fn pair<T: Pod>(capacity: usize) -> Result<(Producer<T>, Consumer<T>), Error
     #[cfg(loom)]
     {
         let capacity = check_capacity(capacity)?;
-        let (producer, consumer, _) = heap_ring::<T>(capacity);
+        let (producer, consumer) = heap_ring::<T>(capacity);
         Ok((Producer::new(producer), Consumer::new(consumer)))
     }
 }
 
-/// Three views of one heap ring: producer, consumer, and a third party's.
+/// Two views of one heap ring: producer and consumer.
 #[cfg(loom)]
-fn heap_ring<T: Pod>(capacity: u64) -> (RingRef<T>, RingRef<T>, RingRef<T>) {
+fn heap_ring<T: Pod>(capacity: u64) -> (RingRef<T>, RingRef<T>) {
     struct HeapRing<T> {
         header: Box<Header>,
         slots: Box<[Slot<T>]>,
@@ -656,7 +699,7 @@ fn heap_ring<T: Pod>(capacity: u64) -> (RingRef<T>, RingRef<T>, RingRef<T>) {
         capacity,
         _backing: Backing::Heap(ring.clone()),
     };
-    (make(), make(), make())
+    (make(), make())
 }
 
 /// The sending end of a ring. Dropping it closes the ring for sending.
@@ -712,6 +755,12 @@ impl<T: Pod> Producer<T> {
     #[must_use]
     pub fn close_cause(&self) -> Option<u32> {
         self.ring.close_cause()
+    }
+
+    /// A [`Closer`] for this ring, to close it from another thread.
+    #[must_use]
+    pub fn closer(&self) -> Closer<T> {
+        Closer(self.ring.share())
     }
 
     /// Whether the consumer has closed the ring.
@@ -887,6 +936,12 @@ impl<T: Pod> Consumer<T> {
     #[must_use]
     pub fn close_cause(&self) -> Option<u32> {
         self.ring.close_cause()
+    }
+
+    /// A [`Closer`] for this ring, to close it from another thread.
+    #[must_use]
+    pub fn closer(&self) -> Closer<T> {
+        Closer(self.ring.share())
     }
 
     /// Receives one message if one is there. Never blocks.

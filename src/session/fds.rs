@@ -18,7 +18,7 @@
 //!
 //! The transport used the first time is reported once on standard error, with the reason.
 
-use super::{Deadline, Error, Session, message};
+use super::{Deadline, Error, Session, departure_error, message};
 use shmbroker_bindings::{FdTicket, INLINE_BYTES, kind};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
@@ -72,11 +72,6 @@ enum ImportFailure {
     Stale { found: (u64, u64) },
 }
 
-/// A pidfd for process `pid`.
-fn open_pidfd(pid: i32) -> Result<OwnedFd, ImportFailure> {
-    shmbroker_handshake::pidfd_open(pid).map_err(|e| ImportFailure::Refused(errno(&e)))
-}
-
 /// Takes the fd a ticket describes from its exporter (`pidfd`) with `pidfd_getfd`, and checks it.
 fn import(pidfd: &OwnedFd, ticket: &FdTicket) -> Result<OwnedFd, ImportFailure> {
     // SAFETY: pidfd_getfd(2) takes a pidfd, an fd number in that process and flags; it returns
@@ -104,10 +99,6 @@ fn check(fd: &OwnedFd, ticket: &FdTicket) -> Result<(), ImportFailure> {
     } else {
         Err(ImportFailure::Stale { found })
     }
-}
-
-fn errno(error: &std::io::Error) -> nix::errno::Errno {
-    nix::errno::Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
 }
 
 impl Session {
@@ -246,9 +237,11 @@ impl Session {
                 refused |= 1 << exporter;
                 continue;
             }
-            // Only from the process the broker saw log on as that rank: a ticket naming any other
-            // (some other process of this uid, say) would make this rank pull an fd out of it.
-            let pid = self.exporter_pid(exporter, deadline)?;
+            // Only from the process the broker saw log on as that rank, through the pidfd the
+            // broker opened for it then: a ticket naming any other (some other process of this
+            // uid, say) would make this rank pull an fd out of it, and a pid alone could have
+            // been reused.
+            let (pid, pidfd) = self.exporter_process(exporter, deadline)?;
             if i64::from(ticket.pid) != i64::from(pid) {
                 return Err(Error::Protocol {
                     peer: exporter,
@@ -258,15 +251,7 @@ impl Session {
                     ),
                 });
             }
-            // A pidfd per exporter process, kept for the session: a pidfd refers to that one
-            // process, so a reused pid can never be mistaken for it later.
-            let pidfd = match self.pidfds.entry(ticket.pid) {
-                std::collections::hash_map::Entry::Occupied(entry) => Ok(entry.into_mut()),
-                std::collections::hash_map::Entry::Vacant(entry) => {
-                    open_pidfd(pid).map(|pidfd| entry.insert(pidfd))
-                }
-            };
-            match pidfd.and_then(|pidfd| import(pidfd, &ticket)) {
+            match import(&pidfd, &ticket) {
                 Ok(fd) => imported[exporter as usize] = Some(fd),
                 Err(ImportFailure::Refused(errno)) => {
                     refused |= 1 << exporter;
@@ -317,7 +302,7 @@ impl Session {
                 if importer != rank && status[0] & (1 << rank) != 0 {
                     self.inner
                         .relay_fd(importer, seq, fd, deadline.left())
-                        .map_err(|e| Error::Relay(e.to_string()))?;
+                        .map_err(|e| self.relay_failed(importer, e))?;
                 }
             }
         }
@@ -349,9 +334,7 @@ impl Session {
     }
 
     /// The fd `exporter` relays with `token`, waiting in slices and checking between them that
-    /// `exporter` is still there: a relay from a rank that died never comes. (An exporter that
-    /// died shows first as `ESRCH` from `pidfd_getfd`, a refusal like any other; the broker, which
-    /// alone decides that a rank is lost, then closes the rings and this wait ends naming it.)
+    /// `exporter` is still there: a relay from a rank that left or died never comes.
     fn take_relayed_fd_from_live(
         &mut self,
         exporter: u32,
@@ -364,13 +347,10 @@ impl Session {
             match self.inner.take_relayed_fd(exporter, token, wait) {
                 Ok(fd) => return Ok(fd),
                 Err(shmbroker_handshake::Error::Timeout { .. }) => {}
-                Err(other) => return Err(Error::Relay(other.to_string())),
+                Err(other) => return Err(self.relay_failed(exporter, other)),
             }
-            if let Some(link) = self.inner.link(exporter)
-                && (link.to.is_disconnected() || link.from.close_cause().is_some())
-            {
-                let rank = link.from.close_cause().unwrap_or(exporter);
-                return Err(Error::PeerLost { rank });
+            if let Some(departure) = self.inner.departure(exporter) {
+                return Err(departure_error(departure));
             }
             if deadline.left().is_zero() {
                 return Err(deadline.timed_out(exporter));
@@ -378,12 +358,29 @@ impl Session {
         }
     }
 
-    /// `exporter`'s process id as the broker saw it log on.
-    fn exporter_pid(&mut self, exporter: u32, deadline: &Deadline) -> Result<i32, Error> {
+    /// The error for a relay to or from `peer` that failed: who is gone if someone is, else what
+    /// the handshake said.
+    fn relay_failed(&self, peer: u32, error: shmbroker_handshake::Error) -> Error {
+        if let Some(departure) = self.inner.departure(peer) {
+            return departure_error(departure);
+        }
+        match error {
+            shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
+            other => Error::Relay(other.to_string()),
+        }
+    }
+
+    /// `exporter`'s process id as the broker saw it log on, and a pidfd for that process.
+    fn exporter_process(
+        &mut self,
+        exporter: u32,
+        deadline: &Deadline,
+    ) -> Result<(i32, std::sync::Arc<OwnedFd>), Error> {
         self.inner
-            .peer_pid(exporter, deadline.left())
+            .peer_process(exporter, deadline.left())
             .map_err(|error| match error {
                 shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(exporter),
+                shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
                 other => Error::Logon(other),
             })
     }
@@ -437,8 +434,7 @@ mod tests {
     fn a_ticket_is_honoured_only_for_the_file_it_names() {
         let (a, b) = (memfd(), memfd());
         // Taken from this very process: the same file arrives under a new number.
-        let me = open_pidfd(std::process::id() as i32)
-            .ok()
+        let me = shmbroker_handshake::pidfd_open(std::process::id() as i32)
             .expect("pidfd of this process");
         let fd = import(&me, &ticket_for(&a, a.as_raw_fd()))
             .ok()

@@ -50,7 +50,7 @@
 use super::{Deadline, Error, Session};
 use shmbroker_allocator::{Outbox, PeerOutbox};
 use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
-use shmbroker_queues::{RecvTimeoutError, TryRecvError, TrySendError};
+use shmbroker_queues::{Corruption, RecvTimeoutError, TryRecvError, TrySendError};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -468,7 +468,7 @@ impl Session {
             Err(TryRecvError::Empty) => {}
             Err(TryRecvError::Disconnected) => return Err(self.lost_from(peer)),
             Err(TryRecvError::Corrupted(corruption)) => {
-                return Err(Error::Corrupted { peer, corruption });
+                return Err(self.corrupted(peer, corruption));
             }
         }
         let Some(deadline) = wait else {
@@ -488,9 +488,7 @@ impl Session {
             }
             Err(RecvTimeoutError::Timeout) => Err(deadline.timed_out(peer)),
             Err(RecvTimeoutError::Disconnected) => Err(self.lost_from(peer)),
-            Err(RecvTimeoutError::Corrupted(corruption)) => {
-                Err(Error::Corrupted { peer, corruption })
-            }
+            Err(RecvTimeoutError::Corrupted(corruption)) => Err(self.corrupted(peer, corruption)),
         }
     }
 
@@ -523,39 +521,25 @@ impl Session {
         Ok(())
     }
 
-    /// The error for a ring from `peer` that closed: the rank the broker named as lost, or `peer`.
-    /// Blocks `peer` owed acknowledgements for are freed: none can arrive any more.
+    /// The error for a link to `peer` that closed: who is gone, as this worker's watcher
+    /// established it from the kernel (see the handshake's `liveness` module), never from what a
+    /// peer wrote into a ring header. Blocks `peer` owed acknowledgements for are freed: none can
+    /// arrive any more.
     pub(super) fn lost_from(&mut self, peer: u32) -> Error {
-        let rank = self.lost_rank(peer);
+        let error = match self.inner.departure(peer) {
+            Some(departure) => super::departure_error(departure),
+            None => Error::PeerLost { rank: peer },
+        };
         self.forget_peer(peer);
-        Error::PeerLost { rank }
+        error
     }
 
-    /// Which rank a closed link to `peer` says was lost. A ring closed by the broker carries the
-    /// cause; one that `peer`'s own exit closed first does not, and then the broker may still be
-    /// closing every ring for a death elsewhere (a peer that gave up because another died, say).
-    /// So a missing cause is waited for a little, on this link or any other, before `peer` itself
-    /// is named.
-    fn lost_rank(&mut self, peer: u32) -> u32 {
-        const GRACE: Duration = Duration::from_millis(20);
-        let give_up = Instant::now() + GRACE;
-        loop {
-            let cause = |link: &shmbroker_handshake::Link| {
-                link.from.close_cause().or_else(|| link.to.close_cause())
-            };
-            if let Some(rank) = self.inner.link(peer).and_then(|link| cause(link)) {
-                return rank;
-            }
-            let me = self.rank();
-            for other in (0..self.world_size()).filter(|&p| p != peer && p != me) {
-                if let Some(rank) = self.inner.link(other).and_then(|link| cause(link)) {
-                    return rank;
-                }
-            }
-            if Instant::now() >= give_up {
-                return peer;
-            }
-            std::thread::sleep(Duration::from_micros(200));
+    /// The error for a ring with `peer` found corrupted: if a peer is known to have died
+    /// meanwhile (a dying peer may scribble on its way out), that death; otherwise the corruption.
+    fn corrupted(&self, peer: u32, corruption: Corruption) -> Error {
+        match self.inner.lost_rank() {
+            Some(rank) => Error::PeerLost { rank },
+            None => Error::Corrupted { peer, corruption },
         }
     }
 
@@ -892,7 +876,7 @@ impl Session {
                 Err(TrySendError::Full(())) => {}
                 Err(TrySendError::Disconnected(())) => return Err(self.lost_to(peer)),
                 Err(TrySendError::Corrupted((), corruption)) => {
-                    return Err(Error::Corrupted { peer, corruption });
+                    return Err(self.corrupted(peer, corruption));
                 }
             }
             // Full: wait a slice for room, then take in what the peer sent.
@@ -917,7 +901,7 @@ impl Session {
                     return Err(self.lost_to(peer));
                 }
                 Err(shmbroker_queues::SendTimeoutError::Corrupted(_, corruption)) => {
-                    return Err(Error::Corrupted { peer, corruption });
+                    return Err(self.corrupted(peer, corruption));
                 }
             }
         }
@@ -1117,7 +1101,7 @@ impl Session {
                 Err(TrySendError::Full(())) => {}
                 Err(TrySendError::Disconnected(())) => return Err(self.lost_to(peer)),
                 Err(TrySendError::Corrupted((), corruption)) => {
-                    return Err(Error::Corrupted { peer, corruption });
+                    return Err(self.corrupted(peer, corruption));
                 }
             }
         }
@@ -1180,9 +1164,7 @@ impl Session {
                 self.acks_due[peer as usize].clear();
                 Ok(())
             }
-            Err(TrySendError::Corrupted((), corruption)) => {
-                Err(Error::Corrupted { peer, corruption })
-            }
+            Err(TrySendError::Corrupted((), corruption)) => Err(self.corrupted(peer, corruption)),
         }
     }
 

@@ -1,0 +1,530 @@
+//! Who is still there: every worker watches its peers' processes, and its broker, itself.
+//!
+//! # Why not trust the broker (or the rings) to say who died
+//!
+//! A broker that closes rings for a dead worker must itself be alive, must notice the death (a
+//! worker that forked a child holding its socket does not close it), and must find the ring
+//! headers intact (a dying peer can scribble on them). So each worker's session runs a watcher
+//! thread instead. It sleeps in `poll(2)` on:
+//!
+//! * a pidfd for every peer, which the broker opened while that peer was waiting for its logon
+//!   reply (so it names that very process, immune to pid reuse) and passed on in a
+//!   [`NoticeKind::Peer`] notice. A pidfd becomes readable when its process has exited, and stays
+//!   readable: every watcher sees the same kernel fact, in any order;
+//! * the socket to the broker, to read every notice it sends (peers' pidfds and outboxes, relayed
+//!   fds and relay answers, filed for the session's thread) and to see it close;
+//! * an eventfd that stops it.
+//!
+//! When a peer's process has exited, the watcher looks at the two ring ends that peer owns in
+//! this worker's links: a peer that dropped its session closed them first ([`Session`]'s drop
+//! does that before anything else), so it **left**; otherwise it **died**. A death ends the
+//! session for everyone: the watcher records the rank (the first death wins) and closes every
+//! ring of this worker through [`Closer`]s that share the session's own mappings and validated
+//! geometry, waking any call parked on them; the calls then ask [`Shared::departure`] what
+//! happened and name the dead rank. Nothing in this decision is read from memory a live peer
+//! could write, except each peer's own "I closed my end", which only speaks for that peer.
+//!
+//! When the broker's socket closes, the broker is **lost**: operations that need it (an outbox
+//! or relayed fd still to come) fail with [`Error::BrokerLost`], and since no peer can log on any
+//! more, the rings to peers that never did are closed, so nobody waits for them.
+//!
+//! The closing itself is the ring's third-party close ([`Closer::close`]), whose wake-up is
+//! model-checked in the queues crate (`loom_a_third_party_close_wakes_a_parked_*`).
+//!
+//! [`Session`]: crate::Session
+
+use crate::error::{Error, ProtocolError};
+use crate::fdpass::recv_with_fds;
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use shmbroker_bindings::{Message, NOTICE_MAGIC, NoticeKind, WorkerNotice};
+use shmbroker_queues::{Closer, Role};
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Why a peer is no longer there, as this worker's watcher established it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Departure {
+    /// `rank` dropped its session on purpose.
+    Left {
+        /// The rank.
+        rank: u32,
+    },
+    /// `rank`'s process exited without dropping its session (killed, crashed, aborted).
+    Lost {
+        /// The rank.
+        rank: u32,
+    },
+    /// The broker is gone, and the peer never logged on while it was there.
+    BrokerLost,
+}
+
+/// No rank recorded.
+const NONE: u32 = u32::MAX;
+
+/// One peer's process, as the broker passed it on.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerProcess {
+    pub pid: i32,
+    pub pidfd: Arc<OwnedFd>,
+}
+
+/// What the broker sent, filed for the session's thread.
+#[derive(Debug, Default)]
+pub(crate) struct Inbox {
+    /// Relayed fds not yet taken, by (sender, token).
+    pub relayed: HashMap<(u32, u64), OwnedFd>,
+    /// Peers' outboxes not yet taken, by owner.
+    pub outboxes: HashMap<u32, OwnedFd>,
+    /// Peers' processes, by rank.
+    pub peers: HashMap<u32, PeerProcess>,
+    /// The broker's answers to this worker's relays, by (receiver, token): delivered or not.
+    pub relay_answers: HashMap<(u32, u64), RelayAnswer>,
+    /// The first notice from the broker that broke the protocol; the socket is not read after it.
+    pub fault: Option<ProtocolError>,
+}
+
+/// What the broker did with a relayed fd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RelayAnswer {
+    Delivered,
+    Refused(NoticeKind),
+}
+
+/// State shared by a session and its watcher.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    rank: u32,
+    pub inbox: Mutex<Inbox>,
+    pub arrived: Condvar,
+    /// Per peer, the closers of the ring to it and the ring from it (`None` for this rank).
+    closers: Vec<Option<(Closer<Message>, Closer<Message>)>>,
+    /// Ranks whose process exited without leaving, and the first of them.
+    dead: AtomicU64,
+    first_dead: AtomicU32,
+    /// Ranks that left (their process exited after they closed their ring ends).
+    left: AtomicU64,
+    broker_lost: AtomicBool,
+}
+
+impl Shared {
+    pub fn new(rank: u32, closers: Vec<Option<(Closer<Message>, Closer<Message>)>>) -> Self {
+        Self {
+            rank,
+            inbox: Mutex::new(Inbox::default()),
+            arrived: Condvar::new(),
+            closers,
+            dead: AtomicU64::new(0),
+            first_dead: AtomicU32::new(NONE),
+            left: AtomicU64::new(0),
+            broker_lost: AtomicBool::new(false),
+        }
+    }
+
+    /// The inbox, even if a thread panicked holding it (its maps stay consistent).
+    pub fn lock(&self) -> MutexGuard<'_, Inbox> {
+        self.inbox
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the broker's socket has closed.
+    pub fn broker_lost(&self) -> bool {
+        self.broker_lost.load(Ordering::Acquire)
+    }
+
+    /// The first rank seen to die, if any.
+    pub fn first_dead(&self) -> Option<u32> {
+        let rank = self.first_dead.load(Ordering::Acquire);
+        (rank != NONE).then_some(rank)
+    }
+
+    /// Why the link to `peer` is closed (or a call on it failed): checks every known peer's
+    /// process now, then answers from what the kernel said, never from a ring header alone.
+    pub fn departure(&self, peer: u32) -> Option<Departure> {
+        self.check_now();
+        if let Some(rank) = self.first_dead() {
+            return Some(Departure::Lost { rank });
+        }
+        let bit = 1u64 << (peer % 64);
+        if self.left.load(Ordering::Acquire) & bit != 0 || self.closed_by(peer) {
+            return Some(Departure::Left { rank: peer });
+        }
+        if self.broker_lost() && !self.lock().peers.contains_key(&peer) {
+            return Some(Departure::BrokerLost);
+        }
+        None
+    }
+
+    /// Whether `peer` closed the ring ends it owns in this worker's links.
+    fn closed_by(&self, peer: u32) -> bool {
+        self.closers
+            .get(peer as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|(to, from)| {
+                from.is_closed(Role::Producer) || to.is_closed(Role::Consumer)
+            })
+    }
+
+    /// Polls every known peer's pidfd without waiting and records the processes that exited.
+    pub fn check_now(&self) {
+        let peers: Vec<(u32, Arc<OwnedFd>)> = self
+            .lock()
+            .peers
+            .iter()
+            .map(|(&rank, process)| (rank, Arc::clone(&process.pidfd)))
+            .collect();
+        let mut fds: Vec<PollFd<'_>> = peers
+            .iter()
+            .map(|(_, pidfd)| PollFd::new(pidfd.as_fd(), PollFlags::POLLIN))
+            .collect();
+        if poll(&mut fds, PollTimeout::ZERO).is_err() {
+            return;
+        }
+        let exited: Vec<u32> = peers
+            .iter()
+            .zip(&fds)
+            .filter(|(_, fd)| fd.revents().is_some_and(|r| !r.is_empty()))
+            .map(|((rank, _), _)| *rank)
+            .collect();
+        for rank in exited {
+            self.exited(rank);
+        }
+    }
+
+    /// `rank`'s process has exited: it left if it had closed its ring ends, otherwise it died,
+    /// and a death closes every ring of this worker.
+    fn exited(&self, rank: u32) {
+        let bit = 1u64 << (rank % 64);
+        if (self.dead.load(Ordering::Acquire) | self.left.load(Ordering::Acquire)) & bit != 0 {
+            return;
+        }
+        if self.first_dead().is_none() && self.closed_by(rank) {
+            self.left.fetch_or(bit, Ordering::AcqRel);
+            return;
+        }
+        self.dead.fetch_or(bit, Ordering::AcqRel);
+        let _ = self
+            .first_dead
+            .compare_exchange(NONE, rank, Ordering::AcqRel, Ordering::Acquire);
+        for (to, from) in self.closers.iter().flatten() {
+            to.close(rank);
+            from.close(rank);
+        }
+        self.arrived.notify_all();
+    }
+
+    /// The broker's socket closed: nobody can log on any more, so the rings to peers that never
+    /// did are closed.
+    fn lose_broker(&self) {
+        self.broker_lost.store(true, Ordering::Release);
+        let inbox = self.lock();
+        for (peer, closers) in self.closers.iter().enumerate() {
+            if let Some((to, from)) = closers
+                && !inbox.peers.contains_key(&(peer as u32))
+            {
+                to.close(self.rank);
+                from.close(self.rank);
+            }
+        }
+        drop(inbox);
+        self.arrived.notify_all();
+    }
+
+    /// Waits until `take` finds what it looks for in the inbox, the deadline passes, or the
+    /// broker can no longer send it.
+    pub fn wait_for<T>(
+        &self,
+        deadline: Instant,
+        stage: &'static str,
+        timeout: Duration,
+        mut take: impl FnMut(&mut Inbox) -> Option<T>,
+    ) -> Result<T, Error> {
+        let mut inbox = self.lock();
+        loop {
+            if let Some(found) = take(&mut inbox) {
+                return Ok(found);
+            }
+            if let Some(fault) = &inbox.fault {
+                return Err(Error::Protocol(fault.clone()));
+            }
+            if self.broker_lost() {
+                return Err(Error::BrokerLost { stage });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout { stage, timeout });
+            }
+            inbox = self
+                .arrived
+                .wait_timeout(inbox, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// The watcher thread, stopped and joined when dropped.
+#[derive(Debug)]
+pub(crate) struct Watcher {
+    stop: Arc<EventFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watcher {
+    /// Starts watching, reading notices from `socket` (a duplicate of the session's).
+    pub fn start(shared: Arc<Shared>, socket: UnixStream, world_size: u32) -> Result<Self, Error> {
+        let stop = Arc::new(
+            EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .map_err(Error::sys("eventfd"))?,
+        );
+        let reader = Reader {
+            shared,
+            socket,
+            world_size,
+            frame: Vec::with_capacity(size_of::<WorkerNotice>()),
+            fds: std::collections::VecDeque::new(),
+        };
+        let thread_stop = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("shmbroker-watch".into())
+            .spawn(move || reader.run(&thread_stop))
+            .map_err(|e| Error::sys("spawning the watcher thread")(io_errno(&e)))?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn io_errno(error: &std::io::Error) -> Errno {
+    Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
+}
+
+/// The watcher thread's state: the socket and the part of a notice read so far.
+struct Reader {
+    shared: Arc<Shared>,
+    socket: UnixStream,
+    world_size: u32,
+    frame: Vec<u8>,
+    fds: std::collections::VecDeque<OwnedFd>,
+}
+
+impl Reader {
+    fn run(mut self, stop: &EventFd) {
+        loop {
+            let reading = !self.shared.broker_lost() && self.shared.lock().fault.is_none();
+            let dead =
+                self.shared.dead.load(Ordering::Acquire) | self.shared.left.load(Ordering::Acquire);
+            let peers: Vec<(u32, Arc<OwnedFd>)> = self
+                .shared
+                .lock()
+                .peers
+                .iter()
+                .filter(|(rank, _)| dead & (1 << (**rank % 64)) == 0)
+                .map(|(&rank, process)| (rank, Arc::clone(&process.pidfd)))
+                .collect();
+            let socket_events = if reading {
+                PollFlags::POLLIN
+            } else {
+                PollFlags::empty()
+            };
+            let mut fds = vec![
+                PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.socket.as_fd(), socket_events),
+            ];
+            fds.extend(
+                peers
+                    .iter()
+                    .map(|(_, pidfd)| PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)),
+            );
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                // Cannot happen with valid fds; stop watching rather than spin.
+                Err(_) => return,
+            }
+            let woke = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
+            if woke(&fds[0]) {
+                return;
+            }
+            let socket_ready = reading && woke(&fds[1]);
+            let exited: Vec<u32> = peers
+                .iter()
+                .zip(&fds[2..])
+                .filter(|(_, fd)| woke(fd))
+                .map(|((rank, _), _)| *rank)
+                .collect();
+            drop(fds);
+            // Notices first: a peer that logged on and died at once has its pidfd filed here.
+            if socket_ready {
+                self.read_notices();
+            }
+            for rank in exited {
+                self.shared.exited(rank);
+            }
+        }
+    }
+
+    /// Reads every notice there is; on end of file, the broker is lost.
+    fn read_notices(&mut self) {
+        loop {
+            let mut buffer = [0u8; size_of::<WorkerNotice>()];
+            let want = buffer.len() - self.frame.len();
+            let mut fds = Vec::new();
+            let received = recv_with_fds(self.socket.as_fd(), &mut buffer[..want], &mut fds);
+            self.fds.extend(fds);
+            match received {
+                Ok(received) if received.bytes == 0 => {
+                    self.shared.lose_broker();
+                    return;
+                }
+                Ok(received) => {
+                    self.frame.extend_from_slice(&buffer[..received.bytes]);
+                    if self.frame.len() == size_of::<WorkerNotice>() {
+                        let notice: WorkerNotice = bytemuck::pod_read_unaligned(&self.frame);
+                        self.frame.clear();
+                        let fd = self.fds.pop_front();
+                        let filed = self.file(notice, fd);
+                        let mut inbox = self.shared.lock();
+                        if let Err(fault) = filed {
+                            inbox.fault.get_or_insert(fault);
+                        }
+                        drop(inbox);
+                        self.shared.arrived.notify_all();
+                        if self.shared.lock().fault.is_some() {
+                            return;
+                        }
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return,
+                Err(_) => {
+                    self.shared.lose_broker();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Files one whole notice from the broker with the fd that came with it.
+    fn file(&self, notice: WorkerNotice, fd: Option<OwnedFd>) -> Result<(), ProtocolError> {
+        if notice.magic != NOTICE_MAGIC || notice._pad0 != 0 {
+            return Err(ProtocolError::BadMagic {
+                expected: u64::from(NOTICE_MAGIC),
+                found: u64::from(notice.magic),
+            });
+        }
+        let kind = NoticeKind::from_code(notice.kind).ok_or_else(|| ProtocolError::Field {
+            field: "notice kind",
+            expected: "one the broker sends (3, 5 to 8)".into(),
+            found: u64::from(notice.kind),
+        })?;
+        if notice.peer >= self.world_size || notice.peer == self.shared.rank {
+            return Err(ProtocolError::Field {
+                field: "notice peer",
+                expected: format!("another rank below {}", self.world_size),
+                found: u64::from(notice.peer),
+            });
+        }
+        let with_fd = matches!(
+            kind,
+            NoticeKind::RelayedFd | NoticeKind::PeerOutbox | NoticeKind::Peer
+        );
+        let fd = match (with_fd, fd) {
+            (true, Some(fd)) => Some(fd),
+            (false, None) => None,
+            (true, None) => {
+                return Err(ProtocolError::FdCount {
+                    expected: 1,
+                    found: 0,
+                });
+            }
+            (false, Some(_)) => {
+                return Err(ProtocolError::FdCount {
+                    expected: 0,
+                    found: 1,
+                });
+            }
+        };
+        let pid = || {
+            i32::try_from(notice.token)
+                .ok()
+                .filter(|&pid| pid > 0)
+                .ok_or_else(|| ProtocolError::Field {
+                    field: "notice token (a peer's pid)",
+                    expected: "a process id".into(),
+                    found: notice.token,
+                })
+        };
+        let mut inbox = self.shared.lock();
+        match (kind, fd) {
+            (NoticeKind::Peer, Some(pidfd)) => {
+                let pid = pid()?;
+                check_pidfd(pidfd.as_fd())?;
+                inbox.peers.insert(
+                    notice.peer,
+                    PeerProcess {
+                        pid,
+                        pidfd: Arc::new(pidfd),
+                    },
+                );
+            }
+            (NoticeKind::PeerOutbox, Some(fd)) => {
+                pid()?;
+                inbox.outboxes.insert(notice.peer, fd);
+            }
+            (NoticeKind::RelayedFd, Some(fd)) => {
+                inbox.relayed.insert((notice.peer, notice.token), fd);
+            }
+            (NoticeKind::RelayDelivered, None) => {
+                inbox
+                    .relay_answers
+                    .insert((notice.peer, notice.token), RelayAnswer::Delivered);
+            }
+            (kind @ (NoticeKind::RelayRefusedFull | NoticeKind::RelayRefusedGone), None) => {
+                inbox
+                    .relay_answers
+                    .insert((notice.peer, notice.token), RelayAnswer::Refused(kind));
+            }
+            (other, _) => {
+                return Err(ProtocolError::Field {
+                    field: "notice kind",
+                    expected: "one the broker sends (3, 5 to 9)".into(),
+                    found: other as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks that an fd the broker says is a pidfd is one (its `/proc/self/fdinfo` has a `Pid:`
+/// line): anything else could never become readable, and the watcher would miss that death.
+fn check_pidfd(fd: BorrowedFd<'_>) -> Result<(), ProtocolError> {
+    use std::os::fd::AsRawFd;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .unwrap_or_default();
+    if info.lines().any(|line| line.starts_with("Pid:")) {
+        Ok(())
+    } else {
+        Err(ProtocolError::Field {
+            field: "peer notice fd",
+            expected: "a pidfd".into(),
+            found: 0,
+        })
+    }
+}
