@@ -216,31 +216,9 @@ fn scribble(
     session.set_timeout(TIMEOUT);
     let scribbler = std::thread::spawn(move || -> Result<(), String> {
         std::thread::sleep(delay);
-        let regions = writable_shared_memfds()?;
-        let mut seed = u64::from(std::process::id()) | 1;
         let end = Instant::now() + time;
-        let mut passes = 0u64;
-        while Instant::now() < end {
-            for &(start, len) in &regions {
-                for offset in (0..len).step_by(8) {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    let at = (start + offset) as *mut u64;
-                    // SAFETY: `at` lies inside a shared mapping of this process that
-                    // /proc/self/maps lists as readable and writable (`rw-s`), 8-byte aligned
-                    // (mappings are page-aligned); writing it is the attack. This process's own
-                    // session may misbehave meanwhile: that is the attacker's business, not its
-                    // peers'.
-                    unsafe { at.write_volatile(seed) };
-                }
-            }
-            passes += 1;
-        }
-        println!(
-            "hostile: scribbled over {} shared regions {passes} times",
-            regions.len()
-        );
+        let passes = scribble_while(|| Instant::now() < end)?;
+        println!("hostile: scribbled over shared regions {passes} times");
         std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
         // Die without a goodbye (no destructor runs), leaving the peers with whatever is in
         // the rings and the outbox.
@@ -259,6 +237,38 @@ fn scribble(
         Ok(result) => result,
         Err(_) => Err("the scribbler panicked".into()),
     }
+}
+
+/// Fills every shared writable mapping of a shmbroker memfd in this process (its ends of the
+/// rings, its outbox) with random bytes, pass after pass, while `go_on` says so; returns the
+/// passes made.
+fn scribble_while(mut go_on: impl FnMut() -> bool) -> Result<u64, String> {
+    let regions = writable_shared_memfds()?;
+    let mut seed = u64::from(std::process::id()) | 1;
+    let mut passes = 0u64;
+    while go_on() {
+        for &(start, len) in &regions {
+            for offset in (0..len).step_by(8) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let at = (start + offset) as *mut u64;
+                // SAFETY: `at` lies inside a shared mapping of this process that
+                // /proc/self/maps lists as readable and writable (`rw-s`), 8-byte aligned
+                // (mappings are page-aligned); writing it is the attack. This process's own
+                // session may misbehave meanwhile: that is the attacker's business, not its
+                // peers'.
+                unsafe { at.write_volatile(seed) };
+            }
+        }
+        passes += 1;
+    }
+    Ok(passes)
+}
+
+/// Scribbles (see [`scribble_while`]) until something kills this process.
+pub fn scribble_until_killed() {
+    let _ = scribble_while(|| true);
 }
 
 /// `(start, len)` of every shared read-write mapping of a shmbroker memfd in this process.

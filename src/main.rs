@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod chaos;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod demo;
@@ -30,6 +31,8 @@ USAGE:
         Measure the ring against shaq 4.3 and the physical floors, side by side.
     shmbroker ring-peer (sink|echo) ...
         The other end of a ring, for the demo and the tests (fds inherited at 3 and 4).
+    shmbroker chaos [--trials N] [--workers N] [--seed S] [--json]
+        Kill and corrupt workers at random moments; report detection times, hangs and leaks.
     shmbroker hostile (reopen|scribble) ...
         A worker that attacks its peers' shared memory, for the tests.
     shmbroker --help";
@@ -74,15 +77,18 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(rest),
         Some("ring-peer") => peer::run(rest),
         Some("hostile") => hostile::run(rest),
+        Some("chaos") => chaos::run(rest),
+        Some("chaos-worker") => chaos::worker(rest),
         Some("serve") => serve::run(rest),
         Some("worker") => worker::run(rest),
         #[cfg(feature = "cuda")]
         Some("cuda-check") => return cuda_check(rest),
         None | Some("-h" | "--help" | "help") => {
             println!(
-                "{USAGE}\n\n{}\n\n{}\n\n{}\n\n{}",
+                "{USAGE}\n\n{}\n\n{}\n\n{}\n\n{}\n\n{}",
                 serve::USAGE,
                 worker::USAGE,
+                chaos::USAGE,
                 bench::USAGE,
                 peer::USAGE
             );

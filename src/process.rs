@@ -102,6 +102,11 @@ impl ChildGuard {
         self.child.stdout.as_mut()
     }
 
+    /// Takes the child's standard output, if it was piped.
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.stdout.take()
+    }
+
     /// Takes the child's standard error, if it was piped.
     pub fn take_stderr(&mut self) -> Option<std::process::ChildStderr> {
         self.child.stderr.take()

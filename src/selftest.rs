@@ -38,7 +38,7 @@ impl std::str::FromStr for Only {
 }
 
 /// A sealed memfd holding `bytes`.
-fn memfd_with(bytes: &[u8]) -> Result<std::os::fd::OwnedFd, String> {
+pub fn memfd_with(bytes: &[u8]) -> Result<std::os::fd::OwnedFd, String> {
     use std::os::unix::fs::FileExt;
     let fd = shmbroker::queues::memfd::create_sealed(c"selftest", bytes.len() as u64)
         .map_err(|e| e.to_string())?;
@@ -132,24 +132,18 @@ pub fn run(
         if only == Only::Barrier {
             continue;
         }
-        // Inline, eager in several slots, pipelined, and sizes that differ by rank.
-        for len in [8usize, 48, 49, 1024, 4096, 100 * rank as usize] {
-            let len = len.min(4096);
+        // Inline, eager in several slots, and sizes that differ by rank (any size goes: 100 B
+        // per rank is pipelined from rank 41 on).
+        for step in 0..6 {
+            let len_of = |peer: u32| match step {
+                5 => 100 * peer as usize,
+                _ => [8usize, 48, 49, 1024, 4096][step],
+            };
             let all = session
-                .all_gather(&pattern(rank, i, len))
+                .all_gather(&pattern(rank, i, len_of(rank)))
                 .map_err(|e| fail("all_gather", e))?;
             for (peer, got) in (0u32..).zip(&all) {
-                let want_len = if len == 100 * rank as usize {
-                    100 * peer as usize
-                } else {
-                    len
-                };
-                check(
-                    "all_gather",
-                    peer,
-                    got,
-                    &pattern(peer, i, want_len.min(4096)),
-                )?;
+                check("all_gather", peer, got, &pattern(peer, i, len_of(peer)))?;
             }
             checks += 1;
         }

@@ -365,6 +365,11 @@ impl Session {
         outbox_bytes: u64,
     ) -> Result<Self, Error> {
         let transport = FdTransport::from_env()?;
+        if rank == Some(ANY_RANK) {
+            return Err(Error::Misuse(format!(
+                "rank {ANY_RANK} is the wire's \"any rank\"; pass no rank (None) for any free rank"
+            )));
+        }
         let logon = LogonFrame::new(rank.unwrap_or(ANY_RANK));
         let mut session =
             Self::from_handshake_with(connect(path, logon, timeout)?, outbox_bytes, timeout)?;

@@ -1,7 +1,7 @@
 //! `shmbroker worker`: log on, show what arrived, greet every peer over the rings.
 
 use crate::args::Args;
-use shmbroker::bindings::{ANY_RANK, INLINE_BYTES, Message};
+use shmbroker::bindings::{INLINE_BYTES, Message};
 use std::time::Duration;
 
 pub const USAGE: &str = "\
@@ -25,7 +25,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     let mut args = Args::new(rest);
     let socket = args.value::<String>("--socket")?;
     let from_env = args.flag("--from-env");
-    let rank = args.value::<u32>("--rank")?.unwrap_or(ANY_RANK);
+    let rank = args.value::<u32>("--rank")?;
     let timeout = Duration::from_millis(args.value("--timeout-ms")?.unwrap_or(30_000));
     let selftest = args.flag("--selftest");
     let repeat = args.value::<u64>("--repeat")?.unwrap_or(1);
@@ -49,9 +49,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     }
     let mut session = match (from_env, socket) {
         (true, None) => shmbroker::Session::from_env(timeout),
-        (false, Some(socket)) => {
-            shmbroker::Session::connect(&socket, (rank != ANY_RANK).then_some(rank), timeout)
-        }
+        (false, Some(socket)) => shmbroker::Session::connect(&socket, rank, timeout),
         _ => {
             return Err(format!(
                 "worker needs either --socket or --from-env\n{USAGE}"

@@ -338,15 +338,13 @@ impl Reader {
                 .filter(|(rank, _)| dead & (1 << (**rank % 64)) == 0)
                 .map(|(&rank, process)| (rank, Arc::clone(&process.pidfd)))
                 .collect();
-            let socket_events = if reading {
-                PollFlags::POLLIN
-            } else {
-                PollFlags::empty()
-            };
-            let mut fds = vec![
-                PollFd::new(stop.as_fd(), PollFlags::POLLIN),
-                PollFd::new(self.socket.as_fd(), socket_events),
-            ];
+            // Once the broker is lost (or broke the protocol) its socket is left out: a socket
+            // that hung up is always ready, and polling it would spin.
+            let mut fds = vec![PollFd::new(stop.as_fd(), PollFlags::POLLIN)];
+            if reading {
+                fds.push(PollFd::new(self.socket.as_fd(), PollFlags::POLLIN));
+            }
+            let first_pidfd = fds.len();
             fds.extend(
                 peers
                     .iter()
@@ -364,7 +362,7 @@ impl Reader {
             let socket_ready = reading && woke(&fds[1]);
             let exited: Vec<u32> = peers
                 .iter()
-                .zip(&fds[2..])
+                .zip(&fds[first_pidfd..])
                 .filter(|(_, fd)| woke(fd))
                 .map(|((rank, _), _)| *rank)
                 .collect();

@@ -1,0 +1,583 @@
+//! `shmbroker chaos`: kills and corrupts workers at random moments and checks that nothing hangs,
+//! nothing leaks, and every survivor names the right rank.
+//!
+//! One `shmbroker serve` broker serves every trial, job after job (a new one after a trial that
+//! kills it). Each trial starts `--workers` processes (`shmbroker chaos-worker`) that run one
+//! operation in a loop: barrier, all-gather, broadcast, fd exchange, or bulk (1 MiB broadcasts,
+//! pipelined through the outbox). A random moment after they are all running, one of them (the
+//! victim) is killed with SIGKILL, and, by scenario:
+//!
+//! * `kill`: nothing else;
+//! * `broker`: the broker is killed first, then the victim (survivors must notice without it);
+//! * `scribble`: the victim fills every shared region it can write (its ends of the rings, its
+//!   outbox) with random bytes for a few milliseconds before it is killed;
+//! * `fork`: the victim forks a child that keeps its socket and every fd, then is killed.
+//!
+//! Each survivor reports the monotonic time its pending call failed, and what it named; then it
+//! drops its session and reports its fd count against the one it had before logging on. The
+//! trial records, per survivor, the time from the kill to its error (an error that came first,
+//! from bytes the scribbler wrote, counts as 0), a hang when a survivor has not failed 1 s after
+//! the kill, a misnaming when the error does not name the victim, the survivors' and the broker's
+//! fds before and after, and any process ended by a signal the trial did not send.
+
+use crate::args::Args;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use shmbroker::Session;
+use shmbroker::process::{ChildGuard, spawn_with_fds};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+pub const USAGE: &str = "\
+shmbroker chaos [--trials N] [--workers N] [--seed S] [--json]
+    Kill and corrupt workers at random moments (SIGKILL during barrier, all-gather, broadcast,
+    fd exchange and bulk transfers; the broker killed first; the victim scribbling on its shared
+    memory; the victim's socket held by a forked child) and report, over all trials: detection
+    time from kill to every survivor's error (p50, p99, max), hangs (a survivor still running 1 s
+    after the kill), survivors naming another rank than the victim, fds leaked by the broker and
+    the survivors, and processes killed by a signal the trial did not send. Exits 1 if any of
+    those is not zero.";
+
+/// A survivor still running this long after the kill hangs.
+const HANG: Duration = Duration::from_secs(1);
+
+/// The deadline of every call in a chaos worker: far beyond [`HANG`].
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+
+const OPS: [&str; 5] = ["barrier", "all_gather", "broadcast", "fds", "bulk"];
+const SCENARIOS: [&str; 4] = ["kill", "broker", "scribble", "fork"];
+
+/// Nanoseconds on `CLOCK_MONOTONIC`, the same clock in every process.
+fn monotonic_ns() -> u64 {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    });
+    now.max(1)
+}
+
+/// Open fds of process `pid` (`None`: this one).
+fn fd_count(pid: Option<u32>) -> Option<usize> {
+    let dir = pid.map_or("/proc/self/fd".to_string(), |pid| format!("/proc/{pid}/fd"));
+    // Reading the directory opens one fd of our own, listed too when reading our own.
+    let count = std::fs::read_dir(dir).ok()?.count();
+    Some(if pid.is_none() { count - 1 } else { count })
+}
+
+/// A small xorshift generator: trials are reproducible from `--seed`.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker
+
+/// `shmbroker chaos-worker --socket PATH --op OP [--scribble-after-ms MS] [--fork]`.
+pub fn worker(rest: &[String]) -> Result<(), String> {
+    let mut args = Args::new(rest);
+    let socket = args.value::<String>("--socket")?.ok_or("--socket")?;
+    let op = args.value::<String>("--op")?.ok_or("--op")?;
+    let scribble_after = args.value::<u64>("--scribble-after-ms")?;
+    let fork = args.flag("--fork");
+    args.finish()?;
+    let before = fd_count(None).unwrap_or(0);
+    let mut session = Session::connect(&socket, None, CALL_TIMEOUT).map_err(|e| e.to_string())?;
+    session.set_timeout(CALL_TIMEOUT);
+    // Everyone is in before anyone counts as running.
+    session.barrier().map_err(|e| e.to_string())?;
+    if fork {
+        fork_holder()?;
+    }
+    if let Some(after) = scribble_after {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(after));
+            crate::hostile::scribble_until_killed();
+        });
+    }
+    say(&format!("READY {before} {}", session.rank()));
+    let memfd = crate::selftest::memfd_with(&[session.rank() as u8; 32])?;
+    let bulk = vec![session.rank() as u8; 1 << 20];
+    let mut round = 0u64;
+    let error = loop {
+        let world = session.world_size();
+        let root = (round % u64::from(world)) as u32;
+        let outcome = match op.as_str() {
+            "barrier" => session.barrier(),
+            "all_gather" => session.all_gather(&[1u8; 64]).map(drop),
+            "broadcast" => {
+                let data = (root == session.rank()).then_some(&[7u8; 256][..]);
+                session.broadcast(root, data).map(drop)
+            }
+            "fds" => {
+                use std::os::fd::AsFd;
+                session.exchange_fds(memfd.as_fd()).map(drop)
+            }
+            "bulk" => {
+                let data = (root == session.rank()).then_some(&bulk[..]);
+                session.broadcast(root, data).map(drop)
+            }
+            other => return Err(format!("--op: unknown operation {other:?}")),
+        };
+        if let Err(error) = outcome {
+            break error;
+        }
+        round += 1;
+    };
+    let at = monotonic_ns();
+    let (kind, rank) = named(&error);
+    say(&format!("ERR {at} {kind} {rank} {error}"));
+    drop(session);
+    drop(memfd);
+    say(&format!("FDS {}", fd_count(None).unwrap_or(0)));
+    Ok(())
+}
+
+/// What kind of error, and the rank it names (`-` for none).
+fn named(error: &shmbroker::Error) -> (&'static str, String) {
+    use shmbroker::Error as E;
+    match error {
+        E::PeerLost { rank } => ("lost", rank.to_string()),
+        E::PeerLeft { rank } => ("left", rank.to_string()),
+        E::Corrupted { peer, .. } => ("corrupted", peer.to_string()),
+        E::Protocol { peer, .. } => ("protocol", peer.to_string()),
+        E::Outbox { peer, .. } => ("outbox", peer.to_string()),
+        E::CollectiveMismatch { peer, .. } => ("mismatch", peer.to_string()),
+        E::Timeout { peer, .. } => ("timeout", peer.to_string()),
+        E::BrokerLost => ("broker", "-".into()),
+        _ => ("other", "-".into()),
+    }
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Forks a child that keeps every fd of this process (the broker socket included) and sleeps;
+/// prints `CHILD <pid>` so the driver can end it.
+fn fork_holder() -> Result<(), String> {
+    // SAFETY: the child calls only `pause` (async-signal-safe) and never returns into Rust code
+    // that could touch locks or allocations another thread held at the fork.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => loop {
+            // SAFETY: pause(2) takes nothing and only sleeps until a signal arrives.
+            unsafe { nix::libc::pause() };
+        },
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            say(&format!("CHILD {child}"));
+            Ok(())
+        }
+        Err(e) => Err(format!("fork: {e}")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The driver
+
+/// The broker every trial uses, restarted after a trial kills it.
+struct Broker {
+    socket: PathBuf,
+    workers: u32,
+    child: Option<ChildGuard>,
+    /// Its fd count with no job, once started.
+    idle_fds: usize,
+}
+
+impl Broker {
+    fn ensure_running(&mut self, exe: &Path) -> Result<(), String> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        let mut command = Command::new(exe);
+        command
+            .arg("serve")
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(["--workers", &self.workers.to_string()])
+            .env("SHMBROKER_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = spawn_with_fds(&mut command, &[]).map_err(|e| format!("broker: {e}"))?;
+        let until = Instant::now() + Duration::from_secs(10);
+        while !self.socket.exists() {
+            if Instant::now() > until {
+                return Err("the broker never created its socket".into());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.idle_fds = fd_count(Some(child.id())).unwrap_or(0);
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(ChildGuard::id)
+    }
+
+    /// Fds the broker holds beyond its idle count, once it has caught up (up to 2 s).
+    fn leaked_fds(&self) -> i64 {
+        let Some(pid) = self.pid() else { return 0 };
+        let until = Instant::now() + Duration::from_secs(2);
+        loop {
+            let now = fd_count(Some(pid)).unwrap_or(0) as i64 - self.idle_fds as i64;
+            if now == 0 || Instant::now() > until {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// One worker process and its output lines as they arrive (with when they arrived).
+struct Running {
+    child: ChildGuard,
+    lines: Receiver<String>,
+    forked: Option<i32>,
+}
+
+/// What one trial found.
+#[derive(Debug, Default)]
+struct Trial {
+    scenario: &'static str,
+    op: &'static str,
+    victim: u32,
+    /// Per survivor, the time from the kill to its error.
+    detections: Vec<Duration>,
+    hangs: u32,
+    misnamed: Vec<String>,
+    survivor_fds_leaked: i64,
+    broker_fds_leaked: i64,
+    signalled: Vec<String>,
+}
+
+/// Everything the trials found.
+#[derive(Debug, Default)]
+struct Report {
+    trials: Vec<Trial>,
+}
+
+pub fn run(rest: &[String]) -> Result<(), String> {
+    let mut args = Args::new(rest);
+    let trials = args.value::<u32>("--trials")?.unwrap_or(30);
+    let workers = args.value::<u32>("--workers")?.unwrap_or(4);
+    let seed = args.value::<u64>("--seed")?.unwrap_or_else(monotonic_ns);
+    let json = args.flag("--json");
+    args.finish()?;
+    if workers < 2 {
+        return Err("chaos needs at least 2 workers".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("finding my own binary: {e}"))?;
+    let dir = crate::tempdir::TempDir::new("chaos")?;
+    let mut broker = Broker {
+        socket: dir.path().join("broker.sock"),
+        workers,
+        child: None,
+        idle_fds: 0,
+    };
+    let mut rng = Rng(seed | 1);
+    let mut report = Report::default();
+    eprintln!("chaos: {trials} trials of {workers} workers, seed {seed}");
+    for index in 0..trials {
+        let scenario = SCENARIOS[index as usize % SCENARIOS.len()];
+        let op = OPS[(index as usize / SCENARIOS.len() + rng.below(2) as usize) % OPS.len()];
+        let trial = run_trial(&exe, &mut broker, &mut rng, scenario, op, workers)?;
+        if !trial.misnamed.is_empty() || trial.hangs > 0 || !trial.signalled.is_empty() {
+            eprintln!("chaos: trial {index}: {trial:?}");
+        }
+        report.trials.push(trial);
+    }
+    drop(broker);
+    let summary = report.summary();
+    if json {
+        println!("{}", report.json(seed));
+    }
+    println!("{summary}");
+    if report.failed() {
+        return Err("chaos: some trial hung, leaked, misnamed a rank or died of a signal".into());
+    }
+    Ok(())
+}
+
+fn run_trial(
+    exe: &Path,
+    broker: &mut Broker,
+    rng: &mut Rng,
+    scenario: &'static str,
+    op: &'static str,
+    workers: u32,
+) -> Result<Trial, String> {
+    broker.ensure_running(exe)?;
+    let victim_index = rng.below(u64::from(workers)) as usize;
+    let delay = Duration::from_micros(rng.below(30_000));
+    let scribble_for = Duration::from_millis(3);
+    let mut running = Vec::new();
+    for index in 0..workers as usize {
+        let mut command = Command::new(exe);
+        command
+            .arg("chaos-worker")
+            .arg("--socket")
+            .arg(&broker.socket)
+            .args(["--op", op])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if index == victim_index {
+            match scenario {
+                "scribble" => {
+                    let after = (delay.as_millis() as u64).max(1);
+                    command.args(["--scribble-after-ms", &after.to_string()]);
+                }
+                "fork" => {
+                    command.arg("--fork");
+                }
+                _ => {}
+            }
+        }
+        let mut child = spawn_with_fds(&mut command, &[]).map_err(|e| format!("worker: {e}"))?;
+        let stdout = child.take_stdout();
+        let (tx, lines) = channel();
+        if let Some(stdout) = stdout {
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        running.push(Running {
+            child,
+            lines,
+            forked: None,
+        });
+    }
+    // Everyone running: READY from each (and the fork's child from the victim).
+    let mut ready_fds = vec![0usize; running.len()];
+    let mut ranks = vec![String::new(); running.len()];
+    for (index, worker) in running.iter_mut().enumerate() {
+        loop {
+            let line = worker
+                .lines
+                .recv_timeout(Duration::from_secs(20))
+                .map_err(|_| format!("worker {index} never became ready"))?;
+            if let Some(pid) = line.strip_prefix("CHILD ") {
+                worker.forked = pid.trim().parse().ok();
+            } else if let Some(ready) = line.strip_prefix("READY ") {
+                let mut fields = ready.split_whitespace();
+                ready_fds[index] = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
+                ranks[index] = fields.next().unwrap_or("?").to_string();
+                break;
+            }
+        }
+    }
+    std::thread::sleep(
+        delay
+            + if scenario == "scribble" {
+                scribble_for
+            } else {
+                Duration::ZERO
+            },
+    );
+    let victim_pid = running[victim_index].child.id() as i32;
+    if scenario == "broker"
+        && let Some(mut child) = broker.child.take()
+    {
+        child.kill();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed_at = monotonic_ns();
+    let _ = kill(Pid::from_raw(victim_pid), Signal::SIGKILL);
+    let mut trial = Trial {
+        scenario,
+        op,
+        victim: ranks[victim_index].parse().unwrap_or(u32::MAX),
+        ..Trial::default()
+    };
+    let hang_at = Instant::now() + HANG;
+    let mut named = Vec::new();
+    for (index, worker) in running.iter_mut().enumerate() {
+        if index == victim_index {
+            continue;
+        }
+        let mut errored = false;
+        loop {
+            let left = hang_at.saturating_duration_since(Instant::now());
+            let Ok(line) = worker
+                .lines
+                .recv_timeout(left.max(Duration::from_millis(1)))
+            else {
+                break;
+            };
+            if let Some(rest) = line.strip_prefix("ERR ") {
+                let mut fields = rest.splitn(4, ' ');
+                let at: u64 = fields
+                    .next()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(killed_at);
+                let kind = fields.next().unwrap_or("?").to_string();
+                let rank = fields.next().unwrap_or("-").to_string();
+                let text = fields.next().unwrap_or("").to_string();
+                trial
+                    .detections
+                    .push(Duration::from_nanos(at.saturating_sub(killed_at)));
+                named.push((kind, rank, text));
+                errored = true;
+                break;
+            }
+        }
+        if !errored {
+            trial.hangs += 1;
+        }
+    }
+    // Survivors' fds after dropping their sessions, and how everyone ended.
+    for (index, worker) in running.iter_mut().enumerate() {
+        if index != victim_index {
+            if let Ok(line) = worker.lines.recv_timeout(Duration::from_secs(5))
+                && let Some(after) = line.strip_prefix("FDS ")
+            {
+                let after: i64 = after.trim().parse().unwrap_or(0);
+                trial.survivor_fds_leaked += (after - ready_fds[index] as i64).max(0);
+            }
+        }
+        match worker.child.wait_timeout(Duration::from_secs(5)) {
+            Ok(Some(status)) => {
+                use std::os::unix::process::ExitStatusExt;
+                if let Some(signal) = status.signal()
+                    && !(index == victim_index && signal == Signal::SIGKILL as i32)
+                {
+                    trial
+                        .signalled
+                        .push(format!("worker {index} ended by signal {signal}"));
+                }
+            }
+            _ => worker.child.kill(),
+        }
+        if let Some(pid) = worker.forked {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+    // Every survivor must name the victim's rank.
+    let victim_rank = &ranks[victim_index];
+    for (kind, rank, text) in &named {
+        let names_victim = rank == victim_rank;
+        let acceptable = match kind.as_str() {
+            "lost" => names_victim,
+            // What a scribbler wrote before it died may be found first: it must name the victim.
+            "corrupted" | "protocol" | "outbox" | "mismatch" => {
+                scenario == "scribble" && names_victim
+            }
+            _ => false,
+        };
+        if !acceptable {
+            trial.misnamed.push(format!("{kind} {rank}: {text}"));
+        }
+    }
+    if scenario == "broker" {
+        broker.child = None;
+    } else {
+        trial.broker_fds_leaked = broker.leaked_fds();
+    }
+    Ok(trial)
+}
+
+impl Report {
+    fn detections(&self) -> Vec<Duration> {
+        let mut all: Vec<Duration> = self
+            .trials
+            .iter()
+            .flat_map(|t| t.detections.iter().copied())
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
+    fn totals(&self) -> (u32, usize, i64, i64, usize) {
+        let hangs = self.trials.iter().map(|t| t.hangs).sum();
+        let misnamed = self.trials.iter().map(|t| t.misnamed.len()).sum();
+        let survivor = self.trials.iter().map(|t| t.survivor_fds_leaked).sum();
+        let broker = self.trials.iter().map(|t| t.broker_fds_leaked).sum();
+        let signalled = self.trials.iter().map(|t| t.signalled.len()).sum();
+        (hangs, misnamed, survivor, broker, signalled)
+    }
+
+    fn failed(&self) -> bool {
+        let (hangs, misnamed, survivor, broker, signalled) = self.totals();
+        hangs > 0 || misnamed > 0 || survivor != 0 || broker != 0 || signalled > 0
+    }
+
+    fn summary(&self) -> String {
+        let all = self.detections();
+        let at = |q: f64| {
+            all.get(((all.len() as f64 - 1.0) * q).round() as usize)
+                .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+        };
+        let (hangs, misnamed, survivor, broker, signalled) = self.totals();
+        format!(
+            "chaos: {} trials, {} survivors: detection p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; \
+             hangs {hangs}; misnamed {misnamed}; fds leaked: broker {broker}, survivors \
+             {survivor}; killed by another signal {signalled}",
+            self.trials.len(),
+            all.len(),
+            at(0.5),
+            at(0.99),
+            all.last().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+        )
+    }
+
+    fn json(&self, seed: u64) -> String {
+        let trials: Vec<String> = self
+            .trials
+            .iter()
+            .map(|t| {
+                let ms: Vec<String> = t
+                    .detections
+                    .iter()
+                    .map(|d| format!("{:.3}", d.as_secs_f64() * 1e3))
+                    .collect();
+                format!(
+                    "{{\"scenario\":\"{}\",\"op\":\"{}\",\"victim\":{},\"detection_ms\":[{}],\
+                     \"hangs\":{},\"misnamed\":{},\"survivor_fds_leaked\":{},\
+                     \"broker_fds_leaked\":{},\"signalled\":{}}}",
+                    t.scenario,
+                    t.op,
+                    t.victim,
+                    ms.join(","),
+                    t.hangs,
+                    t.misnamed.len(),
+                    t.survivor_fds_leaked,
+                    t.broker_fds_leaked,
+                    t.signalled.len()
+                )
+            })
+            .collect();
+        let (hangs, misnamed, survivor, broker, signalled) = self.totals();
+        let all = self.detections();
+        let at = |q: f64| {
+            all.get(((all.len() as f64 - 1.0) * q).round() as usize)
+                .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+        };
+        format!(
+            "{{\"seed\":{seed},\"trials\":{},\"detection_p50_ms\":{:.3},\"detection_p99_ms\":{:.3},\
+             \"hangs\":{hangs},\"misnamed\":{misnamed},\"broker_fds_leaked\":{broker},\
+             \"survivor_fds_leaked\":{survivor},\"signalled\":{signalled},\"per_trial\":[{}]}}",
+            self.trials.len(),
+            at(0.5),
+            at(0.99),
+            trials.join(",")
+        )
+    }
+}
