@@ -11,7 +11,10 @@
 //! * `broker`: the broker is killed first, then the victim (survivors must notice without it);
 //! * `scribble`: the victim fills every shared region it can write (its ends of the rings, its
 //!   outbox) with random bytes for a few milliseconds before it is killed;
-//! * `fork`: the victim forks a child that keeps its socket and every fd, then is killed.
+//! * `fork`: the victim forks a child that keeps its socket and every fd, then is killed;
+//! * `leave`: nobody is killed: the victim drops its session on purpose between two calls. The
+//!   first survivor to fail must name it as having left; the others, it or a survivor that left
+//!   before them (each survivor leaves once its call fails). Detection counts from the leave.
 //!
 //! Each survivor reports the monotonic time its pending call failed, and what it named; then it
 //! drops its session and reports its fd count against the one it had before logging on. The
@@ -32,14 +35,16 @@ use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
 pub const USAGE: &str = "\
-shmbroker chaos [--trials N] [--workers N] [--seed S] [--json]
+shmbroker chaos [--trials N] [--workers N] [--seed S] [--json] [--scenario NAME] [--op NAME]
     Kill and corrupt workers at random moments (SIGKILL during barrier, all-gather, broadcast,
     fd exchange and bulk transfers; the broker killed first; the victim scribbling on its shared
     memory; the victim's socket held by a forked child) and report, over all trials: detection
     time from kill to every survivor's error (p50, p99, max), hangs (a survivor still running 1 s
     after the kill), survivors naming another rank than the victim, fds leaked by the broker and
     the survivors, and processes killed by a signal the trial did not send. Exits 1 if any of
-    those is not zero.";
+    those is not zero. Trials cycle through the scenarios (kill, broker, scribble, fork, leave)
+    and operations (barrier, all_gather, broadcast, fds, bulk) unless --scenario or --op picks
+    one; --seed makes a run reproducible.";
 
 /// A survivor still running this long after the kill hangs.
 const HANG: Duration = Duration::from_secs(1);
@@ -48,7 +53,7 @@ const HANG: Duration = Duration::from_secs(1);
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 const OPS: [&str; 5] = ["barrier", "all_gather", "broadcast", "fds", "bulk"];
-const SCENARIOS: [&str; 4] = ["kill", "broker", "scribble", "fork"];
+const SCENARIOS: [&str; 5] = ["kill", "broker", "scribble", "fork", "leave"];
 
 /// Nanoseconds on `CLOCK_MONOTONIC`, the same clock in every process.
 fn monotonic_ns() -> u64 {
@@ -85,13 +90,17 @@ impl Rng {
 // ---------------------------------------------------------------------------------------------
 // The worker
 
-/// `shmbroker chaos-worker --socket PATH --op OP [--scribble-after-ms MS] [--fork]`.
+/// `shmbroker chaos-worker --socket PATH --op OP [--scribble-after-ms MS] [--fork]
+/// [--leave-after-ms MS]`.
 pub fn worker(rest: &[String]) -> Result<(), String> {
     let mut args = Args::new(rest);
     let socket = args.value::<String>("--socket")?.ok_or("--socket")?;
     let op = args.value::<String>("--op")?.ok_or("--op")?;
     let scribble_after = args.value::<u64>("--scribble-after-ms")?;
     let fork = args.flag("--fork");
+    let leave_after = args
+        .value::<u64>("--leave-after-ms")?
+        .map(Duration::from_millis);
     args.finish()?;
     let before = fd_count(None).unwrap_or(0);
     let mut session = Session::connect(&socket, None, CALL_TIMEOUT).map_err(|e| e.to_string())?;
@@ -111,7 +120,13 @@ pub fn worker(rest: &[String]) -> Result<(), String> {
     let memfd = crate::selftest::memfd_with(&[session.rank() as u8; 32])?;
     let bulk = vec![session.rank() as u8; 1 << 20];
     let mut round = 0u64;
+    let started = Instant::now();
     let error = loop {
+        if leave_after.is_some_and(|after| started.elapsed() >= after) {
+            say(&format!("LEFT {}", monotonic_ns()));
+            drop(session);
+            return Ok(());
+        }
         let world = session.world_size();
         let root = (round % u64::from(world)) as u32;
         let outcome = match op.as_str() {
@@ -139,6 +154,15 @@ pub fn worker(rest: &[String]) -> Result<(), String> {
     let at = monotonic_ns();
     let (kind, rank) = named(&error);
     say(&format!("ERR {at} {kind} {rank} {error}"));
+    if scribble_after.is_some() {
+        // The scribbler thread writes into this session's mappings until the driver kills this
+        // process: unmapping them under it would crash it (the attacker's own fault, but not
+        // the signal the trial sends).
+        std::mem::forget(session);
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
     drop(session);
     drop(memfd);
     say(&format!("FDS {}", fd_count(None).unwrap_or(0)));
@@ -276,6 +300,21 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     let trials = args.value::<u32>("--trials")?.unwrap_or(30);
     let workers = args.value::<u32>("--workers")?.unwrap_or(4);
     let seed = args.value::<u64>("--seed")?.unwrap_or_else(monotonic_ns);
+    let only_scenario = args.value::<String>("--scenario")?;
+    let only_op = args.value::<String>("--op")?;
+    let pick =
+        |names: &[&'static str], only: &Option<String>| -> Result<Vec<&'static str>, String> {
+            match only {
+                None => Ok(names.to_vec()),
+                Some(name) => names
+                    .iter()
+                    .find(|n| **n == name.as_str())
+                    .map(|n| vec![*n])
+                    .ok_or_else(|| format!("expected one of {names:?}, not {name:?}")),
+            }
+        };
+    let scenarios = pick(&SCENARIOS, &only_scenario)?;
+    let ops = pick(&OPS, &only_op)?;
     let json = args.flag("--json");
     args.finish()?;
     if workers < 2 {
@@ -293,8 +332,8 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     let mut report = Report::default();
     eprintln!("chaos: {trials} trials of {workers} workers, seed {seed}");
     for index in 0..trials {
-        let scenario = SCENARIOS[index as usize % SCENARIOS.len()];
-        let op = OPS[(index as usize / SCENARIOS.len() + rng.below(2) as usize) % OPS.len()];
+        let scenario = scenarios[index as usize % scenarios.len()];
+        let op = ops[(index as usize / scenarios.len() + rng.below(2) as usize) % ops.len()];
         let trial = run_trial(&exe, &mut broker, &mut rng, scenario, op, workers)?;
         if !trial.misnamed.is_empty() || trial.hangs > 0 || !trial.signalled.is_empty() {
             eprintln!("chaos: trial {index}: {trial:?}");
@@ -343,6 +382,10 @@ fn run_trial(
                 }
                 "fork" => {
                     command.arg("--fork");
+                }
+                "leave" => {
+                    let after = (delay.as_millis() as u64).max(1);
+                    command.args(["--leave-after-ms", &after.to_string()]);
                 }
                 _ => {}
             }
@@ -399,8 +442,20 @@ fn run_trial(
         child.kill();
         std::thread::sleep(Duration::from_millis(20));
     }
-    let killed_at = monotonic_ns();
-    let _ = kill(Pid::from_raw(victim_pid), Signal::SIGKILL);
+    let killed_at = if scenario == "leave" {
+        // Nobody is killed: the victim says when it left.
+        let line = running[victim_index]
+            .lines
+            .recv_timeout(Duration::from_secs(20))
+            .map_err(|_| "the leaving worker never left".to_string())?;
+        line.strip_prefix("LEFT ")
+            .and_then(|at| at.trim().parse().ok())
+            .ok_or_else(|| format!("the leaving worker said {line:?}"))?
+    } else {
+        let at = monotonic_ns();
+        let _ = kill(Pid::from_raw(victim_pid), Signal::SIGKILL);
+        at
+    };
     let mut trial = Trial {
         scenario,
         op,
@@ -434,7 +489,7 @@ fn run_trial(
                 trial
                     .detections
                     .push(Duration::from_nanos(at.saturating_sub(killed_at)));
-                named.push((kind, rank, text));
+                named.push((at, ranks[index].clone(), kind, rank, text));
                 errored = true;
                 break;
             }
@@ -445,23 +500,29 @@ fn run_trial(
     }
     // Survivors' fds after dropping their sessions, and how everyone ended.
     for (index, worker) in running.iter_mut().enumerate() {
-        if index != victim_index {
-            if let Ok(line) = worker.lines.recv_timeout(Duration::from_secs(5))
-                && let Some(after) = line.strip_prefix("FDS ")
-            {
-                let after: i64 = after.trim().parse().unwrap_or(0);
-                trial.survivor_fds_leaked += (after - ready_fds[index] as i64).max(0);
-            }
+        if index != victim_index
+            && let Ok(line) = worker.lines.recv_timeout(Duration::from_secs(5))
+            && let Some(after) = line.strip_prefix("FDS ")
+        {
+            let after: i64 = after.trim().parse().unwrap_or(0);
+            trial.survivor_fds_leaked += (after - ready_fds[index] as i64).max(0);
         }
         match worker.child.wait_timeout(Duration::from_secs(5)) {
             Ok(Some(status)) => {
                 use std::os::unix::process::ExitStatusExt;
+                let sent = index == victim_index && scenario != "leave";
                 if let Some(signal) = status.signal()
-                    && !(index == victim_index && signal == Signal::SIGKILL as i32)
+                    && !(sent && signal == Signal::SIGKILL as i32)
                 {
-                    trial
-                        .signalled
-                        .push(format!("worker {index} ended by signal {signal}"));
+                    trial.signalled.push(format!(
+                        "{} (rank {}) ended by signal {signal}",
+                        if index == victim_index {
+                            "the victim"
+                        } else {
+                            "a survivor"
+                        },
+                        ranks[index]
+                    ));
                 }
             }
             _ => worker.child.kill(),
@@ -470,12 +531,22 @@ fn run_trial(
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
     }
-    // Every survivor must name the victim's rank.
+    // Every survivor must name the victim's rank; after a leave, survivors leave in turn, so
+    // each may name the victim or a survivor that failed before it.
     let victim_rank = &ranks[victim_index];
-    for (kind, rank, text) in &named {
+    named.sort_unstable_by_key(|(at, ..)| *at);
+    let mut departed = vec![victim_rank.clone()];
+    for (_, me, kind, rank, text) in &named {
         let names_victim = rank == victim_rank;
         let acceptable = match kind.as_str() {
-            "lost" => names_victim,
+            "lost" => scenario != "leave" && names_victim,
+            // A survivor that failed leaves; one that left before this survivor's own call
+            // failed may be named (and, after a leave or a scribbler's forged close flags, the
+            // victim).
+            "left" => {
+                departed.contains(rank)
+                    && (!names_victim || scenario == "leave" || scenario == "scribble")
+            }
             // What a scribbler wrote before it died may be found first: it must name the victim.
             "corrupted" | "protocol" | "outbox" | "mismatch" => {
                 scenario == "scribble" && names_victim
@@ -485,6 +556,7 @@ fn run_trial(
         if !acceptable {
             trial.misnamed.push(format!("{kind} {rank}: {text}"));
         }
+        departed.push(me.clone());
     }
     if scenario == "broker" {
         broker.child = None;

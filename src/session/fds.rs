@@ -359,10 +359,20 @@ impl Session {
     }
 
     /// The error for a relay to or from `peer` that failed: who is gone if someone is, else what
-    /// the handshake said.
+    /// the handshake said. A relay is tried when `pidfd_getfd` failed, which it also does for a
+    /// process that is exiting (its fds already gone, its pidfd not yet readable): so a death
+    /// is waited for a little before the relay's own failure is reported.
     fn relay_failed(&self, peer: u32, error: shmbroker_handshake::Error) -> Error {
-        if let Some(departure) = self.inner.departure(peer) {
-            return departure_error(departure);
+        const GRACE: Duration = Duration::from_millis(50);
+        let give_up = std::time::Instant::now() + GRACE;
+        loop {
+            if let Some(departure) = self.inner.departure(peer) {
+                return departure_error(departure);
+            }
+            if std::time::Instant::now() >= give_up {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
         match error {
             shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
