@@ -11,6 +11,10 @@
 //!   while, `--delay-ms` in, a second thread starts filling every shared writable mapping of a
 //!   shmbroker memfd in this process (its rings' ends and its own outbox) with random bytes, again
 //!   and again for `--for-ms`; then the process exits without a goodbye.
+//! * `relay-flood`: relays `--count` fds to rank `--to` through the broker, which that rank
+//!   never takes; prints `delivered D refused R` and the first refusal, then waits to be killed.
+//! * `notice-flood`: sends `--count` notices the broker must refuse, as fast as its socket takes
+//!   them; prints `sent N`, then waits to be killed.
 
 use crate::args::Args;
 use nix::fcntl::{FallocateFlags, OFlag, fallocate, open};
@@ -26,6 +30,8 @@ use std::time::{Duration, Instant};
 pub const USAGE: &str = "\
 shmbroker hostile reopen --socket PATH [--rank R]
 shmbroker hostile scribble --socket PATH [--rank R] [--delay-ms MS] [--for-ms MS]
+shmbroker hostile relay-flood --socket PATH [--rank R] --to RANK --count N
+shmbroker hostile notice-flood --socket PATH [--rank R] --count N
     A worker that attacks its peers' shared memory (a test helper; see the tests).";
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -38,6 +44,8 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     let rank = args.value::<u32>("--rank")?;
     let delay_ms = args.value::<u64>("--delay-ms")?.unwrap_or(100);
     let scribble_ms = args.value::<u64>("--for-ms")?.unwrap_or(500);
+    let to = args.value::<u32>("--to")?.unwrap_or(0);
+    let count = args.value::<u64>("--count")?.unwrap_or(1000);
     let mode = args.positional();
     args.finish()?;
     match mode.as_deref() {
@@ -48,8 +56,64 @@ pub fn run(rest: &[String]) -> Result<(), String> {
             Duration::from_millis(delay_ms),
             Duration::from_millis(scribble_ms),
         ),
+        Some("relay-flood") => relay_flood(&socket, rank, to, count),
+        Some("notice-flood") => notice_flood(&socket, rank, count),
         _ => Err(format!("usage:\n{USAGE}")),
     }
+}
+
+fn log_on(socket: &str, rank: Option<u32>) -> Result<shmbroker::handshake::Session, String> {
+    shmbroker::handshake::connect(socket, LogonFrame::new(rank.unwrap_or(ANY_RANK)), TIMEOUT)
+        .map_err(|e| e.to_string())
+}
+
+/// Waits to be killed, so that what the attack left (fds in the victim, lines in the log) is
+/// still there when the test looks.
+fn linger() -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn relay_flood(socket: &str, rank: Option<u32>, to: u32, count: u64) -> Result<(), String> {
+    let mut raw = log_on(socket, rank)?;
+    let file = shmbroker::queues::memfd::create_sealed(c"shmbroker-flood", 4096)
+        .map_err(|e| e.to_string())?;
+    let (mut delivered, mut refused, mut first) = (0u64, 0u64, None);
+    for token in 0..count {
+        match raw.relay_fd(to, token, file.as_fd(), TIMEOUT) {
+            Ok(()) => delivered += 1,
+            Err(error) => {
+                refused += 1;
+                first.get_or_insert(error.to_string());
+            }
+        }
+    }
+    println!(
+        "delivered {delivered} refused {refused}: {}",
+        first.unwrap_or_default()
+    );
+    std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
+    linger()
+}
+
+fn notice_flood(socket: &str, rank: Option<u32>, count: u64) -> Result<(), String> {
+    let raw = log_on(socket, rank)?;
+    let junk = vec![0xABu8; 24 * 64];
+    let total = count * 24;
+    let mut sent = 0u64;
+    let mut stream = raw.broker_socket();
+    while sent < total {
+        let left = (total - sent).min(junk.len() as u64) as usize;
+        match std::io::Write::write(&mut stream, &junk[..left]) {
+            Ok(n) => sent += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => return Err(format!("after {} notices: {e}", sent / 24)),
+        }
+    }
+    println!("sent {}", sent / 24);
+    std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
+    linger()
 }
 
 fn reopen(socket: &str, rank: Option<u32>) -> Result<(), String> {

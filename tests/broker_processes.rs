@@ -7,7 +7,6 @@ use common::{TempDir, finish};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::process::{ChildGuard, spawn_with_fds};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -99,45 +98,6 @@ fn a_worker_with_a_rank_out_of_range_exits_with_the_brokers_reason() {
         "{stderr}"
     );
     drop(broker);
-}
-
-/// Runs a worker as uid/gid 65534 ("nobody") against a broker started with `extra` options,
-/// after opening the socket file to everyone so that only the broker's uid check can refuse.
-fn worker_as_nobody(name: &str, extra: &[&str]) -> (bool, String, String) {
-    let dir = TempDir::new(name);
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let socket = dir.0.join("broker.sock");
-    let mut args = vec!["--workers", "1"];
-    args.extend_from_slice(extra);
-    let broker = serve(&socket, &args);
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let mut command = Command::new(common::binary_for_any_uid(&dir.0));
-    command
-        .args(["worker", "--socket", socket.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .uid(65534)
-        .gid(65534);
-    let result = finish(common::spawn(&mut command));
-    drop(broker);
-    result
-}
-
-#[test]
-fn a_worker_of_another_uid_is_refused_unless_allowed() {
-    if !nix::unistd::getuid().is_root() {
-        eprintln!("skipped: dropping privileges to another uid needs root");
-        return;
-    }
-    let (ok, stdout, stderr) = worker_as_nobody("uid-refused", &[]);
-    assert!(!ok, "a foreign uid logged on: {stdout}");
-    assert!(stderr.contains("NotAllowed"), "{stderr}");
-    assert!(stderr.contains("uid 65534 may not log on"), "{stderr}");
-
-    let (ok, stdout, stderr) = worker_as_nobody("uid-allowed", &["--allow-uid", "65534"]);
-    assert!(ok, "an allowed uid was refused: {stdout}{stderr}");
-    assert!(stdout.contains("rank 0 of 1"), "{stdout}");
 }
 
 #[test]

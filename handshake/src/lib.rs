@@ -54,7 +54,7 @@ pub mod wire;
 
 pub use client::{Link, Session, connect, connect_stream};
 pub use error::{Error, ProtocolError};
-pub use listener::{Config, Event, Listener, StopHandle};
+pub use listener::{Config, Event, Listener, MAX_UNCLAIMED_RELAYS, StopHandle};
 pub use liveness::Departure;
 pub use wire::MAX_WORLD_SIZE;
 

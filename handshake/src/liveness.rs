@@ -151,12 +151,14 @@ impl Shared {
         if let Some(rank) = self.first_dead() {
             return Some(Departure::Lost { rank });
         }
+        // Before the ring flags: losing the broker closes the rings to peers that never logged
+        // on, which would otherwise read as those peers having left.
+        if self.broker_lost() && !self.lock().peers.contains_key(&peer) {
+            return Some(Departure::BrokerLost);
+        }
         let bit = 1u64 << (peer % 64);
         if self.left.load(Ordering::Acquire) & bit != 0 || self.closed_by(peer) {
             return Some(Departure::Left { rank: peer });
-        }
-        if self.broker_lost() && !self.lock().peers.contains_key(&peer) {
-            return Some(Departure::BrokerLost);
         }
         None
     }

@@ -1,0 +1,258 @@
+//! Who is there, with real processes: a broker that dies, peers that flood another with relayed
+//! fds or the broker with idle connections, and limits that used to be reached by accident.
+
+mod common;
+
+use common::{CHILD_DEADLINE, TempDir, finish, spawn};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use shmbroker::bindings::LogonFrame;
+use shmbroker::handshake::{Config, Listener, MAX_UNCLAIMED_RELAYS};
+use shmbroker::process::ChildGuard;
+use shmbroker::session::{Error, Session};
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn shmbroker(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    command
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn serve(socket: &Path, workers: u32) -> ChildGuard {
+    let mut command = shmbroker(&[
+        "serve",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--workers",
+        &workers.to_string(),
+    ]);
+    let child = spawn(&mut command);
+    let until = Instant::now() + CHILD_DEADLINE;
+    while !socket.exists() {
+        assert!(
+            Instant::now() < until,
+            "the broker never created its socket"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child
+}
+
+/// Ranks `ranks` of a world, logged on from threads of this process.
+fn sessions(socket: &Path, ranks: &[u32]) -> Vec<Session> {
+    let joins: Vec<_> = ranks
+        .iter()
+        .map(|&rank| {
+            let socket = socket.to_path_buf();
+            std::thread::spawn(move || {
+                let mut session =
+                    Session::connect_with_outbox(&socket, Some(rank), TIMEOUT, 1 << 20).unwrap();
+                session.set_timeout(TIMEOUT);
+                session
+            })
+        })
+        .collect();
+    joins.into_iter().map(|j| j.join().unwrap()).collect()
+}
+
+#[test]
+fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_is_still_seen() {
+    let dir = TempDir::new("broker-death");
+    let socket = dir.0.join("broker.sock");
+    let mut broker = serve(&socket, 4);
+    // Ranks 0 and 1 here, rank 2 a real process that logs on and idles; rank 3 never comes.
+    let mut rank2 = spawn(&mut shmbroker(&[
+        "hostile",
+        "relay-flood",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--rank",
+        "2",
+        "--count",
+        "0",
+    ]));
+    let mut sessions = sessions(&socket, &[0, 1]).into_iter();
+    let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
+    // Rank 2 is logged on once it says so (it "relays" none).
+    let mut said = String::new();
+    std::io::BufReader::new(rank2.take_stdout().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    assert!(said.starts_with("delivered 0"), "{said}");
+    broker.kill();
+    let until = Instant::now() + TIMEOUT;
+    while !zero.raw().broker_lost() {
+        assert!(Instant::now() < until, "rank 0 never saw the broker go");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Peers that logged on still reach each other.
+    zero.send(1, b"still here").unwrap();
+    assert_eq!(one.recv(0).unwrap(), b"still here");
+    // Rank 3 can never log on now: waiting for it is BrokerLost at once, not a timeout.
+    let started = Instant::now();
+    match zero.recv(3) {
+        Err(Error::BrokerLost) => {}
+        other => panic!("expected BrokerLost, got {other:?}"),
+    }
+    assert!(started.elapsed() < TIMEOUT / 2, "{:?}", started.elapsed());
+    // Relaying an fd needs the broker.
+    let file = shmbroker::queues::memfd::create_sealed(c"relay", 4096).unwrap();
+    match zero
+        .raw()
+        .relay_fd(1, 7, std::os::fd::AsFd::as_fd(&file), TIMEOUT)
+    {
+        Err(shmbroker::handshake::Error::BrokerLost { .. }) => {}
+        other => panic!("expected BrokerLost, got {other:?}"),
+    }
+    // A death after the broker's is still seen, by every survivor, naming the right rank.
+    kill(Pid::from_raw(rank2.id() as i32), Signal::SIGKILL).unwrap();
+    let waiter = std::thread::spawn(move || one.recv_from_timeout(2, TIMEOUT));
+    match waiter.join().unwrap() {
+        Err(Error::PeerLost { rank: 2 }) => {}
+        other => panic!("expected rank 2 lost, got {other:?}"),
+    }
+    assert_eq!(zero.raw().lost_rank(), Some(2));
+    rank2.kill();
+}
+
+#[test]
+fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused() {
+    let dir = TempDir::new("relay-flood");
+    let socket = dir.0.join("broker.sock");
+    let mut listener = Listener::bind(
+        &socket,
+        Config {
+            world_size: 2,
+            ring_capacity: 64,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let stop = listener.stop_handle();
+    let broker = std::thread::spawn(move || listener.serve(|_| {}));
+    let victim = shmbroker::handshake::connect(&socket, LogonFrame::new(0), TIMEOUT).unwrap();
+    let count = 4 * MAX_UNCLAIMED_RELAYS;
+    let mut attacker = spawn(&mut shmbroker(&[
+        "hostile",
+        "relay-flood",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--to",
+        "0",
+        "--count",
+        &count.to_string(),
+    ]));
+    let mut report = String::new();
+    std::io::BufReader::new(attacker.take_stdout().unwrap())
+        .read_line(&mut report)
+        .unwrap();
+    let refused = count - MAX_UNCLAIMED_RELAYS;
+    assert!(
+        report.starts_with(&format!(
+            "delivered {MAX_UNCLAIMED_RELAYS} refused {refused}:"
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains("refused to relay an fd to rank 0"),
+        "{report}"
+    );
+    // The victim holds at most the cap, however many were sent (the relayed memfd is counted by
+    // name: other tests of this binary open fds of their own meanwhile).
+    let flood_fds = || {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter(|target| target.to_string_lossy().contains("shmbroker-flood"))
+            .count()
+    };
+    let until = Instant::now() + TIMEOUT;
+    while flood_fds() < MAX_UNCLAIMED_RELAYS && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(flood_fds(), MAX_UNCLAIMED_RELAYS);
+    attacker.kill();
+    drop(victim);
+    stop.stop();
+    broker.join().unwrap().unwrap();
+}
+
+#[test]
+fn hundreds_of_idle_connections_do_not_lock_a_real_logon_out() {
+    let dir = TempDir::new("idle");
+    let socket = dir.0.join("broker.sock");
+    let mut listener = Listener::bind(
+        &socket,
+        Config {
+            world_size: 1,
+            ring_capacity: 64,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let stop = listener.stop_handle();
+    let broker = std::thread::spawn(move || listener.serve(|_| {}));
+    let idle: Vec<_> = (0..300)
+        .map(|_| std::os::unix::net::UnixStream::connect(&socket).unwrap())
+        .collect();
+    // Well within the broker's 5 s logon deadline, which the idle ones would otherwise hold
+    // every pending slot until.
+    let session =
+        shmbroker::handshake::connect(&socket, LogonFrame::new(0), Duration::from_secs(2));
+    assert!(session.is_ok(), "{session:?}");
+    drop(idle);
+    stop.stop();
+    broker.join().unwrap().unwrap();
+}
+
+#[test]
+fn rank_u32_max_is_refused_rather_than_taken_to_mean_any() {
+    let dir = TempDir::new("rank-max");
+    let socket = dir.0.join("broker.sock");
+    let broker = serve(&socket, 2);
+    let (ok, _, stderr) = finish(spawn(&mut shmbroker(&[
+        "worker",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--rank",
+        "4294967295",
+    ])));
+    assert!(!ok);
+    assert!(stderr.contains("pass no rank"), "{stderr}");
+    drop(broker);
+}
+
+#[test]
+fn the_selftest_passes_with_forty_four_ranks() {
+    let dir = TempDir::new("selftest-44");
+    let socket = dir.0.join("broker.sock");
+    let broker = serve(&socket, 44);
+    let workers: Vec<ChildGuard> = (0..44)
+        .map(|_| {
+            spawn(&mut shmbroker(&[
+                "worker",
+                "--socket",
+                socket.to_str().unwrap(),
+                "--selftest",
+                "--only",
+                "all_gather",
+                "--timeout-ms",
+                "60000",
+            ]))
+        })
+        .collect();
+    for worker in workers {
+        let (ok, stdout, stderr) = finish(worker);
+        assert!(ok, "{stdout}{stderr}");
+    }
+    drop(broker);
+}
