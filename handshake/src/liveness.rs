@@ -35,10 +35,11 @@
 
 use crate::error::{Error, ProtocolError};
 use crate::fdpass::recv_with_fds;
+use crate::wire::{BrokerNotice, decode_broker_notice};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use shmbroker_bindings::{Message, NOTICE_MAGIC, NoticeKind, WorkerNotice};
+use shmbroker_bindings::{Message, NoticeKind, WorkerNotice};
 use shmbroker_queues::{Closer, Role};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -395,17 +396,26 @@ impl Reader {
                 Ok(received) => {
                     self.frame.extend_from_slice(&buffer[..received.bytes]);
                     if self.frame.len() == size_of::<WorkerNotice>() {
-                        let notice: WorkerNotice = bytemuck::pod_read_unaligned(&self.frame);
-                        self.frame.clear();
                         let fd = self.fds.pop_front();
-                        let filed = self.file(notice, fd);
+                        let filed = decode_broker_notice(
+                            &self.frame,
+                            self.world_size,
+                            self.shared.rank,
+                            fd.is_some(),
+                        )
+                        .and_then(|notice| self.file(notice, fd));
+                        self.frame.clear();
                         let mut inbox = self.shared.lock();
-                        if let Err(fault) = filed {
-                            inbox.fault.get_or_insert(fault);
-                        }
+                        let faulted = match filed {
+                            Ok(()) => false,
+                            Err(fault) => {
+                                inbox.fault.get_or_insert(fault);
+                                true
+                            }
+                        };
                         drop(inbox);
                         self.shared.arrived.notify_all();
-                        if self.shared.lock().fault.is_some() {
+                        if faulted {
                             return;
                         }
                     }
@@ -420,111 +430,53 @@ impl Reader {
         }
     }
 
-    /// Files one whole notice from the broker with the fd that came with it.
-    fn file(&self, notice: WorkerNotice, fd: Option<OwnedFd>) -> Result<(), ProtocolError> {
-        if notice.magic != NOTICE_MAGIC || notice._pad0 != 0 {
-            return Err(ProtocolError::BadMagic {
-                expected: u64::from(NOTICE_MAGIC),
-                found: u64::from(notice.magic),
-            });
-        }
-        let kind = NoticeKind::from_code(notice.kind).ok_or_else(|| ProtocolError::Field {
-            field: "notice kind",
-            expected: "one the broker sends (3, 5 to 8)".into(),
-            found: u64::from(notice.kind),
-        })?;
-        if notice.peer >= self.world_size || notice.peer == self.shared.rank {
-            return Err(ProtocolError::Field {
-                field: "notice peer",
-                expected: format!("another rank below {}", self.world_size),
-                found: u64::from(notice.peer),
-            });
-        }
-        let with_fd = matches!(
-            kind,
-            NoticeKind::RelayedFd | NoticeKind::PeerOutbox | NoticeKind::Peer
-        );
-        let fd = match (with_fd, fd) {
-            (true, Some(fd)) => Some(fd),
-            (false, None) => None,
-            (true, None) => {
-                return Err(ProtocolError::FdCount {
-                    expected: 1,
-                    found: 0,
-                });
-            }
-            (false, Some(_)) => {
-                return Err(ProtocolError::FdCount {
-                    expected: 0,
-                    found: 1,
-                });
-            }
-        };
-        let pid = || {
-            i32::try_from(notice.token)
-                .ok()
-                .filter(|&pid| pid > 0)
-                .ok_or_else(|| ProtocolError::Field {
-                    field: "notice token (a peer's pid)",
-                    expected: "a process id".into(),
-                    found: notice.token,
-                })
-        };
+    /// Files one decoded notice from the broker with the fd that came with it (the decoder
+    /// checked that one came exactly when the kind carries one).
+    fn file(&self, notice: BrokerNotice, fd: Option<OwnedFd>) -> Result<(), ProtocolError> {
         let mut inbox = self.shared.lock();
-        match (kind, fd) {
+        let key = (notice.peer, notice.token);
+        match (notice.kind, fd) {
             (NoticeKind::Peer, Some(pidfd)) => {
-                let pid = pid()?;
-                check_pidfd(pidfd.as_fd())?;
-                inbox.peers.insert(
-                    notice.peer,
-                    PeerProcess {
-                        pid,
-                        pidfd: Arc::new(pidfd),
-                    },
-                );
+                let pid = notice.token as i32;
+                check_pidfd(pidfd.as_fd(), pid)?;
+                let pidfd = Arc::new(pidfd);
+                inbox.peers.insert(notice.peer, PeerProcess { pid, pidfd });
             }
             (NoticeKind::PeerOutbox, Some(fd)) => {
-                pid()?;
                 inbox.outboxes.insert(notice.peer, fd);
             }
             (NoticeKind::RelayedFd, Some(fd)) => {
-                inbox.relayed.insert((notice.peer, notice.token), fd);
+                inbox.relayed.insert(key, fd);
             }
             (NoticeKind::RelayDelivered, None) => {
-                inbox
-                    .relay_answers
-                    .insert((notice.peer, notice.token), RelayAnswer::Delivered);
+                inbox.relay_answers.insert(key, RelayAnswer::Delivered);
             }
-            (kind @ (NoticeKind::RelayRefusedFull | NoticeKind::RelayRefusedGone), None) => {
-                inbox
-                    .relay_answers
-                    .insert((notice.peer, notice.token), RelayAnswer::Refused(kind));
+            (kind, None) => {
+                inbox.relay_answers.insert(key, RelayAnswer::Refused(kind));
             }
-            (other, _) => {
-                return Err(ProtocolError::Field {
-                    field: "notice kind",
-                    expected: "one the broker sends (3, 5 to 9)".into(),
-                    found: other as u64,
-                });
-            }
+            (_, Some(_)) => unreachable!("the decoder checked which kinds carry an fd"),
         }
         Ok(())
     }
 }
 
-/// Checks that an fd the broker says is a pidfd is one (its `/proc/self/fdinfo` has a `Pid:`
-/// line): anything else could never become readable, and the watcher would miss that death.
-fn check_pidfd(fd: BorrowedFd<'_>) -> Result<(), ProtocolError> {
+/// Checks that an fd the broker says is a pidfd of `pid` is one (its `/proc/self/fdinfo` has a
+/// `Pid:` line naming `pid`, or -1 for a process that has already been reaped): anything else
+/// could never become readable, and the watcher would miss that death.
+fn check_pidfd(fd: BorrowedFd<'_>, pid: i32) -> Result<(), ProtocolError> {
     use std::os::fd::AsRawFd;
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
         .unwrap_or_default();
-    if info.lines().any(|line| line.starts_with("Pid:")) {
-        Ok(())
-    } else {
-        Err(ProtocolError::Field {
+    let named = info
+        .lines()
+        .find_map(|line| line.strip_prefix("Pid:"))
+        .and_then(|value| value.trim().parse::<i64>().ok());
+    match named {
+        Some(found) if found == i64::from(pid) || found == -1 => Ok(()),
+        found => Err(ProtocolError::Field {
             field: "peer notice fd",
-            expected: "a pidfd".into(),
-            found: 0,
-        })
+            expected: format!("a pidfd of process {pid}"),
+            found: found.map_or(0, |f| f as u64),
+        }),
     }
 }

@@ -219,3 +219,98 @@ pub fn decode_manifest(
     }
     Ok(entries)
 }
+
+/// A notice from the broker that passed every check, as a worker's watcher files it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BrokerNotice {
+    /// What it says.
+    pub kind: shmbroker_bindings::NoticeKind,
+    /// The other rank: checked to be another rank of the world.
+    pub peer: u32,
+    /// The token: for `Peer` and `PeerOutbox` a process id, checked to be a positive `i32`.
+    pub token: u64,
+}
+
+/// Decodes a whole notice the broker sent a worker of rank `rank` in a world of `world_size`,
+/// with `fd_attached` saying whether an fd came with it: magic, zero padding, a kind the broker
+/// sends, another rank of the world, an fd exactly for the kinds that carry one, and a process id
+/// for the kinds whose token is one.
+///
+/// # Errors
+///
+/// The first check that fails, with what was expected and what arrived.
+pub fn decode_broker_notice(
+    bytes: &[u8],
+    world_size: u32,
+    rank: u32,
+    fd_attached: bool,
+) -> Result<BrokerNotice, ProtocolError> {
+    use shmbroker_bindings::{NOTICE_MAGIC, NoticeKind, WorkerNotice};
+    let len = size_of::<WorkerNotice>();
+    let Some(bytes) = bytes.get(..len) else {
+        return Err(ProtocolError::Truncated {
+            expected: len,
+            found: bytes.len(),
+        });
+    };
+    let notice: WorkerNotice = bytemuck::pod_read_unaligned(bytes);
+    if notice.magic != NOTICE_MAGIC {
+        return Err(ProtocolError::BadMagic {
+            expected: u64::from(NOTICE_MAGIC),
+            found: u64::from(notice.magic),
+        });
+    }
+    if notice._pad0 != 0 {
+        return Err(ProtocolError::BadPadding {
+            field: "notice _pad0",
+            found: u64::from(notice._pad0),
+        });
+    }
+    let kind = match NoticeKind::from_code(notice.kind) {
+        Some(
+            kind @ (NoticeKind::RelayedFd
+            | NoticeKind::PeerOutbox
+            | NoticeKind::Peer
+            | NoticeKind::RelayDelivered
+            | NoticeKind::RelayRefusedFull
+            | NoticeKind::RelayRefusedGone),
+        ) => kind,
+        _ => {
+            return Err(ProtocolError::Field {
+                field: "notice kind",
+                expected: "one the broker sends (3, 5, 6, 7, 8 or 9)".into(),
+                found: u64::from(notice.kind),
+            });
+        }
+    };
+    if notice.peer >= world_size || notice.peer == rank {
+        return Err(ProtocolError::Field {
+            field: "notice peer",
+            expected: format!("a rank below {world_size} other than {rank}"),
+            found: u64::from(notice.peer),
+        });
+    }
+    let carries_fd = matches!(
+        kind,
+        NoticeKind::RelayedFd | NoticeKind::PeerOutbox | NoticeKind::Peer
+    );
+    if carries_fd != fd_attached {
+        return Err(ProtocolError::FdCount {
+            expected: usize::from(carries_fd),
+            found: usize::from(fd_attached),
+        });
+    }
+    let token_is_pid = matches!(kind, NoticeKind::PeerOutbox | NoticeKind::Peer);
+    if token_is_pid && !(1..=i64::from(i32::MAX)).contains(&(notice.token as i64)) {
+        return Err(ProtocolError::Field {
+            field: "notice token (a peer's pid)",
+            expected: "a process id".into(),
+            found: notice.token,
+        });
+    }
+    Ok(BrokerNotice {
+        kind,
+        peer: notice.peer,
+        token: notice.token,
+    })
+}
