@@ -282,3 +282,20 @@ fn another_uid_gets_in_with_allow_uid_and_a_socket_mode_that_lets_it_reach_the_s
     );
     assert!(ok, "{stdout}{stderr}");
 }
+
+#[test]
+fn a_socket_path_that_cannot_be_bound_is_an_error_naming_it() {
+    let dir = TempDir::new("no-dir");
+    let socket = dir.0.join("missing").join("broker.sock");
+    let mut command = shmbroker(&[
+        "serve",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--workers",
+        "2",
+    ]);
+    let (status, _, stderr) = finish_status(spawn(&mut command));
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&socket.display().to_string()), "{stderr}");
+    assert!(stderr.contains("ENOENT"), "{stderr}");
+}

@@ -282,9 +282,10 @@ impl Drop for Session {
 ///
 /// # Errors
 ///
-/// [`Error::Timeout`] naming the stage; [`Error::Connect`]; [`Error::Rejected`] with the broker's
-/// reason; [`Error::Protocol`] for a malformed reply; [`Error::Ring`] or [`Error::Payload`] when a
-/// received file is not what its manifest entry says.
+/// [`Error::Unreachable`] naming the path when no broker answered in time; [`Error::Timeout`]
+/// naming the stage; [`Error::Connect`]; [`Error::Rejected`] with the broker's reason;
+/// [`Error::Protocol`] for a malformed reply; [`Error::Ring`] when a received file is not what
+/// its manifest entry says.
 pub fn connect(
     path: impl AsRef<Path>,
     logon: LogonFrame,

@@ -29,6 +29,18 @@ pub enum Error {
         /// The path.
         path: PathBuf,
     },
+    /// A system call on a path failed (binding the socket, say: a missing directory is
+    /// `ENOENT`, one the broker may not write is `EACCES`).
+    #[error("{op} {}: {source}", path.display())]
+    Path {
+        /// The call.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// What it returned.
+        #[source]
+        source: Errno,
+    },
     /// A system call failed.
     #[error("{op} failed: {source}")]
     Sys {

@@ -2,11 +2,14 @@
 //!
 //! A broker [`Listener::bind`]s a UNIX stream socket (mode 0600) and serves logons. A worker
 //! calls [`connect`]`(path, logon, timeout)`; the broker checks who is calling (`SO_PEERCRED`: the
-//! same uid by default, an allow-list otherwise), validates every field of the [`LogonFrame`]
+//! same uid by default, an allow-list otherwise), validates every field of the [`LogonFrame`](shmbroker_bindings::LogonFrame)
 //! against its [`Config`], gives the worker a rank, and answers with a manifest and every fd the
 //! worker needs (its rings to and from each peer) in one `SCM_RIGHTS` message. The worker's socket
 //! stays open for the whole session: it carries the worker's goodbye, fds relayed between
-//! workers, and each worker's outbox ([`Session::publish_outbox`], [`Session::take_peer_outbox`]).
+//! workers, each worker's outbox ([`Session::publish_outbox`], [`Session::take_peer_outbox`]), and
+//! a pidfd of every peer's process, which each worker's session watches on a thread of its own
+//! ([`Session::departure`]; see the `liveness` module): a peer that dies is seen within
+//! milliseconds whether or not the broker is still there.
 //!
 //! Nothing here trusts the other side: a logon frame is checked field by field and a bad one is
 //! refused with a reason code and text while every other logon goes on; a reply is checked for

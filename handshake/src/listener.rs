@@ -382,7 +382,11 @@ impl Listener {
             if source == Errno::EADDRINUSE {
                 Error::AddressInUse { path: path.clone() }
             } else {
-                Error::Sys { op: "bind", source }
+                Error::Path {
+                    op: "binding the socket at",
+                    path: path.clone(),
+                    source,
+                }
             }
         })?;
         nix::sys::socket::listen(&socket, Backlog::new(128).unwrap_or(Backlog::MAXCONN))
@@ -1322,7 +1326,13 @@ fn remove_stale_socket(path: &Path) -> Result<(), Error> {
     let metadata = match std::fs::symlink_metadata(path) {
         Ok(metadata) => metadata,
         Err(error) if error.kind() == ErrorKind::NotFound => return Ok(()),
-        Err(error) => return Err(Error::sys("stat")(io_errno(&error))),
+        Err(error) => {
+            return Err(Error::Path {
+                op: "looking at",
+                path: path.to_path_buf(),
+                source: io_errno(&error),
+            });
+        }
     };
     if !metadata.file_type().is_socket() {
         return Err(Error::NotASocket {

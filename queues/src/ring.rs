@@ -476,7 +476,9 @@ fn map_ring<T: Pod>(fd: BorrowedFd<'_>) -> Result<RingRef<T>, Error> {
 /// themselves (a peer that died without dropping its end), exactly as if both ends had been
 /// dropped: the consumer still receives everything sent, then `Disconnected`; the producer gets
 /// `Disconnected`; whichever side is parked is woken. Either end can then read `cause`
-/// (`close_cause`): the broker passes the rank that was lost. Safe on a ring already closed.
+/// (`close_cause`), a number the closer chose (a hint: whoever can write the file can write it
+/// too). Safe on a ring already closed. Within a process holding an end, [`Closer`] does the same
+/// without mapping the file again.
 ///
 /// # Errors
 ///
