@@ -36,17 +36,18 @@ use std::time::{Duration, Instant};
 
 pub const USAGE: &str = "\
 shmbroker chaos [--trials N] [--workers N] [--seed S] [--json] [--scenario NAME] [--op NAME]
+                [--hang-ms MS]
     Kill and corrupt workers at random moments (SIGKILL during barrier, all-gather, broadcast,
     fd exchange and bulk transfers; the broker killed first; the victim scribbling on its shared
     memory; the victim's socket held by a forked child) and report, over all trials: detection
-    time from kill to every survivor's error (p50, p99, max), hangs (a survivor still running 1 s
-    after the kill), survivors naming another rank than the victim, fds leaked by the broker and
+    time from kill to every survivor's error (p50, p99, max), hangs (a survivor still running 1 s,
+    or --hang-ms, after the kill), survivors naming another rank than the victim, fds leaked by the broker and
     the survivors, and processes killed by a signal the trial did not send. Exits 1 if any of
     those is not zero. Trials cycle through the scenarios (kill, broker, scribble, fork, leave)
     and operations (barrier, all_gather, broadcast, fds, bulk) unless --scenario or --op picks
     one; --seed makes a run reproducible.";
 
-/// A survivor still running this long after the kill hangs.
+/// A survivor still running this long after the kill hangs (`--hang-ms` changes it).
 const HANG: Duration = Duration::from_secs(1);
 
 /// The deadline of every call in a chaos worker: far beyond [`HANG`].
@@ -316,6 +317,9 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     let scenarios = pick(&SCENARIOS, &only_scenario)?;
     let ops = pick(&OPS, &only_op)?;
     let json = args.flag("--json");
+    let hang = args
+        .value::<u64>("--hang-ms")?
+        .map_or(HANG, Duration::from_millis);
     args.finish()?;
     if workers < 2 {
         return Err("chaos needs at least 2 workers".into());
@@ -334,7 +338,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     for index in 0..trials {
         let scenario = scenarios[index as usize % scenarios.len()];
         let op = ops[(index as usize / scenarios.len() + rng.below(2) as usize) % ops.len()];
-        let trial = run_trial(&exe, &mut broker, &mut rng, scenario, op, workers)?;
+        let trial = run_trial(&exe, &mut broker, &mut rng, (scenario, op), workers, hang)?;
         if !trial.misnamed.is_empty() || trial.hangs > 0 || !trial.signalled.is_empty() {
             eprintln!("chaos: trial {index}: {trial:?}");
         }
@@ -356,9 +360,9 @@ fn run_trial(
     exe: &Path,
     broker: &mut Broker,
     rng: &mut Rng,
-    scenario: &'static str,
-    op: &'static str,
+    (scenario, op): (&'static str, &'static str),
     workers: u32,
+    hang: Duration,
 ) -> Result<Trial, String> {
     broker.ensure_running(exe)?;
     let victim_index = rng.below(u64::from(workers)) as usize;
@@ -462,7 +466,7 @@ fn run_trial(
         victim: ranks[victim_index].parse().unwrap_or(u32::MAX),
         ..Trial::default()
     };
-    let hang_at = Instant::now() + HANG;
+    let hang_at = Instant::now() + hang;
     let mut named = Vec::new();
     for (index, worker) in running.iter_mut().enumerate() {
         if index == victim_index {
@@ -540,13 +544,10 @@ fn run_trial(
         let names_victim = rank == victim_rank;
         let acceptable = match kind.as_str() {
             "lost" => scenario != "leave" && names_victim,
-            // A survivor that failed leaves; one that left before this survivor's own call
-            // failed may be named (and, after a leave or a scribbler's forged close flags, the
-            // victim).
-            "left" => {
-                departed.contains(rank)
-                    && (!names_victim || scenario == "leave" || scenario == "scribble")
-            }
+            // After a leave, survivors leave in turn: each may name the victim or a survivor
+            // that failed before it. A scribbler's survivors fail before the kill and leave
+            // too, and the scribbler may forge its own "I closed my end" flags.
+            "left" => (scenario == "leave" || scenario == "scribble") && departed.contains(rank),
             // What a scribbler wrote before it died may be found first: it must name the victim.
             "corrupted" | "protocol" | "outbox" | "mismatch" => {
                 scenario == "scribble" && names_victim

@@ -117,9 +117,7 @@ fn notice_flood(socket: &str, rank: Option<u32>, count: u64) -> Result<(), Strin
 }
 
 fn reopen(socket: &str, rank: Option<u32>) -> Result<(), String> {
-    let mut raw =
-        shmbroker::handshake::connect(socket, LogonFrame::new(rank.unwrap_or(ANY_RANK)), TIMEOUT)
-            .map_err(|e| e.to_string())?;
+    let mut raw = log_on(socket, rank)?;
     let me = raw.rank();
     let mut targets: Vec<(String, OwnedFd)> = Vec::new();
     for peer in (0..raw.world_size()).filter(|&p| p != me) {

@@ -1061,6 +1061,16 @@ impl Session {
     }
 }
 
+/// The session error for a handshake call about `peer` that failed within `deadline`.
+fn handshake_failed(peer: u32, error: shmbroker_handshake::Error, deadline: &Deadline) -> Error {
+    match error {
+        shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(peer),
+        shmbroker_handshake::Error::PeerLost { rank, .. } => Error::PeerLost { rank },
+        shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
+        other => Error::Logon(other),
+    }
+}
+
 /// The error for a peer that is gone, as the handshake's watcher established it.
 fn departure_error(departure: shmbroker_handshake::Departure) -> Error {
     match departure {

@@ -3,14 +3,13 @@
 
 mod common;
 
-use common::{CHILD_DEADLINE, TempDir, finish, spawn};
+use common::{CHILD_DEADLINE, TempDir, finish, read_line_within, spawn};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::bindings::LogonFrame;
 use shmbroker::handshake::{Config, Listener, MAX_UNCLAIMED_RELAYS};
 use shmbroker::process::ChildGuard;
 use shmbroker::session::{Error, Session};
-use std::io::BufRead;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -82,10 +81,7 @@ fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_i
     let mut sessions = sessions(&socket, &[0, 1]).into_iter();
     let (mut zero, mut one) = (sessions.next().unwrap(), sessions.next().unwrap());
     // Rank 2 is logged on once it says so (it "relays" none).
-    let mut said = String::new();
-    std::io::BufReader::new(rank2.take_stdout().unwrap())
-        .read_line(&mut said)
-        .unwrap();
+    let said = read_line_within(rank2.take_stdout().unwrap(), CHILD_DEADLINE);
     assert!(said.starts_with("delivered 0"), "{said}");
     broker.kill();
     let until = Instant::now() + TIMEOUT;
@@ -96,13 +92,11 @@ fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_i
     // Peers that logged on still reach each other.
     zero.send(1, b"still here").unwrap();
     assert_eq!(one.recv(0).unwrap(), b"still here");
-    // Rank 3 can never log on now: waiting for it is BrokerLost at once, not a timeout.
-    let started = Instant::now();
+    // Rank 3 can never log on now: waiting for it is BrokerLost, not a timeout.
     match zero.recv(3) {
         Err(Error::BrokerLost) => {}
         other => panic!("expected BrokerLost, got {other:?}"),
     }
-    assert!(started.elapsed() < TIMEOUT / 2, "{:?}", started.elapsed());
     // Relaying an fd needs the broker.
     let file = shmbroker::queues::memfd::create_sealed(c"relay", 4096).unwrap();
     match zero
@@ -150,10 +144,7 @@ fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused
         "--count",
         &count.to_string(),
     ]));
-    let mut report = String::new();
-    std::io::BufReader::new(attacker.take_stdout().unwrap())
-        .read_line(&mut report)
-        .unwrap();
+    let report = read_line_within(attacker.take_stdout().unwrap(), CHILD_DEADLINE);
     let refused = count - MAX_UNCLAIMED_RELAYS;
     assert!(
         report.starts_with(&format!(
@@ -165,8 +156,9 @@ fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused
         report.contains("refused to relay an fd to rank 0"),
         "{report}"
     );
-    // The victim holds at most the cap, however many were sent (the relayed memfd is counted by
-    // name: other tests of this binary open fds of their own meanwhile).
+    // The victim ends up holding exactly the cap: every relay was answered before the attacker
+    // reported, so no more are on their way (the relayed memfd is counted by name: other tests
+    // of this binary open fds of their own meanwhile).
     let flood_fds = || {
         std::fs::read_dir("/proc/self/fd")
             .unwrap()
@@ -178,7 +170,6 @@ fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused
     while flood_fds() < MAX_UNCLAIMED_RELAYS && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
-    std::thread::sleep(Duration::from_millis(50));
     assert_eq!(flood_fds(), MAX_UNCLAIMED_RELAYS);
     attacker.kill();
     drop(victim);
@@ -195,6 +186,9 @@ fn hundreds_of_idle_connections_do_not_lock_a_real_logon_out() {
         Config {
             world_size: 1,
             ring_capacity: 64,
+            // Idle connections are never dropped for their deadline during this test: only
+            // making room for a newcomer can let it in.
+            logon_timeout: Duration::from_secs(3600),
             ..Config::default()
         },
     )
@@ -204,10 +198,7 @@ fn hundreds_of_idle_connections_do_not_lock_a_real_logon_out() {
     let idle: Vec<_> = (0..300)
         .map(|_| std::os::unix::net::UnixStream::connect(&socket).unwrap())
         .collect();
-    // Well within the broker's 5 s logon deadline, which the idle ones would otherwise hold
-    // every pending slot until.
-    let session =
-        shmbroker::handshake::connect(&socket, LogonFrame::new(0), Duration::from_secs(2));
+    let session = shmbroker::handshake::connect(&socket, LogonFrame::new(0), TIMEOUT);
     assert!(session.is_ok(), "{session:?}");
     drop(idle);
     stop.stop();

@@ -192,11 +192,7 @@ fn a_flood_of_bad_notices_into_a_stalled_log_neither_blocks_the_broker_nor_flood
         "--count",
         "300000",
     ]));
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(flooder.take_stdout().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = common::read_line_within(flooder.take_stdout().unwrap(), CHILD_DEADLINE);
     assert_eq!(line.trim(), "sent 300000");
     // The broker still serves: rank 1 logs on.
     let one = shmbroker::handshake::connect(
@@ -211,10 +207,11 @@ fn a_flood_of_bad_notices_into_a_stalled_log_neither_blocks_the_broker_nor_flood
     kill(Pid::from_raw(broker.id() as i32), Signal::SIGTERM).unwrap();
     let (ok, _, log) = finish(broker);
     assert!(ok, "{log}");
-    // 300 000 complaints about one worker: a burst, then one a second, with counts.
+    // 300 000 complaints about one worker: a burst, then one a second, with counts (under 1 %
+    // of them logged unless the flood took more than half an hour).
     let complaints = log.matches("refused a notice").count();
     assert!(
-        (1..1000).contains(&complaints),
+        (1..3000).contains(&complaints),
         "{complaints} complaint lines in {} bytes of log",
         log.len()
     );

@@ -286,6 +286,9 @@ pub enum NoticeKind {
     /// Worker to broker: this worker took the fd rank `peer` relayed with `token`; it no longer
     /// counts against this worker's limit of relayed fds not yet taken.
     Claimed = 10,
+    /// Broker to worker: the relay to rank `peer` with `token` came without an fd (none was
+    /// attached, or the broker had no room for it); nothing was passed on.
+    RelayFailed = 11,
 }
 
 impl NoticeKind {
@@ -303,6 +306,7 @@ impl NoticeKind {
             8 => Some(Self::RelayRefusedFull),
             9 => Some(Self::RelayRefusedGone),
             10 => Some(Self::Claimed),
+            11 => Some(Self::RelayFailed),
             _ => None,
         }
     }

@@ -1,6 +1,6 @@
 //! The worker's side: [`connect`] logs on and returns a [`Session`] holding everything received.
 
-use crate::error::{Error, ProtocolError};
+use crate::error::{Error, ProtocolError, io_errno};
 use crate::fdpass::{recv_with_fds, send_with_fds};
 use crate::liveness::{Departure, RelayAnswer, Shared, Watcher};
 use crate::wire::{MANIFEST_ENTRY_LEN, REPLY_HEADER_LEN, decode_manifest, decode_reply_header};
@@ -165,20 +165,33 @@ impl Session {
         timeout: Duration,
     ) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
-        let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
-        loop {
+        let bytes = bytemuck::bytes_of(&notice);
+        let mut fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+        let mut sent = 0;
+        // The fd rides on the first byte; a notice cut short is finished without it.
+        while sent < bytes.len() {
             if self.shared.broker_lost() {
                 return Err(Error::BrokerLost { stage });
             }
-            match send_with_fds(self.socket.as_fd(), &[bytemuck::bytes_of(&notice)], &fds) {
-                Ok(n) if n == size_of::<WorkerNotice>() => return Ok(()),
-                Ok(_) => return Err(Error::sys("sendmsg (partial notice)")(Errno::EAGAIN)),
+            match send_with_fds(self.socket.as_fd(), &[&bytes[sent..]], &fds) {
+                Ok(n) => {
+                    sent += n;
+                    fds.clear();
+                }
                 Err(Errno::EINTR) => {}
                 Err(Errno::EAGAIN) => {
                     if !wait_for(&self.socket, PollFlags::POLLOUT, deadline)
                         .map_err(Error::sys("poll"))?
                     {
-                        return Err(Error::Timeout { stage, timeout });
+                        return Err(if sent == 0 {
+                            Error::Timeout { stage, timeout }
+                        } else {
+                            Error::ShortSend {
+                                what: "a notice to the broker",
+                                expected: bytes.len(),
+                                sent,
+                            }
+                        });
                     }
                 }
                 Err(Errno::EPIPE | Errno::ECONNRESET) => {
@@ -187,6 +200,7 @@ impl Session {
                 Err(other) => return Err(Error::sys("sendmsg")(other)),
             }
         }
+        Ok(())
     }
 
     /// Passes `fd` to rank `to` through the broker (`SCM_RIGHTS` both ways), tagged `token`, and
@@ -224,9 +238,13 @@ impl Session {
                 to,
                 reason: "it already holds as many relayed fds as it may without taking them",
             }),
-            RelayAnswer::Refused(_) => Err(Error::RelayRefused {
+            RelayAnswer::Refused(NoticeKind::RelayRefusedGone) => Err(Error::RelayRefused {
                 to,
                 reason: "it is not logged on",
+            }),
+            RelayAnswer::Refused(_) => Err(Error::RelayRefused {
+                to,
+                reason: "the fd did not reach the broker (it may be short of fds)",
             }),
         }
     }
@@ -355,10 +373,6 @@ fn log_on(
     let (header, manifest, fds) = receive_reply(&stream, deadline, timeout)?;
     // The socket stays non-blocking: every wait on it is a poll with a deadline.
     Session::from_reply(stream, &header, &manifest, fds)
-}
-
-fn io_errno(error: &std::io::Error) -> Errno {
-    Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
 }
 
 /// Why connecting stopped.

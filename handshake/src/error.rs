@@ -102,6 +102,24 @@ pub enum Error {
         /// What the last attempt to connect returned (`ENOENT`: no socket file there yet).
         last: Errno,
     },
+    /// A message went out cut short: the other side's stream is out of step from there on.
+    #[error("{what} cut short: {sent} of {expected} bytes sent")]
+    ShortSend {
+        /// What was being sent.
+        what: &'static str,
+        /// Its length.
+        expected: usize,
+        /// What went out.
+        sent: usize,
+    },
+    /// A peer died while this call waited for something the broker was to pass on.
+    #[error("peer rank {rank} was lost while {stage}")]
+    PeerLost {
+        /// The first rank seen to die.
+        rank: u32,
+        /// What was being waited for.
+        stage: &'static str,
+    },
     /// The broker's socket closed: what needs the broker cannot happen any more.
     #[error("the broker is gone (its socket closed) while {stage}")]
     BrokerLost {
@@ -134,6 +152,19 @@ impl Error {
     pub(crate) fn sys(op: &'static str) -> impl FnOnce(Errno) -> Self {
         move |source| Self::Sys { op, source }
     }
+
+    /// [`Self::sys`] for a call that failed with an `std::io::Error`.
+    pub(crate) fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |error| Self::Sys {
+            op,
+            source: io_errno(&error),
+        }
+    }
+}
+
+/// The errno behind an `std::io::Error` (`EIO` when it has none).
+pub(crate) fn io_errno(error: &std::io::Error) -> Errno {
+    Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
 }
 
 /// What was wrong with bytes that came from the other side of the logon socket.

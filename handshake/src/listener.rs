@@ -45,7 +45,7 @@
 //! reason). Complaints about one worker or one uid are rate-limited (a burst, then one line per
 //! second with how many were suppressed), so a hostile worker cannot flood the log.
 
-use crate::error::{Error, ProtocolError};
+use crate::error::{Error, ProtocolError, io_errno};
 use crate::fdpass::{recv_with_fds, send_with_fds};
 use crate::wire::{LOGON_LEN, MAX_WORLD_SIZE, decode_logon, manifest_order};
 use nix::errno::Errno;
@@ -143,14 +143,16 @@ impl Config {
         Ok(())
     }
 
-    /// The most fds a broker serving this config can hold at once: every ring of a full world,
-    /// and for each worker its socket, pidfd and outbox, fds it sent ahead of their notices,
-    /// relayed fds and peers' pidfds queued for it; connections logging on; a few of its own.
+    /// The fds a broker may need to serve a full world of this config: every ring; for each
+    /// worker its socket, pidfd and outbox, the fds it may send ahead of their notices, and the
+    /// peers' pidfds and outboxes queued for it while it reads slowly; two for each connection logging on; a few of its own. Fds relayed through it are not counted: one it has no room for is
+    /// answered as failed, never half-passed.
     #[must_use]
     pub fn fds_needed(&self) -> u64 {
         let world = u64::from(self.world_size);
-        let per_worker = 3 + MAX_UNCLAIMED_FDS as u64 + MAX_UNCLAIMED_RELAYS as u64 + 2 * world;
-        32 + self.max_pending as u64 + world * (world - 1) + world * per_worker
+        let per_worker = 3 + MAX_UNCLAIMED_FDS as u64 + 2 * (world - 1);
+        // A connection logging on holds its socket and its caller's pidfd.
+        32 + 2 * self.max_pending as u64 + world * (world - 1) + world * per_worker
     }
 }
 
@@ -224,6 +226,8 @@ struct Pending {
     stream: UnixStream,
     pid: i32,
     uid: u32,
+    /// The caller's process, taken from the connection itself (see [`peer_pidfd`]).
+    pidfd: OwnedFd,
     deadline: Instant,
     frame: [u8; LOGON_LEN],
     filled: usize,
@@ -248,8 +252,8 @@ struct Worker {
     exited: bool,
     /// Notices (each with its fd, if any) waiting for room on the worker's socket, in order.
     outgoing: VecDeque<(WorkerNotice, Option<OwnedFd>)>,
-    /// Fds relayed to this worker that it has not said it took.
-    unclaimed: usize,
+    /// Relays passed to this worker, by (sender, token), that it has not said it took.
+    unclaimed: std::collections::HashSet<(u32, u64)>,
     /// Complaints about this worker.
     complaints: RateLimit,
 }
@@ -292,7 +296,7 @@ pub struct Listener {
     my_uid: u32,
     pending: Vec<Pending>,
     workers: Vec<Option<Worker>>,
-    /// Rings created for a pair `(from, to)`, kept until one of their ends leaves.
+    /// Rings created for a pair `(from, to)`, kept until the job ends.
     rings: HashMap<(u32, u32), OwnedFd>,
     stop: Arc<EventFd>,
     /// The first rank of the current job that died, and the first that left.
@@ -312,6 +316,11 @@ const MAX_UNCLAIMED_FDS: usize = 16;
 
 /// Fds relayed to one worker that it has not taken yet; past this, relays to it are refused.
 pub const MAX_UNCLAIMED_RELAYS: usize = 64;
+
+/// Notices queued for one worker (it is not reading its socket). Past this the broker stops
+/// reading what that worker sends until it reads, so the queue stays bounded (by this and one
+/// batch of answers).
+const MAX_OUTGOING: usize = 1024;
 
 /// How long accepting pauses after `accept` fails for want of resources.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -366,6 +375,10 @@ impl Listener {
         }
         let path = path.as_ref().to_path_buf();
         remove_stale_socket(&path)?;
+        // Every fd the broker holds while idle exists once the socket file does (tests count
+        // them from then on).
+        let stop = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+            .map_err(Error::sys("eventfd"))?;
         let socket = nix::sys::socket::socket(
             AddressFamily::Unix,
             SockType::Stream,
@@ -395,17 +408,14 @@ impl Listener {
         // is open to a group it is not meant for.
         if let Some(gid) = config.socket_group {
             std::os::unix::fs::lchown(&path, None, Some(gid))
-                .map_err(|e| Error::sys("chown of the socket file")(io_errno(&e)))?;
+                .map_err(Error::io("chown of the socket file"))?;
         }
         if config.socket_mode != 0o600 {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(config.socket_mode))
-                .map_err(|e| Error::sys("chmod of the socket file")(io_errno(&e)))?;
+                .map_err(Error::io("chmod of the socket file"))?;
         }
-        let metadata =
-            std::fs::symlink_metadata(&path).map_err(|e| Error::sys("stat")(io_errno(&e)))?;
-        let stop = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
-            .map_err(Error::sys("eventfd"))?;
+        let metadata = std::fs::symlink_metadata(&path).map_err(Error::io("stat"))?;
         Ok(Self {
             socket: UnixListener::from(socket),
             path,
@@ -560,7 +570,10 @@ impl Listener {
                 continue;
             };
             let stream = worker.stream.as_ref().map(|stream| {
-                let mut flags = readable;
+                let mut flags = PollFlags::empty();
+                if worker.outgoing.len() < MAX_OUTGOING {
+                    flags |= readable;
+                }
                 if !worker.outgoing.is_empty() {
                     flags |= PollFlags::POLLOUT;
                 }
@@ -657,6 +670,16 @@ impl Listener {
         if stream.set_nonblocking(true).is_err() {
             return;
         }
+        // The caller's process, from the connection itself: the pid alone could be reused by
+        // the time anyone looks.
+        let pidfd = match peer_pidfd(&stream, pid) {
+            Ok(pidfd) => pidfd,
+            Err(errno) => {
+                let text = format!("no pidfd for the caller (pid {pid}): {errno}");
+                self.refuse(&stream, RejectReason::Internal, (pid, uid), text, events);
+                return;
+            }
+        };
         let allowed = if self.config.allowed_uids.is_empty() {
             uid == self.my_uid
         } else {
@@ -717,6 +740,7 @@ impl Listener {
             stream,
             pid,
             uid,
+            pidfd,
             deadline: Instant::now() + self.config.logon_timeout,
             frame: [0; LOGON_LEN],
             filled: 0,
@@ -895,13 +919,25 @@ impl Listener {
             }
             Some(NoticeKind::RelayFd) => {
                 let Some(fd) = fd else {
+                    // No fd with it: the worker sent none, or the broker had no room for it
+                    // (the kernel drops what does not fit). Either way the sender is answered.
+                    let failed =
+                        WorkerNotice::new(NoticeKind::RelayFailed, notice.peer, notice.token);
+                    self.send(rank, failed, None);
                     return self.complain(rank, "a relay notice came without an fd".into(), events);
                 };
                 self.relay(rank, notice.peer, notice.token, fd, events);
             }
             Some(NoticeKind::Claimed) => {
-                if let Some(worker) = self.workers[rank as usize].as_mut() {
-                    worker.unclaimed = worker.unclaimed.saturating_sub(1);
+                let taken = self.workers[rank as usize]
+                    .as_mut()
+                    .is_some_and(|w| w.unclaimed.remove(&(notice.peer, notice.token)));
+                if !taken {
+                    let detail = format!(
+                        "claimed a relay from rank {} with token {} that it was never passed",
+                        notice.peer, notice.token
+                    );
+                    self.complain(rank, detail, events);
                 }
             }
             Some(NoticeKind::Outbox) => {
@@ -919,7 +955,8 @@ impl Listener {
                 | NoticeKind::Peer
                 | NoticeKind::RelayDelivered
                 | NoticeKind::RelayRefusedFull
-                | NoticeKind::RelayRefusedGone,
+                | NoticeKind::RelayRefusedGone
+                | NoticeKind::RelayFailed,
             )
             | None => {
                 let detail = format!("unexpected notice kind {}", notice.kind);
@@ -938,11 +975,11 @@ impl Listener {
             .filter(|w| w.stream.is_some() && to != from);
         let answer = match target {
             None => NoticeKind::RelayRefusedGone,
-            Some(target) if target.unclaimed >= MAX_UNCLAIMED_RELAYS => {
+            Some(target) if target.unclaimed.len() >= MAX_UNCLAIMED_RELAYS => {
                 NoticeKind::RelayRefusedFull
             }
             Some(target) => {
-                target.unclaimed += 1;
+                target.unclaimed.insert((from, token));
                 let relayed = WorkerNotice::new(NoticeKind::RelayedFd, from, token);
                 target.outgoing.push_back((relayed, Some(fd)));
                 self.flush(to as usize);
@@ -990,10 +1027,12 @@ impl Listener {
                 }
                 Err(Errno::EINTR) => {}
                 Err(Errno::EAGAIN) => return,
-                // A partial notice (cannot happen for 24 bytes on a stream socket with room) or a
-                // broken socket: the worker is gone, and reading its socket will say so.
+                // A notice cut short (its stream is out of step from here) or a broken socket:
+                // the worker cannot be told anything any more. Shutting the socket down makes
+                // the next poll report it gone.
                 Ok(_) | Err(_) => {
                     worker.outgoing.clear();
+                    let _ = stream.shutdown(std::net::Shutdown::Both);
                     return;
                 }
             }
@@ -1188,7 +1227,7 @@ impl Listener {
                     pidfd,
                     exited: false,
                     outgoing: VecDeque::new(),
-                    unclaimed: 0,
+                    unclaimed: std::collections::HashSet::new(),
                     complaints: RateLimit::default(),
                 });
                 for (to, notice, fd) in introductions {
@@ -1223,16 +1262,16 @@ impl Listener {
         rank: u32,
     ) -> Result<(OwnedFd, Vec<(u32, WorkerNotice, OwnedFd)>), Error> {
         let world = self.config.world_size;
-        // A pidfd now, while the caller is certainly alive (it is waiting for this reply), so
-        // that no liveness check can be fooled by pid reuse.
-        let pidfd =
-            crate::pidfd_open(pending.pid).map_err(|e| Error::sys("pidfd_open")(io_errno(&e)))?;
+        let pidfd = pending
+            .pidfd
+            .try_clone()
+            .map_err(Error::io("dup of a pidfd"))?;
         let mut introductions = Vec::new();
         for (peer, worker) in (0..).zip(&self.workers) {
             let Some(worker) = worker.as_ref().filter(|w| w.stream.is_some()) else {
                 continue;
             };
-            let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| Error::sys("dup")(io_errno(&e)));
+            let dup = |fd: &OwnedFd| fd.try_clone().map_err(Error::io("dup"));
             introductions.push((
                 peer,
                 WorkerNotice::new(NoticeKind::Peer, rank, pending.pid as u64),
@@ -1293,7 +1332,11 @@ impl Listener {
         )
         .map_err(Error::sys("sendmsg"))?;
         if sent != total {
-            return Err(Error::sys("sendmsg (partial)")(Errno::EAGAIN));
+            return Err(Error::ShortSend {
+                what: "the logon reply",
+                expected: total,
+                sent,
+            });
         }
         Ok((pidfd, introductions))
     }
@@ -1358,10 +1401,6 @@ fn remove_stale_socket(path: &Path) -> Result<(), Error> {
     }
 }
 
-fn io_errno(error: &std::io::Error) -> Errno {
-    Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
-}
-
 /// A broker holds an fd for every ring, N (N - 1) of them for a world of N: lifts the soft fd
 /// limit to the hard one, and returns the limit now in force.
 fn raise_fd_limit() -> u64 {
@@ -1377,4 +1416,30 @@ fn raise_fd_limit() -> u64 {
         Ok((soft, _)) => soft,
         Err(_) => u64::MAX,
     }
+}
+
+/// A pidfd for the process at the other end of `stream`: `SO_PEERPIDFD` (Linux 6.5), which names
+/// the process that connected whatever happened since; on older kernels `pidfd_open` of the
+/// `SO_PEERCRED` pid, taken at accept.
+fn peer_pidfd(stream: &UnixStream, pid: i32) -> Result<OwnedFd, Errno> {
+    use std::os::fd::FromRawFd;
+    const SO_PEERPIDFD: nix::libc::c_int = 77;
+    let mut fd: nix::libc::c_int = -1;
+    let mut len = size_of::<nix::libc::c_int>() as nix::libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes (one int) to `fd` and the new length to
+    // `len`, both live locals; the socket fd is open for the call.
+    let result = unsafe {
+        nix::libc::getsockopt(
+            stream.as_raw_fd(),
+            nix::libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&raw mut fd).cast(),
+            &raw mut len,
+        )
+    };
+    if result == 0 && fd >= 0 {
+        // SAFETY: the kernel just installed this fd for us; nothing else owns it.
+        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    crate::pidfd_open(pid).map_err(|e| io_errno(&e))
 }

@@ -16,13 +16,20 @@
 //! * an eventfd that stops it.
 //!
 //! When a peer's process has exited, the watcher looks at the two ring ends that peer owns in
-//! this worker's links: a peer that dropped its session closed them first ([`Session`]'s drop
-//! does that before anything else), so it **left**; otherwise it **died**. A death ends the
-//! session for everyone: the watcher records the rank (the first death wins) and closes every
-//! ring of this worker through [`Closer`]s that share the session's own mappings and validated
-//! geometry, waking any call parked on them; the calls then ask [`Shared::departure`] what
-//! happened and name the dead rank. Nothing in this decision is read from memory a live peer
-//! could write, except each peer's own "I closed my end", which only speaks for that peer.
+//! this worker's links: a peer that dropped its session closed them first, without a cause
+//! ([`Session`]'s drop does that before anything else), so it **left**; otherwise it **died**. A
+//! death ends the session for everyone: the watcher records the rank (the first death wins) and
+//! closes every ring of this worker through [`Closer`]s that share the session's own mappings and
+//! validated geometry, with the dead rank as cause, waking any call parked on them; the calls
+//! then ask [`Shared::departure`] what happened and name the dead rank.
+//!
+//! A peer's watcher closes the rings it shares with this worker too, with a cause: that is not
+//! the peer leaving, so a close with a cause is never read as "left". A cause names a rank the
+//! peer saw die (or [`BROKER_LOST`]); it is only a claim, so it is believed only once this
+//! worker's own pidfd for that rank shows the death (waited for a moment: the peer's notice may
+//! still be on its way); otherwise the peer itself is named. So the only thing read from memory a
+//! live peer could write is that peer's own "I closed my end" and its claims about others, which
+//! are checked against the kernel before anyone is named.
 //!
 //! When the broker's socket closes, the broker is **lost**: operations that need it (an outbox
 //! or relayed fd still to come) fail with [`Error::BrokerLost`], and since no peer can log on any
@@ -67,6 +74,15 @@ pub enum Departure {
 
 /// No rank recorded.
 const NONE: u32 = u32::MAX;
+
+/// The cause a watcher gives the rings it closes because the broker is gone.
+pub const BROKER_LOST: u32 = u32::MAX;
+
+/// How long a peer's claim that some rank died is given to show in this worker's own pidfd.
+const CLAIM_GRACE: Duration = Duration::from_millis(20);
+
+// Ranks are bits of a u64.
+const _: () = assert!(crate::wire::MAX_WORLD_SIZE <= 64);
 
 /// One peer's process, as the broker passed it on.
 #[derive(Debug, Clone)]
@@ -158,28 +174,57 @@ impl Shared {
             return Some(Departure::BrokerLost);
         }
         let bit = 1u64 << (peer % 64);
-        if self.left.load(Ordering::Acquire) & bit != 0 || self.closed_by(peer) {
+        if self.left.load(Ordering::Acquire) & bit != 0 {
             return Some(Departure::Left { rank: peer });
         }
-        None
+        match self.ends_closed_by(peer)? {
+            None => Some(Departure::Left { rank: peer }),
+            Some(BROKER_LOST) => Some(Departure::BrokerLost),
+            // The peer's watcher closed them, saying `claimed` died: believed once this
+            // worker's own pidfd says so.
+            Some(claimed) => {
+                let give_up = Instant::now() + CLAIM_GRACE;
+                loop {
+                    self.check_now();
+                    if let Some(rank) = self.first_dead() {
+                        return Some(Departure::Lost { rank });
+                    }
+                    if Instant::now() >= give_up {
+                        // Not borne out (yet): the rank that closed the link is the one named.
+                        let _unconfirmed = claimed;
+                        return Some(Departure::Lost { rank: peer });
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
     }
 
-    /// Whether `peer` closed the ring ends it owns in this worker's links.
-    fn closed_by(&self, peer: u32) -> bool {
-        self.closers
-            .get(peer as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|(to, from)| {
-                from.is_closed(Role::Producer) || to.is_closed(Role::Consumer)
-            })
+    /// Whether `peer` closed the ring ends it owns in this worker's links: `None` if not,
+    /// `Some(None)` when it did so without a cause (it dropped its session: it left),
+    /// `Some(Some(cause))` when a watcher closed them with one.
+    #[allow(clippy::option_option)]
+    fn ends_closed_by(&self, peer: u32) -> Option<Option<u32>> {
+        let (to, from) = self.closers.get(peer as usize)?.as_ref()?;
+        if !(from.is_closed(Role::Producer) || to.is_closed(Role::Consumer)) {
+            return None;
+        }
+        Some(from.close_cause().or_else(|| to.close_cause()))
     }
 
     /// Polls every known peer's pidfd without waiting and records the processes that exited.
     pub fn check_now(&self) {
+        let exited = self.exited_among(None);
+        self.record_exits(&exited);
+    }
+
+    /// The known peers (or only `only`) whose processes have exited, polled now.
+    fn exited_among(&self, only: Option<u32>) -> Vec<u32> {
         let peers: Vec<(u32, Arc<OwnedFd>)> = self
             .lock()
             .peers
             .iter()
+            .filter(|(rank, _)| only.is_none_or(|only| only == **rank))
             .map(|(&rank, process)| (rank, Arc::clone(&process.pidfd)))
             .collect();
         let mut fds: Vec<PollFd<'_>> = peers
@@ -187,28 +232,45 @@ impl Shared {
             .map(|(_, pidfd)| PollFd::new(pidfd.as_fd(), PollFlags::POLLIN))
             .collect();
         if poll(&mut fds, PollTimeout::ZERO).is_err() {
-            return;
+            return Vec::new();
         }
-        let exited: Vec<u32> = peers
+        peers
             .iter()
             .zip(&fds)
             .filter(|(_, fd)| fd.revents().is_some_and(|r| !r.is_empty()))
             .map(|((rank, _), _)| *rank)
-            .collect();
-        for rank in exited {
+            .collect()
+    }
+
+    /// Records the exits of `ranks`: first those that left their rings untouched (the deaths),
+    /// then those that had closed them, so that a peer that gave up and exited in the wake of a
+    /// death is never named for it, in whatever order the exits were found.
+    pub fn record_exits(&self, ranks: &[u32]) {
+        let (untouched, closed): (Vec<u32>, Vec<u32>) = ranks
+            .iter()
+            .partition(|&&rank| self.ends_closed_by(rank).is_none());
+        for rank in untouched.into_iter().chain(closed) {
             self.exited(rank);
         }
     }
 
-    /// `rank`'s process has exited: it left if it had closed its ring ends, otherwise it died,
+    /// `rank`'s process has exited. It left if it had closed its ring ends without a cause
+    /// (it dropped its session), or with a cause that holds (its watcher closed them because
+    /// that rank died, or because the broker was lost, and then it gave up). Otherwise it died,
     /// and a death closes every ring of this worker.
     fn exited(&self, rank: u32) {
         let bit = 1u64 << (rank % 64);
         if (self.dead.load(Ordering::Acquire) | self.left.load(Ordering::Acquire)) & bit != 0 {
             return;
         }
-        if self.first_dead().is_none() && self.closed_by(rank) {
+        let left = match self.ends_closed_by(rank) {
+            None => false,
+            Some(None | Some(BROKER_LOST)) => true,
+            Some(Some(cause)) => cause != rank && self.has_exited(cause),
+        };
+        if left {
             self.left.fetch_or(bit, Ordering::AcqRel);
+            self.wake_waiters();
             return;
         }
         self.dead.fetch_or(bit, Ordering::AcqRel);
@@ -219,6 +281,21 @@ impl Shared {
             to.close(rank);
             from.close(rank);
         }
+        self.wake_waiters();
+    }
+
+    /// Whether `rank`'s process is known to have exited (recorded, or its pidfd says so now).
+    fn has_exited(&self, rank: u32) -> bool {
+        let bit = 1u64 << (rank % 64);
+        (self.dead.load(Ordering::Acquire) | self.left.load(Ordering::Acquire)) & bit != 0
+            || !self.exited_among(Some(rank)).is_empty()
+    }
+
+    /// Wakes every thread in [`Self::wait_for`] after a change made outside the inbox lock:
+    /// taking the lock first means a waiter either has not checked yet (and will see the
+    /// change) or is already waiting (and gets the notification).
+    fn wake_waiters(&self) {
+        drop(self.lock());
         self.arrived.notify_all();
     }
 
@@ -226,21 +303,20 @@ impl Shared {
     /// did are closed.
     fn lose_broker(&self) {
         self.broker_lost.store(true, Ordering::Release);
-        let inbox = self.lock();
-        for (peer, closers) in self.closers.iter().enumerate() {
+        let known: Vec<u32> = self.lock().peers.keys().copied().collect();
+        for (peer, closers) in (0u32..).zip(&self.closers) {
             if let Some((to, from)) = closers
-                && !inbox.peers.contains_key(&(peer as u32))
+                && !known.contains(&peer)
             {
-                to.close(self.rank);
-                from.close(self.rank);
+                to.close(BROKER_LOST);
+                from.close(BROKER_LOST);
             }
         }
-        drop(inbox);
-        self.arrived.notify_all();
+        self.wake_waiters();
     }
 
-    /// Waits until `take` finds what it looks for in the inbox, the deadline passes, or the
-    /// broker can no longer send it.
+    /// Waits until `take` finds what it looks for in the inbox, the deadline passes, the broker
+    /// can no longer send it, or a peer died (the session is over).
     pub fn wait_for<T>(
         &self,
         deadline: Instant,
@@ -255,6 +331,9 @@ impl Shared {
             }
             if let Some(fault) = &inbox.fault {
                 return Err(Error::Protocol(fault.clone()));
+            }
+            if let Some(rank) = self.first_dead() {
+                return Err(Error::PeerLost { rank, stage });
             }
             if self.broker_lost() {
                 return Err(Error::BrokerLost { stage });
@@ -297,7 +376,7 @@ impl Watcher {
         let thread = std::thread::Builder::new()
             .name("shmbroker-watch".into())
             .spawn(move || reader.run(&thread_stop))
-            .map_err(|e| Error::sys("spawning the watcher thread")(io_errno(&e)))?;
+            .map_err(Error::io("spawning the watcher thread"))?;
         Ok(Self {
             stop,
             thread: Some(thread),
@@ -312,10 +391,6 @@ impl Drop for Watcher {
             let _ = thread.join();
         }
     }
-}
-
-fn io_errno(error: &std::io::Error) -> Errno {
-    Errno::from_raw(error.raw_os_error().unwrap_or(nix::libc::EIO))
 }
 
 /// The watcher thread's state: the socket and the part of a notice read so far.
@@ -355,8 +430,13 @@ impl Reader {
             );
             match poll(&mut fds, PollTimeout::NONE) {
                 Ok(_) | Err(Errno::EINTR) => {}
-                // Cannot happen with valid fds; stop watching rather than spin.
-                Err(_) => return,
+                // Only ENOMEM is possible with valid fds: try again in a moment, never give up
+                // watching (nor spin).
+                Err(_) => {
+                    drop(fds);
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
             }
             let woke = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
             if woke(&fds[0]) {
@@ -374,9 +454,7 @@ impl Reader {
             if socket_ready {
                 self.read_notices();
             }
-            for rank in exited {
-                self.shared.exited(rank);
-            }
+            self.shared.record_exits(&exited);
         }
     }
 
@@ -388,6 +466,16 @@ impl Reader {
             let mut fds = Vec::new();
             let received = recv_with_fds(self.socket.as_fd(), &mut buffer[..want], &mut fds);
             self.fds.extend(fds);
+            if matches!(&received, Ok(r) if r.control_truncated) {
+                // This process had no room for an fd the broker sent (its fd limit): what it
+                // was for can never be filed, so say exactly that.
+                self.shared
+                    .lock()
+                    .fault
+                    .get_or_insert(ProtocolError::ControlTruncated);
+                self.shared.wake_waiters();
+                return;
+            }
             match received {
                 Ok(received) if received.bytes == 0 => {
                     self.shared.lose_broker();
@@ -433,12 +521,14 @@ impl Reader {
     /// Files one decoded notice from the broker with the fd that came with it (the decoder
     /// checked that one came exactly when the kind carries one).
     fn file(&self, notice: BrokerNotice, fd: Option<OwnedFd>) -> Result<(), ProtocolError> {
+        if let (NoticeKind::Peer, Some(pidfd)) = (notice.kind, &fd) {
+            check_pidfd(pidfd.as_fd(), notice.token as i32)?;
+        }
         let mut inbox = self.shared.lock();
         let key = (notice.peer, notice.token);
         match (notice.kind, fd) {
             (NoticeKind::Peer, Some(pidfd)) => {
                 let pid = notice.token as i32;
-                check_pidfd(pidfd.as_fd(), pid)?;
                 let pidfd = Arc::new(pidfd);
                 inbox.peers.insert(notice.peer, PeerProcess { pid, pidfd });
             }
@@ -473,10 +563,15 @@ fn check_pidfd(fd: BorrowedFd<'_>, pid: i32) -> Result<(), ProtocolError> {
         .and_then(|value| value.trim().parse::<i64>().ok());
     match named {
         Some(found) if found == i64::from(pid) || found == -1 => Ok(()),
-        found => Err(ProtocolError::Field {
+        Some(found) => Err(ProtocolError::Field {
+            field: "peer notice pidfd's process",
+            expected: format!("process {pid}"),
+            found: found as u64,
+        }),
+        None => Err(ProtocolError::Field {
             field: "peer notice fd",
-            expected: format!("a pidfd of process {pid}"),
-            found: found.map_or(0, |f| f as u64),
+            expected: format!("a pidfd of process {pid} (an fd whose fdinfo has a Pid line)"),
+            found: fd.as_raw_fd() as u64,
         }),
     }
 }

@@ -273,12 +273,13 @@ pub fn decode_broker_notice(
             | NoticeKind::Peer
             | NoticeKind::RelayDelivered
             | NoticeKind::RelayRefusedFull
-            | NoticeKind::RelayRefusedGone),
+            | NoticeKind::RelayRefusedGone
+            | NoticeKind::RelayFailed),
         ) => kind,
         _ => {
             return Err(ProtocolError::Field {
                 field: "notice kind",
-                expected: "one the broker sends (3, 5, 6, 7, 8 or 9)".into(),
+                expected: "one the broker sends (3, 5 to 9, or 11)".into(),
                 found: u64::from(notice.kind),
             });
         }

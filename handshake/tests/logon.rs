@@ -390,7 +390,7 @@ fn a_job_winds_down_when_a_worker_leaves_and_the_next_one_starts_once_all_are_go
             lost: None
         }
     );
-    // The next job, on the same socket, from rank 0 again.
+    // The next job, on the same socket, with every rank free again.
     let again = connect(&broker.path, LogonFrame::new(1), TIMEOUT).unwrap();
     assert_eq!(again.rank(), 1);
     let zero = connect(&broker.path, LogonFrame::new(ANY_RANK), TIMEOUT).unwrap();

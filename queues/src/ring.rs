@@ -511,6 +511,13 @@ impl<T> Closer<T> {
         self.0.close_with_cause(cause);
     }
 
+    /// The cause a [`Self::close`] (or [`close`]) gave, if one did; an end closed by dropping it
+    /// (or by [`Self::close_end`]) leaves none.
+    #[must_use]
+    pub fn close_cause(&self) -> Option<u32> {
+        self.0.close_cause()
+    }
+
     /// Closes only the `role` end, as dropping that end would (waking the other side).
     pub fn close_end(&self, role: Role) {
         self.0.close_end(role);

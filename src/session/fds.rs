@@ -18,7 +18,7 @@
 //!
 //! The transport used the first time is reported once on standard error, with the reason.
 
-use super::{Deadline, Error, Session, departure_error, message};
+use super::{Deadline, Error, Session, departure_error, handshake_failed, message};
 use shmbroker_bindings::{FdTicket, INLINE_BYTES, kind};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
@@ -364,7 +364,8 @@ impl Session {
     /// is waited for a little before the relay's own failure is reported.
     fn relay_failed(&self, peer: u32, error: shmbroker_handshake::Error) -> Error {
         const GRACE: Duration = Duration::from_millis(50);
-        let give_up = std::time::Instant::now() + GRACE;
+        let refused = matches!(error, shmbroker_handshake::Error::RelayRefused { .. });
+        let give_up = std::time::Instant::now() + if refused { Duration::ZERO } else { GRACE };
         loop {
             if let Some(departure) = self.inner.departure(peer) {
                 return departure_error(departure);
@@ -376,6 +377,7 @@ impl Session {
         }
         match error {
             shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
+            shmbroker_handshake::Error::PeerLost { rank, .. } => Error::PeerLost { rank },
             other => Error::Relay(other.to_string()),
         }
     }
@@ -388,11 +390,7 @@ impl Session {
     ) -> Result<(i32, std::sync::Arc<OwnedFd>), Error> {
         self.inner
             .peer_process(exporter, deadline.left())
-            .map_err(|error| match error {
-                shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(exporter),
-                shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
-                other => Error::Logon(other),
-            })
+            .map_err(|error| handshake_failed(exporter, error, deadline))
     }
 
     /// Says once, on standard error, which transport moved fds and why.

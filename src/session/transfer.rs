@@ -47,7 +47,7 @@
 //! its blocks are reused even if a `LoanView` of them outlives its session there: a view must not
 //! outlive the session that received it.
 
-use super::{Deadline, Error, Session};
+use super::{Deadline, Error, Session, handshake_failed};
 use shmbroker_allocator::{Outbox, PeerOutbox};
 use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 use shmbroker_queues::{Corruption, RecvTimeoutError, TryRecvError, TrySendError};
@@ -401,12 +401,10 @@ impl Session {
     ) -> Result<&PeerOutbox, Error> {
         let slot = peer as usize;
         if self.outboxes[slot].is_none() {
-            let fd = self.inner.take_peer_outbox(peer, deadline.left()).map_err(
-                |error| match error {
-                    shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(peer),
-                    other => Error::Logon(other),
-                },
-            )?;
+            let fd = self
+                .inner
+                .take_peer_outbox(peer, deadline.left())
+                .map_err(|error| handshake_failed(peer, error, deadline))?;
             let outbox = PeerOutbox::join(std::os::fd::AsFd::as_fd(&fd), peer)
                 .map_err(|source| Error::Outbox { peer, source })?;
             self.outboxes[slot] = Some(outbox);

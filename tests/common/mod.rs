@@ -242,3 +242,17 @@ impl Drop for Broker {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The next line `reader` gives, waiting at most `timeout` (the test fails past it): a child that
+/// never says what it should must not hang the test.
+pub fn read_line_within(reader: impl std::io::Read + Send + 'static, timeout: Duration) -> String {
+    use std::io::BufRead;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(reader).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(timeout)
+        .unwrap_or_else(|_| panic!("no line within {timeout:?}"))
+}
