@@ -3,40 +3,13 @@
 
 mod common;
 
-use common::{TempDir, finish};
+use common::{TempDir, finish, listen_on_thread, serve, shmbroker, small_world};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::process::{ChildGuard, spawn_with_fds};
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn shmbroker(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
-    command
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-/// Starts `shmbroker serve` and waits (with a deadline) for its socket to appear.
-fn serve(socket: &Path, extra: &[&str]) -> ChildGuard {
-    let mut command = shmbroker(&["serve", "--socket", socket.to_str().unwrap()]);
-    command.args(extra);
-    let child = spawn_with_fds(&mut command, &[]).unwrap();
-    let deadline = Instant::now() + DEADLINE;
-    while !socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the broker never created its socket"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child
-}
 
 #[test]
 fn four_worker_processes_log_on_and_greet_each_other_then_the_broker_stops_cleanly() {
@@ -188,22 +161,12 @@ fn a_worker_killed_with_sigkill_disconnects_its_peers_at_once() {
 #[test]
 fn a_death_ends_the_session_for_everyone_even_those_waiting_on_live_peers() {
     use shmbroker::bindings::{LogonFrame, RejectReason};
-    use shmbroker::handshake::{Config, Error, Listener, connect};
+    use shmbroker::handshake::{Error, connect};
     use shmbroker::queues::RecvTimeoutError;
 
     let dir = TempDir::new("poison");
     let socket = dir.0.join("broker.sock");
-    let mut listener = Listener::bind(
-        &socket,
-        Config {
-            world_size: 3,
-            ring_capacity: 64,
-            ..Config::default()
-        },
-    )
-    .unwrap();
-    let stop = listener.stop_handle();
-    let broker = std::thread::spawn(move || listener.serve(|_| {}));
+    let (stop, broker) = listen_on_thread(&socket, small_world(3));
 
     // Rank 2 is a real process that will be killed; ranks 0 and 1 live here.
     let mut command = shmbroker(&[

@@ -3,46 +3,23 @@
 
 mod common;
 
-use common::{CHILD_DEADLINE, TempDir, finish, read_line_within, spawn};
+use common::{
+    CHILD_DEADLINE, TempDir, finish, listen_on_thread, read_line_within, serve, shmbroker,
+    small_world, spawn,
+};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::bindings::LogonFrame;
-use shmbroker::handshake::{Config, Listener, MAX_UNCLAIMED_RELAYS};
+use shmbroker::handshake::{Config, MAX_UNCLAIMED_RELAYS};
 use shmbroker::process::ChildGuard;
 use shmbroker::session::{Error, Session};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-fn shmbroker(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
-    command
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-fn serve(socket: &Path, workers: u32) -> ChildGuard {
-    let mut command = shmbroker(&[
-        "serve",
-        "--socket",
-        socket.to_str().unwrap(),
-        "--workers",
-        &workers.to_string(),
-    ]);
-    let child = spawn(&mut command);
-    let until = Instant::now() + CHILD_DEADLINE;
-    while !socket.exists() {
-        assert!(
-            Instant::now() < until,
-            "the broker never created its socket"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child
+fn serve_world(socket: &Path, workers: u32) -> ChildGuard {
+    serve(socket, &["--workers", &workers.to_string()])
 }
 
 /// Ranks `ranks` of a world, logged on from threads of this process.
@@ -66,7 +43,7 @@ fn sessions(socket: &Path, ranks: &[u32]) -> Vec<Session> {
 fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_is_still_seen() {
     let dir = TempDir::new("broker-death");
     let socket = dir.0.join("broker.sock");
-    let mut broker = serve(&socket, 4);
+    let mut broker = serve_world(&socket, 4);
     // Ranks 0 and 1 here, rank 2 a real process that logs on and idles; rank 3 never comes.
     let mut rank2 = spawn(&mut shmbroker(&[
         "hostile",
@@ -121,17 +98,7 @@ fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_i
 fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused() {
     let dir = TempDir::new("relay-flood");
     let socket = dir.0.join("broker.sock");
-    let mut listener = Listener::bind(
-        &socket,
-        Config {
-            world_size: 2,
-            ring_capacity: 64,
-            ..Config::default()
-        },
-    )
-    .unwrap();
-    let stop = listener.stop_handle();
-    let broker = std::thread::spawn(move || listener.serve(|_| {}));
+    let (stop, broker) = listen_on_thread(&socket, small_world(2));
     let victim = shmbroker::handshake::connect(&socket, LogonFrame::new(0), TIMEOUT).unwrap();
     let count = 4 * MAX_UNCLAIMED_RELAYS;
     let mut attacker = spawn(&mut shmbroker(&[
@@ -181,20 +148,13 @@ fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused
 fn hundreds_of_idle_connections_do_not_lock_a_real_logon_out() {
     let dir = TempDir::new("idle");
     let socket = dir.0.join("broker.sock");
-    let mut listener = Listener::bind(
-        &socket,
-        Config {
-            world_size: 1,
-            ring_capacity: 64,
-            // Idle connections are never dropped for their deadline during this test: only
-            // making room for a newcomer can let it in.
-            logon_timeout: Duration::from_secs(3600),
-            ..Config::default()
-        },
-    )
-    .unwrap();
-    let stop = listener.stop_handle();
-    let broker = std::thread::spawn(move || listener.serve(|_| {}));
+    let config = Config {
+        // Idle connections are never dropped for their deadline during this test: only making
+        // room for a newcomer can let it in.
+        logon_timeout: Duration::from_secs(3600),
+        ..small_world(1)
+    };
+    let (stop, broker) = listen_on_thread(&socket, config);
     let idle: Vec<_> = (0..300)
         .map(|_| std::os::unix::net::UnixStream::connect(&socket).unwrap())
         .collect();
@@ -209,7 +169,7 @@ fn hundreds_of_idle_connections_do_not_lock_a_real_logon_out() {
 fn rank_u32_max_is_refused_rather_than_taken_to_mean_any() {
     let dir = TempDir::new("rank-max");
     let socket = dir.0.join("broker.sock");
-    let broker = serve(&socket, 2);
+    let broker = serve_world(&socket, 2);
     let (ok, _, stderr) = finish(spawn(&mut shmbroker(&[
         "worker",
         "--socket",
@@ -226,7 +186,7 @@ fn rank_u32_max_is_refused_rather_than_taken_to_mean_any() {
 fn the_selftest_passes_with_forty_four_ranks() {
     let dir = TempDir::new("selftest-44");
     let socket = dir.0.join("broker.sock");
-    let broker = serve(&socket, 44);
+    let broker = serve_world(&socket, 44);
     let workers: Vec<ChildGuard> = (0..44)
         .map(|_| {
             spawn(&mut shmbroker(&[

@@ -4,38 +4,13 @@
 
 mod common;
 
-use common::{CHILD_DEADLINE, TempDir, finish, finish_status, spawn};
+use common::{CHILD_DEADLINE, TempDir, finish, finish_status, serve, shmbroker, spawn};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::process::ChildGuard;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn shmbroker(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
-    command
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-/// `shmbroker serve --socket PATH ARGS...`, once its socket exists.
-fn serve(socket: &Path, args: &[&str]) -> ChildGuard {
-    let mut command = shmbroker(&["serve", "--socket", socket.to_str().unwrap()]);
-    command.args(args);
-    let child = spawn(&mut command);
-    let deadline = Instant::now() + CHILD_DEADLINE;
-    while !socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the broker never created its socket"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child
-}
 
 fn fds_of(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))

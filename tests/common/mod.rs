@@ -256,3 +256,52 @@ pub fn read_line_within(reader: impl std::io::Read + Send + 'static, timeout: Du
     rx.recv_timeout(timeout)
         .unwrap_or_else(|_| panic!("no line within {timeout:?}"))
 }
+
+/// `shmbroker ARGS...` (the build's binary) with its output piped.
+pub fn shmbroker(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    command
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// `shmbroker serve --socket SOCKET ARGS...`, once its socket file exists (with a deadline).
+pub fn serve(socket: &std::path::Path, args: &[&str]) -> ChildGuard {
+    let mut command = shmbroker(&["serve", "--socket", socket.to_str().unwrap()]);
+    command.args(args);
+    let child = spawn(&mut command);
+    let deadline = std::time::Instant::now() + CHILD_DEADLINE;
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broker never created its socket"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child
+}
+
+/// A broker for `config` on a thread of this process, listening on `socket`: its stop handle
+/// and thread (stop, then join it, at the end of the test).
+pub fn listen_on_thread(
+    socket: &std::path::Path,
+    config: Config,
+) -> (
+    StopHandle,
+    JoinHandle<Result<(), shmbroker::handshake::Error>>,
+) {
+    let mut listener = Listener::bind(socket, config).unwrap();
+    let stop = listener.stop_handle();
+    (stop, std::thread::spawn(move || listener.serve(|_| {})))
+}
+
+/// A small world's config: rings of 64 slots.
+pub fn small_world(world_size: u32) -> Config {
+    Config {
+        world_size,
+        ring_capacity: 64,
+        ..Config::default()
+    }
+}
