@@ -3,6 +3,7 @@
 use crate::args::Args;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use shmbroker::handshake::{Config, Event, Listener};
+use std::io::Write;
 use std::time::Duration;
 
 pub const USAGE: &str = "\
@@ -155,7 +156,9 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     crate::logging::init()?;
 
     let mut listener = Listener::bind(&socket, config.clone()).map_err(|e| e.to_string())?;
-    println!(
+    // Not println!: a closed standard output must not take the broker down.
+    let _ = writeln!(
+        std::io::stdout(),
         "broker listening on {socket} (mode {:04o}): jobs of {} ranks, rings of {} slots{}",
         config.socket_mode,
         config.world_size,

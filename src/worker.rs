@@ -5,13 +5,15 @@ use shmbroker::bindings::{INLINE_BYTES, Message};
 use std::time::Duration;
 
 pub const USAGE: &str = "\
-shmbroker worker (--socket PATH [--rank R] | --from-env) [--timeout-ms MS]
+shmbroker worker (--socket PATH [--rank R] | --from-env | --inherited-socket [--rank R])
+                 [--timeout-ms MS]
                  [--selftest [--repeat N] [--only all|barrier|all_gather|fds|sizes|echo] [--max-bytes N]
                              [--table ROUNDS]]
     Log on to the broker at PATH (as rank R, or any free rank), print the rank and what was
     received, exchange one message with every peer over the rings, and exit 0.
     --from-env takes the rank, world size and a job-unique socket from the launcher (Open MPI,
     MPICH, torchrun, Slurm, or SHMBROKER_RANK/_WORLD_SIZE/_SOCKET); local rank 0 hosts the broker.
+    --inherited-socket logs on over a socket a launcher connected and passed at fd 3.
     --selftest instead runs every collective N times (default 1) across the world, checks every
     result, prints a summary and exits 0; if a peer dies it exits 1 naming the lost rank.
     --table then times each collective ROUNDS times on every rank; rank 0 prints the latencies.
@@ -35,6 +37,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     let max_bytes = args.value::<usize>("--max-bytes")?.unwrap_or(1 << 20);
     let table = args.value::<usize>("--table")?;
     let non_dumpable = args.flag("--non-dumpable");
+    let inherited = args.flag("--inherited-socket");
     args.finish()?;
     if non_dumpable {
         // As a process that handles secrets would: no core dumps, no ptrace-class access (and so
@@ -48,6 +51,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
         }
     }
     let mut session = match (from_env, socket) {
+        (false, None) if inherited => inherited_session(rank, timeout),
         (true, None) => shmbroker::Session::from_env(timeout),
         (false, Some(socket)) => shmbroker::Session::connect(&socket, rank, timeout),
         _ => {
@@ -122,4 +126,25 @@ pub fn run(rest: &[String]) -> Result<(), String> {
         world - 1
     );
     Ok(())
+}
+
+/// Logs on over a socket already connected to the broker and inherited at fd 3 (a launcher
+/// connected it and handed it over).
+fn inherited_session(
+    rank: Option<u32>,
+    timeout: Duration,
+) -> Result<shmbroker::Session, shmbroker::Error> {
+    let fd = shmbroker::process::inherited_fd(0)
+        .map_err(|e| shmbroker::Error::Misuse(format!("no socket inherited at fd 3: {e}")))?;
+    let logon = shmbroker::bindings::LogonFrame::new(rank.unwrap_or(shmbroker::bindings::ANY_RANK));
+    let inner = shmbroker::handshake::connect_stream(
+        std::os::unix::net::UnixStream::from(fd),
+        logon,
+        timeout,
+    )?;
+    shmbroker::Session::from_handshake_with(
+        inner,
+        shmbroker::session::outbox_bytes_from_env()?,
+        timeout,
+    )
 }

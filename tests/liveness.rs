@@ -145,7 +145,7 @@ fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused
 }
 
 #[test]
-fn hundreds_of_idle_connections_do_not_lock_a_real_logon_out() {
+fn hundreds_of_idle_or_half_sent_connections_do_not_lock_a_real_logon_out() {
     let dir = TempDir::new("idle");
     let socket = dir.0.join("broker.sock");
     let config = Config {
@@ -155,8 +155,16 @@ fn hundreds_of_idle_connections_do_not_lock_a_real_logon_out() {
         ..small_world(1)
     };
     let (stop, broker) = listen_on_thread(&socket, config);
+    // Half send nothing; half send one byte of their 32 and sit on it: neither kind may hold a
+    // place a real logon needs.
     let idle: Vec<_> = (0..300)
-        .map(|_| std::os::unix::net::UnixStream::connect(&socket).unwrap())
+        .map(|i| {
+            let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+            if i % 2 == 1 {
+                std::io::Write::write_all(&mut stream, &[0x53]).unwrap();
+            }
+            stream
+        })
         .collect();
     let session = shmbroker::handshake::connect(&socket, LogonFrame::new(0), TIMEOUT);
     assert!(session.is_ok(), "{session:?}");
@@ -206,4 +214,56 @@ fn the_selftest_passes_with_forty_four_ranks() {
         assert!(ok, "{stdout}{stderr}");
     }
     drop(broker);
+}
+
+#[test]
+fn a_worker_on_an_inherited_socket_is_seen_dying_though_the_process_that_connected_lives_on() {
+    let dir = TempDir::new("inherited");
+    let socket = dir.0.join("broker.sock");
+    let (stop, broker) = listen_on_thread(&socket, small_world(3));
+    // This test process plays the launcher: it connects, hands the socket to the worker at fd 3
+    // and closes its own copy. The broker's pidfd for that connection names this process, which
+    // outlives the worker.
+    let stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let mut command = shmbroker(&[
+        "worker",
+        "--inherited-socket",
+        "--rank",
+        "0",
+        "--selftest",
+        "--only",
+        "barrier",
+        "--repeat",
+        "1000000000",
+        "--timeout-ms",
+        "60000",
+    ]);
+    let mut zero =
+        shmbroker::process::spawn_with_fds(&mut command, &[std::os::fd::AsFd::as_fd(&stream)])
+            .unwrap();
+    drop(stream);
+    let others = sessions(&socket, &[1, 2]);
+    let waits: Vec<_> = others
+        .into_iter()
+        .map(|mut session| {
+            std::thread::spawn(move || {
+                loop {
+                    if let Err(error) = session.barrier() {
+                        return error;
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    kill(Pid::from_raw(zero.id() as i32), Signal::SIGKILL).unwrap();
+    for wait in waits {
+        match wait.join().unwrap() {
+            Error::PeerLost { rank: 0 } => {}
+            other => panic!("expected rank 0 lost, got {other:?}"),
+        }
+    }
+    zero.kill();
+    stop.stop();
+    broker.join().unwrap().unwrap();
 }

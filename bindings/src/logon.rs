@@ -289,6 +289,11 @@ pub enum NoticeKind {
     /// Broker to worker: the relay to rank `peer` with `token` came without an fd (none was
     /// attached, or the broker had no room for it); nothing was passed on.
     RelayFailed = 11,
+    /// Broker to worker: rank `peer` is gone as the broker sees it (its socket closed, or its
+    /// process exited); `token` is 1 if it said goodbye first, else 0. Workers weigh it like
+    /// their own pidfd of that peer: it catches a worker whose socket was inherited (its pidfd
+    /// names the process that connected) or that exec'd.
+    PeerGone = 12,
 }
 
 impl NoticeKind {
@@ -307,6 +312,7 @@ impl NoticeKind {
             9 => Some(Self::RelayRefusedGone),
             10 => Some(Self::Claimed),
             11 => Some(Self::RelayFailed),
+            12 => Some(Self::PeerGone),
             _ => None,
         }
     }

@@ -145,12 +145,14 @@ impl Config {
 
     /// The fds a broker may need to serve a full world of this config: every ring; for each
     /// worker its socket, pidfd and outbox, the fds it may send ahead of their notices, and the
-    /// peers' pidfds and outboxes queued for it while it reads slowly; two for each connection logging on; a few of its own. Fds relayed through it are not counted: one it has no room for is
-    /// answered as failed, never half-passed.
+    /// relayed fds (at most [`MAX_UNCLAIMED_RELAYS`]) and peers' pidfds and outboxes queued for
+    /// it while it reads slowly; two for each connection logging on; a few of its own. A
+    /// relayed fd it has no room for anyway is answered as failed, never half-passed.
     #[must_use]
     pub fn fds_needed(&self) -> u64 {
         let world = u64::from(self.world_size);
-        let per_worker = 3 + MAX_UNCLAIMED_FDS as u64 + 2 * (world - 1);
+        let per_worker =
+            3 + MAX_UNCLAIMED_FDS as u64 + MAX_UNCLAIMED_RELAYS as u64 + 2 * (world - 1);
         // A connection logging on holds its socket and its caller's pidfd.
         32 + 2 * self.max_pending as u64 + world * (world - 1) + world * per_worker
     }
@@ -271,12 +273,17 @@ impl RateLimit {
 
     /// `Some(suppressed since the last report)` when this one may be reported, `None` if not.
     pub(crate) fn allow(&mut self, now: Instant) -> Option<u64> {
+        self.allow_burst(now, Self::BURST)
+    }
+
+    /// [`Self::allow`] with a burst of `burst` a second.
+    pub(crate) fn allow_burst(&mut self, now: Instant, burst: u32) -> Option<u64> {
         let window = *self.window.get_or_insert(now);
         if now.duration_since(window) >= Duration::from_secs(1) {
             self.window = Some(now);
             self.reported = 0;
         }
-        if self.reported < Self::BURST {
+        if self.reported < burst {
             self.reported += 1;
             Some(std::mem::take(&mut self.suppressed))
         } else {
@@ -306,6 +313,9 @@ pub struct Listener {
     jobs: u64,
     /// Complaints about connections that never logged on, by uid.
     rejections: HashMap<u32, RateLimit>,
+    /// Log lines about logons and departures, by uid: a process logging on and off in a loop
+    /// must not fill the log either.
+    comings: HashMap<u32, RateLimit>,
     /// After `accept` failed for want of fds or memory, the listening socket stays readable;
     /// it is left out of the poll until this instant instead of spinning on it.
     accept_paused_until: Option<Instant>,
@@ -430,6 +440,7 @@ impl Listener {
             left: None,
             jobs: 0,
             rejections: HashMap::new(),
+            comings: HashMap::new(),
             accept_paused_until: None,
         })
     }
@@ -698,7 +709,9 @@ impl Listener {
             return;
         }
         // Room for the newcomer: past a cap, the oldest connection of that uid (or of anyone,
-        // for the overall cap) that has sent nothing yet goes; if none is idle, the newcomer does.
+        // for the overall cap) that has sent nothing yet goes, or failing that the oldest one
+        // still short of a whole frame (a real worker sends its 32 bytes at once; one that sits
+        // on a part of them must not lock everyone else out).
         let of_uid = self.pending.iter().filter(|p| p.uid == uid).count();
         let evict = if of_uid >= self.config.max_pending_per_uid {
             Some(Some(uid))
@@ -708,32 +721,30 @@ impl Listener {
             None
         };
         if let Some(which) = evict {
-            let oldest_idle = (0..self.pending.len())
-                .filter(|&i| self.pending[i].filled == 0)
+            let candidates: Vec<usize> = (0..self.pending.len())
                 .filter(|&i| which.is_none_or(|uid| self.pending[i].uid == uid))
-                .min_by_key(|&i| self.pending[i].deadline);
-            match oldest_idle {
-                Some(index) => {
-                    let idle = self.pending.remove(index);
-                    let text = "dropped: connected and sent nothing while logons were waiting \
-                                for room"
-                        .to_string();
-                    self.refuse(
-                        &idle.stream,
-                        RejectReason::Deadline,
-                        (idle.pid, idle.uid),
-                        text,
-                        events,
-                    );
-                }
-                None => {
-                    let text = format!(
-                        "{} logons already in progress ({of_uid} from uid {uid}), none idle",
-                        self.pending.len()
-                    );
-                    self.refuse(&stream, RejectReason::Internal, (pid, uid), text, events);
-                    return;
-                }
+                .collect();
+            let deadline = |i: &usize| self.pending[*i].deadline;
+            let oldest_idle = candidates
+                .iter()
+                .copied()
+                .filter(|&i| self.pending[i].filled == 0)
+                .min_by_key(deadline);
+            let oldest = oldest_idle.or_else(|| candidates.iter().copied().min_by_key(deadline));
+            if let Some(index) = oldest {
+                let old = self.pending.remove(index);
+                let text = format!(
+                    "dropped after {} of {LOGON_LEN} bytes: the oldest connection still logging on \
+                     made room for a new one",
+                    old.filled
+                );
+                self.refuse(
+                    &old.stream,
+                    RejectReason::Deadline,
+                    (old.pid, old.uid),
+                    text,
+                    events,
+                );
             }
         }
         self.pending.push(Pending {
@@ -880,6 +891,16 @@ impl Listener {
         }
     }
 
+    /// Whether a line about a logon or departure by `uid` may be logged now (a burst of two a
+    /// second per rank of the world), and how many were left out before it.
+    fn allow_coming(&mut self, uid: u32) -> Option<u64> {
+        let burst = 2 * self.config.world_size + RateLimit::BURST;
+        self.comings
+            .entry(uid)
+            .or_default()
+            .allow_burst(Instant::now(), burst)
+    }
+
     /// Reports a complaint about `rank`, unless it has had its share this second.
     fn complain(&mut self, rank: u32, detail: String, events: &mut Vec<Event>) {
         let Some(worker) = self.workers[rank as usize].as_mut() else {
@@ -956,7 +977,8 @@ impl Listener {
                 | NoticeKind::RelayDelivered
                 | NoticeKind::RelayRefusedFull
                 | NoticeKind::RelayRefusedGone
-                | NoticeKind::RelayFailed,
+                | NoticeKind::RelayFailed
+                | NoticeKind::PeerGone,
             )
             | None => {
                 let detail = format!("unexpected notice kind {}", notice.kind);
@@ -975,7 +997,17 @@ impl Listener {
             .filter(|w| w.stream.is_some() && to != from);
         let answer = match target {
             None => NoticeKind::RelayRefusedGone,
-            Some(target) if target.unclaimed.len() >= MAX_UNCLAIMED_RELAYS => {
+            // Taken and not claimed, or still queued here because it does not read: either
+            // way it holds its share.
+            Some(target)
+                if target.unclaimed.len() >= MAX_UNCLAIMED_RELAYS
+                    || target
+                        .outgoing
+                        .iter()
+                        .filter(|(_, fd)| fd.is_some())
+                        .count()
+                        >= MAX_UNCLAIMED_RELAYS =>
+            {
                 NoticeKind::RelayRefusedFull
             }
             Some(target) => {
@@ -1065,12 +1097,25 @@ impl Listener {
         worker.outgoing.clear();
         worker.outbox = None;
         let (pid, uid, clean) = (worker.pid, worker.uid, worker.said_goodbye);
+        let logged = self.allow_coming(uid);
         if clean {
             self.left.get_or_insert(rank);
-            tracing::info!(rank, pid, uid, "left");
+            if let Some(suppressed) = logged {
+                tracing::info!(rank, pid, uid, suppressed, "left");
+            }
         } else {
             self.lost.get_or_insert(rank);
-            tracing::warn!(rank, pid, uid, "died without saying goodbye");
+            if let Some(suppressed) = logged {
+                tracing::warn!(rank, pid, uid, suppressed, "died without saying goodbye");
+            }
+        }
+        // Tell everyone still there: their own pidfd of this worker names the process that
+        // connected, which is not always the one that is gone (an inherited socket, an exec).
+        let gone = WorkerNotice::new(NoticeKind::PeerGone, rank, u64::from(clean));
+        for peer in 0..self.config.world_size {
+            if peer != rank {
+                self.send(peer, gone, None);
+            }
         }
         events.push(Event::WorkerLeft { rank, pid, clean });
     }
@@ -1238,7 +1283,15 @@ impl Listener {
                         self.pass_outbox(owner, rank);
                     }
                 }
-                tracing::info!(rank, pid = pending.pid, uid = pending.uid, "logged on");
+                if let Some(suppressed) = self.allow_coming(pending.uid) {
+                    tracing::info!(
+                        rank,
+                        pid = pending.pid,
+                        uid = pending.uid,
+                        suppressed,
+                        "logged on"
+                    );
+                }
                 events.push(Event::LoggedOn {
                     rank,
                     pid: pending.pid,

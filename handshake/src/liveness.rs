@@ -12,7 +12,9 @@
 //!   [`NoticeKind::Peer`] notice. A pidfd becomes readable when its process has exited, and stays
 //!   readable: every watcher sees the same kernel fact, in any order;
 //! * the socket to the broker, to read every notice it sends (peers' pidfds and outboxes, relayed
-//!   fds and relay answers, filed for the session's thread) and to see it close;
+//!   fds and relay answers, filed for the session's thread; and `PeerGone` when the broker saw a
+//!   worker go, which counts like that worker's pidfd: a pidfd names the process that connected,
+//!   which is not the one that logged on over an inherited socket) and to see it close;
 //! * an eventfd that stops it.
 //!
 //! When a peer's process has exited, the watcher looks at the two ring ends that peer owns in
@@ -78,7 +80,8 @@ const NONE: u32 = u32::MAX;
 /// The cause a watcher gives the rings it closes because the broker is gone.
 pub const BROKER_LOST: u32 = u32::MAX;
 
-/// How long a peer's claim that some rank died is given to show in this worker's own pidfd.
+/// How long a peer's claim (that some rank died, or that the broker is gone) is given to show
+/// in this worker's own view.
 const CLAIM_GRACE: Duration = Duration::from_millis(20);
 
 // Ranks are bits of a u64.
@@ -177,26 +180,30 @@ impl Shared {
         if self.left.load(Ordering::Acquire) & bit != 0 {
             return Some(Departure::Left { rank: peer });
         }
-        match self.ends_closed_by(peer)? {
-            None => Some(Departure::Left { rank: peer }),
-            Some(BROKER_LOST) => Some(Departure::BrokerLost),
-            // The peer's watcher closed them, saying `claimed` died: believed once this
-            // worker's own pidfd says so.
-            Some(claimed) => {
-                let give_up = Instant::now() + CLAIM_GRACE;
-                loop {
-                    self.check_now();
-                    if let Some(rank) = self.first_dead() {
-                        return Some(Departure::Lost { rank });
-                    }
-                    if Instant::now() >= give_up {
-                        // Not borne out (yet): the rank that closed the link is the one named.
-                        let _unconfirmed = claimed;
-                        return Some(Departure::Lost { rank: peer });
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
-                }
+        let claimed = match self.ends_closed_by(peer)? {
+            None => return Some(Departure::Left { rank: peer }),
+            Some(claimed) => claimed,
+        };
+        // The peer's watcher closed them, saying `claimed` died (or that the broker is gone):
+        // believed once this worker sees it too. Otherwise the peer that closed them is named,
+        // as lost if its process has exited, as having left if it is still there.
+        let give_up = Instant::now() + CLAIM_GRACE;
+        loop {
+            self.check_now();
+            if let Some(rank) = self.first_dead() {
+                return Some(Departure::Lost { rank });
             }
+            if claimed == BROKER_LOST && self.broker_lost() {
+                return Some(Departure::BrokerLost);
+            }
+            if Instant::now() >= give_up {
+                return Some(if self.has_exited(peer) {
+                    Departure::Lost { rank: peer }
+                } else {
+                    Departure::Left { rank: peer }
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
     }
 
@@ -537,6 +544,12 @@ impl Reader {
             }
             (NoticeKind::RelayedFd, Some(fd)) => {
                 inbox.relayed.insert(key, fd);
+            }
+            (NoticeKind::PeerGone, None) => {
+                // Weighed like this worker's own pidfd: the ring ends it left say whether it
+                // left or died.
+                drop(inbox);
+                self.shared.record_exits(&[notice.peer]);
             }
             (NoticeKind::RelayDelivered, None) => {
                 inbox.relay_answers.insert(key, RelayAnswer::Delivered);

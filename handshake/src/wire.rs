@@ -274,12 +274,13 @@ pub fn decode_broker_notice(
             | NoticeKind::RelayDelivered
             | NoticeKind::RelayRefusedFull
             | NoticeKind::RelayRefusedGone
-            | NoticeKind::RelayFailed),
+            | NoticeKind::RelayFailed
+            | NoticeKind::PeerGone),
         ) => kind,
         _ => {
             return Err(ProtocolError::Field {
                 field: "notice kind",
-                expected: "one the broker sends (3, 5 to 9, or 11)".into(),
+                expected: "one the broker sends (3, 5 to 9, 11 or 12)".into(),
                 found: u64::from(notice.kind),
             });
         }
@@ -306,6 +307,13 @@ pub fn decode_broker_notice(
         return Err(ProtocolError::Field {
             field: "notice token (a peer's pid)",
             expected: "a process id".into(),
+            found: notice.token,
+        });
+    }
+    if kind == NoticeKind::PeerGone && notice.token > 1 {
+        return Err(ProtocolError::Field {
+            field: "peer gone token (said goodbye)",
+            expected: "0 or 1".into(),
             found: notice.token,
         });
     }
