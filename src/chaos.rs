@@ -366,6 +366,8 @@ fn run_trial(
 ) -> Result<Trial, String> {
     broker.ensure_running(exe)?;
     let victim_index = rng.below(u64::from(workers)) as usize;
+    // Each trial is its own job: a worker of an ended trial could never join the next one.
+    let job = format!("chaos-{}-{}", std::process::id(), rng.next());
     let delay = Duration::from_micros(rng.below(30_000));
     let scribble_for = Duration::from_millis(3);
     let mut running = Vec::new();
@@ -376,6 +378,7 @@ fn run_trial(
             .arg("--socket")
             .arg(&broker.socket)
             .args(["--op", op])
+            .env(shmbroker::session::JOB_VAR, &job)
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         if index == victim_index {

@@ -65,6 +65,11 @@ const _: () =
 /// The default deadline of every call, until [`Session::set_timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The variable naming the job a worker belongs to (any text: a launcher's job id, a UUID).
+/// Every worker of one job gives the same; a broker then refuses a worker whose job has already
+/// ended instead of starting a new job around it (see `LogonFrame::job`).
+pub const JOB_VAR: &str = "SHMBROKER_JOB";
+
 /// The variable that sets every session's outbox size in bytes (default
 /// [`DEFAULT_OUTBOX_BYTES`]).
 pub const OUTBOX_BYTES_VAR: &str = "SHMBROKER_OUTBOX_BYTES";
@@ -339,7 +344,8 @@ pub fn outbox_bytes_from_env() -> Result<u64, Error> {
 impl Session {
     /// Logs on to the broker at `path` as `rank` (or any free rank) within `timeout`, and
     /// publishes this rank's outbox ([`OUTBOX_BYTES_VAR`] bytes, [`DEFAULT_OUTBOX_BYTES`] when
-    /// unset).
+    /// unset). With [`JOB_VAR`] set, the logon names its job: a broker refuses it if that job
+    /// has already ended.
     ///
     /// # Errors
     ///
@@ -370,7 +376,10 @@ impl Session {
                 "rank {ANY_RANK} is the wire's \"any rank\"; pass no rank (None) for any free rank"
             )));
         }
-        let logon = LogonFrame::new(rank.unwrap_or(ANY_RANK));
+        let mut logon = LogonFrame::new(rank.unwrap_or(ANY_RANK));
+        if let Ok(job) = std::env::var(JOB_VAR) {
+            logon.job = shmbroker_bindings::job_id(&job);
+        }
         let mut session =
             Self::from_handshake_with(connect(path, logon, timeout)?, outbox_bytes, timeout)?;
         session.set_fd_transport(transport);

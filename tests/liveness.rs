@@ -267,3 +267,56 @@ fn a_worker_on_an_inherited_socket_is_seen_dying_though_the_process_that_connect
     stop.stop();
     broker.join().unwrap().unwrap();
 }
+
+#[test]
+fn a_late_worker_of_a_job_that_already_ended_is_refused_at_once() {
+    use shmbroker::handshake::Event;
+    let dir = TempDir::new("job-ended");
+    let socket = dir.0.join("broker.sock");
+    let mut listener = shmbroker::handshake::Listener::bind(&socket, small_world(2)).unwrap();
+    let stop = listener.stop_handle();
+    let (events_tx, events) = std::sync::mpsc::channel();
+    let broker = std::thread::spawn(move || {
+        listener.serve(|event| {
+            let _ = events_tx.send(event.clone());
+        })
+    });
+    let worker = |rank: &str, job: &str| {
+        let mut command = shmbroker(&[
+            "worker",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--rank",
+            rank,
+            "--timeout-ms",
+            "60000",
+        ]);
+        command.env("SHMBROKER_JOB", job);
+        spawn(&mut command)
+    };
+    // Rank 0 of job "a" logs on and dies before rank 1 comes: the job ends with it.
+    let mut zero = worker("0", "a");
+    let wait_for = |wanted: &dyn Fn(&Event) -> bool| loop {
+        if wanted(
+            &events
+                .recv_timeout(TIMEOUT)
+                .expect("no event from the broker"),
+        ) {
+            break;
+        }
+    };
+    wait_for(&|e| matches!(e, Event::LoggedOn { rank: 0, .. }));
+    zero.kill();
+    wait_for(&|e| matches!(e, Event::JobEnded { .. }));
+    // Its rank 1 would otherwise start a new job and wait a minute for a rank 0 that is gone.
+    let (ok, _, stderr) = finish(worker("1", "a"));
+    assert!(!ok);
+    assert!(stderr.contains("SessionLost"), "{stderr}");
+    assert!(stderr.contains("already ended (rank 0 died)"), "{stderr}");
+    // Another job's worker is welcome.
+    let mut other = worker("1", "b");
+    wait_for(&|e| matches!(e, Event::LoggedOn { rank: 1, .. }));
+    other.kill();
+    stop.stop();
+    broker.join().unwrap().unwrap();
+}

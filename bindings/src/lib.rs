@@ -37,6 +37,7 @@ pub use gpu::{GPU_HANDLE_BYTES, GpuHandle, GpuHandleKind};
 pub use logon::{
     ANY_RANK, FdRole, LOGON_MAGIC, LogonFrame, MAX_REPLY_FDS, ManifestEntry, NO_PEER, NOTICE_MAGIC,
     NoticeKind, PROTOCOL_VERSION, REASON_LEN, REPLY_MAGIC, RejectReason, ReplyHeader, WorkerNotice,
+    job_id,
 };
 pub use message::{FdTicket, INLINE_BYTES, Message, PayloadRef, kind};
 pub use outbox::{OUTBOX_HEADER_BYTES, OUTBOX_LAYOUT_VERSION, OUTBOX_MAGIC, OutboxHeader};

@@ -42,11 +42,23 @@ pub struct LogonFrame {
     pub min_ring_capacity: u32,
     /// Explicit padding; must be zero.
     pub _pad0: u32,
-    /// Reserved; must be zero.
-    pub _pad1: u64,
+    /// The job this worker belongs to: any number its launcher gives every worker of one job
+    /// (see [`job_id`]), or 0 for none. A broker refuses a worker of a job that has already
+    /// ended, instead of starting a new job around it that waits for peers that are gone.
+    pub job: u64,
 }
 
 const _: () = assert!(size_of::<LogonFrame>() == 32);
+
+/// A job id for [`LogonFrame::job`] from any text (a launcher's job id, a UUID): its 64-bit
+/// FNV-1a hash, never 0.
+#[must_use]
+pub fn job_id(text: &str) -> u64 {
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash.max(1)
+}
 
 impl LogonFrame {
     /// A logon asking for `requested_rank` (or [`ANY_RANK`]) with the broker's default sizes.
@@ -58,7 +70,7 @@ impl LogonFrame {
             requested_rank,
             min_ring_capacity: 0,
             _pad0: 0,
-            _pad1: 0,
+            job: 0,
         }
     }
 }

@@ -311,6 +311,10 @@ pub struct Listener {
     left: Option<u32>,
     /// Jobs ended so far.
     jobs: u64,
+    /// The current job's id (from its first worker that gave one), and the ids of the last
+    /// [`ENDED_JOBS_KEPT`] jobs that ended, with how: a worker of a job that ended is refused.
+    job_id: Option<u64>,
+    ended: VecDeque<(u64, String)>,
     /// Complaints about connections that never logged on, by uid.
     rejections: HashMap<u32, RateLimit>,
     /// Log lines about logons and departures, by uid: a process logging on and off in a loop
@@ -323,6 +327,9 @@ pub struct Listener {
 
 /// Fds a worker may send the broker ahead of the notices that claim them.
 const MAX_UNCLAIMED_FDS: usize = 16;
+
+/// How many ended jobs' ids the broker remembers, to refuse their late workers.
+const ENDED_JOBS_KEPT: usize = 256;
 
 /// Fds relayed to one worker that it has not taken yet; past this, relays to it are refused.
 pub const MAX_UNCLAIMED_RELAYS: usize = 64;
@@ -439,6 +446,8 @@ impl Listener {
             lost: None,
             left: None,
             jobs: 0,
+            job_id: None,
+            ended: VecDeque::new(),
             rejections: HashMap::new(),
             comings: HashMap::new(),
             accept_paused_until: None,
@@ -1133,6 +1142,17 @@ impl Listener {
             lost: self.lost,
         };
         tracing::info!(job = self.jobs, workers, lost = ?self.lost, "job ended");
+        if let Some(id) = self.job_id.take() {
+            let how = match (self.lost, self.left) {
+                (Some(rank), _) => format!("rank {rank} died"),
+                (None, Some(rank)) => format!("rank {rank} left first"),
+                (None, None) => "every worker left".to_string(),
+            };
+            if self.ended.len() == ENDED_JOBS_KEPT {
+                self.ended.pop_front();
+            }
+            self.ended.push_back((id, how));
+        }
         self.jobs += 1;
         self.workers.iter_mut().for_each(|w| *w = None);
         self.rings.clear();
@@ -1203,6 +1223,21 @@ impl Listener {
             }
         };
         let world = self.config.world_size;
+        if frame.job != 0
+            && let Some((_, how)) = self.ended.iter().find(|(job, _)| *job == frame.job)
+        {
+            let text = format!(
+                "job {:#x} already ended ({how}); a new job needs a new id",
+                frame.job
+            );
+            return self.refuse(
+                &pending.stream,
+                RejectReason::SessionLost,
+                who,
+                text,
+                events,
+            );
+        }
         let ending = match (self.lost, self.left) {
             (Some(lost), _) => Some(format!("rank {lost} died")),
             (None, Some(left)) => Some(format!("rank {left} left")),
@@ -1275,6 +1310,9 @@ impl Listener {
                     unclaimed: std::collections::HashSet::new(),
                     complaints: RateLimit::default(),
                 });
+                if frame.job != 0 {
+                    self.job_id.get_or_insert(frame.job);
+                }
                 for (to, notice, fd) in introductions {
                     self.send(to, notice, Some(fd));
                 }

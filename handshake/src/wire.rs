@@ -52,10 +52,7 @@ pub fn decode_logon(bytes: &[u8]) -> Result<LogonFrame, (RejectReason, ProtocolE
             },
         ));
     }
-    for (field, found) in [
-        ("logon _pad0", u64::from(frame._pad0)),
-        ("logon _pad1", frame._pad1),
-    ] {
+    for (field, found) in [("logon _pad0", u64::from(frame._pad0))] {
         if found != 0 {
             return Err((
                 RejectReason::BadPadding,
