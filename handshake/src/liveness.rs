@@ -266,21 +266,31 @@ impl Shared {
     /// that rank died, or because the broker was lost, and then it gave up). Otherwise it died,
     /// and a death closes every ring of this worker.
     fn exited(&self, rank: u32) {
-        let bit = 1u64 << (rank % 64);
-        if (self.dead.load(Ordering::Acquire) | self.left.load(Ordering::Acquire)) & bit != 0 {
+        if self.recorded(rank) {
             return;
         }
         let left = match self.ends_closed_by(rank) {
             None => false,
             Some(None | Some(BROKER_LOST)) => true,
-            Some(Some(cause)) => cause != rank && self.has_exited(cause),
+            Some(Some(cause)) => cause != rank && self.confirm_exit(cause),
         };
         if left {
-            self.left.fetch_or(bit, Ordering::AcqRel);
+            self.left.fetch_or(1u64 << (rank % 64), Ordering::AcqRel);
             self.wake_waiters();
-            return;
+        } else {
+            self.record_death(rank);
         }
-        self.dead.fetch_or(bit, Ordering::AcqRel);
+    }
+
+    /// Whether `rank`'s exit has been recorded (as a death or a departure).
+    fn recorded(&self, rank: u32) -> bool {
+        let bit = 1u64 << (rank % 64);
+        (self.dead.load(Ordering::Acquire) | self.left.load(Ordering::Acquire)) & bit != 0
+    }
+
+    /// `rank` died: the first death is the session's, and every ring of this worker closes.
+    fn record_death(&self, rank: u32) {
+        self.dead.fetch_or(1u64 << (rank % 64), Ordering::AcqRel);
         let _ = self
             .first_dead
             .compare_exchange(NONE, rank, Ordering::AcqRel, Ordering::Acquire);
@@ -291,11 +301,32 @@ impl Shared {
         self.wake_waiters();
     }
 
+    /// Whether a peer's claim that `rank` died holds: its exit is recorded, or its pidfd shows
+    /// it within [`CLAIM_GRACE`] (the claimant may have heard first, from the broker, which sees
+    /// a socket close before the kernel reports the exit). A confirmed exit of a rank that left
+    /// its rings untouched is recorded as the death it is.
+    fn confirm_exit(&self, rank: u32) -> bool {
+        let give_up = Instant::now() + CLAIM_GRACE;
+        loop {
+            if self.recorded(rank) {
+                return true;
+            }
+            if !self.exited_among(Some(rank)).is_empty() {
+                if self.ends_closed_by(rank).is_none() {
+                    self.record_death(rank);
+                }
+                return true;
+            }
+            if Instant::now() >= give_up {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// Whether `rank`'s process is known to have exited (recorded, or its pidfd says so now).
     fn has_exited(&self, rank: u32) -> bool {
-        let bit = 1u64 << (rank % 64);
-        (self.dead.load(Ordering::Acquire) | self.left.load(Ordering::Acquire)) & bit != 0
-            || !self.exited_among(Some(rank)).is_empty()
+        self.recorded(rank) || !self.exited_among(Some(rank)).is_empty()
     }
 
     /// Wakes every thread in [`Self::wait_for`] after a change made outside the inbox lock:
