@@ -529,6 +529,15 @@ impl Session {
         Ok(())
     }
 
+    /// The error for a call whose deadline passed waiting for `peer`: who is gone if someone is
+    /// (a departure that raced the deadline), otherwise the timeout.
+    fn timed_out(&self, deadline: &Deadline, peer: u32) -> Error {
+        match self.inner.departure(peer) {
+            Some(departure) => departure_error(departure),
+            None => deadline.timed_out(peer),
+        }
+    }
+
     fn peers(&self) -> impl Iterator<Item = u32> + use<> {
         let rank = self.rank();
         (0..self.world_size()).filter(move |&peer| peer != rank)
@@ -979,7 +988,7 @@ impl Session {
                     .peers()
                     .max_by_key(|&peer| self.outbox.owed_by(peer))
                     .unwrap_or(self.rank());
-                return Err(deadline.timed_out(waiting));
+                return Err(self.timed_out(&deadline, waiting));
             }
             self.poll_acks()?;
             std::thread::yield_now();

@@ -353,7 +353,7 @@ impl Session {
                 return Err(departure_error(departure));
             }
             if deadline.left().is_zero() {
-                return Err(deadline.timed_out(exporter));
+                return Err(self.timed_out(deadline, exporter));
             }
         }
     }

@@ -484,7 +484,7 @@ impl Session {
                 self.flush_all_acks()?;
                 Ok(0)
             }
-            Err(RecvTimeoutError::Timeout) => Err(deadline.timed_out(peer)),
+            Err(RecvTimeoutError::Timeout) => Err(self.timed_out(deadline, peer)),
             Err(RecvTimeoutError::Disconnected) => Err(self.lost_from(peer)),
             Err(RecvTimeoutError::Corrupted(corruption)) => Err(self.corrupted(peer, corruption)),
         }
@@ -774,7 +774,7 @@ impl Session {
             // A peer that keeps sending what nobody waits for must not keep this call past its
             // deadline: look at the clock now and then even while things move.
             if turns.is_multiple_of(1024) && deadline.left().is_zero() {
-                return Err(deadline.timed_out(incoming.peer));
+                return Err(self.timed_out(deadline, incoming.peer));
             }
             if self.step_in(incoming, deadline)? {
                 idle = 0;
@@ -796,7 +796,7 @@ impl Session {
                 std::hint::spin_loop();
             } else {
                 if deadline.left().is_zero() {
-                    return Err(deadline.timed_out(incoming.peer));
+                    return Err(self.timed_out(deadline, incoming.peer));
                 }
                 self.flush_all_acks()?;
                 std::thread::yield_now();
@@ -844,7 +844,7 @@ impl Session {
             }
             turns = turns.wrapping_add(1);
             if turns.is_multiple_of(1024) && deadline.left().is_zero() {
-                return Err(deadline.timed_out(peer));
+                return Err(self.timed_out(deadline, peer));
             }
             self.pull(peer, Some(deadline))?;
         }
@@ -887,7 +887,7 @@ impl Session {
                 Ok(()) => sent += 1,
                 Err(shmbroker_queues::SendTimeoutError::Timeout(_)) => {
                     if deadline.left().is_zero() {
-                        return Err(deadline.timed_out(peer));
+                        return Err(self.timed_out(deadline, peer));
                     }
                     // Every peer, not only this one: in a ring of ranks each sending to the next,
                     // the rank this one waits for is itself waiting on a third.
@@ -1019,7 +1019,7 @@ impl Session {
                 continue;
             }
             if moved {
-                return Err(deadline.timed_out(outgoing.first_waiting()));
+                return Err(self.timed_out(deadline, outgoing.first_waiting()));
             }
             idle += 1;
             if idle < 64 {
@@ -1029,7 +1029,7 @@ impl Session {
             // Nothing moves: the clock is read only here.
             let now = Instant::now();
             if deadline.left().is_zero() {
-                return Err(deadline.timed_out(outgoing.first_waiting()));
+                return Err(self.timed_out(deadline, outgoing.first_waiting()));
             }
             let since = *stalled_since.get_or_insert(now);
             if now.duration_since(since) >= STALL {
