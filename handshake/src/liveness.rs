@@ -40,6 +40,18 @@
 //! The closing itself is the ring's third-party close ([`Closer::close`]), whose wake-up is
 //! model-checked in the queues crate (`loom_a_third_party_close_wakes_a_parked_*`).
 //!
+//! # Between the watcher and the session's thread
+//!
+//! They share [`Shared`]. What the broker sent sits in an inbox under a mutex, with a condition
+//! variable for the session's waits. Who is gone is three monotonic words: bits are only ever
+//! set in `dead` and `left`, and `first_dead` goes once from "none" to a rank (compare-exchange),
+//! so whichever thread records an exit first decides, and both may record the same one (the second
+//! finds it recorded). A change to them is followed by taking the inbox lock and notifying,
+//! so a waiter that checked before the change is already waiting when the notification comes.
+//! A session call never waits on these words: it waits on its ring, which a death closes, and
+//! only then asks who is gone (which polls the pidfds itself, so it never depends on the watcher
+//! having run).
+//!
 //! [`Session`]: crate::Session
 
 use crate::error::{Error, ProtocolError};
