@@ -309,6 +309,15 @@ pub enum NoticeKind {
 }
 
 impl NoticeKind {
+    /// Whether the broker sends this kind to workers (the others go from workers to the broker).
+    #[must_use]
+    pub const fn from_broker(self) -> bool {
+        !matches!(
+            self,
+            Self::Goodbye | Self::RelayFd | Self::Outbox | Self::Claimed
+        )
+    }
+
     /// The kind for a wire code, if it is one.
     #[must_use]
     pub const fn from_code(code: u32) -> Option<Self> {

@@ -264,16 +264,7 @@ pub fn decode_broker_notice(
         });
     }
     let kind = match NoticeKind::from_code(notice.kind) {
-        Some(
-            kind @ (NoticeKind::RelayedFd
-            | NoticeKind::PeerOutbox
-            | NoticeKind::Peer
-            | NoticeKind::RelayDelivered
-            | NoticeKind::RelayRefusedFull
-            | NoticeKind::RelayRefusedGone
-            | NoticeKind::RelayFailed
-            | NoticeKind::PeerGone),
-        ) => kind,
+        Some(kind) if kind.from_broker() => kind,
         _ => {
             return Err(ProtocolError::Field {
                 field: "notice kind",
