@@ -8,7 +8,8 @@ mod common;
 
 use common::{TempDir, config};
 use shmbroker_bindings::{
-    ANY_RANK, LOGON_MAGIC, LogonFrame, Message, PROTOCOL_VERSION, RejectReason, ReplyHeader,
+    ANY_RANK, LOGON_MAGIC, LogonFrame, Message, NoticeKind, PROTOCOL_VERSION, RejectReason,
+    ReplyHeader,
 };
 use shmbroker_handshake::{Config, Error, Event, Listener, connect, connect_stream};
 use std::io::{Read, Write};
@@ -623,8 +624,18 @@ fn garbage_on_a_workers_socket_is_reported_and_the_worker_stays() {
         token: 0,
     };
     socket.write_all(bytemuck::bytes_of(&unknown)).unwrap();
+    // A relay with no fd attached (it is answered as failed), a claim of a relay it was never
+    // passed, and a notice only the broker sends.
+    for (kind, peer, token) in [
+        (NoticeKind::RelayFd, 0, 5),
+        (NoticeKind::Claimed, 0, 6),
+        (NoticeKind::PeerGone, 0, 0),
+    ] {
+        let forged = shmbroker_bindings::WorkerNotice::new(kind, peer, token);
+        socket.write_all(bytemuck::bytes_of(&forged)).unwrap();
+    }
     let mut details = Vec::new();
-    while details.len() < 2 {
+    while details.len() < 5 {
         match broker.events.recv_timeout(TIMEOUT).unwrap() {
             Event::BadNotice {
                 rank: 0, detail, ..
@@ -636,6 +647,15 @@ fn garbage_on_a_workers_socket_is_reported_and_the_worker_stays() {
     assert!(details[0].contains("expected magic"), "{details:?}");
     assert!(
         details[1].contains("unexpected notice kind 99"),
+        "{details:?}"
+    );
+    assert!(details[2].contains("came without an fd"), "{details:?}");
+    assert!(
+        details[3].contains("claimed a relay from rank 0 with token 6 that it was never passed"),
+        "{details:?}"
+    );
+    assert!(
+        details[4].contains("unexpected notice kind 12"),
         "{details:?}"
     );
     // The worker was not dropped for it: no WorkerLeft until it really leaves.
