@@ -1134,11 +1134,9 @@ impl Listener {
         };
         tracing::info!(job = self.jobs, workers, lost = ?self.lost, "job ended");
         if let Some(id) = self.job_id.take() {
-            let how = match (self.lost, self.left) {
-                (Some(rank), _) => format!("rank {rank} died"),
-                (None, Some(rank)) => format!("rank {rank} left first"),
-                (None, None) => "every worker left".to_string(),
-            };
+            let how = self
+                .winding_down()
+                .unwrap_or_else(|| "every worker left".to_string());
             if self.ended.len() == ENDED_JOBS_KEPT {
                 self.ended.pop_front();
             }
@@ -1204,6 +1202,16 @@ impl Listener {
         true
     }
 
+    /// Why the current job is winding down (its first death, or else its first departure), if it
+    /// is.
+    fn winding_down(&self) -> Option<String> {
+        match (self.lost, self.left) {
+            (Some(rank), _) => Some(format!("rank {rank} died")),
+            (None, Some(rank)) => Some(format!("rank {rank} left")),
+            (None, None) => None,
+        }
+    }
+
     /// Validates a whole logon frame and answers it.
     fn log_on(&mut self, pending: Pending, events: &mut Vec<Event>) {
         let who = (pending.pid, pending.uid);
@@ -1214,30 +1222,22 @@ impl Listener {
             }
         };
         let world = self.config.world_size;
-        if frame.job != 0
-            && let Some((_, how)) = self.ended.iter().find(|(job, _)| *job == frame.job)
-        {
-            let text = format!(
-                "job {:#x} already ended ({how}); a new job needs a new id",
-                frame.job
-            );
-            return self.refuse(
-                &pending.stream,
-                RejectReason::SessionLost,
-                who,
-                text,
-                events,
-            );
-        }
-        let ending = match (self.lost, self.left) {
-            (Some(lost), _) => Some(format!("rank {lost} died")),
-            (None, Some(left)) => Some(format!("rank {left} left")),
-            (None, None) => None,
-        };
-        if let Some(why) = ending {
-            let text = format!(
-                "{why}: this job is over; the next one starts once all of its workers are gone"
-            );
+        // A worker of a job that already ended, or of the job winding down now.
+        let ended = self
+            .ended
+            .iter()
+            .find(|(job, _)| frame.job != 0 && *job == frame.job)
+            .map(|(job, how)| {
+                format!("job {job:#x} already ended ({how}); a new job needs a new id")
+            });
+        let over = ended.or_else(|| {
+            self.winding_down().map(|why| {
+                format!(
+                    "{why}: this job is over; the next one starts once all of its workers are gone"
+                )
+            })
+        });
+        if let Some(text) = over {
             return self.refuse(
                 &pending.stream,
                 RejectReason::SessionLost,

@@ -666,3 +666,45 @@ fn garbage_on_a_workers_socket_is_reported_and_the_worker_stays() {
             .is_err()
     );
 }
+
+#[test]
+fn a_worker_that_floods_the_broker_and_never_reads_its_answers_is_held_back_and_others_get_in() {
+    let broker = Broker::start("never-reads", config(2));
+    // Rank 0 logs on by hand and then never reads its socket again.
+    let mut flooder = UnixStream::connect(&broker.path).unwrap();
+    flooder
+        .write_all(bytemuck::bytes_of(&LogonFrame::new(0)))
+        .unwrap();
+    assert_eq!(read_reply_header(&mut flooder).status, 0);
+    // Relay notices with no fd attached: each one is answered (RelayFailed), into a socket nobody
+    // reads. A broker that queued every answer would read all of them, growing without bound.
+    let notice = shmbroker_bindings::WorkerNotice::new(NoticeKind::RelayFd, 1, 0);
+    let sent_all = 200_000usize;
+    flooder.set_nonblocking(true).unwrap();
+    let (mut sent, mut blocked_since) = (0usize, None);
+    while sent < sent_all {
+        match flooder.write(bytemuck::bytes_of(&notice)) {
+            Ok(n) => {
+                assert_eq!(n, size_of_val(&notice));
+                sent += 1;
+                blocked_since = None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // The broker stopped taking them: held back for half a second, it is done.
+                let since = *blocked_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > Duration::from_millis(500) {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("after {sent} notices: {e}"),
+        }
+    }
+    assert!(
+        sent < sent_all,
+        "the broker took all {sent_all} notices from a worker that reads none of its answers"
+    );
+    // Everyone else is still served.
+    let one = connect(&broker.path, LogonFrame::new(1), TIMEOUT).unwrap();
+    assert_eq!(one.rank(), 1);
+}
