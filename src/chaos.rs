@@ -106,8 +106,12 @@ pub fn worker(rest: &[String]) -> Result<(), String> {
     let before = fd_count(None).unwrap_or(0);
     let mut session = Session::connect(&socket, None, CALL_TIMEOUT).map_err(|e| e.to_string())?;
     session.set_timeout(CALL_TIMEOUT);
-    // Everyone is in before anyone counts as running.
+    // Everyone is in, and everything the broker passes on has arrived, before anyone counts as
+    // running: a broker killed right after READY must not take an outbox still on its way.
     session.barrier().map_err(|e| e.to_string())?;
+    session
+        .await_peers(CALL_TIMEOUT)
+        .map_err(|e| e.to_string())?;
     if fork {
         fork_holder()?;
     }

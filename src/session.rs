@@ -514,6 +514,27 @@ impl Session {
         self.outbox.blocks_owed()
     }
 
+    /// Waits (up to `timeout`) until the broker has passed on everything of every peer this
+    /// session will need from it: each peer's process (for liveness and fd exchange) and outbox
+    /// (for large messages and loans), mapping the outboxes. From then on, only fd relays need
+    /// the broker; a broker that dies afterwards takes nothing else with it. Every peer must have
+    /// logged on.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] naming the first peer still missing; [`Error::BrokerLost`] if the
+    /// broker died first; [`Error::PeerLost`]; [`Error::Outbox`] for an outbox that is not one.
+    pub fn await_peers(&mut self, timeout: Duration) -> Result<(), Error> {
+        let deadline = Deadline::new("await_peers", timeout);
+        for peer in self.peers() {
+            self.inner
+                .peer_process(peer, deadline.left())
+                .map_err(|error| handshake_failed(peer, error, &deadline))?;
+            self.peer_outbox(peer, &deadline)?;
+        }
+        Ok(())
+    }
+
     /// Takes in every acknowledgement peers have sent so far (and sends those this rank owes),
     /// without waiting: afterwards [`Self::outbox_blocks_owed`] is current.
     ///

@@ -60,15 +60,25 @@ fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_i
     // Rank 2 is logged on once it says so (it "relays" none).
     let said = read_line_within(rank2.take_stdout().unwrap(), CHILD_DEADLINE);
     assert!(said.starts_with("delivered 0"), "{said}");
+    // A pipelined message (larger than a ring slot holds, within the 1 MiB outbox) each way
+    // first: each then has the other's outbox, and needs nothing more from
+    // the broker for large messages.
+    let big = vec![7u8; 256 << 10];
+    zero.send(1, &big).unwrap();
+    assert_eq!(one.recv(0).unwrap(), big);
+    one.send(0, &big).unwrap();
+    assert_eq!(zero.recv(1).unwrap(), big);
     broker.kill();
     let until = Instant::now() + TIMEOUT;
     while !zero.raw().broker_lost() {
         assert!(Instant::now() < until, "rank 0 never saw the broker go");
         std::thread::sleep(Duration::from_millis(1));
     }
-    // Peers that logged on still reach each other.
+    // Peers that logged on still reach each other, small messages and large.
     zero.send(1, b"still here").unwrap();
     assert_eq!(one.recv(0).unwrap(), b"still here");
+    one.send(0, &big).unwrap();
+    assert_eq!(zero.recv(1).unwrap(), big);
     // Rank 3 can never log on now: waiting for it is BrokerLost, not a timeout.
     match zero.recv(3) {
         Err(Error::BrokerLost) => {}
