@@ -352,7 +352,7 @@ impl Shared {
     /// The broker's socket closed: nobody can log on any more, so the rings to peers that never
     /// did are closed.
     fn lose_broker(&self) {
-        self.broker_lost.store(true, Ordering::Release);
+        // The rings first, then the flag: whoever sees the broker lost finds them closed too.
         let known: Vec<u32> = self.lock().peers.keys().copied().collect();
         for (peer, closers) in (0u32..).zip(&self.closers) {
             if let Some((to, from)) = closers
@@ -362,6 +362,7 @@ impl Shared {
                 from.close(BROKER_LOST);
             }
         }
+        self.broker_lost.store(true, Ordering::Release);
         self.wake_waiters();
     }
 

@@ -549,12 +549,17 @@ impl Session {
         self.acks_due[peer as usize].clear();
     }
 
-    /// Reads whatever has arrived from `peer` without waiting.
-    /// At most a ringful, so that a peer that keeps sending cannot keep this rank here.
+    /// Reads whatever has arrived from `peer` without waiting (acknowledgements, and messages
+    /// for later), for a call that does not itself need `peer`. At most a ringful, so that a peer
+    /// that keeps sending cannot keep this rank here. A peer that left, or never logged on before
+    /// the broker went, has nothing more to send: only calls that need it say so. A death, or bad
+    /// bytes, end this call too.
     pub(super) fn drain_from(&mut self, peer: u32) -> Result<(), Error> {
         for _ in 0..self.inner.ring_capacity() {
-            if !self.pull(peer, None)? {
-                break;
+            match self.pull(peer, None) {
+                Ok(true) => {}
+                Ok(false) | Err(Error::PeerLeft { .. } | Error::BrokerLost) => break,
+                Err(other) => return Err(other),
             }
         }
         Ok(())
