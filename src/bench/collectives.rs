@@ -38,6 +38,12 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
             contenders,
         });
     }
+    if plan.wants("barrier") {
+        barrier_against_mpi(plan, report, dir.path())?;
+    }
+    if plan.wants("sendrecv_pingpong") {
+        sendrecv_pingpong(plan, report, dir.path())?;
+    }
     if plan.wants("barrier_parked") {
         for workers in [2u32, 4, 8] {
             report.progress(&format!("barrier_parked, {workers} workers"));
@@ -51,15 +57,7 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
         }
     }
     if plan.wants("all_gather") {
-        let mpi = match super::mpi::available()
-            .and_then(|()| super::mpi::build("allgather", super::mpi::ALLGATHER_C))
-        {
-            Ok(program) => Some(program),
-            Err(why) => {
-                eprintln!("bench collectives: no Open MPI baseline ({why})");
-                None
-            }
-        };
+        let mpi = open_mpi("allgather", super::mpi::ALLGATHER_C);
         // 2 workers spinning, then 2, 4 and 8 parked, at each size.
         let setups = [
             (2u32, u32::MAX, "hot"),
@@ -168,6 +166,159 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
     Ok(())
 }
 
+/// CPUs this process may run on.
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+}
+
+/// `Session::barrier` with its default waiting against `MPI_Barrier`, at 2, 4 and 8 workers (and
+/// 16 outside `--quick`), alternating, whatever the number of CPUs: past it both oversubscribe.
+/// Spinning (hot) barriers too, at every world size the CPUs can hold without oversubscribing.
+fn barrier_against_mpi(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<(), String> {
+    let mpi = open_mpi("barrier", super::mpi::BARRIER_C);
+    let mut worlds = vec![2u32, 4, 8];
+    if !plan.quick {
+        worlds.push(16);
+    }
+    for workers in worlds {
+        report.progress(&format!("barrier, {workers} workers"));
+        // Oversubscribed barriers take microseconds each: fewer rounds keep the run short.
+        let rounds = if workers as usize > cpus() {
+            plan.size(2_000, 200)
+        } else {
+            plan.size(5_000, 500)
+        };
+        let hot = workers > 2 && workers as usize <= cpus();
+        let mut ours = Vec::new();
+        let mut ours_hot = Vec::new();
+        let mut open_mpi = Vec::new();
+        for round in 0..plan.rounds {
+            let socket = dir.join(format!("barrier-{workers}-{round}.sock"));
+            let mut order: Vec<u8> = vec![0, 1, 2];
+            order.rotate_left(round % 3);
+            for contender in order {
+                match contender {
+                    0 => ours.extend(ours_barrier(&socket, workers, rounds, None)?),
+                    1 if hot => {
+                        ours_hot.extend(ours_barrier(&socket, workers, rounds, Some(u32::MAX))?);
+                    }
+                    2 => {
+                        if let Some(program) = &mpi {
+                            open_mpi.extend(mpi_barrier(program, workers, rounds)?);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut contenders = vec![("shmbroker", Measure::Latency(ours))];
+        if hot {
+            contenders.push(("shmbroker, spinning", Measure::Latency(ours_hot)));
+        }
+        if mpi.is_some() {
+            contenders.push(("open-mpi", Measure::Latency(open_mpi)));
+        }
+        report.add(Comparison {
+            bench: "barrier".into(),
+            size: Size::Workers(workers),
+            contenders,
+        });
+    }
+    Ok(())
+}
+
+/// An Open MPI program built from `source`, or `None` (saying why) when Open MPI is missing.
+fn open_mpi(name: &str, source: &str) -> Option<super::mpi::Program> {
+    match super::mpi::available().and_then(|()| super::mpi::build(name, source)) {
+        Ok(program) => Some(program),
+        Err(why) => {
+            eprintln!("bench collectives: no Open MPI baseline ({why})");
+            None
+        }
+    }
+}
+
+/// Rank 0's nanoseconds per `MPI_Barrier` among `workers` ranks.
+fn mpi_barrier(
+    program: &super::mpi::Program,
+    workers: u32,
+    rounds: usize,
+) -> Result<Vec<u64>, String> {
+    let args = [rounds, warmup(rounds)].map(|n| n.to_string());
+    let stdout = program.run(workers, &args, Duration::from_secs(120))?;
+    Ok(super::mpi::parse_lines(&stdout, "barrier_sample")
+        .into_iter()
+        .filter_map(|fields| fields.get(1).copied())
+        .collect())
+}
+
+/// An 8-byte `send` and `recv_into` round trip between two workers, against the raw ring the
+/// session sends on (one 64-byte slot each way) and `MPI_Send`/`MPI_Recv`.
+fn sendrecv_pingpong(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<(), String> {
+    report.progress("sendrecv_pingpong, 8 bytes");
+    let mpi = open_mpi("bulk", super::mpi::BULK_C);
+    let rounds = plan.size(20_000, 2_000);
+    let mut ours = Vec::new();
+    let mut ring = Vec::new();
+    let mut open_mpi = Vec::new();
+    for round in 0..plan.rounds {
+        let socket = dir.join(format!("sendrecv-{round}.sock"));
+        let mut order: Vec<u8> = vec![0, 1, 2];
+        order.rotate_left(round % 3);
+        for contender in order {
+            match contender {
+                0 => ours.extend(ours_sendrecv(&socket, rounds)?),
+                1 => ring.extend(super::queue::message_pingpong(rounds)?),
+                _ => {
+                    if let Some(program) = &mpi {
+                        let args = [rounds, warmup(rounds), 8].map(|n| n.to_string());
+                        let stdout = program.run(2, &args, Duration::from_secs(120))?;
+                        open_mpi.extend(
+                            super::mpi::parse_lines(&stdout, "pingpong_sample")
+                                .into_iter()
+                                .filter_map(|fields| fields.get(1).copied()),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let mut contenders = vec![
+        ("shmbroker", Measure::Latency(ours)),
+        ("raw ring round trip", Measure::Latency(ring)),
+    ];
+    if mpi.is_some() {
+        contenders.push(("open-mpi", Measure::Latency(open_mpi)));
+    }
+    report.add(Comparison {
+        bench: "sendrecv_pingpong".into(),
+        size: Size::Bytes(8),
+        contenders,
+    });
+    Ok(())
+}
+
+/// Nanoseconds per 8-byte round trip on rank 0: `send` to rank 1, `recv_into` its answer.
+fn ours_sendrecv(socket: &Path, rounds: usize) -> Result<Vec<u64>, String> {
+    ours_timed(socket, 2, rounds, None, |session| {
+        let peer = 1 - session.rank();
+        let mut buffer = [0u8; 8];
+        let error = |e: Error| e.to_string();
+        if session.rank() == 0 {
+            session.send(peer, &[7; 8]).map_err(error)?;
+            session.recv_into(peer, &mut buffer).map_err(error)?;
+        } else {
+            session.recv_into(peer, &mut buffer).map_err(error)?;
+            session.send(peer, &buffer).map_err(error)?;
+        }
+        if buffer == [7; 8] {
+            Ok(())
+        } else {
+            Err(format!("ping-pong carried {buffer:?}"))
+        }
+    })
+}
+
 /// Ours and both hand-written barriers, alternating over the plan's rounds.
 fn barrier_contenders(
     plan: Plan<'_>,
@@ -186,7 +337,7 @@ fn barrier_contenders(
         order.rotate_left(round % 4);
         for contender in order {
             match contender {
-                0 => ours.extend(ours_barrier(&socket, workers, rounds, spin_limit)?),
+                0 => ours.extend(ours_barrier(&socket, workers, rounds, Some(spin_limit))?),
                 1 => polling.extend(shared_barrier(workers, rounds, Wait::Usleep)?),
                 2 => futex.extend(shared_barrier(workers, rounds, Wait::Futex)?),
                 _ => star.extend(star_relay(workers, rounds, 0)?),
@@ -288,10 +439,13 @@ pub(super) fn start_broker(
     Ok((stop, thread))
 }
 
-fn connect(socket: &Path, rank: u32, spin_limit: u32) -> Result<Session, String> {
+/// Logs on as `rank`; `spin_limit` replaces the session's own waiting when given.
+fn connect(socket: &Path, rank: u32, spin_limit: Option<u32>) -> Result<Session, String> {
     let mut session = Session::connect(socket, Some(rank), TIMEOUT).map_err(|e| e.to_string())?;
     session.set_timeout(TIMEOUT);
-    session.set_spin_limit(spin_limit);
+    if let Some(spins) = spin_limit {
+        session.set_spin_limit(spins);
+    }
     Ok(session)
 }
 
@@ -324,7 +478,7 @@ fn ours_timed(
     socket: &Path,
     workers: u32,
     rounds: usize,
-    spin_limit: u32,
+    spin_limit: Option<u32>,
     op: impl Fn(&mut Session) -> Result<(), String>,
 ) -> Result<Vec<u64>, String> {
     let warmup = warmup(rounds);
@@ -351,7 +505,7 @@ fn ours_barrier(
     socket: &Path,
     workers: u32,
     rounds: usize,
-    spin_limit: u32,
+    spin_limit: Option<u32>,
 ) -> Result<Vec<u64>, String> {
     ours_timed(socket, workers, rounds, spin_limit, |session| {
         session.barrier().map_err(|e| e.to_string())
@@ -450,7 +604,7 @@ fn shared_barrier(workers: u32, rounds: usize, wait: Wait) -> Result<Vec<u64>, S
 /// Nanoseconds from `kill -9` of rank 2 to rank 0's `PeerLost` in a barrier loop.
 fn dead_peer(socket: &Path) -> Result<u64, String> {
     let pids = fork_workers(3, |rank| {
-        let mut session = connect(socket, rank, shmbroker::queues::DEFAULT_SPIN_LIMIT)?;
+        let mut session = connect(socket, rank, None)?;
         loop {
             if let Err(error) = session.barrier() {
                 // Rank 1 survives; rank 2 is killed before it gets here.
@@ -463,7 +617,7 @@ fn dead_peer(socket: &Path) -> Result<u64, String> {
     })?;
     let (stop, broker) = start_broker(socket, 3)?;
     let measured = (|| {
-        let mut session = connect(socket, 0, shmbroker::queues::DEFAULT_SPIN_LIMIT)?;
+        let mut session = connect(socket, 0, None)?;
         for _ in 0..100 {
             session.barrier().map_err(|e| e.to_string())?;
         }
@@ -498,7 +652,7 @@ fn ours_all_gather(
     // Into buffers made once, as MPI_Allgather and the other baselines do; the first byte of
     // every rank's part is checked.
     let buffers = std::cell::RefCell::new((Vec::new(), Vec::new()));
-    ours_timed(socket, workers, rounds, spin_limit, |session| {
+    ours_timed(socket, workers, rounds, Some(spin_limit), |session| {
         let mut buffers = buffers.borrow_mut();
         let (data, out) = &mut *buffers;
         if data.len() != bytes {
@@ -638,7 +792,7 @@ fn star_relay(workers: u32, rounds: usize, bytes: usize) -> Result<Vec<u64>, Str
 fn ours_fd_exchange(socket: &Path, rounds: usize) -> Result<Vec<u64>, String> {
     // One file for the whole run, as the raw baselines use: this measures moving it.
     let file = create_sealed(c"bench-fd", 4096).map_err(|e| e.to_string())?;
-    ours_timed(socket, 2, rounds, u32::MAX, |session| {
+    ours_timed(socket, 2, rounds, Some(u32::MAX), |session| {
         session
             .exchange_fds(std::os::fd::AsFd::as_fd(&file))
             .map(drop)

@@ -6,6 +6,8 @@
 //!   `throughput SIZE BYTES_PER_SEC` per size.
 //! - [`ALLGATHER_C`] (`mpirun -np WORLD allgather ROUNDS WARMUP SIZE...`): `MPI_Allgather`
 //!   latency on rank 0, printing `allgather WORLD SIZE P50_NS P99_NS` per size.
+//! - [`BARRIER_C`] (`mpirun -np WORLD barrier ROUNDS WARMUP`): `MPI_Barrier` latency on rank 0,
+//!   printing `barrier_sample WORLD NS` per call and `barrier WORLD P50_NS P99_NS`.
 //!
 //! [`parse_lines`] reads those lines back. Nothing here is needed to build shmbroker: without
 //! `mpicc` and `mpirun` on `PATH`, [`available`] says so and the bench skips the baseline.
@@ -46,6 +48,9 @@ pub const ALLGATHER_C: &str = concat!(
     include_str!("mpi/common.h"),
     include_str!("mpi/allgather.c")
 );
+
+/// Source of `barrier`: `MPI_Barrier` latency at any world size.
+pub const BARRIER_C: &str = concat!(include_str!("mpi/common.h"), include_str!("mpi/barrier.c"));
 
 /// How long `mpicc` and `ompi_info` may run before they are killed.
 const TOOL_DEADLINE: Duration = Duration::from_secs(120);

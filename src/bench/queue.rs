@@ -144,32 +144,57 @@ fn ring_err(e: impl std::fmt::Display) -> String {
 }
 
 fn ours_pingpong(samples: usize, spin_limit: u32) -> Result<Measure, String> {
-    let there = create::<u64>(1024).map_err(ring_err)?;
-    let back = create::<u64>(1024).map_err(ring_err)?;
+    ring_pingpong::<u64>(samples, spin_limit, |i| i, |value| *value)
+}
+
+/// Round trips (nanoseconds) over the rings a session sends on: one 64-byte `Message` slot each
+/// way, spinning, after warm-up.
+pub(super) fn message_pingpong(samples: usize) -> Result<Vec<u64>, String> {
+    use shmbroker::bindings::Message;
+    let make = |i: u64| Message {
+        tag: i,
+        ..bytemuck::Zeroable::zeroed()
+    };
+    match ring_pingpong::<Message>(samples, u32::MAX, make, |message| message.tag)? {
+        Measure::Latency(samples) => Ok(samples),
+        Measure::Throughput(_) => Err("a ping-pong measures latency".into()),
+    }
+}
+
+/// Ping-pong over two rings of `T`: the parent sends `make(i)`, the child answers with
+/// `make(read(value) + 1)`.
+fn ring_pingpong<T: Pod>(
+    samples: usize,
+    spin_limit: u32,
+    make: impl Fn(u64) -> T,
+    read: impl Fn(&T) -> u64,
+) -> Result<Measure, String> {
+    let there = create::<T>(1024).map_err(ring_err)?;
+    let back = create::<T>(1024).map_err(ring_err)?;
     let total = warmup(samples) + samples;
     fork_pair(
         || {
-            let mut rx = Consumer::<u64>::join(there.as_fd()).map_err(ring_err)?;
-            let mut tx = Producer::<u64>::join(back.as_fd()).map_err(ring_err)?;
+            let mut rx = Consumer::<T>::join(there.as_fd()).map_err(ring_err)?;
+            let mut tx = Producer::<T>::join(back.as_fd()).map_err(ring_err)?;
             rx.set_spin_limit(spin_limit);
             tx.set_spin_limit(spin_limit);
             for _ in 0..total {
                 let value = rx.recv_timeout(PARTNER_TIMEOUT).map_err(ring_err)?;
-                tx.send_timeout(value + 1, PARTNER_TIMEOUT)
+                tx.send_timeout(make(read(&value) + 1), PARTNER_TIMEOUT)
                     .map_err(ring_err)?;
             }
             Ok(())
         },
         || {
-            let mut tx = Producer::<u64>::join(there.as_fd()).map_err(ring_err)?;
-            let mut rx = Consumer::<u64>::join(back.as_fd()).map_err(ring_err)?;
+            let mut tx = Producer::<T>::join(there.as_fd()).map_err(ring_err)?;
+            let mut rx = Consumer::<T>::join(back.as_fd()).map_err(ring_err)?;
             tx.set_spin_limit(spin_limit);
             rx.set_spin_limit(spin_limit);
             let mut times = Vec::with_capacity(total);
             for i in 0..total as u64 {
                 let start = Instant::now();
-                tx.send_timeout(i, PARTNER_TIMEOUT).map_err(ring_err)?;
-                let answer = rx.recv_timeout(PARTNER_TIMEOUT).map_err(ring_err)?;
+                tx.send_timeout(make(i), PARTNER_TIMEOUT).map_err(ring_err)?;
+                let answer = read(&rx.recv_timeout(PARTNER_TIMEOUT).map_err(ring_err)?);
                 times.push(start.elapsed().as_nanos() as u64);
                 if answer != i + 1 {
                     return Err(format!("ping {i} answered with {answer}"));
