@@ -2,7 +2,7 @@
 //! mismatched collectives, and bytes from a peer that no correct peer sends.
 
 use shmbroker::bindings::{INLINE_BYTES, Message, PayloadRef, kind};
-use shmbroker::session::Error;
+use shmbroker::session::{Error, Session, Waiting};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -35,6 +35,34 @@ fn collectives_work_between_threads_too() {
         }
         assert_eq!(got, b"from one");
     }
+}
+
+#[test]
+fn waits_run_crowded_exactly_when_the_world_outnumbers_the_cpus() {
+    // One rank more than this process's CPUs: crowded; two ranks on two or more CPUs: not.
+    let (_world, sessions) = World::start("crowded", 3);
+    for session in &sessions {
+        let crowded = 3 > session.cpus();
+        assert_eq!(session.waiting(), Waiting::Adaptive { crowded });
+    }
+    let mut sessions = barrier_on_threads(sessions);
+    sessions[0].set_spin_limit(0);
+    assert_eq!(sessions[0].waiting(), Waiting::Spin(0));
+    barrier_on_threads(sessions);
+}
+
+/// One barrier on every session, each on its own thread; gives the sessions back.
+fn barrier_on_threads(sessions: Vec<Session>) -> Vec<Session> {
+    let joins: Vec<_> = sessions
+        .into_iter()
+        .map(|mut session| {
+            std::thread::spawn(move || {
+                session.barrier().unwrap();
+                session
+            })
+        })
+        .collect();
+    joins.into_iter().map(|join| join.join().unwrap()).collect()
 }
 
 #[test]

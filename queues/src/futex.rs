@@ -50,6 +50,7 @@
 //! (non-`FUTEX_PRIVATE_FLAG`) forms, which the kernel keys by file and offset.
 
 use crate::sync::{AtomicU32, Ordering, spin_loop};
+use crate::waiting::Patience;
 use std::time::{Duration, Instant};
 
 const IDLE: u32 = 0;
@@ -93,17 +94,19 @@ impl WaitWord {
         }
     }
 
-    /// Runs `check` until it returns `Some`, spinning up to `spin_limit` times and then parking on
-    /// this word; returns `None` once `deadline` has passed.
+    /// Runs `check` until it returns `Some`: spinning, then yielding, then parked on this word,
+    /// as `patience` says (see the `waiting` module), which learns from the wait. Returns `None`
+    /// once `deadline` has passed.
     pub(crate) fn wait_until<R>(
         &self,
-        spin_limit: u32,
+        patience: &mut Patience,
         deadline: &mut Deadline,
         mut check: impl FnMut() -> Option<R>,
     ) -> Option<R> {
         if let Some(done) = check() {
             return Some(done);
         }
+        let spin_limit = patience.spins();
         let mut spins = 0;
         while spins < spin_limit {
             spin_loop();
@@ -115,10 +118,33 @@ impl WaitWord {
                 return None;
             }
         }
+        // Past the spin phase: from here the clock may be read.
+        #[cfg(not(loom))]
+        let spun = Instant::now();
+        #[cfg(not(loom))]
+        {
+            let window = patience.yield_window();
+            while !window.is_zero() {
+                std::thread::yield_now();
+                if let Some(done) = check() {
+                    patience.learn(spun.elapsed());
+                    return Some(done);
+                }
+                let yielded = spun.elapsed();
+                if yielded >= window {
+                    break;
+                }
+                if deadline.remaining().is_none() {
+                    return None;
+                }
+            }
+        }
         loop {
             self.state.swap(WAITING, Ordering::AcqRel);
             if let Some(done) = check() {
                 self.unregister();
+                #[cfg(not(loom))]
+                patience.learn(spun.elapsed());
                 return Some(done);
             }
             let Some(timeout) = deadline.remaining() else {
@@ -214,6 +240,12 @@ pub(crate) struct Deadline {
 impl Deadline {
     pub(crate) fn after(timeout: Duration) -> Self {
         Self { timeout, at: None }
+    }
+
+    /// When the clock started for this deadline (the wait went past its spin phase); `None`
+    /// while it has not, or when there is no limit.
+    pub(crate) fn started(&self) -> Option<Instant> {
+        self.at.flatten()?.checked_sub(self.timeout)
     }
 
     /// Time left: `Some(None)` without a limit, `None` once the deadline has passed.

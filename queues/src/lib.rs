@@ -10,8 +10,9 @@
 //!   when its cached copy says the ring is full.
 //! * **Batching**: [`Producer::try_send_batch`] and [`Consumer::try_recv_batch`] publish or release
 //!   a whole batch with one store.
-//! * **Spin, then park**: `*_timeout` calls spin a bounded number of times (see
-//!   [`Producer::set_spin_limit`]) and then sleep on a futex; a wake-up system call is made only
+//! * **Spin, yield, then park**: `*_timeout` calls spin, then yield the CPU, for as long as
+//!   recent waits show it pays and as the machine's load allows ([`Waiting`], set with
+//!   [`Producer::set_waiting`]), and then sleep on a futex; a wake-up system call is made only
 //!   when the other side registered as waiting. No call blocks past its deadline.
 //! * **Close**: dropping either end closes the ring. The consumer drains what was sent, then gets
 //!   `Disconnected`; the producer gets `Disconnected` with its message handed back.
@@ -54,6 +55,7 @@ mod loom_tests;
 pub mod memfd;
 mod ring;
 mod sync;
+mod waiting;
 
 pub use error::{
     Corruption, Error, RecvTimeoutError, Role, SendTimeoutError, TryRecvError, TrySendError,
@@ -61,3 +63,6 @@ pub use error::{
 pub use ring::{Closer, Consumer, DEFAULT_SPIN_LIMIT, HEADER_SIZE, MAX_CAPACITY, Producer, pair};
 #[cfg(not(loom))]
 pub use ring::{close, create};
+pub use waiting::{CROWDED_SPIN_MAX, SPIN_MAX, Waiting};
+#[cfg(not(loom))]
+pub use waiting::{CROWDED_YIELD_MAX, YIELD_MAX};

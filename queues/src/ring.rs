@@ -78,6 +78,7 @@ use crate::error::{
     Corruption, Error, RecvTimeoutError, Role, SendTimeoutError, TryRecvError, TrySendError,
 };
 use crate::futex::{Deadline, WaitWord};
+use crate::waiting::{Patience, Waiting};
 use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
 use bytemuck::Pod;
 use core::fmt;
@@ -90,8 +91,9 @@ use shmbroker_bindings::{RING_LAYOUT_VERSION, RING_MAGIC};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 
-/// Spins before parking when no spin limit is set: roughly the cost of one futex wake-up.
-pub const DEFAULT_SPIN_LIMIT: u32 = 2_000;
+/// Spins before parking under a fixed [`Waiting::Spin`] policy, as rings waited before
+/// adaptive waiting: roughly the cost of one futex wake-up.
+pub const DEFAULT_SPIN_LIMIT: u32 = crate::waiting::SPIN_MAX;
 
 /// Largest capacity [`create`] accepts: 2^30 slots.
 pub const MAX_CAPACITY: u64 = 1 << 30;
@@ -715,7 +717,7 @@ fn heap_ring<T: Pod>(capacity: u64) -> (RingRef<T>, RingRef<T>) {
 pub struct Producer<T: Pod> {
     ring: RingRef<T>,
     cursor: SendCursor,
-    spin_limit: u32,
+    patience: Patience,
 }
 
 // SAFETY: a producer owns its private cursor and reaches shared memory only through the ring
@@ -730,7 +732,7 @@ impl<T: Pod> Producer<T> {
                 tail: 0,
                 head_cache: 0,
             },
-            spin_limit: DEFAULT_SPIN_LIMIT,
+            patience: Patience::new(Waiting::default()),
         }
     }
 
@@ -754,10 +756,22 @@ impl<T: Pod> Producer<T> {
         self.ring.capacity as usize
     }
 
-    /// How many times a blocking call re-checks before parking. 0 parks at once; `u32::MAX`
-    /// spins until the deadline.
+    /// How many times a blocking call re-checks before parking, with no yielding and no
+    /// adapting: `set_waiting(Waiting::Spin(spins))`. 0 parks at once; `u32::MAX` spins until
+    /// the deadline.
     pub fn set_spin_limit(&mut self, spins: u32) {
-        self.spin_limit = spins;
+        self.set_waiting(Waiting::Spin(spins));
+    }
+
+    /// How blocking calls wait (default: [`Waiting::Adaptive`], uncrowded).
+    pub fn set_waiting(&mut self, waiting: Waiting) {
+        self.patience = Patience::new(waiting);
+    }
+
+    /// How blocking calls wait.
+    #[must_use]
+    pub fn waiting(&self) -> Waiting {
+        self.patience.waiting()
     }
 
     /// Why a third party closed the ring ([`close`]), if one did.
@@ -857,9 +871,9 @@ impl<T: Pod> Producer<T> {
         let mut deadline = Deadline::after(timeout);
         let mut sent = 0;
         while sent < messages.len() {
-            let (ring, cursor) = (&self.ring, &mut self.cursor);
+            let (ring, cursor, patience) = (&self.ring, &mut self.cursor, &mut self.patience);
             let outcome = ring.header().consumer.0.producer_wait.wait_until(
-                self.spin_limit,
+                patience,
                 &mut deadline,
                 || match cursor.try_send(ring, &messages[sent..]) {
                     Err(TrySendError::Full(())) => None,
@@ -895,7 +909,7 @@ impl<T: Pod> fmt::Debug for Producer<T> {
         f.debug_struct("Producer")
             .field("capacity", &self.ring.capacity)
             .field("position", &self.cursor.tail)
-            .field("spin_limit", &self.spin_limit)
+            .field("waiting", &self.patience)
             .finish_non_exhaustive()
     }
 }
@@ -904,7 +918,9 @@ impl<T: Pod> fmt::Debug for Producer<T> {
 pub struct Consumer<T: Pod> {
     ring: RingRef<T>,
     cursor: RecvCursor,
-    spin_limit: u32,
+    patience: Patience,
+    /// When the last blocking receive started its clock, if it did.
+    clock_started: Option<std::time::Instant>,
 }
 
 // SAFETY: as for `Producer`: the consumer owns its cursor and follows the ring protocol.
@@ -915,7 +931,8 @@ impl<T: Pod> Consumer<T> {
         Self {
             ring,
             cursor: RecvCursor { head: 0 },
-            spin_limit: DEFAULT_SPIN_LIMIT,
+            patience: Patience::new(Waiting::default()),
+            clock_started: None,
         }
     }
 
@@ -935,10 +952,22 @@ impl<T: Pod> Consumer<T> {
         self.ring.capacity as usize
     }
 
-    /// How many times a blocking call re-checks before parking. 0 parks at once; `u32::MAX`
-    /// spins until the deadline.
+    /// How many times a blocking call re-checks before parking, with no yielding and no
+    /// adapting: `set_waiting(Waiting::Spin(spins))`. 0 parks at once; `u32::MAX` spins until
+    /// the deadline.
     pub fn set_spin_limit(&mut self, spins: u32) {
-        self.spin_limit = spins;
+        self.set_waiting(Waiting::Spin(spins));
+    }
+
+    /// How blocking calls wait (default: [`Waiting::Adaptive`], uncrowded).
+    pub fn set_waiting(&mut self, waiting: Waiting) {
+        self.patience = Patience::new(waiting);
+    }
+
+    /// How blocking calls wait.
+    #[must_use]
+    pub fn waiting(&self) -> Waiting {
+        self.patience.waiting()
     }
 
     /// Why a third party closed the ring ([`close`]), if one did.
@@ -951,6 +980,15 @@ impl<T: Pod> Consumer<T> {
     #[must_use]
     pub fn closer(&self) -> Closer<T> {
         Closer(self.ring.share())
+    }
+
+    /// When the last blocking receive ([`Self::recv_batch_timeout`]) started counting down its
+    /// timeout: the moment its wait went past spinning. `None` when it ended sooner (it read no
+    /// clock), or had no limit. A caller with a deadline of its own can start it from here
+    /// instead of reading the clock before every receive.
+    #[must_use]
+    pub fn clock_started(&self) -> Option<std::time::Instant> {
+        self.clock_started
     }
 
     /// Receives one message if one is there. Never blocks.
@@ -1008,14 +1046,16 @@ impl<T: Pod> Consumer<T> {
             return Ok(0);
         }
         let (ring, cursor) = (&self.ring, &mut self.cursor);
+        let mut deadline = Deadline::after(timeout);
         let outcome = ring.header().consumer_wait.0.wait_until(
-            self.spin_limit,
-            &mut Deadline::after(timeout),
+            &mut self.patience,
+            &mut deadline,
             || match cursor.try_recv(ring, buffer.len(), |i, message| buffer[i] = message) {
                 Err(TryRecvError::Empty) => None,
                 other => Some(other),
             },
         );
+        self.clock_started = deadline.started();
         match outcome {
             // `wait_until` only returns an empty ring as "no outcome": the deadline passed.
             None | Some(Err(TryRecvError::Empty)) => Err(RecvTimeoutError::Timeout),
@@ -1037,7 +1077,7 @@ impl<T: Pod> fmt::Debug for Consumer<T> {
         f.debug_struct("Consumer")
             .field("capacity", &self.ring.capacity)
             .field("position", &self.cursor.head)
-            .field("spin_limit", &self.spin_limit)
+            .field("waiting", &self.patience)
             .finish_non_exhaustive()
     }
 }
