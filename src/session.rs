@@ -53,6 +53,7 @@ use shmbroker_allocator::{Outbox, PeerOutbox, View};
 use shmbroker_bindings::{ANY_RANK, LogonFrame, Message, PayloadRef, kind};
 use shmbroker_handshake::connect;
 use shmbroker_queues::Corruption;
+pub use shmbroker_queues::Waiting;
 use std::collections::{HashSet, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -69,6 +70,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Every worker of one job gives the same; a broker then refuses a worker whose job has already
 /// ended instead of starting a new job around it (see `LogonFrame::job`).
 pub const JOB_VAR: &str = "SHMBROKER_JOB";
+
+/// The variable that fixes how every wait of a session spends its time before it parks, for
+/// users who know better than the adaptive default ([`Waiting::Adaptive`]): a number of spins
+/// (`0` parks at once), or `forever` to spin until the deadline. Either way with no yielding.
+pub const SPIN_VAR: &str = "SHMBROKER_SPIN";
 
 /// The variable that sets every session's outbox size in bytes (default
 /// [`DEFAULT_OUTBOX_BYTES`]).
@@ -200,6 +206,19 @@ pub enum Error {
     Launch(String),
 }
 
+/// The largest world whose barrier is flat: every rank tells every other, and waits for all of
+/// them at once (one hop; at most 12 messages in all). Larger worlds disseminate, in
+/// ceil(log2(world)) rounds of one message each way: O(n log n) messages instead of O(n²).
+/// Crowded on 2 CPUs both take about as long at 4 and 8 ranks (Open MPI's is in between).
+pub const FLAT_BARRIER_MAX: u32 = 4;
+
+/// A barrier message's inline bytes in dissemination round `round`.
+fn round_inline(round: u32) -> [u8; shmbroker_bindings::INLINE_BYTES] {
+    let mut inline = [0; shmbroker_bindings::INLINE_BYTES];
+    inline[..4].copy_from_slice(&round.to_le_bytes());
+    inline
+}
+
 /// A worker's session: its rank, its links to every peer, and the collectives over them.
 #[derive(Debug)]
 pub struct Session {
@@ -227,6 +246,10 @@ pub struct Session {
     /// How fds move, and whether the choice was reported yet.
     fd_transport: FdTransport,
     fd_transport_reported: bool,
+    /// CPUs this process may run on (`sched_getaffinity`), at logon.
+    cpus: usize,
+    /// How every ring of this session waits.
+    waiting: Waiting,
     /// The broker this worker hosts (local rank 0 under a launcher). Last, so that it stops
     /// only after this session has said goodbye to it.
     embedded: Option<EmbeddedBroker>,
@@ -248,8 +271,10 @@ impl Drop for EmbeddedBroker {
     }
 }
 
-/// One call's deadline. The clock is first read when the call first has to wait, so a call that
-/// finds everything ready reads it never (the wait is then `timeout` from that moment).
+/// One call's deadline. It starts when the call first has to wait past spinning: a receive hands
+/// the ring its whole timeout and starts this deadline from the moment the ring started its own
+/// clock ([`shmbroker_queues::Consumer::clock_started`]), so a call whose messages arrive while
+/// it spins reads no clock at all; other waits read the clock when they begin.
 struct Deadline {
     op: &'static str,
     at: std::cell::Cell<Option<Instant>>,
@@ -275,6 +300,25 @@ impl Deadline {
             at
         });
         at.saturating_duration_since(now)
+    }
+
+    /// What a wait may take now without reading the clock: the whole timeout while the deadline
+    /// has not started, what is left otherwise. A wait given the whole timeout must hand its own
+    /// clock's start to [`Self::started_at`].
+    fn budget(&self) -> Duration {
+        if self.at.get().is_none() {
+            self.timeout
+        } else {
+            self.left()
+        }
+    }
+
+    /// Starts the deadline at `start`, when a wait given [`Self::budget`] started its clock
+    /// then and this deadline had not started yet.
+    fn started_at(&self, start: Option<Instant>) {
+        if let (None, Some(start)) = (self.at.get(), start) {
+            self.at.set(start.checked_add(self.timeout));
+        }
     }
 
     fn timed_out(&self, peer: u32) -> Error {
@@ -322,6 +366,40 @@ impl std::ops::Deref for LoanView {
 impl Drop for LoanView {
     fn drop(&mut self) {
         self.acks.push(self.owner, self.payload);
+    }
+}
+
+/// CPUs this process may run on: its `sched_getaffinity` mask, or what the standard library
+/// reckons (cgroup quotas included) when that is fewer.
+fn cpus_allowed() -> usize {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    let parallelism = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let affinity = sched_getaffinity(nix::unistd::Pid::from_raw(0)).map_or(parallelism, |set| {
+        (0..CpuSet::count())
+            .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+            .count()
+    });
+    affinity.min(parallelism).max(1)
+}
+
+/// The fixed spin count [`SPIN_VAR`] asks for, if it is set.
+///
+/// # Errors
+///
+/// [`Error::Misuse`] when it is neither a number nor `forever`.
+fn spin_from_env() -> Result<Option<u32>, Error> {
+    std::env::var(SPIN_VAR).ok().map(|value| parse_spins(&value)).transpose()
+}
+
+/// A [`SPIN_VAR`] value: a number of spins, or `forever`.
+fn parse_spins(value: &str) -> Result<u32, Error> {
+    match value.trim() {
+        "forever" => Ok(u32::MAX),
+        number => number.parse().map_err(|_| {
+            Error::Misuse(format!(
+                "{SPIN_VAR} must be a number of spins or \"forever\", not {value:?}"
+            ))
+        }),
     }
 }
 
@@ -441,7 +519,12 @@ impl Session {
         if world > 1 {
             inner.publish_outbox(outbox.fd(), timeout)?;
         }
-        Ok(Self {
+        let cpus = cpus_allowed();
+        let waiting = match spin_from_env()? {
+            Some(spins) => Waiting::Spin(spins),
+            None => Waiting::for_load(world, cpus),
+        };
+        let mut session = Self {
             inner,
             timeout: DEFAULT_TIMEOUT,
             seq: 0,
@@ -456,8 +539,12 @@ impl Session {
             view_acks: ViewAcks::default(),
             fd_transport: FdTransport::Auto,
             fd_transport_reported: false,
+            cpus,
+            waiting,
             embedded: None,
-        })
+        };
+        session.set_waiting(waiting);
+        Ok(session)
     }
 
     /// This worker's rank.
@@ -477,15 +564,36 @@ impl Session {
         self.timeout = timeout;
     }
 
-    /// How many times every wait re-checks before parking: 0 parks at once, `u32::MAX` spins
-    /// until the deadline (see [`shmbroker_queues::Producer::set_spin_limit`]).
-    pub fn set_spin_limit(&mut self, spins: u32) {
+    /// How every wait of this session spends its time before parking. By default
+    /// [`Waiting::Adaptive`], crowded when the world has more ranks than this process has CPUs
+    /// ([`Self::cpus`]; every rank is taken to be runnable), unless [`SPIN_VAR`] fixes it.
+    #[must_use]
+    pub fn waiting(&self) -> Waiting {
+        self.waiting
+    }
+
+    /// Sets how every wait of this session waits (see [`shmbroker_queues::Waiting`]).
+    pub fn set_waiting(&mut self, waiting: Waiting) {
+        self.waiting = waiting;
         for peer in self.peers() {
             if let Some(link) = self.inner.link(peer) {
-                link.to.set_spin_limit(spins);
-                link.from.set_spin_limit(spins);
+                link.to.set_waiting(waiting);
+                link.from.set_waiting(waiting);
             }
         }
+    }
+
+    /// Every wait re-checks up to `spins` times, then parks, with no yielding and no adapting:
+    /// `set_waiting(Waiting::Spin(spins))`. 0 parks at once, `u32::MAX` spins until the deadline.
+    pub fn set_spin_limit(&mut self, spins: u32) {
+        self.set_waiting(Waiting::Spin(spins));
+    }
+
+    /// The CPUs this process was allowed to run on at logon (`sched_getaffinity`), against which
+    /// the world size decides whether waits run crowded.
+    #[must_use]
+    pub fn cpus(&self) -> usize {
+        self.cpus
     }
 
     /// The handshake-level session: raw rings and the broker socket.
@@ -626,12 +734,41 @@ impl Session {
     pub fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
         let deadline = Deadline::new("barrier", timeout);
         let seq = self.next_seq();
-        let arrival = message(kind::BARRIER, seq, 0, [0; shmbroker_bindings::INLINE_BYTES]);
-        for peer in self.peers() {
-            self.send_message(peer, arrival, &deadline)?;
+        let world = self.world_size();
+        if world <= FLAT_BARRIER_MAX {
+            let arrival = message(kind::BARRIER, seq, 0, [0; shmbroker_bindings::INLINE_BYTES]);
+            for peer in self.peers() {
+                self.send_message(peer, arrival, &deadline)?;
+            }
+            for peer in self.peers() {
+                self.recv_collective(peer, kind::BARRIER, seq, &deadline)?;
+            }
+            return Ok(());
         }
-        for peer in self.peers() {
-            self.recv_collective(peer, kind::BARRIER, seq, &deadline)?;
+        // Dissemination: in round k, tell rank + 2^k and hear from rank - 2^k (mod the world).
+        // After round k every rank has heard, directly or through others, from the 2^(k+1) ranks
+        // before it, so after ceil(log2(world)) rounds from all of them. 2^k < world in every
+        // round, so each round has a peer of its own, and the round travels in `len`.
+        let rank = self.rank();
+        let mut distance = 1;
+        let mut round = 0;
+        while distance < world {
+            let to = (rank + distance) % world;
+            let from = (rank + world - distance) % world;
+            let arrival = message(kind::BARRIER, seq, 0, round_inline(round));
+            self.send_message(to, arrival, &deadline)?;
+            let heard = self.recv_collective(from, kind::BARRIER, seq, &deadline)?;
+            if heard.inline != arrival.inline {
+                return Err(Error::Protocol {
+                    peer: from,
+                    detail: format!(
+                        "barrier #{seq}: expected the message of dissemination round {round}, \
+                         found another"
+                    ),
+                });
+            }
+            distance *= 2;
+            round += 1;
         }
         Ok(())
     }
@@ -978,6 +1115,8 @@ impl Session {
             tag: self.received_from[rank as usize],
         };
         let mut incoming = [Incoming::new(rank, expect, sink)];
+        self.flush_view_acks()?;
+        self.take_direct(&mut incoming[0], &deadline)?;
         self.transfer(kind::SEND, 0, None, &mut incoming, &deadline)?;
         self.received_from[rank as usize] += 1;
         let [incoming] = incoming;
@@ -1137,5 +1276,28 @@ fn wrong_size(peer: u32, found: u64, due: usize) -> Error {
     Error::Protocol {
         peer,
         detail: format!("gave {found} bytes where {due} were due"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spin_values_are_numbers_or_forever() {
+        assert_eq!(parse_spins("0").unwrap(), 0);
+        assert_eq!(parse_spins(" 5000 ").unwrap(), 5000);
+        assert_eq!(parse_spins("forever").unwrap(), u32::MAX);
+        for bad in ["", "-1", "lots", "1e3"] {
+            let error = parse_spins(bad).unwrap_err().to_string();
+            assert!(error.contains(SPIN_VAR) && error.contains(bad), "{error}");
+        }
+    }
+
+    #[test]
+    fn cpus_allowed_counts_this_process_cpus() {
+        let cpus = cpus_allowed();
+        assert!(cpus >= 1);
+        assert!(cpus <= std::thread::available_parallelism().unwrap().get());
     }
 }

@@ -231,6 +231,48 @@ fn the_selftest_passes_with_forty_four_ranks() {
 }
 
 #[test]
+fn sixty_four_worker_processes_pass_two_hundred_barriers() {
+    // 64 ranks disseminate in 6 rounds; on 2 CPUs they also run crowded (they yield).
+    let config = shmbroker::handshake::Config {
+        world_size: 64,
+        ..shmbroker::handshake::Config::default()
+    };
+    let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(0, |(_, hard)| hard);
+    if hard < config.fds_needed() {
+        println!(
+            "skipping: a broker for 64 workers needs {} fds, the hard limit is {hard}",
+            config.fds_needed()
+        );
+        return;
+    }
+    let dir = TempDir::new("barrier-64");
+    let socket = dir.0.join("broker.sock");
+    let broker = serve_world(&socket, 64);
+    let workers: Vec<ChildGuard> = (0..64)
+        .map(|_| {
+            spawn(&mut shmbroker(&[
+                "worker",
+                "--socket",
+                socket.to_str().unwrap(),
+                "--selftest",
+                "--only",
+                "barrier",
+                "--repeat",
+                "200",
+                "--timeout-ms",
+                "60000",
+            ]))
+        })
+        .collect();
+    for worker in workers {
+        let (ok, stdout, stderr) = finish(worker);
+        assert!(ok, "{stdout}{stderr}");
+    }
+    drop(broker);
+}
+
+#[test]
 fn a_worker_on_an_inherited_socket_is_seen_dying_though_the_process_that_connected_lives_on() {
     let dir = TempDir::new("inherited");
     let socket = dir.0.join("broker.sock");

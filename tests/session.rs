@@ -51,6 +51,40 @@ fn waits_run_crowded_exactly_when_the_world_outnumbers_the_cpus() {
     barrier_on_threads(sessions);
 }
 
+#[test]
+fn no_rank_leaves_a_barrier_before_every_rank_has_entered_it_in_worlds_of_one_to_seventeen() {
+    // Flat up to FLAT_BARRIER_MAX, dissemination beyond (non-powers of two included). Each rank
+    // counts itself in before each barrier and, once out, must find every rank counted.
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    for world in (1..=9).chain([16, 17]) {
+        let (_world, sessions) = World::start(&format!("barrier-{world}"), world);
+        let arrived = Arc::new(AtomicU64::new(0));
+        let joins: Vec<_> = sessions
+            .into_iter()
+            .map(|mut session| {
+                let arrived = arrived.clone();
+                std::thread::spawn(move || {
+                    for round in 1..=50u64 {
+                        arrived.fetch_add(1, Ordering::SeqCst);
+                        session.barrier().unwrap();
+                        let seen = arrived.load(Ordering::SeqCst);
+                        assert!(
+                            seen >= round * u64::from(world),
+                            "world {world}: rank {} left barrier {round} having seen {seen} \
+                             arrivals",
+                            session.rank()
+                        );
+                    }
+                })
+            })
+            .collect();
+        for join in joins {
+            join.join().unwrap();
+        }
+    }
+}
+
 /// One barrier on every session, each on its own thread; gives the sessions back.
 fn barrier_on_threads(sessions: Vec<Session>) -> Vec<Session> {
     let joins: Vec<_> = sessions

@@ -56,6 +56,11 @@ use std::time::{Duration, Instant};
 const IDLE: u32 = 0;
 const WAITING: u32 = 1;
 
+/// A yield that takes this long gave the CPU to another process (a bare `sched_yield` with
+/// nothing else to run returns in well under a microsecond).
+#[cfg(not(loom))]
+pub(crate) const GAVE_WAY: Duration = Duration::from_micros(4);
+
 /// How many spins run between two clock reads while spinning under a deadline.
 const SPINS_PER_CLOCK_READ: u32 = 256;
 
@@ -124,14 +129,18 @@ impl WaitWord {
         #[cfg(not(loom))]
         {
             let window = patience.yield_window();
+            let mut gave_way = false;
+            let mut last = spun;
             while !window.is_zero() {
                 std::thread::yield_now();
+                let now = Instant::now();
+                gave_way |= now.duration_since(last) >= GAVE_WAY;
+                last = now;
                 if let Some(done) = check() {
-                    patience.learn(spun.elapsed());
+                    patience.learn(now.duration_since(spun), gave_way);
                     return Some(done);
                 }
-                let yielded = spun.elapsed();
-                if yielded >= window {
+                if now.duration_since(spun) >= window {
                     break;
                 }
                 if deadline.remaining().is_none() {
@@ -144,7 +153,7 @@ impl WaitWord {
             if let Some(done) = check() {
                 self.unregister();
                 #[cfg(not(loom))]
-                patience.learn(spun.elapsed());
+                patience.learn(spun.elapsed(), false);
                 return Some(done);
             }
             let Some(timeout) = deadline.remaining() else {

@@ -24,15 +24,29 @@
 //! [`CROWDED_YIELD_MAX`] of yielding. Within those limits each ring end keeps its own budgets and
 //! moves them after every wait that went past its spin phase, by what that wait shows:
 //!
-//! * it ended within what the spin limit could have covered: spinning would have paid, so the
-//!   spin budget grows, if need be, to cover it (with a quarter to spare);
-//! * it lasted longer than that: spinning could not have paid, so the budget halves — a ring end
-//!   whose waits are long soon yields or parks almost at once;
-//! * the same for the yield window against the yield limit.
+//! * it was **long** — more than [`LONG_WAIT_FACTOR`] times what the spin and yield limits
+//!   together cover: neither phase could have paid, and each cost a CPU (or this rank's share of
+//!   one) for nothing, so both budgets halve. A ring end whose waits are long (a peer computing
+//!   for milliseconds between messages) soon parks almost at once.
+//! * otherwise spinning or yielding longer would have paid, or come close: both budgets double
+//!   (up to their limits), and at least cover this wait with a quarter to spare.
 //!
-//! A wait that ends within the spin phase leaves the budgets as they are. Budgets never fall to
-//! zero for good: a short wait after a run of long ones parks, is measured, and brings them back.
-//! The clock is read only once a wait has gone past its spin phase.
+//! A wait that ends within the spin phase leaves the budgets as they are. One that ended while
+//! yielding, right after a yield that **gave the CPU away** (it took [`GAVE_WAY`] or more:
+//! another process ran here meanwhile), halves the spin budget whatever its length: the process
+//! it waited for, or one it needed, shares this CPU, and spinning only kept it off. The
+//! scheduler often puts the two ends of a ping-pong on one CPU (a wake-up lands the woken
+//! process beside its waker); without this rule each would spin out its budget while the other
+//! waits for the CPU (measured: one round trip in a hundred took 85 µs and more).
+//!
+//! Only clearly long waits shrink a budget, and not merely waits longer than a phase, because
+//! what a waiter sees includes its peer's own waiting: in a ping-pong, a peer that parked wakes
+//! only a wake-up later, so this side's wait lasts a wake-up however early it started spinning.
+//! Judging that wait "spinning did not pay" would make this side park too, and both would then
+//! keep parking because the other does (measured: one round trip in a hundred took 90 µs). The
+//! budgets never fall to zero for good: a short wait after a run of long ones parks, is
+//! measured, and brings them back. The clock is read only once a wait has gone past its spin
+//! phase.
 //!
 //! [`Waiting::Spin`] is the knob for users who know better (`SHMBROKER_SPIN` in a session): a
 //! fixed number of spins and then parking, no yielding, no adapting.
@@ -44,6 +58,9 @@
 #[cfg(not(loom))]
 use std::time::{Duration, Instant};
 
+#[cfg(doc)]
+use crate::futex::GAVE_WAY;
+
 /// Spins before parking under [`Waiting::Spin`] when nobody chose (the ring's default before
 /// adaptive waiting), and the most an uncrowded [`Waiting::Adaptive`] spins: roughly the cost of
 /// one futex wake-up.
@@ -52,15 +69,23 @@ pub const SPIN_MAX: u32 = 2_000;
 /// The most a crowded [`Waiting::Adaptive`] spins before yielding: about a microsecond.
 pub const CROWDED_SPIN_MAX: u32 = 64;
 
-/// The longest an uncrowded [`Waiting::Adaptive`] yields before parking: about one wake-up.
+/// The longest an uncrowded [`Waiting::Adaptive`] yields before parking: not at all. A yield
+/// never moves this process to another CPU, while a park lets the wake-up put it on an idle one:
+/// two ends of a ping-pong that the scheduler placed on one CPU stay there for as long as they
+/// yield, each spinning out its budget while the other waits for the CPU (measured with a
+/// 50 µs window: one round trip in a hundred took 60–160 µs; spinning and then parking: 0.4 µs).
 #[cfg(not(loom))]
-pub const YIELD_MAX: Duration = Duration::from_micros(50);
+pub const YIELD_MAX: Duration = Duration::ZERO;
 
 /// The longest a crowded [`Waiting::Adaptive`] yields before parking. Longer than a wake-up:
 /// when crowded, a yield hands the CPU to a process that needs it, and a parked waiter's wake-up
 /// waits behind those same processes.
 #[cfg(not(loom))]
 pub const CROWDED_YIELD_MAX: Duration = Duration::from_millis(1);
+
+/// A wait is long, and shrinks the budgets, when it lasts more than this many times what the
+/// spin and yield limits together cover.
+pub const LONG_WAIT_FACTOR: u32 = 4;
 
 /// How a blocking call waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,30 +170,33 @@ impl Patience {
         Duration::from_nanos(u64::from(self.yield_ns))
     }
 
-    /// Learns from a wait that went past its spin phase and then took `after` more to end
-    /// (see the module docs). Fixed policies learn nothing.
+    /// Learns from a wait that went past its spin phase and then took `after` more to end,
+    /// `gave_way` when one of its yields gave the CPU to another process (see the module docs).
+    /// Fixed policies learn nothing.
     #[cfg(not(loom))]
-    pub(crate) fn learn(&mut self, after: Duration) {
+    pub(crate) fn learn(&mut self, after: Duration, gave_way: bool) {
         let Waiting::Adaptive { .. } = self.waiting else {
             return;
         };
+        if gave_way {
+            self.spins /= 2;
+            return;
+        }
         let (spin_max, yield_max) = Self::limits(self.waiting);
         let after_ns = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
-        // Spins this wait would have needed to end while spinning.
-        let needed = u64::from(self.spins).saturating_add(after_ns / u64::from(ns_per_spin()));
-        if needed <= u64::from(spin_max) {
-            self.spins = self.spins.max((needed + needed / 4).min(u64::from(spin_max)) as u32);
-        } else {
+        let per_spin = u64::from(ns_per_spin());
+        let covered = u64::from(spin_max) * per_spin + u64::from(yield_max);
+        if after_ns > covered.saturating_mul(u64::from(LONG_WAIT_FACTOR)) {
             self.spins /= 2;
-        }
-        // Only the time past the spin phase could have been yielded.
-        if after_ns <= u64::from(yield_max) {
-            self.yield_ns = self
-                .yield_ns
-                .max((after_ns + after_ns / 4).min(u64::from(yield_max)) as u32);
-        } else {
             self.yield_ns /= 2;
+            return;
         }
+        // Spins this wait needed in all, and time past the spin phase, each with a quarter more.
+        let needed = u64::from(self.spins) + after_ns / per_spin;
+        let spins = (u64::from(self.spins) * 2).max(needed + needed / 4);
+        self.spins = spins.min(u64::from(spin_max)) as u32;
+        let yield_ns = (u64::from(self.yield_ns) * 2).max(after_ns + after_ns / 4);
+        self.yield_ns = yield_ns.min(u64::from(yield_max)) as u32;
     }
 }
 
@@ -199,8 +227,8 @@ mod tests {
     #[test]
     fn fixed_spinning_neither_yields_nor_learns() {
         let mut patience = Patience::new(Waiting::Spin(10));
-        patience.learn(Duration::from_nanos(1));
-        patience.learn(Duration::from_secs(1));
+        patience.learn(Duration::from_nanos(1), false);
+        patience.learn(Duration::from_secs(1), false);
         assert_eq!(patience.spins(), 10);
         assert_eq!(patience.yield_window(), Duration::ZERO);
     }
@@ -211,31 +239,45 @@ mod tests {
         assert_eq!(patience.spins(), SPIN_MAX);
         assert_eq!(patience.yield_window(), YIELD_MAX);
         for _ in 0..20 {
-            patience.learn(Duration::from_millis(10));
+            patience.learn(Duration::from_millis(100), false);
         }
         assert_eq!(patience.spins(), 0);
         assert_eq!(patience.yield_window(), Duration::ZERO);
         // A wait that ended a moment after parking: spinning would have caught it.
-        patience.learn(Duration::from_nanos(u64::from(ns_per_spin()) * 100));
+        patience.learn(Duration::from_nanos(u64::from(ns_per_spin()) * 100), false);
         assert!(
             (100..=SPIN_MAX).contains(&patience.spins()),
             "{}",
             patience.spins()
         );
-        assert!(patience.yield_window() > Duration::ZERO);
+        // A few waits the length of a wake-up (a parked peer's) restore the limits.
+        for _ in 0..20 {
+            patience.learn(Duration::from_micros(60), false);
+        }
+        assert_eq!(patience.spins(), SPIN_MAX);
+        assert_eq!(patience.yield_window(), YIELD_MAX);
+    }
+
+    #[test]
+    fn a_yield_that_gave_the_cpu_away_halves_the_spins_only() {
+        let mut patience = Patience::new(Waiting::Adaptive { crowded: false });
+        patience.learn(Duration::from_micros(1), true);
+        assert_eq!(patience.spins(), SPIN_MAX / 2);
+        assert_eq!(patience.yield_window(), YIELD_MAX);
     }
 
     #[test]
     fn crowded_spins_little_and_yields_long() {
         let crowded = Patience::new(Waiting::for_load(4, 2));
         let roomy = Patience::new(Waiting::for_load(2, 2));
+        assert_eq!(roomy.yield_window(), Duration::ZERO);
         assert_eq!(crowded.waiting(), Waiting::Adaptive { crowded: true });
         assert_eq!(roomy.waiting(), Waiting::Adaptive { crowded: false });
         assert!(crowded.spins() < roomy.spins());
         assert!(crowded.yield_window() > roomy.yield_window());
         // Waits longer than any spin limit never grow the spin budget past the crowded limit.
         let mut crowded = crowded;
-        crowded.learn(Duration::from_micros(1));
+        crowded.learn(Duration::from_micros(1), false);
         assert!(crowded.spins() <= CROWDED_SPIN_MAX);
     }
 }
