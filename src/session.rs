@@ -388,7 +388,10 @@ fn cpus_allowed() -> usize {
 ///
 /// [`Error::Misuse`] when it is neither a number nor `forever`.
 fn spin_from_env() -> Result<Option<u32>, Error> {
-    std::env::var(SPIN_VAR).ok().map(|value| parse_spins(&value)).transpose()
+    std::env::var(SPIN_VAR)
+        .ok()
+        .map(|value| parse_spins(&value))
+        .transpose()
 }
 
 /// A [`SPIN_VAR`] value: a number of spins, or `forever`.

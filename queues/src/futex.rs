@@ -143,9 +143,7 @@ impl WaitWord {
                 if now.duration_since(spun) >= window {
                     break;
                 }
-                if deadline.remaining().is_none() {
-                    return None;
-                }
+                deadline.remaining()?;
             }
         }
         loop {

@@ -78,8 +78,8 @@ use crate::error::{
     Corruption, Error, RecvTimeoutError, Role, SendTimeoutError, TryRecvError, TrySendError,
 };
 use crate::futex::{Deadline, WaitWord};
-use crate::waiting::{Patience, Waiting};
 use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
+use crate::waiting::{Patience, Waiting};
 use bytemuck::Pod;
 use core::fmt;
 use core::marker::PhantomData;
@@ -872,14 +872,17 @@ impl<T: Pod> Producer<T> {
         let mut sent = 0;
         while sent < messages.len() {
             let (ring, cursor, patience) = (&self.ring, &mut self.cursor, &mut self.patience);
-            let outcome = ring.header().consumer.0.producer_wait.wait_until(
-                patience,
-                &mut deadline,
-                || match cursor.try_send(ring, &messages[sent..]) {
-                    Err(TrySendError::Full(())) => None,
-                    other => Some(other),
-                },
-            );
+            let outcome =
+                ring.header()
+                    .consumer
+                    .0
+                    .producer_wait
+                    .wait_until(patience, &mut deadline, || {
+                        match cursor.try_send(ring, &messages[sent..]) {
+                            Err(TrySendError::Full(())) => None,
+                            other => Some(other),
+                        }
+                    });
             match outcome {
                 // `wait_until` only returns a full ring as "no outcome": the deadline passed.
                 None | Some(Err(TrySendError::Full(()))) => {
@@ -1047,14 +1050,16 @@ impl<T: Pod> Consumer<T> {
         }
         let (ring, cursor) = (&self.ring, &mut self.cursor);
         let mut deadline = Deadline::after(timeout);
-        let outcome = ring.header().consumer_wait.0.wait_until(
-            &mut self.patience,
-            &mut deadline,
-            || match cursor.try_recv(ring, buffer.len(), |i, message| buffer[i] = message) {
-                Err(TryRecvError::Empty) => None,
-                other => Some(other),
-            },
-        );
+        let outcome =
+            ring.header()
+                .consumer_wait
+                .0
+                .wait_until(&mut self.patience, &mut deadline, || {
+                    match cursor.try_recv(ring, buffer.len(), |i, message| buffer[i] = message) {
+                        Err(TryRecvError::Empty) => None,
+                        other => Some(other),
+                    }
+                });
         self.clock_started = deadline.started();
         match outcome {
             // `wait_until` only returns an empty ring as "no outcome": the deadline passed.

@@ -148,7 +148,11 @@ impl Patience {
             Waiting::Adaptive { crowded } => {
                 let spins = if crowded { CROWDED_SPIN_MAX } else { SPIN_MAX };
                 #[cfg(not(loom))]
-                let yield_max = if crowded { CROWDED_YIELD_MAX } else { YIELD_MAX };
+                let yield_max = if crowded {
+                    CROWDED_YIELD_MAX
+                } else {
+                    YIELD_MAX
+                };
                 #[cfg(not(loom))]
                 let yield_ns = u32::try_from(yield_max.as_nanos()).unwrap_or(u32::MAX);
                 #[cfg(loom)]

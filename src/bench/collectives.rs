@@ -3,6 +3,8 @@
 //!
 //! | bench | ours | baselines |
 //! |---|---|---|
+//! | `barrier` (2, 4, 8; 16 outside `--quick`) | `Session::barrier` with its own (adaptive) waiting; also spinning where the CPUs hold the world | `MPI_Barrier` (`mpi/barrier.c`), `--oversubscribe` |
+//! | `sendrecv_pingpong` (8 B) | `send` + `recv_into` round trip | the raw ring the session sends on (one 64-byte slot each way, spinning); `MPI_Send`/`MPI_Recv` (`mpi/bulk.c`) |
 //! | `barrier_hot` (2 workers) | `Session::barrier`, spinning | a shared-memory sense-reversing barrier that polls with `usleep(1)` (as KittensBroker's does); the same with waiters parked in `FUTEX_WAIT`; a star relay over UNIX sockets |
 //! | `barrier_parked` (2, 4, 8 workers) | `Session::barrier`, parking at once | the same two |
 //! | `all_gather_{hot,parked}_{8,64,1024}B` (2 hot; 2, 4, 8 parked) | `Session::all_gather` | each rank writes a slot in shared memory between two futex barriers; a star relay over UNIX sockets |
@@ -298,9 +300,18 @@ fn sendrecv_pingpong(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<
     Ok(())
 }
 
-/// Nanoseconds per 8-byte round trip on rank 0: `send` to rank 1, `recv_into` its answer.
+/// Nanoseconds per 8-byte round trip on rank 0: `send` to rank 1, `recv_into` its answer, each
+/// rank pinned to its own CPU where two are available, as the raw ring's two sides are.
 fn ours_sendrecv(socket: &Path, rounds: usize) -> Result<Vec<u64>, String> {
-    ours_timed(socket, 2, rounds, None, |session| {
+    let cpus = super::cpu_pair();
+    let original = nix::sched::sched_getaffinity(Pid::from_raw(0)).ok();
+    let pinned = std::cell::Cell::new(false);
+    let samples = ours_timed(socket, 2, rounds, None, |session| {
+        if !pinned.replace(true)
+            && let Some((zero, one)) = cpus
+        {
+            super::pin_to(if session.rank() == 0 { zero } else { one });
+        }
         let peer = 1 - session.rank();
         let mut buffer = [0u8; 8];
         let error = |e: Error| e.to_string();
@@ -316,7 +327,11 @@ fn ours_sendrecv(socket: &Path, rounds: usize) -> Result<Vec<u64>, String> {
         } else {
             Err(format!("ping-pong carried {buffer:?}"))
         }
-    })
+    });
+    if let Some(original) = original {
+        let _ = nix::sched::sched_setaffinity(Pid::from_raw(0), &original);
+    }
+    samples
 }
 
 /// Ours and both hand-written barriers, alternating over the plan's rounds.

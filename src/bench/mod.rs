@@ -27,11 +27,14 @@ shmbroker bench [--quick] [--rounds N] [--out DIR]
     and SVG plots: ping-pong latency CDF, barrier latency against world size, throughput
     against message size. Each suite below also takes --out DIR.
 shmbroker bench collectives [--json] [--quick] [--rounds N] [--only NAME]
-    Barrier latency with 2 workers spinning and 2, 4 and 8 parked, against shared-memory
-    barriers that poll with usleep(1) or wait on a futex and a star relay over UNIX sockets;
+    Barrier latency with the session's own waiting at 2, 4, 8 (and 16) workers against
+    MPI_Barrier (oversubscribed past the CPUs, as both then are), and spinning where the CPUs
+    hold the world; an 8-byte send/recv ping-pong against the raw ring and MPI_Send/MPI_Recv;
+    barriers with 2 workers spinning and 2, 4 and 8 parked, against shared-memory barriers
+    that poll with usleep(1) or wait on a futex and a star relay over UNIX sockets;
     all-gathers of 8, 64 and 1024 bytes; fd exchange per fd against raw pidfd_getfd and
-    SCM_RIGHTS; and the time from kill -9 of a worker to a survivor's PeerLost (barrier_hot,
-    barrier_parked, all_gather, fd_exchange, dead_peer).
+    SCM_RIGHTS; and the time from kill -9 of a worker to a survivor's PeerLost (barrier,
+    sendrecv_pingpong, barrier_hot, barrier_parked, all_gather, fd_exchange, dead_peer).
 shmbroker bench bulk [--json] [--quick] [--rounds N] [--only NAME]
     Large messages between two processes: ping-pong round trip and one-way throughput at 4 KiB,
     64 KiB, 1 MiB, 16 MiB and 64 MiB with send/recv and with loans, against a UNIX socket and

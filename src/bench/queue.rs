@@ -193,7 +193,8 @@ fn ring_pingpong<T: Pod>(
             let mut times = Vec::with_capacity(total);
             for i in 0..total as u64 {
                 let start = Instant::now();
-                tx.send_timeout(make(i), PARTNER_TIMEOUT).map_err(ring_err)?;
+                tx.send_timeout(make(i), PARTNER_TIMEOUT)
+                    .map_err(ring_err)?;
                 let answer = read(&rx.recv_timeout(PARTNER_TIMEOUT).map_err(ring_err)?);
                 times.push(start.elapsed().as_nanos() as u64);
                 if answer != i + 1 {
