@@ -65,4 +65,4 @@ pub use ring::{Closer, Consumer, DEFAULT_SPIN_LIMIT, HEADER_SIZE, MAX_CAPACITY, 
 pub use ring::{close, create};
 pub use waiting::{CROWDED_SPIN_MAX, SPIN_MAX, Waiting};
 #[cfg(not(loom))]
-pub use waiting::{CROWDED_YIELD_MAX, YIELD_MAX};
+pub use waiting::{CROWDED_YIELD_MAX, LONG_WAIT_FACTOR, YIELD_MAX};

@@ -85,6 +85,7 @@ pub const CROWDED_YIELD_MAX: Duration = Duration::from_millis(1);
 
 /// A wait is long, and shrinks the budgets, when it lasts more than this many times what the
 /// spin and yield limits together cover.
+#[cfg(not(loom))]
 pub const LONG_WAIT_FACTOR: u32 = 4;
 
 /// How a blocking call waits.
@@ -123,7 +124,9 @@ pub(crate) struct Patience {
     waiting: Waiting,
     /// Spins of the next wait.
     spins: u32,
-    /// Nanoseconds the next wait yields (after spinning) before it parks.
+    /// Nanoseconds the next wait yields (after spinning) before it parks (always 0 under loom,
+    /// which models no clock).
+    #[cfg_attr(loom, allow(dead_code))]
     yield_ns: u32,
 }
 
