@@ -207,10 +207,20 @@ pub enum Error {
 }
 
 /// The largest world whose barrier is flat: every rank tells every other, and waits for all of
-/// them at once (one hop; at most 12 messages in all). Larger worlds disseminate, in
-/// ceil(log2(world)) rounds of one message each way: O(n log n) messages instead of O(n²).
-/// Crowded on 2 CPUs both take about as long at 4 and 8 ranks (Open MPI's is in between).
-pub const FLAT_BARRIER_MAX: u32 = 4;
+/// them at once (one hop; at most 56 messages in all). Larger worlds disseminate, in
+/// ceil(log2(world)) rounds of one message each way: O(n log n) messages instead of O(n²), but
+/// one hop per round. Crowded on 2 CPUs both take about as long at 4 and 8 ranks; parked, the
+/// hops are wake-ups in a row (8 ranks: 86 µs disseminating, 63 µs flat), hence 8.
+pub const FLAT_BARRIER_MAX: u32 = 8;
+
+/// The largest world whose [`Session::all_gather_into`] of a small part is flat (every rank
+/// sends its part to every other); larger worlds gather by Bruck's algorithm, in ceil(log2(n))
+/// rounds, when each part is at most [`BRUCK_MAX_BYTES`] (parts are forwarded, so large ones are
+/// cheaper sent once into the outbox, flat).
+pub const FLAT_GATHER_MAX: u32 = 8;
+
+/// The largest part [`Session::all_gather_into`] gathers by Bruck's algorithm.
+pub const BRUCK_MAX_BYTES: usize = 1024;
 
 /// A barrier message's inline bytes in dissemination round `round`.
 fn round_inline(round: u32) -> [u8; shmbroker_bindings::INLINE_BYTES] {
@@ -852,6 +862,9 @@ impl Session {
             seq,
         };
         let rank = self.rank();
+        if self.world_size() > FLAT_GATHER_MAX && data.len() <= BRUCK_MAX_BYTES {
+            return self.bruck_all_gather(data, out, seq, &deadline);
+        }
         // Small: sent at once, then each peer's part received in turn, with no allocation.
         if self.send_if_eager(kind::ALL_GATHER, seq, data, Targets::Peers, &deadline)? {
             let mut rest = out;
@@ -889,6 +902,57 @@ impl Session {
         for incoming in incoming {
             check_part(incoming, data.len())?;
         }
+        Ok(())
+    }
+
+    /// [`Self::all_gather_into`] by Bruck's algorithm: ceil(log2(world)) rounds, in round k
+    /// sending the 2^k parts gathered so far (at most what is still missing) to rank - 2^k and
+    /// receiving as many from rank + 2^k, so each rank sends O(log n) messages instead of n - 1.
+    /// Parts are gathered in `out` in rotated order (this rank's first), then rotated into rank
+    /// order.
+    /// Every round has a peer of its own (2^k < world), so the collective's sequence number tells
+    /// its messages apart; each round's length is checked.
+    fn bruck_all_gather(
+        &mut self,
+        data: &[u8],
+        out: &mut [u8],
+        seq: u64,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let (rank, world) = (self.rank(), self.world_size());
+        let part = data.len();
+        let expect = Expect::Collective {
+            op: kind::ALL_GATHER,
+            seq,
+        };
+        // Gathered into `out` rotated, with no allocation: part i is rank (rank + i) % world's.
+        let rotated = out;
+        rotated[..part].copy_from_slice(data);
+        let mut have = 1u32;
+        while have < world {
+            let count = have.min(world - have);
+            let to = (rank + world - have) % world;
+            let from = (rank + have) % world;
+            let (gathered, missing) = rotated.split_at_mut(have as usize * part);
+            let bytes = count as usize * part;
+            let mut incoming = [Incoming::new(
+                from,
+                expect,
+                Sink::Slice(&mut missing[..bytes]),
+            )];
+            self.transfer(
+                kind::ALL_GATHER,
+                seq,
+                Some((&gathered[..bytes], Targets::One(to))),
+                &mut incoming,
+                deadline,
+            )?;
+            let [incoming] = incoming;
+            check_part(incoming, bytes)?;
+            have += count;
+        }
+        // Part i moves to (rank + i) % world: rank order.
+        rotated.rotate_right(rank as usize * part);
         Ok(())
     }
 

@@ -85,6 +85,44 @@ fn no_rank_leaves_a_barrier_before_every_rank_has_entered_it_in_worlds_of_one_to
     }
 }
 
+#[test]
+fn all_gather_into_gives_every_part_in_rank_order_in_worlds_of_one_to_seventeen() {
+    // Flat up to FLAT_GATHER_MAX ranks, Bruck beyond (non-powers of two included), at part sizes
+    // on both sides of BRUCK_MAX_BYTES, and of zero bytes.
+    let sizes = [0usize, 1, 8, 100, shmbroker::session::BRUCK_MAX_BYTES, 3000];
+    for world in (1..=9).chain([12, 16, 17]) {
+        let (_world, sessions) = World::start(&format!("gather-into-{world}"), world);
+        let joins: Vec<_> = sessions
+            .into_iter()
+            .map(|mut session| {
+                std::thread::spawn(move || {
+                    let rank = session.rank();
+                    for round in 0..3u8 {
+                        for size in sizes {
+                            let part = |r: u32| -> Vec<u8> {
+                                (0..size).map(|i| (r as u8) ^ (i as u8) ^ round).collect()
+                            };
+                            let mut out = vec![0xEE; size * world as usize];
+                            session.all_gather_into(&part(rank), &mut out).unwrap();
+                            for r in 0..world {
+                                let got = &out[r as usize * size..(r as usize + 1) * size];
+                                assert_eq!(
+                                    got,
+                                    part(r),
+                                    "world {world}, rank {rank}: part of rank {r}, {size} B"
+                                );
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for join in joins {
+            join.join().unwrap();
+        }
+    }
+}
+
 /// One barrier on every session, each on its own thread; gives the sessions back.
 fn barrier_on_threads(sessions: Vec<Session>) -> Vec<Session> {
     let joins: Vec<_> = sessions

@@ -7,7 +7,7 @@
 //! | `sendrecv_pingpong` (8 B) | `send` + `recv_into` round trip | the raw ring the session sends on (one 64-byte slot each way, spinning); `MPI_Send`/`MPI_Recv` (`mpi/bulk.c`) |
 //! | `barrier_hot` (2 workers) | `Session::barrier`, spinning | a shared-memory sense-reversing barrier that polls with `usleep(1)` (as KittensBroker's does); the same with waiters parked in `FUTEX_WAIT`; a star relay over UNIX sockets |
 //! | `barrier_parked` (2, 4, 8 workers) | `Session::barrier`, parking at once | the same two |
-//! | `all_gather_{hot,parked}_{8,64,1024}B` (2 hot; 2, 4, 8 parked) | `Session::all_gather` | each rank writes a slot in shared memory between two futex barriers; a star relay over UNIX sockets |
+//! | `all_gather_{hot,parked,crowded}_{8,64,1024}B` (2 hot; 2, 4, 8 parked; 16 crowded outside `--quick`, against Open MPI only) | `Session::all_gather_into` | each rank writes a slot in shared memory between two futex barriers; a star relay over UNIX sockets |
 //! | `fd_exchange_per_fd` (2 workers) | `Session::exchange_fds` by `pidfd_getfd` (each rank imports one fd) | one raw `pidfd_getfd` with a cached pidfd; an `SCM_RIGHTS` ping-pong, per fd |
 //! | `dead_peer` (3 workers) | from `kill -9` of one worker to the survivor's `PeerLost` in a barrier | none: the target is an absolute bound |
 //!
@@ -60,13 +60,17 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
     }
     if plan.wants("all_gather") {
         let mpi = open_mpi("allgather", super::mpi::ALLGATHER_C);
-        // 2 workers spinning, then 2, 4 and 8 parked, at each size.
-        let setups = [
-            (2u32, u32::MAX, "hot"),
-            (2, 0, "parked"),
-            (4, 0, "parked"),
-            (8, 0, "parked"),
+        // 2 workers spinning, then 2, 4 and 8 parked, at each size; outside --quick, 16 workers
+        // crowded (the session's own waiting, Bruck's algorithm) against Open MPI alone.
+        let mut setups = vec![
+            (2u32, Some(u32::MAX), "hot"),
+            (2, Some(0), "parked"),
+            (4, Some(0), "parked"),
+            (8, Some(0), "parked"),
         ];
+        if !plan.quick {
+            setups.push((16, None, "crowded"));
+        }
         for (workers, spin_limit, mode) in setups {
             for bytes in [8usize, 64, 1024] {
                 report.progress(&format!(
@@ -83,7 +87,10 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
                 let mut open_mpi = Vec::new();
                 // Open MPI always spins: it is compared with the spinning figures, at the sizes
                 // the payload issue names.
-                let with_mpi = mpi.as_ref().filter(|_| mode == "hot" && bytes != 8);
+                let with_mpi = mpi
+                    .as_ref()
+                    .filter(|_| (mode == "hot" && bytes != 8) || mode == "crowded");
+                let crowded = mode == "crowded";
                 for round in 0..plan.rounds {
                     let socket = dir
                         .path()
@@ -95,8 +102,11 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
                             0 => ours.extend(ours_all_gather(
                                 &socket, workers, rounds, bytes, spin_limit,
                             )?),
-                            1 => shared.extend(shared_all_gather(workers, rounds, bytes)?),
-                            2 => star.extend(star_relay(workers, rounds, bytes)?),
+                            1 if !crowded => {
+                                shared.extend(shared_all_gather(workers, rounds, bytes)?);
+                            }
+                            2 if !crowded => star.extend(star_relay(workers, rounds, bytes)?),
+                            1 | 2 => {}
                             _ => {
                                 if let Some(program) = with_mpi {
                                     open_mpi
@@ -106,14 +116,14 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
                         }
                     }
                 }
-                let mut contenders = vec![
-                    ("shmbroker", Measure::Latency(ours)),
-                    (
+                let mut contenders = vec![("shmbroker", Measure::Latency(ours))];
+                if !crowded {
+                    contenders.push((
                         "shared memory slots, futex barriers",
                         Measure::Latency(shared),
-                    ),
-                    ("star relay over UNIX sockets", Measure::Latency(star)),
-                ];
+                    ));
+                    contenders.push(("star relay over UNIX sockets", Measure::Latency(star)));
+                }
                 if with_mpi.is_some() {
                     contenders.push(("open-mpi", Measure::Latency(open_mpi)));
                 }
@@ -662,12 +672,12 @@ fn ours_all_gather(
     workers: u32,
     rounds: usize,
     bytes: usize,
-    spin_limit: u32,
+    spin_limit: Option<u32>,
 ) -> Result<Vec<u64>, String> {
     // Into buffers made once, as MPI_Allgather and the other baselines do; the first byte of
     // every rank's part is checked.
     let buffers = std::cell::RefCell::new((Vec::new(), Vec::new()));
-    ours_timed(socket, workers, rounds, Some(spin_limit), |session| {
+    ours_timed(socket, workers, rounds, spin_limit, |session| {
         let mut buffers = buffers.borrow_mut();
         let (data, out) = &mut *buffers;
         if data.len() != bytes {
