@@ -1019,6 +1019,29 @@ impl Session {
         }
     }
 
+    /// The hot path of a small point-to-point send: `data` fits one slot, nothing is owed to
+    /// `rank` (acknowledgements go first, in order), and the ring has room. Then it is sent as
+    /// message `tag` and this returns `true`; otherwise it sends nothing and returns `false`, for
+    /// the general path (which waits, and names whatever went wrong).
+    pub(super) fn send_one_slot(
+        &mut self,
+        rank: u32,
+        tag: u64,
+        data: &[u8],
+    ) -> Result<bool, Error> {
+        if data.len() > INLINE_BYTES || !self.acks_due[rank as usize].is_empty() {
+            return Ok(false);
+        }
+        self.flush_view_acks()?;
+        if !self.acks_due[rank as usize].is_empty() {
+            return Ok(false);
+        }
+        let mut inline = [0u8; INLINE_BYTES];
+        inline[..data.len()].copy_from_slice(data);
+        let slot = message(kind::SEND, tag, data.len() as u32, inline);
+        Ok(self.link(rank)?.to.try_send(slot).is_ok())
+    }
+
     /// Sends `data` eagerly to `targets` if it is small enough (then `true`), from a stack buffer
     /// no larger than the message needs; `false`, sending nothing, for a pipelined message.
     pub(super) fn send_if_eager(
