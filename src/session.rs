@@ -213,6 +213,89 @@ pub enum Error {
 /// hops are wake-ups in a row (8 ranks: 86 µs disseminating, 63 µs flat), hence 8.
 pub const FLAT_BARRIER_MAX: u32 = 8;
 
+/// The largest world whose broadcast is flat (the root sends to every rank); larger worlds
+/// broadcast down a binomial tree, so the root sends ceil(log2(n)) messages instead of n - 1
+/// (see [`Session::broadcast`]).
+pub const FLAT_BROADCAST_MAX: u32 = 8;
+
+/// Bytes of a tree broadcast's routing slot before any data it carries: the route and the
+/// length.
+const ROUTE_HEADER: usize = 8;
+
+/// Where a rank of a tree broadcast finds the data, as its parent's routing slot says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// In the routing slot itself, after [`ROUTE_HEADER`].
+    Inline,
+    /// In the next broadcast message from the parent.
+    Parent,
+    /// Streamed by the root to every rank at once.
+    Root,
+}
+
+impl Route {
+    /// How `len` bytes travel down the tree, with this session's eager limit.
+    fn for_len(len: usize, eager_limit: usize) -> Self {
+        if len <= shmbroker_bindings::INLINE_BYTES - ROUTE_HEADER {
+            Self::Inline
+        } else if len <= eager_limit {
+            Self::Parent
+        } else {
+            Self::Root
+        }
+    }
+
+    /// The routing slot for message `seq`, carrying `data` when it is [`Self::Inline`].
+    fn word(self, seq: u64, data: &[u8]) -> Message {
+        let mut inline = [0u8; shmbroker_bindings::INLINE_BYTES];
+        inline[0] = match self {
+            Self::Inline => 1,
+            Self::Parent => 2,
+            Self::Root => 3,
+        };
+        let mut len = ROUTE_HEADER;
+        if self == Self::Inline {
+            inline[ROUTE_HEADER..][..data.len()].copy_from_slice(data);
+            len += data.len();
+        }
+        message(kind::BROADCAST, seq, len as u32, inline)
+    }
+
+    /// The route a parent's routing slot names, checked.
+    fn read(parent: u32, word: &Message) -> Result<Self, Error> {
+        let route = match word.inline[0] {
+            1 => Self::Inline,
+            2 => Self::Parent,
+            3 => Self::Root,
+            other => {
+                return Err(Error::Protocol {
+                    peer: parent,
+                    detail: format!(
+                        "a broadcast routing slot names route {other}; expected 1 (inline), 2 \
+                         (from the parent) or 3 (from the root)"
+                    ),
+                });
+            }
+        };
+        let len = word.len as usize;
+        let fits = if route == Self::Inline {
+            (ROUTE_HEADER..=shmbroker_bindings::INLINE_BYTES).contains(&len)
+        } else {
+            len == ROUTE_HEADER
+        };
+        if !fits || word.inline[1..ROUTE_HEADER].iter().any(|&b| b != 0) {
+            return Err(Error::Protocol {
+                peer: parent,
+                detail: format!(
+                    "a broadcast routing slot of {len} bytes for route {route:?}; expected \
+                     {ROUTE_HEADER} bytes of header (zeros after the route) and, inline, the data"
+                ),
+            });
+        }
+        Ok(route)
+    }
+}
+
 /// The largest world whose [`Session::all_gather_into`] of a small part is flat (every rank
 /// sends its part to every other); larger worlds gather by Bruck's algorithm, in ceil(log2(n))
 /// rounds, when each part is at most [`BRUCK_MAX_BYTES`] (parts are forwarded, so large ones are
@@ -1006,6 +1089,9 @@ impl Session {
         self.check_root(root, data.is_some(), "broadcast")?;
         let deadline = Deadline::new("broadcast", timeout);
         let seq = self.next_seq();
+        if self.world_size() > FLAT_BROADCAST_MAX {
+            return self.tree_broadcast(root, data, seq, &deadline);
+        }
         if let Some(data) = data {
             self.transfer(
                 kind::BROADCAST,
@@ -1022,6 +1108,100 @@ impl Session {
         };
         let mut incoming = [Incoming::new(root, expect, Sink::Vec(Vec::new()))];
         self.transfer(kind::BROADCAST, seq, None, &mut incoming, &deadline)?;
+        let [incoming] = incoming;
+        match incoming.finish()? {
+            (_, Sink::Vec(bytes)) => Ok(bytes),
+            (_, Sink::Slice(_)) => unreachable!("a vector sink stays a vector"),
+        }
+    }
+
+    /// [`Self::broadcast`] down a binomial tree rooted at `root` (see [`FLAT_BROADCAST_MAX`]).
+    /// Each rank first hears one slot from its parent saying where the data is ([`Route`]): in
+    /// that slot, in the next message from the parent (up to the eager limit), or in the root's
+    /// outbox, streamed to every rank at once as in a flat broadcast (larger data: forwarding it
+    /// would copy it once per level). The rank passes the same word to its children before it
+    /// takes the data from the root, so no rank waits on another's large transfer.
+    fn tree_broadcast(
+        &mut self,
+        root: u32,
+        data: Option<&[u8]>,
+        seq: u64,
+        deadline: &Deadline,
+    ) -> Result<Vec<u8>, Error> {
+        let (rank, world) = (self.rank(), self.world_size());
+        let relative = (rank + world - root) % world;
+        // The lowest set bit of `relative` leads to the parent; children hang off lower bits.
+        let mut mask = 1u32;
+        while mask < world && relative & mask == 0 {
+            mask <<= 1;
+        }
+        let children: Vec<u32> = std::iter::successors(Some(mask >> 1), |m| Some(m >> 1))
+            .take_while(|&m| m > 0)
+            .filter(|&m| relative + m < world)
+            .map(|m| (relative + m + root) % world)
+            .collect();
+        let expect = Expect::Collective {
+            op: kind::BROADCAST,
+            seq,
+        };
+        let (route, bytes) = match data {
+            Some(data) => (
+                Route::for_len(data.len(), self.eager_limit()),
+                data.to_vec(),
+            ),
+            None => {
+                let parent = (relative - mask + root) % world;
+                let word = self.recv_collective(parent, kind::BROADCAST, seq, deadline)?;
+                let route = Route::read(parent, &word)?;
+                let bytes = match route {
+                    Route::Inline => {
+                        word.inline[ROUTE_HEADER..][..word.len as usize - ROUTE_HEADER].to_vec()
+                    }
+                    Route::Parent => self.receive_vec(parent, expect, deadline)?,
+                    // Taken from the root once the children have been told.
+                    Route::Root => Vec::new(),
+                };
+                (route, bytes)
+            }
+        };
+        for &child in &children {
+            let word = route.word(seq, &bytes);
+            self.send_message(child, word, deadline)?;
+            if route == Route::Parent {
+                self.transfer(
+                    kind::BROADCAST,
+                    seq,
+                    Some((&bytes, Targets::One(child))),
+                    &mut [],
+                    deadline,
+                )?;
+            }
+        }
+        match (route, data) {
+            (Route::Root, Some(data)) => {
+                self.transfer(
+                    kind::BROADCAST,
+                    seq,
+                    Some((data, Targets::Peers)),
+                    &mut [],
+                    deadline,
+                )?;
+                Ok(bytes)
+            }
+            (Route::Root, None) => self.receive_vec(root, expect, deadline),
+            _ => Ok(bytes),
+        }
+    }
+
+    /// The next group `expect` selects from `peer`, whole, into a vector.
+    fn receive_vec(
+        &mut self,
+        peer: u32,
+        expect: Expect,
+        deadline: &Deadline,
+    ) -> Result<Vec<u8>, Error> {
+        let mut incoming = [Incoming::new(peer, expect, Sink::Vec(Vec::new()))];
+        self.transfer(kind::BROADCAST, 0, None, &mut incoming, deadline)?;
         let [incoming] = incoming;
         match incoming.finish()? {
             (_, Sink::Vec(bytes)) => Ok(bytes),

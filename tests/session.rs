@@ -123,6 +123,39 @@ fn all_gather_into_gives_every_part_in_rank_order_in_worlds_of_one_to_seventeen(
     }
 }
 
+#[test]
+fn every_root_broadcasts_every_size_in_worlds_of_one_to_seventeen() {
+    // Flat up to FLAT_BROADCAST_MAX ranks, a binomial tree beyond: data in the routing slot, in
+    // the parent's next message, or streamed by the root (larger than the eager limit).
+    let sizes = [0usize, 1, 40, 41, 1000, 20_000, 300_000];
+    for world in (1..=9).chain([12, 16, 17]) {
+        let (_world, sessions) = World::start(&format!("bcast-{world}"), world);
+        let joins: Vec<_> = sessions
+            .into_iter()
+            .map(|mut session| {
+                std::thread::spawn(move || {
+                    let rank = session.rank();
+                    for root in 0..world {
+                        for size in sizes {
+                            let want: Vec<u8> =
+                                (0..size).map(|i| (root as u8) ^ (i as u8) ^ 0x5A).collect();
+                            let data = (rank == root).then_some(&want[..]);
+                            let got = session.broadcast(root, data).unwrap();
+                            assert!(
+                                got == want,
+                                "world {world}, rank {rank}: broadcast of {size} B from {root}"
+                            );
+                        }
+                    }
+                })
+            })
+            .collect();
+        for join in joins {
+            join.join().unwrap();
+        }
+    }
+}
+
 /// One barrier on every session, each on its own thread; gives the sessions back.
 fn barrier_on_threads(sessions: Vec<Session>) -> Vec<Session> {
     let joins: Vec<_> = sessions
