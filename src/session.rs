@@ -1548,6 +1548,39 @@ mod tests {
     }
 
     #[test]
+    fn a_routing_slot_is_read_back_and_a_forged_one_refused() {
+        let data = [7u8; 40];
+        for (route, payload) in [
+            (Route::Inline, &data[..]),
+            (Route::Parent, &[][..]),
+            (Route::Root, &[][..]),
+        ] {
+            let word = route.word(9, payload);
+            assert_eq!(Route::read(2, &word).unwrap(), route);
+        }
+        let good = Route::Parent.word(9, &[]);
+        let mut forged = Vec::new();
+        for route in [0u8, 4, 255] {
+            let mut word = good;
+            word.inline[0] = route;
+            forged.push(word);
+        }
+        let mut long = Route::Inline.word(9, &data);
+        long.len = 49;
+        let mut padded = good;
+        padded.inline[3] = 1;
+        let mut parent_with_data = good;
+        parent_with_data.len = 9;
+        forged.extend([long, padded, parent_with_data]);
+        for word in forged {
+            match Route::read(2, &word) {
+                Err(Error::Protocol { peer: 2, detail }) => assert!(detail.contains("route")),
+                other => panic!("{word:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn cpus_allowed_counts_this_process_cpus() {
         let cpus = cpus_allowed();
         assert!(cpus >= 1);
