@@ -60,28 +60,18 @@ fn no_rank_leaves_a_barrier_before_every_rank_has_entered_it_in_worlds_of_one_to
     for world in (1..=9).chain([16, 17]) {
         let (_world, sessions) = World::start(&format!("barrier-{world}"), world);
         let arrived = Arc::new(AtomicU64::new(0));
-        let joins: Vec<_> = sessions
-            .into_iter()
-            .map(|mut session| {
-                let arrived = arrived.clone();
-                std::thread::spawn(move || {
-                    for round in 1..=50u64 {
-                        arrived.fetch_add(1, Ordering::SeqCst);
-                        session.barrier().unwrap();
-                        let seen = arrived.load(Ordering::SeqCst);
-                        assert!(
-                            seen >= round * u64::from(world),
-                            "world {world}: rank {} left barrier {round} having seen {seen} \
-                             arrivals",
-                            session.rank()
-                        );
-                    }
-                })
-            })
-            .collect();
-        for join in joins {
-            join.join().unwrap();
-        }
+        each_on_a_thread(sessions, move |session| {
+            for round in 1..=50u64 {
+                arrived.fetch_add(1, Ordering::SeqCst);
+                session.barrier().unwrap();
+                let seen = arrived.load(Ordering::SeqCst);
+                assert!(
+                    seen >= round * u64::from(world),
+                    "world {world}: rank {} left barrier {round} having seen {seen} arrivals",
+                    session.rank()
+                );
+            }
+        });
     }
 }
 
@@ -92,34 +82,23 @@ fn all_gather_into_gives_every_part_in_rank_order_in_worlds_of_one_to_seventeen(
     let sizes = [0usize, 1, 8, 100, shmbroker::session::BRUCK_MAX_BYTES, 3000];
     for world in (1..=9).chain([12, 16, 17]) {
         let (_world, sessions) = World::start(&format!("gather-into-{world}"), world);
-        let joins: Vec<_> = sessions
-            .into_iter()
-            .map(|mut session| {
-                std::thread::spawn(move || {
-                    let rank = session.rank();
-                    for round in 0..3u8 {
-                        for size in sizes {
-                            let part = |r: u32| -> Vec<u8> {
-                                (0..size).map(|i| (r as u8) ^ (i as u8) ^ round).collect()
-                            };
-                            let mut out = vec![0xEE; size * world as usize];
-                            session.all_gather_into(&part(rank), &mut out).unwrap();
-                            for r in 0..world {
-                                let got = &out[r as usize * size..(r as usize + 1) * size];
-                                assert_eq!(
-                                    got,
-                                    part(r),
-                                    "world {world}, rank {rank}: part of rank {r}, {size} B"
-                                );
-                            }
-                        }
+        each_on_a_thread(sessions, move |session| {
+            let rank = session.rank();
+            for round in 0..3u8 {
+                for size in sizes {
+                    let part = |r: u32| -> Vec<u8> {
+                        (0..size).map(|i| (r as u8) ^ (i as u8) ^ round).collect()
+                    };
+                    let mut out = vec![0xEE; size * world as usize];
+                    session.all_gather_into(&part(rank), &mut out).unwrap();
+                    for r in 0..world {
+                        let got = &out[r as usize * size..(r as usize + 1) * size];
+                        let want = part(r);
+                        assert_eq!(got, want, "world {world}, rank {rank}: rank {r}'s {size} B");
                     }
-                })
-            })
-            .collect();
-        for join in joins {
-            join.join().unwrap();
-        }
+                }
+            }
+        });
     }
 }
 
@@ -130,44 +109,87 @@ fn every_root_broadcasts_every_size_in_worlds_of_one_to_seventeen() {
     let sizes = [0usize, 1, 40, 41, 1000, 20_000, 300_000];
     for world in (1..=9).chain([12, 16, 17]) {
         let (_world, sessions) = World::start(&format!("bcast-{world}"), world);
-        let joins: Vec<_> = sessions
-            .into_iter()
-            .map(|mut session| {
-                std::thread::spawn(move || {
-                    let rank = session.rank();
-                    for root in 0..world {
-                        for size in sizes {
-                            let want: Vec<u8> =
-                                (0..size).map(|i| (root as u8) ^ (i as u8) ^ 0x5A).collect();
-                            let data = (rank == root).then_some(&want[..]);
-                            let got = session.broadcast(root, data).unwrap();
-                            assert!(
-                                got == want,
-                                "world {world}, rank {rank}: broadcast of {size} B from {root}"
-                            );
-                        }
-                    }
-                })
-            })
-            .collect();
-        for join in joins {
-            join.join().unwrap();
-        }
+        each_on_a_thread(sessions, move |session| {
+            let rank = session.rank();
+            for root in 0..world {
+                for size in sizes {
+                    let want: Vec<u8> =
+                        (0..size).map(|i| (root as u8) ^ (i as u8) ^ 0x5A).collect();
+                    let data = (rank == root).then_some(&want[..]);
+                    let got = session.broadcast(root, data).unwrap();
+                    assert!(
+                        got == want,
+                        "world {world}, rank {rank}: broadcast of {size} B from {root}"
+                    );
+                }
+            }
+        });
     }
 }
 
 /// One barrier on every session, each on its own thread; gives the sessions back.
 fn barrier_on_threads(sessions: Vec<Session>) -> Vec<Session> {
+    each_on_a_thread(sessions, |session| session.barrier().unwrap())
+}
+
+/// Runs `work` on every session, each on a thread of its own (a rank's panic fails the test);
+/// gives the sessions back in rank order.
+fn each_on_a_thread(
+    sessions: Vec<Session>,
+    work: impl Fn(&mut Session) + Clone + Send + 'static,
+) -> Vec<Session> {
     let joins: Vec<_> = sessions
         .into_iter()
         .map(|mut session| {
+            let work = work.clone();
             std::thread::spawn(move || {
-                session.barrier().unwrap();
+                work(&mut session);
                 session
             })
         })
         .collect();
     joins.into_iter().map(|join| join.join().unwrap()).collect()
+}
+
+#[test]
+fn forged_messages_of_the_scalable_collectives_are_refused_naming_the_forger() {
+    // Nine ranks: past 8 the barrier disseminates, broadcasts go down a tree and small
+    // all_gather_into parts go by Bruck's algorithm. One rank writes, straight into a ring, what
+    // no correct peer sends at that point; the receiver says so, naming it, within its deadline.
+    let forge = |sessions: &mut [Session], from: usize, to: u32, message: Message| {
+        let link = sessions[from].raw().link(to).unwrap();
+        link.to.try_send(message).unwrap();
+    };
+    let short = Duration::from_millis(500);
+    let slot = |kind: u32, len: u32, first: u8| {
+        let mut inline = [0u8; INLINE_BYTES];
+        inline[0] = first;
+        Message {
+            kind,
+            len,
+            tag: 0,
+            inline,
+        }
+    };
+
+    // Rank 1's parent in a tree rooted at 0 is rank 0: a routing slot naming route 7.
+    let (_world, mut sessions) = World::start("forged-route", 9);
+    forge(&mut sessions, 0, 1, slot(kind::BROADCAST, 8, 7));
+    let outcome = sessions[1].broadcast_timeout(0, None, short);
+    expect_protocol(outcome, 0, "names route 7");
+
+    // In round 0 of a dissemination barrier rank 1 hears from rank 0: a round-3 message.
+    let (_world, mut sessions) = World::start("forged-round", 9);
+    forge(&mut sessions, 0, 1, slot(kind::BARRIER, 0, 3));
+    let outcome = sessions[1].barrier_timeout(short);
+    expect_protocol(outcome, 0, "dissemination round 0");
+
+    // In Bruck's round 0 rank 1 receives one 8-byte part from rank 2: 16 bytes instead.
+    let (_world, mut sessions) = World::start("forged-part", 9);
+    forge(&mut sessions, 2, 1, slot(kind::ALL_GATHER, 16, 0));
+    let mut out = [0u8; 8 * 9];
+    let outcome = sessions[1].all_gather_into(&[1; 8], &mut out);
+    expect_protocol(outcome, 2, "gave 16 bytes where 8 were due");
 }
 
 #[test]
