@@ -136,7 +136,12 @@ pub fn worker(rest: &[String]) -> Result<(), String> {
         let root = (round % u64::from(world)) as u32;
         let outcome = match op.as_str() {
             "barrier" => session.barrier(),
-            "all_gather" => session.all_gather(&[1u8; 64]).map(drop),
+            // Both forms: past 8 ranks all_gather_into goes by Bruck's algorithm.
+            "all_gather" if round.is_multiple_of(2) => session.all_gather(&[1u8; 64]).map(drop),
+            "all_gather" => {
+                let mut out = vec![0u8; 64 * world as usize];
+                session.all_gather_into(&[1u8; 64], &mut out)
+            }
             "broadcast" => {
                 let data = (root == session.rank()).then_some(&[7u8; 256][..]);
                 session.broadcast(root, data).map(drop)

@@ -10,11 +10,27 @@ use std::process::{Command, Stdio};
 
 #[test]
 fn thirty_trials_of_kills_broker_deaths_scribbles_forks_and_leaves_hang_leak_and_misname_nothing() {
+    chaos_finds_nothing(4, 30);
+}
+
+#[test]
+fn ten_workers_past_the_flat_algorithms_hang_leak_and_misname_nothing() {
+    // Ten ranks: the barrier disseminates, broadcasts go down a tree and all_gather_into goes by
+    // Bruck's algorithm, all while a rank in the middle of them is killed; on 2 CPUs the ranks
+    // also wait crowded (yielding).
+    chaos_finds_nothing(10, 10);
+}
+
+/// `trials` chaos trials of `workers` workers, every scenario: no hang, no leaked fd, no
+/// misnamed rank, no stray signal, and every survivor reporting.
+fn chaos_finds_nothing(workers: u32, trials: u32) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let (workers_arg, trials_arg) = (workers.to_string(), trials.to_string());
     command
         // A hang here is a survivor still running 10 s after the kill (the calls' deadline is
         // 20 s): generous for a loaded machine; the README's runs use 1 s.
-        .args(["chaos", "--trials", "30", "--json", "--hang-ms", "10000"])
+        .args(["chaos", "--trials", &trials_arg, "--workers", &workers_arg])
+        .args(["--json", "--hang-ms", "10000"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let (ok, stdout, stderr) = finish(spawn(&mut command));
@@ -23,23 +39,23 @@ fn thirty_trials_of_kills_broker_deaths_scribbles_forks_and_leaves_hang_leak_and
     assert!(ok, "{stdout}\n{stderr}");
     let json = stdout.lines().next().unwrap_or_default();
     for wanted in [
-        "\"trials\":30,",
-        "\"hangs\":0,",
-        "\"misnamed\":0,",
-        "\"broker_fds_leaked\":0,",
-        "\"survivor_fds_leaked\":0,",
-        "\"signalled\":0,",
+        format!("\"trials\":{trials},"),
+        "\"hangs\":0,".into(),
+        "\"misnamed\":0,".into(),
+        "\"broker_fds_leaked\":0,".into(),
+        "\"survivor_fds_leaked\":0,".into(),
+        "\"signalled\":0,".into(),
     ] {
-        assert!(json.contains(wanted), "{wanted} missing from {json}");
+        assert!(json.contains(&wanted), "{wanted} missing from {json}");
     }
-    // Every scenario ran, each with three survivors reporting.
+    // Every scenario ran, each trial with its survivors reporting.
     for scenario in ["kill", "broker", "scribble", "fork", "leave"] {
         assert!(
             json.contains(&format!("\"scenario\":\"{scenario}\"")),
             "{scenario} never ran: {json}"
         );
     }
-    assert_eq!(json.matches("\"detection_ms\":[").count(), 30);
+    assert_eq!(json.matches("\"detection_ms\":[").count(), trials as usize);
     assert!(
         !json.contains("\"detection_ms\":[]"),
         "a trial with no survivor report: {json}"
