@@ -14,7 +14,7 @@
 //! Every worker is its own process, forked before any thread exists; worker processes log on
 //! while the broker (started after the fork, on a thread) comes up, as `connect` retries.
 
-use super::{Comparison, Measure, Plan, Report, Size};
+use super::{Comparison, Measure, Plan, Report, Run, Size, alternate};
 use crate::tempdir::TempDir;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -201,35 +201,25 @@ fn barrier_against_mpi(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Resul
             plan.size(5_000, 500)
         };
         let hot = workers > 2 && workers as usize <= cpus();
-        let mut ours = Vec::new();
-        let mut ours_hot = Vec::new();
-        let mut open_mpi = Vec::new();
-        for round in 0..plan.rounds {
-            let socket = dir.join(format!("barrier-{workers}-{round}.sock"));
-            let mut order: Vec<u8> = vec![0, 1, 2];
-            order.rotate_left(round % 3);
-            for contender in order {
-                match contender {
-                    0 => ours.extend(ours_barrier(&socket, workers, rounds, None)?),
-                    1 if hot => {
-                        ours_hot.extend(ours_barrier(&socket, workers, rounds, Some(u32::MAX))?);
-                    }
-                    2 => {
-                        if let Some(program) = &mpi {
-                            open_mpi.extend(mpi_barrier(program, workers, rounds)?);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        let mut contenders = vec![("shmbroker", Measure::Latency(ours))];
+        let sockets = std::cell::Cell::new(0u32);
+        let socket = || {
+            sockets.set(sockets.get() + 1);
+            dir.join(format!("barrier-{workers}-{}.sock", sockets.get()))
+        };
+        let ours = || ours_barrier(&socket(), workers, rounds, None).map(Measure::Latency);
+        let spinning =
+            || ours_barrier(&socket(), workers, rounds, Some(u32::MAX)).map(Measure::Latency);
+        let mut runs: Vec<(&'static str, Run<'_>)> = vec![("shmbroker", &ours)];
         if hot {
-            contenders.push(("shmbroker, spinning", Measure::Latency(ours_hot)));
+            runs.push(("shmbroker, spinning", &spinning));
         }
-        if mpi.is_some() {
-            contenders.push(("open-mpi", Measure::Latency(open_mpi)));
+        let open_mpi = mpi
+            .as_ref()
+            .map(|program| move || mpi_barrier(program, workers, rounds).map(Measure::Latency));
+        if let Some(open_mpi) = &open_mpi {
+            runs.push(("open-mpi", open_mpi));
         }
+        let contenders = alternate(plan, &runs)?;
         report.add(Comparison {
             bench: "barrier".into(),
             size: Size::Workers(workers),
@@ -270,38 +260,29 @@ fn sendrecv_pingpong(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<
     report.progress("sendrecv_pingpong, 8 bytes");
     let mpi = open_mpi("bulk", super::mpi::BULK_C);
     let rounds = plan.size(20_000, 2_000);
-    let mut ours = Vec::new();
-    let mut ring = Vec::new();
-    let mut open_mpi = Vec::new();
-    for round in 0..plan.rounds {
-        let socket = dir.join(format!("sendrecv-{round}.sock"));
-        let mut order: Vec<u8> = vec![0, 1, 2];
-        order.rotate_left(round % 3);
-        for contender in order {
-            match contender {
-                0 => ours.extend(ours_sendrecv(&socket, rounds)?),
-                1 => ring.extend(super::queue::message_pingpong(rounds)?),
-                _ => {
-                    if let Some(program) = &mpi {
-                        let args = [rounds, warmup(rounds), 8].map(|n| n.to_string());
-                        let stdout = program.run(2, &args, Duration::from_secs(120))?;
-                        open_mpi.extend(
-                            super::mpi::parse_lines(&stdout, "pingpong_sample")
-                                .into_iter()
-                                .filter_map(|fields| fields.get(1).copied()),
-                        );
-                    }
-                }
-            }
+    let sockets = std::cell::Cell::new(0u32);
+    let ours = || {
+        sockets.set(sockets.get() + 1);
+        let socket = dir.join(format!("sendrecv-{}.sock", sockets.get()));
+        ours_sendrecv(&socket, rounds).map(Measure::Latency)
+    };
+    let ring = || super::queue::message_pingpong(rounds).map(Measure::Latency);
+    let mut contenders: Vec<(&'static str, Run<'_>)> =
+        vec![("shmbroker", &ours), ("raw ring round trip", &ring)];
+    let open_mpi = mpi.as_ref().map(|program| {
+        move || {
+            let args = [rounds, warmup(rounds), 8].map(|n| n.to_string());
+            let stdout = program.run(2, &args, Duration::from_secs(120))?;
+            let samples = super::mpi::parse_lines(&stdout, "pingpong_sample")
+                .into_iter()
+                .filter_map(|fields| fields.get(1).copied());
+            Ok(Measure::Latency(samples.collect()))
         }
+    });
+    if let Some(open_mpi) = &open_mpi {
+        contenders.push(("open-mpi", open_mpi));
     }
-    let mut contenders = vec![
-        ("shmbroker", Measure::Latency(ours)),
-        ("raw ring round trip", Measure::Latency(ring)),
-    ];
-    if mpi.is_some() {
-        contenders.push(("open-mpi", Measure::Latency(open_mpi)));
-    }
+    let contenders = alternate(plan, &contenders)?;
     report.add(Comparison {
         bench: "sendrecv_pingpong".into(),
         size: Size::Bytes(8),

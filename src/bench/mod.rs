@@ -352,6 +352,42 @@ pub(super) fn json_line(
     format!("{head}{body}}}")
 }
 
+/// One measurement of one contender.
+pub(super) type Run<'a> = &'a dyn Fn() -> Result<Measure, String>;
+
+/// Runs `contenders` for `rounds` rounds, rotating their order each round; collects per name.
+pub(super) fn alternate(
+    plan: Plan<'_>,
+    contenders: &[(&'static str, Run<'_>)],
+) -> Result<Vec<(&'static str, Measure)>, String> {
+    let mut results: Vec<(&'static str, Option<Measure>)> =
+        contenders.iter().map(|(name, _)| (*name, None)).collect();
+    for round in 0..plan.rounds {
+        for k in 0..contenders.len() {
+            let index = (k + round) % contenders.len();
+            let measured =
+                (contenders[index].1)().map_err(|e| format!("{}: {e}", contenders[index].0))?;
+            let slot = &mut results[index].1;
+            *slot = Some(match (slot.take(), measured) {
+                (None, m) => m,
+                (Some(Measure::Latency(mut a)), Measure::Latency(b)) => {
+                    a.extend(b);
+                    Measure::Latency(a)
+                }
+                (Some(Measure::Throughput(mut a)), Measure::Throughput(b)) => {
+                    a.extend(b);
+                    Measure::Throughput(a)
+                }
+                _ => return Err("a contender changed its kind of measure".into()),
+            });
+        }
+    }
+    Ok(results
+        .into_iter()
+        .filter_map(|(name, measure)| Some((name, measure?)))
+        .collect())
+}
+
 /// The CPUs to pin the two sides of a measurement to, if this process may use two.
 ///
 /// Read once, before the first measurement pins this process to one of them: asked afterwards,

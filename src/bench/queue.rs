@@ -14,7 +14,7 @@
 //! Streaming is timed by the consumer from the first message to the last, and every streamed
 //! message is checked, so a benchmark that lost or reordered data fails instead of reporting.
 
-use super::{Comparison, Measure, Plan, Report, Size, fork_pair};
+use super::{Comparison, Measure, Plan, Report, Run, Size, alternate, fork_pair};
 use bytemuck::Pod;
 use shmbroker::queues::memfd::{Mapping, create_sealed};
 use shmbroker::queues::{Consumer, Producer, TryRecvError, TrySendError, create};
@@ -43,42 +43,6 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
         stream::<512>(plan, report, batched)?;
     }
     Ok(())
-}
-
-/// One measurement of one contender.
-type Run<'a> = &'a dyn Fn() -> Result<Measure, String>;
-
-/// Runs `contenders` for `rounds` rounds, rotating their order each round; collects per name.
-fn alternate(
-    plan: Plan,
-    contenders: &[(&'static str, Run<'_>)],
-) -> Result<Vec<(&'static str, Measure)>, String> {
-    let mut results: Vec<(&'static str, Option<Measure>)> =
-        contenders.iter().map(|(name, _)| (*name, None)).collect();
-    for round in 0..plan.rounds {
-        for k in 0..contenders.len() {
-            let index = (k + round) % contenders.len();
-            let measured =
-                (contenders[index].1)().map_err(|e| format!("{}: {e}", contenders[index].0))?;
-            let slot = &mut results[index].1;
-            *slot = Some(match (slot.take(), measured) {
-                (None, m) => m,
-                (Some(Measure::Latency(mut a)), Measure::Latency(b)) => {
-                    a.extend(b);
-                    Measure::Latency(a)
-                }
-                (Some(Measure::Throughput(mut a)), Measure::Throughput(b)) => {
-                    a.extend(b);
-                    Measure::Throughput(a)
-                }
-                _ => return Err("a contender changed its kind of measure".into()),
-            });
-        }
-    }
-    Ok(results
-        .into_iter()
-        .filter_map(|(name, measure)| Some((name, measure?)))
-        .collect())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,11 +19,10 @@
 #define MAX_TOTAL (64ull << 20)
 
 static int usage(int rank, const char *why) {
-    if (rank == 0)
-        fprintf(stderr, "allgather: %s\nusage: mpirun -np WORLD allgather ROUNDS WARMUP SIZE"
-                        " [SIZE...] (1 <= ROUNDS <= 100000000, WORLD * SIZE <= 64 MiB)\n", why);
-    MPI_Finalize();
-    return 2;
+    return usage_of("allgather",
+                    "mpirun -np WORLD allgather ROUNDS WARMUP SIZE [SIZE...]"
+                    " (1 <= ROUNDS <= 100000000, WORLD * SIZE <= 64 MiB)",
+                    rank, why);
 }
 
 int main(int argc, char **argv) {

@@ -15,11 +15,9 @@
  */
 
 static int usage(int rank, const char *why) {
-    if (rank == 0)
-        fprintf(stderr, "barrier: %s\nusage: mpirun -np WORLD barrier ROUNDS WARMUP"
-                        " (1 <= ROUNDS <= 100000000)\n", why);
-    MPI_Finalize();
-    return 2;
+    return usage_of("barrier",
+                    "mpirun -np WORLD barrier ROUNDS WARMUP (1 <= ROUNDS <= 100000000)",
+                    rank, why);
 }
 
 int main(int argc, char **argv) {

@@ -28,11 +28,10 @@
 #define TAG_ACK 2
 
 static int usage(int rank, const char *why) {
-    if (rank == 0)
-        fprintf(stderr, "bulk: %s\nusage: mpirun -np 2 bulk ROUNDS WARMUP SIZE [SIZE...]"
-                        " (1 <= ROUNDS <= 100000000, SIZE <= 64 MiB)\n", why);
-    MPI_Finalize();
-    return 2;
+    return usage_of("bulk",
+                    "mpirun -np 2 bulk ROUNDS WARMUP SIZE [SIZE...]"
+                    " (1 <= ROUNDS <= 100000000, SIZE <= 64 MiB)",
+                    rank, why);
 }
 
 int main(int argc, char **argv) {

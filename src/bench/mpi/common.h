@@ -36,3 +36,11 @@ static int parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *out
     *out = v;
     return 0;
 }
+
+/* Says why the arguments were refused and how to call `program` (rank 0 only), finalizes MPI and
+ * returns the exit status 2. Each program wraps it in a `usage(rank, why)` of its own. */
+static int usage_of(const char *program, const char *synopsis, int rank, const char *why) {
+    if (rank == 0) fprintf(stderr, "%s: %s\nusage: %s\n", program, why, synopsis);
+    MPI_Finalize();
+    return 2;
+}
