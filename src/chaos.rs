@@ -112,6 +112,9 @@ pub fn worker(rest: &[String]) -> Result<(), String> {
     session
         .await_peers(CALL_TIMEOUT)
         .map_err(|e| e.to_string())?;
+    // And every rank has mapped every outbox before any victim starts scribbling on its own: a
+    // rank still joining a scribbled outbox would (rightly) refuse it before the trial began.
+    session.barrier().map_err(|e| e.to_string())?;
     if fork {
         fork_holder()?;
     }
