@@ -145,10 +145,12 @@ pub fn worker(rest: &[String]) -> Result<(), String> {
                 let mut out = vec![0u8; 64 * world as usize];
                 session.all_gather_into(&[1u8; 64], &mut out)
             }
-            "broadcast" => {
+            // Broadcasts alternate with gathers: past 8 ranks both go by a binomial tree.
+            "broadcast" if round.is_multiple_of(2) => {
                 let data = (root == session.rank()).then_some(&[7u8; 256][..]);
                 session.broadcast(root, data).map(drop)
             }
+            "broadcast" => session.gather(root, &[3u8; 256]).map(drop),
             "fds" => {
                 use std::os::fd::AsFd;
                 session.exchange_fds(memfd.as_fd()).map(drop)

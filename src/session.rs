@@ -299,11 +299,102 @@ impl Route {
 /// The largest world whose [`Session::all_gather_into`] of a small part is flat (every rank
 /// sends its part to every other); larger worlds gather by Bruck's algorithm, in ceil(log2(n))
 /// rounds, when each part is at most [`BRUCK_MAX_BYTES`] (parts are forwarded, so large ones are
-/// cheaper sent once into the outbox, flat).
+/// cheaper sent once into the outbox, flat). It is also the largest world whose
+/// [`Session::gather`] is flat; larger worlds gather up a binomial tree (see [`TREE_PART_MAX`]).
 pub const FLAT_GATHER_MAX: u32 = 8;
 
 /// The largest part [`Session::all_gather_into`] gathers by Bruck's algorithm.
 pub const BRUCK_MAX_BYTES: usize = 1024;
+
+/// The largest part a tree [`Session::gather`] (past [`FLAT_GATHER_MAX`] ranks) forwards up the
+/// tree; larger parts go straight to the root.
+pub const TREE_PART_MAX: usize = BRUCK_MAX_BYTES;
+
+/// A subtree's parts on their way up a tree gather, in relative rank order.
+///
+/// On the wire: one little-endian `u32` per part, its length, or [`Bundle::DIRECT`] for a part
+/// sent straight to the root; then the forwarded parts, back to back. The receiver knows how
+/// many parts the subtree has, and checks every length against [`TREE_PART_MAX`] and the total.
+#[derive(Debug, Default)]
+struct Bundle {
+    /// Each part's bytes, or `None` for one sent straight to the root.
+    parts: Vec<Option<Vec<u8>>>,
+}
+
+impl Bundle {
+    /// The length word of a part sent straight to the root.
+    const DIRECT: u32 = u32::MAX;
+
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// This rank's own part: forwarded if small, else marked as sent directly.
+    fn push(&mut self, data: &[u8]) {
+        self.parts
+            .push((data.len() <= TREE_PART_MAX).then(|| data.to_vec()));
+    }
+
+    /// The bundle of `child`'s subtree of `parts` parts, decoded and checked.
+    fn append(&mut self, child: u32, parts: u32, bytes: &[u8]) -> Result<(), Error> {
+        let forged = |detail: String| Error::Protocol {
+            peer: child,
+            detail: format!("a gather bundle for a subtree of {parts} ranks: {detail}"),
+        };
+        let header = parts as usize * 4;
+        if bytes.len() < header {
+            return Err(forged(format!(
+                "{} bytes, short of the {header}-byte length table",
+                bytes.len()
+            )));
+        }
+        let (table, mut body) = bytes.split_at(header);
+        for (index, word) in table.chunks_exact(4).enumerate() {
+            let len = u32::from_le_bytes(word.try_into().expect("chunks of four"));
+            if len == Self::DIRECT {
+                self.parts.push(None);
+                continue;
+            }
+            let len = len as usize;
+            if len > TREE_PART_MAX || len > body.len() {
+                return Err(forged(format!(
+                    "part {index} claims {len} bytes; expected at most {TREE_PART_MAX} and at most \
+                     the {} bytes left",
+                    body.len()
+                )));
+            }
+            let (part, rest) = body.split_at(len);
+            self.parts.push(Some(part.to_vec()));
+            body = rest;
+        }
+        if !body.is_empty() {
+            return Err(forged(format!(
+                "{} bytes left over after its parts",
+                body.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The wire form (see [`Bundle`]).
+    fn encode(&self) -> Vec<u8> {
+        let body: usize = self.parts.iter().flatten().map(Vec::len).sum();
+        let mut bytes = Vec::with_capacity(self.parts.len() * 4 + body);
+        for part in &self.parts {
+            let word = part.as_ref().map_or(Self::DIRECT, |part| part.len() as u32);
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+        for part in self.parts.iter().flatten() {
+            bytes.extend_from_slice(part);
+        }
+        bytes
+    }
+
+    /// Every part, in relative rank order.
+    fn into_parts(self) -> Vec<Option<Vec<u8>>> {
+        self.parts
+    }
+}
 
 /// A barrier message's inline bytes in dissemination round `round`.
 fn round_inline(round: u32) -> [u8; shmbroker_bindings::INLINE_BYTES] {
@@ -1233,6 +1324,9 @@ impl Session {
         self.check_rank(root)?;
         let deadline = Deadline::new("gather", timeout);
         let seq = self.next_seq();
+        if self.world_size() > FLAT_GATHER_MAX {
+            return self.tree_gather(root, data, seq, &deadline);
+        }
         if root != self.rank() {
             self.transfer(
                 kind::GATHER,
@@ -1246,6 +1340,92 @@ impl Session {
         let mut incoming = self.receive_from_every_peer(kind::GATHER, seq);
         self.transfer(kind::GATHER, seq, None, &mut incoming, &deadline)?;
         self.gathered(data, incoming).map(Some)
+    }
+
+    /// [`Self::gather`] up a binomial tree rooted at `root` (see [`FLAT_GATHER_MAX`]), so the
+    /// root receives ceil(log2(n)) messages instead of n - 1. Each rank sends its parent one
+    /// bundle for its subtree (see [`Bundle`]): parts of at most [`TREE_PART_MAX`] bytes travel
+    /// in it; a larger part is only marked there and goes straight to the root afterwards, once
+    /// (forwarding it would copy it once per level). Sizes may differ between ranks, so only the
+    /// world size picks the algorithm and each rank picks its own part's path.
+    fn tree_gather(
+        &mut self,
+        root: u32,
+        data: &[u8],
+        seq: u64,
+        deadline: &Deadline,
+    ) -> Result<Option<Vec<Vec<u8>>>, Error> {
+        let (rank, world) = (self.rank(), self.world_size());
+        let relative = (rank + world - root) % world;
+        let mut mask = 1u32;
+        while mask < world && relative & mask == 0 {
+            mask <<= 1;
+        }
+        let expect = Expect::Collective {
+            op: kind::GATHER,
+            seq,
+        };
+        let mut bundle = Bundle::new();
+        bundle.push(data);
+        // Children by subtree size, smallest (soonest done) first: the subtree of relative + m
+        // covers relative ranks relative + m .. relative + 2m, cut at the world.
+        let mut m = 1u32;
+        while m < mask && relative + m < world {
+            let child = (relative + m + root) % world;
+            let parts = m.min(world - relative - m);
+            let bytes = self.receive_vec(child, expect, deadline)?;
+            bundle.append(child, parts, &bytes)?;
+            m <<= 1;
+        }
+        if relative != 0 {
+            let parent = (relative - mask + root) % world;
+            self.transfer(
+                kind::GATHER,
+                seq,
+                Some((&bundle.encode(), Targets::One(parent))),
+                &mut [],
+                deadline,
+            )?;
+            if data.len() > TREE_PART_MAX {
+                self.transfer(
+                    kind::GATHER,
+                    seq,
+                    Some((data, Targets::One(root))),
+                    &mut [],
+                    deadline,
+                )?;
+            }
+            return Ok(None);
+        }
+        // At the root the bundle holds every part in relative order; large ones come now.
+        let mut gathered = vec![Vec::new(); world as usize];
+        let mut direct = Vec::new();
+        for (offset, part) in (0..world).zip(bundle.into_parts()) {
+            let peer = (offset + root) % world;
+            match part {
+                Some(bytes) => gathered[peer as usize] = bytes,
+                None if peer == rank => gathered[peer as usize] = data.to_vec(),
+                None => direct.push(Incoming::new(peer, expect, Sink::Vec(Vec::new()))),
+            }
+        }
+        self.transfer(kind::GATHER, seq, None, &mut direct, deadline)?;
+        for incoming in direct {
+            let peer = incoming.peer;
+            if let (_, Sink::Vec(bytes)) = incoming.finish()? {
+                if bytes.len() <= TREE_PART_MAX {
+                    return Err(Error::Protocol {
+                        peer,
+                        detail: format!(
+                            "sent its gather part of {} bytes straight to the root; parts of at \
+                             most {TREE_PART_MAX} bytes travel up the tree",
+                            bytes.len()
+                        ),
+                    });
+                }
+                gathered[peer as usize] = bytes;
+            }
+        }
+        Ok(Some(gathered))
     }
 
     /// Checks a rooted call: `root` in range, and data given exactly at the root.

@@ -15,9 +15,9 @@ fn thirty_trials_of_kills_broker_deaths_scribbles_forks_and_leaves_hang_leak_and
 
 #[test]
 fn ten_workers_past_the_flat_algorithms_hang_leak_and_misname_nothing() {
-    // Ten ranks: the barrier disseminates, broadcasts go down a tree and all_gather_into goes by
-    // Bruck's algorithm, all while a rank in the middle of them is killed; on 2 CPUs the ranks
-    // also wait crowded (yielding).
+    // Ten ranks: the barrier disseminates, broadcasts and gathers go down (and up) a binomial
+    // tree and all_gather_into goes by Bruck's algorithm, all while a rank in the middle of them
+    // is killed; on 2 CPUs the ranks also wait crowded (yielding).
     chaos_finds_nothing(10, 10);
 }
 

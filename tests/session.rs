@@ -127,6 +127,49 @@ fn every_root_broadcasts_every_size_in_worlds_of_one_to_seventeen() {
     }
 }
 
+#[test]
+fn every_root_gathers_parts_of_mixed_sizes_in_worlds_of_one_to_seventeen() {
+    // Flat up to FLAT_GATHER_MAX ranks, a binomial tree beyond: parts up to TREE_PART_MAX ride in
+    // the bundles, larger ones go straight to the root, and ranks of one gather mix both.
+    let max = shmbroker::session::TREE_PART_MAX;
+    for world in (1..=9).chain([12, 16, 17]) {
+        let (_world, sessions) = World::start(&format!("gather-{world}"), world);
+        each_on_a_thread(sessions, move |session| {
+            let rank = session.rank();
+            let sizes = |r: u32, round: usize| match round {
+                0 => 0,
+                1 => 8,
+                2 => max,
+                3 => max + 1,
+                4 => [0, 40, max, max + 1, 70_000][r as usize % 5],
+                _ => [max + 1, 3, 0][r as usize % 3],
+            };
+            for root in 0..world {
+                for round in 0..6 {
+                    let part = |r: u32| -> Vec<u8> {
+                        (0..sizes(r, round))
+                            .map(|i| (r as u8) ^ (i as u8) ^ (round as u8) ^ (root as u8))
+                            .collect()
+                    };
+                    let got = session.gather(root, &part(rank)).unwrap();
+                    let Some(got) = got else {
+                        assert_ne!(rank, root);
+                        continue;
+                    };
+                    assert_eq!(rank, root);
+                    assert_eq!(got.len(), world as usize);
+                    for (r, got) in (0..world).zip(&got) {
+                        assert!(
+                            *got == part(r),
+                            "world {world}, root {root}, round {round}: rank {r}'s part"
+                        );
+                    }
+                }
+            }
+        });
+    }
+}
+
 /// One barrier on every session, each on its own thread; gives the sessions back.
 fn barrier_on_threads(sessions: Vec<Session>) -> Vec<Session> {
     each_on_a_thread(sessions, |session| session.barrier().unwrap())
@@ -190,6 +233,25 @@ fn forged_messages_of_the_scalable_collectives_are_refused_naming_the_forger() {
     let mut out = [0u8; 8 * 9];
     let outcome = sessions[1].all_gather_into(&[1; 8], &mut out);
     expect_protocol(outcome, 2, "gave 16 bytes where 8 were due");
+
+    // In a tree gather rooted at 0, rank 2 (a subtree of ranks 2 and 3) sends rank 0 a bundle
+    // whose second part claims more bytes than follow its length table.
+    let (_world, mut sessions) = World::start("forged-bundle", 9);
+    let mut table = [0u8; INLINE_BYTES];
+    table[..4].copy_from_slice(&1u32.to_le_bytes());
+    table[4..8].copy_from_slice(&30u32.to_le_bytes());
+    let mut bundle = slot(kind::GATHER, 9, 0);
+    bundle.inline = table;
+    forge(&mut sessions, 2, 0, bundle);
+    // Rank 1, a leaf, gives rank 0 its own one-part bundle first.
+    let leaf = sessions.remove(1);
+    let helper = std::thread::spawn(move || {
+        let mut leaf = leaf;
+        leaf.gather_timeout(0, b"", short).map(drop)
+    });
+    let outcome = sessions[0].gather_timeout(0, b"", short);
+    expect_protocol(outcome, 2, "part 1 claims 30 bytes");
+    helper.join().unwrap().unwrap();
 }
 
 #[test]
