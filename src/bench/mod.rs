@@ -120,9 +120,9 @@ pub fn run(rest: &[String]) -> Result<(), String> {
         }
         _ => return Err(format!("usage:\n{USAGE}")),
     };
-    let comparisons = report.finish();
+    let (comparisons, notes) = report.finish();
     if let Some(dir) = out {
-        let written = results::write(std::path::Path::new(&dir), &comparisons)?;
+        let written = results::write(std::path::Path::new(&dir), &comparisons, &notes)?;
         eprintln!("results written: {}", written.join(", "));
     }
     Ok(())
@@ -176,6 +176,7 @@ pub struct Report {
     json: bool,
     printed_header: bool,
     kept: Vec<Comparison>,
+    notes: Vec<String>,
 }
 
 impl Report {
@@ -184,7 +185,18 @@ impl Report {
             json,
             printed_header: false,
             kept: Vec::new(),
+            notes: Vec::new(),
         }
+    }
+
+    /// A sentence about how the rows of `bench` were measured: printed under the table and kept
+    /// for `results.md`.
+    pub fn note(&mut self, bench: &str, text: &str) {
+        let note = format!("{bench}: {text}.");
+        if !self.json {
+            println!("note: {note}");
+        }
+        self.notes.push(note);
     }
 
     pub fn progress(&self, what: &str) {
@@ -255,13 +267,13 @@ impl Report {
         );
     }
 
-    fn finish(self) -> Vec<Comparison> {
+    fn finish(self) -> (Vec<Comparison>, Vec<String>) {
         if !self.json {
             println!(
                 "ours/baseline: below 1 means ours is faster (latency); above 1 means ours moves more (throughput)."
             );
         }
-        self.kept
+        (self.kept, self.notes)
     }
 }
 
@@ -388,16 +400,125 @@ pub(super) fn alternate(
         .collect())
 }
 
-/// The CPUs to pin the two sides of a measurement to, if this process may use two.
-///
-/// Read once, before the first measurement pins this process to one of them: asked afterwards,
-/// the affinity mask would hold a single CPU and both sides would end up sharing it.
+/// The CPUs this process may use, in order, read once: before the first measurement pins this
+/// process to one of them (asked afterwards, the affinity mask would hold a single CPU and both
+/// sides would end up sharing it).
+fn allowed_cpus() -> &'static [usize] {
+    static ALLOWED: OnceLock<Vec<usize>> = OnceLock::new();
+    ALLOWED.get_or_init(|| {
+        sched_getaffinity(Pid::from_raw(0)).map_or_else(
+            |_| Vec::new(),
+            |allowed| {
+                (0..CpuSet::count())
+                    .filter(|&cpu| allowed.is_set(cpu).unwrap_or(false))
+                    .collect()
+            },
+        )
+    })
+}
+
+thread_local! {
+    /// The pair [`on_cpus`] pins measurements to for now, instead of [`cpu_pair`]'s default.
+    static PINNED: std::cell::Cell<Option<(usize, usize)>> = const { std::cell::Cell::new(None) };
+}
+
+/// The CPUs to pin the two sides of a measurement to, if this process may use two: the first
+/// two it may use, or the pair [`on_cpus`] chose.
 pub(super) fn cpu_pair() -> Option<(usize, usize)> {
-    static PAIR: OnceLock<Option<(usize, usize)>> = OnceLock::new();
-    *PAIR.get_or_init(|| {
-        let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
-        let mut cpus = (0..CpuSet::count()).filter(|&cpu| allowed.is_set(cpu).unwrap_or(false));
-        Some((cpus.next()?, cpus.next()?))
+    PINNED.get().or_else(|| match allowed_cpus() {
+        [first, second, ..] => Some((*first, *second)),
+        _ => None,
+    })
+}
+
+/// Runs `measure` with its two sides pinned to `cpus` instead of the default pair.
+pub(super) fn on_cpus<R>(cpus: (usize, usize), measure: impl FnOnce() -> R) -> R {
+    let before = PINNED.replace(Some(cpus));
+    let result = measure();
+    PINNED.set(before);
+    result
+}
+
+/// Where the two sides of a latency measurement run, as this machine's topology tells it.
+pub(super) struct Placement {
+    /// The bench name its rows carry.
+    pub bench: &'static str,
+    pub cpus: (usize, usize),
+    /// The pair in words, for the report's notes.
+    pub what: String,
+}
+
+/// The placements a two-sided latency bench can measure here: two separate cores, and two
+/// hyperthreads of one core, each where the CPUs this process may use include such a pair.
+/// A cache line moves between hyperthreads of one core through that core's own caches, several
+/// times faster than between cores, so the two give very different floors and are reported
+/// apart (`bench`, then `bench` + `_siblings`).
+pub(super) fn placements(bench: &'static str, siblings_bench: &'static str) -> Vec<Placement> {
+    let allowed = allowed_cpus();
+    let Some(&first) = allowed.first() else {
+        return Vec::new();
+    };
+    let siblings = thread_siblings(first);
+    let mut found = Vec::new();
+    if let Some(&other) = allowed
+        .iter()
+        .find(|&&cpu| cpu != first && !siblings.contains(&cpu))
+    {
+        let shown = if allowed.iter().any(|&cpu| thread_siblings(cpu).len() > 1) {
+            String::new()
+        } else if is_virtual_machine() {
+            "; this virtual machine shows no hyperthread siblings, but its host may still run \
+             these two vCPUs on one physical core (then the floor rows are several times lower)"
+                .into()
+        } else {
+            "; this machine has no hyperthread siblings".into()
+        };
+        found.push(Placement {
+            bench,
+            cpus: (first, other),
+            what: format!("CPUs {first} and {other}, separate cores{shown}"),
+        });
+    }
+    if let Some(&sibling) = allowed
+        .iter()
+        .find(|&&cpu| cpu != first && siblings.contains(&cpu))
+    {
+        found.push(Placement {
+            bench: siblings_bench,
+            cpus: (first, sibling),
+            what: format!("CPUs {first} and {sibling}, hyperthreads of one core"),
+        });
+    }
+    found
+}
+
+/// The CPUs sharing `cpu`'s core (itself included), from sysfs; just `cpu` when unknown.
+fn thread_siblings(cpu: usize) -> Vec<usize> {
+    let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list");
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|list| parse_cpu_list(list.trim()))
+        .unwrap_or_else(|| vec![cpu])
+}
+
+/// A kernel CPU list such as `0,8` or `0-1,4`.
+fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for range in list.split(',') {
+        match range.split_once('-') {
+            Some((low, high)) => cpus.extend(low.parse::<usize>().ok()?..=high.parse().ok()?),
+            None => cpus.push(range.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+/// Whether the CPU says it runs under a hypervisor.
+fn is_virtual_machine() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| {
+        info.lines()
+            .filter(|line| line.starts_with("flags"))
+            .any(|line| line.split_whitespace().any(|flag| flag == "hypervisor"))
     })
 }
 
@@ -473,5 +594,18 @@ fn reap(child: Pid) -> Result<WaitStatus, String> {
             }
             status => return Ok(status),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_are_read_as_the_kernel_writes_them() {
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("0,8"), Some(vec![0, 8]));
+        assert_eq!(parse_cpu_list("0-2,5"), Some(vec![0, 1, 2, 5]));
+        assert_eq!(parse_cpu_list("x"), None);
     }
 }

@@ -6,7 +6,11 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 /// Writes every output into `dir` (created if needed); returns the paths written.
-pub fn write(dir: &Path, comparisons: &[Comparison]) -> Result<Vec<String>, String> {
+pub fn write(
+    dir: &Path,
+    comparisons: &[Comparison],
+    notes: &[String],
+) -> Result<Vec<String>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let mut written = Vec::new();
     let mut save = |name: &str, contents: String| -> Result<(), String> {
@@ -16,7 +20,7 @@ pub fn write(dir: &Path, comparisons: &[Comparison]) -> Result<Vec<String>, Stri
         Ok(())
     };
     save("results.jsonl", jsonl(comparisons))?;
-    save("results.md", markdown(comparisons))?;
+    save("results.md", markdown(comparisons, notes))?;
     for (name, plot) in [
         ("pingpong_cdf.svg", pingpong_cdf as Plot),
         ("barrier_vs_workers.svg", barrier_vs_workers),
@@ -78,7 +82,7 @@ fn size_text(size: Size) -> String {
     }
 }
 
-fn markdown(comparisons: &[Comparison]) -> String {
+fn markdown(comparisons: &[Comparison], notes: &[String]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "Measured on {}.\n", machine());
     out.push_str("| bench | size | impl | p50 | p99 | per second | ours/baseline |\n");
@@ -116,6 +120,9 @@ fn markdown(comparisons: &[Comparison]) -> String {
     out.push_str(
         "\nours/baseline: below 1 means ours is faster (latency); above 1 means ours moves more (throughput).\n",
     );
+    for note in notes {
+        let _ = writeln!(out, "\n{note}");
+    }
     out
 }
 
