@@ -386,6 +386,8 @@ enum Retried {
 /// Connects without blocking past `deadline`, retrying while the socket is missing or refuses.
 fn connect_until(path: &Path, deadline: Instant) -> Result<UnixStream, Retried> {
     let address = UnixAddr::new(path).map_err(Retried::Failed)?;
+    // When connecting to a socket file started being refused, in the current run of refusals.
+    let mut refused_since = None;
     loop {
         let socket = nix::sys::socket::socket(
             AddressFamily::Unix,
@@ -396,8 +398,24 @@ fn connect_until(path: &Path, deadline: Instant) -> Result<UnixStream, Retried> 
         .map_err(Retried::Failed)?;
         let last = match nix::sys::socket::connect(socket.as_raw_fd(), &address) {
             Ok(()) => return Ok(UnixStream::from(socket)),
-            // Not there yet, gone for the moment, or its backlog is full: try again in a moment.
-            Err(errno @ (Errno::ENOENT | Errno::ECONNREFUSED | Errno::EAGAIN)) => errno,
+            // Refused: a file that is no socket, or a socket nobody listens on (a broker that
+            // died and left it, or one between its bind and its listen). Only the last is worth
+            // a short wait.
+            Err(Errno::ECONNREFUSED) => {
+                if !is_socket(path) {
+                    return Err(Retried::Failed(Errno::ENOTSOCK));
+                }
+                let refused = *refused_since.get_or_insert_with(Instant::now);
+                if refused.elapsed() >= STALE_AFTER {
+                    return Err(Retried::Failed(Errno::ECONNREFUSED));
+                }
+                Errno::ECONNREFUSED
+            }
+            // Not there yet, or its backlog is full: try again in a moment.
+            Err(errno @ (Errno::ENOENT | Errno::EAGAIN)) => {
+                refused_since = None;
+                errno
+            }
             Err(other) => return Err(Retried::Failed(other)),
         };
         let left = deadline.saturating_duration_since(Instant::now());
@@ -406,6 +424,16 @@ fn connect_until(path: &Path, deadline: Instant) -> Result<UnixStream, Retried> 
         }
         std::thread::sleep(CONNECT_RETRY.min(left));
     }
+}
+
+/// How long a socket file may refuse connections before it counts as stale (left by a broker
+/// that is gone) rather than one whose broker has bound it but not yet listens.
+const STALE_AFTER: Duration = Duration::from_millis(50);
+
+/// Whether `path` is a socket file (following links, as `connect` does).
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|meta| meta.file_type().is_socket())
 }
 
 /// Waits until `stream` is ready for `flags` or `deadline` passes (`false`).

@@ -50,8 +50,10 @@ pub enum Error {
         #[source]
         source: Errno,
     },
-    /// The broker could not be reached.
-    #[error("connecting to {}: {source}", path.display())]
+    /// The broker could not be reached, and waiting would not help: the path is no socket
+    /// (`ENOTSOCK`), a socket nobody listens on (`ECONNREFUSED`, left by a broker that is gone),
+    /// or unusable (too long, no permission).
+    #[error("connecting to {}: {}", path.display(), connect_reason(*source))]
     Connect {
         /// The socket path.
         path: PathBuf,
@@ -93,7 +95,7 @@ pub enum Error {
     #[error("creating a ring: {0}")]
     CreateRing(#[source] shmbroker_queues::Error),
     /// No broker answered at the path before the deadline.
-    #[error("no broker at {} within {timeout:?} (last attempt: {last})", path.display())]
+    #[error("no broker at {} after {} ({})", path.display(), seconds(*timeout), last.desc())]
     Unreachable {
         /// The socket path.
         path: PathBuf,
@@ -262,4 +264,29 @@ pub enum ProtocolError {
         /// How many.
         extra: usize,
     },
+}
+
+/// Why connecting failed at once, as a sentence.
+fn connect_reason(errno: Errno) -> String {
+    match errno {
+        Errno::ENOTSOCK => "the file there is not a socket (is the path right?)".into(),
+        Errno::ECONNREFUSED => "a socket nobody listens on (left by a broker that is gone?) \
+                                (Connection refused)"
+            .into(),
+        other => format!("{} ({})", other.desc(), other),
+    }
+}
+
+/// A duration as people say it: `10 s`, `1.5 s`, `250 ms`.
+fn seconds(duration: Duration) -> String {
+    if duration < Duration::from_secs(1) {
+        format!("{} ms", duration.as_millis())
+    } else {
+        let secs = duration.as_secs_f64();
+        if secs.fract() == 0.0 {
+            format!("{secs:.0} s")
+        } else {
+            format!("{secs:.1} s")
+        }
+    }
 }
