@@ -3,8 +3,9 @@
 //! blocks the broker. A stalled standard error (a pipe nobody reads) fills the queue; lines past
 //! it are dropped and counted, and the writer says how many once it can write again.
 //!
-//! The level comes from `SHMBROKER_LOG` (`error`, `warn`, `info`, `debug`, `trace` or `off`;
-//! `info` by default).
+//! The level comes from `RUST_LOG`, else `SHMBROKER_LOG` (`error`, `warn`, `info`, `debug`,
+//! `trace` or `off`: one level for everything, not `RUST_LOG`'s per-module directives); by
+//! default `info` for `serve` and `warn` for every other command.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -13,18 +14,22 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
-/// The variable that sets the level.
-pub const LEVEL_VAR: &str = "SHMBROKER_LOG";
+/// The variables that set the level, the first one set winning.
+pub const LEVEL_VARS: [&str; 2] = ["RUST_LOG", "SHMBROKER_LOG"];
 
 /// Lines queued for the writer thread at most.
 const QUEUE_LINES: usize = 4096;
 
-/// Installs the subscriber for this process (once; later calls do nothing).
-pub fn init() -> Result<(), String> {
-    let level = match std::env::var(LEVEL_VAR) {
-        Err(_) => LevelFilter::INFO,
-        Ok(value) => value.trim().parse::<LevelFilter>().map_err(|_| {
-            format!("{LEVEL_VAR} must be error, warn, info, debug, trace or off, not {value:?}")
+/// Installs the subscriber for this process (once; later calls do nothing), at the level the
+/// environment sets or else `default`.
+pub fn init(default: LevelFilter) -> Result<(), String> {
+    let set = LEVEL_VARS
+        .iter()
+        .find_map(|&var| Some((var, std::env::var(var).ok()?)));
+    let level = match set {
+        None => default,
+        Some((var, value)) => value.trim().parse::<LevelFilter>().map_err(|_| {
+            format!("{var} must be error, warn, info, debug, trace or off, not {value:?}")
         })?,
     };
     let (sender, receiver) = sync_channel(QUEUE_LINES);

@@ -72,6 +72,14 @@ fn cuda_check(rest: &[String]) -> ExitCode {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rest = args.get(1..).unwrap_or_default();
+    // `serve` installs its own, at `info`, once its signals are blocked (its log thread must not
+    // take them).
+    if args.first().map(String::as_str) != Some("serve")
+        && let Err(error) = logging::init(tracing_subscriber::filter::LevelFilter::WARN)
+    {
+        eprintln!("shmbroker: {error}");
+        return ExitCode::from(2);
+    }
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo::run(rest),
         Some("bench") => bench::run(rest),
@@ -96,6 +104,8 @@ fn main() -> ExitCode {
         }
         Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
     };
+    // What the library logged reaches standard error before the process ends.
+    logging::drain(std::time::Duration::from_millis(200));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

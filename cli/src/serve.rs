@@ -28,7 +28,7 @@ shmbroker serve --socket PATH --workers N [--once] [--ring-capacity SLOTS]
     (exit code 1) if a job of N workers could not fit in it.
 
     Logs go to standard error through `tracing`, never blocking the broker (lines it cannot write
-    in time are dropped and counted); SHMBROKER_LOG sets the level (info).";
+    in time are dropped and counted); RUST_LOG or SHMBROKER_LOG sets the level (info).";
 
 /// The variable `--workers` falls back on.
 const WORKERS_VAR: &str = "SHMBROKER_WORLD_SIZE";
@@ -153,7 +153,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     signals.add(Signal::SIGTERM);
     pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&signals), None)
         .map_err(|e| format!("blocking signals: {e}"))?;
-    crate::logging::init()?;
+    crate::logging::init(tracing_subscriber::filter::LevelFilter::INFO)?;
 
     let mut listener = Listener::bind(&socket, config.clone()).map_err(|e| e.to_string())?;
     // Not println!: a closed standard output must not take the broker down.

@@ -393,13 +393,15 @@ impl Session {
             .map_err(|error| handshake_failed(exporter, error, deadline))
     }
 
-    /// Says once, on standard error, which transport moved fds and why.
+    /// Logs once which transport moved fds and why: a warning when a refused `pidfd_getfd`
+    /// sent fds through the broker, otherwise at `info`.
     fn report_fd_transport(&mut self, relayed: bool, refusal: Option<(u32, nix::errno::Errno)>) {
         if self.fd_transport_reported {
             return;
         }
         self.fd_transport_reported = true;
         let rank = self.rank();
+        let fell_back = relayed && self.fd_transport != FdTransport::Relay;
         let why = match (self.fd_transport, relayed, refusal) {
             (FdTransport::Relay, _, _) => "relay through the broker (chosen: relay)".to_string(),
             (_, false, _) => "pidfd_getfd (every import was allowed)".to_string(),
@@ -412,9 +414,11 @@ impl Session {
             }
             (FdTransport::Pidfd, true, _) => "pidfd_getfd, refused (chosen: pidfd)".to_string(),
         };
-        // One write, so that lines from several processes sharing a terminal do not interleave.
-        let line = format!("shmbroker: rank {rank}: fd transport: {why}\n");
-        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        if fell_back {
+            tracing::warn!(rank, "fd transport: {why}");
+        } else {
+            tracing::info!(rank, "fd transport: {why}");
+        }
     }
 }
 

@@ -1,0 +1,77 @@
+//! What every example shares: it runs itself as `WORKERS` processes, the way
+//! `mpirun -np 4 ./example` would start it, so `cargo run --example NAME` needs nothing else.
+//! Each worker calls [`Session::from_env`], which finds its rank, world size and socket in the
+//! variables set here, and on rank 0 also starts the broker.
+//!
+//! A real program skips `launch`: a launcher (`mpirun`, `torchrun`, `srun`) starts it, or it
+//! connects to a running `shmbroker serve` with [`Session::connect`].
+
+use shmbroker::process::spawn_with_fds;
+use shmbroker::{Error, Session};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+/// Worker processes each example starts.
+pub const WORKERS: u32 = 4;
+
+/// How long any worker may take; past it the example kills them all and fails.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Runs `work` on each of [`WORKERS`] worker processes: in a worker (its launcher variables
+/// set), connects and runs it; otherwise starts the broker and the workers, and waits for them.
+pub fn run(work: fn(&mut Session) -> Result<(), Error>) -> ExitCode {
+    if std::env::var_os("SHMBROKER_RANK").is_some() {
+        let outcome = Session::from_env(Duration::from_secs(10)).and_then(|mut session| {
+            work(&mut session)?;
+            // Leave together: no rank departs while another still talks to it.
+            session.barrier()
+        });
+        return match outcome {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("worker: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match launch() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("example: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// [`WORKERS`] copies of this program, told to meet on a private socket.
+fn launch() -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("shmbroker-example-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let socket = dir.join("broker.sock");
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut workers = Vec::new();
+    for rank in 0..WORKERS {
+        let mut command = Command::new(&me);
+        command
+            .env("SHMBROKER_SOCKET", &socket)
+            .env("SHMBROKER_RANK", rank.to_string())
+            .env("SHMBROKER_WORLD_SIZE", WORKERS.to_string());
+        workers.push(spawn_with_fds(&mut command, &[]).map_err(|e| e.to_string())?);
+    }
+    // A worker that fails ends the others through their sessions (they see it leave); any still
+    // running at the deadline are killed when their guards drop.
+    let mut failed = Vec::new();
+    for (rank, worker) in workers.into_iter().enumerate() {
+        match worker.wait_or_kill(DEADLINE) {
+            Ok(status) if status.success() => {}
+            Ok(status) => failed.push(format!("rank {rank}: {status}")),
+            Err(error) => failed.push(format!("rank {rank}: {error}")),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}

@@ -1,0 +1,62 @@
+//! The pattern GPU programs use to share device memory: every rank exports a handle to its
+//! buffer (here a host memfd stands in for GPU memory, so no GPU is needed), all-gathers the
+//! handles with their fds, and maps its peers' buffers. With CUDA the handle would be a
+//! `cudaIpcMemHandle_t` (`GpuHandleKind::CudaIpcMemory`, no fd) or a VMM POSIX fd
+//! (`GpuHandleKind::CudaVmmPosixFd`, fd beside it); the calls are the same.
+//!
+//! ```text
+//! cargo run --example gpu_handles
+//! ```
+
+mod common;
+
+use shmbroker::{Error, GpuHandle, GpuHandleKind, Session};
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+
+fn main() -> std::process::ExitCode {
+    common::run(exchange)
+}
+
+const BUFFER_BYTES: u64 = 4096;
+
+fn exchange(session: &mut Session) -> Result<(), Error> {
+    let rank = session.rank();
+    let io = |e: std::io::Error| Error::Misuse(format!("buffer: {e}"));
+    // "Allocate device memory" and fill it.
+    let fd = shmbroker::queues::memfd::create_unsealed(c"example-buffer")
+        .map_err(|e| Error::Misuse(e.to_string()))?;
+    let buffer = File::from(fd);
+    buffer.set_len(BUFFER_BYTES).map_err(io)?;
+    buffer.write_all_at(&[rank as u8; 16], 0).map_err(io)?;
+    // "Export" it.
+    let handle = GpuHandle {
+        kind: GpuHandleKind::HostMemfd as u32,
+        size: BUFFER_BYTES,
+        buffer_id: u64::from(rank),
+        ..bytemuck::Zeroable::zeroed()
+    };
+    let handles = session.all_gather_gpu_handles(&handle, Some(buffer.as_fd()))?;
+    // "Open" every peer's buffer and read from it.
+    for (peer, (handle, fd)) in handles.into_iter().enumerate() {
+        let fd = fd.ok_or_else(|| Error::Misuse(format!("rank {peer} sent no fd")))?;
+        let mut first = [0u8; 16];
+        File::from(fd).read_exact_at(&mut first, 0).map_err(io)?;
+        if first != [peer as u8; 16] {
+            return Err(Error::Protocol {
+                peer: peer as u32,
+                detail: format!("its buffer starts {first:?}"),
+            });
+        }
+        if rank == 0 {
+            println!(
+                "rank {peer}: buffer {} of {} bytes, first bytes {:?}",
+                handle.buffer_id,
+                handle.size,
+                &first[..4]
+            );
+        }
+    }
+    Ok(())
+}
