@@ -306,6 +306,57 @@ pub const FLAT_GATHER_MAX: u32 = 8;
 /// The largest part [`Session::all_gather_into`] gathers by Bruck's algorithm.
 pub const BRUCK_MAX_BYTES: usize = 1024;
 
+/// One rank's place in a binomial tree of `world` ranks rooted at `root`, by relative rank
+/// (`rank - root`, modulo the world): the lowest set bit of the relative rank leads to the
+/// parent, and the children hang off the lower bits, child `relative + m` heading the subtree
+/// of relative ranks `relative + m .. relative + 2m` (cut at the world).
+#[derive(Clone, Copy, Debug)]
+struct BinomialTree {
+    root: u32,
+    world: u32,
+    relative: u32,
+    /// The lowest set bit of `relative`; for the root, the first power of two not below the
+    /// world.
+    mask: u32,
+}
+
+impl BinomialTree {
+    fn new(rank: u32, root: u32, world: u32) -> Self {
+        let relative = (rank + world - root) % world;
+        let mut mask = 1u32;
+        while mask < world && relative & mask == 0 {
+            mask <<= 1;
+        }
+        Self {
+            root,
+            world,
+            relative,
+            mask,
+        }
+    }
+
+    fn rank_of(&self, relative: u32) -> u32 {
+        (relative + self.root) % self.world
+    }
+
+    /// The parent's rank; `None` at the root.
+    fn parent(&self) -> Option<u32> {
+        (self.relative != 0).then(|| self.rank_of(self.relative - self.mask))
+    }
+
+    /// Every child's rank and the number of ranks in its subtree, smallest subtree first.
+    fn children(&self) -> impl DoubleEndedIterator<Item = (u32, u32)> + '_ {
+        let mask = self.mask;
+        (0..mask.trailing_zeros())
+            .map(|bit| 1u32 << bit)
+            .filter(|&m| self.relative + m < self.world)
+            .map(move |m| {
+                let size = m.min(self.world - self.relative - m);
+                (self.rank_of(self.relative + m), size)
+            })
+    }
+}
+
 /// The largest part a tree [`Session::gather`] (past [`FLAT_GATHER_MAX`] ranks) forwards up the
 /// tree; larger parts go straight to the root.
 pub const TREE_PART_MAX: usize = BRUCK_MAX_BYTES;
@@ -1219,18 +1270,9 @@ impl Session {
         seq: u64,
         deadline: &Deadline,
     ) -> Result<Vec<u8>, Error> {
-        let (rank, world) = (self.rank(), self.world_size());
-        let relative = (rank + world - root) % world;
-        // The lowest set bit of `relative` leads to the parent; children hang off lower bits.
-        let mut mask = 1u32;
-        while mask < world && relative & mask == 0 {
-            mask <<= 1;
-        }
-        let children: Vec<u32> = std::iter::successors(Some(mask >> 1), |m| Some(m >> 1))
-            .take_while(|&m| m > 0)
-            .filter(|&m| relative + m < world)
-            .map(|m| (relative + m + root) % world)
-            .collect();
+        let tree = BinomialTree::new(self.rank(), root, self.world_size());
+        // Largest subtree first: it has the most levels still to go.
+        let children: Vec<u32> = tree.children().map(|(child, _)| child).rev().collect();
         let expect = Expect::Collective {
             op: kind::BROADCAST,
             seq,
@@ -1241,7 +1283,7 @@ impl Session {
                 data.to_vec(),
             ),
             None => {
-                let parent = (relative - mask + root) % world;
+                let parent = tree.parent().expect("only the root has data");
                 let word = self.recv_collective(parent, kind::BROADCAST, seq, deadline)?;
                 let route = Route::read(parent, &word)?;
                 let bytes = match route {
@@ -1356,29 +1398,20 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
         let (rank, world) = (self.rank(), self.world_size());
-        let relative = (rank + world - root) % world;
-        let mut mask = 1u32;
-        while mask < world && relative & mask == 0 {
-            mask <<= 1;
-        }
+        let tree = BinomialTree::new(rank, root, world);
         let expect = Expect::Collective {
             op: kind::GATHER,
             seq,
         };
         let mut bundle = Bundle::new();
         bundle.push(data);
-        // Children by subtree size, smallest (soonest done) first: the subtree of relative + m
-        // covers relative ranks relative + m .. relative + 2m, cut at the world.
-        let mut m = 1u32;
-        while m < mask && relative + m < world {
-            let child = (relative + m + root) % world;
-            let parts = m.min(world - relative - m);
+        // Smallest subtree (soonest done) first; each child's bundle follows this rank's part and
+        // the smaller subtrees' in relative rank order.
+        for (child, parts) in tree.children() {
             let bytes = self.receive_vec(child, expect, deadline)?;
             bundle.append(child, parts, &bytes)?;
-            m <<= 1;
         }
-        if relative != 0 {
-            let parent = (relative - mask + root) % world;
+        if let Some(parent) = tree.parent() {
             self.transfer(
                 kind::GATHER,
                 seq,
@@ -1715,6 +1748,29 @@ fn wrong_size(peer: u32, found: u64, due: usize) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_binomial_tree_links_each_rank_once_to_its_parent() {
+        for world in 1..=70u32 {
+            for root in [0, world / 2, world - 1] {
+                let trees: Vec<_> = (0..world)
+                    .map(|rank| BinomialTree::new(rank, root, world))
+                    .collect();
+                assert_eq!(trees[root as usize].parent(), None);
+                // A subtree's size is one (its head) plus its children's subtrees.
+                let size = |rank: u32| -> u32 {
+                    1 + trees[rank as usize].children().map(|(_, n)| n).sum::<u32>()
+                };
+                for rank in 0..world {
+                    for (child, parts) in trees[rank as usize].children() {
+                        assert_eq!(trees[child as usize].parent(), Some(rank), "world {world}");
+                        assert_eq!(size(child), parts, "world {world}, root {root}");
+                    }
+                }
+                assert_eq!(size(root), world, "world {world}, root {root}");
+            }
+        }
+    }
 
     #[test]
     fn spin_values_are_numbers_or_forever() {

@@ -252,6 +252,33 @@ fn forged_messages_of_the_scalable_collectives_are_refused_naming_the_forger() {
     let outcome = sessions[0].gather_timeout(0, b"", short);
     expect_protocol(outcome, 2, "part 1 claims 30 bytes");
     helper.join().unwrap().unwrap();
+
+    // Rank 1, a leaf under the root, sends a one-part bundle with a byte left over after it.
+    let (_world, mut sessions) = World::start("forged-leftover", 9);
+    let mut bundle = slot(kind::GATHER, 5, 0);
+    bundle.inline[..4].copy_from_slice(&0u32.to_le_bytes());
+    forge(&mut sessions, 1, 0, bundle);
+    let outcome = sessions[0].gather_timeout(0, b"", short);
+    expect_protocol(outcome, 1, "1 bytes left over");
+
+    // Rank 1 marks its part as sent straight to the root, then sends one byte that way: small
+    // parts travel up the tree.
+    let (_world, mut sessions) = World::start("forged-direct", 9);
+    let mut bundle = slot(kind::GATHER, 4, 0);
+    bundle.inline[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    forge(&mut sessions, 1, 0, bundle);
+    forge(&mut sessions, 1, 0, slot(kind::GATHER, 1, 9));
+    let others: Vec<Session> = sessions.drain(1..).collect();
+    let helpers: Vec<_> = others
+        .into_iter()
+        .filter(|session| session.rank() != 1)
+        .map(|mut session| std::thread::spawn(move || session.gather_timeout(0, b"", short)))
+        .collect();
+    let outcome = sessions[0].gather_timeout(0, b"", short);
+    expect_protocol(outcome, 1, "straight to the root");
+    for helper in helpers {
+        helper.join().unwrap().unwrap();
+    }
 }
 
 #[test]
