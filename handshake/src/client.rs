@@ -317,6 +317,9 @@ pub fn connect(
             timeout,
             last,
         },
+        Retried::Failed(Errno::ENOTSOCK) => Error::NotASocket {
+            path: path.to_path_buf(),
+        },
         Retried::Failed(source) => Error::Connect {
             path: path.to_path_buf(),
             source,

@@ -23,8 +23,9 @@ pub enum Error {
         /// The socket path.
         path: PathBuf,
     },
-    /// The path exists and is not a socket; it is left alone.
-    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
+    /// The path exists and is not a socket: a broker will not bind over it (it is left alone),
+    /// and a worker will not wait for a broker there.
+    #[error("{} exists and is not a socket (is the path right?)", path.display())]
     NotASocket {
         /// The path.
         path: PathBuf,
@@ -50,9 +51,9 @@ pub enum Error {
         #[source]
         source: Errno,
     },
-    /// The broker could not be reached, and waiting would not help: the path is no socket
-    /// (`ENOTSOCK`), a socket nobody listens on (`ECONNREFUSED`, left by a broker that is gone),
-    /// or unusable (too long, no permission).
+    /// The broker could not be reached, and waiting would not help: the path is a socket nobody
+    /// listens on (`ECONNREFUSED`, left by a broker that is gone), or unusable (too long, no
+    /// permission).
     #[error("connecting to {}: {}", path.display(), connect_reason(*source))]
     Connect {
         /// The socket path.
@@ -269,7 +270,6 @@ pub enum ProtocolError {
 /// Why connecting failed at once, as a sentence.
 fn connect_reason(errno: Errno) -> String {
     match errno {
-        Errno::ENOTSOCK => "the file there is not a socket (is the path right?)".into(),
         Errno::ECONNREFUSED => "a socket nobody listens on (left by a broker that is gone?) \
                                 (Connection refused)"
             .into(),
