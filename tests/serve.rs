@@ -72,6 +72,81 @@ fn one_broker_serves_a_hundred_jobs_and_holds_no_more_fds_after_them_than_after_
 }
 
 #[test]
+fn logs_come_as_json_lines_with_log_format_json() {
+    let dir = TempDir::new("json-logs");
+    let socket = dir.0.join("broker.sock");
+    let broker = serve(&socket, &["--workers=2", "--once", "--log-format=json"]);
+    job(&socket);
+    let (status, _, stderr) = finish_status(broker);
+    assert!(status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines.len() >= 5, "{stderr}");
+    for line in &lines {
+        assert!(
+            line.starts_with(r#"{"timestamp":""#) && line.ends_with('}'),
+            "not a JSON object: {line}"
+        );
+    }
+    assert!(
+        lines.iter().any(|line| line.contains(r#""level":"INFO""#)
+            && line.contains(r#""message":"logged on","rank":1"#)),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_command_line_follows_the_conventions() {
+    let run = |args: &[&str]| finish_status(spawn(&mut shmbroker(args)));
+    let (status, stdout, _) = run(&["--version"]);
+    assert!(status.success());
+    assert_eq!(
+        stdout.trim(),
+        format!("shmbroker {}", env!("CARGO_PKG_VERSION"))
+    );
+    // Every subcommand has its --help.
+    for command in ["demo", "serve", "worker", "bench", "chaos", "completions"] {
+        let (status, stdout, stderr) = run(&[command, "--help"]);
+        assert!(status.success(), "{command} --help: {stderr}");
+        assert!(
+            stdout.contains("Usage: shmbroker"),
+            "{command} --help: {stdout}"
+        );
+    }
+    // Usage errors exit 2 and say what was wrong; failures exit 1.
+    for (args, says) in [
+        (&["bogus"][..], "unrecognized subcommand 'bogus'"),
+        (
+            &["demo", "--workers=none"],
+            "invalid value 'none' for '--workers <WORKERS>'",
+        ),
+        (&["worker"], "--socket <PATH>|--from-env|--inherited-socket"),
+        (&["bench", "--rounds", "0"], "--rounds <N>"),
+        (
+            &["serve", "--socket=x", "--workers=2", "--socket-mode=999"],
+            "octal",
+        ),
+    ] {
+        let (status, _, stderr) = run(args);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let missing = dir_that_does_not_exist();
+    let (status, _, stderr) = run(&["worker", "--socket", &missing, "--timeout-ms=100"]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&missing), "{stderr}");
+    // Completions for the common shells.
+    for shell in ["bash", "zsh", "fish"] {
+        let (status, stdout, stderr) = run(&["completions", shell]);
+        assert!(status.success(), "{shell}: {stderr}");
+        assert!(stdout.contains("serve"), "{shell}: {stdout}");
+    }
+}
+
+fn dir_that_does_not_exist() -> String {
+    format!("/nonexistent-{}/broker.sock", std::process::id())
+}
+
+#[test]
 fn serve_once_exits_after_its_first_job() {
     let dir = TempDir::new("once");
     let socket = dir.0.join("broker.sock");
@@ -89,9 +164,10 @@ fn serve_needs_a_world_size_and_says_so() {
     let socket = dir.0.join("broker.sock");
     let mut command = shmbroker(&["serve", "--socket", socket.to_str().unwrap()]);
     command.env_remove("SHMBROKER_WORLD_SIZE");
-    let (ok, _, stderr) = finish(spawn(&mut command));
-    assert!(!ok);
-    assert!(stderr.contains("serve needs --workers N"), "{stderr}");
+    let (status, _, stderr) = finish_status(spawn(&mut command));
+    // A usage error: exit code 2, naming the missing option.
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--workers <N>"), "{stderr}");
     // The environment can give it instead.
     let mut command = shmbroker(&["serve", "--socket", socket.to_str().unwrap(), "--once"]);
     command.env("SHMBROKER_WORLD_SIZE", "2");

@@ -23,7 +23,6 @@
 //! the kill, a misnaming when the error does not name the victim, the survivors' and the broker's
 //! fds before and after, and any process ended by a signal the trial did not send.
 
-use crate::args::Args;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::Session;
@@ -34,18 +33,64 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
-pub const USAGE: &str = "\
-shmbroker chaos [--trials N] [--workers N] [--seed S] [--json] [--scenario NAME] [--op NAME]
-                [--hang-ms MS]
-    Kill and corrupt workers at random moments (SIGKILL during barrier, all-gather, broadcast,
-    fd exchange and bulk transfers; the broker killed first; the victim scribbling on its shared
-    memory; the victim's socket held by a forked child) and report, over all trials: detection
-    time from kill to every survivor's error (p50, p99, max), hangs (a survivor still running 1 s,
-    or --hang-ms, after the kill), survivors naming another rank than the victim, fds leaked by the broker and
-    the survivors, and processes killed by a signal the trial did not send. Exits 1 if any of
-    those is not zero. Trials cycle through the scenarios (kill, broker, scribble, fork, leave)
-    and operations (barrier, all_gather, broadcast, fds, bulk) unless --scenario or --op picks
-    one; --seed makes a run reproducible.";
+/// `shmbroker chaos`.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = AFTER_HELP)]
+pub struct Args {
+    /// Trials to run.
+    #[arg(long, value_name = "N", default_value_t = 30)]
+    trials: u32,
+    /// Workers in each trial.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..))]
+    workers: u32,
+    /// Seed of the random moments and choices, to reproduce a run (default: the clock).
+    #[arg(long, value_name = "S")]
+    seed: Option<u64>,
+    /// Only this scenario.
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
+    scenario: Option<String>,
+    /// Only this operation.
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(OPS))]
+    op: Option<String>,
+    /// A survivor still running this long after the kill hangs.
+    #[arg(long, value_name = "MS", default_value_t = millis(HANG))]
+    hang_ms: u64,
+    /// Print every trial as JSON before the summary.
+    #[arg(long)]
+    json: bool,
+}
+
+const AFTER_HELP: &str = "\
+Kills and corrupts workers at random moments (SIGKILL during barrier, all-gather, broadcast, fd
+exchange and bulk transfers; the broker killed first; the victim scribbling on its shared memory;
+the victim's socket held by a forked child; the victim leaving on purpose) and reports, over all
+trials: detection time from kill to every survivor's error (p50, p99, max), hangs (a survivor
+still running --hang-ms after the kill), survivors naming another rank than the victim, fds
+leaked by the broker and the survivors, and processes killed by a signal the trial did not send.
+Exits 1 if any of those is not zero. Trials cycle through the scenarios and operations unless
+--scenario or --op picks one.";
+
+/// `shmbroker chaos-worker`: one worker of a trial.
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    socket: String,
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(OPS))]
+    op: String,
+    /// Start scribbling on its own shared memory this long after READY.
+    #[arg(long, value_name = "MS")]
+    scribble_after_ms: Option<u64>,
+    /// Fork a child that holds the socket and every fd.
+    #[arg(long)]
+    fork: bool,
+    /// Drop the session on purpose this long after READY.
+    #[arg(long, value_name = "MS")]
+    leave_after_ms: Option<u64>,
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// A survivor still running this long after the kill hangs (`--hang-ms` changes it).
 const HANG: Duration = Duration::from_secs(1);
@@ -93,18 +138,18 @@ impl Rng {
 
 /// `shmbroker chaos-worker --socket PATH --op OP [--scribble-after-ms MS] [--fork]
 /// [--leave-after-ms MS]`.
-pub fn worker(rest: &[String]) -> Result<(), String> {
-    let mut args = Args::new(rest);
-    let socket = args.value::<String>("--socket")?.ok_or("--socket")?;
-    let op = args.value::<String>("--op")?.ok_or("--op")?;
-    let scribble_after = args.value::<u64>("--scribble-after-ms")?;
-    let fork = args.flag("--fork");
-    let leave_after = args
-        .value::<u64>("--leave-after-ms")?
-        .map(Duration::from_millis);
-    args.finish()?;
+pub fn worker(args: &WorkerArgs) -> Result<(), String> {
+    let WorkerArgs {
+        socket,
+        op,
+        scribble_after_ms: scribble_after,
+        fork,
+        leave_after_ms,
+    } = args;
+    let (scribble_after, fork) = (*scribble_after, *fork);
+    let leave_after = leave_after_ms.map(Duration::from_millis);
     let before = fd_count(None).unwrap_or(0);
-    let mut session = Session::connect(&socket, None, CALL_TIMEOUT).map_err(|e| e.to_string())?;
+    let mut session = Session::connect(socket, None, CALL_TIMEOUT).map_err(|e| e.to_string())?;
     session.set_timeout(CALL_TIMEOUT);
     // Everyone is in, and everything the broker passes on has arrived, before anyone counts as
     // running: a broker killed right after READY must not take an outbox still on its way.
@@ -310,34 +355,20 @@ struct Report {
     trials: Vec<Trial>,
 }
 
-pub fn run(rest: &[String]) -> Result<(), String> {
-    let mut args = Args::new(rest);
-    let trials = args.value::<u32>("--trials")?.unwrap_or(30);
-    let workers = args.value::<u32>("--workers")?.unwrap_or(4);
-    let seed = args.value::<u64>("--seed")?.unwrap_or_else(monotonic_ns);
-    let only_scenario = args.value::<String>("--scenario")?;
-    let only_op = args.value::<String>("--op")?;
-    let pick =
-        |names: &[&'static str], only: &Option<String>| -> Result<Vec<&'static str>, String> {
-            match only {
-                None => Ok(names.to_vec()),
-                Some(name) => names
-                    .iter()
-                    .find(|n| **n == name.as_str())
-                    .map(|n| vec![*n])
-                    .ok_or_else(|| format!("expected one of {names:?}, not {name:?}")),
-            }
-        };
-    let scenarios = pick(&SCENARIOS, &only_scenario)?;
-    let ops = pick(&OPS, &only_op)?;
-    let json = args.flag("--json");
-    let hang = args
-        .value::<u64>("--hang-ms")?
-        .map_or(HANG, Duration::from_millis);
-    args.finish()?;
-    if workers < 2 {
-        return Err("chaos needs at least 2 workers".into());
-    }
+pub fn run(args: &Args) -> Result<(), String> {
+    let (trials, workers, json) = (args.trials, args.workers, args.json);
+    let seed = args.seed.unwrap_or_else(monotonic_ns);
+    // clap checked the names; these are the 'static ones.
+    let pick = |names: &[&'static str], only: &Option<String>| -> Vec<&'static str> {
+        names
+            .iter()
+            .copied()
+            .filter(|name| only.as_deref().is_none_or(|only| only == *name))
+            .collect()
+    };
+    let scenarios = pick(&SCENARIOS, &args.scenario);
+    let ops = pick(&OPS, &args.op);
+    let hang = Duration::from_millis(args.hang_ms);
     let exe = std::env::current_exe().map_err(|e| format!("finding my own binary: {e}"))?;
     let dir = crate::tempdir::TempDir::new("chaos")?;
     let mut broker = Broker {

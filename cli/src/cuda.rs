@@ -5,7 +5,7 @@
 //! `cuMemAlloc` shared as a legacy IPC handle, one with the VMM API (`cuMemCreate`) exported as
 //! a POSIX fd. It broadcasts both as [`GpuHandle`]s (the fd travels through the fd exchange).
 //! Rank 1 opens both, copies them back to the host and checks every byte. No CUDA headers or
-//! libraries are needed to build this; without a driver it says so and exits 2.
+//! libraries are needed to build this; without a driver it says so and exits 77 (skipped).
 
 use shmbroker::Session;
 use shmbroker::bindings::{GPU_HANDLE_BYTES, GpuHandle, GpuHandleKind};
@@ -13,8 +13,40 @@ use std::ffi::{CStr, c_void};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-/// Exit code for "no usable CUDA driver here".
-pub const NO_DRIVER: u8 = 2;
+/// `shmbroker cuda-check`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The broker's socket.
+    #[arg(long)]
+    socket: String,
+    /// 0 shares the device memory, 1 opens and checks it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=1))]
+    rank: u32,
+}
+
+/// Runs the check; exits [`NO_DRIVER`] (after saying why) with no usable driver.
+pub fn check(args: &Args) -> std::process::ExitCode {
+    match run(&args.socket, args.rank) {
+        Ok(summary) => {
+            println!("cuda-check: {summary}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(error)
+            if error.contains("libcuda.so.1 cannot be loaded") || error.starts_with("cuInit") =>
+        {
+            eprintln!("cuda-check: skipped: {error}");
+            std::process::ExitCode::from(NO_DRIVER)
+        }
+        Err(error) => {
+            eprintln!("cuda-check: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Exit code for "no usable CUDA driver here": 77, the test-suite convention for "skipped" (2
+/// is a usage error).
+pub const NO_DRIVER: u8 = 77;
 const BYTES: usize = 1 << 20;
 
 type CuResult = i32;

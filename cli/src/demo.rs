@@ -1,7 +1,6 @@
 //! `shmbroker demo`: a broker and worker processes logging on and greeting each other, then two
 //! processes streaming messages over a pair of rings.
 
-use crate::args::Args;
 use crate::tempdir::TempDir;
 use shmbroker::handshake::{Config, Listener};
 use shmbroker::process::spawn_with_fds;
@@ -14,12 +13,26 @@ use std::time::{Duration, Instant};
 const TIMEOUT: Duration = Duration::from_secs(30);
 const CAPACITY: usize = 1024;
 
-pub fn run(rest: &[String]) -> Result<(), String> {
-    let mut args = Args::new(rest);
-    let workers = args.value::<u32>("--workers")?.unwrap_or(4);
-    let messages = args.value::<u64>("--messages")?.unwrap_or(100_000);
-    let round_trips = args.value::<usize>("--round-trips")?.unwrap_or(10_000);
-    args.finish()?;
+/// `shmbroker demo`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Worker processes that log on to the broker.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    workers: u32,
+    /// Messages streamed over the ring.
+    #[arg(long, default_value_t = 100_000)]
+    messages: u64,
+    /// Ping-pong round trips timed over the pair of rings.
+    #[arg(long, default_value_t = 10_000)]
+    round_trips: usize,
+}
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let Args {
+        workers,
+        messages,
+        round_trips,
+    } = *args;
     let shm_before = dev_shm_entries();
     broker_and_workers(workers)?;
     ring_stream(messages, round_trips)?;

@@ -16,7 +16,6 @@
 //! * `notice-flood`: sends `--count` notices the broker must refuse, as fast as its socket takes
 //!   them; prints `sent N`, then waits to be killed.
 
-use crate::args::Args;
 use nix::fcntl::{FallocateFlags, OFlag, fallocate, open};
 use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags, madvise, mmap, mprotect, munmap};
 use nix::sys::stat::Mode;
@@ -27,38 +26,52 @@ use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-pub const USAGE: &str = "\
-shmbroker hostile reopen --socket PATH [--rank R]
-shmbroker hostile scribble --socket PATH [--rank R] [--delay-ms MS] [--for-ms MS]
-shmbroker hostile relay-flood --socket PATH [--rank R] --to RANK --count N
-shmbroker hostile notice-flood --socket PATH [--rank R] --count N
-    A worker that attacks its peers' shared memory (a test helper; see the tests).";
-
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-pub fn run(rest: &[String]) -> Result<(), String> {
-    let mut args = Args::new(rest);
-    let socket = args
-        .value::<String>("--socket")?
-        .ok_or("hostile needs --socket")?;
-    let rank = args.value::<u32>("--rank")?;
-    let delay_ms = args.value::<u64>("--delay-ms")?.unwrap_or(100);
-    let scribble_ms = args.value::<u64>("--for-ms")?.unwrap_or(500);
-    let to = args.value::<u32>("--to")?.unwrap_or(0);
-    let count = args.value::<u64>("--count")?.unwrap_or(1000);
-    let mode = args.positional();
-    args.finish()?;
-    match mode.as_deref() {
-        Some("reopen") => reopen(&socket, rank),
-        Some("scribble") => scribble(
-            &socket,
+/// `shmbroker hostile`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The attack.
+    #[arg(value_enum)]
+    mode: Attack,
+    #[arg(long)]
+    socket: String,
+    #[arg(long)]
+    rank: Option<u32>,
+    /// scribble: how long after logon the scribbling starts.
+    #[arg(long, default_value_t = 100)]
+    delay_ms: u64,
+    /// scribble: how long it goes on.
+    #[arg(long, default_value_t = 500)]
+    for_ms: u64,
+    /// relay-flood: the rank the fds go to.
+    #[arg(long, default_value_t = 0)]
+    to: u32,
+    /// relay-flood and notice-flood: how many.
+    #[arg(long, default_value_t = 1000)]
+    count: u64,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Attack {
+    Reopen,
+    Scribble,
+    RelayFlood,
+    NoticeFlood,
+}
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let (socket, rank) = (args.socket.as_str(), args.rank);
+    match args.mode {
+        Attack::Reopen => reopen(socket, rank),
+        Attack::Scribble => scribble(
+            socket,
             rank,
-            Duration::from_millis(delay_ms),
-            Duration::from_millis(scribble_ms),
+            Duration::from_millis(args.delay_ms),
+            Duration::from_millis(args.for_ms),
         ),
-        Some("relay-flood") => relay_flood(&socket, rank, to, count),
-        Some("notice-flood") => notice_flood(&socket, rank, count),
-        _ => Err(format!("usage:\n{USAGE}")),
+        Attack::RelayFlood => relay_flood(socket, rank, args.to, args.count),
+        Attack::NoticeFlood => notice_flood(socket, rank, args.count),
     }
 }
 

@@ -1,6 +1,9 @@
-//! The `shmbroker` command: `demo`, `bench`, and the `ring-peer` helper the demo and tests use.
+//! The `shmbroker` command: the broker service, a demo, the benchmarks and chaos suite, and the
+//! helper processes the tests start.
+//!
+//! The command line is clap's: `--help` on every subcommand, `--version`, `--name=value`, exit
+//! code 2 for a usage error and 1 for a failure.
 
-mod args;
 mod bench;
 mod chaos;
 #[cfg(feature = "cuda")]
@@ -14,95 +17,93 @@ mod serve;
 mod tempdir;
 mod worker;
 
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
-const USAGE: &str = "\
-shmbroker: single-node IPC over sealed shared-memory rings
+/// Single-node IPC over sealed shared-memory rings: a broker hands each worker its rings and
+/// outboxes, then gets out of the way.
+#[derive(Debug, Parser)]
+#[command(name = "shmbroker", version, propagate_version = true)]
+struct Cli {
+    /// Log lines on standard error as text, or as JSON objects (timestamp, level, target and
+    /// the event's fields, one per line). RUST_LOG or SHMBROKER_LOG sets the level.
+    #[arg(long, global = true, value_enum, default_value_t = logging::Format::Text)]
+    log_format: logging::Format,
 
-USAGE:
-    shmbroker demo [--workers N] [--messages N] [--round-trips N]
-        Start a broker and N worker processes that log on and greet each other, then stream
-        messages to a second process over a pair of rings.
-    shmbroker serve --socket PATH --workers N ...
-        Run a broker until SIGINT or SIGTERM.
-    shmbroker worker --socket PATH [--rank R]
-        Log on to a broker and greet every peer.
-    shmbroker bench queue [--json] [--quick] [--rounds N]
-        Measure the ring against shaq 4.3 and the physical floors, side by side.
-    shmbroker ring-peer (sink|echo) ...
-        The other end of a ring, for the demo and the tests (fds inherited at 3 and 4).
-    shmbroker chaos [--trials N] [--workers N] [--seed S] [--json]
-        Kill and corrupt workers at random moments; report detection times, hangs and leaks.
-    shmbroker hostile (reopen|scribble) ...
-        A worker that attacks its peers' shared memory, for the tests.
-    shmbroker --help";
+    #[command(subcommand)]
+    command: Command,
+}
 
-/// `shmbroker cuda-check --socket PATH --rank 0|1`; exits 2 (after saying why) with no driver.
-#[cfg(feature = "cuda")]
-fn cuda_check(rest: &[String]) -> ExitCode {
-    let mut args = args::Args::new(rest);
-    let parsed = (|| {
-        let socket = args
-            .value::<String>("--socket")?
-            .ok_or("cuda-check needs --socket")?;
-        let rank = args
-            .value::<u32>("--rank")?
-            .ok_or("cuda-check needs --rank 0 or 1")?;
-        Ok::<_, String>((socket, rank))
-    })();
-    let outcome = parsed.and_then(|(socket, rank)| cuda::run(&socket, rank));
-    match outcome {
-        Ok(summary) => {
-            println!("cuda-check: {summary}");
-            ExitCode::SUCCESS
-        }
-        Err(error)
-            if error.contains("libcuda.so.1 cannot be loaded") || error.starts_with("cuInit") =>
-        {
-            eprintln!("cuda-check: skipped: {error}");
-            ExitCode::from(cuda::NO_DRIVER)
-        }
-        Err(error) => {
-            eprintln!("cuda-check: {error}");
-            ExitCode::FAILURE
-        }
-    }
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a broker and worker processes that log on and greet each other, then stream
+    /// messages to a second process over a pair of rings.
+    Demo(demo::Args),
+    /// Run a broker in the foreground, job after job, until SIGINT or SIGTERM.
+    Serve(serve::Args),
+    /// Log on to a broker and greet every peer (or run every collective with --selftest).
+    Worker(worker::Args),
+    /// Measure ours and the baselines (Open MPI, shaq, UNIX sockets, futexes) alternately in
+    /// one run.
+    Bench(bench::Args),
+    /// Kill and corrupt workers at random moments; report detection times, hangs and leaks.
+    Chaos(chaos::Args),
+    /// Print a completion script for SHELL to standard output.
+    #[command(
+        after_help = "For example: shmbroker completions bash > /etc/bash_completion.d/shmbroker"
+    )]
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// The other end of a ring, for the demo and the tests (fds inherited at 3 and 4).
+    #[command(hide = true)]
+    RingPeer(peer::Args),
+    /// A worker that attacks its peers' shared memory, for the tests.
+    #[command(hide = true)]
+    Hostile(hostile::Args),
+    /// One worker of a chaos trial.
+    #[command(hide = true)]
+    ChaosWorker(chaos::WorkerArgs),
+    /// Share real device memory between two workers (needs the CUDA driver at run time).
+    #[cfg(feature = "cuda")]
+    CudaCheck(cuda::Args),
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let rest = args.get(1..).unwrap_or_default();
+    // Usage errors print clap's message and exit 2; --help and --version exit 0.
+    let cli = Cli::parse();
     // `serve` installs its own, at `info`, once its signals are blocked (its log thread must not
     // take them).
-    if args.first().map(String::as_str) != Some("serve")
-        && let Err(error) = logging::init(tracing_subscriber::filter::LevelFilter::WARN)
+    if !matches!(cli.command, Command::Serve(_))
+        && let Err(error) = logging::init(
+            tracing_subscriber::filter::LevelFilter::WARN,
+            cli.log_format,
+        )
     {
         eprintln!("shmbroker: {error}");
         return ExitCode::from(2);
     }
-    let result = match args.first().map(String::as_str) {
-        Some("demo") => demo::run(rest),
-        Some("bench") => bench::run(rest),
-        Some("ring-peer") => peer::run(rest),
-        Some("hostile") => hostile::run(rest),
-        Some("chaos") => chaos::run(rest),
-        Some("chaos-worker") => chaos::worker(rest),
-        Some("serve") => serve::run(rest),
-        Some("worker") => worker::run(rest),
-        #[cfg(feature = "cuda")]
-        Some("cuda-check") => return cuda_check(rest),
-        None | Some("-h" | "--help" | "help") => {
-            println!(
-                "{USAGE}\n\n{}\n\n{}\n\n{}\n\n{}\n\n{}",
-                serve::USAGE,
-                worker::USAGE,
-                chaos::USAGE,
-                bench::USAGE,
-                peer::USAGE
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(&args),
+        Command::Serve(args) => serve::run(args, cli.log_format),
+        Command::Worker(args) => worker::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::Chaos(args) => chaos::run(&args),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "shmbroker",
+                &mut std::io::stdout(),
             );
             Ok(())
         }
-        Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+        Command::RingPeer(args) => peer::run(&args),
+        Command::Hostile(args) => hostile::run(&args),
+        Command::ChaosWorker(args) => chaos::worker(&args),
+        #[cfg(feature = "cuda")]
+        Command::CudaCheck(args) => return cuda::check(&args),
     };
     // What the library logged reaches standard error before the process ends.
     logging::drain(std::time::Duration::from_millis(200));
@@ -112,5 +113,16 @@ fn main() -> ExitCode {
             eprintln!("shmbroker: {error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

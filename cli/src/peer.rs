@@ -4,7 +4,6 @@
 //! [`shmbroker::process::spawn_with_fds`]. Every wait in here has a deadline, so a peer whose
 //! partner died exits with an error instead of hanging.
 
-use crate::args::Args;
 use shmbroker::process::inherited_fd;
 use shmbroker::queues::{Consumer, Producer, RecvTimeoutError};
 use std::os::fd::AsFd;
@@ -13,32 +12,36 @@ use std::time::Duration;
 /// How long a peer waits for its partner before giving up.
 const PARTNER_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub const USAGE: &str = "\
-shmbroker ring-peer sink --count N [--spin S] [--batch B]
-    Join the ring at fd 3 (messages [u64; 2]) as consumer, receive N messages, check that
-    message i is [i, mix(i)], print `received N checksum 0x...`, and exit 0.
-shmbroker ring-peer echo [--spin S]
-    Join the ring at fd 3 as consumer and the ring at fd 4 as producer (messages [u64; 2]);
-    answer every [i, x] with [i, x * x] until the sender closes.";
+/// `shmbroker ring-peer`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    role: Role,
+    /// Spins before a wait parks.
+    #[arg(long, global = true)]
+    spin: Option<u32>,
+}
 
-pub fn run(rest: &[String]) -> Result<(), String> {
-    let mut args = Args::new(rest);
-    let role = args.positional();
-    let spin = args.value::<u32>("--spin")?;
-    match role.as_deref() {
-        Some("sink") => {
-            let count = args
-                .value::<u64>("--count")?
-                .ok_or("ring-peer sink needs --count")?;
-            let batch = args.value::<usize>("--batch")?.unwrap_or(1).max(1);
-            args.finish()?;
-            sink(count, batch, spin)
-        }
-        Some("echo") => {
-            args.finish()?;
-            echo(spin)
-        }
-        _ => Err(format!("usage:\n{USAGE}")),
+#[derive(Debug, clap::Subcommand)]
+enum Role {
+    /// Join the ring at fd 3 (messages [u64; 2]) as consumer, receive N messages, check that
+    /// message i is [i, mix(i)], print `received N checksum 0x...`, and exit 0.
+    Sink {
+        #[arg(long, value_name = "N")]
+        count: u64,
+        /// Messages taken per call.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        batch: u64,
+    },
+    /// Join the ring at fd 3 as consumer and the ring at fd 4 as producer (messages [u64; 2]);
+    /// answer every [i, x] with [i, x * x] until the sender closes.
+    Echo,
+}
+
+pub fn run(args: &Args) -> Result<(), String> {
+    match args.role {
+        Role::Sink { count, batch } => sink(count, batch as usize, args.spin),
+        Role::Echo => echo(args.spin),
     }
 }
 

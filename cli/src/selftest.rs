@@ -4,10 +4,11 @@ use shmbroker::session::{Error, Session};
 use std::time::Instant;
 
 /// Which collectives to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Only {
     All,
     Barrier,
+    #[value(name = "all_gather")]
     AllGather,
     Fds,
     /// Every operation at every size of [`SIZES`] up to `--max-bytes`, every root.
@@ -19,23 +20,6 @@ pub enum Only {
 /// The sizes `--only sizes` checks: around the inline slot (48), around the eager limit (4 KiB),
 /// one and many chunks.
 pub const SIZES: [usize; 9] = [0, 1, 47, 48, 49, 4096, 4097, 1 << 20, 64 << 20];
-
-impl std::str::FromStr for Only {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "all" => Ok(Self::All),
-            "barrier" => Ok(Self::Barrier),
-            "all_gather" => Ok(Self::AllGather),
-            "fds" => Ok(Self::Fds),
-            "sizes" => Ok(Self::Sizes),
-            "echo" => Ok(Self::Echo),
-            other => Err(format!(
-                "--only: expected all, barrier, all_gather, fds, sizes or echo, got {other}"
-            )),
-        }
-    }
-}
 
 /// A sealed memfd holding `bytes`.
 pub fn memfd_with(bytes: &[u8]) -> Result<std::os::fd::OwnedFd, String> {

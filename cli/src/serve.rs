@@ -1,74 +1,87 @@
 //! `shmbroker serve`: a broker in the foreground, job after job, until SIGINT or SIGTERM.
 
-use crate::args::Args;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use shmbroker::handshake::{Config, Event, Listener};
 use std::io::Write;
 use std::time::Duration;
 
-pub const USAGE: &str = "\
-shmbroker serve --socket PATH --workers N [--once] [--ring-capacity SLOTS]
-                [--logon-timeout-ms MS] [--allow-uid UID]... [--socket-mode OCTAL]
-                [--group NAME|GID] [--max-pending N] [--max-pending-per-uid N]
-    Run a broker on PATH for jobs of N workers (N may come from SHMBROKER_WORLD_SIZE instead),
-    job after job, until SIGINT or SIGTERM; then remove the socket file.
+/// `shmbroker serve`.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = AFTER_HELP)]
+pub struct Args {
+    /// The socket to listen on (created; removed again on the way out).
+    #[arg(long, value_name = "PATH")]
+    socket: String,
+    /// Workers in each job.
+    #[arg(long, value_name = "N", env = "SHMBROKER_WORLD_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
+    workers: u32,
+    /// Exit after the first job instead of taking the next one.
+    #[arg(long)]
+    once: bool,
+    /// Slots in each ring.
+    #[arg(long, value_name = "SLOTS", default_value_t = Config::default().ring_capacity)]
+    ring_capacity: u32,
+    /// How long a connection may take to send its logon frame.
+    #[arg(long, value_name = "MS", default_value_t = millis(Config::default().logon_timeout))]
+    logon_timeout_ms: u64,
+    /// Another uid that may log on (repeat for several); only the broker's own uid may otherwise.
+    #[arg(long, value_name = "UID")]
+    allow_uid: Vec<u32>,
+    /// The socket file's permission bits, in octal.
+    #[arg(long, value_name = "OCTAL", default_value = "0600", value_parser = parse_mode)]
+    socket_mode: u32,
+    /// The socket file's group: a name or a number.
+    #[arg(long, value_name = "NAME|GID", value_parser = resolve_group)]
+    group: Option<u32>,
+    /// Connections logging on at once, at most; past it the oldest silent one makes room.
+    #[arg(long, value_name = "N", default_value_t = Config::default().max_pending)]
+    max_pending: usize,
+    /// Connections logging on at once from one uid, at most.
+    #[arg(long, value_name = "N", default_value_t = Config::default().max_pending_per_uid)]
+    max_pending_per_uid: usize,
+}
 
-    A job starts when its first worker logs on. Once any worker has left or died, the job is
-    winding down and logons are refused (a late rank would wait for a peer that is gone); once
-    every worker that logged on is gone, the broker forgets the job and takes the next one on the
-    same socket. --once exits after the first job instead.
+const AFTER_HELP: &str = "\
+A job starts when its first worker logs on. Once any worker has left or died, the job is
+winding down and logons are refused (a late rank would wait for a peer that is gone); once every worker
+that logged on is gone, the broker forgets the job and takes the next one on the same socket.
 
-    Access: the socket is mode 0600 and only the broker's uid may log on. To let other uids in,
-    name each with --allow-uid and open the socket to them: --group GROUP --socket-mode 0660
-    (the uids must be in GROUP), or --socket-mode 0666.
+Access: the socket is mode 0600 and only the broker's uid may log on. To let other uids in, name
+each with --allow-uid and open the socket to them: --group GROUP --socket-mode 0660 (the uids
+must be in GROUP), or --socket-mode 0666.
 
-    Limits: at most --max-pending connections logging on at once (256), and
-    --max-pending-per-uid from one uid (64); past either, the oldest connection that has sent
-    nothing makes room. The broker raises its fd limit to the hard limit and refuses to start
-    (exit code 1) if a job of N workers could not fit in it.
+Limits: past --max-pending or --max-pending-per-uid, the oldest connection that has sent nothing
+makes room. The broker raises its fd limit to the hard limit and refuses to start (exit code 1)
+if a job of N workers could not fit in it.
 
-    Logs go to standard error through `tracing`, never blocking the broker (lines it cannot write
-    in time are dropped and counted); RUST_LOG or SHMBROKER_LOG sets the level (info).";
+Logs go to standard error through `tracing`, never blocking the broker (lines it cannot write in
+time are dropped and counted); RUST_LOG or SHMBROKER_LOG sets the level (info).";
 
-/// The variable `--workers` falls back on.
-const WORKERS_VAR: &str = "SHMBROKER_WORLD_SIZE";
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
 
-/// Parses the options shared by `serve` and the demo's embedded broker.
-pub fn config_from(args: &mut Args) -> Result<Config, String> {
-    let defaults = Config::default();
-    let mut allowed_uids = Vec::new();
-    while let Some(uid) = args.value::<u32>("--allow-uid")? {
-        allowed_uids.push(uid);
+/// Octal permission bits, with or without a leading `0o`.
+fn parse_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|mode| mode & !0o777 == 0)
+        .ok_or_else(|| format!("expected octal permission bits such as 0660, not {text:?}"))
+}
+
+impl Args {
+    fn config(&self) -> Config {
+        Config {
+            world_size: self.workers,
+            ring_capacity: self.ring_capacity,
+            logon_timeout: Duration::from_millis(self.logon_timeout_ms),
+            allowed_uids: self.allow_uid.clone(),
+            max_pending: self.max_pending,
+            max_pending_per_uid: self.max_pending_per_uid,
+            socket_mode: self.socket_mode,
+            socket_group: self.group,
+        }
     }
-    let socket_mode = match args.value::<String>("--socket-mode")? {
-        None => defaults.socket_mode,
-        Some(text) => u32::from_str_radix(text.trim_start_matches("0o"), 8)
-            .ok()
-            .filter(|mode| mode & !0o777 == 0)
-            .ok_or_else(|| {
-                format!("--socket-mode: expected octal permission bits, not {text:?}")
-            })?,
-    };
-    let socket_group = args
-        .value::<String>("--group")?
-        .map(|group| resolve_group(&group))
-        .transpose()?;
-    Ok(Config {
-        world_size: args.value("--workers")?.unwrap_or(defaults.world_size),
-        ring_capacity: args
-            .value("--ring-capacity")?
-            .unwrap_or(defaults.ring_capacity),
-        logon_timeout: args
-            .value::<u64>("--logon-timeout-ms")?
-            .map_or(defaults.logon_timeout, Duration::from_millis),
-        allowed_uids,
-        max_pending: args.value("--max-pending")?.unwrap_or(defaults.max_pending),
-        max_pending_per_uid: args
-            .value("--max-pending-per-uid")?
-            .unwrap_or(defaults.max_pending_per_uid),
-        socket_mode,
-        socket_group,
-    })
 }
 
 /// A group name or number.
@@ -78,8 +91,8 @@ fn resolve_group(group: &str) -> Result<u32, String> {
     }
     match nix::unistd::Group::from_name(group) {
         Ok(Some(found)) => Ok(found.gid.as_raw()),
-        Ok(None) => Err(format!("--group: no group named {group:?}")),
-        Err(e) => Err(format!("--group: looking up {group:?}: {e}")),
+        Ok(None) => Err(format!("no group named {group:?}")),
+        Err(e) => Err(format!("looking up {group:?}: {e}")),
     }
 }
 
@@ -124,28 +137,9 @@ pub fn describe(event: &Event) -> String {
     }
 }
 
-pub fn run(rest: &[String]) -> Result<(), String> {
-    let mut args = Args::new(rest);
-    if args.flag("--help") || args.flag("-h") {
-        println!("{USAGE}");
-        return Ok(());
-    }
-    let socket = args
-        .value::<String>("--socket")?
-        .ok_or_else(|| format!("serve needs --socket\n\n{USAGE}"))?;
-    let once = args.flag("--once");
-    let workers_given = rest.iter().any(|arg| arg == "--workers");
-    let mut config = config_from(&mut args)?;
-    args.finish()?;
-    if !workers_given {
-        let from_env = std::env::var(WORKERS_VAR).map_err(|_| {
-            format!("serve needs --workers N (or {WORKERS_VAR} in the environment)\n\n{USAGE}")
-        })?;
-        config.world_size = from_env
-            .trim()
-            .parse()
-            .map_err(|_| format!("{WORKERS_VAR} must be a number of workers, not {from_env:?}"))?;
-    }
+pub fn run(args: Args, log_format: crate::logging::Format) -> Result<(), String> {
+    let config = args.config();
+    let (socket, once) = (args.socket, args.once);
     // Block the stop signals here, before any thread exists (the log writer's included), so
     // every thread inherits the mask and only the waiter below receives them.
     let mut signals = SigSet::empty();
@@ -153,7 +147,7 @@ pub fn run(rest: &[String]) -> Result<(), String> {
     signals.add(Signal::SIGTERM);
     pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&signals), None)
         .map_err(|e| format!("blocking signals: {e}"))?;
-    crate::logging::init(tracing_subscriber::filter::LevelFilter::INFO)?;
+    crate::logging::init(tracing_subscriber::filter::LevelFilter::INFO, log_format)?;
 
     let mut listener = Listener::bind(&socket, config.clone()).map_err(|e| e.to_string())?;
     // Not println!: a closed standard output must not take the broker down.

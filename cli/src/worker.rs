@@ -1,45 +1,59 @@
 //! `shmbroker worker`: log on, show what arrived, greet every peer over the rings.
 
-use crate::args::Args;
 use shmbroker::bindings::{INLINE_BYTES, Message};
 use std::time::Duration;
 
-pub const USAGE: &str = "\
-shmbroker worker (--socket PATH [--rank R] | --from-env | --inherited-socket [--rank R])
-                 [--timeout-ms MS]
-                 [--selftest [--repeat N] [--only all|barrier|all_gather|fds|sizes|echo] [--max-bytes N]
-                             [--table ROUNDS]]
-    Log on to the broker at PATH (as rank R, or any free rank), print the rank and what was
-    received, exchange one message with every peer over the rings, and exit 0.
-    --from-env takes the rank, world size and a job-unique socket from the launcher (Open MPI,
-    MPICH, torchrun, Slurm, or SHMBROKER_RANK/_WORLD_SIZE/_SOCKET); local rank 0 hosts the broker.
-    --inherited-socket logs on over a socket a launcher connected and passed at fd 3.
-    --selftest instead runs every collective N times (default 1) across the world, checks every
-    result, prints a summary and exits 0; if a peer dies it exits 1 naming the lost rank.
-    --table then times each collective ROUNDS times on every rank; rank 0 prints the latencies.
-    --non-dumpable marks the process non-dumpable first (no pidfd_getfd of its fds by others
-    without CAP_SYS_PTRACE), as processes holding secrets do.";
+/// `shmbroker worker`.
+#[derive(Debug, clap::Args)]
+// The last of a repeated option wins (a test adds its own --timeout-ms to a launcher's).
+#[command(args_override_self = true)]
+#[command(group(clap::ArgGroup::new("broker").required(true).args(["socket", "from_env", "inherited_socket"])))]
+pub struct Args {
+    /// Log on to the broker at PATH.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<String>,
+    /// Take the rank, world size and a job-unique socket from the launcher (Open MPI, MPICH,
+    /// torchrun, Slurm, or SHMBROKER_RANK/_WORLD_SIZE/_SOCKET); local rank 0 hosts the broker.
+    #[arg(long)]
+    from_env: bool,
+    /// Log on over a socket a launcher connected and passed at fd 3.
+    #[arg(long)]
+    inherited_socket: bool,
+    /// The rank to ask for (default: any free rank).
+    #[arg(long, conflicts_with = "from_env")]
+    rank: Option<u32>,
+    /// Deadline of the logon and of every collective.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    timeout_ms: u64,
+    /// Instead of greeting, run every collective --repeat times across the world, check every
+    /// result, print a summary and exit 0; exit 1 naming the lost rank if a peer dies.
+    #[arg(long)]
+    selftest: bool,
+    /// How many times --selftest runs each collective.
+    #[arg(long, default_value_t = 1, requires = "selftest")]
+    repeat: u64,
+    /// Which collectives --selftest runs.
+    #[arg(long, value_enum, default_value_t = crate::selftest::Only::All, requires = "selftest")]
+    only: crate::selftest::Only,
+    /// The largest message --selftest --only sizes sends.
+    #[arg(long, default_value_t = 1 << 20, requires = "selftest")]
+    max_bytes: usize,
+    /// Then time each collective ROUNDS times on every rank; rank 0 prints the latencies.
+    #[arg(long, value_name = "ROUNDS", requires = "selftest")]
+    table: Option<usize>,
+    /// Mark the process non-dumpable first (no pidfd_getfd of its fds by others without
+    /// CAP_SYS_PTRACE), as processes holding secrets do.
+    #[arg(long)]
+    non_dumpable: bool,
+}
 
 /// Message kind of the greeting.
 const HELLO: u32 = 1;
 
-pub fn run(rest: &[String]) -> Result<(), String> {
-    let mut args = Args::new(rest);
-    let socket = args.value::<String>("--socket")?;
-    let from_env = args.flag("--from-env");
-    let rank = args.value::<u32>("--rank")?;
-    let timeout = Duration::from_millis(args.value("--timeout-ms")?.unwrap_or(30_000));
-    let selftest = args.flag("--selftest");
-    let repeat = args.value::<u64>("--repeat")?.unwrap_or(1);
-    let only = args
-        .value::<crate::selftest::Only>("--only")?
-        .unwrap_or(crate::selftest::Only::All);
-    let max_bytes = args.value::<usize>("--max-bytes")?.unwrap_or(1 << 20);
-    let table = args.value::<usize>("--table")?;
-    let non_dumpable = args.flag("--non-dumpable");
-    let inherited = args.flag("--inherited-socket");
-    args.finish()?;
-    if non_dumpable {
+pub fn run(args: &Args) -> Result<(), String> {
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let rank = args.rank;
+    if args.non_dumpable {
         // As a process that handles secrets would: no core dumps, no ptrace-class access (and so
         // no pidfd_getfd) by processes without CAP_SYS_PTRACE.
         // SAFETY: prctl(PR_SET_DUMPABLE, 0) changes a flag of this process only.
@@ -50,22 +64,18 @@ pub fn run(rest: &[String]) -> Result<(), String> {
             ));
         }
     }
-    let mut session = match (from_env, socket) {
-        (false, None) if inherited => inherited_session(rank, timeout),
-        (true, None) => shmbroker::Session::from_env(timeout),
-        (false, Some(socket)) => shmbroker::Session::connect(&socket, rank, timeout),
-        _ => {
-            return Err(format!(
-                "worker needs either --socket or --from-env\n{USAGE}"
-            ));
-        }
+    // clap lets exactly one of the three through.
+    let mut session = match &args.socket {
+        Some(socket) => shmbroker::Session::connect(socket, rank, timeout),
+        None if args.from_env => shmbroker::Session::from_env(timeout),
+        None => inherited_session(rank, timeout),
     }
     .map_err(|e| format!("logon: {e}"))?;
     session.set_timeout(timeout);
-    if selftest {
-        let summary = crate::selftest::run(&mut session, repeat, only, max_bytes)?;
+    if args.selftest {
+        let summary = crate::selftest::run(&mut session, args.repeat, args.only, args.max_bytes)?;
         println!("[worker pid {}] {summary}", std::process::id());
-        if let Some(rounds) = table.filter(|&rounds| rounds > 0) {
+        if let Some(rounds) = args.table.filter(|&rounds| rounds > 0) {
             let timings = crate::selftest::timings(&mut session, rounds)?;
             session
                 .barrier()

@@ -96,19 +96,19 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
             let (unix_pp, unix_rate) = take(&mut unix);
             let mpi_results = open_mpi.remove(&size);
             let mut pingpong = vec![
-                ("shmbroker", Measure::Latency(ours_pp)),
+                ("shmbroker", Measure::latency(ours_pp)),
                 (
                     "shmbroker loan",
-                    Measure::Latency(loans.remove(&size).unwrap_or_default()),
+                    Measure::latency(loans.remove(&size).unwrap_or_default()),
                 ),
-                ("unix socket", Measure::Latency(unix_pp)),
+                ("unix socket", Measure::latency(unix_pp)),
             ];
             let mut throughput = vec![
                 ("shmbroker", Measure::Throughput(ours_rate)),
                 ("unix socket", Measure::Throughput(unix_rate)),
             ];
             if let Some((mpi_pp, mpi_rate)) = mpi_results {
-                pingpong.push(("open-mpi", Measure::Latency(mpi_pp)));
+                pingpong.push(("open-mpi", Measure::latency(mpi_pp)));
                 throughput.push(("open-mpi", Measure::Throughput(mpi_rate)));
             }
             report.add(Comparison {
@@ -139,7 +139,7 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
             report.add(Comparison {
                 bench: "loan_handoff".into(),
                 size: Size::Bytes(size),
-                contenders: vec![("shmbroker loan round trip", Measure::Latency(samples))],
+                contenders: vec![("shmbroker loan round trip", Measure::latency(samples))],
             });
         }
     }
@@ -163,11 +163,11 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
             contenders: vec![
                 (
                     "shmbroker outbox, 256 KiB block (private first fit)",
-                    Measure::Latency(ours),
+                    Measure::latency(ours),
                 ),
                 (
                     "rts-alloc, 4 KiB block (its largest; shared metadata)",
-                    Measure::Latency(rts),
+                    Measure::latency(rts),
                 ),
             ],
         });

@@ -116,16 +116,16 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
                         }
                     }
                 }
-                let mut contenders = vec![("shmbroker", Measure::Latency(ours))];
+                let mut contenders = vec![("shmbroker", Measure::latency(ours))];
                 if !crowded {
                     contenders.push((
                         "shared memory slots, futex barriers",
-                        Measure::Latency(shared),
+                        Measure::latency(shared),
                     ));
-                    contenders.push(("star relay over UNIX sockets", Measure::Latency(star)));
+                    contenders.push(("star relay over UNIX sockets", Measure::latency(star)));
                 }
                 if with_mpi.is_some() {
-                    contenders.push(("open-mpi", Measure::Latency(open_mpi)));
+                    contenders.push(("open-mpi", Measure::latency(open_mpi)));
                 }
                 report.add(Comparison {
                     bench: format!("all_gather_{mode}_{bytes}B"),
@@ -157,9 +157,9 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
             bench: "fd_exchange_per_fd".into(),
             size: Size::Workers(2),
             contenders: vec![
-                ("shmbroker exchange_fds (pidfd)", Measure::Latency(ours)),
-                ("raw pidfd_getfd", Measure::Latency(pidfd)),
-                ("raw SCM_RIGHTS ping-pong, per fd", Measure::Latency(rights)),
+                ("shmbroker exchange_fds (pidfd)", Measure::latency(ours)),
+                ("raw pidfd_getfd", Measure::latency(pidfd)),
+                ("raw SCM_RIGHTS ping-pong, per fd", Measure::latency(rights)),
             ],
         });
     }
@@ -172,7 +172,7 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
         report.add(Comparison {
             bench: "dead_peer_detection".into(),
             size: Size::Workers(3),
-            contenders: vec![("shmbroker: kill -9 to PeerLost", Measure::Latency(samples))],
+            contenders: vec![("shmbroker: kill -9 to PeerLost", Measure::latency(samples))],
         });
     }
     Ok(())
@@ -206,16 +206,16 @@ fn barrier_against_mpi(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Resul
             sockets.set(sockets.get() + 1);
             dir.join(format!("barrier-{workers}-{}.sock", sockets.get()))
         };
-        let ours = || ours_barrier(&socket(), workers, rounds, None).map(Measure::Latency);
+        let ours = || ours_barrier(&socket(), workers, rounds, None).map(Measure::latency);
         let spinning =
-            || ours_barrier(&socket(), workers, rounds, Some(u32::MAX)).map(Measure::Latency);
+            || ours_barrier(&socket(), workers, rounds, Some(u32::MAX)).map(Measure::latency);
         let mut runs: Vec<(&'static str, Run<'_>)> = vec![("shmbroker", &ours)];
         if hot {
             runs.push(("shmbroker, spinning", &spinning));
         }
         let open_mpi = mpi
             .as_ref()
-            .map(|program| move || mpi_barrier(program, workers, rounds).map(Measure::Latency));
+            .map(|program| move || mpi_barrier(program, workers, rounds).map(Measure::latency));
         if let Some(open_mpi) = &open_mpi {
             runs.push(("open-mpi", open_mpi));
         }
@@ -264,9 +264,9 @@ fn sendrecv_pingpong(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<
     let ours = || {
         sockets.set(sockets.get() + 1);
         let socket = dir.join(format!("sendrecv-{}.sock", sockets.get()));
-        ours_sendrecv(&socket, rounds).map(Measure::Latency)
+        ours_sendrecv(&socket, rounds).map(Measure::latency)
     };
-    let ring = || super::queue::message_pingpong(rounds).map(Measure::Latency);
+    let ring = || super::queue::message_pingpong(rounds).map(Measure::latency);
     let mut contenders: Vec<(&'static str, Run<'_>)> =
         vec![("shmbroker", &ours), ("raw ring round trip", &ring)];
     let open_mpi = mpi.as_ref().map(|program| {
@@ -276,7 +276,7 @@ fn sendrecv_pingpong(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<
             let samples = super::mpi::parse_lines(&stdout, "pingpong_sample")
                 .into_iter()
                 .filter_map(|fields| fields.get(1).copied());
-            Ok(Measure::Latency(samples.collect()))
+            Ok(Measure::latency(samples.collect()))
         }
     });
     if let Some(open_mpi) = &open_mpi {
@@ -351,13 +351,13 @@ fn barrier_contenders(
         }
     }
     Ok(vec![
-        ("shmbroker", Measure::Latency(ours)),
+        ("shmbroker", Measure::latency(ours)),
         (
             "shared memory, polls with usleep(1)",
-            Measure::Latency(polling),
+            Measure::latency(polling),
         ),
-        ("star relay over UNIX sockets", Measure::Latency(star)),
-        ("shared memory, futex wait/wake", Measure::Latency(futex)),
+        ("star relay over UNIX sockets", Measure::latency(star)),
+        ("shared memory, futex wait/wake", Measure::latency(futex)),
     ])
 }
 

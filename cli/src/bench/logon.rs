@@ -52,8 +52,8 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
             bench: "logon_per_worker".into(),
             size: Size::Workers(workers),
             contenders: vec![
-                ("shmbroker", Measure::Latency(ours)),
-                ("floor: connect + fds + memfds", Measure::Latency(floor)),
+                ("shmbroker", Measure::latency(ours)),
+                ("floor: connect + fds + memfds", Measure::latency(floor)),
             ],
         });
     }

@@ -12,7 +12,6 @@ mod mpi;
 mod queue;
 mod results;
 
-use crate::args::Args;
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
@@ -20,36 +19,54 @@ use std::io::Write;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub const USAGE: &str = "\
-shmbroker bench [--quick] [--rounds N] [--out DIR]
-    Every suite (queue, logon, collectives, bulk) with a progress line, then a results folder
-    (default bench-results/): results.jsonl, results.md (the table, with the machine it ran on)
-    and SVG plots: ping-pong latency CDF, barrier latency against world size, throughput
-    against message size. Each suite below also takes --out DIR.
-shmbroker bench collectives [--json] [--quick] [--rounds N] [--only NAME]
-    Barrier latency with the session's own waiting at 2, 4, 8 (and 16) workers against
-    MPI_Barrier (oversubscribed past the CPUs, as both then are), and spinning where the CPUs
-    hold the world; an 8-byte send/recv ping-pong against the raw ring and MPI_Send/MPI_Recv;
-    barriers with 2 workers spinning and 2, 4 and 8 parked, against shared-memory barriers
-    that poll with usleep(1) or wait on a futex and a star relay over UNIX sockets;
-    all-gathers of 8, 64 and 1024 bytes; fd exchange per fd against raw pidfd_getfd and
-    SCM_RIGHTS; and the time from kill -9 of a worker to a survivor's PeerLost (barrier,
-    sendrecv_pingpong, barrier_hot, barrier_parked, all_gather, fd_exchange, dead_peer).
-shmbroker bench bulk [--json] [--quick] [--rounds N] [--only NAME]
-    Large messages between two processes: ping-pong round trip and one-way throughput at 4 KiB,
-    64 KiB, 1 MiB, 16 MiB and 64 MiB with send/recv and with loans, against a UNIX socket and
-    (when mpicc and mpirun are on PATH) Open MPI built and run in the same invocation; the loan
-    hand-off by size; outbox block allocation against rts-alloc (bulk_pingpong,
-    bulk_throughput, loan_handoff, outbox_alloc).
-shmbroker bench logon [--json] [--quick] [--rounds N]
-    Time for 1, 2, 4, 8 and 16 workers to log on, per worker, against the floor: a bare connect
-    and accept, one SCM_RIGHTS message with as many fds, and memfd create, seal and mmap of the
-    same sizes, alternating in one run.
-shmbroker bench queue [--json] [--quick] [--rounds N] [--only NAME]
-    Ring latency (ping-pong, hot and parked) and throughput (8, 64 and 4096-byte messages,
-    single and batched) against shaq 4.3, one cache line bounced between two processes,
-    a raw futex ping-pong and memcpy, alternating in one run. --only runs the benches whose
-    name contains NAME (pingpong_hot, pingpong_parked, stream_single, stream_batched).";
+/// `shmbroker bench`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The suite to run; every suite, and a results folder, when left out.
+    #[arg(value_enum)]
+    suite: Option<Suite>,
+    /// One JSON object per line on standard output instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Fewer samples and sizes: a smoke run, not figures to quote.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds per bench, alternating the contenders' order each round (default 5, 1 with
+    /// --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: Option<u64>,
+    /// Run only the benches whose name contains NAME.
+    #[arg(long, value_name = "NAME")]
+    only: Option<String>,
+    /// Write results.jsonl, results.md and SVG plots into DIR (default bench-results/ when every
+    /// suite runs).
+    #[arg(long, value_name = "DIR")]
+    out: Option<String>,
+}
+
+/// The suites of `shmbroker bench`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Suite {
+    /// Ring latency (ping-pong, hot and parked, per CPU placement) and throughput (8, 64 and
+    /// 4096-byte messages, single and batched) against shaq 4.3, one cache line bounced between
+    /// two processes, a raw futex ping-pong and memcpy (pingpong_hot, pingpong_parked,
+    /// stream_single, stream_batched).
+    Queue,
+    /// Time for 1 to 16 workers to log on, per worker, against the floor: a bare connect and
+    /// accept, one SCM_RIGHTS message with as many fds, and memfd create, seal and mmap.
+    Logon,
+    /// Barriers, send/recv, all-gathers, fd exchange and kill -9 detection against MPI_Barrier,
+    /// the raw ring, usleep-polling and futex barriers, a star relay over UNIX sockets, raw
+    /// pidfd_getfd and SCM_RIGHTS (barrier, sendrecv_pingpong, barrier_hot, barrier_parked,
+    /// all_gather, fd_exchange, dead_peer).
+    Collectives,
+    /// Large messages between two processes, 4 KiB to 64 MiB, with send/recv and with loans,
+    /// against a UNIX socket and Open MPI; the loan hand-off; outbox allocation against
+    /// rts-alloc (bulk_pingpong, bulk_throughput, loan_handoff, outbox_alloc).
+    Bulk,
+    /// Every suite, then a results folder.
+    All,
+}
 
 /// How long any one measured child process may run before it is killed.
 const CHILD_DEADLINE: Duration = Duration::from_secs(120);
@@ -75,54 +92,39 @@ impl Plan<'_> {
     }
 }
 
-pub fn run(rest: &[String]) -> Result<(), String> {
-    let mut args = Args::new(rest);
-    let json = args.flag("--json");
-    let quick = args.flag("--quick");
+pub fn run(args: &Args) -> Result<(), String> {
     let rounds = args
-        .value::<usize>("--rounds")?
-        .unwrap_or(if quick { 1 } else { 5 });
-    let only = args.value::<String>("--only")?;
-    let out = args.value::<String>("--out")?;
-    // After every option and its value is consumed, what is left is the suite.
-    let suite = args.positional();
-    args.finish()?;
+        .rounds
+        .map_or(if args.quick { 1 } else { 5 }, |n| n as usize);
     let plan = Plan {
-        rounds: rounds.max(1),
-        quick,
-        only: only.as_deref(),
+        rounds,
+        quick: args.quick,
+        only: args.only.as_deref(),
     };
-    let mut report = Report::new(json);
-    let out = match suite.as_deref() {
-        Some("queue") => {
-            queue::run(plan, &mut report)?;
-            out
-        }
-        Some("logon") => {
-            logon::run(plan, &mut report)?;
-            out
-        }
-        Some("collectives") => {
-            collectives::run(plan, &mut report)?;
-            out
-        }
-        Some("bulk") => {
-            bulk::run(plan, &mut report)?;
-            out
-        }
+    let mut report = Report::new(args.json);
+    let mut out = args.out.clone();
+    match args.suite.unwrap_or(Suite::All) {
+        Suite::Queue => queue::run(plan, &mut report)?,
+        Suite::Logon => logon::run(plan, &mut report)?,
+        Suite::Collectives => collectives::run(plan, &mut report)?,
+        Suite::Bulk => bulk::run(plan, &mut report)?,
         // Every suite, the queue first: it forks, and no thread may exist yet.
-        None | Some("all") => {
+        Suite::All => {
             queue::run(plan, &mut report)?;
             logon::run(plan, &mut report)?;
             collectives::run(plan, &mut report)?;
             bulk::run(plan, &mut report)?;
-            Some(out.unwrap_or_else(|| "bench-results".into()))
+            out.get_or_insert_with(|| "bench-results".into());
         }
-        _ => return Err(format!("usage:\n{USAGE}")),
-    };
+    }
     let (comparisons, notes) = report.finish();
     if let Some(dir) = out {
-        let written = results::write(std::path::Path::new(&dir), &comparisons, &notes)?;
+        let run = results::RunInfo {
+            quick: args.quick,
+            rounds,
+            only: args.only.clone(),
+        };
+        let written = results::write(std::path::Path::new(&dir), &run, &comparisons, &notes)?;
         eprintln!("results written: {}", written.join(", "));
     }
     Ok(())
@@ -131,10 +133,18 @@ pub fn run(rest: &[String]) -> Result<(), String> {
 /// What one contender measured in one benchmark.
 #[derive(Clone, Debug)]
 pub enum Measure {
-    /// Round-trip times in nanoseconds, pooled over all rounds.
-    Latency(Vec<u64>),
+    /// Round-trip times in nanoseconds, one list per round (pooled for p50 and p99; each
+    /// round's own p50 gives the spread).
+    Latency(Vec<Vec<u64>>),
     /// Messages per second, one figure per round.
     Throughput(Vec<f64>),
+}
+
+impl Measure {
+    /// One round's latencies.
+    pub fn latency(samples: Vec<u64>) -> Self {
+        Self::Latency(vec![samples])
+    }
 }
 
 /// What a benchmark's size column means.
@@ -174,6 +184,8 @@ pub fn median(values: &[f64]) -> f64 {
 /// Prints comparisons as a table or as JSON lines, and keeps them for the results folder.
 pub struct Report {
     json: bool,
+    /// Whether a progress line is drawn: only on a terminal, never into a file or pipe.
+    progress: bool,
     printed_header: bool,
     kept: Vec<Comparison>,
     notes: Vec<String>,
@@ -181,8 +193,10 @@ pub struct Report {
 
 impl Report {
     fn new(json: bool) -> Self {
+        use std::io::IsTerminal;
         Self {
             json,
+            progress: !json && std::io::stderr().is_terminal(),
             printed_header: false,
             kept: Vec::new(),
             notes: Vec::new(),
@@ -199,15 +213,16 @@ impl Report {
         self.notes.push(note);
     }
 
+    /// Shows what is being measured, on a terminal only.
     pub fn progress(&self, what: &str) {
-        if !self.json {
+        if self.progress {
             eprint!("\r\x1b[2K  measuring {what} ...");
             std::io::stderr().flush().ok();
         }
     }
 
     pub fn add(&mut self, comparison: Comparison) {
-        if !self.json {
+        if self.progress {
             eprint!("\r\x1b[2K");
         }
         let ours = comparison.contenders.first().map(|(_, m)| summarize(m));
@@ -289,8 +304,36 @@ pub(super) fn rate_text(size: Size, messages_per_s: f64) -> String {
 }
 
 pub(super) enum Summary {
-    Latency { p50: u64, p99: u64, samples: usize },
-    Throughput { median: f64, rounds: usize },
+    Latency {
+        p50: u64,
+        p99: u64,
+        samples: usize,
+        /// The lowest and highest p50 of one round, with two rounds or more.
+        spread: Option<(u64, u64)>,
+    },
+    Throughput {
+        median: f64,
+        rounds: usize,
+        /// The lowest and highest round, with two rounds or more.
+        spread: Option<(f64, f64)>,
+    },
+}
+
+impl Summary {
+    /// The spread across rounds, as `low–high` (`-` with one round), in the summary's unit.
+    pub(super) fn spread_text(&self, size: Size) -> String {
+        match self {
+            Summary::Latency {
+                spread: Some((low, high)),
+                ..
+            } => format!("{low}–{high} ns"),
+            Summary::Throughput {
+                spread: Some((low, high)),
+                ..
+            } => format!("{}–{}", rate_text(size, *low), rate_text(size, *high)),
+            _ => "-".into(),
+        }
+    }
 }
 
 impl Summary {
@@ -313,18 +356,35 @@ impl Summary {
 
 pub(super) fn summarize(measure: &Measure) -> Summary {
     match measure {
-        Measure::Latency(samples) => {
-            let mut sorted = samples.clone();
+        Measure::Latency(rounds) => {
+            let mut sorted = rounds.concat();
             sorted.sort_unstable();
+            let round_p50s = rounds
+                .iter()
+                .filter(|round| !round.is_empty())
+                .map(|round| {
+                    let mut round = round.clone();
+                    round.sort_unstable();
+                    percentile(&round, 50.0)
+                });
+            let spread = round_p50s.fold(None, |range: Option<(u64, u64)>, p50| {
+                Some(range.map_or((p50, p50), |(low, high)| (low.min(p50), high.max(p50))))
+            });
             Summary::Latency {
                 p50: percentile(&sorted, 50.0),
                 p99: percentile(&sorted, 99.0),
                 samples: sorted.len(),
+                spread: spread.filter(|_| rounds.len() > 1),
             }
         }
         Measure::Throughput(rates) => Summary::Throughput {
             median: median(rates),
             rounds: rates.len(),
+            spread: (rates.len() > 1).then(|| {
+                let low = rates.iter().copied().fold(f64::INFINITY, f64::min);
+                let high = rates.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                (low, high)
+            }),
         },
     }
 }
@@ -344,13 +404,25 @@ pub(super) fn json_line(
         comparison.bench, name
     );
     let body = match summary {
-        Summary::Latency { p50, p99, samples } => {
+        Summary::Latency {
+            p50,
+            p99,
+            samples,
+            spread,
+        } => {
             let ratio = ratio.map_or(String::new(), |(a, b)| {
                 format!(r#","ours_over_baseline_p50":{a:.4},"ours_over_baseline_p99":{b:.4}"#)
             });
-            format!(r#","p50_ns":{p50},"p99_ns":{p99},"samples":{samples}{ratio}"#)
+            let spread = spread.map_or(String::new(), |(low, high)| {
+                format!(r#","round_p50_min_ns":{low},"round_p50_max_ns":{high}"#)
+            });
+            format!(r#","p50_ns":{p50},"p99_ns":{p99},"samples":{samples}{spread}{ratio}"#)
         }
-        Summary::Throughput { median, rounds } => {
+        Summary::Throughput {
+            median,
+            rounds,
+            spread,
+        } => {
             let ratio = ratio.map_or(String::new(), |(a, _)| {
                 format!(r#","ours_over_baseline":{a:.4}"#)
             });
@@ -358,7 +430,10 @@ pub(super) fn json_line(
                 Size::Bytes(size) => format!(r#","bytes_per_s":{:.0}"#, median * size as f64),
                 Size::Workers(_) => String::new(),
             };
-            format!(r#","msgs_per_s":{median:.0}{bytes},"rounds":{rounds}{ratio}"#)
+            let spread = spread.map_or(String::new(), |(low, high)| {
+                format!(r#","round_min_msgs_per_s":{low:.0},"round_max_msgs_per_s":{high:.0}"#)
+            });
+            format!(r#","msgs_per_s":{median:.0}{bytes},"rounds":{rounds}{spread}{ratio}"#)
         }
     };
     format!("{head}{body}}}")

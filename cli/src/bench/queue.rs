@@ -138,7 +138,7 @@ pub(super) fn message_pingpong(samples: usize) -> Result<Vec<u64>, String> {
         ..bytemuck::Zeroable::zeroed()
     };
     match ring_pingpong::<Message>(samples, u32::MAX, make, |message| message.tag)? {
-        Measure::Latency(samples) => Ok(samples),
+        Measure::Latency(rounds) => Ok(rounds.concat()),
         Measure::Throughput(_) => Err("a ping-pong measures latency".into()),
     }
 }
@@ -183,7 +183,7 @@ fn ring_pingpong<T: Pod>(
                     return Err(format!("ping {i} answered with {answer}"));
                 }
             }
-            Ok(Measure::Latency(times.split_off(warmup(samples))))
+            Ok(Measure::latency(times.split_off(warmup(samples))))
         },
     )
 }
@@ -267,7 +267,7 @@ fn shaq_pingpong(samples: usize, parked: bool) -> Result<Measure, String> {
                     return Err(format!("ping {i} answered with {answer}"));
                 }
             }
-            Ok(Measure::Latency(times.split_off(warmup(samples))))
+            Ok(Measure::latency(times.split_off(warmup(samples))))
         },
     )
 }
@@ -343,7 +343,7 @@ fn line_pingpong(samples: usize, ping: &AtomicU64, pong: &AtomicU64) -> Result<M
                 await_value(pong, 2 * i + 2)?;
                 times.push(start.elapsed().as_nanos() as u64);
             }
-            Ok(Measure::Latency(times.split_off(warmup(samples))))
+            Ok(Measure::latency(times.split_off(warmup(samples))))
         },
     )
 }
@@ -398,7 +398,7 @@ fn futex_pingpong(samples: usize) -> Result<Measure, String> {
                 await_value(pong, i)?;
                 times.push(start.elapsed().as_nanos() as u64);
             }
-            Ok(Measure::Latency(times.split_off(warmup(samples))))
+            Ok(Measure::latency(times.split_off(warmup(samples))))
         },
     )
 }

@@ -5,9 +5,59 @@ use plotters::prelude::*;
 use std::fmt::Write as _;
 use std::path::Path;
 
+/// How the run was made, for the head of `results.md`.
+#[derive(Debug)]
+pub struct RunInfo {
+    pub quick: bool,
+    pub rounds: usize,
+    pub only: Option<String>,
+}
+
+impl RunInfo {
+    /// Commit, date, machine and options, as the lines that open `results.md`.
+    fn header(&self) -> String {
+        let mut options = format!("--rounds {}", self.rounds);
+        if self.quick {
+            options.push_str(", --quick (a smoke run: fewer samples and sizes)");
+        }
+        if let Some(only) = &self.only {
+            let _ = write!(options, ", --only {only}");
+        }
+        format!(
+            "- commit: {}\n- date: {}\n- machine: {}\n- run: {options}\n",
+            commit(),
+            crate::logging::rfc3339(std::time::SystemTime::now()),
+            machine()
+        )
+    }
+}
+
+/// The commit of the source tree this binary was built from, marked `(modified)` when that tree
+/// has changes; `unknown` when it is not a git checkout (or git is missing).
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    match git(&["rev-parse", "--short=12", "HEAD"]) {
+        None => "unknown".into(),
+        Some(commit) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+            Some(changes) if !changes.is_empty() => format!("{commit} (modified)"),
+            _ => commit,
+        },
+    }
+}
+
 /// Writes every output into `dir` (created if needed); returns the paths written.
 pub fn write(
     dir: &Path,
+    run: &RunInfo,
     comparisons: &[Comparison],
     notes: &[String],
 ) -> Result<Vec<String>, String> {
@@ -20,7 +70,7 @@ pub fn write(
         Ok(())
     };
     save("results.jsonl", jsonl(comparisons))?;
-    save("results.md", markdown(comparisons, notes))?;
+    save("results.md", markdown(run, comparisons, notes))?;
     for (name, plot) in [
         ("pingpong_cdf.svg", pingpong_cdf as Plot),
         ("barrier_vs_workers.svg", barrier_vs_workers),
@@ -82,11 +132,16 @@ fn size_text(size: Size) -> String {
     }
 }
 
-fn markdown(comparisons: &[Comparison], notes: &[String]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "Measured on {}.\n", machine());
-    out.push_str("| bench | size | impl | p50 | p99 | per second | ours/baseline |\n");
-    out.push_str("|---|---:|---|---:|---:|---:|---|\n");
+fn markdown(run: &RunInfo, comparisons: &[Comparison], notes: &[String]) -> String {
+    let mut out = run.header();
+    out.push_str(
+        "\np50 and p99 pool every round; the spread is the lowest and highest p50 (or rate) of \
+         a single round.\n\n",
+    );
+    out.push_str(
+        "| bench | size | impl | p50 | p99 | per second | spread over rounds | ours/baseline |\n",
+    );
+    out.push_str("|---|---:|---|---:|---:|---:|---:|---|\n");
     for comparison in comparisons {
         let ours = comparison.contenders.first().map(|(_, m)| summarize(m));
         for (index, (name, measure)) in comparison.contenders.iter().enumerate() {
@@ -95,6 +150,7 @@ fn markdown(comparisons: &[Comparison], notes: &[String]) -> String {
                 .as_ref()
                 .filter(|_| index > 0)
                 .map(|ours| ours.ratio_to(&summary));
+            let spread = summary.spread_text(comparison.size);
             let (p50, p99, rate, ratio) = match summary {
                 Summary::Latency { p50, p99, .. } => (
                     format!("{p50} ns"),
@@ -111,7 +167,7 @@ fn markdown(comparisons: &[Comparison], notes: &[String]) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {name} | {p50} | {p99} | {rate} | {ratio} |",
+                "| {} | {} | {name} | {p50} | {p99} | {rate} | {spread} | {ratio} |",
                 comparison.bench,
                 size_text(comparison.size)
             );
@@ -184,8 +240,8 @@ fn pingpong_cdf(path: &Path, comparisons: &[Comparison]) -> Result<bool, String>
     let mut curves = Vec::new();
     let mut x_max = 1.0f64;
     for (name, measure) in &comparison.contenders {
-        if let Measure::Latency(samples) = measure {
-            let mut sorted = samples.clone();
+        if let Measure::Latency(rounds) = measure {
+            let mut sorted = rounds.concat();
             sorted.sort_unstable();
             if sorted.is_empty() {
                 continue;
