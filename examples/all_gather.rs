@@ -7,13 +7,14 @@
 
 mod common;
 
-use shmbroker::{Error, Session};
+use shmbroker::Session;
+use std::error::Error;
 
 fn main() -> std::process::ExitCode {
     common::run(gather)
 }
 
-fn gather(session: &mut Session) -> Result<(), Error> {
+fn gather(session: &mut Session) -> Result<(), Box<dyn Error>> {
     let rank = session.rank();
     // Parts of any size, different on every rank.
     let mine = format!("rank {rank} runs pid {}", std::process::id());

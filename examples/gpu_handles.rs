@@ -10,7 +10,8 @@
 
 mod common;
 
-use shmbroker::{Error, GpuHandle, GpuHandleKind, Session};
+use shmbroker::{GpuHandle, GpuHandleKind, Session};
+use std::error::Error;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
@@ -21,33 +22,27 @@ fn main() -> std::process::ExitCode {
 
 const BUFFER_BYTES: u64 = 4096;
 
-fn exchange(session: &mut Session) -> Result<(), Error> {
+fn exchange(session: &mut Session) -> Result<(), Box<dyn Error>> {
     let rank = session.rank();
-    let io = |e: std::io::Error| Error::Misuse(format!("buffer: {e}"));
     // "Allocate device memory" and fill it.
-    let fd = shmbroker::queues::memfd::create_unsealed(c"example-buffer")
-        .map_err(|e| Error::Misuse(e.to_string()))?;
+    let fd = shmbroker::queues::memfd::create_unsealed(c"example-buffer")?;
     let buffer = File::from(fd);
-    buffer.set_len(BUFFER_BYTES).map_err(io)?;
-    buffer.write_all_at(&[rank as u8; 16], 0).map_err(io)?;
+    buffer.set_len(BUFFER_BYTES)?;
+    buffer.write_all_at(&[rank as u8; 16], 0)?;
     // "Export" it.
     let handle = GpuHandle {
-        kind: GpuHandleKind::HostMemfd as u32,
-        size: BUFFER_BYTES,
         buffer_id: u64::from(rank),
-        ..bytemuck::Zeroable::zeroed()
+        // A memfd's handle is its fd, which travels beside it: no handle bytes.
+        ..GpuHandle::new(GpuHandleKind::HostMemfd, BUFFER_BYTES, [0; 64])
     };
     let handles = session.all_gather_gpu_handles(&handle, Some(buffer.as_fd()))?;
     // "Open" every peer's buffer and read from it.
     for (peer, (handle, fd)) in handles.into_iter().enumerate() {
-        let fd = fd.ok_or_else(|| Error::Misuse(format!("rank {peer} sent no fd")))?;
+        let fd = fd.ok_or_else(|| format!("rank {peer} sent no fd"))?;
         let mut first = [0u8; 16];
-        File::from(fd).read_exact_at(&mut first, 0).map_err(io)?;
+        File::from(fd).read_exact_at(&mut first, 0)?;
         if first != [peer as u8; 16] {
-            return Err(Error::Protocol {
-                peer: peer as u32,
-                detail: format!("its buffer starts {first:?}"),
-            });
+            return Err(format!("rank {peer}'s buffer starts {first:?}").into());
         }
         if rank == 0 {
             println!(

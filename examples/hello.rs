@@ -6,13 +6,14 @@
 
 mod common;
 
-use shmbroker::{Error, Session};
+use shmbroker::Session;
+use std::error::Error;
 
 fn main() -> std::process::ExitCode {
     common::run(hello)
 }
 
-fn hello(session: &mut Session) -> Result<(), Error> {
+fn hello(session: &mut Session) -> Result<(), Box<dyn Error>> {
     let (rank, world) = (session.rank(), session.world_size());
     session.barrier()?;
     for peer in (0..world).filter(|&peer| peer != rank) {

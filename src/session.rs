@@ -107,12 +107,16 @@ pub enum Error {
     #[error("the broker is gone (its socket closed)")]
     BrokerLost,
     /// The deadline passed.
-    #[error("{op} timed out after {timeout:?} waiting for rank {peer}")]
+    #[error(
+        "{op} timed out after {timeout:?} waiting for {}",
+        ranks_text(waiting_for)
+    )]
     Timeout {
-        /// The call.
+        /// The call (`barrier`, `all_gather`, `recv`, ...).
         op: &'static str,
-        /// The rank waited for.
-        peer: u32,
+        /// The ranks it was still waiting for, in rank order (never empty): for a collective,
+        /// every peer whose part had not arrived when the deadline passed.
+        waiting_for: Vec<u32>,
         /// The call's timeout.
         timeout: Duration,
     },
@@ -135,25 +139,39 @@ pub enum Error {
         /// The buffer's length.
         capacity: usize,
     },
-    /// The ranks called different collectives, or in a different order.
+    /// The ranks called different collectives, or in a different order. Renders as "rank 1
+    /// called all_gather #3 while this rank called barrier #3".
     #[error(
-        "collective mismatch with rank {peer}: expected kind {expected_kind} #{expected_seq}, received kind {found_kind} #{found_seq}"
+        "rank {peer} called {} #{found_seq} while this rank called {} #{expected_seq}",
+        op_text(*found_kind),
+        op_text(*expected_kind)
     )]
     CollectiveMismatch {
         /// The peer whose message did not match.
         peer: u32,
-        /// The kind this rank is in.
+        /// The operation this rank is in ([`shmbroker_bindings::kind`]; named by
+        /// [`shmbroker_bindings::kind::name`]).
         expected_kind: u32,
         /// This rank's collective sequence number.
         expected_seq: u64,
-        /// The kind received.
+        /// The operation the peer is in.
         found_kind: u32,
-        /// The sequence number received.
+        /// The peer's collective sequence number.
         found_seq: u64,
     },
-    /// A call this rank cannot make (a broadcast root without data, say).
+    /// A call this rank cannot make (a broadcast root without data, say): a mistake in the
+    /// calling program, described for the person who fixes it.
     #[error("misuse: {0}")]
     Misuse(String),
+    /// The operating system refused what a call needed of it (duplicating an fd, `fstat`).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A peer sent bytes no correct peer sends.
     #[error("bad message from rank {peer}: {detail}")]
     Protocol {
@@ -198,12 +216,35 @@ pub enum Error {
         /// What the fd number referred to.
         found: (u64, u64),
     },
-    /// Handshake-level failure while relaying an fd through the broker.
-    #[error("fd relay: {0}")]
-    Relay(String),
+    /// Relaying an fd through the broker, to or from `peer`, failed.
+    #[error("fd relay with rank {peer}: {source}")]
+    Relay {
+        /// The rank the fd was going to or coming from.
+        peer: u32,
+        /// What the broker or its socket said.
+        #[source]
+        source: shmbroker_handshake::Error,
+    },
     /// The launcher's variables do not say where this worker stands.
     #[error("launch environment: {0}")]
     Launch(String),
+}
+
+/// `op`'s name, or its number when no operation has it.
+fn op_text(op: u32) -> String {
+    shmbroker_bindings::kind::name(op).map_or_else(|| format!("operation {op}"), str::to_owned)
+}
+
+/// "rank 3", or "ranks 1, 2 and 5".
+fn ranks_text(ranks: &[u32]) -> String {
+    match ranks {
+        [] => "no rank".into(),
+        [rank] => format!("rank {rank}"),
+        [init @ .., last] => {
+            let init: Vec<String> = init.iter().map(u32::to_string).collect();
+            format!("ranks {} and {last}", init.join(", "))
+        }
+    }
 }
 
 /// The largest world whose barrier is flat: every rank tells every other, and waits for all of
@@ -556,10 +597,12 @@ impl Deadline {
         }
     }
 
-    fn timed_out(&self, peer: u32) -> Error {
+    fn timed_out(&self, mut waiting_for: Vec<u32>) -> Error {
+        waiting_for.sort_unstable();
+        waiting_for.dedup();
         Error::Timeout {
             op: self.op,
-            peer,
+            waiting_for,
             timeout: self.timeout,
         }
     }
@@ -899,9 +942,17 @@ impl Session {
     /// The error for a call whose deadline passed waiting for `peer`: who is gone if someone is
     /// (a departure that raced the deadline), otherwise the timeout.
     fn timed_out(&self, deadline: &Deadline, peer: u32) -> Error {
-        match self.inner.departure(peer) {
+        self.timed_out_waiting(deadline, vec![peer])
+    }
+
+    /// [`Self::timed_out`] for a call still waiting for every rank of `waiting_for`.
+    fn timed_out_waiting(&self, deadline: &Deadline, waiting_for: Vec<u32>) -> Error {
+        match waiting_for
+            .iter()
+            .find_map(|&peer| self.inner.departure(peer))
+        {
             Some(departure) => departure_error(departure),
-            None => deadline.timed_out(peer),
+            None => deadline.timed_out(waiting_for),
         }
     }
 
@@ -978,8 +1029,15 @@ impl Session {
             for peer in self.peers() {
                 self.send_message(peer, arrival, &deadline)?;
             }
-            for peer in self.peers() {
-                self.recv_collective(peer, kind::BARRIER, seq, &deadline)?;
+            let peers: Vec<u32> = self.peers().collect();
+            for (at, &peer) in peers.iter().enumerate() {
+                if let Err(error) = self.recv_collective(peer, kind::BARRIER, seq, &deadline) {
+                    let expect = Expect::Collective {
+                        op: kind::BARRIER,
+                        seq,
+                    };
+                    return Err(self.still_missing(error, &peers[at + 1..], expect, &deadline));
+                }
             }
             return Ok(());
         }
@@ -1708,7 +1766,7 @@ impl Session {
 /// The session error for a handshake call about `peer` that failed within `deadline`.
 fn handshake_failed(peer: u32, error: shmbroker_handshake::Error, deadline: &Deadline) -> Error {
     match error {
-        shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(peer),
+        shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(vec![peer]),
         shmbroker_handshake::Error::PeerLost { rank, .. } => Error::PeerLost { rank },
         shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
         other => Error::Logon(other),

@@ -312,9 +312,9 @@ fn misuse_is_an_error_not_a_hang() {
     match zero.recv_from_timeout(1, Duration::from_millis(50)) {
         Err(Error::Timeout {
             op: "recv",
-            peer: 1,
+            waiting_for,
             ..
-        }) => {}
+        }) if waiting_for == [1] => {}
         other => panic!("unexpected {other:?}"),
     }
 }
@@ -327,16 +327,24 @@ fn ranks_in_different_collectives_get_a_mismatch_naming_both() {
         (result.map(|_| ()), one)
     });
     match zero.barrier() {
-        Err(Error::CollectiveMismatch {
-            peer: 1,
-            expected_kind,
-            expected_seq: 0,
-            found_kind,
-            found_seq: 0,
-        }) => assert_eq!(
-            (expected_kind, found_kind),
-            (kind::BARRIER, kind::ALL_GATHER)
-        ),
+        Err(
+            error @ Error::CollectiveMismatch {
+                peer: 1,
+                expected_kind,
+                expected_seq: 0,
+                found_kind,
+                found_seq: 0,
+            },
+        ) => {
+            assert_eq!(
+                (expected_kind, found_kind),
+                (kind::BARRIER, kind::ALL_GATHER)
+            );
+            assert_eq!(
+                error.to_string(),
+                "rank 1 called all_gather #0 while this rank called barrier #0"
+            );
+        }
         other => panic!("unexpected {other:?}"),
     }
     let (result, _one) = other.join().unwrap();
@@ -344,6 +352,54 @@ fn ranks_in_different_collectives_get_a_mismatch_naming_both() {
         matches!(result, Err(Error::CollectiveMismatch { peer: 0, .. })),
         "{result:?}"
     );
+}
+
+#[test]
+fn a_collective_timeout_names_every_rank_still_missing() {
+    // Rank 1 enters each collective; ranks 2 and 3 never do. Rank 0's timeout names 2 and 3,
+    // not only the first it waited for, and not rank 1.
+    let (_world, sessions) = World::start("missing", 4);
+    let mut sessions = sessions.into_iter();
+    let mut zero = sessions.next().unwrap();
+    let mut one = sessions.next().unwrap();
+    let _silent: Vec<Session> = sessions.collect();
+    let helper = std::thread::spawn(move || {
+        let _ = one.barrier_timeout(Duration::from_millis(300));
+        let _ = one.all_gather_timeout(&[1; 100_000], Duration::from_millis(300));
+        one
+    });
+    for (op, outcome) in [
+        ("barrier", zero.barrier_timeout(Duration::from_millis(200))),
+        (
+            "all_gather",
+            zero.all_gather_timeout(&[0; 100_000], Duration::from_millis(200))
+                .map(drop),
+        ),
+    ] {
+        match outcome {
+            Err(error @ Error::Timeout { .. }) => {
+                let Error::Timeout {
+                    op: named,
+                    waiting_for,
+                    ..
+                } = &error
+                else {
+                    unreachable!()
+                };
+                assert_eq!(
+                    (*named, waiting_for.as_slice()),
+                    (op, &[2, 3][..]),
+                    "{error}"
+                );
+                assert!(
+                    error.to_string().ends_with("waiting for ranks 2 and 3"),
+                    "{error}"
+                );
+            }
+            other => panic!("{op}: unexpected {other:?}"),
+        }
+    }
+    drop(helper.join().unwrap());
 }
 
 #[test]
@@ -780,9 +836,9 @@ fn a_receiver_that_never_reads_holds_the_sender_back_until_its_deadline() {
     match outcome {
         Err(Error::Timeout {
             op: "send",
-            peer: 1,
+            waiting_for,
             ..
-        }) => {}
+        }) if waiting_for == [1] => {}
         other => panic!("unexpected {other:?}"),
     }
     assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(3));
@@ -794,7 +850,10 @@ fn a_receiver_that_never_reads_holds_the_sender_back_until_its_deadline() {
             break error;
         }
     };
-    assert!(matches!(small, Error::Timeout { peer: 1, .. }), "{small:?}");
+    assert!(
+        matches!(&small, Error::Timeout { waiting_for, .. } if waiting_for == &[1]),
+        "{small:?}"
+    );
 }
 
 /// A raw ring message from `from` to rank 0.
@@ -831,9 +890,9 @@ fn an_eager_message_cut_short_times_out_without_harm_and_completes_later() {
         match zero.recv_from_timeout(1, Duration::from_millis(50)) {
             Err(Error::Timeout {
                 op: "recv",
-                peer: 1,
+                waiting_for,
                 ..
-            }) => {}
+            }) if waiting_for == [1] => {}
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -933,8 +992,8 @@ fn a_peer_flooding_messages_nobody_receives_cannot_hold_a_call_past_its_deadline
     assert!(
         matches!(
             outcome,
-            Err(Error::Timeout { peer: 1, .. } | Error::Protocol { peer: 1, .. })
-        ),
+            Err(Error::Timeout { ref waiting_for, .. }) if waiting_for == &[1]
+        ) || matches!(outcome, Err(Error::Protocol { peer: 1, .. })),
         "{outcome:?}"
     );
     assert!(

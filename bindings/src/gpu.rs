@@ -30,6 +30,27 @@ pub struct GpuHandle {
 
 const _: () = assert!(size_of::<GpuHandle>() == 112);
 
+impl GpuHandle {
+    /// A handle of `kind` for `size` bytes, holding `handle` (the runtime's exported bytes; zero
+    /// for the kinds whose handle is the fd that travels beside it). The other fields are zero:
+    /// set `device_uuid`, `offset`, `flags` and `buffer_id` as the exporter needs.
+    #[must_use]
+    pub fn new(kind: GpuHandleKind, size: u64, handle: [u8; GPU_HANDLE_BYTES]) -> Self {
+        Self {
+            kind: kind as u32,
+            size,
+            handle,
+            ..Zeroable::zeroed()
+        }
+    }
+
+    /// The kind `kind` names, or `None` for a code no kind has (from a newer or a buggy peer).
+    #[must_use]
+    pub const fn handle_kind(&self) -> Option<GpuHandleKind> {
+        GpuHandleKind::from_code(self.kind)
+    }
+}
+
 /// What kind of handle a [`GpuHandle`] holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
@@ -91,6 +112,9 @@ mod tests {
             }
         }
         assert!(GpuHandleKind::HostMemfd.carries_fd());
+        let handle = GpuHandle::new(GpuHandleKind::DmaBuf, 4096, [0; GPU_HANDLE_BYTES]);
+        assert_eq!(handle.handle_kind(), Some(GpuHandleKind::DmaBuf));
+        assert_eq!(GpuHandle { kind: 99, ..handle }.handle_kind(), None);
         assert!(!GpuHandleKind::CudaIpcMemory.carries_fd());
     }
 }

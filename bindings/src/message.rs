@@ -56,6 +56,22 @@ pub mod kind {
 
     /// The operation bits of a kind.
     pub const OP_MASK: u32 = 0xffff;
+
+    /// The name of operation `op` (a kind's [`OP_MASK`] bits) as the API spells it: `barrier`,
+    /// `all_gather`, ...; `None` for a number no operation has.
+    pub const fn name(op: u32) -> Option<&'static str> {
+        Some(match op {
+            BARRIER => "barrier",
+            ALL_GATHER => "all_gather",
+            BROADCAST => "broadcast",
+            SEND => "send",
+            PAYLOAD_ACK => "payload acknowledgement",
+            FD_TICKET => "fd exchange",
+            GATHER => "gather",
+            CHUNK => "chunk",
+            _ => return None,
+        })
+    }
     /// Transport flag: the data follows in [`CHUNK`]s through the sender's outbox.
     pub const PIPELINED: u32 = 1 << 16;
     /// Transport flag: the data is lent by reference, in the sender's outbox.

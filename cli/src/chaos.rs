@@ -239,7 +239,14 @@ fn named(error: &shmbroker::Error) -> (&'static str, String) {
         E::Protocol { peer, .. } => ("protocol", peer.to_string()),
         E::Outbox { peer, .. } => ("outbox", peer.to_string()),
         E::CollectiveMismatch { peer, .. } => ("mismatch", peer.to_string()),
-        E::Timeout { peer, .. } => ("timeout", peer.to_string()),
+        E::Timeout { waiting_for, .. } => (
+            "timeout",
+            waiting_for
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
         E::BrokerLost => ("broker", "-".into()),
         _ => ("other", "-".into()),
     }

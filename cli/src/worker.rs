@@ -144,8 +144,10 @@ fn inherited_session(
     rank: Option<u32>,
     timeout: Duration,
 ) -> Result<shmbroker::Session, shmbroker::Error> {
-    let fd = shmbroker::process::inherited_fd(0)
-        .map_err(|e| shmbroker::Error::Misuse(format!("no socket inherited at fd 3: {e}")))?;
+    let fd = shmbroker::process::inherited_fd(0).map_err(|source| shmbroker::Error::Io {
+        what: "taking the socket inherited at fd 3",
+        source,
+    })?;
     let logon = shmbroker::bindings::LogonFrame::new(rank.unwrap_or(shmbroker::bindings::ANY_RANK));
     let inner = shmbroker::handshake::connect_stream(
         std::os::unix::net::UnixStream::from(fd),

@@ -6,8 +6,9 @@
 //! A real program skips `launch`: a launcher (`mpirun`, `torchrun`, `srun`) starts it, or it
 //! connects to a running `shmbroker serve` with [`Session::connect`].
 
+use shmbroker::Session;
 use shmbroker::process::spawn_with_fds;
-use shmbroker::{Error, Session};
+use std::error::Error;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
@@ -19,13 +20,14 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Runs `work` on each of [`WORKERS`] worker processes: in a worker (its launcher variables
 /// set), connects and runs it; otherwise starts the broker and the workers, and waits for them.
-pub fn run(work: fn(&mut Session) -> Result<(), Error>) -> ExitCode {
+pub fn run(work: fn(&mut Session) -> Result<(), Box<dyn Error>>) -> ExitCode {
     if std::env::var_os("SHMBROKER_RANK").is_some() {
-        let outcome = Session::from_env(Duration::from_secs(10)).and_then(|mut session| {
+        let outcome = (|| -> Result<(), Box<dyn Error>> {
+            let mut session = Session::from_env(Duration::from_secs(10))?;
             work(&mut session)?;
             // Leave together: no rank departs while another still talks to it.
-            session.barrier()
-        });
+            Ok(session.barrier()?)
+        })();
         return match outcome {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

@@ -23,6 +23,10 @@ use shmbroker_bindings::{FdTicket, INLINE_BYTES, kind};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+/// How long a relayed fd from a peer that has left may still take to be read from this worker's
+/// socket (by its watcher thread) before the departure is reported instead.
+const RELAYED_GRACE: Duration = Duration::from_millis(50);
+
 /// How file descriptors move between workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FdTransport {
@@ -130,9 +134,10 @@ impl Session {
         let deadline = Deadline::new("exchange_fds", timeout);
         let exporters: Vec<u32> = (0..self.world_size()).collect();
         let mut imported = self.move_fds(&exporters, Some(fd), &deadline)?;
-        let own = fd
-            .try_clone_to_owned()
-            .map_err(|e| Error::Misuse(format!("duplicating this rank's fd: {e}")))?;
+        let own = fd.try_clone_to_owned().map_err(|source| Error::Io {
+            what: "duplicating this rank's fd",
+            source,
+        })?;
         imported[self.rank() as usize] = Some(own);
         imported
             .into_iter()
@@ -185,9 +190,10 @@ impl Session {
         let deadline = Deadline::new("broadcast_fd", timeout);
         let mut imported = self.move_fds(&[root], fd, &deadline)?;
         match fd {
-            Some(fd) => fd
-                .try_clone_to_owned()
-                .map_err(|e| Error::Misuse(format!("duplicating the root's fd: {e}"))),
+            Some(fd) => fd.try_clone_to_owned().map_err(|source| Error::Io {
+                what: "duplicating the root's fd",
+                source,
+            }),
             None => imported[root as usize]
                 .take()
                 .ok_or_else(|| Error::Misuse(format!("no fd from rank {root}"))),
@@ -206,8 +212,10 @@ impl Session {
         let exporting = exporters.contains(&rank);
         if exporting {
             let fd = mine.ok_or_else(|| Error::Misuse("an exporter without an fd".into()))?;
-            let stat = nix::sys::stat::fstat(fd)
-                .map_err(|e| Error::Misuse(format!("fstat of the fd to export: {e}")))?;
+            let stat = nix::sys::stat::fstat(fd).map_err(|e| Error::Io {
+                what: "fstat of the fd to export",
+                source: e.into(),
+            })?;
             let ticket = FdTicket {
                 pid: std::process::id(),
                 fd: fd.as_raw_fd(),
@@ -350,7 +358,13 @@ impl Session {
                 Err(other) => return Err(self.relay_failed(exporter, other)),
             }
             if let Some(departure) = self.inner.departure(exporter) {
-                return Err(departure_error(departure));
+                // An exporter leaves only once the broker said its relay was passed on, so the
+                // fd is already in this worker's socket; its watcher may not have read it yet
+                // (it runs on its own thread), so it gets a moment before the departure counts.
+                return match self.inner.take_relayed_fd(exporter, token, RELAYED_GRACE) {
+                    Ok(fd) => Ok(fd),
+                    Err(_) => Err(departure_error(departure)),
+                };
             }
             if deadline.left().is_zero() {
                 return Err(self.timed_out(deadline, exporter));
@@ -378,7 +392,7 @@ impl Session {
         match error {
             shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
             shmbroker_handshake::Error::PeerLost { rank, .. } => Error::PeerLost { rank },
-            other => Error::Relay(other.to_string()),
+            source => Error::Relay { peer, source },
         }
     }
 

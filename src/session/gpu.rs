@@ -10,7 +10,8 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 /// Checks that `fd` is present exactly when `handle`'s kind carries one.
 fn check_own(handle: &GpuHandle, fd: Option<BorrowedFd<'_>>) -> Result<GpuHandleKind, Error> {
-    let kind = GpuHandleKind::from_code(handle.kind)
+    let kind = handle
+        .handle_kind()
         .ok_or_else(|| Error::Misuse(format!("unknown GPU handle kind {}", handle.kind)))?;
     match (kind.carries_fd(), fd.is_some()) {
         (true, false) => Err(Error::Misuse(format!("a {kind:?} handle needs its fd"))),
@@ -21,7 +22,7 @@ fn check_own(handle: &GpuHandle, fd: Option<BorrowedFd<'_>>) -> Result<GpuHandle
 
 /// The kind of a handle that came from `peer`.
 fn kind_from(peer: u32, handle: &GpuHandle) -> Result<GpuHandleKind, Error> {
-    GpuHandleKind::from_code(handle.kind).ok_or_else(|| Error::Protocol {
+    handle.handle_kind().ok_or_else(|| Error::Protocol {
         peer,
         detail: format!("unknown GPU handle kind {}", handle.kind),
     })
@@ -56,10 +57,11 @@ impl Session {
             self.move_fds(&exporters, mine, &deadline)?
         };
         if let Some(fd) = fd {
-            fds[self.rank() as usize] = Some(
-                fd.try_clone_to_owned()
-                    .map_err(|e| Error::Misuse(format!("duplicating this rank's fd: {e}")))?,
-            );
+            fds[self.rank() as usize] =
+                Some(fd.try_clone_to_owned().map_err(|source| Error::Io {
+                    what: "duplicating this rank's fd",
+                    source,
+                })?);
         }
         Ok(handles.into_iter().zip(fds).collect())
     }

@@ -280,14 +280,23 @@ impl<'d> Outgoing<'d> {
     }
 
     /// The first target that has not been sent everything yet (to name in a timeout).
-    fn first_waiting(&self) -> u32 {
+    /// The targets not yet sent the whole message.
+    fn undelivered(&self) -> impl Iterator<Item = u32> + '_ {
         self.targets
             .iter()
             .zip(&self.delivered)
-            .find(|&(_, &d)| d < self.messages.len())
-            .or_else(|| self.targets.iter().zip(&self.delivered).next())
-            .map_or(u32::MAX, |(&t, _)| t)
+            .filter(|&(_, &d)| d < self.messages.len())
+            .map(|(&t, _)| t)
     }
+}
+
+/// The ranks a transfer still waits for: targets not yet sent the whole message, and senders not
+/// yet received from.
+fn waiting(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>]) -> Vec<u32> {
+    outgoing
+        .undelivered()
+        .chain(incoming.iter().filter(|i| !i.is_done()).map(|i| i.peer))
+        .collect()
 }
 
 /// The slots of an eager message: a header and its continuation, in a stack buffer of `N`.
@@ -894,13 +903,48 @@ impl Session {
             return Err(Error::Protocol {
                 peer,
                 detail: format!(
-                    "operation {op} travels in one slot; found kind {:#x} with {} bytes",
-                    header.kind, header.len
+                    "{} travels in one slot; found kind {:#x} with {} bytes",
+                    super::op_text(op),
+                    header.kind,
+                    header.len
                 ),
             });
         }
         self.unread[peer as usize].remove(at);
         Ok(header)
+    }
+
+    /// `error`, and when it is a timeout, one that also names every rank of `later` (peers this
+    /// call would have waited for next) with nothing of `expect` arrived yet: the ranks a
+    /// collective was still missing when its deadline passed, not only the first.
+    pub(super) fn still_missing(
+        &mut self,
+        error: Error,
+        later: &[u32],
+        expect: Expect,
+        deadline: &Deadline,
+    ) -> Error {
+        let Error::Timeout {
+            mut waiting_for, ..
+        } = error
+        else {
+            return error;
+        };
+        for &peer in later {
+            // Whatever the ring holds, without waiting; a peer whose bytes cannot be read counts
+            // as missing (the call that reads them next will say what is wrong).
+            let mut arrived = Ok(None);
+            for _ in 0..MAX_UNREAD {
+                arrived = self.find(peer, expect);
+                if !matches!(arrived, Ok(None)) || !matches!(self.pull(peer, None), Ok(true)) {
+                    break;
+                }
+            }
+            if !matches!(arrived, Ok(Some(_))) {
+                waiting_for.push(peer);
+            }
+        }
+        self.timed_out_waiting(deadline, waiting_for)
     }
 
     /// Waits until a whole group `expect` selects is queued from `peer`; returns its index.
@@ -1009,10 +1053,24 @@ impl Session {
             self.flush_view_acks()?;
         }
         match outgoing {
-            Some(mut outgoing) => self.drive(&mut outgoing, incoming, deadline),
+            Some(mut outgoing) => match self.drive(&mut outgoing, incoming, deadline) {
+                // Whichever wait ran out (a full ring, a silent sender), name every rank the
+                // transfer still waits for.
+                Err(Error::Timeout {
+                    mut waiting_for, ..
+                }) => {
+                    waiting_for.extend(waiting(&outgoing, incoming));
+                    Err(self.timed_out_waiting(deadline, waiting_for))
+                }
+                other => other,
+            },
             None => {
-                for incoming in incoming.iter_mut() {
-                    self.complete(incoming, deadline)?;
+                for at in 0..incoming.len() {
+                    if let Err(error) = self.complete(&mut incoming[at], deadline) {
+                        let later: Vec<u32> = incoming[at + 1..].iter().map(|i| i.peer).collect();
+                        let expect = incoming[at].expect;
+                        return Err(self.still_missing(error, &later, expect, deadline));
+                    }
                 }
                 Ok(())
             }
@@ -1115,7 +1173,7 @@ impl Session {
                 continue;
             }
             if moved {
-                return Err(self.timed_out(deadline, outgoing.first_waiting()));
+                return Err(self.timed_out_waiting(deadline, waiting(outgoing, incoming)));
             }
             idle += 1;
             if idle < 64 {
@@ -1125,7 +1183,7 @@ impl Session {
             // Nothing moves: the clock is read only here.
             let now = Instant::now();
             if deadline.left().is_zero() {
-                return Err(self.timed_out(deadline, outgoing.first_waiting()));
+                return Err(self.timed_out_waiting(deadline, waiting(outgoing, incoming)));
             }
             let since = *stalled_since.get_or_insert(now);
             if now.duration_since(since) >= STALL {
