@@ -915,11 +915,26 @@ impl Session {
     /// broker died first; [`Error::PeerLost`]; [`Error::Outbox`] for an outbox that is not one.
     pub fn await_peers(&mut self, timeout: Duration) -> Result<(), Error> {
         let deadline = Deadline::new("await_peers", timeout);
-        for peer in self.peers() {
-            self.inner
+        let peers: Vec<u32> = self.peers().collect();
+        for (at, &peer) in peers.iter().enumerate() {
+            let arrived = self
+                .inner
                 .peer_process(peer, deadline.left())
-                .map_err(|error| handshake_failed(peer, error, &deadline))?;
-            self.peer_outbox(peer, &deadline)?;
+                .map_err(|error| handshake_failed(peer, error, &deadline))
+                .and_then(|_| self.peer_outbox(peer, &deadline));
+            if let Err(Error::Timeout {
+                mut waiting_for, ..
+            }) = arrived
+            {
+                // Name every peer not logged on yet, not only the first.
+                waiting_for.extend(
+                    peers[at + 1..]
+                        .iter()
+                        .filter(|&&later| self.inner.peer_process(later, Duration::ZERO).is_err()),
+                );
+                return Err(self.timed_out_waiting(&deadline, waiting_for));
+            }
+            arrived?;
         }
         Ok(())
     }

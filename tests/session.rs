@@ -403,6 +403,34 @@ fn a_collective_timeout_names_every_rank_still_missing() {
 }
 
 #[test]
+fn waiting_for_peers_that_never_log_on_names_every_one() {
+    let dir = common::TempDir::new("never-log-on");
+    let path = dir.0.join("broker.sock");
+    let config = shmbroker::handshake::Config {
+        world_size: 4,
+        ..Default::default()
+    };
+    let (stop, broker) = common::listen_on_thread(&path, config);
+    let one_path = path.clone();
+    let one = std::thread::spawn(move || Session::connect(&one_path, Some(1), SESSION));
+    let mut zero = Session::connect(&path, Some(0), SESSION).unwrap();
+    let one = one.join().unwrap().unwrap();
+    match zero.await_peers(Duration::from_millis(200)) {
+        Err(error @ Error::Timeout { .. }) => assert_eq!(
+            error.to_string(),
+            "await_peers timed out after 200ms waiting for ranks 2 and 3"
+        ),
+        other => panic!("unexpected {other:?}"),
+    }
+    drop((zero, one));
+    stop.stop();
+    broker.join().unwrap().unwrap();
+}
+
+/// A deadline long enough for anything in these tests.
+const SESSION: Duration = Duration::from_secs(30);
+
+#[test]
 fn point_to_point_messages_keep_their_order_around_collectives() {
     let (_world, mut zero, mut one) = pair("p2p");
     let sender = std::thread::spawn(move || {
