@@ -88,3 +88,4 @@ pub use shmbroker_allocator as allocator;
 pub use shmbroker_bindings as bindings;
 pub use shmbroker_handshake as handshake;
 pub use shmbroker_queues as queues;
+pub use shmbroker_sys as sys;

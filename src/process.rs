@@ -58,7 +58,7 @@ pub fn spawn_with_fds(command: &mut Command, fds: &[BorrowedFd<'_>]) -> io::Resu
     let command = unsafe { command.pre_exec(place_fds) };
     let child = command.spawn()?;
     drop(staged);
-    let pidfd = match pidfd_open(child.id()) {
+    let pidfd = match shmbroker_sys::pidfd::open(child.id() as i32) {
         Ok(pidfd) => pidfd,
         Err(error) => {
             let mut child = child;
@@ -77,17 +77,6 @@ pub fn spawn_with_fds(command: &mut Command, fds: &[BorrowedFd<'_>]) -> io::Resu
 fn raw_to_owned(fd: RawFd) -> OwnedFd {
     // SAFETY: `fd` was just returned by F_DUPFD_CLOEXEC, so it is open and owned by no one else.
     unsafe { OwnedFd::from_raw_fd(fd) }
-}
-
-/// `pidfd_open(2)`: an fd that becomes readable when the process exits, immune to pid reuse.
-fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; it touches no memory.
-    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = RawFd::try_from(fd).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
-    Ok(raw_to_owned(fd))
 }
 
 impl ChildGuard {

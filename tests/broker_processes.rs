@@ -13,8 +13,8 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 #[test]
 fn four_worker_processes_log_on_and_greet_each_other_then_the_broker_stops_cleanly() {
-    let dir = TempDir::new("serve4");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("serve4").unwrap();
+    let socket = dir.join("broker.sock");
     let broker = serve(&socket, &["--workers", "4", "--ring-capacity", "64"]);
     let workers: Vec<ChildGuard> = (0..4)
         .map(|_| {
@@ -53,8 +53,8 @@ fn four_worker_processes_log_on_and_greet_each_other_then_the_broker_stops_clean
 
 #[test]
 fn a_worker_with_a_rank_out_of_range_exits_with_the_brokers_reason() {
-    let dir = TempDir::new("range");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("range").unwrap();
+    let socket = dir.join("broker.sock");
     let broker = serve(&socket, &["--workers", "2"]);
     let mut command = shmbroker(&[
         "worker",
@@ -79,8 +79,8 @@ fn a_worker_killed_with_sigkill_disconnects_its_peers_at_once() {
     use shmbroker::handshake::{Config, Event, Listener, connect};
     use shmbroker::queues::{RecvTimeoutError, SendTimeoutError};
 
-    let dir = TempDir::new("sigkill");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("sigkill").unwrap();
+    let socket = dir.join("broker.sock");
     let mut listener = Listener::bind(
         &socket,
         Config {
@@ -164,8 +164,8 @@ fn a_death_ends_the_session_for_everyone_even_those_waiting_on_live_peers() {
     use shmbroker::handshake::{Error, connect};
     use shmbroker::queues::RecvTimeoutError;
 
-    let dir = TempDir::new("poison");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("poison").unwrap();
+    let socket = dir.join("broker.sock");
     let (stop, broker) = listen_on_thread(&socket, small_world(3));
 
     // Rank 2 is a real process that will be killed; ranks 0 and 1 live here.

@@ -53,18 +53,18 @@ fn all_pass(workers: Vec<ChildGuard>, world: u32) {
 
 #[test]
 fn torchrun_variables_start_a_world_with_no_broker_started_by_hand() {
-    let dir = TempDir::new("torchrun");
+    let dir = TempDir::new("torchrun").unwrap();
     let run_id = format!("run-{}", std::process::id());
     // Rank 0 last: the others wait for its broker, retrying within their deadlines.
     let workers: Vec<ChildGuard> = [1, 2, 0]
         .into_iter()
-        .map(|rank| worker(&dir.0, &torchrun(rank, 3, &run_id)))
+        .map(|rank| worker(dir.path(), &torchrun(rank, 3, &run_id)))
         .collect();
     let mut ordered: Vec<(u32, ChildGuard)> = [1, 2, 0].into_iter().zip(workers).collect();
     ordered.sort_by_key(|(rank, _)| *rank);
     all_pass(ordered.into_iter().map(|(_, w)| w).collect(), 3);
     assert!(
-        !dir.0
+        !dir.path()
             .join(format!("shmbroker-torchrun-{run_id}.sock"))
             .exists(),
         "rank 0's broker left its socket behind"
@@ -73,11 +73,11 @@ fn torchrun_variables_start_a_world_with_no_broker_started_by_hand() {
 
 #[test]
 fn slurm_variables_start_a_world() {
-    let dir = TempDir::new("slurm");
+    let dir = TempDir::new("slurm").unwrap();
     let workers = (0..2)
         .map(|rank: u32| {
             worker(
-                &dir.0,
+                dir.path(),
                 &[
                     ("SLURM_LOCALID", rank.to_string()),
                     ("SLURM_TASKS_PER_NODE", "2(x3)".into()),
@@ -93,13 +93,13 @@ fn slurm_variables_start_a_world() {
 
 #[test]
 fn two_jobs_on_one_node_never_meet() {
-    let dir = TempDir::new("twojobs");
+    let dir = TempDir::new("twojobs").unwrap();
     let jobs: Vec<Vec<ChildGuard>> = ["a", "b"]
         .iter()
         .map(|job| {
             let run_id = format!("{job}-{}", std::process::id());
             (0..2)
-                .map(|rank| worker(&dir.0, &torchrun(rank, 2, &run_id)))
+                .map(|rank| worker(dir.path(), &torchrun(rank, 2, &run_id)))
                 .collect()
         })
         .collect();
@@ -111,31 +111,31 @@ fn two_jobs_on_one_node_never_meet() {
 
 #[test]
 fn a_socket_left_by_a_crashed_job_does_not_block_a_new_one() {
-    let dir = TempDir::new("leftover");
+    let dir = TempDir::new("leftover").unwrap();
     let run_id = format!("crashed-{}", std::process::id());
     // What a job killed with SIGKILL leaves: a socket file nobody listens on.
     drop(
         std::os::unix::net::UnixListener::bind(
-            dir.0.join(format!("shmbroker-torchrun-{run_id}.sock")),
+            dir.join(format!("shmbroker-torchrun-{run_id}.sock")),
         )
         .unwrap(),
     );
     let workers = (0..2)
-        .map(|rank| worker(&dir.0, &torchrun(rank, 2, &run_id)))
+        .map(|rank| worker(dir.path(), &torchrun(rank, 2, &run_id)))
         .collect();
     all_pass(workers, 2);
 }
 
 #[test]
 fn missing_or_contradicting_variables_are_named() {
-    let dir = TempDir::new("badenv");
-    let (ok, _, stderr) = finish(worker(&dir.0, &[("LOCAL_RANK", "0".into())]));
+    let dir = TempDir::new("badenv").unwrap();
+    let (ok, _, stderr) = finish(worker(dir.path(), &[("LOCAL_RANK", "0".into())]));
     assert!(!ok);
     assert!(
         stderr.contains("LOCAL_RANK is set but LOCAL_WORLD_SIZE is not"),
         "{stderr}"
     );
-    let (ok, _, stderr) = finish(worker(&dir.0, &[]));
+    let (ok, _, stderr) = finish(worker(dir.path(), &[]));
     assert!(!ok);
     assert!(
         stderr.contains("set SHMBROKER_RANK and SHMBROKER_WORLD_SIZE"),

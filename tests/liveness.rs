@@ -41,8 +41,8 @@ fn sessions(socket: &Path, ranks: &[u32]) -> Vec<Session> {
 
 #[test]
 fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_is_still_seen() {
-    let dir = TempDir::new("broker-death");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("broker-death").unwrap();
+    let socket = dir.join("broker.sock");
     let mut broker = serve_world(&socket, 4);
     // Ranks 0 and 1 here, rank 2 a real process that logs on and idles; rank 3 never comes.
     let mut rank2 = spawn(&mut shmbroker(&[
@@ -106,8 +106,8 @@ fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_i
 
 #[test]
 fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused() {
-    let dir = TempDir::new("relay-flood");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("relay-flood").unwrap();
+    let socket = dir.join("broker.sock");
     let (stop, broker) = listen_on_thread(&socket, small_world(2));
     let victim = shmbroker::handshake::connect(&socket, LogonFrame::new(0), TIMEOUT).unwrap();
     let count = 4 * MAX_UNCLAIMED_RELAYS;
@@ -160,8 +160,8 @@ fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused
 
 #[test]
 fn hundreds_of_idle_or_half_sent_connections_do_not_lock_a_real_logon_out() {
-    let dir = TempDir::new("idle");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("idle").unwrap();
+    let socket = dir.join("broker.sock");
     let config = Config {
         // Idle connections are never dropped for their deadline during this test: only making
         // room for a newcomer can let it in.
@@ -189,8 +189,8 @@ fn hundreds_of_idle_or_half_sent_connections_do_not_lock_a_real_logon_out() {
 
 #[test]
 fn rank_u32_max_is_refused_rather_than_taken_to_mean_any() {
-    let dir = TempDir::new("rank-max");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("rank-max").unwrap();
+    let socket = dir.join("broker.sock");
     let broker = serve_world(&socket, 2);
     let (ok, _, stderr) = finish(spawn(&mut shmbroker(&[
         "worker",
@@ -207,8 +207,8 @@ fn rank_u32_max_is_refused_rather_than_taken_to_mean_any() {
 /// `world` worker processes running `worker --selftest` with `args` under one `serve`, each of
 /// which must pass.
 fn selftest_processes(world: u32, args: &[&str]) {
-    let dir = TempDir::new(&format!("selftest-{world}"));
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new(&format!("selftest-{world}")).unwrap();
+    let socket = dir.join("broker.sock");
     let broker = serve_world(&socket, world);
     let workers: Vec<ChildGuard> = (0..world)
         .map(|_| {
@@ -254,8 +254,8 @@ fn every_collective_checks_out_with_sixty_four_worker_processes() {
 
 #[test]
 fn a_worker_on_an_inherited_socket_is_seen_dying_though_the_process_that_connected_lives_on() {
-    let dir = TempDir::new("inherited");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("inherited").unwrap();
+    let socket = dir.join("broker.sock");
     let (stop, broker) = listen_on_thread(&socket, small_world(3));
     // This test process plays the launcher: it connects, hands the socket to the worker at fd 3
     // and closes its own copy. The broker's pidfd for that connection names this process, which
@@ -307,8 +307,8 @@ fn a_worker_on_an_inherited_socket_is_seen_dying_though_the_process_that_connect
 #[test]
 fn a_late_worker_of_a_job_that_already_ended_is_refused_at_once() {
     use shmbroker::handshake::Event;
-    let dir = TempDir::new("job-ended");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("job-ended").unwrap();
+    let socket = dir.join("broker.sock");
     let mut listener = shmbroker::handshake::Listener::bind(&socket, small_world(2)).unwrap();
     let stop = listener.stop_handle();
     let (events_tx, events) = std::sync::mpsc::channel();

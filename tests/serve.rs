@@ -49,8 +49,8 @@ fn job(socket: &Path) {
 
 #[test]
 fn one_broker_serves_a_hundred_jobs_and_holds_no_more_fds_after_them_than_after_one() {
-    let dir = TempDir::new("hundred-jobs");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("hundred-jobs").unwrap();
+    let socket = dir.join("broker.sock");
     let broker = serve(&socket, &["--workers", "2"]);
     let pid = broker.id();
     let idle = fds_of(pid);
@@ -73,8 +73,8 @@ fn one_broker_serves_a_hundred_jobs_and_holds_no_more_fds_after_them_than_after_
 
 #[test]
 fn logs_come_as_json_lines_with_log_format_json() {
-    let dir = TempDir::new("json-logs");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("json-logs").unwrap();
+    let socket = dir.join("broker.sock");
     let broker = serve(&socket, &["--workers=2", "--once", "--log-format=json"]);
     job(&socket);
     let (status, _, stderr) = finish_status(broker);
@@ -148,8 +148,8 @@ fn dir_that_does_not_exist() -> String {
 
 #[test]
 fn serve_once_exits_after_its_first_job() {
-    let dir = TempDir::new("once");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("once").unwrap();
+    let socket = dir.join("broker.sock");
     let broker = serve(&socket, &["--workers", "2", "--once"]);
     job(&socket);
     let (status, stdout, stderr) = finish_status(broker);
@@ -160,8 +160,8 @@ fn serve_once_exits_after_its_first_job() {
 
 #[test]
 fn serve_needs_a_world_size_and_says_so() {
-    let dir = TempDir::new("no-workers");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("no-workers").unwrap();
+    let socket = dir.join("broker.sock");
     let mut command = shmbroker(&["serve", "--socket", socket.to_str().unwrap()]);
     command.env_remove("SHMBROKER_WORLD_SIZE");
     let (status, _, stderr) = finish_status(spawn(&mut command));
@@ -200,8 +200,8 @@ fn serve_needs_a_world_size_and_says_so() {
 
 #[test]
 fn a_broker_that_cannot_fit_the_world_in_its_fd_limit_refuses_to_start() {
-    let dir = TempDir::new("fd-limit");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("fd-limit").unwrap();
+    let socket = dir.join("broker.sock");
     let mut command = shmbroker(&[
         "serve",
         "--socket",
@@ -228,8 +228,8 @@ fn a_broker_that_cannot_fit_the_world_in_its_fd_limit_refuses_to_start() {
 
 #[test]
 fn a_flood_of_bad_notices_into_a_stalled_log_neither_blocks_the_broker_nor_floods_the_log() {
-    let dir = TempDir::new("log-flood");
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new("log-flood").unwrap();
+    let socket = dir.join("broker.sock");
     // Standard error is a pipe nobody reads until the end: a broker that wrote its log there
     // itself would block once the pipe is full.
     let broker = serve(&socket, &["--workers", "2"]);
@@ -272,9 +272,9 @@ fn a_flood_of_bad_notices_into_a_stalled_log_neither_blocks_the_broker_nor_flood
 
 /// A worker as uid/gid 65534 ("nobody") against `serve` with `extra` options.
 fn worker_as_nobody(name: &str, extra: &[&str]) -> (bool, String, String) {
-    let dir = TempDir::new(name);
-    let program: PathBuf = common::binary_for_any_uid(&dir.0);
-    let socket = dir.0.join("broker.sock");
+    let dir = TempDir::new(name).unwrap();
+    let program: PathBuf = common::binary_for_any_uid(dir.path());
+    let socket = dir.join("broker.sock");
     let mut args = vec!["--workers", "1"];
     args.extend_from_slice(extra);
     let broker = serve(&socket, &args);
@@ -333,8 +333,8 @@ fn another_uid_gets_in_with_allow_uid_and_a_socket_mode_that_lets_it_reach_the_s
 
 #[test]
 fn a_socket_path_that_cannot_be_bound_is_an_error_naming_it() {
-    let dir = TempDir::new("no-dir");
-    let socket = dir.0.join("missing").join("broker.sock");
+    let dir = TempDir::new("no-dir").unwrap();
+    let socket = dir.join("missing").join("broker.sock");
     let mut command = shmbroker(&[
         "serve",
         "--socket",

@@ -404,8 +404,8 @@ fn a_collective_timeout_names_every_rank_still_missing() {
 
 #[test]
 fn waiting_for_peers_that_never_log_on_names_every_one() {
-    let dir = common::TempDir::new("never-log-on");
-    let path = dir.0.join("broker.sock");
+    let dir = common::TempDir::new("never-log-on").unwrap();
+    let path = dir.join("broker.sock");
     let config = shmbroker::handshake::Config {
         world_size: 4,
         ..Default::default()

@@ -377,7 +377,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let ops = pick(&OPS, &args.op);
     let hang = Duration::from_millis(args.hang_ms);
     let exe = std::env::current_exe().map_err(|e| format!("finding my own binary: {e}"))?;
-    let dir = crate::tempdir::TempDir::new("chaos")?;
+    let dir = shmbroker::sys::TempDir::new("chaos").map_err(|e| e.to_string())?;
     let mut broker = Broker {
         socket: dir.path().join("broker.sock"),
         workers,

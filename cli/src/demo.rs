@@ -1,10 +1,10 @@
 //! `shmbroker demo`: a broker and worker processes logging on and greeting each other, then two
 //! processes streaming messages over a pair of rings.
 
-use crate::tempdir::TempDir;
 use shmbroker::handshake::{Config, Listener};
 use shmbroker::process::spawn_with_fds;
 use shmbroker::queues::{Consumer, HEADER_SIZE, Producer, create};
+use shmbroker::sys::TempDir;
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::process::Command;
@@ -56,7 +56,7 @@ fn broker_and_workers(workers: u32) -> Result<(), String> {
     println!(
         "shmbroker demo, part 1: a broker and {workers} worker processes running every collective\n"
     );
-    let dir = TempDir::new("demo")?;
+    let dir = TempDir::new("demo").map_err(|e| e.to_string())?;
     let socket = dir.path().join("broker.sock");
     let config = Config {
         world_size: workers,

@@ -14,7 +14,6 @@ mod logging;
 mod peer;
 mod selftest;
 mod serve;
-mod tempdir;
 mod worker;
 
 use clap::{CommandFactory, Parser, Subcommand};

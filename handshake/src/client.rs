@@ -1,7 +1,6 @@
 //! The worker's side: [`connect`] logs on and returns a [`Session`] holding everything received.
 
 use crate::error::{Error, ProtocolError, io_errno};
-use crate::fdpass::{recv_with_fds, send_with_fds};
 use crate::liveness::{Departure, RelayAnswer, Shared, Watcher};
 use crate::wire::{MANIFEST_ENTRY_LEN, REPLY_HEADER_LEN, decode_manifest, decode_reply_header};
 use nix::errno::Errno;
@@ -12,6 +11,7 @@ use shmbroker_bindings::{
     WorkerNotice,
 };
 use shmbroker_queues::{Consumer, Producer, Role};
+use shmbroker_sys::fdpass::{recv_with_fds, send_with_fds};
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;

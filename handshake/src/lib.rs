@@ -50,7 +50,6 @@
 
 mod client;
 mod error;
-pub mod fdpass;
 mod listener;
 mod liveness;
 pub mod wire;
@@ -61,22 +60,5 @@ pub use listener::{Config, Event, Listener, MAX_UNCLAIMED_RELAYS, StopHandle};
 pub use liveness::Departure;
 pub use wire::MAX_WORLD_SIZE;
 
-use std::os::fd::{FromRawFd, OwnedFd};
-
-/// `pidfd_open(2)`: an fd for process `pid` that becomes readable when it exits, immune to pid
-/// reuse.
-///
-/// # Errors
-///
-/// The system call's error (`ESRCH` when no such process exists).
-pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; it touches no memory.
-    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let fd =
-        i32::try_from(fd).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
-    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
+// A logon reply carries every fd of a worker in one message.
+const _: () = assert!(shmbroker_bindings::MAX_REPLY_FDS <= shmbroker_sys::fdpass::MAX_FDS);

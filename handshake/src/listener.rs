@@ -46,7 +46,6 @@
 //! second with how many were suppressed), so a hostile worker cannot flood the log.
 
 use crate::error::{Error, ProtocolError, io_errno};
-use crate::fdpass::{recv_with_fds, send_with_fds};
 use crate::wire::{LOGON_LEN, MAX_WORLD_SIZE, decode_logon, manifest_order};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -56,6 +55,7 @@ use shmbroker_bindings::{
     ANY_RANK, FdRole, ManifestEntry, Message, NOTICE_MAGIC, NoticeKind, PROTOCOL_VERSION,
     REPLY_MAGIC, RING_LAYOUT_VERSION, RejectReason, ReplyHeader, WorkerNotice,
 };
+use shmbroker_sys::fdpass::{recv_with_fds, send_with_fds};
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -1523,5 +1523,5 @@ fn peer_pidfd(stream: &UnixStream, pid: i32) -> Result<OwnedFd, Errno> {
         // SAFETY: the kernel just installed this fd for us; nothing else owns it.
         return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
     }
-    crate::pidfd_open(pid).map_err(|e| io_errno(&e))
+    shmbroker_sys::pidfd::open(pid).map_err(|e| io_errno(&e))
 }

@@ -55,13 +55,13 @@
 //! [`Session`]: crate::Session
 
 use crate::error::{Error, ProtocolError};
-use crate::fdpass::recv_with_fds;
 use crate::wire::{BrokerNotice, decode_broker_notice};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use shmbroker_bindings::{Message, NoticeKind, WorkerNotice};
 use shmbroker_queues::{Closer, Role};
+use shmbroker_sys::fdpass::recv_with_fds;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;

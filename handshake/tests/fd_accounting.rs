@@ -28,11 +28,11 @@ fn open_fds() -> usize {
 fn a_client_that_vanishes_mid_logon_leaves_no_fd_in_the_broker() {
     // This test drives the broker itself (no thread), so it can count fds between steps.
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = TempDir::new("vanish");
-    let mut listener = Listener::bind(dir.socket(), config(2)).unwrap();
+    let dir = TempDir::new("vanish").unwrap();
+    let mut listener = Listener::bind(common::socket(&dir), config(2)).unwrap();
     let before = open_fds();
     for _ in 0..20 {
-        let mut client = UnixStream::connect(dir.socket()).unwrap();
+        let mut client = UnixStream::connect(common::socket(&dir)).unwrap();
         client.write_all(&[1, 2, 3]).unwrap();
         // Until the broker has accepted and read what arrived, the connection is pending.
         while listener.pending_logons() == 0 {
@@ -65,17 +65,14 @@ fn fake_broker(
         let (mut stream, _) = listener.accept().unwrap();
         let mut frame = [0u8; 32];
         stream.read_exact(&mut frame).unwrap();
-        let raw: Vec<i32> = fds.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
-        let rights = [nix::sys::socket::ControlMessage::ScmRights(&raw)];
-        let control: &[_] = if raw.is_empty() { &[] } else { &rights };
-        nix::sys::socket::sendmsg::<()>(
-            std::os::fd::AsRawFd::as_raw_fd(&stream),
-            &[std::io::IoSlice::new(&reply)],
-            control,
-            nix::sys::socket::MsgFlags::empty(),
-            None,
+        let borrowed: Vec<_> = fds.iter().map(std::os::fd::AsFd::as_fd).collect();
+        let sent = shmbroker_sys::fdpass::send_with_fds(
+            std::os::fd::AsFd::as_fd(&stream),
+            &[&reply],
+            &borrowed,
         )
         .unwrap();
+        assert_eq!(sent, reply.len());
         // Hold the connection until the client closes it.
         let _ = stream.read(&mut [0u8; 1]);
     })
@@ -94,10 +91,10 @@ fn accepted_header(world_size: u32, fd_count: u32) -> ReplyHeader {
 /// checking that every fd the client received was closed.
 fn client_error(name: &str, reply: Vec<u8>, fd_count: usize) -> Error {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = TempDir::new(name);
+    let dir = TempDir::new(name).unwrap();
     let before = open_fds();
-    let fake = fake_broker(&dir.socket(), reply, memfds(fd_count));
-    let error = connect(dir.socket(), LogonFrame::new(0), TIMEOUT).unwrap_err();
+    let fake = fake_broker(&common::socket(&dir), reply, memfds(fd_count));
+    let error = connect(common::socket(&dir), LogonFrame::new(0), TIMEOUT).unwrap_err();
     // The fake broker's socket and files are closed when its thread ends; ours must be too.
     fake.join().unwrap();
     assert_eq!(open_fds(), before, "the client kept fds after a bad reply");
@@ -180,9 +177,14 @@ fn a_reply_cut_short_is_a_protocol_error() {
     let reply = bytemuck::bytes_of(&header)[..100].to_vec();
     // The fake keeps the connection open, so the client waits for the rest until its deadline.
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = TempDir::new("fake-short");
-    let fake = fake_broker(&dir.socket(), reply, memfds(2));
-    let error = connect(dir.socket(), LogonFrame::new(0), Duration::from_millis(300)).unwrap_err();
+    let dir = TempDir::new("fake-short").unwrap();
+    let fake = fake_broker(&common::socket(&dir), reply, memfds(2));
+    let error = connect(
+        common::socket(&dir),
+        LogonFrame::new(0),
+        Duration::from_millis(300),
+    )
+    .unwrap_err();
     assert!(
         matches!(
             error,
@@ -237,11 +239,11 @@ fn a_broker_out_of_fds_pauses_accepting_instead_of_spinning_and_recovers() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     use shmbroker_handshake::Event;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = TempDir::new("emfile");
-    let mut listener = Listener::bind(dir.socket(), config(4)).unwrap();
+    let dir = TempDir::new("emfile").unwrap();
+    let mut listener = Listener::bind(common::socket(&dir), config(4)).unwrap();
     // Three callers wait in the backlog.
     let clients: Vec<UnixStream> = (0..3)
-        .map(|_| UnixStream::connect(dir.socket()).unwrap())
+        .map(|_| UnixStream::connect(common::socket(&dir)).unwrap())
         .collect();
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
     // No fd left for accept to return.

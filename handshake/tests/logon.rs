@@ -33,8 +33,8 @@ struct Broker {
 
 impl Broker {
     fn start(name: &str, config: Config) -> Self {
-        let dir = TempDir::new(name);
-        let path = dir.socket();
+        let dir = TempDir::new(name).unwrap();
+        let path = common::socket(&dir);
         let mut listener = Listener::bind(&path, config).unwrap();
         let stop = listener.stop_handle();
         let (tx, events) = mpsc::channel();
@@ -400,8 +400,8 @@ fn a_job_winds_down_when_a_worker_leaves_and_the_next_one_starts_once_all_are_go
 
 #[test]
 fn a_live_broker_is_not_replaced_a_stale_socket_is_and_other_files_are_left_alone() {
-    let dir = TempDir::new("socketfile");
-    let path = dir.socket();
+    let dir = TempDir::new("socketfile").unwrap();
+    let path = common::socket(&dir);
     let live = Listener::bind(&path, config(1)).unwrap();
     assert!(matches!(
         Listener::bind(&path, config(1)),
@@ -427,7 +427,7 @@ fn a_live_broker_is_not_replaced_a_stale_socket_is_and_other_files_are_left_alon
 
 #[test]
 fn bad_configs_are_refused() {
-    let dir = TempDir::new("config");
+    let dir = TempDir::new("config").unwrap();
     for bad in [
         Config {
             world_size: 0,
@@ -447,7 +447,7 @@ fn bad_configs_are_refused() {
         },
     ] {
         assert!(matches!(
-            Listener::bind(dir.socket(), bad),
+            Listener::bind(common::socket(&dir), bad),
             Err(Error::InvalidConfig { .. })
         ));
     }
@@ -455,8 +455,13 @@ fn bad_configs_are_refused() {
 
 #[test]
 fn connect_gives_up_at_its_deadline_when_no_broker_appears() {
-    let dir = TempDir::new("nobroker");
-    let error = connect(dir.socket(), LogonFrame::new(0), Duration::from_millis(100)).unwrap_err();
+    let dir = TempDir::new("nobroker").unwrap();
+    let error = connect(
+        common::socket(&dir),
+        LogonFrame::new(0),
+        Duration::from_millis(100),
+    )
+    .unwrap_err();
     assert!(
         matches!(
             error,
@@ -471,18 +476,18 @@ fn connect_gives_up_at_its_deadline_when_no_broker_appears() {
     let text = error.to_string();
     let want = format!(
         "no broker at {} after 100 ms (No such file or directory)",
-        dir.socket().display()
+        common::socket(&dir).display()
     );
     assert_eq!(text, want);
 }
 
 #[test]
 fn connect_fails_at_once_on_a_file_that_is_not_a_socket_or_a_stale_socket() {
-    let dir = TempDir::new("notsock");
+    let dir = TempDir::new("notsock").unwrap();
     let wait = Duration::from_secs(10);
     let refused_at_once = |errno: Option<nix::errno::Errno>, says: &str| {
         let started = std::time::Instant::now();
-        let error = connect(dir.socket(), LogonFrame::new(0), wait).unwrap_err();
+        let error = connect(common::socket(&dir), LogonFrame::new(0), wait).unwrap_err();
         let took = started.elapsed();
         match (&error, errno) {
             (Error::NotASocket { .. }, None) => {}
@@ -490,16 +495,19 @@ fn connect_fails_at_once_on_a_file_that_is_not_a_socket_or_a_stale_socket() {
             _ => panic!("expected {errno:?}: {error}"),
         }
         let text = error.to_string();
-        assert!(text.contains(&dir.socket().display().to_string()), "{text}");
+        assert!(
+            text.contains(&common::socket(&dir).display().to_string()),
+            "{text}"
+        );
         assert!(text.contains(says), "{text}");
         assert!(took < wait / 2, "gave up only after {took:?}");
     };
     // A regular file where the socket should be.
-    std::fs::write(dir.socket(), b"not a socket").unwrap();
+    std::fs::write(common::socket(&dir), b"not a socket").unwrap();
     refused_at_once(None, "is not a socket");
     // A socket file nobody listens on: what a broker that died leaves behind.
-    std::fs::remove_file(dir.socket()).unwrap();
-    drop(std::os::unix::net::UnixListener::bind(dir.socket()).unwrap());
+    std::fs::remove_file(common::socket(&dir)).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(common::socket(&dir)).unwrap());
     refused_at_once(Some(nix::errno::Errno::ECONNREFUSED), "Connection refused");
 }
 
@@ -512,8 +520,8 @@ fn read_reply_header(stream: &mut UnixStream) -> ReplyHeader {
 
 #[test]
 fn a_logon_over_a_socketpair_is_served_like_any_other() {
-    let dir = TempDir::new("adopt");
-    let mut listener = Listener::bind(dir.socket(), config(2)).unwrap();
+    let dir = TempDir::new("adopt").unwrap();
+    let mut listener = Listener::bind(common::socket(&dir), config(2)).unwrap();
     let (ours, theirs) = UnixStream::pair().unwrap();
     let client = thread::spawn(move || connect_stream(theirs, LogonFrame::new(1), TIMEOUT));
     let mut events = listener.adopt(ours);

@@ -173,36 +173,15 @@ impl WaitWord {
     /// wake, a changed word, a signal or the timeout alike: the caller re-checks.
     #[cfg(not(loom))]
     fn futex_wait(&self, expected: u32, timeout: Option<Duration>) {
-        use nix::libc;
-        let timespec = timeout.map(|t| libc::timespec {
-            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_nsec: libc::c_long::from(t.subsec_nanos()),
-        });
-        let timespec_ptr = timespec
-            .as_ref()
-            .map_or(core::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: futex(2) FUTEX_WAIT only reads the 4-byte aligned word, which stays mapped for
-        // as long as `self` is borrowed, and the timespec, which lives on this stack frame. Its
-        // result is deliberately ignored: woken, EAGAIN, EINTR and ETIMEDOUT all mean "re-check".
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.state.as_ptr(),
-                libc::FUTEX_WAIT,
-                expected,
-                timespec_ptr,
-            )
-        };
+        shmbroker_sys::futex::wait(self.state.as_core(), expected, timeout);
     }
 
     #[cfg(not(loom))]
     #[cold]
     fn futex_wake(&self) {
-        use nix::libc;
         #[cfg(test)]
         WAKE_SYSCALLS.with(|count| count.set(count.get() + 1));
-        // SAFETY: futex(2) FUTEX_WAKE only uses the word's address as a key; it never writes it.
-        unsafe { libc::syscall(libc::SYS_futex, self.state.as_ptr(), libc::FUTEX_WAKE, 1) };
+        shmbroker_sys::futex::wake(self.state.as_core(), 1);
     }
 
     /// Loom model of FUTEX_WAIT: compare and sleep under the lock the waker takes to wake.

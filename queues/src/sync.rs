@@ -41,9 +41,9 @@ macro_rules! atomic {
                 self.0.swap(value, order)
             }
 
-            /// The address of the value, for system calls such as futex(2).
-            pub(crate) const fn as_ptr(&self) -> *mut $int {
-                self.0.as_ptr()
+            /// The core atomic, for system calls such as futex(2) (`shmbroker_sys::futex`).
+            pub(crate) const fn as_core(&self) -> &core::sync::atomic::$name {
+                &self.0
             }
         }
     };

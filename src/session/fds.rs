@@ -20,7 +20,7 @@
 
 use super::{Deadline, Error, Session, departure_error, handshake_failed, message};
 use shmbroker_bindings::{FdTicket, INLINE_BYTES, kind};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 /// How long a relayed fd from a peer that has left may still take to be read from this worker's
@@ -78,19 +78,12 @@ enum ImportFailure {
 
 /// Takes the fd a ticket describes from its exporter (`pidfd`) with `pidfd_getfd`, and checks it.
 fn import(pidfd: &OwnedFd, ticket: &FdTicket) -> Result<OwnedFd, ImportFailure> {
-    // SAFETY: pidfd_getfd(2) takes a pidfd, an fd number in that process and flags; it returns
-    // a new close-on-exec fd in this process or -1, and touches no memory of ours.
-    let raw =
-        unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), ticket.fd, 0) };
-    if raw < 0 {
-        let error = nix::errno::Errno::last();
-        return Err(match error {
+    let fd = shmbroker_sys::pidfd::getfd(pidfd.as_fd(), ticket.fd).map_err(|error| {
+        match nix::errno::Errno::from_raw(error.raw_os_error().unwrap_or(0)) {
             nix::errno::Errno::EBADF => ImportFailure::Stale { found: (0, 0) },
             other => ImportFailure::Refused(other),
-        });
-    }
-    // SAFETY: the kernel just installed this fd for us; nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
+        }
+    })?;
     check(&fd, ticket).map(|()| fd)
 }
 
@@ -445,7 +438,7 @@ mod tests {
         shmbroker_queues::memfd::create_sealed(c"ticket-test", 4096).unwrap()
     }
 
-    fn ticket_for(fd: &OwnedFd, number: RawFd) -> FdTicket {
+    fn ticket_for(fd: &OwnedFd, number: std::os::fd::RawFd) -> FdTicket {
         let stat = nix::sys::stat::fstat(fd).unwrap();
         FdTicket {
             pid: std::process::id(),
@@ -460,8 +453,8 @@ mod tests {
     fn a_ticket_is_honoured_only_for_the_file_it_names() {
         let (a, b) = (memfd(), memfd());
         // Taken from this very process: the same file arrives under a new number.
-        let me = shmbroker_handshake::pidfd_open(std::process::id() as i32)
-            .expect("pidfd of this process");
+        let me =
+            shmbroker_sys::pidfd::open(std::process::id() as i32).expect("pidfd of this process");
         let fd = import(&me, &ticket_for(&a, a.as_raw_fd()))
             .ok()
             .expect("import");

@@ -15,23 +15,7 @@ use std::time::Duration;
 /// How long any child of a test may run before it is killed and the test fails.
 pub const CHILD_DEADLINE: Duration = Duration::from_secs(120);
 
-/// `$TMPDIR/shmbroker-<name>-<pid>`, created fresh and removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use shmbroker::sys::TempDir;
 
 /// A copy of the `shmbroker` binary in `dir`, with `dir` opened to everyone (mode 0755), for
 /// children that run as another uid: the build's own target directory may lie where that uid
@@ -83,8 +67,8 @@ impl World {
     /// A broker for `size` ranks and one session per rank, each logged on from its own thread,
     /// with [`SESSION_TIMEOUT`] as every session's deadline.
     pub fn start(name: &str, size: u32) -> (Self, Vec<Session>) {
-        let dir = TempDir::new(&format!("world-{name}"));
-        let path = dir.0.join("broker.sock");
+        let dir = TempDir::new(&format!("world-{name}")).unwrap();
+        let path = dir.join("broker.sock");
         let config = Config {
             world_size: size,
             ring_capacity: 64,

@@ -13,8 +13,8 @@
 
 use super::collectives::{fork_workers, reap, start_broker, time_loop, warmup};
 use super::{Comparison, Measure, Plan, Report, Size, cpu_pair, fork_pair, mpi, pin_to};
-use crate::tempdir::TempDir;
 use shmbroker::session::Session;
+use shmbroker::sys::TempDir;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -30,7 +30,7 @@ const OUTBOX_BYTES: u64 = 80 << 20;
 const THROUGHPUT_BYTES: usize = 256 << 20;
 
 pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
-    let dir = TempDir::new("bench-bulk")?;
+    let dir = TempDir::new("bench-bulk").map_err(|e| e.to_string())?;
     let sizes: Vec<usize> = if plan.quick {
         vec![4 << 10, 1 << 20]
     } else {

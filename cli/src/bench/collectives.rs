@@ -15,13 +15,14 @@
 //! while the broker (started after the fork, on a thread) comes up, as `connect` retries.
 
 use super::{Comparison, Measure, Plan, Report, Run, Size, alternate};
-use crate::tempdir::TempDir;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
 use shmbroker::handshake::{Config, Listener};
 use shmbroker::queues::memfd::{Mapping, create_sealed};
 use shmbroker::session::{Error, Session};
+use shmbroker::sys::TempDir;
+use shmbroker::sys::{futex, pidfd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 const TIMEOUT: Duration = Duration::from_secs(20);
 
 pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
-    let dir = TempDir::new("bench-collectives")?;
+    let dir = TempDir::new("bench-collectives").map_err(|e| e.to_string())?;
     let rounds = plan.size(5_000, 500);
     if plan.wants("barrier_hot") {
         report.progress("barrier_hot, 2 workers");
@@ -540,7 +541,7 @@ impl SharedBarrier<'_> {
             self.count.store(0, Ordering::Relaxed);
             self.sense.store(*local_sense, Ordering::Release);
             if let Wait::Futex = self.wait {
-                futex(self.sense, nix::libc::FUTEX_WAKE, i32::MAX as u32);
+                futex::wake(self.sense, u32::MAX);
             }
             return Ok(());
         }
@@ -551,7 +552,11 @@ impl SharedBarrier<'_> {
                 Wait::Usleep => unsafe {
                     nix::libc::usleep(1);
                 },
-                Wait::Futex => futex(self.sense, nix::libc::FUTEX_WAIT, *local_sense ^ 1),
+                Wait::Futex => futex::wait(
+                    self.sense,
+                    *local_sense ^ 1,
+                    Some(Duration::from_millis(100)),
+                ),
             }
             if Instant::now() > deadline {
                 return Err("barrier partner silent".into());
@@ -559,21 +564,6 @@ impl SharedBarrier<'_> {
         }
         Ok(())
     }
-}
-
-fn futex(word: &AtomicU32, op: i32, value: u32) {
-    let timeout = nix::libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 100_000_000,
-    };
-    let timeout_ptr = if op == nix::libc::FUTEX_WAIT {
-        &timeout as *const nix::libc::timespec
-    } else {
-        std::ptr::null()
-    };
-    // SAFETY: FUTEX_WAIT/FUTEX_WAKE on a live, aligned word of a shared mapping; the timespec
-    // lives on this frame. The caller re-checks after every return.
-    unsafe { nix::libc::syscall(nix::libc::SYS_futex, word.as_ptr(), op, value, timeout_ptr) };
 }
 
 /// Nanoseconds of each of `rounds` shared-memory barriers on rank 0.
@@ -820,30 +810,16 @@ fn raw_pidfd_getfd(rounds: usize) -> Result<Vec<u64>, String> {
         Ok(())
     })?;
     let measured = (|| {
-        let pidfd =
-            shmbroker::handshake::pidfd_open(pids[0].as_raw()).map_err(|e| e.to_string())?;
+        let pidfd = pidfd::open(pids[0].as_raw()).map_err(|e| format!("pidfd_open: {e}"))?;
         let mut samples = Vec::with_capacity(rounds);
         for _ in 0..rounds {
             let start = Instant::now();
-            // SAFETY: pidfd_getfd returns a new fd or -1 and touches no memory of ours.
-            let raw = unsafe {
-                nix::libc::syscall(
-                    nix::libc::SYS_pidfd_getfd,
-                    pidfd.as_raw_fd(),
-                    target.as_raw_fd(),
-                    0,
-                )
-            };
-            if raw < 0 {
-                return Err(format!("pidfd_getfd: {}", nix::errno::Errno::last()));
-            }
-            // SAFETY: the kernel just installed it; closing it is this code's to do.
-            drop(unsafe {
-                <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as i32)
-            });
+            let fd = pidfd::getfd(std::os::fd::AsFd::as_fd(&pidfd), target.as_raw_fd())
+                .map_err(|e| format!("pidfd_getfd: {e}"))?;
+            drop(fd);
             samples.push(start.elapsed().as_nanos() as u64);
         }
-        Ok(samples)
+        Ok::<_, String>(samples)
     })();
     // Closing the last write end lets the child go.
     drop((writer.take(), done_reader));
@@ -862,11 +838,7 @@ fn raw_scm_rights(rounds: usize) -> Result<Vec<u64>, String> {
     let pass = |stream: &UnixStream| -> Result<(), String> {
         let deadline = Instant::now() + TIMEOUT;
         loop {
-            match shmbroker::handshake::fdpass::send_with_fds(
-                stream.as_fd(),
-                &[b"f"],
-                &[file.as_fd()],
-            ) {
+            match shmbroker::sys::fdpass::send_with_fds(stream.as_fd(), &[b"f"], &[file.as_fd()]) {
                 Ok(_) => return Ok(()),
                 Err(nix::errno::Errno::EAGAIN) if Instant::now() < deadline => {
                     std::thread::yield_now()
@@ -880,7 +852,7 @@ fn raw_scm_rights(rounds: usize) -> Result<Vec<u64>, String> {
         let mut byte = [0u8; 1];
         let mut fds = Vec::new();
         loop {
-            match shmbroker::handshake::fdpass::recv_with_fds(stream.as_fd(), &mut byte, &mut fds) {
+            match shmbroker::sys::fdpass::recv_with_fds(stream.as_fd(), &mut byte, &mut fds) {
                 Ok(received) if received.bytes == 1 && fds.len() == 1 => return Ok(()),
                 Ok(_) => return Err("lost the passed fd".into()),
                 Err(nix::errno::Errno::EAGAIN) if Instant::now() < deadline => {

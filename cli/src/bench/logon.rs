@@ -11,15 +11,14 @@
 //! Both report the time per worker (the round's time divided by N), alternating each round.
 
 use super::{Comparison, Measure, Plan, Report, Size};
-use crate::tempdir::TempDir;
-use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
 use shmbroker::bindings::{ANY_RANK, LogonFrame, Message};
 use shmbroker::handshake::{Config, Listener, connect};
 use shmbroker::queues::memfd::{Mapping, create_sealed, file_size};
+use shmbroker::sys::{TempDir, fdpass};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -31,7 +30,7 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
     if !plan.wants("logon") {
         return Ok(());
     }
-    let dir = TempDir::new("bench")?;
+    let dir = TempDir::new("bench").map_err(|e| e.to_string())?;
     let repeats = plan.size(10, 2);
     for workers in WORLDS {
         report.progress(&format!("logon, {workers} workers"));
@@ -138,24 +137,19 @@ fn serve_floor(listener: UnixListener, workers: u32, ring_size: u64) -> Result<(
                 }
             }
         }
-        let fds: Vec<RawFd> = (0..workers)
+        let fds: Vec<BorrowedFd<'_>> = (0..workers)
             .filter(|&p| p != rank)
             .flat_map(|peer| {
                 [
-                    rings[&(rank, peer)].0.as_raw_fd(),
-                    rings[&(peer, rank)].0.as_raw_fd(),
+                    rings[&(rank, peer)].0.as_fd(),
+                    rings[&(peer, rank)].0.as_fd(),
                 ]
             })
             .collect();
         let reply = vec![0u8; 136 + 24 * fds.len()];
-        sendmsg::<()>(
-            server.as_raw_fd(),
-            &[IoSlice::new(&reply)],
-            &[ControlMessage::ScmRights(&fds)],
-            MsgFlags::empty(),
-            None,
-        )
-        .map_err(|e| format!("sendmsg: {e}"))?;
+        // One message of a few KiB into an empty socket buffer: it never would block.
+        fdpass::send_with_fds(server.as_fd(), &[&reply], &fds)
+            .map_err(|e| format!("sendmsg: {e}"))?;
     }
     Ok(())
 }
@@ -163,24 +157,16 @@ fn serve_floor(listener: UnixListener, workers: u32, ring_size: u64) -> Result<(
 /// Receives one message of `len` bytes and the fds attached to it.
 fn receive_fds(client: &UnixStream, len: usize) -> Result<Vec<OwnedFd>, String> {
     let mut buffer = vec![0u8; len];
-    let mut control = nix::cmsg_space!([RawFd; 253]);
-    let mut iov = [IoSliceMut::new(&mut buffer)];
-    let message = recvmsg::<()>(
-        client.as_raw_fd(),
-        &mut iov,
-        Some(&mut control),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(|e| format!("recvmsg: {e}"))?;
     let mut received = Vec::new();
-    for cmsg in message.cmsgs().map_err(|e| format!("cmsgs: {e}"))? {
-        if let ControlMessageOwned::ScmRights(raw) = cmsg {
-            // SAFETY: the kernel installed these fds for this message; nothing else owns them.
-            received.extend(
-                raw.into_iter()
-                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-            );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match fdpass::recv_with_fds(client.as_fd(), &mut buffer, &mut received) {
+            Ok(_) => return Ok(received),
+            Err(nix::errno::Errno::EAGAIN) if Instant::now() < deadline => {
+                let mut poll = [PollFd::new(client.as_fd(), PollFlags::POLLIN)];
+                let _ = nix::poll::poll(&mut poll, PollTimeout::from(100u16));
+            }
+            Err(e) => return Err(format!("recvmsg: {e}")),
         }
     }
-    Ok(received)
 }

@@ -24,6 +24,7 @@ use super::{Comparison, Measure, Plan, Report, Run, Size, alternate, fork_pair};
 use bytemuck::Pod;
 use shmbroker::queues::memfd::{Mapping, create_sealed};
 use shmbroker::queues::{Consumer, Producer, TryRecvError, TrySendError, create};
+use shmbroker::sys::futex;
 use std::cell::Cell;
 use std::fs::File;
 use std::hint::spin_loop;
@@ -190,8 +191,7 @@ fn ring_pingpong<T: Pod>(
 
 /// A plain (unsealed) memfd for shaq, which sizes the file itself.
 fn shaq_file() -> Result<File, String> {
-    let fd = nix::sys::memfd::memfd_create(c"shaq-bench", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-        .map_err(|e| format!("memfd_create: {e}"))?;
+    let fd = shmbroker::queues::memfd::create_unsealed(c"shaq-bench").map_err(|e| e.to_string())?;
     Ok(File::from(fd))
 }
 
@@ -348,13 +348,6 @@ fn line_pingpong(samples: usize, ping: &AtomicU64, pong: &AtomicU64) -> Result<M
     )
 }
 
-fn futex(word: &AtomicU32, op: i32, value: u32, timeout: Option<&nix::libc::timespec>) {
-    let timeout = timeout.map_or(std::ptr::null(), |t| t as *const nix::libc::timespec);
-    // SAFETY: FUTEX_WAIT/FUTEX_WAKE on a live, aligned, shared word; the timespec, if any, lives
-    // on the caller's stack. Results are rechecked by the caller's loop.
-    unsafe { nix::libc::syscall(nix::libc::SYS_futex, word.as_ptr(), op, value, timeout) };
-}
-
 /// The parked floor: each side stores the next value, always calls FUTEX_WAKE, then sleeps in
 /// FUTEX_WAIT until its own word changes.
 fn futex_pingpong(samples: usize) -> Result<Measure, String> {
@@ -363,14 +356,11 @@ fn futex_pingpong(samples: usize) -> Result<Measure, String> {
     let total = (warmup(samples) + samples) as u32;
     let send = |word: &AtomicU32, value: u32| {
         word.store(value, Ordering::Release);
-        futex(word, nix::libc::FUTEX_WAKE, 1, None);
+        futex::wake(word, 1);
     };
     let await_value = |word: &AtomicU32, target: u32| -> Result<(), String> {
         let deadline = Instant::now() + PARTNER_TIMEOUT;
-        let slice = nix::libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 100_000_000,
-        };
+        let slice = Duration::from_millis(100);
         loop {
             let now = word.load(Ordering::Acquire);
             if now == target {
@@ -379,7 +369,7 @@ fn futex_pingpong(samples: usize) -> Result<Measure, String> {
             if Instant::now() > deadline {
                 return Err("futex: partner silent".into());
             }
-            futex(word, nix::libc::FUTEX_WAIT, now, Some(&slice));
+            futex::wait(word, now, Some(slice));
         }
     };
     fork_pair(

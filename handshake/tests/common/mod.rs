@@ -3,26 +3,11 @@
 use shmbroker_handshake::Config;
 use std::path::PathBuf;
 
-/// A temp dir for one test's socket, removed on drop.
-pub struct TempDir(pub PathBuf);
+pub use shmbroker_sys::TempDir;
 
-impl TempDir {
-    pub fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("shmbroker-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    pub fn socket(&self) -> PathBuf {
-        self.0.join("broker.sock")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// The socket path tests use inside their temporary directory.
+pub fn socket(dir: &TempDir) -> PathBuf {
+    dir.join("broker.sock")
 }
 
 /// A small world: rings of 64 slots.

@@ -9,15 +9,17 @@
 
 use nix::errno::Errno;
 use nix::sys::socket::{ControlMessage, MsgFlags, recvmsg, sendmsg};
-use shmbroker_bindings::MAX_REPLY_FDS;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// `size_of::<cmsghdr>()` on 64-bit Linux: `cmsg_len: usize`, `cmsg_level: i32`, `cmsg_type: i32`.
 const CMSG_HEADER: usize = 16;
 
-/// Room for the most fds one message can carry, with headers for a few control messages.
-const CONTROL_BUFFER: usize = CMSG_HEADER * 4 + MAX_REPLY_FDS * size_of::<RawFd>();
+/// The most fds one message can carry: the kernel's `SCM_MAX_FD`.
+pub const MAX_FDS: usize = 253;
+
+/// Room for [`MAX_FDS`], with headers for a few control messages.
+const CONTROL_BUFFER: usize = CMSG_HEADER * 4 + MAX_FDS * size_of::<RawFd>();
 
 const _: () = assert!(size_of::<nix::libc::cmsghdr>() == CMSG_HEADER);
 
@@ -109,7 +111,8 @@ mod tests {
     use std::os::unix::net::UnixStream;
 
     fn memfd() -> OwnedFd {
-        shmbroker_queues::memfd::create_sealed(c"fdpass-test", 4096).unwrap()
+        nix::sys::memfd::memfd_create(c"fdpass-test", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .unwrap()
     }
 
     #[test]
