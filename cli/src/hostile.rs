@@ -75,7 +75,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
 }
 
-fn log_on(socket: &str, rank: Option<u32>) -> Result<shmbroker::handshake::Session, String> {
+fn log_on(socket: &str, rank: Option<u32>) -> Result<shmbroker::handshake::Connection, String> {
     shmbroker::handshake::connect(socket, LogonFrame::new(rank.unwrap_or(ANY_RANK)), TIMEOUT)
         .map_err(|e| e.to_string())
 }

@@ -1,4 +1,4 @@
-//! The worker's side: [`connect`] logs on and returns a [`Session`] holding everything received.
+//! The worker's side: [`connect`] logs on and returns a [`Connection`] holding everything received.
 
 use crate::error::{Error, ProtocolError, io_errno};
 use crate::liveness::{Departure, RelayAnswer, Shared, Watcher};
@@ -34,7 +34,7 @@ pub struct Link {
 /// A logged-on worker: its rank, its rings to and from every peer, its socket to the broker, and
 /// the watcher that sees peers and the broker go (see the `liveness` module).
 #[derive(Debug)]
-pub struct Session {
+pub struct Connection {
     rank: u32,
     world_size: u32,
     ring_capacity: u32,
@@ -46,7 +46,7 @@ pub struct Session {
     watcher: Option<Watcher>,
 }
 
-impl Session {
+impl Connection {
     /// This worker's rank.
     #[must_use]
     pub fn rank(&self) -> u32 {
@@ -275,7 +275,7 @@ impl Session {
     }
 }
 
-impl Drop for Session {
+impl Drop for Connection {
     /// Leaves on purpose: closes this worker's ends of every ring first (peers that see its
     /// process exit afterwards know it left, not died), tells the broker, and stops the watcher.
     fn drop(&mut self) {
@@ -308,7 +308,7 @@ pub fn connect(
     path: impl AsRef<Path>,
     logon: LogonFrame,
     timeout: Duration,
-) -> Result<Session, Error> {
+) -> Result<Connection, Error> {
     let path = path.as_ref();
     let deadline = Instant::now() + timeout;
     let stream = connect_until(path, deadline).map_err(|e| match e {
@@ -339,7 +339,7 @@ pub fn connect_stream(
     stream: UnixStream,
     logon: LogonFrame,
     timeout: Duration,
-) -> Result<Session, Error> {
+) -> Result<Connection, Error> {
     stream
         .set_nonblocking(true)
         .map_err(|e| Error::sys("fcntl")(io_errno(&e)))?;
@@ -352,7 +352,7 @@ fn log_on(
     logon: LogonFrame,
     deadline: Instant,
     timeout: Duration,
-) -> Result<Session, Error> {
+) -> Result<Connection, Error> {
     match send_until(&mut stream, bytemuck::bytes_of(&logon), deadline) {
         Ok(()) => {}
         // A broker that refuses a caller at accept (its uid, say) answers and closes before the
@@ -375,7 +375,7 @@ fn log_on(
     }
     let (header, manifest, fds) = receive_reply(&stream, deadline, timeout)?;
     // The socket stays non-blocking: every wait on it is a poll with a deadline.
-    Session::from_reply(stream, &header, &manifest, fds)
+    Connection::from_reply(stream, &header, &manifest, fds)
 }
 
 /// Why connecting stopped.
@@ -554,7 +554,7 @@ fn receive_reply(
 /// The two ends of a link as they are joined, in manifest order.
 type HalfLink = (Option<Producer<Message>>, Option<Consumer<Message>>);
 
-impl Session {
+impl Connection {
     fn from_reply(
         socket: UnixStream,
         header: &shmbroker_bindings::ReplyHeader,

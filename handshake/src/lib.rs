@@ -6,9 +6,9 @@
 //! against its [`Config`], gives the worker a rank, and answers with a manifest and every fd the
 //! worker needs (its rings to and from each peer) in one `SCM_RIGHTS` message. The worker's socket
 //! stays open for the whole session: it carries the worker's goodbye, fds relayed between
-//! workers, each worker's outbox ([`Session::publish_outbox`], [`Session::take_peer_outbox`]), and
+//! workers, each worker's outbox ([`Connection::publish_outbox`], [`Connection::take_peer_outbox`]), and
 //! a pidfd of every peer's process, which each worker's session watches on a thread of its own
-//! ([`Session::departure`]; see the `liveness` module): a peer that dies is seen within
+//! ([`Connection::departure`]; see the `liveness` module): a peer that dies is seen within
 //! milliseconds whether or not the broker is still there.
 //!
 //! Nothing here trusts the other side: a logon frame is checked field by field and a bad one is
@@ -48,15 +48,15 @@
 
 #![warn(missing_docs)]
 
+mod broker;
 mod client;
 mod error;
-mod listener;
 mod liveness;
 pub mod wire;
 
-pub use client::{Link, Session, connect, connect_stream};
+pub use broker::{Config, Event, Listener, MAX_UNCLAIMED_RELAYS, StopHandle};
+pub use client::{Connection, Link, connect, connect_stream};
 pub use error::{Error, ProtocolError};
-pub use listener::{Config, Event, Listener, MAX_UNCLAIMED_RELAYS, StopHandle};
 pub use liveness::Departure;
 pub use wire::MAX_WORLD_SIZE;
 

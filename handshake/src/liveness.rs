@@ -19,7 +19,7 @@
 //!
 //! When a peer's process has exited, the watcher looks at the two ring ends that peer owns in
 //! this worker's links: a peer that dropped its session closed them first, without a cause
-//! ([`Session`]'s drop does that before anything else), so it **left**; otherwise it **died**. A
+//! ([`Connection`]'s drop does that before anything else), so it **left**; otherwise it **died**. A
 //! death ends the session for everyone: the watcher records the rank (the first death wins) and
 //! closes every ring of this worker through [`Closer`]s that share the session's own mappings and
 //! validated geometry, with the dead rank as cause, waking any call parked on them; the calls
@@ -52,7 +52,7 @@
 //! only then asks who is gone (which polls the pidfds itself, so it never depends on the watcher
 //! having run).
 //!
-//! [`Session`]: crate::Session
+//! [`Connection`]: crate::Connection
 
 use crate::error::{Error, ProtocolError};
 use crate::wire::{BrokerNotice, decode_broker_notice};

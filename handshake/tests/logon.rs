@@ -95,7 +95,7 @@ impl Drop for Broker {
     }
 }
 
-fn rejected(result: Result<shmbroker_handshake::Session, Error>) -> (RejectReason, String) {
+fn rejected(result: Result<shmbroker_handshake::Connection, Error>) -> (RejectReason, String) {
     match result {
         Err(Error::Rejected { reason, text }) => (reason, text),
         other => panic!("expected a rejection, got {other:?}"),

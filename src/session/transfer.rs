@@ -904,7 +904,7 @@ impl Session {
                 peer,
                 detail: format!(
                     "{} travels in one slot; found kind {:#x} with {} bytes",
-                    super::op_text(op),
+                    super::error::op_text(op),
                     header.kind,
                     header.len
                 ),

@@ -1,0 +1,171 @@
+//! Why a session call failed: [`Error`], its fields, and how it reads.
+
+use shmbroker_queues::Corruption;
+use std::time::Duration;
+
+/// Why a session call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Logging on failed.
+    #[error(transparent)]
+    Logon(#[from] shmbroker_handshake::Error),
+    /// A worker of the session died (its process exited without dropping its session): the
+    /// session is over, and every pending and later call that needs a peer reports the first rank
+    /// that died.
+    #[error("peer rank {rank} was lost (its process exited without leaving)")]
+    PeerLost {
+        /// The rank that was lost.
+        rank: u32,
+    },
+    /// A worker this call needs dropped its session (on purpose). Calls that do not need it go on.
+    #[error("peer rank {rank} left the session")]
+    PeerLeft {
+        /// The rank that left.
+        rank: u32,
+    },
+    /// The broker is gone, and this call needed it: a peer that never logged on while it was
+    /// there, an fd relay, or a peer's outbox still to come. Peers already logged on can still
+    /// be reached.
+    #[error("the broker is gone (its socket closed)")]
+    BrokerLost,
+    /// The deadline passed.
+    #[error(
+        "{op} timed out after {timeout:?} waiting for {}",
+        ranks_text(waiting_for)
+    )]
+    Timeout {
+        /// The call (`barrier`, `all_gather`, `recv`, ...).
+        op: &'static str,
+        /// The ranks it was still waiting for, in rank order (never empty): for a collective,
+        /// every peer whose part had not arrived when the deadline passed.
+        waiting_for: Vec<u32>,
+        /// The call's timeout.
+        timeout: Duration,
+    },
+    /// A rank argument outside the world.
+    #[error("rank {rank} is out of range for a world of {world_size}")]
+    RankOutOfRange {
+        /// The rank given.
+        rank: u32,
+        /// The world size.
+        world_size: u32,
+    },
+    /// A message longer than the buffer given to receive it. It was received to its end (and
+    /// acknowledged), so the next message is intact.
+    #[error("rank {peer} sent {needed} bytes; the buffer holds {capacity}")]
+    BufferTooSmall {
+        /// The sender.
+        peer: u32,
+        /// The message's length.
+        needed: u64,
+        /// The buffer's length.
+        capacity: usize,
+    },
+    /// The ranks called different collectives, or in a different order. Renders as "rank 1
+    /// called all_gather #3 while this rank called barrier #3".
+    #[error(
+        "rank {peer} called {} #{found_seq} while this rank called {} #{expected_seq}",
+        op_text(*found_kind),
+        op_text(*expected_kind)
+    )]
+    CollectiveMismatch {
+        /// The peer whose message did not match.
+        peer: u32,
+        /// The operation this rank is in ([`shmbroker_bindings::kind`]; named by
+        /// [`shmbroker_bindings::kind::name`]).
+        expected_kind: u32,
+        /// This rank's collective sequence number.
+        expected_seq: u64,
+        /// The operation the peer is in.
+        found_kind: u32,
+        /// The peer's collective sequence number.
+        found_seq: u64,
+    },
+    /// A call this rank cannot make (a broadcast root without data, say): a mistake in the
+    /// calling program, described for the person who fixes it.
+    #[error("misuse: {0}")]
+    Misuse(String),
+    /// The operating system refused what a call needed of it (duplicating an fd, `fstat`).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A peer sent bytes no correct peer sends.
+    #[error("bad message from rank {peer}: {detail}")]
+    Protocol {
+        /// The peer.
+        peer: u32,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A peer corrupted a ring.
+    #[error("ring with rank {peer} corrupted: {corruption}")]
+    Corrupted {
+        /// The peer.
+        peer: u32,
+        /// What was found.
+        corruption: Corruption,
+    },
+    /// A peer's outbox is unusable (seals, size or header), or a reference into it is out of
+    /// bounds.
+    #[error("{source} (from rank {peer})")]
+    Outbox {
+        /// The rank that owns the outbox.
+        peer: u32,
+        /// What was wrong.
+        #[source]
+        source: shmbroker_allocator::Error,
+    },
+    /// This rank's own outbox refused (it cannot be created, or a loan larger than it).
+    #[error("this rank's outbox: {0}")]
+    OwnOutbox(#[source] shmbroker_allocator::Error),
+    /// An fd could not be moved with the transport chosen.
+    #[error("fd exchange: {0}")]
+    FdTransport(String),
+    /// An fd ticket named a file the fd number no longer (or never) referred to.
+    #[error(
+        "stale fd ticket from rank {exporter}: expected (st_dev, st_ino) {expected:?}, found {found:?}"
+    )]
+    StaleFdTicket {
+        /// The rank that offered the fd.
+        exporter: u32,
+        /// What the ticket said.
+        expected: (u64, u64),
+        /// What the fd number referred to.
+        found: (u64, u64),
+    },
+    /// Relaying an fd through the broker, to or from `peer`, failed.
+    #[error("fd relay with rank {peer}: {source}")]
+    Relay {
+        /// The rank the fd was going to or coming from.
+        peer: u32,
+        /// What the broker or its socket said.
+        #[source]
+        source: shmbroker_handshake::Error,
+    },
+    /// The launcher's variables do not say where this worker stands.
+    #[error("launch environment: {0}")]
+    Launch(String),
+}
+
+/// `op`'s name, or its number when no operation has it.
+pub(super) fn op_text(op: u32) -> String {
+    shmbroker_bindings::kind::name(op).map_or_else(|| format!("operation {op}"), str::to_owned)
+}
+
+/// "rank 3", or "ranks 1, 2 and 5".
+fn ranks_text(ranks: &[u32]) -> String {
+    match ranks {
+        [] => "no rank".into(),
+        [rank] => format!("rank {rank}"),
+        [init @ .., last] => {
+            let init: Vec<String> = init.iter().map(u32::to_string).collect();
+            format!("ranks {} and {last}", init.join(", "))
+        }
+    }
+}
