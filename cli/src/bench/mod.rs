@@ -163,6 +163,43 @@ pub struct Comparison {
     pub contenders: Vec<(&'static str, Measure)>,
 }
 
+/// One contender's line of a table or of the JSON output.
+pub(super) struct Row {
+    pub(super) name: &'static str,
+    pub(super) summary: Summary,
+    /// ours/baseline (p50, p99; the medians twice for throughput); `None` on ours.
+    pub(super) ratio: Option<(f64, f64)>,
+}
+
+impl Comparison {
+    /// Each contender summarised, ours first, the baselines with ours/baseline.
+    pub(super) fn rows(&self) -> Vec<Row> {
+        let mut rows: Vec<Row> = self
+            .contenders
+            .iter()
+            .map(|(name, measure)| Row {
+                name,
+                summary: summarize(measure),
+                ratio: None,
+            })
+            .collect();
+        if let Some((ours, baselines)) = rows.split_first_mut() {
+            for baseline in baselines {
+                baseline.ratio = Some(ours.summary.ratio_to(&baseline.summary));
+            }
+        }
+        rows
+    }
+}
+
+/// The size column: bytes per message, or workers.
+pub(super) fn size_text(size: Size) -> String {
+    match size {
+        Size::Bytes(bytes) => format!("{bytes} B"),
+        Size::Workers(workers) => format!("{workers} workers"),
+    }
+}
+
 pub fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -225,17 +262,11 @@ impl Report {
         if self.progress {
             eprint!("\r\x1b[2K");
         }
-        let ours = comparison.contenders.first().map(|(_, m)| summarize(m));
-        for (name, measure) in &comparison.contenders {
-            let summary = summarize(measure);
-            let ratio = ours
-                .as_ref()
-                .filter(|_| !std::ptr::eq(name, &comparison.contenders[0].0))
-                .map(|ours| ours.ratio_to(&summary));
+        for row in comparison.rows() {
             if self.json {
-                println!("{}", json_line(&comparison, name, &summary, ratio));
+                println!("{}", json_line(&comparison, &row));
             } else {
-                self.table_line(&comparison, name, &summary, ratio);
+                self.table_line(&comparison, &row);
             }
         }
         if !self.json {
@@ -244,13 +275,7 @@ impl Report {
         self.kept.push(comparison);
     }
 
-    fn table_line(
-        &mut self,
-        comparison: &Comparison,
-        name: &str,
-        summary: &Summary,
-        ratio: Option<(f64, f64)>,
-    ) {
+    fn table_line(&mut self, comparison: &Comparison, row: &Row) {
         if !self.printed_header {
             println!(
                 "{:<24} {:>10}  {:<38} {:>10} {:>10} {:>13}  ours/baseline",
@@ -258,27 +283,16 @@ impl Report {
             );
             self.printed_header = true;
         }
-        let (p50, p99, rate, ratio_text) = match summary {
-            Summary::Latency { p50, p99, .. } => (
-                format!("{p50} ns"),
-                format!("{p99} ns"),
-                String::new(),
-                ratio.map_or(String::new(), |(a, b)| format!("p50 {a:.2}x  p99 {b:.2}x")),
-            ),
-            Summary::Throughput { median, .. } => (
-                String::new(),
-                String::new(),
-                rate_text(comparison.size, *median),
-                ratio.map_or(String::new(), |(a, _)| format!("{a:.2}x")),
-            ),
-        };
-        let size = match comparison.size {
-            Size::Bytes(bytes) => format!("{bytes} B"),
-            Size::Workers(workers) => format!("{workers} workers"),
-        };
+        let [p50, p99, rate, ratio] = row.summary.cells(comparison.size, row.ratio);
         println!(
             "{:<24} {:>10}  {:<38} {:>10} {:>10} {:>13}  {}",
-            comparison.bench, size, name, p50, p99, rate, ratio_text
+            comparison.bench,
+            size_text(comparison.size),
+            row.name,
+            p50,
+            p99,
+            rate,
+            ratio
         );
     }
 
@@ -320,6 +334,24 @@ pub(super) enum Summary {
 }
 
 impl Summary {
+    /// A table row's p50, p99, rate and ours/baseline cells (empty where they do not apply).
+    pub(super) fn cells(&self, size: Size, ratio: Option<(f64, f64)>) -> [String; 4] {
+        match self {
+            Summary::Latency { p50, p99, .. } => [
+                format!("{p50} ns"),
+                format!("{p99} ns"),
+                String::new(),
+                ratio.map_or(String::new(), |(a, b)| format!("p50 {a:.2}x, p99 {b:.2}x")),
+            ],
+            Summary::Throughput { median, .. } => [
+                String::new(),
+                String::new(),
+                rate_text(size, *median),
+                ratio.map_or(String::new(), |(a, _)| format!("{a:.2}x")),
+            ],
+        }
+    }
+
     /// The spread across rounds, as `low–high` (`-` with one round), in the summary's unit.
     pub(super) fn spread_text(&self, size: Size) -> String {
         match self {
@@ -389,12 +421,8 @@ pub(super) fn summarize(measure: &Measure) -> Summary {
     }
 }
 
-pub(super) fn json_line(
-    comparison: &Comparison,
-    name: &str,
-    summary: &Summary,
-    ratio: Option<(f64, f64)>,
-) -> String {
+pub(super) fn json_line(comparison: &Comparison, row: &Row) -> String {
+    let (name, summary, ratio) = (row.name, &row.summary, row.ratio);
     let size = match comparison.size {
         Size::Bytes(bytes) => format!(r#""msg_bytes":{bytes}"#),
         Size::Workers(workers) => format!(r#""workers":{workers}"#),

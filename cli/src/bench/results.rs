@@ -1,6 +1,6 @@
 //! The results folder of `shmbroker bench`: JSON lines, a Markdown table and SVG plots.
 
-use super::{Comparison, Measure, Size, Summary, json_line, summarize};
+use super::{Comparison, Measure, Size, Summary, json_line, size_text, summarize};
 use plotters::prelude::*;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -91,14 +91,8 @@ type Plot = fn(&Path, &[Comparison]) -> Result<bool, String>;
 fn jsonl(comparisons: &[Comparison]) -> String {
     let mut out = String::new();
     for comparison in comparisons {
-        let ours = comparison.contenders.first().map(|(_, m)| summarize(m));
-        for (index, (name, measure)) in comparison.contenders.iter().enumerate() {
-            let summary = summarize(measure);
-            let ratio = ours
-                .as_ref()
-                .filter(|_| index > 0)
-                .map(|ours| ours.ratio_to(&summary));
-            out.push_str(&json_line(comparison, name, &summary, ratio));
+        for row in comparison.rows() {
+            out.push_str(&json_line(comparison, &row));
             out.push('\n');
         }
     }
@@ -125,13 +119,6 @@ fn machine() -> String {
     format!("{cpu}, {cores} cores, Linux {kernel}")
 }
 
-fn size_text(size: Size) -> String {
-    match size {
-        Size::Bytes(bytes) => format!("{bytes} B"),
-        Size::Workers(workers) => format!("{workers} workers"),
-    }
-}
-
 fn markdown(run: &RunInfo, comparisons: &[Comparison], notes: &[String]) -> String {
     let mut out = run.header();
     out.push_str(
@@ -143,28 +130,10 @@ fn markdown(run: &RunInfo, comparisons: &[Comparison], notes: &[String]) -> Stri
     );
     out.push_str("|---|---:|---|---:|---:|---:|---:|---|\n");
     for comparison in comparisons {
-        let ours = comparison.contenders.first().map(|(_, m)| summarize(m));
-        for (index, (name, measure)) in comparison.contenders.iter().enumerate() {
-            let summary = summarize(measure);
-            let ratio = ours
-                .as_ref()
-                .filter(|_| index > 0)
-                .map(|ours| ours.ratio_to(&summary));
-            let spread = summary.spread_text(comparison.size);
-            let (p50, p99, rate, ratio) = match summary {
-                Summary::Latency { p50, p99, .. } => (
-                    format!("{p50} ns"),
-                    format!("{p99} ns"),
-                    String::new(),
-                    ratio.map_or(String::new(), |(a, b)| format!("p50 {a:.2}x, p99 {b:.2}x")),
-                ),
-                Summary::Throughput { median, .. } => (
-                    String::new(),
-                    String::new(),
-                    super::rate_text(comparison.size, median),
-                    ratio.map_or(String::new(), |(a, _)| format!("{a:.2}x")),
-                ),
-            };
+        for row in comparison.rows() {
+            let spread = row.summary.spread_text(comparison.size);
+            let [p50, p99, rate, ratio] = row.summary.cells(comparison.size, row.ratio);
+            let name = row.name;
             let _ = writeln!(
                 out,
                 "| {} | {} | {name} | {p50} | {p99} | {rate} | {spread} | {ratio} |",
