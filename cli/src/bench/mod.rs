@@ -101,6 +101,8 @@ pub fn run(args: &Args) -> Result<(), String> {
         quick: args.quick,
         only: args.only.as_deref(),
     };
+    // Before anything is written: the results folder may be inside the checkout.
+    let commit = results::source_commit();
     let mut report = Report::new(args.json);
     let mut out = args.out.clone();
     match args.suite.unwrap_or(Suite::All) {
@@ -120,6 +122,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let (comparisons, notes) = report.finish();
     if let Some(dir) = out {
         let run = results::RunInfo {
+            commit,
             quick: args.quick,
             rounds,
             only: args.only.clone(),

@@ -8,6 +8,8 @@ use std::path::Path;
 /// How the run was made, for the head of `results.md`.
 #[derive(Debug)]
 pub struct RunInfo {
+    /// [`source_commit`], taken when the run started.
+    pub commit: String,
     pub quick: bool,
     pub rounds: usize,
     pub only: Option<String>,
@@ -25,7 +27,7 @@ impl RunInfo {
         }
         format!(
             "- commit: {}\n- date: {}\n- machine: {}\n- run: {options}\n",
-            commit(),
+            self.commit,
             crate::logging::rfc3339(std::time::SystemTime::now()),
             machine()
         )
@@ -33,8 +35,9 @@ impl RunInfo {
 }
 
 /// The commit of the source tree this binary was built from, marked `(modified)` when that tree
-/// has changes; `unknown` when it is not a git checkout (or git is missing).
-fn commit() -> String {
+/// has changes; `unknown` when it is not a git checkout (or git is missing). Taken before the run
+/// writes anything, so that results written into the checkout do not mark it modified.
+pub fn source_commit() -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .arg("-C")
