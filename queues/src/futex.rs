@@ -49,12 +49,15 @@
 //! Across processes the word lives in a `MAP_SHARED` mapping, so the futex calls use the shared
 //! (non-`FUTEX_PRIVATE_FLAG`) forms, which the kernel keys by file and offset.
 
+use crate::readiness::Notifier;
 use crate::sync::{AtomicU32, Ordering, spin_loop};
 use crate::waiting::Patience;
 use std::time::{Duration, Instant};
 
 const IDLE: u32 = 0;
 const WAITING: u32 = 1;
+/// The consumer sleeps on its readiness eventfd (see the `readiness` module).
+const EVENT: u32 = 2;
 
 /// A yield that takes this long gave the CPU to another process (a bare `sched_yield` with
 /// nothing else to run returns in well under a microsecond).
@@ -97,6 +100,37 @@ impl WaitWord {
         if self.state.swap(IDLE, Ordering::AcqRel) != IDLE {
             self.futex_wake();
         }
+    }
+
+    /// [`Self::wake`] for a word whose waiter may sleep on `notifier` instead of the futex (the
+    /// consumer's word; see the `readiness` module).
+    #[inline(always)]
+    pub(crate) fn wake_or_notify(&self, notifier: Option<&Notifier>) {
+        match self.state.swap(IDLE, Ordering::AcqRel) {
+            IDLE => {}
+            EVENT if notifier.is_some() => {
+                if let Some(notifier) = notifier {
+                    crate::readiness::signal(notifier);
+                }
+            }
+            _ => self.futex_wake(),
+        }
+    }
+
+    /// Registers the waiter as asleep on its readiness eventfd.
+    pub(crate) fn arm_event(&self) {
+        self.state.swap(EVENT, Ordering::AcqRel);
+    }
+
+    /// Leaves the readiness registration; returns whether a waker took it (and so signalled, or
+    /// is about to signal, the eventfd). A swap, for the reason given at [`Self::unregister`].
+    pub(crate) fn disarm_event(&self) -> bool {
+        self.state.swap(IDLE, Ordering::AcqRel) != EVENT
+    }
+
+    /// Whether the waiter is registered on its readiness eventfd.
+    pub(crate) fn is_armed(&self) -> bool {
+        self.state.load(Ordering::Acquire) == EVENT
     }
 
     /// Runs `check` until it returns `Some`: spinning, then yielding, then parked on this word,

@@ -14,6 +14,10 @@
 //!   recent waits show it pays and as the machine's load allows ([`Waiting`], set with
 //!   [`Producer::set_waiting`]), and then sleep on a futex; a wake-up system call is made only
 //!   when the other side registered as waiting. No call blocks past its deadline.
+//! * **Readiness**: a consumer can instead sleep on an eventfd shared by many rings
+//!   ([`Consumer::arm`], the [`readiness`] module), so that one thread, or an `epoll` loop,
+//!   waits for a message from any of them, with the same no-lost-wake-up rule and no system
+//!   call on the sender's side unless the consumer sleeps.
 //! * **Close**: dropping either end closes the ring. The consumer drains what was sent, then gets
 //!   `Disconnected`; the producer gets `Disconnected` with its message handed back.
 //! * **Untrusted peers**: joining checks the memfd's seals, its `fstat` size, the magic number,
@@ -53,6 +57,7 @@ mod futex;
 mod loom_tests;
 #[cfg(not(loom))]
 pub mod memfd;
+pub mod readiness;
 mod ring;
 mod sync;
 mod waiting;
@@ -60,6 +65,7 @@ mod waiting;
 pub use error::{
     Corruption, Error, RecvTimeoutError, Role, SendTimeoutError, TryRecvError, TrySendError,
 };
+pub use readiness::Notifier;
 pub use ring::{Closer, Consumer, DEFAULT_SPIN_LIMIT, HEADER_SIZE, MAX_CAPACITY, Producer, pair};
 #[cfg(not(loom))]
 pub use ring::{close, create};

@@ -78,6 +78,7 @@ use crate::error::{
     Corruption, Error, RecvTimeoutError, Role, SendTimeoutError, TryRecvError, TrySendError,
 };
 use crate::futex::{Deadline, WaitWord};
+use crate::readiness::Notifier;
 use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
 use crate::waiting::{Patience, Waiting};
 use bytemuck::Pod;
@@ -196,6 +197,9 @@ struct RingRef<T> {
     slots: NonNull<Slot<T>>,
     mask: u64,
     capacity: u64,
+    /// The eventfd of this ring's consumer, when it has one: what a waker signals when the
+    /// consumer sleeps on it (see the `readiness` module).
+    notifier: Option<Notifier>,
     _backing: Backing,
 }
 
@@ -244,6 +248,7 @@ impl<T> RingRef<T> {
             slots: self.slots,
             mask: self.mask,
             capacity: self.capacity,
+            notifier: self.notifier.clone(),
             _backing: self._backing.clone(),
         }
     }
@@ -279,7 +284,10 @@ impl<T> RingRef<T> {
         match role {
             Role::Producer => {
                 header.control.0.producer_closed.store(1, Ordering::Release);
-                header.consumer_wait.0.wake();
+                header
+                    .consumer_wait
+                    .0
+                    .wake_or_notify(self.notifier.as_ref());
             }
             Role::Consumer => {
                 header.control.0.consumer_closed.store(1, Ordering::Release);
@@ -346,7 +354,10 @@ impl SendCursor {
             .seq
             .store(first.wrapping_add(1), Ordering::Release);
         self.tail = first.wrapping_add(count as u64);
-        ring.header().consumer_wait.0.wake();
+        ring.header()
+            .consumer_wait
+            .0
+            .wake_or_notify(ring.notifier.as_ref());
         Ok(count)
     }
 }
@@ -469,6 +480,7 @@ fn map_ring<T: Pod>(fd: BorrowedFd<'_>) -> Result<RingRef<T>, Error> {
         slots: mapping.at(layout.slots_offset as usize).cast::<Slot<T>>(),
         mask: layout.capacity - 1,
         capacity: layout.capacity,
+        notifier: None,
         _backing: Backing::Mapped(std::sync::Arc::new(mapping)),
     };
     Ok(ring)
@@ -708,6 +720,7 @@ fn heap_ring<T: Pod>(capacity: u64) -> (RingRef<T>, RingRef<T>) {
         slots: NonNull::from(&*ring.slots).cast::<Slot<T>>(),
         mask: capacity - 1,
         capacity,
+        notifier: None,
         _backing: Backing::Heap(ring.clone()),
     };
     (make(), make())
@@ -784,6 +797,13 @@ impl<T: Pod> Producer<T> {
     #[must_use]
     pub fn closer(&self) -> Closer<T> {
         Closer(self.ring.share())
+    }
+
+    /// Gives this producer the consumer's readiness eventfd: a consumer asleep on it (see
+    /// [`Consumer::arm`]) is woken through it. Set it before making [`Closer`]s, which keep the
+    /// notifier they were made with.
+    pub fn set_notify(&mut self, notifier: Notifier) {
+        self.ring.notifier = Some(notifier);
     }
 
     /// Whether the consumer has closed the ring.
@@ -983,6 +1003,44 @@ impl<T: Pod> Consumer<T> {
     #[must_use]
     pub fn closer(&self) -> Closer<T> {
         Closer(self.ring.share())
+    }
+
+    /// Gives this consumer its own readiness eventfd, which [`Closer`]s made afterwards (and
+    /// dropping the producer end in this process) signal when this consumer is armed. Every
+    /// producer of the ring must hold the same eventfd ([`Producer::set_notify`]) before the
+    /// consumer [`arm`](Self::arm)s.
+    pub fn set_notify(&mut self, notifier: Notifier) {
+        self.ring.notifier = Some(notifier);
+    }
+
+    /// Registers this consumer as asleep on its readiness eventfd, then re-checks: returns
+    /// whether a [`Self::try_recv`] would now find anything (a message, a close, or bad bytes),
+    /// in which case the caller should not sleep. No system call. See the `readiness` module
+    /// for the protocol; a blocking receive on this ring replaces the registration.
+    pub fn arm(&self) -> bool {
+        self.ring.header().consumer_wait.0.arm_event();
+        self.has_pending()
+    }
+
+    /// Leaves the readiness registration; returns whether a producer (or a close) consumed it,
+    /// so that the eventfd was signalled, or is about to be: the caller resets it then.
+    pub fn disarm(&self) -> bool {
+        self.ring.header().consumer_wait.0.disarm_event()
+    }
+
+    /// Whether this consumer is registered on its readiness eventfd and no producer has taken
+    /// the registration yet.
+    #[must_use]
+    pub fn is_armed(&self) -> bool {
+        self.ring.header().consumer_wait.0.is_armed()
+    }
+
+    /// Whether a [`Self::try_recv`] would find anything but `Empty`: a message, the producer's
+    /// close, or a corrupted slot. Atomic loads only.
+    #[must_use]
+    pub fn has_pending(&self) -> bool {
+        !matches!(self.ring.poll(self.cursor.head), Ok(false))
+            || self.ring.control().producer_closed.load(Ordering::Acquire) != 0
     }
 
     /// When the last blocking receive ([`Self::recv_batch_timeout`]) started counting down its

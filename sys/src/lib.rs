@@ -1,5 +1,6 @@
 //! The Linux primitives shmbroker is built on, each written once and used by every crate above:
 //!
+//! * [`eventfd`]: a counter fd that `poll` and `epoll` see, signalled across processes;
 //! * [`futex`]: wait on and wake a 32-bit word of shared memory;
 //! * [`pidfd`]: an fd for a process (`pidfd_open`), and a copy of one of its fds
 //!   (`pidfd_getfd`);
@@ -9,6 +10,7 @@
 //! Sealed memfds and their mappings live in `shmbroker_queues::memfd`, beside the ring whose
 //! validation errors (missing seals, not shared memory) they report.
 
+pub mod eventfd;
 pub mod fdpass;
 pub mod futex;
 pub mod pidfd;
