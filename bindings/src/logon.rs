@@ -18,7 +18,7 @@ pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"SHMBRPLY");
 /// 3: the broker passes every worker a pidfd of every peer ([`NoticeKind::Peer`]), answers every
 /// relay ([`NoticeKind::RelayDelivered`] or a refusal), and workers say which relayed fds they
 /// took ([`NoticeKind::Claimed`]).
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// `requested_rank` meaning "any free rank".
 pub const ANY_RANK: u32 = u32::MAX;
 /// `peer` in a notice that concerns no other rank.
@@ -162,6 +162,9 @@ pub enum FdRole {
     /// A ring this worker receives on, from `peer`.
     RingFromPeer = 2,
     // 3 was the shared payload region of protocol version 1; workers now own their outboxes.
+    /// The readiness eventfd of `peer` (this worker's own when `peer` is its rank): signalled by
+    /// whoever sends to that worker while it sleeps waiting for a message from anyone.
+    Readiness = 4,
 }
 
 impl FdRole {
@@ -171,6 +174,7 @@ impl FdRole {
         match code {
             1 => Some(Self::RingToPeer),
             2 => Some(Self::RingFromPeer),
+            4 => Some(Self::Readiness),
             _ => None,
         }
     }

@@ -10,7 +10,7 @@ use shmbroker_bindings::{
     FdRole, LogonFrame, ManifestEntry, Message, NO_PEER, NoticeKind, RING_LAYOUT_VERSION,
     WorkerNotice,
 };
-use shmbroker_queues::{Consumer, Producer, Role};
+use shmbroker_queues::{Consumer, Notifier, Producer, Role};
 use shmbroker_sys::fdpass::{recv_with_fds, send_with_fds};
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -40,6 +40,8 @@ pub struct Connection {
     ring_capacity: u32,
     socket: UnixStream,
     links: Vec<Option<Link>>,
+    /// This worker's readiness eventfd (see [`Self::readiness_fd`]).
+    readiness: Notifier,
     /// What the broker sent and who is gone, shared with the watcher thread.
     shared: Arc<Shared>,
     /// Stopped (and joined) first when the session drops.
@@ -57,6 +59,14 @@ impl Connection {
     #[must_use]
     pub fn world_size(&self) -> u32 {
         self.world_size
+    }
+
+    /// This worker's readiness eventfd: every peer's producer signals it when it sends while this
+    /// worker's consumers are armed ([`shmbroker_queues::Consumer::arm`]; the queues crate's
+    /// `readiness` module has the protocol).
+    #[must_use]
+    pub fn readiness_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.readiness.as_fd()
     }
 
     /// Slots in every ring.
@@ -562,6 +572,7 @@ impl Connection {
         fds: Vec<OwnedFd>,
     ) -> Result<Self, Error> {
         let mut links: Vec<HalfLink> = (0..header.world_size).map(|_| (None, None)).collect();
+        let mut readiness: Vec<Option<Notifier>> = vec![None; header.world_size as usize];
         for (index, (entry, fd)) in manifest.iter().zip(&fds).enumerate() {
             let role = FdRole::from_code(entry.role);
             let expected_version = RING_LAYOUT_VERSION;
@@ -606,19 +617,42 @@ impl Connection {
                     })?;
                     links[peer].1 = Some(ring);
                 }
+                Some(FdRole::Readiness) => {
+                    // Signalled by writing 8 bytes: it must be what it says, not any file.
+                    if !shmbroker_sys::eventfd::is_eventfd(fd.as_fd()) {
+                        return Err(ProtocolError::NotAnEventFd {
+                            index,
+                            peer: entry.peer,
+                        }
+                        .into());
+                    }
+                    let own = fd
+                        .try_clone()
+                        .map_err(|e| Error::sys("dup of a readiness eventfd")(io_errno(&e)))?;
+                    readiness[peer] = Some(Arc::new(own));
+                }
                 // `decode_manifest` checked every role against the protocol's order.
                 None => {
                     return Err(value("role", 1, u64::from(entry.role)).into());
                 }
             }
         }
+        let own = readiness[header.rank as usize]
+            .clone()
+            .ok_or(ProtocolError::FdCount {
+                expected: manifest.len(),
+                found: 0,
+            })?;
+        // Every producer holds its consumer's eventfd and every consumer its own, before the
+        // closers are made (they keep the notifier they are made with).
         let links: Vec<Option<Link>> = links
             .into_iter()
-            .map(|(to, from)| {
-                Some(Link {
-                    to: to?,
-                    from: from?,
-                })
+            .zip(&readiness)
+            .map(|((to, from), theirs)| {
+                let (mut to, mut from) = (to?, from?);
+                to.set_notify(theirs.clone()?);
+                from.set_notify(own.clone());
+                Some(Link { to, from })
             })
             .collect();
         let closers = links
@@ -639,6 +673,7 @@ impl Connection {
             ring_capacity: header.ring_capacity,
             socket,
             links,
+            readiness: own,
             shared,
             watcher: Some(watcher),
         })

@@ -235,6 +235,16 @@ pub enum ProtocolError {
         /// Received.
         found: usize,
     },
+    /// A manifest entry says readiness eventfd and its fd is something else.
+    #[error(
+        "manifest entry {index} is the readiness eventfd of rank {peer}, but its fd is not an eventfd"
+    )]
+    NotAnEventFd {
+        /// Index of the entry in the manifest.
+        index: usize,
+        /// The rank the entry names.
+        peer: u32,
+    },
     /// A manifest entry is not the one the protocol puts at its place.
     #[error("manifest entry {index}: expected {expected}, found role {role} peer {peer}")]
     ManifestOrder {

@@ -16,7 +16,14 @@ pub const MANIFEST_ENTRY_LEN: usize = size_of::<ManifestEntry>();
 /// The largest world a reply can serve: `2 (N - 1)` fds must fit in one message.
 pub const MAX_WORLD_SIZE: u32 = 64;
 
-const _: () = assert!(2 * (MAX_WORLD_SIZE as usize - 1) <= MAX_REPLY_FDS);
+const _: () = assert!(reply_fd_count(MAX_WORLD_SIZE) as usize <= MAX_REPLY_FDS);
+
+/// Fds in the logon reply of a world of `world_size`: two rings and a readiness eventfd per peer,
+/// and the worker's own readiness eventfd.
+#[must_use]
+pub const fn reply_fd_count(world_size: u32) -> u32 {
+    3 * (world_size - 1) + 1
+}
 
 /// Decodes a logon frame. The error pairs the code to send back with what was wrong.
 ///
@@ -63,18 +70,26 @@ pub fn decode_logon(bytes: &[u8]) -> Result<LogonFrame, (RejectReason, ProtocolE
     Ok(frame)
 }
 
-/// The manifest a worker of `rank` in a world of `world_size` receives, in order: for each other
-/// rank, the ring to it and the ring from it. The broker builds replies
-/// from this and the client checks them against it.
+/// The manifest a worker of `rank` in a world of `world_size` receives, in order: for each rank,
+/// the ring to it, the ring from it and its readiness eventfd (for its own rank, only the
+/// eventfd). The broker builds replies from this and the client checks them against it.
 pub fn manifest_order(rank: u32, world_size: u32) -> impl Iterator<Item = (FdRole, Option<u32>)> {
-    (0..world_size)
-        .filter(move |&peer| peer != rank)
-        .flat_map(|peer| {
-            [
-                (FdRole::RingToPeer, Some(peer)),
-                (FdRole::RingFromPeer, Some(peer)),
-            ]
-        })
+    (0..world_size).flat_map(move |peer| {
+        let rings = [
+            (FdRole::RingToPeer, Some(peer)),
+            (FdRole::RingFromPeer, Some(peer)),
+        ];
+        let rings = if peer == rank {
+            &rings[..0]
+        } else {
+            &rings[..]
+        };
+        rings
+            .iter()
+            .copied()
+            .chain([(FdRole::Readiness, Some(peer))])
+            .collect::<Vec<_>>()
+    })
 }
 
 /// Decodes a reply header. A rejection becomes [`Error::Rejected`].
@@ -138,7 +153,7 @@ pub fn decode_reply_header(bytes: &[u8]) -> Result<ReplyHeader, Error> {
         )
         .into());
     }
-    let fds = 2 * (header.world_size - 1);
+    let fds = reply_fd_count(header.world_size);
     if header.fd_count != fds {
         return Err(field("fd_count", format!("{fds}"), header.fd_count).into());
     }

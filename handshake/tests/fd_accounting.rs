@@ -89,11 +89,15 @@ fn accepted_header(world_size: u32, fd_count: u32) -> ReplyHeader {
 
 /// Runs one logon against a fake broker sending `reply` with `fds`; returns the error, after
 /// checking that every fd the client received was closed.
-fn client_error(name: &str, reply: Vec<u8>, fd_count: usize) -> Error {
+fn client_error(
+    name: &str,
+    reply: Vec<u8>,
+    fds: impl FnOnce() -> Vec<std::os::fd::OwnedFd>,
+) -> Error {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = TempDir::new(name).unwrap();
     let before = open_fds();
-    let fake = fake_broker(&common::socket(&dir), reply, memfds(fd_count));
+    let fake = fake_broker(&common::socket(&dir), reply, fds());
     let error = connect(common::socket(&dir), LogonFrame::new(0), TIMEOUT).unwrap_err();
     // The fake broker's socket and files are closed when its thread ends; ours must be too.
     fake.join().unwrap();
@@ -101,11 +105,15 @@ fn client_error(name: &str, reply: Vec<u8>, fd_count: usize) -> Error {
     error
 }
 
-/// An accepted reply for rank 0 of a world of 2 with a manifest of `entries` (role, peer), each
-/// claiming `size` bytes and the layout version its role should have.
-fn reply_for_rank_0_of_2(entries: [(u32, u32); 2], size: u64) -> Vec<u8> {
-    let mut reply = bytemuck::bytes_of(&accepted_header(2, 2)).to_vec();
-    for (role, peer) in entries {
+/// The manifest of rank 0 of a world of 2, as (role, peer, size) with rings of 4096 bytes: its
+/// own readiness eventfd, the rings to and from rank 1, and rank 1's readiness eventfd.
+const RANK_0_OF_2: [(u32, u32, u64); 4] = [(4, 0, 0), (1, 1, 4096), (2, 1, 4096), (4, 1, 0)];
+
+/// An accepted reply for rank 0 of a world of 2 with a manifest of `entries` (role, peer, size),
+/// each with the layout version its role should have.
+fn reply_for_rank_0_of_2(entries: [(u32, u32, u64); 4]) -> Vec<u8> {
+    let mut reply = bytemuck::bytes_of(&accepted_header(2, 4)).to_vec();
+    for (role, peer, size) in entries {
         let entry = shmbroker_bindings::ManifestEntry {
             role,
             peer,
@@ -124,11 +132,23 @@ fn memfds(count: usize) -> Vec<std::os::fd::OwnedFd> {
         .collect()
 }
 
+/// The fds for [`RANK_0_OF_2`]: eventfds where it says readiness, blank sealed memfds (no rings)
+/// where it says ring.
+fn fds_for_rank_0_of_2() -> Vec<std::os::fd::OwnedFd> {
+    let eventfd = || shmbroker_sys::eventfd::create().unwrap();
+    let mut rings = memfds(2);
+    let from = rings.pop().unwrap();
+    let to = rings.pop().unwrap();
+    vec![eventfd(), to, from, eventfd()]
+}
+
 #[test]
 fn a_reply_with_a_bad_magic_is_a_protocol_error() {
     let mut header = accepted_header(1, 0);
     header.magic = 7;
-    let error = client_error("fake-magic", bytemuck::bytes_of(&header).to_vec(), 1);
+    let error = client_error("fake-magic", bytemuck::bytes_of(&header).to_vec(), || {
+        memfds(1)
+    });
     assert!(
         matches!(
             error,
@@ -143,14 +163,14 @@ fn a_reply_with_a_bad_magic_is_a_protocol_error() {
 
 #[test]
 fn a_reply_with_fewer_fds_than_its_manifest_is_a_protocol_error() {
-    // World of 2: 2 fds announced, manifest of 2, only 1 fd attached.
-    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1)], 4096);
-    let error = client_error("fake-fdcount", reply, 1);
+    // World of 2: 4 fds announced, manifest of 4, only 1 fd attached.
+    let reply = reply_for_rank_0_of_2(RANK_0_OF_2);
+    let error = client_error("fake-fdcount", reply, || memfds(1));
     assert!(
         matches!(
             error,
             Error::Protocol(ProtocolError::FdCount {
-                expected: 2,
+                expected: 4,
                 found: 1
             })
         ),
@@ -160,12 +180,13 @@ fn a_reply_with_fewer_fds_than_its_manifest_is_a_protocol_error() {
 
 #[test]
 fn a_reply_with_a_manifest_out_of_order_is_a_protocol_error() {
-    let reply = reply_for_rank_0_of_2([(2, 1), (1, 1)], 4096);
-    let error = client_error("fake-order", reply, 2);
+    let [own, to, from, theirs] = RANK_0_OF_2;
+    let reply = reply_for_rank_0_of_2([own, from, to, theirs]);
+    let error = client_error("fake-order", reply, fds_for_rank_0_of_2);
     assert!(
         matches!(
             error,
-            Error::Protocol(ProtocolError::ManifestOrder { index: 0, .. })
+            Error::Protocol(ProtocolError::ManifestOrder { index: 1, .. })
         ),
         "{error}"
     );
@@ -173,12 +194,12 @@ fn a_reply_with_a_manifest_out_of_order_is_a_protocol_error() {
 
 #[test]
 fn a_reply_cut_short_is_a_protocol_error() {
-    let header = accepted_header(2, 2);
+    let header = accepted_header(2, 4);
     let reply = bytemuck::bytes_of(&header)[..100].to_vec();
     // The fake keeps the connection open, so the client waits for the rest until its deadline.
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = TempDir::new("fake-short").unwrap();
-    let fake = fake_broker(&common::socket(&dir), reply, memfds(2));
+    let fake = fake_broker(&common::socket(&dir), reply, fds_for_rank_0_of_2());
     let error = connect(
         common::socket(&dir),
         LogonFrame::new(0),
@@ -200,13 +221,15 @@ fn a_reply_cut_short_is_a_protocol_error() {
 
 #[test]
 fn a_manifest_size_that_disagrees_with_the_file_is_a_protocol_error() {
-    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1)], 8192);
-    let error = client_error("fake-size", reply, 2);
+    let mut entries = RANK_0_OF_2;
+    entries[1].2 = 8192;
+    let reply = reply_for_rank_0_of_2(entries);
+    let error = client_error("fake-size", reply, fds_for_rank_0_of_2);
     assert!(
         matches!(
             error,
             Error::Protocol(ProtocolError::ManifestValue {
-                index: 0,
+                index: 1,
                 field: "size",
                 expected: 8192,
                 found: 4096
@@ -219,8 +242,8 @@ fn a_manifest_size_that_disagrees_with_the_file_is_a_protocol_error() {
 #[test]
 fn files_that_are_not_rings_are_refused_before_use() {
     // Right sizes, right manifest, but the "rings" are blank sealed memfds.
-    let reply = reply_for_rank_0_of_2([(1, 1), (2, 1)], 4096);
-    let error = client_error("fake-blank", reply, 2);
+    let reply = reply_for_rank_0_of_2(RANK_0_OF_2);
+    let error = client_error("fake-blank", reply, fds_for_rank_0_of_2);
     assert!(
         matches!(
             error,
@@ -229,6 +252,32 @@ fn files_that_are_not_rings_are_refused_before_use() {
                 peer: 1,
                 source: shmbroker_queues::Error::BadMagic { .. }
             }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_readiness_entry_that_is_not_an_eventfd_is_refused_before_anything_writes_to_it() {
+    // The broker's "eventfd" for rank 1 is a memfd: writing 8 bytes to it would scribble on a
+    // file, so the client refuses the reply instead.
+    let ring = || shmbroker_queues::create::<shmbroker_bindings::Message>(64).unwrap();
+    let ring_size = shmbroker_queues::memfd::file_size(std::os::fd::AsFd::as_fd(&ring())).unwrap();
+    let reply_with_size = reply_for_rank_0_of_2([
+        (4, 0, 0),
+        (1, 1, ring_size),
+        (2, 1, ring_size),
+        (4, 1, 4096),
+    ]);
+    let fds = move || {
+        let eventfd = shmbroker_sys::eventfd::create().unwrap();
+        vec![eventfd, ring(), ring(), memfds(1).pop().unwrap()]
+    };
+    let error = client_error("fake-eventfd", reply_with_size, fds);
+    assert!(
+        matches!(
+            error,
+            Error::Protocol(ProtocolError::NotAnEventFd { index: 3, peer: 1 })
         ),
         "{error}"
     );

@@ -78,6 +78,7 @@ impl Listener {
         self.jobs += 1;
         self.workers.iter_mut().for_each(|w| *w = None);
         self.rings.clear();
+        self.readiness.clear();
         self.lost = None;
         self.left = None;
         events.push(event);

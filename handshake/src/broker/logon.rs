@@ -179,6 +179,13 @@ impl Listener {
             let key = match (role, peer) {
                 (FdRole::RingToPeer, Some(peer)) => (rank, peer),
                 (FdRole::RingFromPeer, Some(peer)) => (peer, rank),
+                (FdRole::Readiness, Some(peer)) => {
+                    if !self.readiness.contains_key(&peer) {
+                        let fd = shmbroker_sys::eventfd::create().map_err(Error::io("eventfd"))?;
+                        self.readiness.insert(peer, fd);
+                    }
+                    continue;
+                }
                 (_, None) => continue,
             };
             if !self.rings.contains_key(&key) {
@@ -194,6 +201,7 @@ impl Listener {
             let fd = match role {
                 FdRole::RingToPeer => &self.rings[&(rank, peer)],
                 FdRole::RingFromPeer => &self.rings[&(peer, rank)],
+                FdRole::Readiness => &self.readiness[&peer],
             };
             let size = shmbroker_queues::memfd::file_size(fd.as_fd()).map_err(Error::CreateRing)?;
             manifest.push(ManifestEntry {

@@ -163,7 +163,7 @@ impl Config {
         let per_worker =
             3 + MAX_UNCLAIMED_FDS as u64 + MAX_UNCLAIMED_RELAYS as u64 + 2 * (world - 1);
         // A connection logging on holds its socket and its caller's pidfd.
-        32 + 2 * self.max_pending as u64 + world * (world - 1) + world * per_worker
+        32 + 2 * self.max_pending as u64 + world * (world - 1) + world + world * per_worker
     }
 }
 
@@ -314,6 +314,9 @@ pub struct Listener {
     workers: Vec<Option<Worker>>,
     /// Rings created for a pair `(from, to)`, kept until the job ends.
     rings: HashMap<(u32, u32), OwnedFd>,
+    /// Every rank's readiness eventfd, made when the first worker that needs it logs on, kept
+    /// until the job ends.
+    readiness: HashMap<u32, OwnedFd>,
     stop: Arc<EventFd>,
     /// The first rank of the current job that died, and the first that left.
     lost: Option<u32>,
@@ -451,6 +454,7 @@ impl Listener {
             my_uid: nix::unistd::getuid().as_raw(),
             pending: Vec::new(),
             rings: HashMap::new(),
+            readiness: HashMap::new(),
             stop: Arc::new(stop),
             lost: None,
             left: None,
