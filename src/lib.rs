@@ -81,7 +81,7 @@ pub mod launch;
 pub mod process;
 pub mod session;
 
-pub use session::{Error, Session};
+pub use session::{Error, Receiver, Sender, Session};
 pub use shmbroker_bindings::{GpuHandle, GpuHandleKind};
 
 pub use shmbroker_allocator as allocator;

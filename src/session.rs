@@ -42,11 +42,13 @@
 //! [`Error::BrokerLost`]. See the handshake's `liveness` module. Blocks of this rank's outbox that
 //! a departed peer still owed an acknowledgement for are given back.
 
+mod any;
 mod collectives;
 mod error;
 mod fds;
 mod gpu;
 mod p2p;
+mod split;
 mod transfer;
 
 pub use collectives::{
@@ -55,6 +57,7 @@ pub use collectives::{
 pub use fds::FdTransport;
 pub use p2p::LoanView;
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
+pub use split::{Receiver, Sender};
 
 use shmbroker_allocator::{Outbox, PeerOutbox};
 use shmbroker_bindings::{ANY_RANK, LogonFrame, Message};
@@ -119,6 +122,8 @@ pub struct Session {
     cpus: usize,
     /// How every ring of this session waits.
     waiting: Waiting,
+    /// Receiving from any peer: the readiness eventfd's state and the round-robin position.
+    any: any::Readiness,
     /// The broker this worker hosts (local rank 0 under a launcher). Last, so that it stops
     /// only after this session has said goodbye to it.
     embedded: Option<EmbeddedBroker>,
@@ -376,6 +381,7 @@ impl Session {
             fd_transport_reported: false,
             cpus,
             waiting,
+            any: any::Readiness::new(world),
             embedded: None,
         };
         session.set_waiting(waiting);

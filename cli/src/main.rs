@@ -9,6 +9,7 @@ mod chaos;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod demo;
+mod farm;
 mod hostile;
 mod logging;
 mod peer;
@@ -61,6 +62,9 @@ enum Command {
     /// A worker that attacks its peers' shared memory, for the tests.
     #[command(hide = true)]
     Hostile(hostile::Args),
+    /// A task farm's worker, for the tests and `bench farm`.
+    #[command(hide = true)]
+    FarmWorker(farm::Args),
     /// One worker of a chaos trial.
     #[command(hide = true)]
     ChaosWorker(chaos::WorkerArgs),
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
         }
         Command::RingPeer(args) => peer::run(&args),
         Command::Hostile(args) => hostile::run(&args),
+        Command::FarmWorker(args) => farm::run(&args),
         Command::ChaosWorker(args) => chaos::worker(&args),
         #[cfg(feature = "cuda")]
         Command::CudaCheck(args) => return cuda::check(&args),

@@ -69,6 +69,13 @@ impl Connection {
         self.readiness.as_fd()
     }
 
+    /// A shared handle on [`Self::readiness_fd`], for a thread that waits on it without
+    /// borrowing the connection.
+    #[must_use]
+    pub fn readiness(&self) -> Notifier {
+        Arc::clone(&self.readiness)
+    }
+
     /// Slots in every ring.
     #[must_use]
     pub fn ring_capacity(&self) -> u32 {

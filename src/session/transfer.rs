@@ -481,6 +481,8 @@ impl Session {
         let Some(deadline) = wait else {
             return Ok(0);
         };
+        // The ring's own wait replaces a readiness registration: take them back first.
+        self.disarm();
         let owing = self.owes_acks();
         // No clock read here: the ring's own wait reads it once it goes past its spin phase.
         let slice = if owing {
@@ -637,7 +639,7 @@ impl Session {
     }
 
     /// The first queued group from `peer` that `expect` selects: its index, or `None`.
-    fn find(&self, peer: u32, expect: Expect) -> Result<Option<usize>, Error> {
+    pub(super) fn find(&self, peer: u32, expect: Expect) -> Result<Option<usize>, Error> {
         let queue = &self.unread[peer as usize];
         let mut at = 0;
         while let Some(header) = queue.get(at) {
@@ -1284,11 +1286,11 @@ impl Session {
         self.flush_acks(peer)
     }
 
-    fn owes_acks(&self) -> bool {
+    pub(super) fn owes_acks(&self) -> bool {
         self.acks_due.iter().any(|due| !due.is_empty())
     }
 
-    fn flush_all_acks(&mut self) -> Result<(), Error> {
+    pub(super) fn flush_all_acks(&mut self) -> Result<(), Error> {
         for peer in self.peers() {
             self.flush_acks(peer)?;
         }

@@ -28,10 +28,13 @@ pub fn signal(fd: BorrowedFd<'_>) {
     let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
 }
 
-/// Resets the count to zero; returns whether it was non-zero.
-pub fn drain(fd: BorrowedFd<'_>) -> bool {
+/// Resets the count to zero; returns what it was (0 when nothing signalled it since).
+pub fn drain(fd: BorrowedFd<'_>) -> u64 {
     let mut count = [0u8; 8];
-    matches!(nix::unistd::read(fd, &mut count), Ok(8))
+    match nix::unistd::read(fd, &mut count) {
+        Ok(8) => u64::from_ne_bytes(count),
+        _ => 0,
+    }
 }
 
 /// Waits up to `timeout` for `fd` to become readable (forever with `None`); returns whether it
@@ -76,11 +79,11 @@ mod tests {
         let fd = create().unwrap();
         assert!(is_eventfd(fd.as_fd()));
         assert!(!wait_readable(fd.as_fd(), Some(Duration::ZERO)).unwrap());
-        assert!(!drain(fd.as_fd()), "a fresh eventfd has nothing to drain");
+        assert_eq!(drain(fd.as_fd()), 0, "a fresh eventfd has nothing to drain");
         signal(fd.as_fd());
         signal(fd.as_fd());
         assert!(wait_readable(fd.as_fd(), Some(Duration::from_secs(5))).unwrap());
-        assert!(drain(fd.as_fd()));
+        assert_eq!(drain(fd.as_fd()), 2, "two signals");
         assert!(!wait_readable(fd.as_fd(), Some(Duration::from_millis(1))).unwrap());
     }
 

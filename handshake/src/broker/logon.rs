@@ -180,9 +180,12 @@ impl Listener {
                 (FdRole::RingToPeer, Some(peer)) => (rank, peer),
                 (FdRole::RingFromPeer, Some(peer)) => (peer, rank),
                 (FdRole::Readiness, Some(peer)) => {
-                    if !self.readiness.contains_key(&peer) {
-                        let fd = shmbroker_sys::eventfd::create().map_err(Error::io("eventfd"))?;
-                        self.readiness.insert(peer, fd);
+                    if let std::collections::hash_map::Entry::Vacant(entry) =
+                        self.readiness.entry(peer)
+                    {
+                        entry.insert(
+                            shmbroker_sys::eventfd::create().map_err(Error::io("eventfd"))?,
+                        );
                     }
                     continue;
                 }

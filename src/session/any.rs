@@ -1,0 +1,375 @@
+//! Receiving from whichever peer is ready: `recv_any`, `try_recv`, `try_recv_any` and the
+//! readiness fd an event loop waits on.
+//!
+//! # Which peer is served
+//!
+//! A call looks at the peers in turn, starting after the one it served last (round-robin), and
+//! takes the first point-to-point message it finds. A peer that keeps sending is served once per
+//! turn like every other, so it cannot starve them. Looking at a peer costs atomic loads on its
+//! ring (and a look at what is already queued from it): no system call, no clock.
+//!
+//! # Sleeping on one fd for every peer
+//!
+//! When nothing is waiting, a blocking call *arms* the ring from every peer (see the queues
+//! crate's `readiness` module: the consumer's wait word says "asleep on the eventfd"), checks
+//! every ring once more, and sleeps in `poll` on this rank's readiness eventfd, which the broker
+//! gave every peer. A peer that publishes into an armed ring signals it; one that finds nothing
+//! armed makes no system call. An event loop does the same with [`Session::readiness_fd`]:
+//! `try_recv_any` returning `None` leaves every ring armed, so the fd becomes readable as soon as
+//! a message is there.
+//!
+//! # Keeping the eventfd's count honest
+//!
+//! Every registration a waker takes is followed by exactly one write to the eventfd, but that
+//! write may land after this rank has looked. So the session counts the writes it is owed (one per
+//! registration it finds taken when it disarms or re-arms a ring) and subtracts what each `read`
+//! returns. While writes are owed, a call that finds nothing reads the eventfd (a system call, only
+//! after a wake-up was set in motion); once none are, the fd stays quiet and a call that finds
+//! nothing makes no system call at all. So a late write can cause one spurious wake-up of an
+//! event loop, never a busy loop. A peer that writes the eventfd on its own (it holds a copy) can
+//! only cause wake-ups that find nothing.
+//!
+//! # Departed peers
+//!
+//! Everything a peer sent before it died is delivered first; the next call then fails with
+//! [`Error::PeerLost`] naming it (a death ends the session, see the handshake's `liveness`
+//! module). A peer that left is skipped; once every peer has left, a call fails with
+//! [`Error::PeerLeft`] instead of waiting for nobody.
+
+use super::transfer::Expect;
+use super::{Deadline, Error, Session};
+use shmbroker_queues::{CROWDED_SPIN_MAX, SPIN_MAX, Waiting};
+use shmbroker_sys::eventfd;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::Duration;
+
+/// Where the session stands with its readiness eventfd.
+#[derive(Debug, Default)]
+pub(super) struct Readiness {
+    /// Every live peer's ring has been armed (and not disarmed since).
+    armed: bool,
+    /// Writes to the eventfd that wakers owe for registrations they took, less what reads of it
+    /// returned. Signed: a write may be read back before its registration is counted.
+    owed: i64,
+    /// Where the next look for a ready peer starts.
+    next: u32,
+    /// Per peer: left the session, so nothing more can come from it.
+    left: Vec<bool>,
+}
+
+impl Readiness {
+    pub(super) fn new(world: usize) -> Self {
+        Self {
+            left: vec![false; world],
+            ..Self::default()
+        }
+    }
+}
+
+impl Session {
+    /// The next point-to-point message from any peer, and who sent it: whichever has one waiting,
+    /// served round-robin (see the module docs); waits up to the session's deadline.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] naming every peer still there; [`Error::PeerLost`] once a dead peer's
+    /// last messages have been taken; [`Error::PeerLeft`] when every peer has left;
+    /// [`Error::Protocol`] or [`Error::Outbox`] for bad bytes.
+    pub fn recv_any(&mut self) -> Result<(u32, Vec<u8>), Error> {
+        self.recv_any_timeout(self.timeout)
+    }
+
+    /// [`Self::recv_any`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::recv_any`].
+    pub fn recv_any_timeout(&mut self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
+        let deadline = Deadline::new("recv_any", timeout);
+        let peer = self.wait_any(&deadline)?;
+        Ok((peer, self.recv_from_timeout(peer, deadline.left())?))
+    }
+
+    /// Like [`Self::recv_any`], into `buffer`, with no allocation; returns the sender and the
+    /// message's length.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferTooSmall`] for a longer message (received to its end and dropped);
+    /// otherwise as for [`Self::recv_any`].
+    pub fn recv_any_into(&mut self, buffer: &mut [u8]) -> Result<(u32, usize), Error> {
+        let deadline = Deadline::new("recv_any", self.timeout);
+        let peer = self.wait_any(&deadline)?;
+        Ok((peer, self.recv_into_timeout(peer, buffer, deadline.left())?))
+    }
+
+    /// The next message from `rank` if one has started to arrive, without waiting for one: no
+    /// system call and no clock read when nothing is there. A large message that has started is
+    /// received whole (waiting for its remaining chunks up to the session's deadline).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::recv`].
+    pub fn try_recv(&mut self, rank: u32) -> Result<Option<Vec<u8>>, Error> {
+        self.check_peer(rank)?;
+        if !self.sender_ready(rank)? {
+            return Ok(None);
+        }
+        self.recv(rank).map(Some)
+    }
+
+    /// The next message from any peer if one has started to arrive (round-robin, as
+    /// [`Self::recv_any`]), without waiting for one. When nothing is there it leaves every ring
+    /// armed, so [`Self::readiness_fd`] becomes readable once something arrives; it makes no
+    /// system call then unless a wake-up is still owed to the eventfd (see the module docs).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::recv_any`], but never [`Error::Timeout`] for want of a message.
+    pub fn try_recv_any(&mut self) -> Result<Option<(u32, Vec<u8>)>, Error> {
+        match self.next_sender()? {
+            Some(peer) => Ok(Some((peer, self.recv(peer)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// This rank's readiness eventfd, for `poll`, `epoll` or an async runtime: it becomes
+    /// readable when a message is waiting from any peer, once [`Self::try_recv_any`] has returned
+    /// `None` (which arms it). Take what is there with [`Self::try_recv_any`] until it returns
+    /// `None` again before waiting on the fd. Reading the fd is the session's business: do not.
+    #[must_use]
+    pub fn readiness_fd(&self) -> BorrowedFd<'_> {
+        self.inner.readiness_fd()
+    }
+
+    /// [`wait_for_sender`] for any peer, on this session's own eventfd.
+    fn wait_any(&mut self, deadline: &Deadline) -> Result<u32, Error> {
+        let fd = self.inner.readiness();
+        wait_for_sender(self, fd.as_fd(), None, deadline)
+    }
+
+    /// Whether a point-to-point message from `peer` is queued or has started in its ring: takes
+    /// in what the ring holds (without waiting) until one is, or the ring is empty.
+    pub(super) fn sender_ready(&mut self, peer: u32) -> Result<bool, Error> {
+        let expect = Expect::Send {
+            tag: self.received_from[peer as usize],
+        };
+        loop {
+            if self.find(peer, expect)?.is_some() {
+                return Ok(true);
+            }
+            match self.pull(peer, None) {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(Error::PeerLeft { rank }) if rank == peer => {
+                    self.any.left[peer as usize] = true;
+                    return Ok(false);
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    /// The first peer, round-robin from where the last look stopped, with a message ready; `None`
+    /// (every live ring armed) when there is none.
+    pub(super) fn next_sender(&mut self) -> Result<Option<u32>, Error> {
+        if let Some(peer) = self.scan()? {
+            self.disarm();
+            return Ok(Some(peer));
+        }
+        if self.arm()? {
+            // Something arrived while arming: look again (the rings stay armed if not).
+            if let Some(peer) = self.scan()? {
+                self.disarm();
+                return Ok(Some(peer));
+            }
+        }
+        if self.any.owed > 0 {
+            self.take_signals();
+        }
+        Ok(None)
+    }
+
+    /// Looks at every live peer once, round-robin; the first with a message ready.
+    pub(super) fn scan(&mut self) -> Result<Option<u32>, Error> {
+        let world = self.world_size();
+        if world < 2 {
+            return Err(Error::Misuse(
+                "a world of one rank has nobody to receive from".into(),
+            ));
+        }
+        let start = self.any.next % world;
+        // A death closes every ring: what the others (the dead peer among them) sent before it
+        // is still delivered, and the death reported only when nothing is left.
+        let mut lost = None;
+        for step in 0..world {
+            let peer = (start + step) % world;
+            if peer == self.rank() || self.any.left[peer as usize] {
+                continue;
+            }
+            match self.sender_ready(peer) {
+                Ok(true) => {
+                    self.any.next = peer + 1;
+                    return Ok(Some(peer));
+                }
+                Ok(false) => {}
+                Err(error @ (Error::PeerLost { .. } | Error::BrokerLost)) => {
+                    lost.get_or_insert(error);
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        if let Some(error) = lost {
+            return Err(error);
+        }
+        if let Some(rank) = self.every_peer_left() {
+            return Err(Error::PeerLeft { rank });
+        }
+        Ok(None)
+    }
+
+    /// The last peer, when every peer has left.
+    fn every_peer_left(&self) -> Option<u32> {
+        let mut peers = self.peers();
+        peers
+            .all(|peer| self.any.left[peer as usize])
+            .then(|| self.peers().last())
+            .flatten()
+    }
+
+    /// Arms every live peer's ring (re-arms those a waker has taken); returns whether any of them
+    /// has something, so that the caller must not sleep.
+    pub(super) fn arm(&mut self) -> Result<bool, Error> {
+        let mut pending = false;
+        let mut taken = 0i64;
+        let armed = self.any.armed;
+        for peer in self.peers() {
+            if self.any.left[peer as usize] {
+                continue;
+            }
+            let from = &self.link(peer)?.from;
+            if !armed || !from.is_armed() {
+                // A registration a waker took is a write it owes the eventfd.
+                taken += i64::from(armed && from.disarm());
+                pending |= from.arm();
+            } else {
+                pending |= from.has_pending();
+            }
+        }
+        self.any.armed = true;
+        self.any.owed += taken;
+        Ok(pending)
+    }
+
+    /// Takes the registration back from every ring, counting those wakers took. Called before
+    /// anything else waits on one of these rings (its futex wait would replace the registration).
+    pub(super) fn disarm(&mut self) {
+        if !self.any.armed {
+            return;
+        }
+        self.any.armed = false;
+        let mut taken = 0i64;
+        for peer in self.peers() {
+            if let Some(link) = self.inner.link(peer) {
+                taken += i64::from(link.from.disarm());
+            }
+        }
+        self.any.owed += taken;
+    }
+
+    /// Reads the eventfd's count back (one system call), and counts it off what is owed.
+    pub(super) fn take_signals(&mut self) {
+        let got = eventfd::drain(self.inner.readiness_fd());
+        self.any.owed -= i64::try_from(got).unwrap_or(i64::MAX);
+    }
+}
+
+/// A session reached directly, or through the lock the halves of a split session share: the
+/// waits below hold it only while they look at rings, never while they sleep.
+pub(super) trait Access {
+    /// Runs `f` on the session.
+    fn with<R>(&mut self, f: impl FnOnce(&mut Session) -> R) -> R;
+}
+
+impl Access for Session {
+    fn with<R>(&mut self, f: impl FnOnce(&mut Session) -> R) -> R {
+        f(self)
+    }
+}
+
+/// Waits up to `deadline` for a peer with a message ready (any peer, or `only` that one): spins
+/// on the rings for a while, then sleeps on the readiness eventfd `fd` with no access held.
+pub(super) fn wait_for_sender(
+    access: &mut impl Access,
+    fd: BorrowedFd<'_>,
+    only: Option<u32>,
+    deadline: &Deadline,
+) -> Result<u32, Error> {
+    let spins = access.with(|session| {
+        session.flush_view_acks()?;
+        Ok::<_, Error>(match session.waiting {
+            Waiting::Spin(spins) => spins,
+            Waiting::Adaptive { crowded: true } => CROWDED_SPIN_MAX,
+            Waiting::Adaptive { crowded: false } => SPIN_MAX,
+        })
+    })?;
+    let look = |session: &mut Session| match only {
+        None => session.scan(),
+        Some(peer) => Ok(session.sender_ready(peer)?.then_some(peer)),
+    };
+    for _ in 0..spins / 16 {
+        if let Some(peer) = access.with(look)? {
+            return Ok(peer);
+        }
+        std::hint::spin_loop();
+    }
+    loop {
+        let slice = access.with(|session| {
+            if let Some(peer) = look(session)? {
+                session.disarm();
+                return Ok(Err(peer));
+            }
+            if session.arm()?
+                && let Some(peer) = look(session)?
+            {
+                session.disarm();
+                return Ok(Err(peer));
+            }
+            // Peers may be waiting for acknowledgements before they can send more.
+            session.flush_all_acks()?;
+            let left = deadline.left();
+            if left.is_zero() {
+                session.disarm();
+                let waiting_for = match only {
+                    Some(peer) => vec![peer],
+                    None => session
+                        .peers()
+                        .filter(|&peer| !session.any.left[peer as usize])
+                        .collect(),
+                };
+                return Err(session.timed_out_waiting(deadline, waiting_for));
+            }
+            Ok(Ok(if session.owes_acks() {
+                left.min(super::transfer::SEND_SLICE)
+            } else {
+                left
+            }))
+        })?;
+        let slice = match slice {
+            Err(peer) => return Ok(peer),
+            Ok(slice) => slice,
+        };
+        let readable = eventfd::wait_readable(fd, Some(slice)).map_err(|source| Error::Io {
+            what: "waiting on the readiness eventfd",
+            source,
+        })?;
+        if readable {
+            access.with(|session| {
+                // Count the registrations taken before reading what their wakers wrote.
+                session.arm()?;
+                session.take_signals();
+                Ok::<_, Error>(())
+            })?;
+        }
+    }
+}

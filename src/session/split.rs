@@ -1,0 +1,236 @@
+//! A session split in two halves for two threads: a [`Sender`] and a [`Receiver`].
+//!
+//! # What runs concurrently, and why the rings stay SPSC
+//!
+//! Both halves share the session behind one mutex. Every ring end is touched only while that
+//! mutex is held, so each ring still has exactly one producer and one consumer at any instant,
+//! and the ring protocol (and its loom models) apply unchanged. What makes two threads useful is
+//! where the halves *wait*: a [`Receiver`] waiting for a message holds nothing while it sleeps
+//! (on the readiness eventfd, see the `any` module), so a [`Sender`] sends meanwhile; it takes
+//! the lock only to look at the rings and to copy a message out. A send holds the lock while it
+//! copies its message in; when a ring is full it keeps it while it waits for room (taking in what
+//! that peer sent meanwhile, as every send does), so a receive waits for that send.
+//!
+//! So: a send and a receive run concurrently except for the moments each touches the rings. A
+//! large pipelined message holds the lock for its whole transfer, in either direction.
+//! Collectives need every ring at once and the whole session: [`Sender::rejoin`] gives it back.
+
+use super::any::{Access, wait_for_sender};
+use super::{Deadline, Error, Session};
+use shmbroker_queues::Notifier;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+/// What the halves share.
+#[derive(Debug)]
+struct Shared {
+    session: Mutex<Session>,
+    /// The session's readiness eventfd, for waits that hold no lock.
+    readiness: Notifier,
+    /// The session's rank, world size and default deadline, read without the lock.
+    rank: u32,
+    world_size: u32,
+    timeout: Duration,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Session> {
+        // A thread that panicked mid-call leaves its link out of step, as any interrupted call
+        // does (see the `transfer` module); the next call reports what it finds.
+        self.session.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Access for &Shared {
+    fn with<R>(&mut self, f: impl FnOnce(&mut Session) -> R) -> R {
+        f(&mut self.lock())
+    }
+}
+
+/// The sending half of a split session ([`Session::split`]).
+#[derive(Debug)]
+pub struct Sender {
+    shared: Arc<Shared>,
+}
+
+/// The receiving half of a split session ([`Session::split`]).
+#[derive(Debug)]
+pub struct Receiver {
+    shared: Arc<Shared>,
+}
+
+impl Session {
+    /// Splits the session into a [`Sender`] and a [`Receiver`] that two threads use at once (see
+    /// the module docs for what runs concurrently). [`Sender::rejoin`] puts them back together
+    /// for collectives.
+    #[must_use]
+    pub fn split(self) -> (Sender, Receiver) {
+        let shared = Arc::new(Shared {
+            readiness: self.inner.readiness(),
+            rank: self.rank(),
+            world_size: self.world_size(),
+            timeout: self.timeout,
+            session: Mutex::new(self),
+        });
+        (
+            Sender {
+                shared: Arc::clone(&shared),
+            },
+            Receiver { shared },
+        )
+    }
+}
+
+impl Sender {
+    /// This worker's rank.
+    #[must_use]
+    pub fn rank(&self) -> u32 {
+        self.shared.rank
+    }
+
+    /// Ranks in the world.
+    #[must_use]
+    pub fn world_size(&self) -> u32 {
+        self.shared.world_size
+    }
+
+    /// [`Session::send`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::send`].
+    pub fn send(&self, rank: u32, data: &[u8]) -> Result<(), Error> {
+        self.send_timeout(rank, data, self.shared.timeout)
+    }
+
+    /// [`Session::send_to_timeout`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::send`].
+    pub fn send_timeout(&self, rank: u32, data: &[u8], timeout: Duration) -> Result<(), Error> {
+        self.shared.lock().send_to_timeout(rank, data, timeout)
+    }
+
+    /// Puts the two halves of one session back together.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when `receiver` is the other half of another session (both halves are
+    /// handed back inside the error's text only as a count: they are dropped).
+    pub fn rejoin(self, receiver: Receiver) -> Result<Session, Error> {
+        if !Arc::ptr_eq(&self.shared, &receiver.shared) {
+            return Err(Error::Misuse(format!(
+                "rank {}'s sender cannot rejoin rank {}'s receiver: they are halves of different \
+                 sessions",
+                self.shared.rank, receiver.shared.rank
+            )));
+        }
+        drop(receiver);
+        let shared = Arc::try_unwrap(self.shared).map_err(|_| {
+            Error::Misuse("a half of this session is still in use elsewhere".into())
+        })?;
+        Ok(shared
+            .session
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Receiver {
+    /// This worker's rank.
+    #[must_use]
+    pub fn rank(&self) -> u32 {
+        self.shared.rank
+    }
+
+    /// Ranks in the world.
+    #[must_use]
+    pub fn world_size(&self) -> u32 {
+        self.shared.world_size
+    }
+
+    /// [`Session::recv`], waiting without holding the session (a [`Sender`] sends meanwhile).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::recv`].
+    pub fn recv(&self, rank: u32) -> Result<Vec<u8>, Error> {
+        self.recv_timeout(rank, self.shared.timeout)
+    }
+
+    /// [`Self::recv`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::recv`].
+    pub fn recv_timeout(&self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
+        self.shared.lock().check_peer(rank)?;
+        let deadline = Deadline::new("recv", timeout);
+        let peer = wait_for_sender(
+            &mut &*self.shared,
+            self.readiness_fd(),
+            Some(rank),
+            &deadline,
+        )?;
+        self.shared.lock().recv_from_timeout(peer, deadline.left())
+    }
+
+    /// [`Session::recv_any`], waiting without holding the session.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::recv_any`].
+    pub fn recv_any(&self) -> Result<(u32, Vec<u8>), Error> {
+        self.recv_any_timeout(self.shared.timeout)
+    }
+
+    /// [`Self::recv_any`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::recv_any`].
+    pub fn recv_any_timeout(&self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
+        let deadline = Deadline::new("recv_any", timeout);
+        let peer = wait_for_sender(&mut &*self.shared, self.readiness_fd(), None, &deadline)?;
+        let bytes = self
+            .shared
+            .lock()
+            .recv_from_timeout(peer, deadline.left())?;
+        Ok((peer, bytes))
+    }
+
+    /// [`Session::try_recv`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::try_recv`].
+    pub fn try_recv(&self, rank: u32) -> Result<Option<Vec<u8>>, Error> {
+        self.shared.lock().try_recv(rank)
+    }
+
+    /// [`Session::try_recv_any`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::try_recv_any`].
+    pub fn try_recv_any(&self) -> Result<Option<(u32, Vec<u8>)>, Error> {
+        self.shared.lock().try_recv_any()
+    }
+
+    /// [`Session::readiness_fd`]: readable when a message is waiting, once
+    /// [`Self::try_recv_any`] has returned `None`.
+    #[must_use]
+    pub fn readiness_fd(&self) -> BorrowedFd<'_> {
+        self.shared.readiness.as_fd()
+    }
+}
+
+// Both halves move to threads of their own, and the whole session does too.
+const _: () = {
+    const fn is_send<T: Send>() {}
+    is_send::<Session>();
+    is_send::<Sender>();
+    is_send::<Receiver>();
+};

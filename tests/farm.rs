@@ -1,0 +1,381 @@
+//! Receiving from any peer: a task farm of real worker processes, flood fairness, a worker killed
+//! mid-farm, a split session driven from two threads, and an event loop on the readiness fd.
+
+use shmbroker::Error;
+use shmbroker::session::Session;
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{Broker, World};
+
+/// FNV-1a, as `shmbroker farm-worker` answers with.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Task `id` of `len` bytes: its id, then bytes that depend on it.
+fn task(id: u64, len: usize) -> Vec<u8> {
+    let mut bytes = id.to_le_bytes().to_vec();
+    bytes.extend((8..len.max(8)).map(|i| (i as u64 ^ id.wrapping_mul(31)) as u8));
+    bytes
+}
+
+/// `shmbroker farm-worker` for `rank`, with its extra arguments.
+fn farm_worker(broker: &Broker, rank: u32, extra: &[&str]) -> shmbroker::process::ChildGuard {
+    farm_worker_with(broker, rank, extra, Stdio::null())
+}
+
+fn farm_worker_with(
+    broker: &Broker,
+    rank: u32,
+    extra: &[&str],
+    stdout: Stdio,
+) -> shmbroker::process::ChildGuard {
+    let mut command = Command::new(&broker.program);
+    command
+        .args(["farm-worker", "--socket", &broker.socket()])
+        .args(["--rank", &rank.to_string(), "--timeout-ms", "60000"])
+        .args(extra)
+        .stdout(stdout)
+        .stderr(Stdio::piped());
+    common::spawn(&mut command)
+}
+
+/// The reader of a farm: hands `tasks` out to whichever worker answers, checks every answer, and
+/// returns how many tasks each worker did.
+fn run_farm(reader: &mut Session, workers: &[u32], tasks: &[Vec<u8>]) -> HashMap<u32, usize> {
+    let mut next = 0;
+    let mut expected = HashMap::new();
+    let mut done: HashMap<u32, usize> = HashMap::new();
+    for &worker in workers {
+        reader.send(worker, &tasks[next]).unwrap();
+        expected.insert(worker, (next as u64, fnv1a(&tasks[next])));
+        next += 1;
+    }
+    for _ in 0..tasks.len() {
+        let (worker, result) = reader.recv_any().unwrap();
+        let (id, hash) = expected
+            .remove(&worker)
+            .expect("an answer nobody was asked for");
+        assert_eq!(result.len(), 16);
+        assert_eq!(u64::from_le_bytes(result[..8].try_into().unwrap()), id);
+        assert_eq!(
+            u64::from_le_bytes(result[8..].try_into().unwrap()),
+            hash,
+            "task {id}"
+        );
+        *done.entry(worker).or_default() += 1;
+        if next < tasks.len() {
+            reader.send(worker, &tasks[next]).unwrap();
+            expected.insert(worker, (next as u64, fnv1a(&tasks[next])));
+            next += 1;
+        }
+    }
+    for &worker in workers {
+        reader.send(worker, &[]).unwrap();
+    }
+    done
+}
+
+#[test]
+fn a_task_farm_checks_every_result_and_shares_work_by_speed() {
+    let broker = Broker::start("farm", 4);
+    // Workers 1 and 2 take 500 us a task, worker 3 three times as long.
+    let mut children: Vec<_> = [(1, "500"), (2, "500"), (3, "1500")]
+        .into_iter()
+        .map(|(rank, us)| farm_worker(&broker, rank, &["--task-us", us]))
+        .collect();
+    let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
+    reader.set_timeout(Duration::from_secs(60));
+    let tasks: Vec<Vec<u8>> = (0..11_000u64)
+        .map(|id| task(id, if id % 11 == 10 { 64 << 10 } else { 64 }))
+        .collect();
+    let done = run_farm(&mut reader, &[1, 2, 3], &tasks);
+    assert_eq!(done.values().sum::<usize>(), tasks.len());
+    for child in children.drain(..) {
+        let (ok, _, stderr) = common::finish(child);
+        assert!(ok, "{stderr}");
+    }
+    // The slow worker does about a third of what each fast one does. Sleeps are not exact on a
+    // loaded machine, so the bounds are wide; a reader that ignored speed (round-robin over
+    // workers) would give it a full share.
+    let slow = done[&3] as f64;
+    for fast in [done[&1], done[&2]] {
+        let share = slow / fast as f64;
+        assert!((0.15..0.6).contains(&share), "{done:?}");
+    }
+}
+
+#[test]
+fn a_flooding_peer_cannot_starve_another() {
+    let (_world, mut sessions) = World::start("flood", 3);
+    let mut quiet = sessions.pop().unwrap();
+    let mut flooder = sessions.pop().unwrap();
+    let mut reader = sessions.pop().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooding = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match flooder.send_to_timeout(0, &sent.to_le_bytes(), Duration::from_millis(50)) {
+                    Ok(()) => sent += 1,
+                    Err(Error::Timeout { .. }) => {}
+                    Err(other) => panic!("{other}"),
+                }
+            }
+            flooder
+        })
+    };
+    // The flood is on: the reader's ring from rank 1 stays full.
+    for _ in 0..200 {
+        assert_eq!(reader.recv_any().unwrap().0, 1);
+    }
+    let (sent_tx, sent_rx) = mpsc::channel();
+    let quiet_thread = std::thread::spawn(move || {
+        quiet.send(0, b"me too").unwrap();
+        sent_tx.send(()).unwrap();
+        quiet
+    });
+    sent_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let mut flood_messages = 0;
+    loop {
+        let (from, bytes) = reader.recv_any().unwrap();
+        if from == 2 {
+            assert_eq!(bytes, b"me too");
+            break;
+        }
+        flood_messages += 1;
+        assert!(
+            flood_messages <= 100,
+            "rank 2 waited behind 100 messages of rank 1"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Let the flooder's last send find room, then drop everything.
+    while reader.try_recv_any().unwrap().is_some() {}
+    let _flooder = flooding.join().unwrap();
+    let _quiet = quiet_thread.join().unwrap();
+}
+
+#[test]
+fn messages_of_every_size_come_from_any_peer_in_order() {
+    let (_world, mut sessions) = World::start("any-sizes", 3);
+    let sizes = [0usize, 1, 48, 49, 4096, 300 << 10, 2 << 20];
+    let mut senders = sessions.split_off(1);
+    let mut reader = sessions.pop().unwrap();
+    let threads: Vec<_> = senders
+        .drain(..)
+        .map(|mut session| {
+            std::thread::spawn(move || {
+                let rank = session.rank();
+                for (i, &size) in sizes.iter().enumerate() {
+                    session.send(0, &vec![rank as u8 ^ i as u8; size]).unwrap();
+                }
+                session
+            })
+        })
+        .collect();
+    let mut next = [0usize; 3];
+    let mut buffer = vec![0u8; 4 << 20];
+    for n in 0..2 * sizes.len() {
+        // Both ways of receiving from anyone, alternately.
+        let (from, bytes) = if n % 2 == 0 {
+            reader.recv_any().unwrap()
+        } else {
+            let (from, len) = reader.recv_any_into(&mut buffer).unwrap();
+            (from, buffer[..len].to_vec())
+        };
+        let i = next[from as usize];
+        assert_eq!(
+            bytes,
+            vec![from as u8 ^ i as u8; sizes[i]],
+            "message {i} of rank {from}"
+        );
+        next[from as usize] += 1;
+    }
+    assert_eq!(reader.try_recv_any().unwrap(), None);
+    assert_eq!(reader.try_recv(1).unwrap(), None);
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_farm_is_named_after_its_last_messages() {
+    let broker = Broker::start("farm-kill", 3);
+    let mut steady = farm_worker(&broker, 1, &[]);
+    let mut doomed = farm_worker_with(&broker, 2, &["--burst-then-hang", "5"], Stdio::piped());
+    let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
+    reader.set_timeout(Duration::from_secs(30));
+    reader.send(1, &task(0, 64)).unwrap();
+    reader.send(2, &task(1, 64)).unwrap();
+    // Rank 2 has put five answers in its ring; it dies before the reader takes any of them.
+    let said = common::read_line_within(doomed.take_stdout().unwrap(), common::CHILD_DEADLINE);
+    assert_eq!(said.trim(), "burst sent");
+    doomed.kill();
+    let _ = doomed.wait_timeout(Duration::from_secs(10)).unwrap();
+    let mut from_doomed = Vec::new();
+    let error = loop {
+        match reader.recv_any() {
+            Ok((2, answer)) => {
+                from_doomed.push(u64::from_le_bytes(answer[..8].try_into().unwrap()));
+            }
+            // Rank 1's one answer may come before or after: a death ends the session for
+            // every rank, so it is fed no more.
+            Ok((1, _)) => {}
+            Ok((other, _)) => panic!("rank {other} is no worker"),
+            Err(error) => break error,
+        }
+    };
+    assert!(
+        matches!(error, Error::PeerLost { rank: 2 }),
+        "expected rank 2 named as lost, got {error}"
+    );
+    assert_eq!(
+        from_doomed,
+        [
+            u64::MAX,
+            u64::MAX - 1,
+            u64::MAX - 2,
+            u64::MAX - 3,
+            u64::MAX - 4
+        ]
+    );
+    steady.kill();
+    let _ = steady.wait_timeout(Duration::from_secs(10));
+}
+
+#[test]
+fn a_split_session_sends_and_receives_a_million_messages_each_way_from_two_threads() {
+    const COUNT: u64 = 1_000_000;
+    let (_world, sessions) = World::start("split", 2);
+    let ends: Vec<_> = sessions
+        .into_iter()
+        .map(|session| {
+            let peer = 1 - session.rank();
+            let (sender, receiver) = session.split();
+            let sending = std::thread::spawn(move || {
+                for n in 0..COUNT {
+                    sender.send(peer, &n.to_le_bytes()).unwrap();
+                }
+                sender
+            });
+            let receiving = std::thread::spawn(move || {
+                for n in 0..COUNT {
+                    let bytes = receiver.recv(peer).unwrap();
+                    assert_eq!(bytes, n.to_le_bytes());
+                }
+                receiver
+            });
+            (sending, receiving)
+        })
+        .collect();
+    for (sending, receiving) in ends {
+        let sender = sending.join().unwrap();
+        let receiver = receiving.join().unwrap();
+        // Whole again, for a collective.
+        let mut session = sender.rejoin(receiver).unwrap();
+        std::thread::spawn(move || session.barrier().unwrap());
+    }
+}
+
+#[test]
+fn halves_of_different_sessions_do_not_rejoin() {
+    let (_world, mut sessions) = World::start("rejoin", 2);
+    let (sender, _) = sessions.pop().unwrap().split();
+    let (_, receiver) = sessions.pop().unwrap().split();
+    let error = sender.rejoin(receiver).unwrap_err();
+    assert!(matches!(error, Error::Misuse(_)), "{error}");
+}
+
+/// CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD).unwrap();
+    let (user, system) = (usage.user_time(), usage.system_time());
+    let micros = (user.tv_sec() + system.tv_sec()) * 1_000_000 + user.tv_usec() + system.tv_usec();
+    Duration::from_micros(micros as u64)
+}
+
+#[test]
+fn an_event_loop_sleeps_on_the_readiness_fd_without_spinning() {
+    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+    let (_world, mut sessions) = World::start("epoll", 3);
+    let mut late = sessions.pop().unwrap();
+    let mut early = sessions.pop().unwrap();
+    let (receiver_tx, receiver_rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut reader = sessions.pop().unwrap();
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap();
+        epoll
+            .add(
+                reader.readiness_fd(),
+                EpollEvent::new(EpollFlags::EPOLLIN, 0),
+            )
+            .unwrap();
+        let mut got = Vec::new();
+        let mut idle = None;
+        while got.len() < 2 {
+            while let Some(message) = reader.try_recv_any().unwrap() {
+                got.push(message);
+            }
+            if got.len() == 2 {
+                break;
+            }
+            let before = (Instant::now(), thread_cpu());
+            let mut events = [EpollEvent::empty()];
+            let woke = epoll
+                .wait(&mut events, EpollTimeout::from(5000u16))
+                .unwrap();
+            assert_eq!(woke, 1, "no wake-up within 5 s");
+            if got.is_empty() {
+                idle = Some((before.0.elapsed(), thread_cpu() - before.1));
+                receiver_tx.send(()).unwrap();
+            }
+        }
+        (got, idle.unwrap())
+    });
+    // The reader sleeps for a second with nothing to read, then rank 1 sends; then rank 2.
+    std::thread::sleep(Duration::from_secs(1));
+    early.send(0, b"early").unwrap();
+    receiver_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    late.send(0, b"late").unwrap();
+    let (got, (slept, cpu)) = reader.join().unwrap();
+    assert_eq!(got, [(1, b"early".to_vec()), (2, b"late".to_vec())]);
+    assert!(
+        slept >= Duration::from_millis(800),
+        "woke after {slept:?} with nothing to read"
+    );
+    assert!(
+        cpu * 20 < slept,
+        "the reader used {cpu:?} of CPU while it slept {slept:?} (5% allowed)"
+    );
+}
+
+#[test]
+fn recv_any_waits_in_the_library_as_well_as_in_epoll() {
+    let (_world, mut sessions) = World::start("any-wait", 3);
+    let mut two = sessions.pop().unwrap();
+    let one = sessions.pop().unwrap();
+    let mut reader = sessions.pop().unwrap();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        two.send(0, b"from two").unwrap();
+        (one, two)
+    });
+    assert_eq!(reader.recv_any().unwrap(), (2, b"from two".to_vec()));
+    let error = reader
+        .recv_any_timeout(Duration::from_millis(100))
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::Timeout { op: "recv_any", waiting_for, .. } if waiting_for == &[1, 2]),
+        "{error}"
+    );
+    let _ = sender.join().unwrap();
+}
