@@ -379,3 +379,30 @@ fn recv_any_waits_in_the_library_as_well_as_in_epoll() {
     );
     let _ = sender.join().unwrap();
 }
+
+#[test]
+fn peers_that_left_are_skipped_and_named_once_everyone_has() {
+    let (_world, mut sessions) = World::start("any-left", 3);
+    let mut two = sessions.pop().unwrap();
+    let one = sessions.pop().unwrap();
+    let mut reader = sessions.pop().unwrap();
+    // Rank 1 leaves with a message still unread: it is delivered, then rank 1 is skipped.
+    let mut one = one;
+    one.send(0, b"goodbye").unwrap();
+    drop(one);
+    assert_eq!(reader.recv_any().unwrap(), (1, b"goodbye".to_vec()));
+    two.send(0, b"still here").unwrap();
+    assert_eq!(reader.recv_any().unwrap(), (2, b"still here".to_vec()));
+    let error = reader.try_recv(1).unwrap_err();
+    assert!(matches!(error, Error::PeerLeft { rank: 1 }), "{error}");
+    // A split receiver waiting for the one that left is told at once, not at its deadline.
+    let (sender, receiver) = reader.split();
+    let started = Instant::now();
+    let error = receiver.recv(1).unwrap_err();
+    assert!(matches!(error, Error::PeerLeft { rank: 1 }), "{error}");
+    assert!(started.elapsed() < common::SESSION_TIMEOUT / 2);
+    drop(two);
+    let mut reader = sender.rejoin(receiver).unwrap();
+    let error = reader.recv_any().unwrap_err();
+    assert!(matches!(error, Error::PeerLeft { .. }), "{error}");
+}

@@ -40,7 +40,8 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 #[must_use]
 pub fn answer(task: &[u8]) -> [u8; 16] {
     let mut out = [0u8; 16];
-    out[..8].copy_from_slice(&task[..8.min(task.len())]);
+    let id = task.len().min(8);
+    out[..id].copy_from_slice(&task[..id]);
     out[8..].copy_from_slice(&fnv1a(task).to_le_bytes());
     out
 }
@@ -71,11 +72,25 @@ fn serve(session: &mut Session, args: &Args) -> Result<(), shmbroker::Error> {
                 let _ = writeln!(stdout, "burst sent");
                 let _ = stdout.flush();
             }
-            std::thread::sleep(Duration::from_secs(3600));
+            // Until the test kills it, and never past its own deadline.
+            std::thread::sleep(Duration::from_millis(args.timeout_ms));
+            return Ok(());
         }
         if args.task_us > 0 {
             std::thread::sleep(Duration::from_micros(args.task_us));
         }
         session.send(0, &answer(&task))?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_shorter_than_an_id_is_answered_not_a_panic() {
+        let short = answer(&[1, 2, 3]);
+        assert_eq!(&short[..8], &[1, 2, 3, 0, 0, 0, 0, 0]);
+        assert_eq!(&short[8..], &fnv1a(&[1, 2, 3]).to_le_bytes());
     }
 }

@@ -150,7 +150,15 @@ impl Session {
 
     /// Whether a point-to-point message from `peer` is queued or has started in its ring: takes
     /// in what the ring holds (without waiting) until one is, or the ring is empty.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PeerLeft`] once `peer` has left and everything it sent is taken (it is then
+    /// marked, so that [`Self::scan`] skips it); as for [`Self::recv`] otherwise.
     pub(super) fn sender_ready(&mut self, peer: u32) -> Result<bool, Error> {
+        if self.any.left[peer as usize] {
+            return Err(Error::PeerLeft { rank: peer });
+        }
         let expect = Expect::Send {
             tag: self.received_from[peer as usize],
         };
@@ -163,7 +171,7 @@ impl Session {
                 Ok(false) => return Ok(false),
                 Err(Error::PeerLeft { rank }) if rank == peer => {
                     self.any.left[peer as usize] = true;
-                    return Ok(false);
+                    return Err(Error::PeerLeft { rank });
                 }
                 Err(other) => return Err(other),
             }
@@ -173,6 +181,9 @@ impl Session {
     /// The first peer, round-robin from where the last look stopped, with a message ready; `None`
     /// (every live ring armed) when there is none.
     pub(super) fn next_sender(&mut self) -> Result<Option<u32>, Error> {
+        if self.quiet() {
+            return Ok(None);
+        }
         if let Some(peer) = self.scan()? {
             self.disarm();
             return Ok(Some(peer));
@@ -188,6 +199,31 @@ impl Session {
             self.take_signals();
         }
         Ok(None)
+    }
+
+    /// Whether nothing can have changed since the last look found nothing: every live peer's
+    /// ring still armed (no waker took its registration) and empty, nothing queued from it, and
+    /// no write owed to the eventfd. One slot load and two flag loads per peer: the cost of a
+    /// `try_recv_any` that finds nothing.
+    fn quiet(&mut self) -> bool {
+        if !self.any.armed || self.any.owed > 0 {
+            return false;
+        }
+        let rank = self.rank();
+        for peer in 0..self.world_size() {
+            let p = peer as usize;
+            if peer == rank || self.any.left[p] {
+                continue;
+            }
+            if !self.unread[p].is_empty() || self.owed_slots[p] != 0 {
+                return false;
+            }
+            match self.inner.link(peer) {
+                Some(link) if link.from.is_armed() && !link.from.has_pending() => {}
+                _ => return false,
+            }
+        }
+        true
     }
 
     /// Looks at every live peer once, round-robin; the first with a message ready.
@@ -213,6 +249,7 @@ impl Session {
                     return Ok(Some(peer));
                 }
                 Ok(false) => {}
+                Err(Error::PeerLeft { rank }) if rank == peer => {}
                 Err(error @ (Error::PeerLost { .. } | Error::BrokerLost)) => {
                     lost.get_or_insert(error);
                 }
@@ -317,9 +354,13 @@ pub(super) fn wait_for_sender(
         None => session.scan(),
         Some(peer) => Ok(session.sender_ready(peer)?.then_some(peer)),
     };
-    for _ in 0..spins / 16 {
+    for turn in 0..spins / 16 {
         if let Some(peer) = access.with(look)? {
             return Ok(peer);
+        }
+        // Under `Waiting::Spin(u32::MAX)` this phase is long: it must not outlast the deadline.
+        if turn % 256 == 255 && deadline.left().is_zero() {
+            break;
         }
         std::hint::spin_loop();
     }

@@ -117,8 +117,8 @@ impl Sender {
     ///
     /// # Errors
     ///
-    /// [`Error::Misuse`] when `receiver` is the other half of another session (both halves are
-    /// handed back inside the error's text only as a count: they are dropped).
+    /// [`Error::Misuse`] when `receiver` is a half of another session; both halves are then
+    /// dropped, as dropping them would.
     pub fn rejoin(self, receiver: Receiver) -> Result<Session, Error> {
         if !Arc::ptr_eq(&self.shared, &receiver.shared) {
             return Err(Error::Misuse(format!(
