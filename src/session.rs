@@ -49,6 +49,8 @@ mod fds;
 mod gpu;
 mod p2p;
 mod split;
+#[cfg(feature = "tokio")]
+mod tokio_receiver;
 mod transfer;
 
 pub use collectives::{
@@ -58,6 +60,8 @@ pub use fds::FdTransport;
 pub use p2p::LoanView;
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
 pub use split::{Receiver, Sender};
+#[cfg(feature = "tokio")]
+pub use tokio_receiver::AsyncReceiver;
 
 use shmbroker_allocator::{Outbox, PeerOutbox};
 use shmbroker_bindings::{ANY_RANK, LogonFrame, Message};
@@ -111,6 +115,8 @@ pub struct Session {
     outboxes: Vec<Option<PeerOutbox>>,
     /// Offsets of outbox blocks holding chunks of pipelined transfers, not yet acknowledged.
     chunk_blocks: HashSet<u64>,
+    /// Per peer: chunks sent to it that it has not acknowledged yet (a transfer's window).
+    chunks_owed: Vec<usize>,
     /// Per peer: acknowledgements not yet sent because the ring to that peer was full.
     acks_due: Vec<VecDeque<Message>>,
     /// Acknowledgements of dropped loan views.
@@ -375,6 +381,7 @@ impl Session {
             outbox,
             outboxes: vec![None; world],
             chunk_blocks: HashSet::new(),
+            chunks_owed: vec![0; world],
             acks_due: vec![VecDeque::new(); world],
             view_acks: ViewAcks::default(),
             fd_transport: FdTransport::Auto,

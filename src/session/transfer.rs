@@ -20,7 +20,8 @@
 //! [`CHUNK_BYTES`]) written into this rank's outbox one after the other, each announced with a
 //! `CHUNK` message carrying its [`PayloadRef`]; receivers copy each chunk out and acknowledge it,
 //! which frees the block for the next chunk. At most
-//! [`CHUNKS_IN_FLIGHT`] chunks are unacknowledged at once, so the sender's copy of chunk `n + 1`
+//! [`CHUNKS_IN_FLIGHT`] chunks are unacknowledged by any one receiver at once (counted per
+//! receiver, so a rank feeding several workers keeps that many in flight to each), so the sender's copy of chunk `n + 1`
 //! overlaps the receivers' copies of chunk `n`, the chunks stay warm in cache, a slow receiver
 //! holds the sender back, and a message larger than the outbox goes through. A transfer that
 //! stalls widens its window up to the whole outbox: a message that fits is then buffered there
@@ -62,7 +63,7 @@ pub const CHUNK_BYTES: usize = 256 << 10;
 pub const MIN_CHUNK_BYTES: usize = 16 << 10;
 
 /// Chunks a pipelined transfer keeps unacknowledged at once.
-pub const CHUNKS_IN_FLIGHT: usize = 4;
+pub const CHUNKS_IN_FLIGHT: usize = 8;
 
 /// The most messages queued from one peer that no call has taken yet; past it the peer is
 /// refused with [`Error::Protocol`] rather than this process's memory growing without bound.
@@ -619,6 +620,7 @@ impl Session {
         for offset in self.outbox.forget(peer) {
             self.chunk_blocks.remove(&offset);
         }
+        self.chunks_owed[peer as usize] = 0;
         self.acks_due[peer as usize].clear();
     }
 
@@ -1210,7 +1212,7 @@ impl Session {
             self.drain_from(peer)?;
             self.flush_acks(peer)?;
         }
-        while outgoing.written < outgoing.data.len() && self.chunk_blocks.len() < outgoing.window {
+        while outgoing.written < outgoing.data.len() && self.chunks_in_window(outgoing) {
             let len = self
                 .chunk_bytes(outgoing.data.len())
                 .min(outgoing.data.len() - outgoing.written);
@@ -1231,6 +1233,9 @@ impl Session {
                 .map_err(Error::OwnOutbox)?;
             if outgoing.receivers != 0 {
                 self.chunk_blocks.insert(sent.offset);
+                for &peer in &outgoing.targets {
+                    self.chunks_owed[peer as usize] += 1;
+                }
             }
             outgoing
                 .messages
@@ -1274,10 +1279,25 @@ impl Session {
                 peer,
                 detail: source.to_string(),
             })?;
+        if self.chunk_blocks.contains(&acked.offset) {
+            let owed = &mut self.chunks_owed[peer as usize];
+            *owed = owed.saturating_sub(1);
+        }
         if freed {
             self.chunk_blocks.remove(&acked.offset);
         }
         Ok(())
+    }
+
+    /// Whether `outgoing` may write another chunk: every one of its targets holds fewer
+    /// unacknowledged chunks (of this transfer or earlier ones) than its window. Counted per
+    /// receiver, so a slow receiver holds back only what is sent to it: a rank feeding several
+    /// workers keeps a window in flight to each.
+    fn chunks_in_window(&self, outgoing: &Outgoing<'_>) -> bool {
+        outgoing
+            .targets
+            .iter()
+            .all(|&peer| self.chunks_owed[peer as usize] < outgoing.window)
     }
 
     /// Acknowledges `payload` to its owner `peer`: queued, and sent as soon as the ring has room.
