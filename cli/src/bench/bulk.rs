@@ -198,7 +198,7 @@ fn connect(socket: &Path, rank: u32) -> Result<Session, String> {
 /// CPUs, as the other two-process benches are: left to the scheduler, a pair that wakes each
 /// other through futexes can end up sharing one CPU for a whole run (wake-up placement), and a
 /// run then measures the scheduler rather than the transport.
-fn two_ranks<R>(
+pub(super) fn two_ranks<R>(
     socket: &Path,
     worker: impl Fn(&mut Session) -> Result<(), String>,
     measure: impl FnOnce(&mut Session) -> Result<R, String>,

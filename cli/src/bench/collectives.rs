@@ -231,11 +231,11 @@ fn barrier_against_mpi(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Resul
 }
 
 /// An Open MPI program built from `source`, or `None` (saying why) when Open MPI is missing.
-fn open_mpi(name: &str, source: &str) -> Option<super::mpi::Program> {
+pub(super) fn open_mpi(name: &str, source: &str) -> Option<super::mpi::Program> {
     match super::mpi::available().and_then(|()| super::mpi::build(name, source)) {
         Ok(program) => Some(program),
         Err(why) => {
-            eprintln!("bench collectives: no Open MPI baseline ({why})");
+            eprintln!("bench: no Open MPI baseline for {name} ({why})");
             None
         }
     }
@@ -447,7 +447,11 @@ pub(super) fn start_broker(
 }
 
 /// Logs on as `rank`; `spin_limit` replaces the session's own waiting when given.
-fn connect(socket: &Path, rank: u32, spin_limit: Option<u32>) -> Result<Session, String> {
+pub(super) fn connect(
+    socket: &Path,
+    rank: u32,
+    spin_limit: Option<u32>,
+) -> Result<Session, String> {
     let mut session = Session::connect(socket, Some(rank), TIMEOUT).map_err(|e| e.to_string())?;
     session.set_timeout(TIMEOUT);
     if let Some(spins) = spin_limit {

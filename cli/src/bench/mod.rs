@@ -7,6 +7,7 @@
 
 mod bulk;
 mod collectives;
+mod farm;
 mod logon;
 mod mpi;
 mod queue;
@@ -64,6 +65,11 @@ enum Suite {
     /// against a UNIX socket and Open MPI; the loan hand-off; outbox allocation against
     /// rts-alloc (bulk_pingpong, bulk_throughput, loan_handoff, outbox_alloc).
     Bulk,
+    /// A task farm, 1 reader and 3 workers, 64 B to 64 KiB tasks: `recv_any` against
+    /// `MPI_ANY_SOURCE` and `poll` over UNIX sockets; an epoll waiter woken through the
+    /// readiness fd against a raw eventfd ping-pong; `try_recv_any` with 8 idle peers against
+    /// `try_recv` on each (farm, readiness_wake, try_recv_any_idle).
+    Farm,
     /// Every suite, then a results folder.
     All,
 }
@@ -110,12 +116,14 @@ pub fn run(args: &Args) -> Result<(), String> {
         Suite::Logon => logon::run(plan, &mut report)?,
         Suite::Collectives => collectives::run(plan, &mut report)?,
         Suite::Bulk => bulk::run(plan, &mut report)?,
+        Suite::Farm => farm::run(plan, &mut report)?,
         // Every suite, the queue first: it forks, and no thread may exist yet.
         Suite::All => {
             queue::run(plan, &mut report)?;
             logon::run(plan, &mut report)?;
             collectives::run(plan, &mut report)?;
             bulk::run(plan, &mut report)?;
+            farm::run(plan, &mut report)?;
             out.get_or_insert_with(|| "bench-results".into());
         }
     }
@@ -155,8 +163,12 @@ impl Measure {
 pub enum Size {
     /// Bytes per message.
     Bytes(usize),
-    /// Workers logging on.
+    /// Workers logging on, or taking part.
     Workers(u32),
+    /// Peers of the measuring rank.
+    Peers(u32),
+    /// Tasks of `bytes` bytes handed to `workers` workers; the throughput counts tasks.
+    Tasks { workers: u32, bytes: usize },
 }
 
 /// One benchmark's results: ours first, then the baselines.
@@ -200,6 +212,8 @@ pub(super) fn size_text(size: Size) -> String {
     match size {
         Size::Bytes(bytes) => format!("{bytes} B"),
         Size::Workers(workers) => format!("{workers} workers"),
+        Size::Peers(peers) => format!("{peers} peers"),
+        Size::Tasks { workers, bytes } => format!("{workers}x {bytes} B"),
     }
 }
 
@@ -309,10 +323,11 @@ impl Report {
     }
 }
 
-/// A throughput for the tables: messages per second, or bytes per second for messages of 4 KiB
-/// and more.
+/// A throughput for the tables: messages per second, bytes per second for messages of 4 KiB
+/// and more, or tasks per second.
 pub(super) fn rate_text(size: Size, messages_per_s: f64) -> String {
     match size {
+        Size::Tasks { .. } => format!("{:.1} k tasks", messages_per_s / 1e3),
         Size::Bytes(bytes) if bytes >= 4096 => {
             format!("{:.2} GB/s", messages_per_s * bytes as f64 / 1e9)
         }
@@ -429,6 +444,13 @@ pub(super) fn json_line(comparison: &Comparison, row: &Row) -> String {
     let size = match comparison.size {
         Size::Bytes(bytes) => format!(r#""msg_bytes":{bytes}"#),
         Size::Workers(workers) => format!(r#""workers":{workers}"#),
+        Size::Peers(peers) => format!(r#""peers":{peers}"#),
+        Size::Tasks { workers, bytes } => format!(r#""workers":{workers},"msg_bytes":{bytes}"#),
+    };
+    // What a throughput counts: tasks for a farm, messages otherwise.
+    let unit = match comparison.size {
+        Size::Tasks { .. } => "tasks",
+        _ => "msgs",
     };
     let head = format!(
         r#"{{"bench":"{}","impl":"{}",{size}"#,
@@ -458,13 +480,15 @@ pub(super) fn json_line(comparison: &Comparison, row: &Row) -> String {
                 format!(r#","ours_over_baseline":{a:.4}"#)
             });
             let bytes = match comparison.size {
-                Size::Bytes(size) => format!(r#","bytes_per_s":{:.0}"#, median * size as f64),
-                Size::Workers(_) => String::new(),
+                Size::Bytes(size) | Size::Tasks { bytes: size, .. } => {
+                    format!(r#","bytes_per_s":{:.0}"#, median * size as f64)
+                }
+                Size::Workers(_) | Size::Peers(_) => String::new(),
             };
             let spread = spread.map_or(String::new(), |(low, high)| {
-                format!(r#","round_min_msgs_per_s":{low:.0},"round_max_msgs_per_s":{high:.0}"#)
+                format!(r#","round_min_{unit}_per_s":{low:.0},"round_max_{unit}_per_s":{high:.0}"#)
             });
-            format!(r#","msgs_per_s":{median:.0}{bytes},"rounds":{rounds}{spread}{ratio}"#)
+            format!(r#","{unit}_per_s":{median:.0}{bytes},"rounds":{rounds}{spread}{ratio}"#)
         }
     };
     format!("{head}{body}}}")

@@ -8,6 +8,8 @@
 //!   latency on rank 0, printing `allgather WORLD SIZE P50_NS P99_NS` per size.
 //! - [`BARRIER_C`] (`mpirun -np WORLD barrier ROUNDS WARMUP`): `MPI_Barrier` latency on rank 0,
 //!   printing `barrier_sample WORLD NS` per call and `barrier WORLD P50_NS P99_NS`.
+//! - [`FARM_C`] (`mpirun -np WORLD farm TASKS WARMUP DEPTH SIZE...`): a task farm whose reader
+//!   takes answers with `MPI_ANY_SOURCE`, printing `farm WORKERS SIZE TASKS ELAPSED_NS` per size.
 //!
 //! [`parse_lines`] reads those lines back. Nothing here is needed to build shmbroker: without
 //! `mpicc` and `mpirun` on `PATH`, [`available`] says so and the bench skips the baseline.
@@ -51,6 +53,9 @@ pub const ALLGATHER_C: &str = concat!(
 
 /// Source of `barrier`: `MPI_Barrier` latency at any world size.
 pub const BARRIER_C: &str = concat!(include_str!("mpi/common.h"), include_str!("mpi/barrier.c"));
+
+/// Source of `farm`: a task farm over `MPI_ANY_SOURCE`.
+pub const FARM_C: &str = concat!(include_str!("mpi/common.h"), include_str!("mpi/farm.c"));
 
 /// How long `mpicc` and `ompi_info` may run before they are killed.
 const TOOL_DEADLINE: Duration = Duration::from_secs(120);
