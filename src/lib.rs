@@ -81,6 +81,8 @@ pub mod launch;
 pub mod process;
 pub mod session;
 
+#[cfg(feature = "tokio")]
+pub use session::AsyncReceiver;
 pub use session::{Error, Receiver, Sender, Session};
 pub use shmbroker_bindings::{GpuHandle, GpuHandleKind};
 

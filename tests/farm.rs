@@ -4,48 +4,13 @@
 use shmbroker::Error;
 use shmbroker::session::Session;
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Broker, World};
-
-/// FNV-1a, as `shmbroker farm-worker` answers with.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-/// Task `id` of `len` bytes: its id, then bytes that depend on it.
-fn task(id: u64, len: usize) -> Vec<u8> {
-    let mut bytes = id.to_le_bytes().to_vec();
-    bytes.extend((8..len.max(8)).map(|i| (i as u64 ^ id.wrapping_mul(31)) as u8));
-    bytes
-}
-
-/// `shmbroker farm-worker` for `rank`, with its extra arguments.
-fn farm_worker(broker: &Broker, rank: u32, extra: &[&str]) -> shmbroker::process::ChildGuard {
-    farm_worker_with(broker, rank, extra, Stdio::null())
-}
-
-fn farm_worker_with(
-    broker: &Broker,
-    rank: u32,
-    extra: &[&str],
-    stdout: Stdio,
-) -> shmbroker::process::ChildGuard {
-    let mut command = Command::new(&broker.program);
-    command
-        .args(["farm-worker", "--socket", &broker.socket()])
-        .args(["--rank", &rank.to_string(), "--timeout-ms", "60000"])
-        .args(extra)
-        .stdout(stdout)
-        .stderr(Stdio::piped());
-    common::spawn(&mut command)
-}
+use common::{Broker, World, farm_worker, farm_worker_with, fnv1a, task};
 
 /// The reader of a farm: hands `tasks` out to whichever worker answers, checks every answer, and
 /// returns how many tasks each worker did.

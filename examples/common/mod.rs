@@ -20,11 +20,24 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Runs `work` on each of [`WORKERS`] worker processes: in a worker (its launcher variables
 /// set), connects and runs it; otherwise starts the broker and the workers, and waits for them.
+#[allow(dead_code, reason = "every example but tokio_server runs through it")]
 pub fn run(work: fn(&mut Session) -> Result<(), Box<dyn Error>>) -> ExitCode {
+    run_world(WORKERS, |mut session| {
+        work(&mut session)?;
+        Ok(session)
+    })
+}
+
+/// [`run`] for `world` processes, with `work` taking the session by value (to split it, say) and
+/// giving it back for the last barrier.
+pub fn run_world(
+    world: u32,
+    work: impl Fn(Session) -> Result<Session, Box<dyn Error>>,
+) -> ExitCode {
     if std::env::var_os("SHMBROKER_RANK").is_some() {
         let outcome = (|| -> Result<(), Box<dyn Error>> {
-            let mut session = Session::from_env(Duration::from_secs(10))?;
-            work(&mut session)?;
+            let session = Session::from_env(Duration::from_secs(10))?;
+            let mut session = work(session)?;
             // Leave together: no rank departs while another still talks to it.
             Ok(session.barrier()?)
         })();
@@ -36,7 +49,7 @@ pub fn run(work: fn(&mut Session) -> Result<(), Box<dyn Error>>) -> ExitCode {
             }
         };
     }
-    match launch() {
+    match launch(world) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("example: {error}");
@@ -45,19 +58,19 @@ pub fn run(work: fn(&mut Session) -> Result<(), Box<dyn Error>>) -> ExitCode {
     }
 }
 
-/// [`WORKERS`] copies of this program, told to meet on a private socket.
-fn launch() -> Result<(), String> {
+/// `world` copies of this program, told to meet on a private socket.
+fn launch(world: u32) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("shmbroker-example-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let socket = dir.join("broker.sock");
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut workers = Vec::new();
-    for rank in 0..WORKERS {
+    for rank in 0..world {
         let mut command = Command::new(&me);
         command
             .env("SHMBROKER_SOCKET", &socket)
             .env("SHMBROKER_RANK", rank.to_string())
-            .env("SHMBROKER_WORLD_SIZE", WORKERS.to_string());
+            .env("SHMBROKER_WORLD_SIZE", world.to_string());
         workers.push(spawn_with_fds(&mut command, &[]).map_err(|e| e.to_string())?);
     }
     // A worker that fails ends the others through their sessions (they see it leave); any still

@@ -151,6 +151,12 @@ impl Receiver {
         self.shared.world_size
     }
 
+    /// The deadline its receives use when given none: the session's timeout when it was split.
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        self.shared.timeout
+    }
+
     /// [`Session::recv`], waiting without holding the session (a [`Sender`] sends meanwhile).
     ///
     /// # Errors
