@@ -8,6 +8,9 @@
 //! | torchrun | `LOCAL_RANK` | `LOCAL_WORLD_SIZE` | `TORCHELASTIC_RUN_ID` and `TORCHELASTIC_RESTART_COUNT` |
 //! | Slurm (`srun`) | `SLURM_LOCALID` | this node's entry of `SLURM_TASKS_PER_NODE` (at `SLURM_NODEID`) | `SLURM_JOB_ID` and `SLURM_STEP_ID` |
 //!
+//! `SHMBROKER_BROKER=external` says a broker already listens on the socket (`shmbroker run`
+//! starts one), so local rank 0 does not host one; `embedded`, or no value, says it does.
+//!
 //! `SHMBROKER_RANK`, `SHMBROKER_WORLD_SIZE` and `SHMBROKER_SOCKET` override all of them. Under
 //! MPI launchers every local rank is a child of the same local launcher process, so the parent
 //! pid is a job id that two jobs on one node never share.
@@ -25,7 +28,14 @@ pub struct Launch {
     pub socket: PathBuf,
     /// Which variables said so, for messages.
     pub source: String,
+    /// Whether a broker already listens on [`Self::socket`] (`SHMBROKER_BROKER=external`), so
+    /// that rank 0 must not start one.
+    pub external_broker: bool,
 }
+
+/// The variable that says whether local rank 0 hosts the broker (`embedded`, the default) or one
+/// already listens on the socket (`external`).
+pub const BROKER_VAR: &str = "SHMBROKER_BROKER";
 
 struct Launcher {
     name: &'static str,
@@ -201,11 +211,21 @@ pub fn detect(var: &dyn Fn(&str) -> Option<String>, parent_pid: u32) -> Result<L
         (Some(_), _) | (None, None) => "SHMBROKER_RANK/SHMBROKER_WORLD_SIZE".into(),
         (None, Some(f)) => f.3.clone(),
     };
+    let external_broker = match var(BROKER_VAR).as_deref().map(str::trim) {
+        None | Some("" | "embedded") => false,
+        Some("external") => true,
+        Some(other) => {
+            return Err(format!(
+                "{BROKER_VAR}={other:?} is neither \"embedded\" nor \"external\""
+            ));
+        }
+    };
     Ok(Launch {
         rank,
         world_size,
         socket,
         source,
+        external_broker,
     })
 }
 
@@ -353,5 +373,27 @@ mod tests {
         assert_eq!(slurm_tasks_on_node("4(x2),3", 2), Some(3));
         assert_eq!(slurm_tasks_on_node("4(x2),3", 3), None);
         assert_eq!(slurm_tasks_on_node("bad", 0), None);
+    }
+
+    #[test]
+    fn a_broker_already_running_is_said_by_shmbroker_broker() {
+        let base = [
+            ("SHMBROKER_RANK", "0"),
+            ("SHMBROKER_WORLD_SIZE", "2"),
+            ("SHMBROKER_SOCKET", "/tmp/x.sock"),
+        ];
+        assert!(!with(&base).unwrap().external_broker);
+        for (value, external) in [("embedded", false), ("external", true)] {
+            let mut vars = base.to_vec();
+            vars.push(("SHMBROKER_BROKER", value));
+            assert_eq!(with(&vars).unwrap().external_broker, external);
+        }
+        let mut vars = base.to_vec();
+        vars.push(("SHMBROKER_BROKER", "elsewhere"));
+        let error = with(&vars).unwrap_err();
+        assert!(
+            error.contains("SHMBROKER_BROKER") && error.contains("elsewhere"),
+            "{error}"
+        );
     }
 }

@@ -314,7 +314,8 @@ impl Session {
     /// by hand: the local rank, local world size and job id come from Open MPI, MPICH, torchrun
     /// or Slurm (or `SHMBROKER_RANK`, `SHMBROKER_WORLD_SIZE`, `SHMBROKER_SOCKET`; see
     /// [`crate::launch`]). Local rank 0 hosts the broker on a thread of its own, on a socket
-    /// named after the job, for as long as its session lives; every rank logs on within
+    /// named after the job, for as long as its session lives (unless `SHMBROKER_BROKER=external`
+    /// says one already listens, as under `shmbroker run`); every rank logs on within
     /// `timeout`, retrying while the broker comes up.
     ///
     /// # Errors
@@ -323,7 +324,7 @@ impl Session {
     /// [`Error::Logon`] when the broker cannot be started or reached.
     pub fn from_env(timeout: Duration) -> Result<Self, Error> {
         let launch = crate::launch::from_env().map_err(Error::Launch)?;
-        let embedded = if launch.rank == 0 {
+        let embedded = if launch.rank == 0 && !launch.external_broker {
             let config = shmbroker_handshake::Config {
                 world_size: launch.world_size,
                 ..shmbroker_handshake::Config::default()

@@ -13,6 +13,7 @@ mod farm;
 mod hostile;
 mod logging;
 mod peer;
+mod run;
 mod selftest;
 mod serve;
 mod worker;
@@ -39,6 +40,9 @@ enum Command {
     /// Start a broker and worker processes that log on and greet each other, then stream
     /// messages to a second process over a pair of rings.
     Demo(demo::Args),
+    /// Start a broker and N copies of a program that find it from their environment; exit with
+    /// the first failing copy's status.
+    Run(run::Args),
     /// Run a broker in the foreground, job after job, until SIGINT or SIGTERM.
     Serve(serve::Args),
     /// Log on to a broker and greet every peer (or run every collective with --selftest).
@@ -76,6 +80,14 @@ enum Command {
 fn main() -> ExitCode {
     // Usage errors print clap's message and exit 2; --help and --version exit 0.
     let cli = Cli::parse();
+    // `run` takes SIGINT and SIGTERM from a signalfd: blocked before the log thread exists, which
+    // would otherwise take them (and die of them).
+    if matches!(cli.command, Command::Run(_))
+        && let Err(error) = run::block_stop_signals()
+    {
+        eprintln!("shmbroker run: {error}");
+        return ExitCode::FAILURE;
+    }
     // `serve` installs its own, at `info`, once its signals are blocked (its log thread must not
     // take them).
     if !matches!(cli.command, Command::Serve(_))
@@ -89,6 +101,8 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
+        // The job's exit status is its first failing copy's, not 0 or 1.
+        Command::Run(args) => return run::run(&args),
         Command::Serve(args) => serve::run(args, cli.log_format),
         Command::Worker(args) => worker::run(&args),
         Command::Bench(args) => bench::run(&args),

@@ -113,7 +113,11 @@ fn client_error(
     // its own in the middle of such a test at least once, which a count took for a leak.)
     fake.join().unwrap();
     let kept: Vec<i32> = open_fd_numbers().difference(&before).copied().collect();
-    assert_eq!(kept, [] as [i32; 0], "the client kept fds after a bad reply");
+    assert_eq!(
+        kept,
+        [] as [i32; 0],
+        "the client kept fds after a bad reply"
+    );
     error
 }
 

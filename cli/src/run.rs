@@ -1,0 +1,448 @@
+//! `shmbroker run -n N [--tag-output] [--timeout SECS] -- PROGRAM ARGS...`: a broker and N copies
+//! of a program, the way `mpirun` and `torchrun` start a job.
+//!
+//! # What it does
+//!
+//! - A broker for N workers listens on a socket in a private directory (mode 0700) of its own,
+//!   on a thread of this process, for as long as the job runs.
+//! - Each copy gets `SHMBROKER_SOCKET`, `SHMBROKER_RANK`, `SHMBROKER_WORLD_SIZE` and
+//!   `SHMBROKER_BROKER=external`, so `Session::from_env` (or `shmbroker_from_env`,
+//!   `shmbroker.connect()`) finds the job with no argument and no rank hosts a second broker.
+//! - Each copy runs in a process group of its own, with standard input from `/dev/null` and no
+//!   signal blocked (the launcher blocks SIGINT and SIGTERM for its signalfd), and is
+//!   killed by the kernel if this process dies (`PR_SET_PDEATHSIG`), even by `SIGKILL`.
+//! - SIGINT and SIGTERM sent to this process are sent on to every copy still running, once each
+//!   (a Ctrl-C reaches the copies only this way, since they are not in the terminal's group).
+//! - When a copy fails (a non-zero exit, or a signal), the others get SIGTERM, and SIGKILL
+//!   [`GRACE`] later. `--timeout` does the same to all of them when it runs out.
+//!
+//! # Exit status
+//!
+//! The first failing copy's: its exit code, or 128 + the signal that ended it. 0 when every copy
+//! succeeds; 124 when `--timeout` ran out first; 127 when the program cannot be started.
+//!
+//! # What is left behind
+//!
+//! Nothing: every copy is reaped (a [`ChildGuard`] kills and reaps one on any path out), the
+//! broker thread is stopped and joined, and the directory with the socket is removed.
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, pthread_sigmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::unistd::Pid;
+use shmbroker::handshake::{Config, Listener};
+use shmbroker::launch::BROKER_VAR;
+use shmbroker::process::{ChildGuard, spawn_with_fds};
+use shmbroker::sys::TempDir;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, ExitCode, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long copies told to stop (SIGTERM) have before they get SIGKILL.
+pub const GRACE: Duration = Duration::from_secs(3);
+
+/// How often the launcher looks at its copies and its signals.
+const TICK: Duration = Duration::from_millis(10);
+
+/// Exit status when `--timeout` ran out (as `timeout(1)`).
+const TIMED_OUT: u8 = 124;
+
+/// Exit status when the program could not be started (as a shell's).
+const CANNOT_START: u8 = 127;
+
+/// `shmbroker run`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "For example: shmbroker run -n 4 --tag-output -- python3 train.py")]
+pub struct Args {
+    /// Copies of the program to start: the world size.
+    #[arg(short = 'n', long = "np", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    copies: u32,
+    /// Prefix each line a copy writes (standard output and error) with `[rank] `.
+    #[arg(long)]
+    tag_output: bool,
+    /// Stop every copy after SECS seconds and exit with 124.
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    timeout: Option<Duration>,
+    /// The program and its arguments, after `--`.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM ARGS"
+    )]
+    command: Vec<OsString>,
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|secs| secs.is_finite() && *secs > 0.0 && *secs < 1e9)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{text:?} is not a number of seconds above 0"))
+}
+
+/// Blocks SIGINT and SIGTERM in this thread, and returns them. The launcher takes them from a
+/// signalfd, so they must be blocked in every thread: `main` calls this before any thread
+/// exists (the log writer's included), and threads started later inherit the mask. Each copy
+/// unblocks them before it runs the program.
+///
+/// # Errors
+///
+/// The OS error, described.
+pub fn block_stop_signals() -> Result<SigSet, String> {
+    let mut stop_signals = SigSet::empty();
+    stop_signals.add(Signal::SIGINT);
+    stop_signals.add(Signal::SIGTERM);
+    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&stop_signals), None)
+        .map_err(|e| format!("blocking SIGINT and SIGTERM: {e}"))?;
+    Ok(stop_signals)
+}
+
+/// One copy of the program.
+struct Copy {
+    rank: u32,
+    child: ChildGuard,
+    status: Option<ExitStatus>,
+}
+
+/// Runs the job; the exit status is the job's (see the module docs).
+pub fn run(args: &Args) -> ExitCode {
+    match Job::start(args) {
+        Ok(job) => job.wait(args.timeout),
+        Err((code, error)) => {
+            eprintln!("shmbroker run: {error}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// A running job: the broker, the copies and what their output goes through.
+struct Job {
+    _dir: TempDir,
+    broker_stop: shmbroker::handshake::StopHandle,
+    broker: Option<std::thread::JoinHandle<()>>,
+    copies: Vec<Copy>,
+    signals: SignalFd,
+    /// One message per output stream when it reaches its end (`--tag-output`).
+    output_done: mpsc::Receiver<()>,
+    output_streams: usize,
+}
+
+impl Job {
+    fn start(args: &Args) -> Result<Self, (u8, String)> {
+        fn failed(what: &'static str) -> impl Fn(&dyn std::fmt::Display) -> (u8, String) {
+            move |e| (1, format!("{what}: {e}"))
+        }
+        let stop_signals = block_stop_signals().map_err(|e| (1, e))?;
+        let signals = SignalFd::with_flags(
+            &stop_signals,
+            SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC,
+        )
+        .map_err(|e| failed("signalfd")(&e))?;
+        let dir = TempDir::new("run").map_err(|e| failed("creating the socket directory")(&e))?;
+        let socket = dir.path().join("broker.sock");
+        let config = Config {
+            world_size: args.copies,
+            ..Config::default()
+        };
+        let mut listener =
+            Listener::bind(&socket, config).map_err(|e| failed("starting the broker")(&e))?;
+        let broker_stop = listener.stop_handle();
+        let broker = std::thread::Builder::new()
+            .name("shmbroker-broker".into())
+            .spawn(move || {
+                if let Err(error) = listener.serve(|_| {}) {
+                    eprintln!("shmbroker run: the broker stopped: {error}");
+                }
+            })
+            .map_err(|e| failed("starting the broker thread")(&e))?;
+        let (done_tx, output_done) = mpsc::channel();
+        let mut job = Job {
+            _dir: dir,
+            broker_stop,
+            broker: Some(broker),
+            copies: Vec::new(),
+            signals,
+            output_done,
+            output_streams: 0,
+        };
+        for rank in 0..args.copies {
+            let child = spawn_copy(args, &socket, rank).map_err(|error| {
+                let program = args.command[0].to_string_lossy();
+                (
+                    CANNOT_START,
+                    format!("cannot start {program:?} as rank {rank}: {error}"),
+                )
+            })?;
+            let mut copy = Copy {
+                rank,
+                child,
+                status: None,
+            };
+            if args.tag_output {
+                if let Some(stdout) = copy.child.take_stdout() {
+                    tag_lines(rank, stdout, std::io::stdout, done_tx.clone());
+                    job.output_streams += 1;
+                }
+                if let Some(stderr) = copy.child.take_stderr() {
+                    tag_lines(rank, stderr, std::io::stderr, done_tx.clone());
+                    job.output_streams += 1;
+                }
+            }
+            job.copies.push(copy);
+        }
+        Ok(job)
+    }
+
+    /// Waits for every copy, stopping the others at the first failure, a forwarded signal's
+    /// aftermath or the timeout; returns the job's exit status.
+    fn wait(mut self, timeout: Option<Duration>) -> ExitCode {
+        let started = Instant::now();
+        let mut first_failure: Option<u8> = None;
+        let mut timed_out = false;
+        // When the copies still running were told to stop: SIGKILL follows GRACE later.
+        let mut stopping: Option<Instant> = None;
+        loop {
+            while let Ok(Some(info)) = self.signals.read_signal() {
+                let signal = Signal::try_from(info.ssi_signo as i32).unwrap_or(Signal::SIGTERM);
+                self.signal_running(signal);
+            }
+            for copy in &mut self.copies {
+                if copy.status.is_some() {
+                    continue;
+                }
+                match copy.child.wait_timeout(Duration::ZERO) {
+                    Ok(Some(status)) => {
+                        copy.status = Some(status);
+                        if let Some(code) = failure_code(status)
+                            && first_failure.is_none()
+                            && !timed_out
+                        {
+                            first_failure = Some(code);
+                            eprintln!(
+                                "shmbroker run: rank {} {}; stopping the others",
+                                copy.rank,
+                                describe(status)
+                            );
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        eprintln!("shmbroker run: waiting for rank {}: {error}", copy.rank);
+                        copy.child.kill();
+                        copy.status = Some(ExitStatus::from_raw(Signal::SIGKILL as i32));
+                        first_failure.get_or_insert(1);
+                    }
+                }
+            }
+            if self.copies.iter().all(|copy| copy.status.is_some()) {
+                break;
+            }
+            let now = Instant::now();
+            if !timed_out && timeout.is_some_and(|limit| now.duration_since(started) >= limit) {
+                timed_out = true;
+                eprintln!(
+                    "shmbroker run: timed out after {:?}; stopping ranks {}",
+                    timeout.unwrap_or_default(),
+                    self.running_ranks()
+                );
+            }
+            if (first_failure.is_some() || timed_out) && stopping.is_none() {
+                self.signal_running(Signal::SIGTERM);
+                stopping = Some(now);
+            }
+            if stopping.is_some_and(|since| now.duration_since(since) >= GRACE) {
+                eprintln!(
+                    "shmbroker run: ranks {} still running {GRACE:?} after SIGTERM; killing them",
+                    self.running_ranks()
+                );
+                for copy in self.copies.iter_mut().filter(|copy| copy.status.is_none()) {
+                    copy.child.kill();
+                    copy.status = Some(ExitStatus::from_raw(Signal::SIGKILL as i32));
+                }
+                break;
+            }
+            let mut fds = [nix::poll::PollFd::new(
+                std::os::fd::AsFd::as_fd(&self.signals),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            let _ = nix::poll::poll(
+                &mut fds,
+                nix::poll::PollTimeout::from(TICK.as_millis() as u16),
+            );
+        }
+        self.finish_output();
+        if timed_out {
+            ExitCode::from(TIMED_OUT)
+        } else {
+            ExitCode::from(first_failure.unwrap_or(0))
+        }
+    }
+
+    /// Sends `signal` to every copy not yet reaped (a reaped one's pid may belong to another
+    /// process by now).
+    fn signal_running(&self, signal: Signal) {
+        for copy in self.copies.iter().filter(|copy| copy.status.is_none()) {
+            let _ = kill(Pid::from_raw(copy.child.id() as i32), signal);
+        }
+    }
+
+    fn running_ranks(&self) -> String {
+        let ranks: Vec<String> = self
+            .copies
+            .iter()
+            .filter(|copy| copy.status.is_none())
+            .map(|copy| copy.rank.to_string())
+            .collect();
+        ranks.join(", ")
+    }
+
+    /// Waits (briefly) for the tagged output to be written out: a stream stays open past its
+    /// copy's exit only if something the copy started still holds it, which is not waited for.
+    fn finish_output(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        for _ in 0..self.output_streams {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.output_done.recv_timeout(left).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // Copies still running (an early return) are killed and reaped by their guards.
+        self.copies.clear();
+        self.broker_stop.stop();
+        if let Some(broker) = self.broker.take() {
+            let _ = broker.join();
+        }
+    }
+}
+
+/// Starts copy `rank` of the program.
+fn spawn_copy(args: &Args, socket: &std::path::Path, rank: u32) -> std::io::Result<ChildGuard> {
+    let mut command = Command::new(&args.command[0]);
+    command
+        .args(&args.command[1..])
+        .env("SHMBROKER_SOCKET", socket)
+        .env("SHMBROKER_RANK", rank.to_string())
+        .env("SHMBROKER_WORLD_SIZE", args.copies.to_string())
+        .env(BROKER_VAR, "external")
+        .stdin(Stdio::null())
+        .process_group(0);
+    if args.tag_output {
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    let launcher = std::process::id();
+    let mut blocked = SigSet::empty();
+    blocked.add(Signal::SIGINT);
+    blocked.add(Signal::SIGTERM);
+    let prepare = move || {
+        // The launcher blocks these to read them from its signalfd; a copy must not inherit that.
+        pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&blocked), None)?;
+        // SAFETY: prctl(PR_SET_PDEATHSIG) takes plain integers and only changes this (forked)
+        // process's own death signal; it is async-signal-safe.
+        let set = unsafe {
+            nix::libc::prctl(
+                nix::libc::PR_SET_PDEATHSIG,
+                nix::libc::SIGKILL as nix::libc::c_ulong,
+            )
+        };
+        if set != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The launcher may have died before the line above: then nothing would kill this copy.
+        if std::os::unix::process::parent_id() != launcher {
+            return Err(std::io::Error::other("the launcher is gone"));
+        }
+        Ok(())
+    };
+    // SAFETY: the closure runs in the forked child before exec and calls only pthread_sigmask,
+    // prctl and getppid, all async-signal-safe; it allocates nothing on its success path and
+    // takes no lock.
+    let command = unsafe { command.pre_exec(prepare) };
+    spawn_with_fds(command, &[])
+}
+
+/// Copies `stream` to `out` line by line, each line prefixed with `[rank] `, on a thread; says
+/// on `done` when the stream ends.
+fn tag_lines<W: Write + 'static>(
+    rank: u32,
+    stream: impl Read + Send + 'static,
+    out: fn() -> W,
+    done: mpsc::Sender<()>,
+) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("rank-{rank}-output"))
+        .spawn(move || {
+            let mut reader = BufReader::new(stream);
+            let mut line = Vec::new();
+            let prefix = format!("[{rank}] ");
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        if !line.ends_with(b"\n") {
+                            line.push(b'\n');
+                        }
+                        // One write per line, so lines of different ranks never interleave.
+                        let mut tagged = prefix.clone().into_bytes();
+                        tagged.extend_from_slice(&line);
+                        let _ = out().write_all(&tagged);
+                    }
+                }
+            }
+            let _ = done.send(());
+        });
+    if let Err(error) = spawned {
+        eprintln!("shmbroker run: no thread for rank {rank}'s output: {error}");
+    }
+}
+
+/// The exit code a failed copy gives the job, or `None` when it succeeded.
+fn failure_code(status: ExitStatus) -> Option<u8> {
+    match (status.code(), status.signal()) {
+        (Some(0), _) => None,
+        (Some(code), _) => Some(u8::try_from(code & 0xff).unwrap_or(1).max(1)),
+        (None, Some(signal)) => Some(u8::try_from(128 + signal).unwrap_or(255)),
+        (None, None) => Some(1),
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with {code}"),
+        (None, Some(signal)) => match Signal::try_from(signal) {
+            Ok(signal) => format!("was killed by {signal}"),
+            Err(_) => format!("was killed by signal {signal}"),
+        },
+        (None, None) => format!("ended with {status}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_map_to_exit_codes_as_a_shell_does() {
+        assert_eq!(failure_code(ExitStatus::from_raw(0)), None);
+        assert_eq!(failure_code(ExitStatus::from_raw(7 << 8)), Some(7));
+        assert_eq!(failure_code(ExitStatus::from_raw(9)), Some(137));
+        assert_eq!(failure_code(ExitStatus::from_raw(2)), Some(130));
+    }
+
+    #[test]
+    fn timeouts_are_positive_seconds() {
+        assert_eq!(parse_seconds("1.5").unwrap(), Duration::from_millis(1500));
+        for bad in ["0", "-1", "x", "inf", "NaN"] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! `shmbroker run`: a broker and N copies of a program, as users of mpirun and torchrun expect:
+//! every copy finds the job from its environment, a failure stops the others and sets the exit
+//! status, signals are passed on, `--timeout` ends the job, and nothing is left behind.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::TempDir;
+
+/// `shmbroker run ARGS...` with `TMPDIR` set to `tmp`, so whatever it leaves there shows.
+fn run(tmp: &Path, args: &[&str]) -> Command {
+    let mut command = common::shmbroker(&["run"]);
+    command.args(args).env("TMPDIR", tmp);
+    command
+}
+
+/// Runs to the end (with the tests' deadline): status code, stdout, stderr.
+fn finish(mut command: Command) -> (Option<i32>, String, String) {
+    let (status, stdout, stderr) = common::finish_status(common::spawn(&mut command));
+    (status.code(), stdout, stderr)
+}
+
+fn left_in(tmp: &Path) -> Vec<String> {
+    std::fs::read_dir(tmp)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Whether `pid` is still a running (not dead, not zombie) process.
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !matches!(
+            stat.rsplit(") ").next().and_then(|s| s.chars().next()),
+            Some('Z' | 'X')
+        )
+    })
+}
+
+#[test]
+fn every_copy_finds_the_job_and_the_collectives_pass() {
+    let tmp = TempDir::new("run-selftest").unwrap();
+    let program = env!("CARGO_BIN_EXE_shmbroker");
+    let (code, stdout, stderr) = finish(run(
+        tmp.path(),
+        &[
+            "-n",
+            "4",
+            "--",
+            program,
+            "worker",
+            "--from-env",
+            "--selftest",
+        ],
+    ));
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    for rank in 0..4 {
+        assert!(
+            stderr.contains(&format!("rank {rank} of 4"))
+                || stdout.contains(&format!("rank {rank} of 4")),
+            "{stdout}{stderr}"
+        );
+    }
+    assert_eq!(
+        left_in(tmp.path()),
+        [] as [String; 0],
+        "the socket directory is removed"
+    );
+}
+
+#[test]
+fn tagged_output_names_each_rank_and_the_environment_is_set() {
+    let tmp = TempDir::new("run-tags").unwrap();
+    let (code, stdout, stderr) = finish(run(
+        tmp.path(),
+        &[
+            "-n",
+            "3",
+            "--tag-output",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$SHMBROKER_RANK of $SHMBROKER_WORLD_SIZE, broker $SHMBROKER_BROKER\"; \
+             test -S \"$SHMBROKER_SOCKET\" && echo socket >&2",
+        ],
+    ));
+    assert_eq!(code, Some(0), "{stderr}");
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "[0] 0 of 3, broker external",
+            "[1] 1 of 3, broker external",
+            "[2] 2 of 3, broker external"
+        ]
+    );
+    let mut errors: Vec<&str> = stderr.lines().collect();
+    errors.sort_unstable();
+    assert_eq!(errors, ["[0] socket", "[1] socket", "[2] socket"]);
+}
+
+#[test]
+fn the_first_failure_stops_the_others_and_is_the_exit_status() {
+    let tmp = TempDir::new("run-fail").unwrap();
+    let pids = tmp.path().join("pids");
+    std::fs::create_dir(&pids).unwrap();
+    let script = format!(
+        "echo $$ > {}/$SHMBROKER_RANK; if [ \"$SHMBROKER_RANK\" = 1 ]; then sleep 0.3; exit 7; fi; \
+         exec sleep 60",
+        pids.display()
+    );
+    let started = Instant::now();
+    let (code, _, stderr) = finish(run(tmp.path(), &["-n", "3", "--", "sh", "-c", &script]));
+    assert_eq!(code, Some(7), "{stderr}");
+    assert!(stderr.contains("rank 1 exited with 7"), "{stderr}");
+    // SIGTERM ends `sleep` at once: the others were stopped, not waited for.
+    assert!(started.elapsed() < Duration::from_secs(30));
+    for rank in [0, 2] {
+        let pid: u32 = std::fs::read_to_string(pids.join(rank.to_string()))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(!running(pid), "rank {rank} (pid {pid}) still runs");
+    }
+    std::fs::remove_dir_all(&pids).unwrap();
+    assert_eq!(left_in(tmp.path()), [] as [String; 0]);
+}
+
+#[test]
+fn sigterm_and_sigint_reach_every_copy_once() {
+    for (signal, name) in [
+        (nix::sys::signal::Signal::SIGTERM, "TERM"),
+        (nix::sys::signal::Signal::SIGINT, "INT"),
+    ] {
+        let tmp = TempDir::new("run-signal").unwrap();
+        let script = format!(
+            "n=0; trap 'n=$((n+1))' {name}; echo ready; \
+             while [ $n -eq 0 ]; do sleep 0.02; done; sleep 0.2; echo \"got $n\"; exit 3"
+        );
+        let mut command = run(
+            tmp.path(),
+            &["-n", "2", "--tag-output", "--", "sh", "-c", &script],
+        );
+        let mut launcher = common::spawn(&mut command);
+        let mut stdout = std::io::BufReader::new(launcher.take_stdout().unwrap());
+        let mut ready = 0;
+        while ready < 2 {
+            let mut line = String::new();
+            assert!(
+                std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0,
+                "no ready line"
+            );
+            ready += usize::from(line.ends_with("ready\n"));
+        }
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher.id() as i32), signal).unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+        let status = launcher
+            .wait_timeout(common::CHILD_DEADLINE)
+            .unwrap()
+            .unwrap();
+        assert_eq!(status.code(), Some(3), "SIG{name}: {rest}");
+        let mut lines: Vec<&str> = rest.lines().collect();
+        lines.sort_unstable();
+        assert_eq!(
+            lines,
+            ["[0] got 1", "[1] got 1"],
+            "SIG{name}: each copy gets it once"
+        );
+        assert_eq!(left_in(tmp.path()), [] as [String; 0]);
+    }
+}
+
+#[test]
+fn a_timeout_ends_the_job_with_124() {
+    let tmp = TempDir::new("run-timeout").unwrap();
+    let (code, _, stderr) = finish(run(
+        tmp.path(),
+        &["-n", "2", "--timeout", "0.5", "--", "sleep", "60"],
+    ));
+    assert_eq!(code, Some(124), "{stderr}");
+    assert!(stderr.contains("timed out"), "{stderr}");
+    assert_eq!(left_in(tmp.path()), [] as [String; 0]);
+}
+
+#[test]
+fn a_program_that_cannot_start_is_127_and_starts_nothing_else() {
+    let tmp = TempDir::new("run-missing").unwrap();
+    let (code, _, stderr) = finish(run(tmp.path(), &["-n", "2", "--", "/nonexistent/program"]));
+    assert_eq!(code, Some(127), "{stderr}");
+    assert!(
+        stderr.contains("cannot start") && stderr.contains("/nonexistent/program"),
+        "{stderr}"
+    );
+    assert_eq!(left_in(tmp.path()), [] as [String; 0]);
+}
+
+#[test]
+fn copies_die_with_a_launcher_killed_by_sigkill() {
+    let tmp = TempDir::new("run-kill").unwrap();
+    let mut command = run(
+        tmp.path(),
+        &[
+            "-n",
+            "2",
+            "--tag-output",
+            "--",
+            "sh",
+            "-c",
+            "echo $$; exec sleep 60",
+        ],
+    );
+    let mut launcher = common::spawn(&mut command);
+    let mut stdout = std::io::BufReader::new(launcher.take_stdout().unwrap());
+    let mut pids = Vec::new();
+    while pids.len() < 2 {
+        let mut line = String::new();
+        assert!(std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0);
+        pids.push(
+            line.split_whitespace()
+                .last()
+                .unwrap()
+                .parse::<u32>()
+                .unwrap(),
+        );
+    }
+    launcher.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|&pid| running(pid)) {
+        assert!(
+            Instant::now() < deadline,
+            "copies outlived their launcher: {pids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
