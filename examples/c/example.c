@@ -1,0 +1,114 @@
+/*
+ * The KittensBroker pattern in C, done with shmbroker: every rank publishes a 64-byte GPU IPC
+ * handle (here a host memfd stands in for device memory, so it runs on any machine), every rank
+ * gets every other rank's memory by fd, checks what is in it, and the ranks meet at barriers.
+ *
+ *     cargo build --release -p shmbroker-capi
+ *     cc examples/c/example.c -Icapi/include -Ltarget/release -lshmbroker \
+ *        -Wl,-rpath,"$PWD/target/release" -o example
+ *     target/release/shmbroker run -n 4 ./example
+ *
+ * Every call is checked; a failing one prints shmbroker_last_error() (which names the rank
+ * involved) and the program exits 1, which `shmbroker run` passes on.
+ */
+#define _GNU_SOURCE
+#include <shmbroker.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define BUFFER_BYTES (1 << 20)
+
+/* What a rank publishes: in a GPU program, the bytes cuIpcGetMemHandle wrote. */
+struct handle {
+    uint32_t rank;
+    uint32_t magic;
+    uint64_t bytes;
+    unsigned char opaque[48];
+};
+_Static_assert(sizeof(struct handle) == 64, "a CUDA IPC handle is 64 bytes");
+
+#define CHECK(call)                                                                            \
+    do {                                                                                       \
+        int rc_ = (call);                                                                      \
+        if (rc_ != SHMBROKER_OK) {                                                             \
+            fprintf(stderr, "%s failed (%d): %s\n", #call, rc_, shmbroker_last_error());       \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static void fail(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+int main(void) {
+    shmbroker_session *s = NULL;
+    CHECK(shmbroker_from_env(30000, &s));
+    uint32_t rank = shmbroker_rank(s), world = shmbroker_world_size(s);
+
+    /* This rank's "device memory": a memfd filled with its rank. */
+    int fd = memfd_create("example-buffer", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, BUFFER_BYTES) != 0) fail("memfd");
+    unsigned char *mine = mmap(NULL, BUFFER_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mine == MAP_FAILED) fail("mmap");
+    memset(mine, (int)(rank + 1), BUFFER_BYTES);
+
+    /* 1. Every rank's handle. */
+    struct handle own = {.rank = rank, .magic = 0x5348424b, .bytes = BUFFER_BYTES};
+    memset(own.opaque, (int)rank, sizeof own.opaque);
+    struct handle *all = calloc(world, sizeof *all);
+    if (!all) fail("calloc");
+    CHECK(shmbroker_all_gather(s, &own, sizeof own, all));
+    CHECK(shmbroker_barrier(s));
+
+    /* 2. Every rank's memory, by fd; check the handle describes it. */
+    int *fds = calloc(world, sizeof *fds);
+    if (!fds) fail("calloc");
+    CHECK(shmbroker_exchange_fds(s, fd, fds));
+    for (uint32_t peer = 0; peer < world; peer++) {
+        if (all[peer].rank != peer || all[peer].magic != 0x5348424b) {
+            fprintf(stderr, "rank %u: rank %u's handle is wrong\n", rank, peer);
+            return 1;
+        }
+        unsigned char *theirs = mmap(NULL, all[peer].bytes, PROT_READ, MAP_SHARED, fds[peer], 0);
+        if (theirs == MAP_FAILED) fail("mmap of a peer's buffer");
+        if (theirs[0] != peer + 1 || theirs[all[peer].bytes - 1] != peer + 1) {
+            fprintf(stderr, "rank %u: rank %u's memory holds %d\n", rank, peer, theirs[0]);
+            return 1;
+        }
+        munmap(theirs, all[peer].bytes);
+        close(fds[peer]);
+    }
+    CHECK(shmbroker_barrier(s));
+
+    /* 3. A word from rank 0 to everyone, and a message around the ring. */
+    char word[16] = {0};
+    if (rank == 0) snprintf(word, sizeof word, "go, %u ranks", world);
+    CHECK(shmbroker_broadcast(s, 0, word, sizeof word));
+    if (world > 1) {
+        uint32_t next = (rank + 1) % world, prev = (rank + world - 1) % world;
+        CHECK(shmbroker_send(s, next, &rank, sizeof rank));
+        uint32_t got = 0;
+        size_t len = 0;
+        CHECK(shmbroker_recv(s, prev, &got, sizeof got, &len));
+        if (len != sizeof got || got != prev) {
+            fprintf(stderr, "rank %u: expected %u from rank %u, got %u\n", rank, prev, prev, got);
+            return 1;
+        }
+    }
+    CHECK(shmbroker_barrier(s));
+    printf("rank %u of %u: %u handles and buffers checked; rank 0 said \"%s\"\n", rank, world,
+           world, word);
+
+    munmap(mine, BUFFER_BYTES);
+    close(fd);
+    free(fds);
+    free(all);
+    shmbroker_close(s);
+    return 0;
+}
