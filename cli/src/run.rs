@@ -14,7 +14,8 @@
 //! - SIGINT and SIGTERM sent to this process are sent on to every copy still running, once each
 //!   (a Ctrl-C reaches the copies only this way, since they are not in the terminal's group).
 //! - When a copy fails (a non-zero exit, or a signal), the others get SIGTERM, and SIGKILL
-//!   [`GRACE`] later. `--timeout` does the same to all of them when it runs out.
+//!   [`GRACE`] later (only the SIGKILL when a signal was passed on to them already).
+//!   `--timeout` does the same to all of them when it runs out.
 //!
 //! # Exit status
 //!
@@ -205,10 +206,14 @@ impl Job {
         let mut timed_out = false;
         // When the copies still running were told to stop: SIGKILL follows GRACE later.
         let mut stopping: Option<Instant> = None;
+        // Whether a signal was passed on: copies told to stop are not sent SIGTERM again when
+        // the first of them fails (each gets one signal), only SIGKILL after GRACE.
+        let mut forwarded = false;
         loop {
             while let Ok(Some(info)) = self.signals.read_signal() {
                 let signal = Signal::try_from(info.ssi_signo as i32).unwrap_or(Signal::SIGTERM);
                 self.signal_running(signal);
+                forwarded = true;
             }
             for copy in &mut self.copies {
                 if copy.status.is_some() {
@@ -251,7 +256,9 @@ impl Job {
                 );
             }
             if (first_failure.is_some() || timed_out) && stopping.is_none() {
-                self.signal_running(Signal::SIGTERM);
+                if !forwarded || timed_out {
+                    self.signal_running(Signal::SIGTERM);
+                }
                 stopping = Some(now);
             }
             if stopping.is_some_and(|since| now.duration_since(since) >= GRACE) {
