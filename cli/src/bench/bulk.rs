@@ -11,7 +11,7 @@
 //! Open MPI runs when `mpicc` and `mpirun` are on `PATH`: a small C program (`mpi/bulk.c`) is built
 //! at run time and run once per round for every size; its per-sample output is pooled like ours.
 
-use super::collectives::{fork_workers, reap, start_broker, time_loop, warmup};
+use super::collectives::{time_loop, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Size, cpu_pair, fork_pair, mpi, pin_to};
 use shmbroker::session::Session;
 use shmbroker::sys::TempDir;
@@ -204,27 +204,27 @@ pub(super) fn two_ranks<R>(
     measure: impl FnOnce(&mut Session) -> Result<R, String>,
 ) -> Result<R, String> {
     let cpus = cpu_pair();
-    let pids = fork_workers(2, |rank| {
-        if let Some((_, cpu)) = cpus {
-            pin_to(cpu);
-        }
-        worker(&mut connect(socket, rank)?)
-    })?;
-    let (stop, broker) = start_broker(socket, 2)?;
-    let original = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok();
-    if let Some((cpu, _)) = cpus {
-        pin_to(cpu);
-    }
-    let measured = connect(socket, 0).and_then(|mut session| measure(&mut session));
-    if let Some(original) = original {
-        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &original);
-    }
-    let reaped = reap(&pids);
-    stop.stop();
-    let _ = broker.join();
-    let value = measured?;
-    reaped?;
-    Ok(value)
+    with_broker(
+        socket,
+        2,
+        |rank| {
+            if let Some((_, cpu)) = cpus {
+                pin_to(cpu);
+            }
+            worker(&mut connect(socket, rank)?)
+        },
+        || {
+            let original = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok();
+            if let Some((cpu, _)) = cpus {
+                pin_to(cpu);
+            }
+            let measured = connect(socket, 0).and_then(|mut session| measure(&mut session));
+            if let Some(original) = original {
+                let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &original);
+            }
+            measured
+        },
+    )
 }
 
 /// `send` + `recv_into` ping-pong samples, then one-way throughput in messages per second.
@@ -378,7 +378,7 @@ fn mpi_bulk(
 fn outbox_alloc(rounds: usize) -> Result<Vec<u64>, String> {
     use shmbroker::allocator::Outbox;
     let mut outbox = Outbox::create(0, 16 << 20).map_err(|e| e.to_string())?;
-    batched(rounds, || {
+    batched(rounds, 100, || {
         let block = outbox
             .try_alloc(256 << 10)
             .map_err(|e| e.to_string())?
@@ -397,7 +397,7 @@ fn rts_alloc(rounds: usize) -> Result<Vec<u64>, String> {
     // `create` for this file.
     let allocator = unsafe { rts_alloc::Allocator::create(&file, 16 << 20, 2, 64 << 10) }
         .map_err(|e| e.to_string())?;
-    batched(rounds, || {
+    batched(rounds, 100, || {
         let block = allocator.allocate(4096).ok_or("rts-alloc full")?;
         // SAFETY: `block` was just allocated by this allocator and is freed once.
         unsafe { allocator.free(block) };
@@ -405,16 +405,21 @@ fn rts_alloc(rounds: usize) -> Result<Vec<u64>, String> {
     })
 }
 
-/// Nanoseconds per call of `op`, timed in batches of 100 (one sample per batch).
-fn batched(rounds: usize, mut op: impl FnMut() -> Result<(), String>) -> Result<Vec<u64>, String> {
-    const BATCH: usize = 100;
-    let mut samples = Vec::with_capacity(rounds / BATCH + 1);
-    for _ in 0..rounds.div_ceil(BATCH) {
+/// Nanoseconds per call of `op` over `rounds` calls, timed in batches of `batch` (one sample, the
+/// mean, per batch): for calls too short to time one at a time.
+pub(super) fn batched(
+    rounds: usize,
+    batch: usize,
+    mut op: impl FnMut() -> Result<(), String>,
+) -> Result<Vec<u64>, String> {
+    let batch = batch.max(1);
+    let mut samples = Vec::with_capacity(rounds / batch + 1);
+    for _ in 0..rounds.div_ceil(batch) {
         let start = Instant::now();
-        for _ in 0..BATCH {
+        for _ in 0..batch {
             op()?;
         }
-        samples.push(start.elapsed().as_nanos() as u64 / BATCH as u64);
+        samples.push(start.elapsed().as_nanos() as u64 / batch as u64);
     }
     Ok(samples)
 }

@@ -446,6 +446,36 @@ pub(super) fn start_broker(
     Ok((stop, thread))
 }
 
+/// Runs `worker(rank)` in a forked process for each of ranks 1 to `workers - 1`, and `measure`
+/// here as rank 0, with a broker for `workers` ranks on a thread (started after the forks, as
+/// [`fork_workers`] needs). Whichever way `measure` ends, the workers are reaped (killed past
+/// their deadline) and the broker is stopped; a broker that cannot start kills the workers.
+pub(super) fn with_broker<R>(
+    socket: &Path,
+    workers: u32,
+    worker: impl Fn(u32) -> Result<(), String>,
+    measure: impl FnOnce() -> Result<R, String>,
+) -> Result<R, String> {
+    let pids = fork_workers(workers, worker)?;
+    let (stop, broker) = match start_broker(socket, workers) {
+        Ok(started) => started,
+        Err(error) => {
+            for &pid in &pids {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+            let _ = reap(&pids);
+            return Err(error);
+        }
+    };
+    let measured = measure();
+    let reaped = reap(&pids);
+    stop.stop();
+    let _ = broker.join();
+    let value = measured?;
+    reaped?;
+    Ok(value)
+}
+
 /// Logs on as `rank`; `spin_limit` replaces the session's own waiting when given.
 pub(super) fn connect(
     socket: &Path,
@@ -493,22 +523,21 @@ fn ours_timed(
     op: impl Fn(&mut Session) -> Result<(), String>,
 ) -> Result<Vec<u64>, String> {
     let warmup = warmup(rounds);
-    let pids = fork_workers(workers, |rank| {
-        let mut session = connect(socket, rank, spin_limit)?;
-        for _ in 0..warmup + rounds {
-            op(&mut session)?;
-        }
-        Ok(())
-    })?;
-    let (stop, broker) = start_broker(socket, workers)?;
-    let measured = connect(socket, 0, spin_limit)
-        .and_then(|mut session| time_loop(rounds, || op(&mut session)));
-    let reaped = reap(&pids);
-    stop.stop();
-    let _ = broker.join();
-    let samples = measured?;
-    reaped?;
-    Ok(samples)
+    with_broker(
+        socket,
+        workers,
+        |rank| {
+            let mut session = connect(socket, rank, spin_limit)?;
+            for _ in 0..warmup + rounds {
+                op(&mut session)?;
+            }
+            Ok(())
+        },
+        || {
+            let mut session = connect(socket, 0, spin_limit)?;
+            time_loop(rounds, || op(&mut session))
+        },
+    )
 }
 
 /// Nanoseconds of each of `rounds` barriers on rank 0.

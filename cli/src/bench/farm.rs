@@ -20,8 +20,8 @@
 //! Tasks per second counts the answers after the first tenth (the warm-up) on the reader's
 //! clock. Each round is a fresh set of processes.
 
-use super::bulk::two_ranks;
-use super::collectives::{connect, fork_workers, open_mpi, reap, start_broker, warmup};
+use super::bulk::{batched, two_ranks};
+use super::collectives::{connect, fork_workers, open_mpi, reap, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Run, Size, alternate, fork_pair};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
@@ -246,44 +246,41 @@ fn work_farm(
 /// The farm over sessions: answers come with `recv_any_into`; an empty message stops a worker.
 fn ours_farm(socket: &Path, bytes: usize, tasks: usize) -> Result<f64, String> {
     let e = |e: shmbroker::Error| e.to_string();
-    let pids = fork_workers(WORKERS + 1, |rank| {
-        let session = std::cell::RefCell::new(connect(socket, rank, None)?);
-        work_farm(
-            bytes,
-            |task| {
-                let len = session.borrow_mut().recv_into(0, task).map_err(e)?;
-                Ok((len > 0).then_some(len))
-            },
-            |answer| session.borrow_mut().send(0, answer).map_err(e),
-        )
-    })?;
-    let (stop, broker) = start_broker(socket, WORKERS + 1)?;
-    let measured = connect(socket, 0, None).and_then(|session| {
-        let session = std::cell::RefCell::new(session);
-        let rate = read_farm(
-            bytes,
-            tasks,
-            |worker, task| session.borrow_mut().send(worker, task).map_err(e),
-            |answer| {
-                let (from, len) = session.borrow_mut().recv_any_into(answer).map_err(e)?;
-                if len == ANSWER {
-                    Ok(from)
-                } else {
-                    Err(format!("an answer of {len} bytes from rank {from}"))
-                }
-            },
-        )?;
-        for worker in 1..=WORKERS {
-            session.borrow_mut().send(worker, &[]).map_err(e)?;
-        }
-        Ok(rate)
-    });
-    let reaped = reap(&pids);
-    stop.stop();
-    let _ = broker.join();
-    let rate = measured?;
-    reaped?;
-    Ok(rate)
+    with_broker(
+        socket,
+        WORKERS + 1,
+        |rank| {
+            let session = std::cell::RefCell::new(connect(socket, rank, None)?);
+            work_farm(
+                bytes,
+                |task| {
+                    let len = session.borrow_mut().recv_into(0, task).map_err(e)?;
+                    Ok((len > 0).then_some(len))
+                },
+                |answer| session.borrow_mut().send(0, answer).map_err(e),
+            )
+        },
+        || {
+            let session = std::cell::RefCell::new(connect(socket, 0, None)?);
+            let rate = read_farm(
+                bytes,
+                tasks,
+                |worker, task| session.borrow_mut().send(worker, task).map_err(e),
+                |answer| {
+                    let (from, len) = session.borrow_mut().recv_any_into(answer).map_err(e)?;
+                    if len == ANSWER {
+                        Ok(from)
+                    } else {
+                        Err(format!("an answer of {len} bytes from rank {from}"))
+                    }
+                },
+            )?;
+            for worker in 1..=WORKERS {
+                session.borrow_mut().send(worker, &[]).map_err(e)?;
+            }
+            Ok(rate)
+        },
+    )
 }
 
 /// Writes one task: its length (4 bytes) and its bytes, in one `writev` when the socket takes
@@ -528,63 +525,55 @@ fn try_recv_idle(
 ) -> Result<Vec<(&'static str, Measure)>, String> {
     const BATCH: usize = 1_000;
     let e = |e: shmbroker::Error| e.to_string();
-    let pids = fork_workers(peers + 1, |rank| {
-        // Waits for rank 0's word that it is done, then leaves.
-        let mut session = connect(socket, rank, None)?;
-        session.recv(0).map_err(e).map(drop)
-    })?;
-    let (stop, broker) = start_broker(socket, peers + 1)?;
-    let measured = connect(socket, 0, None).and_then(|mut session| {
-        let session = &mut session;
-        let batches = |session: &mut Session,
-                       one: &dyn Fn(&mut Session) -> Result<bool, String>| {
-            let mut samples = Vec::with_capacity(calls / BATCH);
-            for _ in 0..calls.div_ceil(BATCH) {
-                let start = Instant::now();
-                for _ in 0..BATCH {
-                    if one(session)? {
-                        return Err("a message arrived, and no peer sends any".to_owned());
+    with_broker(
+        socket,
+        peers + 1,
+        |rank| {
+            // Waits for rank 0's word that it is done, then leaves.
+            let mut session = connect(socket, rank, None)?;
+            session.recv(0).map_err(e).map(drop)
+        },
+        || {
+            let mut session = connect(socket, 0, None)?;
+            let nothing = |got: bool| {
+                if got {
+                    Err("a message arrived, and no peer sends any".to_owned())
+                } else {
+                    Ok(())
+                }
+            };
+            let any = |session: &mut Session| nothing(session.try_recv_any().map_err(e)?.is_some());
+            let each = |session: &mut Session| {
+                for peer in 1..=peers {
+                    nothing(session.try_recv(peer).map_err(e)?.is_some())?;
+                }
+                Ok(())
+            };
+            let (mut ours, mut baseline) = (Vec::new(), Vec::new());
+            for round in 0..plan.rounds {
+                // Which goes first alternates from round to round.
+                let order = if round % 2 == 0 {
+                    [true, false]
+                } else {
+                    [false, true]
+                };
+                for ours_now in order {
+                    if ours_now {
+                        ours.push(batched(calls, BATCH, || any(&mut session))?);
+                    } else {
+                        baseline.push(batched(calls, BATCH, || each(&mut session))?);
                     }
                 }
-                samples.push(start.elapsed().as_nanos() as u64 / BATCH as u64);
             }
-            Ok(samples)
-        };
-        let any = |session: &mut Session| -> Result<bool, String> {
-            Ok(session.try_recv_any().map_err(e)?.is_some())
-        };
-        let each = |session: &mut Session| -> Result<bool, String> {
             for peer in 1..=peers {
-                if session.try_recv(peer).map_err(e)?.is_some() {
-                    return Ok(true);
-                }
+                session.send(peer, &[]).map_err(e)?;
             }
-            Ok(false)
-        };
-        let (mut ours, mut baseline) = (Vec::new(), Vec::new());
-        for round in 0..plan.rounds {
-            if round % 2 == 0 {
-                ours.push(batches(session, &any)?);
-                baseline.push(batches(session, &each)?);
-            } else {
-                baseline.push(batches(session, &each)?);
-                ours.push(batches(session, &any)?);
-            }
-        }
-        for peer in 1..=peers {
-            session.send(peer, &[]).map_err(e)?;
-        }
-        Ok(vec![
-            ("shmbroker try_recv_any", Measure::Latency(ours)),
-            ("try_recv on each peer", Measure::Latency(baseline)),
-        ])
-    });
-    let reaped = reap(&pids);
-    stop.stop();
-    let _ = broker.join();
-    let contenders = measured?;
-    reaped?;
-    Ok(contenders)
+            Ok(vec![
+                ("shmbroker try_recv_any", Measure::Latency(ours)),
+                ("try_recv on each peer", Measure::Latency(baseline)),
+            ])
+        },
+    )
 }
 
 #[cfg(test)]
