@@ -217,6 +217,116 @@ fn a_worker_killed_mid_farm_is_named_after_its_last_messages() {
     let _ = steady.wait_timeout(Duration::from_secs(10));
 }
 
+/// Whether `error` names `rank` as the one gone or at fault.
+fn names(error: &Error, rank: u32) -> bool {
+    match *error {
+        Error::PeerLost { rank: r } | Error::PeerLeft { rank: r } => r == rank,
+        Error::Corrupted { peer, .. }
+        | Error::Protocol { peer, .. }
+        | Error::Outbox { peer, .. } => peer == rank,
+        _ => false,
+    }
+}
+
+/// One trial: the reader farms 64 B tasks to an honest worker (rank 1) with `recv_any` while
+/// rank 2, `delay_ms` after logon, scribbles random bytes over every region it can write (its
+/// rings with both other ranks among them) and then dies.
+///
+/// What its garbage may do is decide how it is seen: dead, caught corrupting a ring, or (when
+/// the bytes it left say "closed, no cause") as having left, which leaves the others be. So the
+/// trial accepts each of these, and checks what must hold in all of them: every answer the reader
+/// takes from rank 1 is right, nothing hangs or panics, and whoever stops names rank 2.
+fn scribbled_farm_trial(trial: u32, delay_ms: &str) {
+    let broker = Broker::start(&format!("farm-scribble{trial}"), 3);
+    let mut honest = farm_worker(&broker, 1, &[]);
+    let mut command = std::process::Command::new(&broker.program);
+    command
+        .args([
+            "hostile",
+            "scribble",
+            "--socket",
+            &broker.socket(),
+            "--rank",
+            "2",
+        ])
+        .args(["--delay-ms", delay_ms, "--for-ms", "300"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut attacker = common::spawn(&mut command);
+    let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
+    reader.set_timeout(Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut id = 0u64;
+    // The task being farmed when the attacker was seen to have exited.
+    let mut attacker_gone_at = None;
+    reader.send(1, &task(id, 64)).unwrap();
+    let error = loop {
+        assert!(
+            Instant::now() < deadline,
+            "trial {trial}: the farm never ended"
+        );
+        if attacker_gone_at.is_none() && attacker.wait_timeout(Duration::ZERO).unwrap().is_some() {
+            attacker_gone_at = Some(id);
+        }
+        if attacker_gone_at.is_some_and(|at| id >= at + 2_000) {
+            // Rank 2 is seen as gone while the farm with rank 1 goes on.
+            let error = reader.try_recv(2).unwrap_err();
+            assert!(names(&error, 2), "trial {trial}: {error}");
+            break None;
+        }
+        match reader.recv_any() {
+            // Rank 1's answers stay right, however rank 2's rings look.
+            Ok((1, answer)) => {
+                assert_eq!(answer[..8], id.to_le_bytes(), "trial {trial}");
+                assert_eq!(
+                    answer[8..],
+                    fnv1a(&task(id, 64)).to_le_bytes(),
+                    "trial {trial}"
+                );
+                id += 1;
+                if let Err(error) = reader.send(1, &task(id, 64)) {
+                    break Some(error);
+                }
+            }
+            // Whatever rank 2 puts in its ring is its own message to send.
+            Ok((2, _)) => {}
+            Ok((other, _)) => panic!("trial {trial}: rank {other} is no peer"),
+            Err(error) => break Some(error),
+        }
+    };
+    let (status, stdout, _) = common::finish_status(attacker);
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "the attacker did not scribble: {stdout}"
+    );
+    eprintln!("trial {trial}: {id} tasks, then {error:?}");
+    match error {
+        None => {}
+        Some(error) if names(&error, 2) => {}
+        // Rank 1 read rank 2's garbage as a death, which ends its session (as a death does);
+        // the reader then sees rank 1 go, and rank 1 says why, naming rank 2.
+        Some(error) if names(&error, 1) => {
+            let status = honest.wait_timeout(common::CHILD_DEADLINE).unwrap();
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(&mut honest.take_stderr().unwrap(), &mut stderr).unwrap();
+            assert!(
+                status.is_some() && stderr.contains("rank 2"),
+                "trial {trial}: {error}; rank 1: {stderr}"
+            );
+        }
+        Some(error) => panic!("trial {trial}: after {id} tasks: {error}"),
+    }
+    honest.kill();
+}
+
+#[test]
+fn a_peer_scribbling_its_rings_cannot_disturb_recv_any_from_the_others() {
+    for (trial, delay_ms) in [(0, "0"), (1, "40"), (2, "150")] {
+        scribbled_farm_trial(trial, delay_ms);
+    }
+}
+
 #[test]
 fn a_split_session_sends_and_receives_a_million_messages_each_way_from_two_threads() {
     const COUNT: u64 = 1_000_000;
