@@ -227,4 +227,9 @@ pub enum RecvTimeoutError {
     /// The producer wrote an impossible slot sequence number.
     #[error("{0}")]
     Corrupted(Corruption),
+    /// The consumer's [`Interrupt`](crate::Interrupt) moved on from the generation the caller
+    /// gave ([`Consumer::recv_batch_interruptible`](crate::Consumer::recv_batch_interruptible)
+    /// only); nothing was received.
+    #[error("interrupted while waiting for a message")]
+    Interrupted,
 }

@@ -53,6 +53,7 @@
 
 mod error;
 mod futex;
+mod interrupt;
 #[cfg(all(test, loom))]
 mod loom_tests;
 #[cfg(not(loom))]
@@ -65,6 +66,7 @@ mod waiting;
 pub use error::{
     Corruption, Error, RecvTimeoutError, Role, SendTimeoutError, TryRecvError, TrySendError,
 };
+pub use interrupt::Interrupt;
 pub use readiness::Notifier;
 pub use ring::{Closer, Consumer, DEFAULT_SPIN_LIMIT, HEADER_SIZE, MAX_CAPACITY, Producer, pair};
 #[cfg(not(loom))]

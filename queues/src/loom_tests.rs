@@ -190,6 +190,55 @@ fn loom_a_third_party_close_wakes_a_parked_producer() {
     });
 }
 
+/// An interrupt fired from another thread (as a session's watcher does when a third rank dies)
+/// wakes a consumer parked on an empty ring with `Interrupted`, and leaves the ring open: a
+/// message sent afterwards is still received.
+#[test]
+fn loom_an_interrupt_wakes_a_parked_consumer() {
+    loom::model(|| {
+        let (mut tx, mut rx, closer) = crate::ring::pair_with_closer::<u64>(1);
+        let interrupt = std::sync::Arc::new(crate::Interrupt::new());
+        rx.set_interrupt(std::sync::Arc::clone(&interrupt));
+        rx.set_spin_limit(0);
+        let seen = interrupt.generation();
+        let watcher = thread::spawn(move || interrupt.fire([&closer]));
+        let mut one = [0u64];
+        assert_eq!(
+            rx.recv_batch_interruptible(&mut one, FOREVER, seen),
+            Err(RecvTimeoutError::Interrupted)
+        );
+        watcher.join().unwrap();
+        tx.try_send(5).unwrap();
+        assert_eq!(rx.recv_timeout(FOREVER), Ok(5));
+    });
+}
+
+/// A message and an interrupt racing: the wait ends either way, and the message is never lost
+/// (received by the wait, or still in the ring for the next call).
+#[test]
+fn loom_an_interrupt_never_loses_a_message() {
+    loom::model(|| {
+        let (mut tx, mut rx, closer) = crate::ring::pair_with_closer::<u64>(1);
+        let interrupt = std::sync::Arc::new(crate::Interrupt::new());
+        rx.set_interrupt(std::sync::Arc::clone(&interrupt));
+        rx.set_spin_limit(0);
+        let seen = interrupt.generation();
+        let producer = thread::spawn(move || {
+            tx.try_send(9).unwrap();
+            tx
+        });
+        let watcher = thread::spawn(move || interrupt.fire([&closer]));
+        let mut one = [0u64];
+        match rx.recv_batch_interruptible(&mut one, FOREVER, seen) {
+            Ok(1) => assert_eq!(one[0], 9),
+            Err(RecvTimeoutError::Interrupted) => assert_eq!(rx.recv_timeout(FOREVER), Ok(9)),
+            other => panic!("unexpected {other:?}"),
+        }
+        watcher.join().unwrap();
+        drop(producer.join().unwrap());
+    });
+}
+
 /// Waits, as a session's `recv_any` does, for whichever of `consumers` has something: arm every
 /// ring, re-check, sleep on the eventfd, disarm, reset the eventfd if it slept or a waker fired.
 fn wait_for_any(consumers: &[&crate::Consumer<u64>], event: &crate::readiness::ModelEventFd) {

@@ -78,6 +78,7 @@ use crate::error::{
     Corruption, Error, RecvTimeoutError, Role, SendTimeoutError, TryRecvError, TrySendError,
 };
 use crate::futex::{Deadline, WaitWord};
+use crate::interrupt::Interrupt;
 use crate::readiness::Notifier;
 use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
 use crate::waiting::{Patience, Waiting};
@@ -274,6 +275,19 @@ impl<T> RingRef<T> {
             .store(CAUSE_SET | u64::from(cause), Ordering::Release);
         self.close_end(Role::Producer);
         self.close_end(Role::Consumer);
+    }
+
+    /// Wakes the `role` side if it parked, without publishing anything of the ring's own.
+    fn wake(&self, role: Role) {
+        // SAFETY: as in `header` above (repeated here because this impl has no `Pod` bound).
+        let header = unsafe { self.header.as_ref() };
+        match role {
+            Role::Consumer => header
+                .consumer_wait
+                .0
+                .wake_or_notify(self.notifier.as_ref()),
+            Role::Producer => header.consumer.0.producer_wait.wake(),
+        }
     }
 
     /// Closes one end: stores its close flag (Release) and wakes the other side if it parked.
@@ -535,6 +549,24 @@ impl<T> Closer<T> {
     /// Closes only the `role` end, as dropping that end would (waking the other side).
     pub fn close_end(&self, role: Role) {
         self.0.close_end(role);
+    }
+
+    /// Closes only the `role` end, as [`Self::close_end`] does, giving `cause` (which the other
+    /// end reads with `close_cause`): a worker leaving because it saw that rank die says so.
+    pub fn close_end_citing(&self, role: Role, cause: u32) {
+        self.0
+            .control()
+            .cause
+            .store(CAUSE_SET | u64::from(cause), Ordering::Release);
+        self.0.close_end(role);
+    }
+
+    /// Wakes the `role` end if it is parked (on its futex word, or on its readiness eventfd for
+    /// the consumer), changing nothing else: the waiter re-checks what it waits for. For
+    /// [`Interrupt::fire`](crate::Interrupt::fire); any other caller only causes a spurious
+    /// wake-up.
+    pub fn wake(&self, role: Role) {
+        self.0.wake(role);
     }
 
     /// Whether the `role` end of the ring has been closed (by that end dropping, or by any
@@ -944,6 +976,8 @@ pub struct Consumer<T: Pod> {
     patience: Patience,
     /// When the last blocking receive started its clock, if it did.
     clock_started: Option<std::time::Instant>,
+    /// What ends an interruptible wait early (see the `interrupt` module).
+    interrupt: Option<std::sync::Arc<Interrupt>>,
 }
 
 // SAFETY: as for `Producer`: the consumer owns its cursor and follows the ring protocol.
@@ -956,6 +990,7 @@ impl<T: Pod> Consumer<T> {
             cursor: RecvCursor { head: 0 },
             patience: Patience::new(Waiting::default()),
             clock_started: None,
+            interrupt: None,
         }
     }
 
@@ -1103,10 +1138,43 @@ impl<T: Pod> Consumer<T> {
         buffer: &mut [T],
         timeout: Duration,
     ) -> Result<usize, RecvTimeoutError> {
+        self.recv_batch_waiting(buffer, timeout, None)
+    }
+
+    /// Gives this end an [`Interrupt`] that can end [`Self::recv_batch_interruptible`] early.
+    pub fn set_interrupt(&mut self, interrupt: std::sync::Arc<Interrupt>) {
+        self.interrupt = Some(interrupt);
+    }
+
+    /// [`Self::recv_batch_timeout`] that also returns once the interrupt set with
+    /// [`Self::set_interrupt`] is past generation `seen` (read with [`Interrupt::generation`]
+    /// before the caller looked at whatever makes it give up). Messages already there are taken
+    /// first. Without an interrupt set, the same as [`Self::recv_batch_timeout`].
+    ///
+    /// # Errors
+    ///
+    /// [`RecvTimeoutError::Interrupted`] when the generation moved on and nothing was there;
+    /// otherwise as for [`Self::recv_timeout`].
+    pub fn recv_batch_interruptible(
+        &mut self,
+        buffer: &mut [T],
+        timeout: Duration,
+        seen: u64,
+    ) -> Result<usize, RecvTimeoutError> {
+        self.recv_batch_waiting(buffer, timeout, Some(seen))
+    }
+
+    fn recv_batch_waiting(
+        &mut self,
+        buffer: &mut [T],
+        timeout: Duration,
+        seen: Option<u64>,
+    ) -> Result<usize, RecvTimeoutError> {
         if buffer.is_empty() {
             return Ok(0);
         }
         let (ring, cursor) = (&self.ring, &mut self.cursor);
+        let interrupt = seen.and_then(|seen| Some((self.interrupt.as_deref()?, seen)));
         let mut deadline = Deadline::after(timeout);
         let outcome =
             ring.header()
@@ -1114,18 +1182,24 @@ impl<T: Pod> Consumer<T> {
                 .0
                 .wait_until(&mut self.patience, &mut deadline, || {
                     match cursor.try_recv(ring, buffer.len(), |i, message| buffer[i] = message) {
-                        Err(TryRecvError::Empty) => None,
-                        other => Some(other),
+                        Err(TryRecvError::Empty) => match interrupt {
+                            Some((interrupt, seen)) if interrupt.fired_since(seen) => {
+                                Some(Err(RecvTimeoutError::Interrupted))
+                            }
+                            _ => None,
+                        },
+                        Ok(count) => Some(Ok(count)),
+                        Err(TryRecvError::Disconnected) => {
+                            Some(Err(RecvTimeoutError::Disconnected))
+                        }
+                        Err(TryRecvError::Corrupted(c)) => {
+                            Some(Err(RecvTimeoutError::Corrupted(c)))
+                        }
                     }
                 });
         self.clock_started = deadline.started();
-        match outcome {
-            // `wait_until` only returns an empty ring as "no outcome": the deadline passed.
-            None | Some(Err(TryRecvError::Empty)) => Err(RecvTimeoutError::Timeout),
-            Some(Ok(count)) => Ok(count),
-            Some(Err(TryRecvError::Disconnected)) => Err(RecvTimeoutError::Disconnected),
-            Some(Err(TryRecvError::Corrupted(c))) => Err(RecvTimeoutError::Corrupted(c)),
-        }
+        // `wait_until` returns "no outcome" only when the deadline passed.
+        outcome.unwrap_or(Err(RecvTimeoutError::Timeout))
     }
 }
 

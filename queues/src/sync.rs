@@ -41,6 +41,11 @@ macro_rules! atomic {
                 self.0.swap(value, order)
             }
 
+            #[inline(always)]
+            pub(crate) fn fetch_add(&self, value: $int, order: Ordering) -> $int {
+                self.0.fetch_add(value, order)
+            }
+
             /// The core atomic, for system calls such as futex(2) (`shmbroker_sys::futex`).
             pub(crate) const fn as_core(&self) -> &core::sync::atomic::$name {
                 &self.0
