@@ -278,7 +278,12 @@ fn a_readiness_entry_that_is_not_an_eventfd_is_refused_before_anything_writes_to
     // The broker's "eventfd" for rank 1 is a memfd: writing 8 bytes to it would scribble on a
     // file, so the client refuses the reply instead.
     let ring = || shmbroker_queues::create::<shmbroker_bindings::Message>(64).unwrap();
-    let ring_size = shmbroker_queues::memfd::file_size(std::os::fd::AsFd::as_fd(&ring())).unwrap();
+    // Under the lock: the memfd made to measure a ring must not open while another test here
+    // compares this process's fds (a full test run caught one doing so).
+    let ring_size = {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        shmbroker_queues::memfd::file_size(std::os::fd::AsFd::as_fd(&ring())).unwrap()
+    };
     let reply_with_size = reply_for_rank_0_of_2([
         (4, 0, 0),
         (1, 1, ring_size),
