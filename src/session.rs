@@ -35,12 +35,24 @@
 //!
 //! Every worker watches every peer's process itself (a pidfd the broker opened at that peer's
 //! logon), whether or not the broker is still there. When a peer's process exits without having
-//! dropped its session, the watcher closes every ring of this worker, waking whatever call is
-//! parked; every pending and later call then fails with [`Error::PeerLost`] naming the first rank
-//! that died. A peer that dropped its session **left**: calls that need it fail with
-//! [`Error::PeerLeft`], others go on. With the broker gone, what needs it fails with
-//! [`Error::BrokerLost`]. See the handshake's `liveness` module. Blocks of this rank's outbox that
-//! a departed peer still owed an acknowledgement for are given back.
+//! dropped its session, it was **lost**: the watcher closes the two rings this worker shares with
+//! it, waking whatever waits on them, and interrupts every collective (see the handshake's
+//! `liveness` module and the queues crate's `interrupt` module). Then
+//!
+//! * a call that needs the dead rank (`send` to it, `recv` from it, `recv_any`'s turn at it)
+//!   receives what it sent before dying, then fails with [`Error::PeerLost`] naming it;
+//! * every collective, pending (even one waiting on a live peer, which is stuck on the dead rank
+//!   too) or later, fails with [`Error::PeerLost`] naming the first rank that died: a collective
+//!   needs every rank, so the session's collectives are over;
+//! * point-to-point calls with the ranks still there go on, so a reader can carry on farming
+//!   tasks to the workers left (`recv_any` reports each death once, then skips the dead rank).
+//!
+//! A peer that dropped its session **left**: calls that need it fail with [`Error::PeerLeft`],
+//! others go on (a collective needs every rank). With the broker gone, what
+//! needs it fails with [`Error::BrokerLost`]. Blocks of this rank's outbox that a departed peer
+//! still owed an acknowledgement for are given back. A collective cut short by a death can leave
+//! blocks that *live* peers owed for it (they stopped receiving it): those stay taken, so the
+//! outbox has that much less room for the point-to-point traffic that goes on.
 
 mod any;
 mod collectives;
@@ -159,6 +171,8 @@ struct Deadline {
     op: &'static str,
     at: std::cell::Cell<Option<Instant>>,
     timeout: Duration,
+    /// A collective's: it needs every rank, so a death anywhere ends it (see "When a peer dies").
+    collective: bool,
 }
 
 impl Deadline {
@@ -167,6 +181,15 @@ impl Deadline {
             op,
             at: std::cell::Cell::new(None),
             timeout,
+            collective: false,
+        }
+    }
+
+    /// The deadline of a collective: its waits also end when any rank dies.
+    fn collective(op: &'static str, timeout: Duration) -> Self {
+        Self {
+            collective: true,
+            ..Self::new(op, timeout)
         }
     }
 

@@ -159,9 +159,9 @@ fn a_worker_killed_with_sigkill_disconnects_its_peers_at_once() {
 }
 
 #[test]
-fn a_death_ends_the_session_for_everyone_even_those_waiting_on_live_peers() {
-    use shmbroker::bindings::{LogonFrame, RejectReason};
-    use shmbroker::handshake::{Error, connect};
+fn a_death_closes_the_dead_ranks_rings_and_interrupts_waits_on_live_peers() {
+    use shmbroker::bindings::{LogonFrame, Message, RejectReason};
+    use shmbroker::handshake::{Departure, Error, connect};
     use shmbroker::queues::RecvTimeoutError;
 
     let dir = TempDir::new("poison").unwrap();
@@ -182,7 +182,7 @@ fn a_death_ends_the_session_for_everyone_even_those_waiting_on_live_peers() {
     let one_path = socket.clone();
     let one = std::thread::spawn(move || connect(&one_path, LogonFrame::new(1), DEADLINE));
     let mut zero = connect(&socket, LogonFrame::new(0), DEADLINE).unwrap();
-    let one = one.join().unwrap().unwrap();
+    let mut one = one.join().unwrap().unwrap();
     // Rank 2 has greeted rank 0; it is now waiting for greetings that never come.
     assert_eq!(
         zero.link(2)
@@ -194,20 +194,48 @@ fn a_death_ends_the_session_for_everyone_even_those_waiting_on_live_peers() {
         2
     );
 
-    // Rank 0 waits on rank 1, which is alive but silent, when rank 2 dies.
+    // Rank 0 waits on rank 1, which is alive but silent, when rank 2 dies: an interruptible wait
+    // (a collective's) ends, and the ring from rank 1 stays open.
+    let seen = zero.interrupt_generation();
+    assert_eq!(zero.recorded_lost_rank(), None);
     let waiter = std::thread::spawn(move || {
-        let result = zero
-            .link(1)
-            .unwrap()
-            .from
-            .recv_timeout(Duration::from_secs(30));
-        let cause = zero.link(1).unwrap().from.close_cause();
-        (result, cause, zero)
+        let mut one_slot = [<Message as bytemuck::Zeroable>::zeroed()];
+        let result = zero.link(1).unwrap().from.recv_batch_interruptible(
+            &mut one_slot,
+            Duration::from_secs(30),
+            seen,
+        );
+        (result, zero)
     });
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
-    let (result, cause, _zero) = waiter.join().unwrap();
-    assert_eq!(result, Err(RecvTimeoutError::Disconnected));
-    assert_eq!(cause, Some(2), "the ring names the rank that was lost");
+    let (result, mut zero) = waiter.join().unwrap();
+    assert_eq!(result, Err(RecvTimeoutError::Interrupted));
+    assert_eq!(zero.recorded_lost_rank(), Some(2));
+    assert_eq!(zero.departure(2), Some(Departure::Lost { rank: 2 }));
+    assert_eq!(zero.departure(1), None, "rank 1 is still there");
+    assert_eq!(zero.link(1).unwrap().from.close_cause(), None);
+
+    // The rings with the dead rank are closed, naming it; those between the survivors carry on.
+    assert_eq!(
+        zero.link(2)
+            .unwrap()
+            .from
+            .recv_timeout(Duration::from_secs(5)),
+        Err(RecvTimeoutError::Disconnected)
+    );
+    assert_eq!(zero.link(2).unwrap().from.close_cause(), Some(2));
+    let mut hello = <Message as bytemuck::Zeroable>::zeroed();
+    hello.tag = 41;
+    one.link(0).unwrap().to.try_send(hello).unwrap();
+    assert_eq!(
+        zero.link(1)
+            .unwrap()
+            .from
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap()
+            .tag,
+        41
+    );
 
     // The session is over: nobody new gets in.
     match connect(&socket, LogonFrame::new(2), DEADLINE) {
@@ -217,7 +245,7 @@ fn a_death_ends_the_session_for_everyone_even_those_waiting_on_live_peers() {
         }) => assert!(text.contains("rank 2 died"), "{text}"),
         other => panic!("unexpected {other:?}"),
     }
-    drop(one);
+    drop((zero, one));
     child.kill();
     stop.stop();
     broker.join().unwrap().unwrap();

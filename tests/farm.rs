@@ -173,32 +173,45 @@ fn messages_of_every_size_come_from_any_peer_in_order() {
 }
 
 #[test]
-fn a_worker_killed_mid_farm_is_named_after_its_last_messages() {
-    let broker = Broker::start("farm-kill", 3);
-    let mut steady = farm_worker(&broker, 1, &[]);
+fn a_worker_killed_mid_farm_is_named_after_its_last_messages_and_the_farm_goes_on() {
+    let broker = Broker::start("farm-kill", 4);
+    let mut steady = [farm_worker(&broker, 1, &[]), farm_worker(&broker, 3, &[])];
     let mut doomed = farm_worker_with(&broker, 2, &["--burst-then-hang", "5"], Stdio::piped());
     let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
     reader.set_timeout(Duration::from_secs(30));
-    reader.send(1, &task(0, 64)).unwrap();
     reader.send(2, &task(1, 64)).unwrap();
     // Rank 2 has put five answers in its ring; it dies before the reader takes any of them.
     let said = common::read_line_within(doomed.take_stdout().unwrap(), common::CHILD_DEADLINE);
     assert_eq!(said.trim(), "burst sent");
+    // The steady workers are busy when it dies: each has a task, and its answer may be taken
+    // before or after the death is reported.
+    reader.send(1, &task(0, 64)).unwrap();
+    reader.send(3, &task(2, 64)).unwrap();
     doomed.kill();
     let _ = doomed.wait_timeout(Duration::from_secs(10)).unwrap();
     let mut from_doomed = Vec::new();
-    let error = loop {
+    let mut steady_answers = Vec::new();
+    let mut error = None;
+    while error.is_none() || steady_answers.len() < 2 {
         match reader.recv_any() {
             Ok((2, answer)) => {
+                assert!(error.is_none(), "rank 2's messages come before its death");
                 from_doomed.push(u64::from_le_bytes(answer[..8].try_into().unwrap()));
             }
-            // Rank 1's one answer may come before or after: a death ends the session for
-            // every rank, so it is fed no more.
-            Ok((1, _)) => {}
+            Ok((from @ (1 | 3), answer)) => {
+                steady_answers.push((from, u64::from_le_bytes(answer[..8].try_into().unwrap())));
+            }
             Ok((other, _)) => panic!("rank {other} is no worker"),
-            Err(error) => break error,
+            Err(found) => {
+                assert!(
+                    error.is_none(),
+                    "a death is reported once; then came {found}"
+                );
+                error = Some(found);
+            }
         }
-    };
+    }
+    let error = error.unwrap();
     assert!(
         matches!(error, Error::PeerLost { rank: 2 }),
         "expected rank 2 named as lost, got {error}"
@@ -213,8 +226,70 @@ fn a_worker_killed_mid_farm_is_named_after_its_last_messages() {
             u64::MAX - 4
         ]
     );
-    steady.kill();
-    let _ = steady.wait_timeout(Duration::from_secs(10));
+    steady_answers.sort_unstable();
+    assert_eq!(steady_answers, [(1, 0), (3, 2)]);
+
+    // Whatever needs rank 2 names it, and so does every collective (they need every rank).
+    assert!(matches!(
+        reader.try_recv(2),
+        Err(Error::PeerLost { rank: 2 })
+    ));
+    assert!(matches!(
+        reader.send(2, b"more"),
+        Err(Error::PeerLost { rank: 2 })
+    ));
+    assert!(matches!(
+        reader.barrier_timeout(Duration::from_secs(5)),
+        Err(Error::PeerLost { rank: 2 })
+    ));
+
+    // The reader carries on with the workers still there: small and large tasks, every answer
+    // checked, both workers busy; then they are told to stop and exit cleanly.
+    let tasks: Vec<Vec<u8>> = (0..600)
+        .map(|id| task(id, if id % 6 == 0 { 64 << 10 } else { 64 }))
+        .collect();
+    let done = run_farm(&mut reader, &[1, 3], &tasks);
+    assert_eq!(done.values().sum::<usize>(), tasks.len());
+    assert!(done.get(&1).is_some_and(|&n| n > 0), "{done:?}");
+    assert!(done.get(&3).is_some_and(|&n| n > 0), "{done:?}");
+    for worker in &mut steady {
+        let status = worker.wait_timeout(Duration::from_secs(30)).unwrap();
+        assert!(status.is_some_and(|status| status.success()), "{status:?}");
+    }
+}
+
+#[test]
+fn a_collective_waiting_on_a_live_peer_ends_when_a_third_rank_dies_and_messages_go_on() {
+    let broker = Broker::start("farm-interrupt", 3);
+    let mut steady = farm_worker(&broker, 1, &[]);
+    let doomed = farm_worker(&broker, 2, &[]);
+    let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
+    reader.await_peers(Duration::from_secs(30)).unwrap();
+    // The reader waits in a broadcast from rank 1, which is alive but never joins it (it waits
+    // for a task); rank 2, which the reader does not wait on, dies meanwhile. The broadcast must
+    // end naming rank 2, not wait out its 60 s: rank 1 will never send.
+    let killer = std::thread::spawn(move || {
+        let mut doomed = doomed;
+        std::thread::sleep(Duration::from_millis(200));
+        doomed.kill();
+        doomed.wait_timeout(Duration::from_secs(10)).unwrap()
+    });
+    let error = reader
+        .broadcast_timeout(1, None, Duration::from_secs(60))
+        .unwrap_err();
+    assert!(matches!(error, Error::PeerLost { rank: 2 }), "{error}");
+    killer.join().unwrap();
+    // `recv_any` reports the death once too (rank 2 could have sent something first), then
+    // serves rank 1, which is still there, and so are the rings to it.
+    assert!(matches!(
+        reader.recv_any(),
+        Err(Error::PeerLost { rank: 2 })
+    ));
+    let tasks: Vec<Vec<u8>> = (0..200).map(|id| task(id, 64)).collect();
+    let done = run_farm(&mut reader, &[1], &tasks);
+    assert_eq!(done.get(&1), Some(&tasks.len()));
+    let status = steady.wait_timeout(Duration::from_secs(30)).unwrap();
+    assert!(status.is_some_and(|status| status.success()), "{status:?}");
 }
 
 /// Whether `error` names `rank` as the one gone or at fault.

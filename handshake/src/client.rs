@@ -10,7 +10,7 @@ use shmbroker_bindings::{
     FdRole, LogonFrame, ManifestEntry, Message, NO_PEER, NoticeKind, RING_LAYOUT_VERSION,
     WorkerNotice,
 };
-use shmbroker_queues::{Consumer, Notifier, Producer, Role};
+use shmbroker_queues::{Consumer, Interrupt, Notifier, Producer, Role};
 use shmbroker_sys::fdpass::{recv_with_fds, send_with_fds};
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -94,10 +94,9 @@ impl Connection {
         &self.socket
     }
 
-    /// Why the link to `peer` closed, or why a call on it failed: the first peer seen to die
-    /// (every ring closes then), `peer` itself having left, or the broker gone before `peer`
-    /// ever logged on. `None` when nobody is known to be gone. It checks every peer's process
-    /// first, so it is current.
+    /// Why the link to `peer` closed, or why a call on it failed: `peer` died or left, or the
+    /// broker went before `peer` ever logged on. `None` while `peer` is there (whoever else is
+    /// gone). It checks every peer's process first, so it is current.
     #[must_use]
     pub fn departure(&self, peer: u32) -> Option<Departure> {
         self.shared.departure(peer)
@@ -108,6 +107,30 @@ impl Connection {
     pub fn lost_rank(&self) -> Option<u32> {
         self.shared.check_now();
         self.shared.first_dead()
+    }
+
+    /// The first rank this worker's watcher (or a call) recorded dead, if any, without checking
+    /// again: one atomic load, for hot paths. Read [`Self::interrupt_generation`] first and hand
+    /// it to an interruptible wait, which then ends if a death is recorded after this look.
+    #[must_use]
+    pub fn recorded_lost_rank(&self) -> Option<u32> {
+        self.shared.first_dead()
+    }
+
+    /// The generation of the interrupt fired after every death (see
+    /// [`shmbroker_queues::Interrupt`]): for [`shmbroker_queues::Consumer::recv_batch_interruptible`]
+    /// on this connection's rings.
+    #[must_use]
+    pub fn interrupt_generation(&self) -> u64 {
+        self.shared.interrupt_generation()
+    }
+
+    /// Every rank this worker has recorded dead.
+    #[must_use]
+    pub fn dead_ranks(&self) -> Vec<u32> {
+        (0..self.world_size)
+            .filter(|&rank| self.shared.is_dead(rank))
+            .collect()
     }
 
     /// Whether the broker's socket has closed.
@@ -135,10 +158,13 @@ impl Connection {
     /// As for [`Self::take_relayed_fd`].
     pub fn take_peer_outbox(&mut self, owner: u32, timeout: Duration) -> Result<OwnedFd, Error> {
         let deadline = Instant::now() + timeout;
-        self.shared
-            .wait_for(deadline, "waiting for a peer's outbox", timeout, |inbox| {
-                inbox.outboxes.remove(&owner)
-            })
+        self.shared.wait_for(
+            owner,
+            deadline,
+            "waiting for a peer's outbox",
+            timeout,
+            |inbox| inbox.outboxes.remove(&owner),
+        )
     }
 
     /// Rank `peer`'s process id as the broker saw it log on, waiting up to `timeout` for it to
@@ -164,13 +190,18 @@ impl Connection {
         timeout: Duration,
     ) -> Result<(i32, Arc<OwnedFd>), Error> {
         let deadline = Instant::now() + timeout;
-        self.shared
-            .wait_for(deadline, "waiting for a peer's process", timeout, |inbox| {
+        self.shared.wait_for(
+            peer,
+            deadline,
+            "waiting for a peer's process",
+            timeout,
+            |inbox| {
                 inbox
                     .peers
                     .get(&peer)
                     .map(|process| (process.pid, Arc::clone(&process.pidfd)))
-            })
+            },
+        )
     }
 
     /// Sends one notice (with an fd, or none) to the broker, waiting up to `timeout` for room.
@@ -246,9 +277,11 @@ impl Connection {
         let stage = "relaying an fd through the broker";
         let notice = WorkerNotice::new(NoticeKind::RelayFd, to, token);
         self.send_notice(notice, Some(fd), stage, timeout)?;
-        let answer = self.shared.wait_for(deadline, stage, timeout, |inbox| {
-            inbox.relay_answers.remove(&(to, token))
-        })?;
+        let answer = self
+            .shared
+            .wait_for(to, deadline, stage, timeout, |inbox| {
+                inbox.relay_answers.remove(&(to, token))
+            })?;
         match answer {
             RelayAnswer::Delivered => Ok(()),
             RelayAnswer::Refused(NoticeKind::RelayRefusedFull) => Err(Error::RelayRefused {
@@ -280,11 +313,13 @@ impl Connection {
         timeout: Duration,
     ) -> Result<OwnedFd, Error> {
         let deadline = Instant::now() + timeout;
-        let fd = self
-            .shared
-            .wait_for(deadline, "waiting for a relayed fd", timeout, |inbox| {
-                inbox.relayed.remove(&(from, token))
-            })?;
+        let fd = self.shared.wait_for(
+            from,
+            deadline,
+            "waiting for a relayed fd",
+            timeout,
+            |inbox| inbox.relayed.remove(&(from, token)),
+        )?;
         let claimed = WorkerNotice::new(NoticeKind::Claimed, from, token);
         // Best effort: a broker that is gone has nothing left to count.
         let _ = self.send_notice(claimed, None, "saying a relayed fd was taken", timeout);
@@ -295,10 +330,22 @@ impl Connection {
 impl Drop for Connection {
     /// Leaves on purpose: closes this worker's ends of every ring first (peers that see its
     /// process exit afterwards know it left, not died), tells the broker, and stops the watcher.
+    /// After a death, the ends are closed citing the first rank seen to die: the peers still
+    /// there then know this worker left because of it (see the `liveness` module).
     fn drop(&mut self) {
+        let cause = self.shared.first_dead();
         for link in self.links.iter().flatten() {
-            link.to.closer().close_end(Role::Producer);
-            link.from.closer().close_end(Role::Consumer);
+            let (to, from) = (link.to.closer(), link.from.closer());
+            match cause {
+                Some(rank) => {
+                    to.close_end_citing(Role::Producer, rank);
+                    from.close_end_citing(Role::Consumer, rank);
+                }
+                None => {
+                    to.close_end(Role::Producer);
+                    from.close_end(Role::Consumer);
+                }
+            }
         }
         let notice = WorkerNotice::new(NoticeKind::Goodbye, NO_PEER, 0);
         // Never block in drop (the socket is non-blocking): a notice fits in any socket buffer;
@@ -652,6 +699,7 @@ impl Connection {
             })?;
         // Every producer holds its consumer's eventfd and every consumer its own, before the
         // closers are made (they keep the notifier they are made with).
+        let interrupt = Arc::new(Interrupt::new());
         let links: Vec<Option<Link>> = links
             .into_iter()
             .zip(&readiness)
@@ -659,6 +707,7 @@ impl Connection {
                 let (mut to, mut from) = (to?, from?);
                 to.set_notify(theirs.clone()?);
                 from.set_notify(own.clone());
+                from.set_interrupt(Arc::clone(&interrupt));
                 Some(Link { to, from })
             })
             .collect();
@@ -669,7 +718,7 @@ impl Connection {
                     .map(|link| (link.to.closer(), link.from.closer()))
             })
             .collect();
-        let shared = Arc::new(Shared::new(header.rank, closers));
+        let shared = Arc::new(Shared::new(header.rank, closers, interrupt));
         let reader = socket
             .try_clone()
             .map_err(|e| Error::sys("dup of the broker socket")(io_errno(&e)))?;

@@ -19,26 +19,35 @@
 //!
 //! When a peer's process has exited, the watcher looks at the two ring ends that peer owns in
 //! this worker's links: a peer that dropped its session closed them first, without a cause
-//! ([`Connection`]'s drop does that before anything else), so it **left**; otherwise it **died**. A
-//! death ends the session for everyone: the watcher records the rank (the first death wins) and
-//! closes every ring of this worker through [`Closer`]s that share the session's own mappings and
-//! validated geometry, with the dead rank as cause, waking any call parked on them; the calls
-//! then ask [`Shared::departure`] what happened and name the dead rank.
+//! ([`Connection`]'s drop does that before anything else), so it **left**; otherwise it **died**.
+//! A death is recorded (the first one is kept apart: collectives name it), and the watcher closes
+//! the two rings shared with the dead rank, through [`Closer`]s that share the session's own
+//! mappings and validated geometry, with the dead rank as cause: whatever waits on them wakes,
+//! receives what the dead rank sent before dying, then learns from [`Shared::departure`] that it
+//! died. The rings to the other peers stay open, so a worker can carry on with them. Then the
+//! watcher fires the session's [`Interrupt`]: a wait that cannot end without the dead rank even
+//! though it waits on a live one (a collective: that peer waits on the dead rank too) gives up,
+//! and the others (point to point with a live peer) look again and wait on.
 //!
-//! A peer's watcher closes the rings it shares with this worker too, with a cause: that is not
-//! the peer leaving, so a close with a cause is never read as "left". A cause names a rank the
-//! peer saw die (or [`BROKER_LOST`]); it is only a claim, so it is believed only once this
-//! worker's own pidfd for that rank shows the death (waited for a moment: the peer's notice may
-//! still be on its way); otherwise the peer itself is named. So the only thing read from memory a
-//! live peer could write is that peer's own "I closed my end" and its claims about others, which
-//! are checked against the kernel before anyone is named.
+//! A worker that drops its session after it saw a rank die closes its ends of its rings with
+//! that rank as cause: peers that see it go before they see the death (a peer's collective fails
+//! on the dead rank, and its program gives up and leaves, while this worker's collective still
+//! waits on it) can tell that it left *because of* the death, and a collective names the rank
+//! that died, not the one that gave up. A cause is only a claim, so it is believed only once this
+//! worker's own pidfd for that rank (or the broker's word) shows the death, waited for a moment;
+//! otherwise the peer itself is named. This worker's own watcher also closes rings with a cause
+//! (the dead rank, or [`BROKER_LOST`] for peers that never logged on while the broker was
+//! there). So the only things read from memory a live peer could write are that peer's own "I
+//! closed my end" and its claims about others, which are checked against the kernel before
+//! anyone is named.
 //!
 //! When the broker's socket closes, the broker is **lost**: operations that need it (an outbox
 //! or relayed fd still to come) fail with [`Error::BrokerLost`], and since no peer can log on any
 //! more, the rings to peers that never did are closed, so nobody waits for them.
 //!
 //! The closing itself is the ring's third-party close ([`Closer::close`]), whose wake-up is
-//! model-checked in the queues crate (`loom_a_third_party_close_wakes_a_parked_*`).
+//! model-checked in the queues crate (`loom_a_third_party_close_wakes_a_parked_*`); so is the
+//! interrupt's (`loom_an_interrupt_*`).
 //!
 //! # Between the watcher and the session's thread
 //!
@@ -48,9 +57,9 @@
 //! so whichever thread records an exit first decides, and both may record the same one (the second
 //! finds it recorded). A change to them is followed by taking the inbox lock and notifying,
 //! so a waiter that checked before the change is already waiting when the notification comes.
-//! A session call never waits on these words: it waits on its ring, which a death closes, and
-//! only then asks who is gone (which polls the pidfds itself, so it never depends on the watcher
-//! having run).
+//! A session call never waits on these words: it waits on its ring, which a death closes (or
+//! interrupts), and only then asks who is gone (which polls the pidfds itself, so it never
+//! depends on the watcher having run).
 //!
 //! [`Connection`]: crate::Connection
 
@@ -60,7 +69,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use shmbroker_bindings::{Message, NoticeKind, WorkerNotice};
-use shmbroker_queues::{Closer, Role};
+use shmbroker_queues::{Closer, Interrupt, Role};
 use shmbroker_sys::fdpass::recv_with_fds;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -142,11 +151,19 @@ pub(crate) struct Shared {
     /// Ranks that left (their process exited after they closed their ring ends).
     left: AtomicU64,
     broker_lost: AtomicBool,
+    /// Fired after every death: ends the interruptible waits of this worker (the consumer end of
+    /// every ring from a peer holds it), so that collectives stop waiting on live peers.
+    interrupt: Arc<Interrupt>,
 }
 
 impl Shared {
-    pub fn new(rank: u32, closers: Vec<Option<(Closer<Message>, Closer<Message>)>>) -> Self {
+    pub fn new(
+        rank: u32,
+        closers: Vec<Option<(Closer<Message>, Closer<Message>)>>,
+        interrupt: Arc<Interrupt>,
+    ) -> Self {
         Self {
+            interrupt,
             rank,
             inbox: Mutex::new(Inbox::default()),
             arrived: Condvar::new(),
@@ -170,6 +187,17 @@ impl Shared {
         self.broker_lost.load(Ordering::Acquire)
     }
 
+    /// The interrupt fired after every death: read its generation before [`Self::first_dead`]
+    /// and hand it to an interruptible wait.
+    pub fn interrupt_generation(&self) -> u64 {
+        self.interrupt.generation()
+    }
+
+    /// Whether `rank`'s death has been recorded.
+    pub fn is_dead(&self, rank: u32) -> bool {
+        rank < 64 && self.dead.load(Ordering::Acquire) & (1u64 << rank) != 0
+    }
+
     /// The first rank seen to die, if any.
     pub fn first_dead(&self) -> Option<u32> {
         let rank = self.first_dead.load(Ordering::Acquire);
@@ -178,10 +206,11 @@ impl Shared {
 
     /// Why the link to `peer` is closed (or a call on it failed): checks every known peer's
     /// process now, then answers from what the kernel said, never from a ring header alone.
+    /// `None` while `peer` is there, whoever else is gone.
     pub fn departure(&self, peer: u32) -> Option<Departure> {
         self.check_now();
-        if let Some(rank) = self.first_dead() {
-            return Some(Departure::Lost { rank });
+        if self.is_dead(peer) {
+            return Some(Departure::Lost { rank: peer });
         }
         // Before the ring flags: losing the broker closes the rings to peers that never logged
         // on, which would otherwise read as those peers having left.
@@ -196,14 +225,20 @@ impl Shared {
             None => return Some(Departure::Left { rank: peer }),
             Some(claimed) => claimed,
         };
-        // The peer's watcher closed them, saying `claimed` died (or that the broker is gone):
-        // believed once this worker sees it too. Otherwise the peer that closed them is named,
-        // as lost if its process has exited, as having left if it is still there.
+        // The ends were closed with a cause: by this worker's own watcher when `peer` died
+        // (recorded by now, unless its pidfd is a moment behind) or when the broker went before
+        // `peer` logged on; or by `peer` itself, leaving after it saw `claimed` die. A claim
+        // about another rank is believed once this worker sees that death too (it may hear of
+        // it a moment later): then `peer` left in its wake. Otherwise `peer` is named, as lost
+        // once its process has exited, as having left while it is still there.
+        if claimed != BROKER_LOST && claimed != peer && self.confirm_exit(claimed) {
+            return Some(Departure::Left { rank: peer });
+        }
         let give_up = Instant::now() + CLAIM_GRACE;
         loop {
             self.check_now();
-            if let Some(rank) = self.first_dead() {
-                return Some(Departure::Lost { rank });
+            if self.is_dead(peer) {
+                return Some(Departure::Lost { rank: peer });
             }
             if claimed == BROKER_LOST && self.broker_lost() {
                 return Some(Departure::BrokerLost);
@@ -274,9 +309,9 @@ impl Shared {
     }
 
     /// `rank`'s process has exited. It left if it had closed its ring ends without a cause
-    /// (it dropped its session), or with a cause that holds (its watcher closed them because
-    /// that rank died, or because the broker was lost, and then it gave up). Otherwise it died,
-    /// and a death closes every ring of this worker.
+    /// (it dropped its session), or with a cause that holds: it dropped its session after it saw
+    /// that rank die (and said so, see [`Connection`]'s drop), or this watcher closed the rings
+    /// to it because the broker went before it logged on. Otherwise it died.
     fn exited(&self, rank: u32) {
         if self.recorded(rank) {
             return;
@@ -300,16 +335,21 @@ impl Shared {
         (self.dead.load(Ordering::Acquire) | self.left.load(Ordering::Acquire)) & bit != 0
     }
 
-    /// `rank` died: the first death is the session's, and every ring of this worker closes.
+    /// `rank` died: the rings shared with it close (with `rank` as cause), waking whatever waits
+    /// on them; then the interrupt fires, ending every interruptible wait on the other rings
+    /// (collectives, which cannot finish without `rank`), which stay open for what does not need
+    /// it.
     fn record_death(&self, rank: u32) {
         self.dead.fetch_or(1u64 << (rank % 64), Ordering::AcqRel);
         let _ = self
             .first_dead
             .compare_exchange(NONE, rank, Ordering::AcqRel, Ordering::Acquire);
-        for (to, from) in self.closers.iter().flatten() {
+        if let Some(Some((to, from))) = self.closers.get(rank as usize) {
             to.close(rank);
             from.close(rank);
         }
+        self.interrupt
+            .fire(self.closers.iter().flatten().map(|(_, from)| from));
         self.wake_waiters();
     }
 
@@ -367,9 +407,10 @@ impl Shared {
     }
 
     /// Waits until `take` finds what it looks for in the inbox, the deadline passes, the broker
-    /// can no longer send it, or a peer died (the session is over).
+    /// can no longer send it, or `peer` (whose part it is) died.
     pub fn wait_for<T>(
         &self,
+        peer: u32,
         deadline: Instant,
         stage: &'static str,
         timeout: Duration,
@@ -383,8 +424,8 @@ impl Shared {
             if let Some(fault) = &inbox.fault {
                 return Err(Error::Protocol(fault.clone()));
             }
-            if let Some(rank) = self.first_dead() {
-                return Err(Error::PeerLost { rank, stage });
+            if self.is_dead(peer) {
+                return Err(Error::PeerLost { rank: peer, stage });
             }
             if self.broker_lost() {
                 return Err(Error::BrokerLost { stage });

@@ -31,10 +31,13 @@
 //!
 //! # Departed peers
 //!
-//! Everything a peer sent before it died is delivered first; the next call then fails with
-//! [`Error::PeerLost`] naming it (a death ends the session, see the handshake's `liveness`
-//! module). A peer that left is skipped; once every peer has left, a call fails with
-//! [`Error::PeerLeft`] instead of waiting for nobody.
+//! Everything a peer sent before it died is delivered first; the next call that comes to it then
+//! fails with [`Error::PeerLost`] naming it, once. From then on it is skipped like a peer that
+//! left, and the calls go on with the others (a death closes only the rings shared with the dead
+//! rank, see the handshake's `liveness` module): a reader can keep farming tasks to the workers
+//! still there. A peer that left is skipped without an error. Once every peer is gone, a call
+//! fails instead of waiting for nobody: [`Error::PeerLost`] naming a rank that died if one did,
+//! otherwise [`Error::PeerLeft`].
 
 use super::transfer::Expect;
 use super::{Deadline, Error, Session};
@@ -53,14 +56,33 @@ pub(super) struct Readiness {
     owed: i64,
     /// Where the next look for a ready peer starts.
     next: u32,
-    /// Per peer: left the session, so nothing more can come from it.
-    left: Vec<bool>,
+    /// Per peer: gone (and already reported, for a death), so nothing more can come from it.
+    gone: Vec<Option<Gone>>,
+}
+
+/// How a peer left [`Readiness`]'s round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gone {
+    Left,
+    Lost,
+    /// It never logged on, and the broker is gone.
+    BrokerLost,
+}
+
+impl Gone {
+    fn error(self, rank: u32) -> Error {
+        match self {
+            Self::Left => Error::PeerLeft { rank },
+            Self::Lost => Error::PeerLost { rank },
+            Self::BrokerLost => Error::BrokerLost,
+        }
+    }
 }
 
 impl Readiness {
     pub(super) fn new(world: usize) -> Self {
         Self {
-            left: vec![false; world],
+            gone: vec![None; world],
             ..Self::default()
         }
     }
@@ -153,11 +175,12 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::PeerLeft`] once `peer` has left and everything it sent is taken (it is then
-    /// marked, so that [`Self::scan`] skips it); as for [`Self::recv`] otherwise.
+    /// [`Error::PeerLeft`] or [`Error::PeerLost`] once `peer` has left or died and everything
+    /// it sent is taken, [`Error::BrokerLost`] if it never logged on and cannot any more (it is
+    /// then marked, so that [`Self::scan`] skips it); as for [`Self::recv`] otherwise.
     pub(super) fn sender_ready(&mut self, peer: u32) -> Result<bool, Error> {
-        if self.any.left[peer as usize] {
-            return Err(Error::PeerLeft { rank: peer });
+        if let Some(gone) = self.any.gone[peer as usize] {
+            return Err(gone.error(peer));
         }
         let expect = Expect::Send {
             tag: self.received_from[peer as usize],
@@ -169,11 +192,18 @@ impl Session {
             match self.pull(peer, None) {
                 Ok(true) => {}
                 Ok(false) => return Ok(false),
-                Err(Error::PeerLeft { rank }) if rank == peer => {
-                    self.any.left[peer as usize] = true;
-                    return Err(Error::PeerLeft { rank });
+                Err(error) => {
+                    let gone = match error {
+                        Error::PeerLeft { rank } if rank == peer => Some(Gone::Left),
+                        Error::PeerLost { rank } if rank == peer => Some(Gone::Lost),
+                        Error::BrokerLost => Some(Gone::BrokerLost),
+                        _ => None,
+                    };
+                    if gone.is_some() {
+                        self.any.gone[peer as usize] = gone;
+                    }
+                    return Err(error);
                 }
-                Err(other) => return Err(other),
             }
         }
     }
@@ -212,7 +242,7 @@ impl Session {
         let rank = self.rank();
         for peer in 0..self.world_size() {
             let p = peer as usize;
-            if peer == rank || self.any.left[p] {
+            if peer == rank || self.any.gone[p].is_some() {
                 continue;
             }
             if !self.unread[p].is_empty() || self.owed_slots[p] != 0 {
@@ -235,12 +265,9 @@ impl Session {
             ));
         }
         let start = self.any.next % world;
-        // A death closes every ring: what the others (the dead peer among them) sent before it
-        // is still delivered, and the death reported only when nothing is left.
-        let mut lost = None;
         for step in 0..world {
             let peer = (start + step) % world;
-            if peer == self.rank() || self.any.left[peer as usize] {
+            if peer == self.rank() || self.any.gone[peer as usize].is_some() {
                 continue;
             }
             match self.sender_ready(peer) {
@@ -250,28 +277,30 @@ impl Session {
                 }
                 Ok(false) => {}
                 Err(Error::PeerLeft { rank }) if rank == peer => {}
-                Err(error @ (Error::PeerLost { .. } | Error::BrokerLost)) => {
-                    lost.get_or_insert(error);
+                // Reported once (the peer is marked gone now), the next look starting after it.
+                Err(error) => {
+                    self.any.next = peer + 1;
+                    return Err(error);
                 }
-                Err(other) => return Err(other),
             }
         }
-        if let Some(error) = lost {
+        if let Some(error) = self.every_peer_gone() {
             return Err(error);
-        }
-        if let Some(rank) = self.every_peer_left() {
-            return Err(Error::PeerLeft { rank });
         }
         Ok(None)
     }
 
-    /// The last peer, when every peer has left.
-    fn every_peer_left(&self) -> Option<u32> {
-        let mut peers = self.peers();
-        peers
-            .all(|peer| self.any.left[peer as usize])
-            .then(|| self.peers().last())
-            .flatten()
+    /// When every peer is gone: a death if there was one, else the broker's loss, else the last
+    /// peer's departure.
+    fn every_peer_gone(&self) -> Option<Error> {
+        let gone: Vec<(u32, Gone)> = self
+            .peers()
+            .map(|peer| Some((peer, self.any.gone[peer as usize]?)))
+            .collect::<Option<_>>()?;
+        [Gone::Lost, Gone::BrokerLost, Gone::Left]
+            .into_iter()
+            .find_map(|kind| gone.iter().rev().find(|(_, g)| *g == kind))
+            .map(|&(rank, kind)| kind.error(rank))
     }
 
     /// Arms every live peer's ring (re-arms those a waker has taken); returns whether any of them
@@ -281,7 +310,7 @@ impl Session {
         let mut taken = 0i64;
         let armed = self.any.armed;
         for peer in self.peers() {
-            if self.any.left[peer as usize] {
+            if self.any.gone[peer as usize].is_some() {
                 continue;
             }
             let from = &self.link(peer)?.from;
@@ -385,7 +414,7 @@ pub(super) fn wait_for_sender(
                     Some(peer) => vec![peer],
                     None => session
                         .peers()
-                        .filter(|&peer| !session.any.left[peer as usize])
+                        .filter(|&peer| session.any.gone[peer as usize].is_none())
                         .collect(),
                 };
                 return Err(session.timed_out_waiting(deadline, waiting_for));

@@ -294,7 +294,7 @@ impl Session {
     ///
     /// As for [`Self::barrier`].
     pub fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
-        let deadline = Deadline::new("barrier", timeout);
+        let deadline = Deadline::collective("barrier", timeout);
         let seq = self.next_seq();
         let world = self.world_size();
         if world <= FLAT_BARRIER_MAX {
@@ -362,7 +362,7 @@ impl Session {
         data: &[u8],
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        let deadline = Deadline::new("all_gather", timeout);
+        let deadline = Deadline::collective("all_gather", timeout);
         let seq = self.next_seq();
         let mut incoming = self.receive_from_every_peer(kind::ALL_GATHER, seq);
         self.transfer(
@@ -411,7 +411,7 @@ impl Session {
                 out.len()
             )));
         }
-        let deadline = Deadline::new("all_gather", self.timeout);
+        let deadline = Deadline::collective("all_gather", self.timeout);
         let seq = self.next_seq();
         let expect = Expect::Collective {
             op: kind::ALL_GATHER,
@@ -518,7 +518,7 @@ impl Session {
     ///
     /// As for [`Self::all_gather`], and [`Error::Protocol`] if a peer's value has another size.
     pub fn all_gather_pod<T: bytemuck::Pod>(&mut self, value: &T) -> Result<Vec<T>, Error> {
-        let deadline = Deadline::new("all_gather", self.timeout);
+        let deadline = Deadline::collective("all_gather", self.timeout);
         self.all_gather_pod_with(value, &deadline)
     }
 
@@ -560,7 +560,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<Vec<u8>, Error> {
         self.check_root(root, data.is_some(), "broadcast")?;
-        let deadline = Deadline::new("broadcast", timeout);
+        let deadline = Deadline::collective("broadcast", timeout);
         let seq = self.next_seq();
         if self.world_size() > FLAT_BROADCAST_MAX {
             return self.tree_broadcast(root, data, seq, &deadline);
@@ -695,7 +695,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
         self.check_rank(root)?;
-        let deadline = Deadline::new("gather", timeout);
+        let deadline = Deadline::collective("gather", timeout);
         let seq = self.next_seq();
         if self.world_size() > FLAT_GATHER_MAX {
             return self.tree_gather(root, data, seq, &deadline);

@@ -10,9 +10,10 @@ pub enum Error {
     /// Logging on failed.
     #[error(transparent)]
     Logon(#[from] shmbroker_handshake::Error),
-    /// A worker of the session died (its process exited without dropping its session): the
-    /// session is over, and every pending and later call that needs a peer reports the first rank
-    /// that died.
+    /// A worker of the session died (its process exited without dropping its session). Calls
+    /// that need it fail naming it, once what it sent before dying has been received; every
+    /// collective, pending or later, fails naming the first rank that died (a collective needs
+    /// every rank). Point-to-point calls with the ranks still there go on.
     #[error("peer rank {rank} was lost (its process exited without leaving)")]
     PeerLost {
         /// The rank that was lost.

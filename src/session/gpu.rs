@@ -52,7 +52,7 @@ impl Session {
         let mut fds: Vec<Option<OwnedFd>> = if exporters.is_empty() {
             handles.iter().map(|_| None).collect()
         } else {
-            let deadline = super::Deadline::new("all_gather_gpu_handles", self.timeout);
+            let deadline = super::Deadline::collective("all_gather_gpu_handles", self.timeout);
             let mine = fd.filter(|_| exporters.contains(&self.rank()));
             self.move_fds(&exporters, mine, &deadline)?
         };

@@ -260,7 +260,7 @@ impl Session {
         loan: Option<Loan>,
     ) -> Result<Option<LoanView>, Error> {
         self.check_root(root, loan.is_some(), "broadcast_loan")?;
-        let deadline = Deadline::new("broadcast_loan", self.timeout);
+        let deadline = Deadline::collective("broadcast_loan", self.timeout);
         let seq = self.next_seq();
         if let Some(loan) = loan {
             let targets: Vec<u32> = self.peers().collect();

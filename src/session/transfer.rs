@@ -257,6 +257,8 @@ pub(super) struct Outgoing<'d> {
     /// stalls, so that a receiver that is not receiving yet (it is sending to this rank too, say)
     /// cannot hold this send up while the outbox has room.
     window: usize,
+    /// A collective's (any operation but `SEND`): a death anywhere ends it.
+    collective: bool,
 }
 
 impl<'d> Outgoing<'d> {
@@ -273,6 +275,7 @@ impl<'d> Outgoing<'d> {
             messages: vec![header],
             written: 0,
             window: CHUNKS_IN_FLIGHT,
+            collective: op & kind::OP_MASK != kind::SEND,
         }
     }
 
@@ -471,10 +474,11 @@ impl Session {
         buffer: &mut [Message],
         wait: Option<&Deadline>,
     ) -> Result<usize, Error> {
+        let collective = wait.is_some_and(|deadline| deadline.collective);
         match self.link(peer)?.from.try_recv_batch(buffer) {
             Ok(got) => return Ok(got),
             Err(TryRecvError::Empty) => {}
-            Err(TryRecvError::Disconnected) => return Err(self.lost_from(peer)),
+            Err(TryRecvError::Disconnected) => return Err(self.closed(peer, collective)),
             Err(TryRecvError::Corrupted(corruption)) => {
                 return Err(self.corrupted(peer, corruption));
             }
@@ -491,8 +495,22 @@ impl Session {
         } else {
             deadline.budget()
         };
+        // A collective gives up when any rank dies: the generation is read before looking for a
+        // death, so one recorded after the look interrupts the wait (see the queues crate's
+        // `interrupt` module). One atomic load each, no system call.
+        let seen = deadline
+            .collective
+            .then(|| self.inner.interrupt_generation());
+        if seen.is_some()
+            && let Some(rank) = self.inner.recorded_lost_rank()
+        {
+            return Err(self.collective_lost(rank));
+        }
         let from = &mut self.link(peer)?.from;
-        let received = from.recv_batch_timeout(buffer, slice);
+        let received = match seen {
+            Some(seen) => from.recv_batch_interruptible(buffer, slice, seen),
+            None => from.recv_batch_timeout(buffer, slice),
+        };
         deadline.started_at(from.clock_started());
         match received {
             Ok(got) => Ok(got),
@@ -500,8 +518,10 @@ impl Session {
                 self.flush_all_acks()?;
                 Ok(0)
             }
+            // A death was recorded (or another change): the next call looks again.
+            Err(RecvTimeoutError::Interrupted) => Ok(0),
             Err(RecvTimeoutError::Timeout) => Err(self.timed_out(deadline, peer)),
-            Err(RecvTimeoutError::Disconnected) => Err(self.lost_from(peer)),
+            Err(RecvTimeoutError::Disconnected) => Err(self.closed(peer, collective)),
             Err(RecvTimeoutError::Corrupted(corruption)) => Err(self.corrupted(peer, corruption)),
         }
     }
@@ -606,13 +626,34 @@ impl Session {
         error
     }
 
-    /// The error for a ring with `peer` found corrupted: if a peer is known to have died
-    /// meanwhile (a dying peer may scribble on its way out), that death; otherwise the corruption.
-    fn corrupted(&self, peer: u32, corruption: Corruption) -> Error {
-        match self.inner.lost_rank() {
-            Some(rank) => Error::PeerLost { rank },
-            None => Error::Corrupted { peer, corruption },
+    /// [`Self::lost_from`] for a ring with `peer` found closed by a call, which in a collective
+    /// names the first rank that died if any did: a peer that gave up on the collective because
+    /// of that death (and left) is not the cause.
+    fn closed(&mut self, peer: u32, collective: bool) -> Error {
+        let error = self.lost_from(peer);
+        match self.inner.recorded_lost_rank() {
+            Some(rank) if collective => self.collective_lost(rank),
+            _ => error,
         }
+    }
+
+    /// The error for a ring with `peer` found corrupted: if `peer` is known to have died
+    /// meanwhile (a dying peer may scribble on its way out), its death; otherwise the corruption.
+    fn corrupted(&self, peer: u32, corruption: Corruption) -> Error {
+        match self.inner.departure(peer) {
+            Some(shmbroker_handshake::Departure::Lost { rank }) => Error::PeerLost { rank },
+            _ => Error::Corrupted { peer, corruption },
+        }
+    }
+
+    /// The error for a collective that cannot finish because `rank` (the first rank recorded
+    /// dead) died. Blocks the dead ranks owed acknowledgements for are given back: none can
+    /// arrive any more.
+    pub(super) fn collective_lost(&mut self, rank: u32) -> Error {
+        for dead in self.inner.dead_ranks() {
+            self.forget_peer(dead);
+        }
+        Error::PeerLost { rank }
     }
 
     /// Gives back every block `peer` still owed an acknowledgement for.
@@ -626,14 +667,16 @@ impl Session {
 
     /// Reads whatever has arrived from `peer` without waiting (acknowledgements, and messages
     /// for later), for a call that does not itself need `peer`. At most a ringful, so that a peer
-    /// that keeps sending cannot keep this rank here. A peer that left, or never logged on before
-    /// the broker went, has nothing more to send: only calls that need it say so. A death, or bad
-    /// bytes, end this call too.
+    /// that keeps sending cannot keep this rank here. A peer that left or died (its ring read to
+    /// the end), or never logged on before the broker went, has nothing more to send: only calls
+    /// that need it say so. Bad bytes end this call too.
     pub(super) fn drain_from(&mut self, peer: u32) -> Result<(), Error> {
         for _ in 0..self.inner.ring_capacity() {
             match self.pull(peer, None) {
                 Ok(true) => {}
+                // A peer that is gone has nothing more to take in; a call that needs it says so.
                 Ok(false) | Err(Error::PeerLeft { .. } | Error::BrokerLost) => break,
+                Err(Error::PeerLost { rank }) if rank == peer => break,
                 Err(other) => return Err(other),
             }
         }
@@ -993,7 +1036,9 @@ impl Session {
                     continue;
                 }
                 Err(TrySendError::Full(())) => {}
-                Err(TrySendError::Disconnected(())) => return Err(self.lost_to(peer)),
+                Err(TrySendError::Disconnected(())) => {
+                    return Err(self.closed(peer, deadline.collective));
+                }
                 Err(TrySendError::Corrupted((), corruption)) => {
                     return Err(self.corrupted(peer, corruption));
                 }
@@ -1007,6 +1052,11 @@ impl Session {
             {
                 Ok(()) => sent += 1,
                 Err(shmbroker_queues::SendTimeoutError::Timeout(_)) => {
+                    if deadline.collective
+                        && let Some(rank) = self.inner.recorded_lost_rank()
+                    {
+                        return Err(self.collective_lost(rank));
+                    }
                     if deadline.left().is_zero() {
                         return Err(self.timed_out(deadline, peer));
                     }
@@ -1017,7 +1067,7 @@ impl Session {
                     }
                 }
                 Err(shmbroker_queues::SendTimeoutError::Disconnected(_)) => {
-                    return Err(self.lost_to(peer));
+                    return Err(self.closed(peer, deadline.collective));
                 }
                 Err(shmbroker_queues::SendTimeoutError::Corrupted(_, corruption)) => {
                     return Err(self.corrupted(peer, corruption));
@@ -1025,10 +1075,6 @@ impl Session {
             }
         }
         Ok(())
-    }
-
-    fn lost_to(&mut self, peer: u32) -> Error {
-        self.lost_from(peer)
     }
 
     /// Sends `data` to every rank in `targets` as operation `op` with `tag`: eagerly when it is
@@ -1258,7 +1304,9 @@ impl Session {
                     moved = true;
                 }
                 Err(TrySendError::Full(())) => {}
-                Err(TrySendError::Disconnected(())) => return Err(self.lost_to(peer)),
+                Err(TrySendError::Disconnected(())) => {
+                    return Err(self.closed(peer, outgoing.collective));
+                }
                 Err(TrySendError::Corrupted((), corruption)) => {
                     return Err(self.corrupted(peer, corruption));
                 }
