@@ -77,6 +77,7 @@ pub use tokio_receiver::AsyncReceiver;
 
 use shmbroker_allocator::{Outbox, PeerOutbox};
 use shmbroker_bindings::{ANY_RANK, LogonFrame, Message};
+pub use shmbroker_handshake::Interrupter;
 use shmbroker_handshake::connect;
 pub use shmbroker_queues::Waiting;
 use std::collections::{HashSet, VecDeque};
@@ -565,6 +566,21 @@ impl Session {
     fn peers(&self) -> impl Iterator<Item = u32> + use<> {
         let rank = self.rank();
         (0..self.world_size()).filter(move |&peer| peer != rank)
+    }
+
+    /// A handle that ends this session's current wait from another thread or a signal handler
+    /// (its `interrupt` is async-signal-safe): the call returns [`Error::Interrupted`]. With no
+    /// call waiting, the next wait ends at once unless [`Self::clear_interrupt`] forgets it.
+    /// Waits on the rings end (every message and collective); a wait for the broker (an fd relay,
+    /// a peer still to log on) runs to its deadline.
+    #[must_use]
+    pub fn interrupter(&self) -> Interrupter {
+        self.inner.interrupter()
+    }
+
+    /// Forgets an interrupt that no wait has taken (it came after the call it was meant for).
+    pub fn clear_interrupt(&self) {
+        self.inner.clear_interrupt();
     }
 
     /// The rings to and from `peer` (a rank other than this one; callers check).

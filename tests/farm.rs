@@ -292,6 +292,54 @@ fn a_collective_waiting_on_a_live_peer_ends_when_a_third_rank_dies_and_messages_
     assert!(status.is_some_and(|status| status.success()), "{status:?}");
 }
 
+#[test]
+fn an_interrupter_ends_a_wait_from_another_thread_and_the_session_goes_on() {
+    let broker = Broker::start("farm-interrupter", 2);
+    let mut worker = farm_worker(&broker, 1, &[]);
+    let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
+    reader.set_timeout(Duration::from_secs(60));
+    // Each blocking way of waiting, on a peer that is alive and silent (it waits for a task).
+    type Wait = fn(&mut Session) -> Result<(), Error>;
+    let waits: [(&str, Wait); 3] = [
+        ("recv", |s| s.recv(1).map(drop)),
+        ("recv_any", |s| s.recv_any().map(drop)),
+        ("broadcast", |s| s.broadcast(1, None).map(drop)),
+    ];
+    for (name, wait) in waits {
+        let interrupter = reader.interrupter();
+        let poke = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            interrupter.interrupt();
+        });
+        let outcome = wait(&mut reader);
+        poke.join().unwrap();
+        assert!(
+            matches!(outcome, Err(Error::Interrupted)),
+            "{name}: {outcome:?}"
+        );
+        if name != "broadcast" {
+            // Nothing was lost, and the session carries on.
+            let tasks: Vec<Vec<u8>> = (0..50).map(|id| task(id, 64)).collect();
+            for task in &tasks {
+                reader.send(1, task).unwrap();
+                let answer = reader.recv(1).unwrap();
+                assert_eq!(
+                    u64::from_le_bytes(answer[8..].try_into().unwrap()),
+                    fnv1a(task)
+                );
+            }
+        }
+    }
+    // An interrupt that came when nothing waited is forgotten on request.
+    reader.interrupter().interrupt();
+    reader.clear_interrupt();
+    reader.send(1, &task(7, 64)).unwrap();
+    assert_eq!(reader.recv(1).unwrap().len(), 16);
+    reader.send(1, &[]).unwrap();
+    let status = worker.wait_timeout(Duration::from_secs(30)).unwrap();
+    assert!(status.is_some_and(|status| status.success()), "{status:?}");
+}
+
 /// Whether `error` names `rank` as the one gone or at fault.
 fn names(error: &Error, rank: u32) -> bool {
     match *error {

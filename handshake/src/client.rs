@@ -1,7 +1,7 @@
 //! The worker's side: [`connect`] logs on and returns a [`Connection`] holding everything received.
 
 use crate::error::{Error, ProtocolError, io_errno};
-use crate::liveness::{Departure, RelayAnswer, Shared, Watcher};
+use crate::liveness::{Departure, Interrupter, RelayAnswer, Shared, Watcher};
 use crate::wire::{MANIFEST_ENTRY_LEN, REPLY_HEADER_LEN, decode_manifest, decode_reply_header};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -123,6 +123,25 @@ impl Connection {
     #[must_use]
     pub fn interrupt_generation(&self) -> u64 {
         self.shared.interrupt_generation()
+    }
+
+    /// A handle that ends this connection's waits from another thread or a signal handler.
+    #[must_use]
+    pub fn interrupter(&self) -> Interrupter {
+        Interrupter::new(Arc::clone(&self.shared))
+    }
+
+    /// Whether an [`Interrupter`] asked for the current wait to end; taking it clears it.
+    /// Read [`Self::interrupt_generation`] first, as for deaths.
+    #[must_use]
+    pub fn take_interrupt(&self) -> bool {
+        self.shared.take_interrupt()
+    }
+
+    /// Forgets an interrupt no wait has taken yet (one that came after the call it was meant
+    /// for had ended).
+    pub fn clear_interrupt(&self) {
+        let _ = self.shared.take_interrupt();
     }
 
     /// Every rank this worker has recorded dead.

@@ -154,6 +154,36 @@ pub(crate) struct Shared {
     /// Fired after every death: ends the interruptible waits of this worker (the consumer end of
     /// every ring from a peer holds it), so that collectives stop waiting on live peers.
     interrupt: Arc<Interrupt>,
+    /// Set by an [`Interrupter`]; taken by the wait it ends.
+    interrupted: AtomicBool,
+}
+
+/// Ends whatever wait a session is in, from another thread or a signal handler: the call
+/// returns an "interrupted" error and the session stays usable (a collective cut short leaves
+/// its peers waiting for this rank's part, so do not go on with collectives after one). With no
+/// call waiting, the next wait ends at once, unless [`Connection::clear_interrupt`] forgets it.
+///
+/// [`Self::interrupt`] is async-signal-safe: it stores to atomics and makes `futex` and `write`
+/// system calls, and takes no lock and allocates nothing. It wakes the waits on rings (every
+/// message and collective wait) but not a wait for the broker (an fd relay, a peer's logon),
+/// which ends at its deadline.
+#[derive(Debug, Clone)]
+pub struct Interrupter {
+    shared: Arc<Shared>,
+}
+
+impl Interrupter {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Ends the session's current (or next) wait.
+    pub fn interrupt(&self) {
+        self.shared.interrupted.store(true, Ordering::Release);
+        self.shared
+            .interrupt
+            .fire(self.shared.closers.iter().flatten().map(|(_, from)| from));
+    }
 }
 
 impl Shared {
@@ -164,6 +194,7 @@ impl Shared {
     ) -> Self {
         Self {
             interrupt,
+            interrupted: AtomicBool::new(false),
             rank,
             inbox: Mutex::new(Inbox::default()),
             arrived: Condvar::new(),
@@ -191,6 +222,11 @@ impl Shared {
     /// and hand it to an interruptible wait.
     pub fn interrupt_generation(&self) -> u64 {
         self.interrupt.generation()
+    }
+
+    /// Takes an [`Interrupter`]'s request: whether there was one (it is cleared).
+    pub fn take_interrupt(&self) -> bool {
+        self.interrupted.load(Ordering::Acquire) && self.interrupted.swap(false, Ordering::AcqRel)
     }
 
     /// Whether `rank`'s death has been recorded.

@@ -405,6 +405,12 @@ pub(super) fn wait_for_sender(
                 session.disarm();
                 return Ok(Err(peer));
             }
+            // After arming: an `Interrupter` that asks later writes the eventfd (it wakes every
+            // armed ring's consumer), one that asked sooner is seen here.
+            if let Err(error) = session.check_interrupted(deadline) {
+                session.disarm();
+                return Err(error);
+            }
             // Peers may be waiting for acknowledgements before they can send more.
             session.flush_all_acks()?;
             let left = deadline.left();

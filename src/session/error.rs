@@ -30,6 +30,11 @@ pub enum Error {
     /// be reached.
     #[error("the broker is gone (its socket closed)")]
     BrokerLost,
+    /// An [`Interrupter`](crate::session::Interrupter) ended the wait (a Ctrl-C, say). Nothing
+    /// was lost: a message not yet received is still there. A collective cut short this way
+    /// leaves the others waiting for this rank's part: do not go on with collectives after one.
+    #[error("interrupted while waiting")]
+    Interrupted,
     /// The deadline passed.
     #[error(
         "{op} timed out after {timeout:?} waiting for {}",

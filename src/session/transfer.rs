@@ -495,22 +495,14 @@ impl Session {
         } else {
             deadline.budget()
         };
-        // A collective gives up when any rank dies: the generation is read before looking for a
-        // death, so one recorded after the look interrupts the wait (see the queues crate's
-        // `interrupt` module). One atomic load each, no system call.
-        let seen = deadline
-            .collective
-            .then(|| self.inner.interrupt_generation());
-        if seen.is_some()
-            && let Some(rank) = self.inner.recorded_lost_rank()
-        {
-            return Err(self.collective_lost(rank));
-        }
+        // Every wait ends on an `Interrupter`'s request, and a collective's when any rank dies:
+        // the generation is read before looking for either, so one made after the look
+        // interrupts the wait (see the queues crate's `interrupt` module). Atomic loads, no
+        // system call.
+        let seen = self.inner.interrupt_generation();
+        self.check_interrupted(deadline)?;
         let from = &mut self.link(peer)?.from;
-        let received = match seen {
-            Some(seen) => from.recv_batch_interruptible(buffer, slice, seen),
-            None => from.recv_batch_timeout(buffer, slice),
-        };
+        let received = from.recv_batch_interruptible(buffer, slice, seen);
         deadline.started_at(from.clock_started());
         match received {
             Ok(got) => Ok(got),
@@ -518,8 +510,12 @@ impl Session {
                 self.flush_all_acks()?;
                 Ok(0)
             }
-            // A death was recorded (or another change): the next call looks again.
-            Err(RecvTimeoutError::Interrupted) => Ok(0),
+            // A death or an interrupt was recorded: the next call looks again (and fails if it
+            // must).
+            Err(RecvTimeoutError::Interrupted) => {
+                self.check_interrupted(deadline)?;
+                Ok(0)
+            }
             Err(RecvTimeoutError::Timeout) => Err(self.timed_out(deadline, peer)),
             Err(RecvTimeoutError::Disconnected) => Err(self.closed(peer, collective)),
             Err(RecvTimeoutError::Corrupted(corruption)) => Err(self.corrupted(peer, corruption)),
@@ -624,6 +620,20 @@ impl Session {
         };
         self.forget_peer(peer);
         error
+    }
+
+    /// Whether a wait under `deadline` must end: an `Interrupter` asked (the request is taken),
+    /// or, for a collective, a rank died.
+    pub(super) fn check_interrupted(&mut self, deadline: &Deadline) -> Result<(), Error> {
+        if self.inner.take_interrupt() {
+            return Err(Error::Interrupted);
+        }
+        if deadline.collective
+            && let Some(rank) = self.inner.recorded_lost_rank()
+        {
+            return Err(self.collective_lost(rank));
+        }
+        Ok(())
     }
 
     /// [`Self::lost_from`] for a ring with `peer` found closed by a call, which in a collective
@@ -1052,11 +1062,7 @@ impl Session {
             {
                 Ok(()) => sent += 1,
                 Err(shmbroker_queues::SendTimeoutError::Timeout(_)) => {
-                    if deadline.collective
-                        && let Some(rank) = self.inner.recorded_lost_rank()
-                    {
-                        return Err(self.collective_lost(rank));
-                    }
+                    self.check_interrupted(deadline)?;
                     if deadline.left().is_zero() {
                         return Err(self.timed_out(deadline, peer));
                     }
