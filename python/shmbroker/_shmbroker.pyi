@@ -3,19 +3,31 @@
 import os
 import sys
 from types import TracebackType
-from typing import List, Optional, Protocol, Type, Union
+from typing import Any, Dict, List, Optional, Protocol, Type, Union, final
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer
+
+    _Data = Buffer
 else:
     from typing_extensions import Buffer
+
+    class _NumPyArray(Protocol):
+        # NumPy's stubs give arrays `__buffer__` only from Python 3.12 on.
+        @property
+        def __array_interface__(self) -> Dict[str, Any]: ...
+
+    _Data = Union[Buffer, _NumPyArray]
 
 class _HasFileno(Protocol):
     def fileno(self) -> int: ...
 
+__all__ = ["Session", "connect"]
+
 _Fd = Union[int, _HasFileno]
 _Path = Union[str, os.PathLike[str]]
 
+@final
 class Session:
     """A worker's session, made by :func:`connect`: its rank, its links to every peer, and the
     collectives over them.
@@ -48,11 +60,11 @@ class Session:
         Raises :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`, or
         :class:`ProtocolError` when another rank called another collective.
         """
-    def all_gather(self, data: Buffer, *, timeout: Optional[float] = None) -> List[bytes]:
+    def all_gather(self, data: _Data, *, timeout: Optional[float] = None) -> List[bytes]:
         """Every rank's ``data``, in rank order (this rank's own included). Ranks may give
         different lengths. Raises as :meth:`barrier` does."""
     def broadcast(
-        self, root: int, data: Optional[Buffer] = None, *, timeout: Optional[float] = None
+        self, root: int, data: Optional[_Data] = None, *, timeout: Optional[float] = None
     ) -> bytes:
         """``root``'s ``data`` on every rank, returned as ``bytes`` (on the root too).
 
@@ -60,7 +72,7 @@ class Session:
         sent. Raises :class:`MisuseError` for a root without data or a root out of range;
         otherwise as :meth:`barrier` does.
         """
-    def send(self, rank: int, data: Buffer, *, timeout: Optional[float] = None) -> None:
+    def send(self, rank: int, data: _Data, *, timeout: Optional[float] = None) -> None:
         """Sends ``data`` (any size) to ``rank``, which receives it, in order, with
         ``recv(this rank)``. Returns once the data is copied out of ``data``; a message larger
         than this rank's outbox returns only once ``rank`` is receiving it.

@@ -2,6 +2,8 @@
 
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import shmbroker
@@ -58,3 +60,16 @@ def test_connect_refuses_a_rank_without_a_path():
         shmbroker.connect(rank=1)
     with pytest.raises(shmbroker.MisuseError, match="rank -1"):
         shmbroker.connect("/nonexistent.sock", rank=-1)
+
+
+def test_the_type_stubs_match_the_module(tmp_path):
+    # Every name, signature and class of the stubs against the installed module.
+    pytest.importorskip("mypy.stubtest")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "shmbroker"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,  # not python/, whose package source would hide the installed one
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
