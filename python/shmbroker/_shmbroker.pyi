@@ -101,8 +101,9 @@ class Session:
     def close(self) -> None:
         """Leaves the session: peers waiting on this rank are told it left (:class:`PeerLeft`).
         Closing a closed session does nothing; every other call on it raises
-        :class:`shmbroker.Error`. Raises :class:`shmbroker.Error` while another thread is in a
-        call on the session."""
+        :class:`shmbroker.Error`. In a forked child, closes only the child's copy: the parent's
+        session goes on. Raises :class:`shmbroker.Error` while another thread is in a call on
+        the session."""
     def __enter__(self) -> "Session": ...
     def __exit__(
         self,

@@ -73,6 +73,8 @@ struct PySession {
     rank: u32,
     world_size: u32,
     timeout: Duration,
+    /// The process that made the session (as `Slot::pid`, readable without the lock).
+    pid: u32,
     slot: Mutex<Slot>,
 }
 
@@ -82,11 +84,17 @@ impl PySession {
             rank: session.rank(),
             world_size: session.world_size(),
             timeout,
+            pid: std::process::id(),
             slot: Mutex::new(Slot {
                 session: Some(session),
                 pid: std::process::id(),
             }),
         }
+    }
+
+    /// Whether this process is a fork of the one that made the session.
+    fn forked(&self) -> bool {
+        std::process::id() != self.pid
     }
 
     /// The slot, if no other thread is in a call and this is the process that made it.
@@ -361,6 +369,8 @@ impl PySession {
     /// Closing a closed session does nothing; every other call on it raises
     /// :class:`shmbroker.Error`.
     ///
+    /// In a forked child, closes only the child's copy: the parent's session goes on.
+    ///
     /// Raises :class:`shmbroker.Error` while another thread is in a call on the session.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let session = match self.slot.try_lock() {
@@ -373,9 +383,11 @@ impl PySession {
                 ));
             }
         };
-        // A forked child's copy is forgotten by `Slot`'s drop instead.
-        if let Some(session) = session {
-            py.detach(|| drop(session));
+        match session {
+            // A forked child's copy (see `Slot::pid`): only this copy is closed.
+            Some(session) if self.forked() => std::mem::forget(session),
+            Some(session) => py.detach(|| drop(session)),
+            None => {}
         }
         Ok(())
     }

@@ -70,6 +70,10 @@ def test_the_gil_is_released_while_a_call_waits(tmp_path):
     assert "[0] GIL released" in job.stdout
 
 
+def test_a_forked_child_cannot_use_or_end_its_parents_session():
+    assert_ok(run_scenario(2, "fork"), 2, "fork")
+
+
 def test_different_collectives_are_a_protocol_error_naming_the_peer():
     job = run_scenario(2, "mismatch")
     assert_ok(job, 2, "mismatch")

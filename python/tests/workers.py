@@ -335,6 +335,39 @@ def scenario_mismatch(session, args):
     say(f"MISMATCH rank {error.rank}: {error}")
 
 
+def scenario_fork(session, args):
+    """A forked child can neither use nor end its parent's session."""
+    rank = session.rank
+    session.barrier()
+    if rank == 0:
+        pid = os.fork()
+        if pid == 0:  # the child: report by exit status, never return into the test's code
+            status = 1
+            try:
+                try:
+                    session.barrier(timeout=1)
+                except shmbroker.Error as error:
+                    if type(error) is shmbroker.Error and "fork" in str(error):
+                        status = 0
+                session.close()  # closes the child's copy only
+                status += 0 if session.closed else 2
+                del session  # and so does dropping it
+                import gc
+
+                gc.collect()
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        check(os.waitstatus_to_exitcode(status) == 0, f"the child's status {status}")
+    # The parent's session is intact: rank 1 never heard that rank 0 left.
+    session.barrier()
+    check(session.all_gather(b"%d" % rank) == [b"0", b"1"], "after the fork")
+    if rank == 0:
+        session.send(1, b"after the child")
+    else:
+        check(session.recv(0) == b"after the child", "a message after the child")
+
+
 def scenario_solo(session, args):
     """A world of one."""
     check((session.rank, session.world_size) == (0, 1), "rank 0 of 1")
