@@ -155,6 +155,10 @@ def scenario_arguments(session, args):
     for timeout in (0, -1.0, float("nan"), float("inf")):
         raises(shmbroker.MisuseError, lambda: session.barrier(timeout=timeout))
     raises(shmbroker.MisuseError, lambda: shmbroker.connect(rank=0))
+    # What a rank other than the root gives to broadcast is checked to be a buffer, not sent.
+    raises(TypeError, lambda: session.broadcast(0, "text"))
+    got = session.broadcast(0, b"from the root" if rank == 0 else bytearray(b"ignored"))
+    check(got == b"from the root", f"broadcast gave {got!r}")
     # Still in step with the peers.
     session.barrier()
     check(session.all_gather(b"%d" % rank) == [b"%d" % r for r in range(world)], "after misuse")
