@@ -1,0 +1,42 @@
+"""shmbroker: single-node IPC between cooperating processes.
+
+Workers log on to a broker (``shmbroker run`` starts one, as do mpirun, torchrun and srun
+through :func:`connect` with no path), then exchange data with each other directly over
+shared-memory rings: barriers, all-gathers, broadcasts, point-to-point messages of any size, and
+file descriptors::
+
+    import shmbroker
+
+    with shmbroker.connect() as session:            # under `shmbroker run -n 3 -- python3 ...`
+        everyone = session.all_gather(b"hello from %d" % session.rank)
+
+Every call that waits releases the GIL and has a deadline; a peer that dies or leaves is reported
+as :class:`PeerLost` or :class:`PeerLeft`, naming its rank, instead of hanging.
+"""
+
+from ._errors import (
+    BrokerLost,
+    Error,
+    LogonError,
+    MisuseError,
+    PeerLeft,
+    PeerLost,
+    ProtocolError,
+    ResourceError,
+    Timeout,
+)
+from ._shmbroker import Session, connect
+
+__all__ = [
+    "BrokerLost",
+    "Error",
+    "LogonError",
+    "MisuseError",
+    "PeerLeft",
+    "PeerLost",
+    "ProtocolError",
+    "ResourceError",
+    "Session",
+    "Timeout",
+    "connect",
+]

@@ -1,0 +1,87 @@
+"""The exceptions shmbroker raises; the package re-exports every one of them.
+
+``str(error)`` is the library's own message, which names the rank involved. The classes live in
+Python (not in the native module) so that they can have ordinary constructors, pickle (for
+``multiprocessing`` and ``concurrent.futures``) and, for ``MisuseError``, also be a
+``ValueError``.
+"""
+
+from typing import List
+
+
+class Error(Exception):
+    """Base class of every error shmbroker raises.
+
+    Raised as itself for a call on a closed session, a session in use by another thread, a
+    session used from a forked child, and a library error of no more specific kind.
+    """
+
+
+class _RankError(Error):
+    """An error about one peer, named by ``rank``."""
+
+    rank: int
+
+    def __init__(self, message: str, rank: int) -> None:
+        super().__init__(message, rank)
+        self.rank = rank
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PeerLost(_RankError):
+    """A peer's process died without leaving the session (killed, crashed, or exited without
+    closing it). The session is over: every pending and later call that needs a peer raises this,
+    naming the first rank that died (``rank``)."""
+
+
+class PeerLeft(_RankError):
+    """The peer this call needs (``rank``) closed its session on purpose. Calls that do not need
+    it go on."""
+
+
+class ProtocolError(_RankError):
+    """Peer ``rank`` sent bytes no correct peer sends, corrupted a ring or its outbox, handed over
+    a stale fd, or called another collective than this rank (``barrier`` against
+    ``all_gather``, say)."""
+
+
+class Timeout(Error):
+    """The call's deadline passed.
+
+    ``op`` is the call (``"recv"``, ``"barrier"``, ...), ``waiting_for`` the ranks it was still
+    waiting for, in rank order, and ``timeout`` the deadline in seconds.
+    """
+
+    op: str
+    waiting_for: List[int]
+    timeout: float
+
+    def __init__(self, message: str, op: str, waiting_for: List[int], timeout: float) -> None:
+        super().__init__(message, op, waiting_for, timeout)
+        self.op = op
+        self.waiting_for = list(waiting_for)
+        self.timeout = timeout
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class BrokerLost(Error):
+    """The broker is gone and this call needed it (a peer that never logged on, an fd relay)."""
+
+
+class LogonError(Error):
+    """``connect`` failed: no broker answered within the timeout, the broker refused, or the
+    environment does not say where this process stands (``path=None`` outside a launcher)."""
+
+
+class MisuseError(Error, ValueError):
+    """A mistake in the calling program: a rank out of range, a message to this rank itself, a
+    broadcast root without data, a non-contiguous buffer, a bad timeout. Also a ``ValueError``."""
+
+
+class ResourceError(Error):
+    """The operating system refused something the call needed: duplicating or moving an fd,
+    creating this rank's outbox, a system call."""

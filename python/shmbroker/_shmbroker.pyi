@@ -1,0 +1,130 @@
+"""Type stubs of the native module ``shmbroker._shmbroker`` (re-exported by ``shmbroker``)."""
+
+import os
+import sys
+from types import TracebackType
+from typing import Any, Dict, List, Optional, Protocol, Type, Union, final
+
+if sys.version_info >= (3, 12):
+    from collections.abc import Buffer
+
+    _Data = Buffer
+else:
+    from typing_extensions import Buffer
+
+    class _NumPyArray(Protocol):
+        # NumPy's stubs give arrays `__buffer__` only from Python 3.12 on.
+        @property
+        def __array_interface__(self) -> Dict[str, Any]: ...
+
+    _Data = Union[Buffer, _NumPyArray]
+
+class _HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+__all__ = ["Session", "connect"]
+
+_Fd = Union[int, _HasFileno]
+_Path = Union[str, os.PathLike[str]]
+
+@final
+class Session:
+    """A worker's session, made by :func:`connect`: its rank, its links to every peer, and the
+    collectives over them.
+
+    Every call that waits releases the GIL and has a deadline: the ``timeout`` given to
+    ``connect``, or the call's own ``timeout=`` (seconds). Data is anything with the buffer
+    protocol that is C-contiguous (``bytes``, ``bytearray``, ``memoryview``, ``array.array``,
+    NumPy arrays); it is read in place while the GIL is released, so no other thread may write to
+    it during the call. Received data is ``bytes``.
+
+    A session is used by one thread at a time: a call while another thread is in one raises
+    :class:`shmbroker.Error`. Use it as a context manager, or call :meth:`close`.
+    """
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank, from 0 to ``world_size - 1`` (still readable after close)."""
+    @property
+    def world_size(self) -> int:
+        """The number of ranks in the session (still readable after close)."""
+    @property
+    def timeout(self) -> float:
+        """The deadline, in seconds, of every call not given its own ``timeout=``."""
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+    def barrier(self, *, timeout: Optional[float] = None) -> None:
+        """Returns once every rank has entered the barrier.
+
+        Raises :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`, or
+        :class:`ProtocolError` when another rank called another collective.
+        """
+    def all_gather(self, data: _Data, *, timeout: Optional[float] = None) -> List[bytes]:
+        """Every rank's ``data``, in rank order (this rank's own included). Ranks may give
+        different lengths. Raises as :meth:`barrier` does."""
+    def broadcast(
+        self, root: int, data: Optional[_Data] = None, *, timeout: Optional[float] = None
+    ) -> bytes:
+        """``root``'s ``data`` on every rank, returned as ``bytes`` (on the root too).
+
+        The root must give ``data``; other ranks may leave it out, and what they give is not
+        sent. Raises :class:`MisuseError` for a root without data or a root out of range;
+        otherwise as :meth:`barrier` does.
+        """
+    def send(self, rank: int, data: _Data, *, timeout: Optional[float] = None) -> None:
+        """Sends ``data`` (any size) to ``rank``, which receives it, in order, with
+        ``recv(this rank)``. Returns once the data is copied out of ``data``; a message larger
+        than this rank's outbox returns only once ``rank`` is receiving it.
+
+        Raises :class:`MisuseError` for a rank out of range or this rank itself;
+        :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`.
+        """
+    def recv(self, rank: int, *, timeout: Optional[float] = None) -> bytes:
+        """The next message ``rank`` sent this rank with :meth:`send`. Raises as :meth:`send`
+        does, and :class:`ProtocolError` for bytes no correct peer sends."""
+    def exchange_fds(self, fd: _Fd, *, timeout: Optional[float] = None) -> List[int]:
+        """Every rank's ``fd``, in rank order, as new file descriptors this process owns (close
+        each with ``os.close``). This rank's own entry is a duplicate of ``fd``, so closing every
+        entry never closes ``fd`` itself. ``fd`` must stay open during the call.
+
+        Raises :class:`MisuseError` for an fd that is not open; :class:`ProtocolError` for a
+        peer's stale fd; :class:`ResourceError` when an fd cannot be moved; otherwise as
+        :meth:`all_gather` does.
+        """
+    def broadcast_fd(
+        self, root: int, fd: Optional[_Fd] = None, *, timeout: Optional[float] = None
+    ) -> int:
+        """``root``'s ``fd`` on every rank, as a new file descriptor this process owns (on the
+        root, a duplicate of ``fd``). Other ranks may leave ``fd`` out; what they give is
+        ignored. Raises as :meth:`exchange_fds` does."""
+    def close(self) -> None:
+        """Leaves the session: peers waiting on this rank are told it left (:class:`PeerLeft`).
+        Closing a closed session does nothing; every other call on it raises
+        :class:`shmbroker.Error`. In a forked child, closes only the child's copy: the parent's
+        session goes on. Raises :class:`shmbroker.Error` while another thread is in a call on
+        the session."""
+    def __enter__(self) -> "Session": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc_value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> bool:
+        """Closes the session; never suppresses an exception."""
+
+def connect(
+    path: Optional[_Path] = None, rank: Optional[int] = None, timeout: float = 10.0
+) -> Session:
+    """Logs on and returns the :class:`Session`.
+
+    With ``path=None``, joins the job this process was started in: ``shmbroker run``, or
+    mpirun, torchrun or srun; the environment then gives the rank, so ``rank`` must be left out.
+    With a ``path``, logs on to the broker listening there as ``rank`` (``None``: any free rank).
+
+    ``timeout`` (seconds, above 0) bounds the logon, and is every later call's deadline unless
+    the call is given its own.
+
+    Raises :class:`LogonError` when no broker answers in time, the broker refuses, or the
+    environment does not say where this process stands; :class:`MisuseError` for a bad argument.
+    """

@@ -1,0 +1,87 @@
+//! Every [`shmbroker::Error`] as the Python exception it is raised as.
+//!
+//! The classes are defined in `shmbroker/_errors.py` (so that they can have constructors, pickle,
+//! and be a `ValueError` too); this module only chooses among them. The message is always the
+//! Rust error's `Display`, which names the rank involved.
+//!
+//! | Rust error | Python exception |
+//! |---|---|
+//! | `PeerLost { rank }`, a logon or fd relay that saw a peer die | `PeerLost` (`.rank`) |
+//! | `PeerLeft { rank }` | `PeerLeft` (`.rank`) |
+//! | `Timeout { op, waiting_for, timeout }` | `Timeout` (`.op`, `.waiting_for`, `.timeout`) |
+//! | `Protocol`, `Corrupted`, `CollectiveMismatch`, `Outbox`, `StaleFdTicket` (each names a peer) | `ProtocolError` (`.rank`) |
+//! | `BrokerLost`, a logon or fd relay that found the broker gone | `BrokerLost` |
+//! | `Logon`, `Launch` | `LogonError` |
+//! | `Misuse`, `RankOutOfRange`, `BufferTooSmall` | `MisuseError` (also a `ValueError`) |
+//! | `Io`, `OwnOutbox`, `FdTransport`, `Relay` | `ResourceError` |
+//! | a variant added later | `Error` |
+//!
+//! This follows the C ABI's codes (`capi/src/lib.rs`), with two refinements: a logon or an fd
+//! relay that failed because a peer died or the broker went is reported as that death or that
+//! loss, and a failed relay is a `ResourceError` (the C ABI counts it as a protocol error).
+
+use pyo3::prelude::*;
+use shmbroker::Error;
+use shmbroker::handshake::Error as HandshakeError;
+
+/// The classes of `shmbroker/_errors.py`, each under its Python name.
+mod py {
+    pyo3::import_exception!(shmbroker._errors, Error);
+    pyo3::import_exception!(shmbroker._errors, PeerLost);
+    pyo3::import_exception!(shmbroker._errors, PeerLeft);
+    pyo3::import_exception!(shmbroker._errors, ProtocolError);
+    pyo3::import_exception!(shmbroker._errors, Timeout);
+    pyo3::import_exception!(shmbroker._errors, BrokerLost);
+    pyo3::import_exception!(shmbroker._errors, LogonError);
+    pyo3::import_exception!(shmbroker._errors, MisuseError);
+    pyo3::import_exception!(shmbroker._errors, ResourceError);
+}
+
+/// `shmbroker.Error` with `message`: a closed session, a busy one, a fork's copy.
+pub fn plain(message: impl Into<String>) -> PyErr {
+    py::Error::new_err(message.into())
+}
+
+/// `shmbroker.MisuseError` with `message`: a bad argument found before calling the library.
+pub fn misuse(message: impl Into<String>) -> PyErr {
+    py::MisuseError::new_err(message.into())
+}
+
+/// The Python exception for `error`.
+pub fn to_py(error: Error) -> PyErr {
+    let message = error.to_string();
+    match error {
+        Error::PeerLost { rank } => py::PeerLost::new_err((message, rank)),
+        Error::PeerLeft { rank } => py::PeerLeft::new_err((message, rank)),
+        Error::Timeout {
+            op,
+            waiting_for,
+            timeout,
+        } => py::Timeout::new_err((message, op, waiting_for, timeout.as_secs_f64())),
+        Error::Protocol { peer, .. }
+        | Error::Corrupted { peer, .. }
+        | Error::CollectiveMismatch { peer, .. }
+        | Error::Outbox { peer, .. } => py::ProtocolError::new_err((message, peer)),
+        Error::StaleFdTicket { exporter, .. } => py::ProtocolError::new_err((message, exporter)),
+        Error::BrokerLost => py::BrokerLost::new_err(message),
+        Error::Logon(HandshakeError::PeerLost { rank, .. })
+        | Error::Relay {
+            source: HandshakeError::PeerLost { rank, .. },
+            ..
+        } => py::PeerLost::new_err((message, rank)),
+        Error::Logon(HandshakeError::BrokerLost { .. })
+        | Error::Relay {
+            source: HandshakeError::BrokerLost { .. },
+            ..
+        } => py::BrokerLost::new_err(message),
+        Error::Logon(_) | Error::Launch(_) => py::LogonError::new_err(message),
+        Error::Misuse(_) | Error::RankOutOfRange { .. } | Error::BufferTooSmall { .. } => {
+            py::MisuseError::new_err(message)
+        }
+        Error::Io { .. } | Error::OwnOutbox(_) | Error::FdTransport(_) | Error::Relay { .. } => {
+            py::ResourceError::new_err(message)
+        }
+        // `shmbroker::Error` is non-exhaustive: a variant added later is at least an Error.
+        _ => py::Error::new_err(message),
+    }
+}

@@ -1,0 +1,458 @@
+//! `shmbroker._shmbroker`: the native half of the `shmbroker` Python package, a thin layer over
+//! [`shmbroker::Session`] that makes the same choices as the C ABI (`capi/src/lib.rs`).
+//!
+//! # Rules every method keeps
+//!
+//! - A library error becomes the Python exception `errors` chooses for it, with the library's
+//!   message (which names the rank). No Rust panic is left uncaught (PyO3 turns one into
+//!   `pyo3_runtime.PanicException`, after which the session refuses every call but `close`).
+//! - Every call that can wait goes through [`PySession::blocking`], which releases the GIL for
+//!   the wait. That is where Ctrl-C support belongs once the library can interrupt a wait.
+//! - Every call has a deadline: the one given to `connect`, or its own `timeout=`.
+//! - A closed session, a session another thread is in a call on, and a forked child's copy of a
+//!   session raise `shmbroker.Error`; nothing crashes.
+//!
+//! A session is used by one thread at a time (as in the C ABI); a second thread calling in while
+//! one waits is told so at once instead of blocking behind it.
+
+mod buffer;
+mod errors;
+
+use buffer::Bytes;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+use shmbroker::{Error, Session};
+use std::os::fd::{BorrowedFd, IntoRawFd, RawFd};
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
+
+/// What a `Session` object holds: the library session until it is closed, and the process that
+/// made it.
+#[derive(Debug)]
+struct Slot {
+    session: Option<Session>,
+    /// The process the session belongs to. A forked child's copy of it must neither use it nor
+    /// drop it: dropping closes the rings' ends (in memory shared with the parent) and tells the
+    /// broker goodbye, which would make the parent's peers think the parent left.
+    pid: u32,
+}
+
+impl Slot {
+    fn forked(&self) -> bool {
+        std::process::id() != self.pid
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.forked()
+            && let Some(session) = self.session.take()
+        {
+            // A fork's copy (see `pid`): its memory is freed with the child's process.
+            std::mem::forget(session);
+        }
+    }
+}
+
+/// A worker's session, made by :func:`shmbroker.connect`: its rank, its links to every peer,
+/// and the collectives over them.
+///
+/// Every call that waits releases the GIL, and has a deadline: the ``timeout`` given to
+/// ``connect``, or the call's own ``timeout=`` (seconds). Data is anything with the buffer
+/// protocol that is C-contiguous (``bytes``, ``bytearray``, ``memoryview``, ``array.array``,
+/// NumPy arrays); it is read in place while the GIL is released, so no other thread may write to
+/// it during the call. Received data is ``bytes``.
+///
+/// A session is used by one thread at a time: a call while another thread is in one raises
+/// :class:`shmbroker.Error`. Use it as a context manager, or call :meth:`close`: a peer waiting on
+/// this rank is then told it left (:class:`shmbroker.PeerLeft`) instead of that it died.
+#[pyclass(module = "shmbroker", name = "Session", frozen)]
+#[derive(Debug)]
+struct PySession {
+    rank: u32,
+    world_size: u32,
+    timeout: Duration,
+    /// The process that made the session (as `Slot::pid`, readable without the lock).
+    pid: u32,
+    slot: Mutex<Slot>,
+}
+
+impl PySession {
+    fn new(session: Session, timeout: Duration) -> Self {
+        Self {
+            rank: session.rank(),
+            world_size: session.world_size(),
+            timeout,
+            pid: std::process::id(),
+            slot: Mutex::new(Slot {
+                session: Some(session),
+                pid: std::process::id(),
+            }),
+        }
+    }
+
+    /// Whether this process is a fork of the one that made the session.
+    fn forked(&self) -> bool {
+        std::process::id() != self.pid
+    }
+
+    /// The slot, if no other thread is in a call and this is the process that made it.
+    fn lock(&self) -> PyResult<MutexGuard<'_, Slot>> {
+        let slot = match self.slot.try_lock() {
+            Ok(slot) => slot,
+            Err(TryLockError::WouldBlock) => {
+                return Err(errors::plain(
+                    "session is busy: another thread is in a call on it (a session is used by \
+                     one thread at a time)",
+                ));
+            }
+            Err(TryLockError::Poisoned(_)) => {
+                return Err(errors::plain(
+                    "session is unusable: a call on it panicked (a bug in shmbroker); close it",
+                ));
+            }
+        };
+        if slot.forked() {
+            return Err(errors::plain(format!(
+                "session belongs to process {}, of which this process is a fork; connect again \
+                 in this process",
+                slot.pid
+            )));
+        }
+        Ok(slot)
+    }
+
+    /// Runs `call` on the session with the GIL released: the one way every call that can wait
+    /// reaches the library.
+    fn blocking<T: Send>(
+        &self,
+        py: Python<'_>,
+        call: impl FnOnce(&mut Session) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
+        let mut slot = self.lock()?;
+        let session = slot
+            .session
+            .as_mut()
+            .ok_or_else(|| errors::plain("session is closed"))?;
+        // Ctrl-C: once the library can interrupt a pending call (a handle that wakes it, and
+        // `Error::Interrupted`), arm it here: take the session's interrupt handle before
+        // detaching, have a SIGINT arriving during `call` fire it, and map `Interrupted` below
+        // to `py.check_signals()`, which runs Python's SIGINT handler (KeyboardInterrupt).
+        py.detach(|| call(session)).map_err(errors::to_py)
+    }
+
+    /// `timeout` (seconds) as the call's deadline, or the session's when it is `None`.
+    fn deadline(&self, timeout: Option<f64>) -> PyResult<Duration> {
+        timeout.map_or(Ok(self.timeout), seconds)
+    }
+}
+
+/// A deadline of `secs` seconds: finite and above 0.
+fn seconds(secs: f64) -> PyResult<Duration> {
+    // NaN is not above 0 either.
+    if secs.is_nan() || secs <= 0.0 {
+        return Err(errors::misuse(format!(
+            "timeout {secs}: every call needs a deadline, a number of seconds above 0"
+        )));
+    }
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| errors::misuse(format!("timeout {secs} is not a number of seconds")))
+}
+
+/// A rank argument: 0 or more (whether it is in the world is the library's to say).
+fn rank_arg(rank: i64) -> PyResult<u32> {
+    u32::try_from(rank).map_err(|_| {
+        errors::misuse(format!(
+            "rank {rank}: a rank is a number from 0 to the world size - 1"
+        ))
+    })
+}
+
+/// The fd `fd` stands for (an int, or an object with `fileno()`), once `fcntl` says it is open.
+fn fd_arg(fd: &Bound<'_, PyAny>) -> PyResult<RawFd> {
+    let number: RawFd = match fd.extract() {
+        Ok(number) => number,
+        Err(_) if fd.hasattr("fileno")? => fd.call_method0("fileno")?.extract()?,
+        Err(error) => return Err(error),
+    };
+    // SAFETY: F_GETFD only reads this process's fd table; a bad number gives EBADF.
+    if number < 0 || unsafe { libc::fcntl(number, libc::F_GETFD) } < 0 {
+        return Err(errors::misuse(format!(
+            "fd {number} is not an open file descriptor"
+        )));
+    }
+    Ok(number)
+}
+
+/// `number` borrowed for one call.
+fn borrowed<'fd>(number: RawFd) -> BorrowedFd<'fd> {
+    // SAFETY: `fd_arg` found it open; the caller keeps it open for the call (as documented on
+    // every method that takes an fd). Were another thread to close it meanwhile, the library's
+    // duplicate or `fstat` of it fails, or its ticket check refuses the file it then names.
+    unsafe { BorrowedFd::borrow_raw(number) }
+}
+
+#[pymethods]
+impl PySession {
+    /// This worker's rank, from 0 to ``world_size - 1`` (still readable after :meth:`close`).
+    #[getter]
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The number of ranks in the session (still readable after :meth:`close`).
+    #[getter]
+    fn world_size(&self) -> u32 {
+        self.world_size
+    }
+
+    /// The deadline, in seconds, of every call not given its own ``timeout=``.
+    #[getter]
+    fn timeout(&self) -> f64 {
+        self.timeout.as_secs_f64()
+    }
+
+    /// Whether :meth:`close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        // A busy session is in a call, so open; a poisoned one still holds its session.
+        match self.slot.try_lock() {
+            Ok(slot) => slot.session.is_none(),
+            Err(TryLockError::WouldBlock) => false,
+            Err(TryLockError::Poisoned(slot)) => slot.into_inner().session.is_none(),
+        }
+    }
+
+    /// Returns once every rank has entered the barrier.
+    ///
+    /// Raises :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`, or :class:`ProtocolError`
+    /// when another rank called another collective.
+    #[pyo3(signature = (*, timeout=None))]
+    fn barrier(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let timeout = self.deadline(timeout)?;
+        self.blocking(py, |session| session.barrier_timeout(timeout))
+    }
+
+    /// Every rank's ``data``, in rank order (this rank's own included). Ranks may give different
+    /// lengths.
+    ///
+    /// Raises as :meth:`barrier` does.
+    #[pyo3(signature = (data, *, timeout=None))]
+    fn all_gather<'py>(
+        &self,
+        py: Python<'py>,
+        data: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let data = Bytes::get(data)?;
+        let timeout = self.deadline(timeout)?;
+        let bytes = data.as_slice();
+        let parts = self.blocking(py, |session| session.all_gather_timeout(bytes, timeout))?;
+        PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part)))
+    }
+
+    /// ``root``'s ``data`` on every rank, returned as ``bytes`` (on the root too).
+    ///
+    /// The root must give ``data``; other ranks may leave it out, and what they give is not
+    /// sent (as with mpi4py's ``bcast``), though it must still be a buffer.
+    ///
+    /// Raises :class:`MisuseError` for a root without data or a root out of range; otherwise as
+    /// :meth:`barrier` does.
+    #[pyo3(signature = (root, data=None, *, timeout=None))]
+    fn broadcast<'py>(
+        &self,
+        py: Python<'py>,
+        root: i64,
+        data: Option<&Bound<'py, PyAny>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let root = rank_arg(root)?;
+        let data = data.map(Bytes::get).transpose()?;
+        let timeout = self.deadline(timeout)?;
+        let bytes = data
+            .as_ref()
+            .filter(|_| root == self.rank)
+            .map(Bytes::as_slice);
+        let received = self.blocking(py, |session| {
+            session.broadcast_timeout(root, bytes, timeout)
+        })?;
+        Ok(PyBytes::new(py, &received))
+    }
+
+    /// Sends ``data`` (any size) to ``rank``, which receives it, in order, with
+    /// ``recv(this rank)``. Returns once the data is copied out of ``data``; like ``MPI_Send``, a
+    /// message larger than this rank's outbox returns only once ``rank`` is receiving it.
+    ///
+    /// Raises :class:`MisuseError` for a rank out of range or this rank itself;
+    /// :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`.
+    #[pyo3(signature = (rank, data, *, timeout=None))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        rank: i64,
+        data: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let rank = rank_arg(rank)?;
+        let data = Bytes::get(data)?;
+        let timeout = self.deadline(timeout)?;
+        let bytes = data.as_slice();
+        self.blocking(py, |session| session.send_to_timeout(rank, bytes, timeout))
+    }
+
+    /// The next message ``rank`` sent this rank with :meth:`send`.
+    ///
+    /// Raises as :meth:`send` does, and :class:`ProtocolError` for bytes no correct peer sends.
+    #[pyo3(signature = (rank, *, timeout=None))]
+    fn recv<'py>(
+        &self,
+        py: Python<'py>,
+        rank: i64,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let rank = rank_arg(rank)?;
+        let timeout = self.deadline(timeout)?;
+        let received = self.blocking(py, |session| session.recv_from_timeout(rank, timeout))?;
+        Ok(PyBytes::new(py, &received))
+    }
+
+    /// Every rank's ``fd`` (an int, or an object with ``fileno()``), in rank order, as new file
+    /// descriptors this process owns: close each with ``os.close`` (or hand it to
+    /// ``os.fdopen``, ``mmap.mmap``). This rank's own entry is a duplicate of ``fd``
+    /// (``os.dup``), so closing every entry never closes ``fd`` itself. ``fd`` must stay open
+    /// during the call.
+    ///
+    /// Raises :class:`MisuseError` for an fd that is not open; :class:`ProtocolError` for a
+    /// peer's fd that no longer names the file it offered; :class:`ResourceError` when an fd
+    /// cannot be moved; otherwise as :meth:`all_gather` does.
+    #[pyo3(signature = (fd, *, timeout=None))]
+    fn exchange_fds<'py>(
+        &self,
+        py: Python<'py>,
+        fd: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let fd = borrowed(fd_arg(fd)?);
+        let timeout = self.deadline(timeout)?;
+        let fds = self.blocking(py, |session| session.exchange_fds_timeout(fd, timeout))?;
+        let numbers: Vec<RawFd> = fds.into_iter().map(IntoRawFd::into_raw_fd).collect();
+        PyList::new(py, numbers)
+    }
+
+    /// ``root``'s ``fd`` on every rank, as a new file descriptor this process owns (on the root,
+    /// a duplicate of ``fd``). The root must give ``fd``; other ranks may leave it out, and
+    /// what they give is ignored.
+    ///
+    /// Raises as :meth:`exchange_fds` does.
+    #[pyo3(signature = (root, fd=None, *, timeout=None))]
+    fn broadcast_fd(
+        &self,
+        py: Python<'_>,
+        root: i64,
+        fd: Option<&Bound<'_, PyAny>>,
+        timeout: Option<f64>,
+    ) -> PyResult<RawFd> {
+        let root = rank_arg(root)?;
+        let fd = match fd {
+            Some(fd) if root == self.rank => Some(borrowed(fd_arg(fd)?)),
+            _ => None,
+        };
+        let timeout = self.deadline(timeout)?;
+        let received = self.blocking(py, |session| {
+            session.broadcast_fd_timeout(root, fd, timeout)
+        })?;
+        Ok(received.into_raw_fd())
+    }
+
+    /// Leaves the session: peers waiting on this rank are told it left (:class:`PeerLeft`).
+    /// Closing a closed session does nothing; every other call on it raises
+    /// :class:`shmbroker.Error`.
+    ///
+    /// In a forked child, closes only the child's copy: the parent's session goes on.
+    ///
+    /// Raises :class:`shmbroker.Error` while another thread is in a call on the session.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let session = match self.slot.try_lock() {
+            Ok(mut slot) => slot.session.take(),
+            // A call panicked: leave anyway.
+            Err(TryLockError::Poisoned(slot)) => slot.into_inner().session.take(),
+            Err(TryLockError::WouldBlock) => {
+                return Err(errors::plain(
+                    "session is busy: another thread is in a call on it, so it cannot be closed",
+                ));
+            }
+        };
+        match session {
+            // A forked child's copy (see `Slot::pid`): only this copy is closed.
+            Some(session) if self.forked() => std::mem::forget(session),
+            Some(session) => py.detach(|| drop(session)),
+            None => {}
+        }
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.closed() { ", closed" } else { "" };
+        format!(
+            "<shmbroker.Session rank {} of {}{state}>",
+            self.rank, self.world_size
+        )
+    }
+}
+
+/// Logs on and returns the :class:`Session`.
+///
+/// With ``path=None``, joins the job this process was started in: ``shmbroker run``, or
+/// mpirun, torchrun or srun (``SHMBROKER_SOCKET``, ``SHMBROKER_RANK``,
+/// ``SHMBROKER_WORLD_SIZE``, or the launcher's own variables); the environment then gives the
+/// rank, so ``rank`` must be left out. With a ``path``, logs on to the broker listening there as
+/// ``rank`` (``None``: any free rank).
+///
+/// ``timeout`` (seconds, above 0) bounds the logon, and is every later call's deadline unless
+/// the call is given its own.
+///
+/// Raises :class:`LogonError` when no broker answers in time, the broker refuses, or the
+/// environment does not say where this process stands; :class:`MisuseError` for a bad argument.
+#[pyfunction]
+#[pyo3(signature = (path=None, rank=None, timeout=10.0))]
+fn connect(
+    py: Python<'_>,
+    path: Option<PathBuf>,
+    rank: Option<i64>,
+    timeout: f64,
+) -> PyResult<PySession> {
+    let timeout = seconds(timeout)?;
+    let rank = rank.map(rank_arg).transpose()?;
+    let session = match (path, rank) {
+        (None, Some(rank)) => {
+            return Err(errors::misuse(format!(
+                "rank {rank} without a path: with path=None the environment gives the rank \
+                 (set SHMBROKER_RANK to choose it)"
+            )));
+        }
+        (None, None) => py.detach(|| Session::from_env(timeout)),
+        (Some(path), rank) => py.detach(|| Session::connect(path, rank, timeout)),
+    };
+    let mut session = session.map_err(errors::to_py)?;
+    session.set_timeout(timeout);
+    Ok(PySession::new(session, timeout))
+}
+
+/// The native module; the `shmbroker` package re-exports it.
+#[pymodule]
+fn _shmbroker(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<PySession>()?;
+    module.add_function(wrap_pyfunction!(connect, module)?)?;
+    Ok(())
+}

@@ -1,0 +1,75 @@
+"""What needs no peer: the exception classes, and connect's own failures."""
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import shmbroker
+
+
+def test_every_exception_is_an_error():
+    for name in (
+        "PeerLost",
+        "PeerLeft",
+        "Timeout",
+        "ProtocolError",
+        "BrokerLost",
+        "LogonError",
+        "MisuseError",
+        "ResourceError",
+    ):
+        assert issubclass(getattr(shmbroker, name), shmbroker.Error), name
+    assert issubclass(shmbroker.Error, Exception)
+    assert issubclass(shmbroker.MisuseError, ValueError)
+
+
+def test_exceptions_keep_their_fields_through_pickle():
+    lost = pickle.loads(pickle.dumps(shmbroker.PeerLost("peer rank 2 was lost", 2)))
+    assert (type(lost), lost.rank, str(lost)) == (shmbroker.PeerLost, 2, "peer rank 2 was lost")
+    timeout = pickle.loads(pickle.dumps(shmbroker.Timeout("timed out", "recv", [1, 3], 0.5)))
+    assert (timeout.op, timeout.waiting_for, timeout.timeout) == ("recv", [1, 3], 0.5)
+    assert str(timeout) == "timed out"
+
+
+def test_connect_without_a_broker_is_a_logon_error_naming_the_path(tmp_path):
+    path = tmp_path / "nobody.sock"
+    with pytest.raises(shmbroker.LogonError, match="no broker at .*nobody.sock"):
+        shmbroker.connect(path, timeout=0.2)
+    with pytest.raises(shmbroker.LogonError):
+        shmbroker.connect(str(path), rank=1, timeout=0.2)
+
+
+def test_connect_outside_a_launcher_says_which_variables_are_missing(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith(("SHMBROKER_", "OMPI_", "PMI_", "MPI_LOCAL", "SLURM_", "LOCAL_")):
+            monkeypatch.delenv(name)
+    with pytest.raises(shmbroker.LogonError, match="SHMBROKER_RANK"):
+        shmbroker.connect(timeout=0.2)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf")])
+def test_connect_needs_a_deadline(timeout):
+    with pytest.raises(shmbroker.MisuseError, match="timeout"):
+        shmbroker.connect("/nonexistent.sock", timeout=timeout)
+
+
+def test_connect_refuses_a_rank_without_a_path():
+    with pytest.raises(shmbroker.MisuseError, match="SHMBROKER_RANK"):
+        shmbroker.connect(rank=1)
+    with pytest.raises(shmbroker.MisuseError, match="rank -1"):
+        shmbroker.connect("/nonexistent.sock", rank=-1)
+
+
+def test_the_type_stubs_match_the_module(tmp_path):
+    # Every name, signature and class of the stubs against the installed module.
+    pytest.importorskip("mypy.stubtest")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "shmbroker"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,  # not python/, whose package source would hide the installed one
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

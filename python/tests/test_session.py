@@ -1,0 +1,111 @@
+"""Several real processes under `shmbroker run`, each running a scenario of workers.py."""
+
+import re
+
+import pytest
+from conftest import REPO, assert_ok, describe, run_job, run_scenario
+
+
+def test_collectives_and_messages_at_every_size_with_every_buffer_type():
+    # 0 B to 4 MiB (inline, eager, pipelined > 64 KiB), as bytes, bytearray, memoryview, a
+    # memoryview window and array.array, with 3 ranks and every root.
+    assert_ok(run_scenario(3, "collectives"), 3, "collectives")
+
+
+def test_messages_larger_than_the_outbox():
+    # A 1 MiB outbox: the 1 MiB and 4 MiB messages do not fit in it.
+    job = run_scenario(3, "collectives", env={"SHMBROKER_OUTBOX_BYTES": str(1 << 20)})
+    assert_ok(job, 3, "collectives")
+
+
+def test_numpy_arrays():
+    pytest.importorskip("numpy")
+    assert_ok(run_scenario(2, "numpy"), 2, "numpy")
+
+
+def test_bad_arguments_raise_and_leave_the_session_usable():
+    assert_ok(run_scenario(2, "arguments"), 2, "arguments")
+
+
+def test_a_world_of_one():
+    assert_ok(run_scenario(1, "solo"), 1, "solo")
+
+
+def test_exchange_fds_of_memfds():
+    assert_ok(run_scenario(3, "fds"), 3, "fds")
+
+
+def test_a_killed_peer_is_peer_lost_naming_its_rank():
+    job = run_scenario(3, "peer_lost")
+    # The job's status is the killed copy's: 128 + SIGKILL.
+    assert job.returncode == 137, describe(job)
+    assert "rank 2 was killed by SIGKILL" in job.stderr, describe(job)
+    for rank in (0, 1):
+        assert f"[{rank}] PEERLOST rank 2: peer rank 2 was lost" in job.stdout, describe(job)
+        assert f"[{rank}] OK peer_lost rank {rank}" in job.stdout, describe(job)
+
+
+def test_a_peer_that_closes_is_peer_left_naming_its_rank():
+    job = run_scenario(3, "peer_left")
+    assert_ok(job, 3, "peer_left")
+    for rank in (0, 1):
+        assert f"[{rank}] PEERLEFT rank 2: peer rank 2 left the session" in job.stdout
+
+
+def test_a_deadline_is_timeout_naming_the_op_and_ranks():
+    job = run_scenario(2, "timeout")
+    assert_ok(job, 2, "timeout")
+    assert "[0] TIMEOUT recv [1]: recv timed out after 300ms waiting for rank 1" in job.stdout
+
+
+def test_the_context_manager_closes_and_calls_after_close_raise():
+    job = run_scenario(2, "context")
+    assert_ok(job, 2, "context")
+    assert "[0] CLOSED rank 0" in job.stdout and "[1] CLOSED rank 1" in job.stdout
+
+
+def test_the_gil_is_released_while_a_call_waits(tmp_path):
+    job = run_scenario(2, "gil", tmp_path)
+    assert_ok(job, 2, "gil")
+    assert "[0] GIL released" in job.stdout
+
+
+def test_a_forked_child_cannot_use_or_end_its_parents_session():
+    assert_ok(run_scenario(2, "fork"), 2, "fork")
+
+
+def test_different_collectives_are_a_protocol_error_naming_the_peer():
+    job = run_scenario(2, "mismatch")
+    assert_ok(job, 2, "mismatch")
+    assert "[0] MISMATCH rank 1: rank 1 called all_gather #0" in job.stdout, describe(job)
+    assert "[1] MISMATCH rank 0: rank 0 called barrier #0" in job.stdout, describe(job)
+
+
+@pytest.mark.xfail(strict=False, reason="needs Session interruption")
+def test_ctrl_c_interrupts_a_wait(tmp_path):
+    # Rank 1 waits in recv (60 s deadline) and gets SIGINT: KeyboardInterrupt within 10 s.
+    job = run_scenario(2, "interrupt", tmp_path)
+    assert_ok(job, 2, "interrupt")
+    assert "[1] INTERRUPTED" in job.stdout
+
+
+def test_the_issue_one_liner_all_gathers():
+    program = (
+        "import shmbroker; s = shmbroker.connect(); "
+        "print('gathered', s.all_gather(b'%d' % s.rank))"
+    )
+    job = run_job(3, "-c", program)
+    assert job.returncode == 0, describe(job)
+    for rank in range(3):
+        assert f"[{rank}] gathered [b'0', b'1', b'2']" in job.stdout, describe(job)
+
+
+def test_the_readme_program(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## From Python", 1)[1]
+    program = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    path = tmp_path / "prog.py"
+    path.write_text(program)
+    job = run_job(3, path)
+    assert job.returncode == 0, describe(job)
+    assert "[0] rank 0 of 3" in job.stdout, describe(job)
