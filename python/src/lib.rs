@@ -7,7 +7,8 @@
 //!   message (which names the rank). No Rust panic is left uncaught (PyO3 turns one into
 //!   `pyo3_runtime.PanicException`, after which the session refuses every call but `close`).
 //! - Every call that can wait goes through [`PySession::blocking`], which releases the GIL for
-//!   the wait. That is where Ctrl-C support belongs once the library can interrupt a wait.
+//!   the wait and lets Ctrl-C end it (see the `sigint` module): the call then raises what
+//!   Python's SIGINT handler raises, `KeyboardInterrupt` unless the program changed it.
 //! - Every call has a deadline: the one given to `connect`, or its own `timeout=`.
 //! - A closed session, a session another thread is in a call on, and a forked child's copy of a
 //!   session raise `shmbroker.Error`; nothing crashes.
@@ -17,6 +18,7 @@
 
 mod buffer;
 mod errors;
+mod sigint;
 
 use buffer::Bytes;
 use pyo3::prelude::*;
@@ -59,7 +61,8 @@ impl Drop for Slot {
 /// and the collectives over them.
 ///
 /// Every call that waits releases the GIL, and has a deadline: the ``timeout`` given to
-/// ``connect``, or the call's own ``timeout=`` (seconds). Data is anything with the buffer
+/// ``connect``, or the call's own ``timeout=`` (seconds). Ctrl-C ends a wait on the main thread
+/// with ``KeyboardInterrupt``; nothing is lost. Data is anything with the buffer
 /// protocol that is C-contiguous (``bytes``, ``bytearray``, ``memoryview``, ``array.array``,
 /// NumPy arrays); it is read in place while the GIL is released, so no other thread may write to
 /// it during the call. Received data is ``bytes``.
@@ -135,11 +138,23 @@ impl PySession {
             .session
             .as_mut()
             .ok_or_else(|| errors::plain("session is closed"))?;
-        // Ctrl-C: once the library can interrupt a pending call (a handle that wakes it, and
-        // `Error::Interrupted`), arm it here: take the session's interrupt handle before
-        // detaching, have a SIGINT arriving during `call` fire it, and map `Interrupted` below
-        // to `py.check_signals()`, which runs Python's SIGINT handler (KeyboardInterrupt).
-        py.detach(|| call(session)).map_err(errors::to_py)
+        // Ctrl-C: Python runs signal handlers on the main thread only, so only its waits are
+        // armed. An interrupt left over from a call that had ended before it came is dropped.
+        let interrupter = sigint::on_main_thread().then(|| session.interrupter());
+        session.clear_interrupt();
+        let armed = interrupter.as_ref().and_then(sigint::Armed::arm);
+        let result = py.detach(|| call(session));
+        drop(armed);
+        match result {
+            Ok(value) => Ok(value),
+            Err(Error::Interrupted) => {
+                // Runs Python's handler for the SIGINT that ended the wait (KeyboardInterrupt);
+                // if it raises nothing, the call still did not finish.
+                py.check_signals()?;
+                Err(errors::to_py(Error::Interrupted))
+            }
+            Err(error) => Err(errors::to_py(error)),
+        }
     }
 
     /// `timeout` (seconds) as the call's deadline, or the session's when it is `None`.

@@ -201,7 +201,7 @@ def scenario_fds(session, args):
 
 
 def scenario_peer_lost(session, args):
-    """Rank 2 is killed with SIGKILL; ranks 0 and 1 are told, naming it."""
+    """Rank 2 is killed with SIGKILL; ranks 0 and 1 are told, naming it, and carry on."""
     # The launcher stops the other copies (SIGTERM, then SIGKILL 3 s later) once one is killed:
     # the survivors report first.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -216,9 +216,18 @@ def scenario_peer_lost(session, args):
         error = raises(shmbroker.PeerLost, lambda: session.barrier(timeout=30))
     check(isinstance(error, shmbroker.Error), "PeerLost is an Error")
     say(f"PEERLOST rank {error.rank}: {error}")
-    # Every later call that needs a peer says the same, even between the survivors.
-    error = raises(shmbroker.PeerLost, lambda: session.send(1 - rank, b"x", timeout=30))
-    check(error.rank == 2, f"later calls name rank 2, not {error.rank}")
+    # A collective needs every rank: every later one names rank 2 too. Messages between the
+    # survivors go on.
+    error = raises(shmbroker.PeerLost, lambda: session.barrier(timeout=30))
+    check(error.rank == 2, f"later collectives name rank 2, not {error.rank}")
+    error = raises(shmbroker.PeerLost, lambda: session.send(2, b"x", timeout=30))
+    check(error.rank == 2, f"a send to rank 2 names it, not {error.rank}")
+    if rank == 0:
+        session.send(1, b"still here", timeout=30)
+        check(session.recv(1, timeout=30) == b"and me", "rank 1 answered")
+    else:
+        check(session.recv(0, timeout=30) == b"still here", "rank 0 still talks to rank 1")
+        session.send(0, b"and me", timeout=30)
     session.close()
 
 
@@ -403,6 +412,9 @@ def scenario_interrupt(session, args):
             say(f"INTERRUPTED after {time.monotonic() - started:.1f} s")
             with open(os.path.join(args[0], "interrupted"), "w"):
                 pass
+            # Nothing was lost: the session goes on.
+            check(session.recv(0, timeout=10) == b"after", "no message after the interrupt")
+            say("RECEIVED after the interrupt")
             return
         check(False, "recv returned")
     else:
@@ -418,6 +430,7 @@ def scenario_interrupt(session, args):
         while not os.path.exists(interrupted):
             check(time.monotonic() < deadline, "rank 1 was not interrupted within 10 s")
             time.sleep(0.01)
+        session.send(1, b"after")
 
 
 def main():

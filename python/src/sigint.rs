@@ -1,0 +1,128 @@
+//! Ctrl-C during a wait: a SIGINT ends the main thread's pending call, and Python's own handler
+//! then runs (normally raising `KeyboardInterrupt`).
+//!
+//! Python handles a signal in two steps: its C handler only records it, and the Python-level
+//! handler runs later, on the main thread, between bytecodes. A call waiting in the library with
+//! the GIL released runs no bytecode, so on its own it would wait out its deadline. So while the
+//! main thread waits, this module's handler sits in front of Python's: it asks the session's
+//! [`Interrupter`] to end the wait (async-signal-safe: atomics, `futex` and `write`), then calls
+//! the handler it displaced, so Python records the signal as usual. The wait returns
+//! `Error::Interrupted`, and the caller runs `check_signals`, which runs the Python handler.
+//!
+//! The handler is (re)installed at the start of each main-thread wait, in front of whatever
+//! handler is there then, so a program that sets its own SIGINT handler with `signal.signal`
+//! keeps it (it runs after ours). When the disposition is `SIG_DFL` or `SIG_IGN`, nothing is
+//! installed: Ctrl-C then kills the process or does nothing, as Python would have it.
+//!
+//! # Why the handler never touches a freed interrupter
+//!
+//! The waiting call publishes a pointer to its interrupter in [`CURRENT`] and, when the wait is
+//! over, takes it back and waits until no handler is between loading it and finishing with it
+//! ([`IN_HANDLER`], incremented before the load and decremented after the use, all `SeqCst`). A
+//! handler that loaded the pointer counted itself first, so the caller sees the count and waits;
+//! one that counted itself after the caller took the pointer back loads null.
+
+use shmbroker::session::Interrupter;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+
+/// The interrupter of the main thread's pending wait, or null.
+static CURRENT: AtomicPtr<Interrupter> = AtomicPtr::new(std::ptr::null_mut());
+/// Handlers between loading [`CURRENT`] and finishing with what it pointed to.
+static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
+/// The handler ours displaced (a `sa_handler` or `sa_sigaction` address) and whether it takes
+/// three arguments (`SA_SIGINFO`).
+static PREVIOUS: AtomicUsize = AtomicUsize::new(0);
+static PREVIOUS_SIGINFO: AtomicBool = AtomicBool::new(false);
+
+/// Whether this is the process's main thread (the one Python runs signal handlers on).
+pub fn on_main_thread() -> bool {
+    // SAFETY: gettid and getpid only read this thread's and process's ids.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: as above.
+    let pid = unsafe { libc::getpid() };
+    tid == pid
+}
+
+/// While alive, a SIGINT interrupts `interrupter`'s session (see the module docs).
+pub struct Armed(());
+
+impl Armed {
+    /// Installs the handler in front of the current one if that is a function, and publishes
+    /// `interrupter` until the returned value is dropped. `None` when there is nothing to do
+    /// (SIGINT is ignored or kills the process, or the handler could not be read).
+    pub fn arm(interrupter: &Interrupter) -> Option<Self> {
+        install()?;
+        CURRENT.store(std::ptr::from_ref(interrupter).cast_mut(), Ordering::SeqCst);
+        Some(Self(()))
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        CURRENT.store(std::ptr::null_mut(), Ordering::SeqCst);
+        while IN_HANDLER.load(Ordering::SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Puts [`on_sigint`] in front of SIGINT's handler unless it is there already; `None` when the
+/// disposition is not a function.
+fn install() -> Option<()> {
+    // SAFETY: an all-zero sigaction is a valid value to be filled in.
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: reads SIGINT's disposition into `current`; a null new action changes nothing.
+    if unsafe { libc::sigaction(libc::SIGINT, std::ptr::null(), &raw mut current) } != 0 {
+        return None;
+    }
+    let ours = on_sigint as extern "C" fn(c_int, *mut libc::siginfo_t, *mut libc::c_void);
+    if current.sa_sigaction == ours as usize {
+        return Some(());
+    }
+    if current.sa_sigaction == libc::SIG_DFL || current.sa_sigaction == libc::SIG_IGN {
+        return None;
+    }
+    PREVIOUS.store(current.sa_sigaction, Ordering::SeqCst);
+    PREVIOUS_SIGINFO.store(current.sa_flags & libc::SA_SIGINFO != 0, Ordering::SeqCst);
+    let mut action = current;
+    action.sa_sigaction = ours as usize;
+    action.sa_flags = (current.sa_flags | libc::SA_SIGINFO) & !libc::SA_RESETHAND;
+    // SAFETY: installs a handler that only makes async-signal-safe calls (see `on_sigint`).
+    let installed =
+        unsafe { libc::sigaction(libc::SIGINT, &raw const action, std::ptr::null_mut()) };
+    (installed == 0).then_some(())
+}
+
+/// Interrupts the published wait, then runs the displaced handler. Async-signal-safe: atomics,
+/// the interrupter's `futex`/`write` calls, and the displaced handler (Python's, which is); errno
+/// is kept as it was.
+extern "C" fn on_sigint(signal: c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    // SAFETY: __errno_location only returns the address of this thread's errno slot.
+    let slot = unsafe { libc::__errno_location() };
+    // SAFETY: that slot is valid and aligned for the thread's whole life.
+    let errno = unsafe { *slot };
+    IN_HANDLER.fetch_add(1, Ordering::SeqCst);
+    let current = CURRENT.load(Ordering::SeqCst);
+    // SAFETY: a non-null `CURRENT` points to the interrupter of a wait still in progress: its
+    // `Armed` clears the pointer and waits for `IN_HANDLER` to drop to 0 before it ends.
+    if let Some(interrupter) = unsafe { current.as_ref() } {
+        interrupter.interrupt();
+    }
+    IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
+    let previous = PREVIOUS.load(Ordering::SeqCst);
+    if previous != 0 && previous != libc::SIG_DFL && previous != libc::SIG_IGN {
+        if PREVIOUS_SIGINFO.load(Ordering::SeqCst) {
+            // SAFETY: `previous` is the sa_sigaction of a handler installed with SA_SIGINFO.
+            let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(previous) };
+            handler(signal, info, context);
+        } else {
+            // SAFETY: `previous` is the sa_handler of a handler installed without SA_SIGINFO.
+            let handler: extern "C" fn(c_int) = unsafe { std::mem::transmute(previous) };
+            handler(signal);
+        }
+    }
+    // SAFETY: as above: the slot of this very thread.
+    unsafe { *slot = errno };
+}
