@@ -161,7 +161,7 @@ pub(crate) struct Shared {
 /// Ends whatever wait a session is in, from another thread or a signal handler: the call
 /// returns an "interrupted" error and the session stays usable (a collective cut short leaves
 /// its peers waiting for this rank's part, so do not go on with collectives after one). With no
-/// call waiting, the next wait ends at once, unless [`Connection::clear_interrupt`] forgets it.
+/// call waiting, the next wait ends at once, unless [`Connection::clear_interrupt`](crate::Connection::clear_interrupt) forgets it.
 ///
 /// [`Self::interrupt`] is async-signal-safe: it stores to atomics and makes `futex` and `write`
 /// system calls, and takes no lock and allocates nothing. It wakes the waits on rings (every
