@@ -340,6 +340,30 @@ fn an_interrupter_ends_a_wait_from_another_thread_and_the_session_goes_on() {
     assert!(status.is_some_and(|status| status.success()), "{status:?}");
 }
 
+#[test]
+fn a_peer_forging_a_leave_that_blames_a_live_rank_is_named_itself_and_that_rank_goes_on() {
+    let broker = Broker::start("farm-forged-claim", 3);
+    let mut honest = farm_worker(&broker, 1, &[]);
+    let mut forger = farm_worker_with(&broker, 2, &["--leave-citing", "1"], Stdio::piped());
+    let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
+    reader.set_timeout(Duration::from_secs(30));
+    reader.send(2, &task(0, 64)).unwrap();
+    let said = common::read_line_within(forger.take_stdout().unwrap(), common::CHILD_DEADLINE);
+    assert_eq!(said.trim(), "forged");
+    // Rank 2 closed its ends saying rank 1 died, and stays alive. Rank 1 is alive, so the claim
+    // does not hold: rank 2 itself is named, as having left.
+    let error = reader.recv(2).unwrap_err();
+    assert!(matches!(error, Error::PeerLeft { rank: 2 }), "{error}");
+    // Nobody is taken for dead: the farm goes on with rank 1, every answer checked.
+    let tasks: Vec<Vec<u8>> = (0..200).map(|id| task(id, 64)).collect();
+    let done = run_farm(&mut reader, &[1], &tasks);
+    assert_eq!(done.get(&1), Some(&tasks.len()));
+    assert_eq!(reader.raw().lost_rank(), None);
+    let status = honest.wait_timeout(Duration::from_secs(30)).unwrap();
+    assert!(status.is_some_and(|status| status.success()), "{status:?}");
+    forger.kill();
+}
+
 /// Whether `error` names `rank` as the one gone or at fault.
 fn names(error: &Error, rank: u32) -> bool {
     match *error {

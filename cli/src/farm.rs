@@ -26,6 +26,10 @@ pub struct Args {
     /// test that kills this worker with its last answers still unread).
     #[arg(long, value_name = "N")]
     burst_then_hang: Option<u64>,
+    /// Hostile: on the first task, close this worker's ends of every ring citing RANK's death
+    /// (a lie while RANK is alive), print `forged`, and hang, alive, without answering.
+    #[arg(long, value_name = "RANK")]
+    leave_citing: Option<u32>,
 }
 
 /// FNV-1a, 64 bits.
@@ -60,18 +64,19 @@ fn serve(session: &mut Session, args: &Args) -> Result<(), shmbroker::Error> {
         if task.is_empty() {
             return Ok(());
         }
+        if let Some(cited) = args.leave_citing {
+            forge_leaving(session, cited);
+            say("forged");
+            std::thread::sleep(Duration::from_millis(args.timeout_ms));
+            return Ok(());
+        }
         if let Some(burst) = args.burst_then_hang {
             for id in 0..burst {
                 let mut made_up = (u64::MAX - id).to_le_bytes().to_vec();
                 made_up.extend_from_slice(b"last words");
                 session.send(0, &answer(&made_up))?;
             }
-            {
-                use std::io::Write as _;
-                let mut stdout = std::io::stdout();
-                let _ = writeln!(stdout, "burst sent");
-                let _ = stdout.flush();
-            }
+            say("burst sent");
             // Until the test kills it, and never past its own deadline.
             std::thread::sleep(Duration::from_millis(args.timeout_ms));
             return Ok(());
@@ -81,6 +86,27 @@ fn serve(session: &mut Session, args: &Args) -> Result<(), shmbroker::Error> {
         }
         session.send(0, &answer(&task))?;
     }
+}
+
+/// Closes this worker's ends of every ring the way a worker leaving after `cited` died does,
+/// without that death or the leaving: the claim peers must check before believing it.
+fn forge_leaving(session: &mut Session, cited: u32) {
+    use shmbroker::queues::Role;
+    let connection = session.raw();
+    for peer in 0..connection.world_size() {
+        if let Some(link) = connection.link(peer) {
+            link.to.closer().close_end_citing(Role::Producer, cited);
+            link.from.closer().close_end_citing(Role::Consumer, cited);
+        }
+    }
+}
+
+/// Prints `line` on standard output at once (a test waits for it).
+fn say(line: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(stdout, "{line}");
+    let _ = stdout.flush();
 }
 
 #[cfg(test)]

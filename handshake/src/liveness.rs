@@ -394,6 +394,10 @@ impl Shared {
     /// a socket close before the kernel reports the exit). A confirmed exit of a rank that left
     /// its rings untouched is recorded as the death it is.
     fn confirm_exit(&self, rank: u32) -> bool {
+        // A claim about no rank of this world (garbage) must not read another rank's bit.
+        if rank as usize >= self.closers.len() {
+            return false;
+        }
         let give_up = Instant::now() + CLAIM_GRACE;
         loop {
             if self.recorded(rank) {
