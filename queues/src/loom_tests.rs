@@ -190,16 +190,27 @@ fn loom_a_third_party_close_wakes_a_parked_producer() {
     });
 }
 
+/// A one-slot ring whose consumer parks at once and holds an interrupt, with a closer of it.
+fn interruptible_pair() -> (
+    crate::Producer<u64>,
+    crate::Consumer<u64>,
+    crate::Closer<u64>,
+    std::sync::Arc<crate::Interrupt>,
+) {
+    let (tx, mut rx, closer) = crate::ring::pair_with_closer::<u64>(1);
+    let interrupt = std::sync::Arc::new(crate::Interrupt::new());
+    rx.set_interrupt(std::sync::Arc::clone(&interrupt));
+    rx.set_spin_limit(0);
+    (tx, rx, closer, interrupt)
+}
+
 /// An interrupt fired from another thread (as a session's watcher does when a third rank dies)
 /// wakes a consumer parked on an empty ring with `Interrupted`, and leaves the ring open: a
 /// message sent afterwards is still received.
 #[test]
 fn loom_an_interrupt_wakes_a_parked_consumer() {
     loom::model(|| {
-        let (mut tx, mut rx, closer) = crate::ring::pair_with_closer::<u64>(1);
-        let interrupt = std::sync::Arc::new(crate::Interrupt::new());
-        rx.set_interrupt(std::sync::Arc::clone(&interrupt));
-        rx.set_spin_limit(0);
+        let (mut tx, mut rx, closer, interrupt) = interruptible_pair();
         let seen = interrupt.generation();
         let watcher = thread::spawn(move || interrupt.fire([&closer]));
         let mut one = [0u64];
@@ -218,10 +229,7 @@ fn loom_an_interrupt_wakes_a_parked_consumer() {
 #[test]
 fn loom_an_interrupt_never_loses_a_message() {
     loom::model(|| {
-        let (mut tx, mut rx, closer) = crate::ring::pair_with_closer::<u64>(1);
-        let interrupt = std::sync::Arc::new(crate::Interrupt::new());
-        rx.set_interrupt(std::sync::Arc::clone(&interrupt));
-        rx.set_spin_limit(0);
+        let (mut tx, mut rx, closer, interrupt) = interruptible_pair();
         let seen = interrupt.generation();
         let producer = thread::spawn(move || {
             tx.try_send(9).unwrap();
