@@ -23,6 +23,7 @@ mod sigint;
 use buffer::Bytes;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
+use shmbroker::session::Interrupter;
 use shmbroker::{Error, Session};
 use std::os::fd::{BorrowedFd, IntoRawFd, RawFd};
 use std::path::PathBuf;
@@ -79,6 +80,8 @@ struct PySession {
     /// The process that made the session (as `Slot::pid`, readable without the lock).
     pid: u32,
     slot: Mutex<Slot>,
+    /// Ends the session's waits on Ctrl-C (see the `sigint` module); made once, not per call.
+    interrupter: Interrupter,
 }
 
 impl PySession {
@@ -88,6 +91,7 @@ impl PySession {
             world_size: session.world_size(),
             timeout,
             pid: std::process::id(),
+            interrupter: session.interrupter(),
             slot: Mutex::new(Slot {
                 session: Some(session),
                 pid: std::process::id(),
@@ -140,9 +144,10 @@ impl PySession {
             .ok_or_else(|| errors::plain("session is closed"))?;
         // Ctrl-C: Python runs signal handlers on the main thread only, so only its waits are
         // armed. An interrupt left over from a call that had ended before it came is dropped.
-        let interrupter = sigint::on_main_thread().then(|| session.interrupter());
         session.clear_interrupt();
-        let armed = interrupter.as_ref().and_then(sigint::Armed::arm);
+        let armed = sigint::on_main_thread()
+            .then(|| sigint::Armed::arm(&self.interrupter))
+            .flatten();
         let result = py.detach(|| call(session));
         drop(armed);
         match result {
