@@ -72,6 +72,9 @@ enum Command {
     /// One worker of a chaos trial.
     #[command(hide = true)]
     ChaosWorker(chaos::WorkerArgs),
+    /// One rank of `bench collectives`' capi_all_gather, in Rust.
+    #[command(hide = true)]
+    GatherRank(bench::capi::RankArgs),
     /// Share real device memory between two workers (needs the CUDA driver at run time).
     #[cfg(feature = "cuda")]
     CudaCheck(cuda::Args),
@@ -120,6 +123,7 @@ fn main() -> ExitCode {
         Command::Hostile(args) => hostile::run(&args),
         Command::FarmWorker(args) => farm::run(&args),
         Command::ChaosWorker(args) => chaos::worker(&args),
+        Command::GatherRank(args) => bench::capi::rank(&args),
         #[cfg(feature = "cuda")]
         Command::CudaCheck(args) => return cuda::check(&args),
     };

@@ -8,6 +8,7 @@
 //! | `barrier_hot` (2 workers) | `Session::barrier`, spinning | a shared-memory sense-reversing barrier that polls with `usleep(1)` (as KittensBroker's does); the same with waiters parked in `FUTEX_WAIT`; a star relay over UNIX sockets |
 //! | `barrier_parked` (2, 4, 8 workers) | `Session::barrier`, parking at once | the same two |
 //! | `all_gather_{hot,parked,crowded}_{8,64,1024}B` (2 hot; 2, 4, 8 parked; 16 crowded outside `--quick`, against Open MPI only) | `Session::all_gather_into` | each rank writes a slot in shared memory between two futex barriers; a star relay over UNIX sockets |
+//! | `capi_all_gather_{8,64,1024}B` (2 workers; 4 at 64 B; 64 B on 2 with `--quick`) | `shmbroker_all_gather` from a C program through `libshmbroker.so`, under `shmbroker run` | the same loop in Rust, `Session::all_gather_into`, under `shmbroker run` too; the Rust call with ranks forked by the bench, as in `all_gather_*` |
 //! | `fd_exchange_per_fd` (2 workers) | `Session::exchange_fds` by `pidfd_getfd` (each rank imports one fd) | one raw `pidfd_getfd` with a cached pidfd; an `SCM_RIGHTS` ping-pong, per fd |
 //! | `dead_peer` (3 workers) | from `kill -9` of one worker to the survivor's `PeerLost` in a barrier | none: the target is an absolute bound |
 //!
@@ -135,6 +136,9 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
                 });
             }
         }
+    }
+    if plan.wants("capi_all_gather") {
+        capi_all_gather(plan, report, dir.path())?;
     }
     if plan.wants("fd_exchange") {
         report.progress("fd_exchange, 2 workers");
@@ -668,6 +672,78 @@ fn dead_peer(socket: &Path) -> Result<u64, String> {
     let elapsed = measured?;
     reaped?;
     Ok(elapsed)
+}
+
+/// `shmbroker_all_gather` from a C program against the Rust call it wraps,
+/// `Session::all_gather_into`, in the same loop, both as fresh processes under `shmbroker run`
+/// with the session's own waiting and a 20 s deadline, alternating which runs first each round
+/// (see `capi.rs`). Ours is the C ABI here: the ratio is C over Rust.
+fn capi_all_gather(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<(), String> {
+    let program = match super::capi::build() {
+        Ok(program) => program,
+        Err(why) => {
+            eprintln!("bench: no C ABI contender for capi_all_gather ({why})");
+            return Ok(());
+        }
+    };
+    // 64 B is the size the C ABI's target names; 8 B is where a fixed cost shows most.
+    let setups: &[(u32, usize)] = if plan.quick {
+        &[(2, 64)]
+    } else {
+        &[(2, 8), (2, 64), (2, 1024), (4, 64)]
+    };
+    let rounds = plan.size(3_000, 300);
+    for &(workers, bytes) in setups {
+        report.progress(&format!(
+            "capi_all_gather, {workers} workers, {bytes} bytes"
+        ));
+        let (mut c, mut rust, mut forked) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..plan.rounds {
+            let socket = dir.join(format!("capi-gather-{workers}-{bytes}-{round}.sock"));
+            let mut order = [0u8, 1, 2];
+            order.rotate_left(round % 3);
+            for contender in order {
+                match contender {
+                    0 => c.push(super::capi::all_gather(
+                        &program,
+                        super::capi::Side::C(&program),
+                        workers,
+                        rounds,
+                        warmup(rounds),
+                        bytes,
+                    )?),
+                    1 => rust.push(super::capi::all_gather(
+                        &program,
+                        super::capi::Side::Rust,
+                        workers,
+                        rounds,
+                        warmup(rounds),
+                        bytes,
+                    )?),
+                    _ => forked.push(ours_all_gather(&socket, workers, rounds, bytes, None)?),
+                }
+            }
+        }
+        report.add(Comparison {
+            bench: format!("capi_all_gather_{bytes}B"),
+            size: Size::Workers(workers),
+            contenders: vec![
+                ("C ABI: shmbroker_all_gather", Measure::Latency(c)),
+                ("Rust: Session::all_gather_into", Measure::Latency(rust)),
+                ("Rust, ranks forked by the bench", Measure::Latency(forked)),
+            ],
+        });
+    }
+    report.note(
+        "capi_all_gather",
+        "ours is a C program calling shmbroker_all_gather through libshmbroker.so, the first \
+         baseline the same loop in Rust calling Session::all_gather_into, both as fresh \
+         processes under `shmbroker run`, so that ratio is C over Rust (the C ABI's target: at \
+         most 1.10 at 64 B); the second baseline is the Rust call in the setup of the \
+         all_gather benches (ranks forked from this process, rank 0 this process itself, with \
+         the session's own waiting), which shows what the process setup alone changes",
+    );
+    Ok(())
 }
 
 /// Nanoseconds of each of `rounds` all-gathers of `bytes` bytes on rank 0.

@@ -6,6 +6,7 @@
 //! timing assertions anywhere: these machines are shared and noisy, so read medians and ratios.
 
 mod bulk;
+pub mod capi;
 mod collectives;
 mod farm;
 mod logon;
@@ -58,8 +59,9 @@ enum Suite {
     Logon,
     /// Barriers, send/recv, all-gathers, fd exchange and kill -9 detection against MPI_Barrier,
     /// the raw ring, usleep-polling and futex barriers, a star relay over UNIX sockets, raw
-    /// pidfd_getfd and SCM_RIGHTS (barrier, sendrecv_pingpong, barrier_hot, barrier_parked,
-    /// all_gather, fd_exchange, dead_peer).
+    /// pidfd_getfd and SCM_RIGHTS; the C ABI's all-gather against the Rust call (barrier,
+    /// sendrecv_pingpong, barrier_hot, barrier_parked, all_gather, capi_all_gather,
+    /// fd_exchange, dead_peer).
     Collectives,
     /// Large messages between two processes, 4 KiB to 64 MiB, with send/recv and with loans,
     /// against a UNIX socket and Open MPI; the loan hand-off; outbox allocation against

@@ -14,6 +14,10 @@
 //! [`parse_lines`] reads those lines back. Nothing here is needed to build shmbroker: without
 //! `mpicc` and `mpirun` on `PATH`, [`available`] says so and the bench skips the baseline.
 //!
+//! The C ABI's bench (`capi.rs`) builds and runs its C program with the same machinery:
+//! [`compile`] with `cc` instead of `mpicc`, and [`Program::run_under`] with `shmbroker run`
+//! instead of `mpirun`.
+//!
 //! # Transport
 //!
 //! The baseline is Open MPI's own shared-memory path: the `ob1` messaging layer over the `self`
@@ -43,19 +47,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Source of `bulk`: two-rank ping-pong latency and one-way throughput.
-pub const BULK_C: &str = concat!(include_str!("mpi/common.h"), include_str!("mpi/bulk.c"));
+pub const BULK_C: &str = concat!(
+    include_str!("c/common.h"),
+    include_str!("mpi/common.h"),
+    include_str!("mpi/bulk.c")
+);
 
 /// Source of `allgather`: `MPI_Allgather` latency at any world size.
 pub const ALLGATHER_C: &str = concat!(
+    include_str!("c/common.h"),
     include_str!("mpi/common.h"),
     include_str!("mpi/allgather.c")
 );
 
 /// Source of `barrier`: `MPI_Barrier` latency at any world size.
-pub const BARRIER_C: &str = concat!(include_str!("mpi/common.h"), include_str!("mpi/barrier.c"));
+pub const BARRIER_C: &str = concat!(
+    include_str!("c/common.h"),
+    include_str!("mpi/common.h"),
+    include_str!("mpi/barrier.c")
+);
 
 /// Source of `farm`: a task farm over `MPI_ANY_SOURCE`.
-pub const FARM_C: &str = concat!(include_str!("mpi/common.h"), include_str!("mpi/farm.c"));
+pub const FARM_C: &str = concat!(
+    include_str!("c/common.h"),
+    include_str!("mpi/common.h"),
+    include_str!("mpi/farm.c")
+);
 
 /// How long `mpicc` and `ompi_info` may run before they are killed.
 const TOOL_DEADLINE: Duration = Duration::from_secs(120);
@@ -114,16 +131,33 @@ pub struct Program {
 ///
 /// # Errors
 ///
-/// A `name` that is empty or holds anything but ASCII letters, digits, `-` and `_`; a failure to
-/// create the directory or write the source; `mpicc` failing to start, running past two minutes
-/// or failing, with its status and stderr.
+/// As [`compile`], with `mpicc` as the compiler.
 pub fn build(name: &str, source: &str) -> Result<Program, String> {
+    compile("mpicc", name, source, &[], &[])
+}
+
+/// Writes `source` to `<name>.c`, and each of `headers` (file name, text) beside it, in a fresh
+/// temporary directory, and compiles it with `<compiler> -O2 -I<that directory> -o <name>
+/// <name>.c <extra_args>...`. The directory goes when the [`Program`] does, on every path out.
+///
+/// # Errors
+///
+/// A `name` that is empty or holds anything but ASCII letters, digits, `-` and `_`; a failure to
+/// create the directory or write a file; the compiler failing to start, running past two
+/// minutes or failing, with its status and stderr.
+pub fn compile(
+    compiler: &str,
+    name: &str,
+    source: &str,
+    headers: &[(&str, &str)],
+    extra_args: &[std::ffi::OsString],
+) -> Result<Program, String> {
     if name.is_empty()
         || !name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        return Err(format!("MPI program name {name:?} is not [A-Za-z0-9_-]+"));
+        return Err(format!("C program name {name:?} is not [A-Za-z0-9_-]+"));
     }
     let dir = std::env::temp_dir().join(format!(
         "shmbroker-mpi-{}-{name}-{}",
@@ -138,16 +172,28 @@ pub fn build(name: &str, source: &str) -> Result<Program, String> {
         dir,
     };
     let src = program.dir.join(format!("{name}.c"));
-    std::fs::write(&src, source).map_err(|e| format!("writing {}: {e}", src.display()))?;
-    let mut mpicc = Command::new("mpicc");
-    mpicc.arg("-O2").arg("-o").arg(&program.exe).arg(&src);
-    let done =
-        run_captured(&mut mpicc, &program.dir, TOOL_DEADLINE).map_err(|e| format!("mpicc: {e}"))?;
+    for (file, text) in std::iter::once((src.clone(), source)).chain(
+        headers
+            .iter()
+            .map(|&(file, text)| (program.dir.join(file), text)),
+    ) {
+        std::fs::write(&file, text).map_err(|e| format!("writing {}: {e}", file.display()))?;
+    }
+    let mut cc = Command::new(compiler);
+    cc.arg("-O2")
+        .arg("-I")
+        .arg(&program.dir)
+        .arg("-o")
+        .arg(&program.exe)
+        .arg(&src)
+        .args(extra_args);
+    let done = run_captured(&mut cc, &program.dir, TOOL_DEADLINE)
+        .map_err(|e| format!("{compiler}: {e}"))?;
     if done.status.success() {
         Ok(program)
     } else {
         Err(format!(
-            "mpicc -O2 {} exited with {}: {}",
+            "{compiler} -O2 {} exited with {}: {}",
             src.display(),
             done.status,
             done.stderr.trim()
@@ -183,14 +229,36 @@ impl Program {
                 }
             }
         }
-        let done = run_captured(&mut mpirun, &self.dir, timeout)
-            .map_err(|e| format!("mpirun -np {ranks} {}: {e}", self.exe.display()))?;
+        self.run_under(&mut mpirun, &format!("mpirun -np {ranks}"), timeout)
+    }
+
+    /// The executable.
+    pub fn exe(&self) -> &Path {
+        &self.exe
+    }
+
+    /// Runs `launcher`, a command that starts this program (`mpirun`, `shmbroker run`), as
+    /// [`run_captured`] does in this program's directory, and returns its stdout once it exits;
+    /// `what` names the launcher in errors.
+    ///
+    /// # Errors
+    ///
+    /// The launcher failing to start, running past `timeout` (it is then killed and reaped), or
+    /// exiting unsuccessfully, with its status and stderr.
+    pub fn run_under(
+        &self,
+        launcher: &mut Command,
+        what: &str,
+        timeout: Duration,
+    ) -> Result<String, String> {
+        let exe = self.exe.display();
+        let done =
+            run_captured(launcher, &self.dir, timeout).map_err(|e| format!("{what} {exe}: {e}"))?;
         if done.status.success() {
             Ok(done.stdout)
         } else {
             Err(format!(
-                "mpirun -np {ranks} {} exited with {}: {}",
-                self.exe.display(),
+                "{what} {exe} exited with {}: {}",
                 done.status,
                 done.stderr.trim()
             ))

@@ -13,7 +13,8 @@
  *
  * Percentile p of n sorted samples is sorted[min(n - 1, (size_t)(p / 100.0 * n))].
  *
- * Built after common.h (the clock, percentiles, argument parsing); see mpi.rs.
+ * Built after c/common.h (the clock, percentiles, argument parsing) and mpi/common.h; see
+ * mpi.rs.
  */
 
 #define MAX_TOTAL (64ull << 20)

@@ -19,7 +19,8 @@
  *
  * Send and receive buffers are separate and memset before any timing.
  *
- * Built after common.h (the clock, percentiles, argument parsing); see mpi.rs.
+ * Built after c/common.h (the clock, percentiles, argument parsing) and mpi/common.h; see
+ * mpi.rs.
  */
 
 #define MAX_SIZE (64ull << 20)
