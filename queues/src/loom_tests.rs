@@ -5,6 +5,7 @@
 //! blocked"), a data race on a slot as a loom causality violation, and a wrong value as a failed
 //! assertion.
 
+use crate::readiness::ModelEventFd;
 use crate::{RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError, pair};
 use loom::thread;
 use std::time::Duration;
@@ -305,6 +306,116 @@ fn loom_readiness_never_misses_a_message() {
         }
         a.join().unwrap();
         b.join().unwrap();
+    });
+}
+
+/// What a session's `try_recv_any` keeps between looks: whether its rings are armed, and how
+/// many writes wakers owe the eventfd (registrations they took, less what resets read back).
+#[derive(Default)]
+struct Looker {
+    armed: bool,
+    owed: i64,
+}
+
+impl Looker {
+    /// One non-blocking look, as `try_recv_any` makes it: true when a ring has something (every
+    /// ring disarmed); false with every ring armed, after which the caller may wait on the
+    /// eventfd.
+    ///
+    /// A look that owes the eventfd a reset makes it after arming, and then arms and looks once
+    /// more, making no second reset. The reset may read back the write of a waker that took an
+    /// arming of this very look (for a message the look did not see, or for one it already
+    /// took, while the same producer's next message follows with no write, the registration
+    /// being taken): the second arming gives such a ring a registration again, and a message
+    /// published before it is seen, one after it writes the eventfd anew.
+    fn look(&mut self, consumers: &[&crate::Consumer<u64>], event: &ModelEventFd) -> bool {
+        if self.found(consumers) {
+            return true;
+        }
+        if self.arm(consumers) && self.found(consumers) {
+            return true;
+        }
+        if self.owed > 0 {
+            self.owed -= i64::try_from(event.drain()).unwrap();
+            return self.arm(consumers) && self.found(consumers);
+        }
+        false
+    }
+
+    /// Arms every ring not armed (counting the registrations wakers took); whether any ring
+    /// has something.
+    fn arm(&mut self, consumers: &[&crate::Consumer<u64>]) -> bool {
+        let mut pending = false;
+        for consumer in consumers {
+            if !self.armed || !consumer.is_armed() {
+                self.owed += i64::from(self.armed && consumer.disarm());
+                pending |= consumer.arm();
+            } else {
+                pending |= consumer.has_pending();
+            }
+        }
+        self.armed = true;
+        pending
+    }
+
+    /// Whether a ring has something; if one has, every ring is disarmed (counting the
+    /// registrations wakers took).
+    fn found(&mut self, consumers: &[&crate::Consumer<u64>]) -> bool {
+        if !consumers.iter().any(|consumer| consumer.has_pending()) {
+            return false;
+        }
+        if self.armed {
+            self.armed = false;
+            for consumer in consumers {
+                self.owed += i64::from(consumer.disarm());
+            }
+        }
+        true
+    }
+}
+
+/// No lost wake-up for an event loop: a consumer looks without blocking (`try_recv_any`) and,
+/// finding nothing, waits on the eventfd itself (`poll`, `epoll`, an async runtime), receiving
+/// three messages from two producers. A look resets the eventfd's count when wakers owe it, and
+/// a signal that reset reads back may belong to a message the look has not seen; without the
+/// look after the reset, loom finds that lost wake-up as a deadlock.
+#[test]
+fn loom_readiness_look_then_wait_never_misses_a_message() {
+    loom::model(|| {
+        let event = std::sync::Arc::new(ModelEventFd::default());
+        let (mut tx_a, mut rx_a) = pair::<u64>(2).unwrap();
+        let (mut tx_b, mut rx_b) = pair::<u64>(1).unwrap();
+        for tx in [&mut tx_a, &mut tx_b] {
+            tx.set_notify(event.clone());
+        }
+        rx_a.set_notify(event.clone());
+        rx_b.set_notify(event.clone());
+        let a = thread::spawn(move || {
+            tx_a.try_send(1).unwrap();
+            tx_a.try_send(2).unwrap();
+            tx_a
+        });
+        let b = thread::spawn(move || {
+            tx_b.try_send(3).unwrap();
+            tx_b
+        });
+        let mut looker = Looker::default();
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            if !looker.look(&[&rx_a, &rx_b], &event) {
+                event.wait_readable();
+                continue;
+            }
+            for rx in [&mut rx_a, &mut rx_b] {
+                if let Ok(value) = rx.try_recv() {
+                    got.push(value);
+                }
+            }
+        }
+        got.sort_unstable();
+        assert_eq!(got, [1, 2, 3]);
+        drop(a.join().unwrap());
+        drop(b.join().unwrap());
     });
 }
 

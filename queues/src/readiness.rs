@@ -57,6 +57,27 @@
 //! The loom test `loom_readiness_never_misses_a_message` checks this with two rings, two
 //! producers and an eventfd modelled as a counter under a mutex.
 //!
+//! # A look that does not sleep
+//!
+//! An event loop (`epoll`, an async runtime) sleeps on the fd itself, between non-blocking looks
+//! that arm the rings when they find nothing. Such a look must not end with a reset: the reset
+//! may read back the write of a waker that took one of *this* look's registrations, after the
+//! look checked that ring, and the caller then sleeps on a count of zero. Worse, that ring is
+//! now unregistered, so the same producer's next message writes nothing either. So a look that
+//! resets the count arms again after the reset, with no second reset, and checks once more:
+//!
+//! ```text
+//! arm every ring; if any has X: take it
+//! if writes are owed: read(eventfd)                     // reset
+//!     arm every ring not armed; if any has X: take it   // the look after the reset
+//! return nothing                                        // the caller sleeps on the fd
+//! ```
+//!
+//! A registration taken before the second arming is renewed by it, and the arming swap reads
+//! from the waker's swap, so the message is seen; one taken after it writes the eventfd after the
+//! reset, so the fd is readable. `loom_readiness_look_then_wait_never_misses_a_message` checks
+//! this order; dropping either step after the reset makes it report a deadlock.
+//!
 //! # Memory another process writes
 //!
 //! The word sits in the ring's header, which the producer can write. A producer that stores
@@ -115,8 +136,8 @@ impl ModelEventFd {
         }
     }
 
-    /// `read(fd)`: resets the count.
-    pub fn drain(&self) {
-        *self.count.lock().unwrap() = 0;
+    /// `read(fd)`: resets the count and returns what it was.
+    pub fn drain(&self) -> u64 {
+        std::mem::take(&mut *self.count.lock().unwrap())
     }
 }
