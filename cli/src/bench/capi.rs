@@ -11,9 +11,11 @@
 //!
 //! The C program is compiled with `cc -O2 -Wall` against the header this executable was built
 //! with (`capi/include/shmbroker.h`, written beside the source), linked with `-lshmbroker` and an
-//! rpath to the library's directory, as the README's `cc` line does. `cargo build --release -p
+//! rpath to the library's directory, as the README's `cc` line links it. `cargo build --release -p
 //! shmbroker-capi` puts `libshmbroker.so` beside `target/release/shmbroker`; without it, or
-//! without `cc`, [`build`] says so and the bench is left out.
+//! without `cc`, [`available`] says so and the bench is left out; a program that does not
+//! compile fails the bench. CI's quick bench run covers the path where every check passes; a
+//! wrong byte or a failing call ends either side with a message and a failed launcher.
 
 use super::mpi::{Program, compile, parse_lines};
 use std::ffi::OsString;
@@ -23,10 +25,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Source of `capi_allgather`: `shmbroker_all_gather` latency at any world size.
-pub const ALLGATHER_C: &str = concat!(
-    include_str!("c/common.h"),
-    include_str!("capi/all_gather.c")
-);
+pub const ALLGATHER_C: &str = concat!(include_str!("c/bench.h"), include_str!("capi/all_gather.c"));
 
 /// The header the program is built against: the one committed beside the C ABI this
 /// executable's source belongs to (CI checks it is what cbindgen makes of `capi/src/lib.rs`).
@@ -35,35 +34,61 @@ const HEADER: &str = include_str!("../../../capi/include/shmbroker.h");
 /// How long one run of the program under the launcher may take before it is killed.
 const RUN_DEADLINE: Duration = Duration::from_secs(120);
 
-/// The directory holding `libshmbroker.so`: this executable's own.
-fn library_dir() -> Result<PathBuf, String> {
+/// Where the C side can be built: the directory holding `libshmbroker.so` (this executable's
+/// own), with `cc` on `PATH`.
+///
+/// # Errors
+///
+/// Either missing, saying which and how to get it. A library older than this executable may be
+/// stale (built from other sources than the Rust side): that is said on stderr, and the bench
+/// goes on.
+pub fn available() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
     let dir = exe
         .parent()
         .ok_or_else(|| format!("{} has no parent directory", exe.display()))?;
-    if dir.join("libshmbroker.so").is_file() {
-        Ok(dir.to_path_buf())
-    } else {
-        Err(format!(
+    let lib = dir.join("libshmbroker.so");
+    if !lib.is_file() {
+        return Err(format!(
             "no libshmbroker.so beside {} (build it: cargo build --release -p shmbroker-capi)",
             exe.display()
-        ))
+        ));
     }
+    if super::mpi::find_on_path("cc").is_none() {
+        return Err("no cc on PATH".into());
+    }
+    let modified = |path: &std::path::Path| std::fs::metadata(path).and_then(|m| m.modified());
+    if let (Ok(lib_time), Ok(exe_time)) = (modified(&lib), modified(&exe))
+        && lib_time < exe_time
+    {
+        eprintln!(
+            "bench: {} is older than {}: if the library's sources changed since, rebuild it \
+             (cargo build --release -p shmbroker-capi)",
+            lib.display(),
+            exe.display()
+        );
+    }
+    Ok(dir.to_path_buf())
 }
 
-/// `capi_allgather` built with `cc` against `libshmbroker.so`.
+/// `capi_allgather` built with `cc` against the `libshmbroker.so` in `lib` (see [`available`]).
 ///
 /// # Errors
 ///
-/// No `libshmbroker.so` beside this executable, or the compile failing (no `cc` on `PATH`
-/// included), with the reason.
-pub fn build() -> Result<Program, String> {
-    let lib = library_dir()?;
-    let mut args = vec![OsString::from("-Wall"), "-L".into(), lib.clone().into()];
-    args.push("-lshmbroker".into());
-    let mut rpath = OsString::from("-Wl,-rpath,");
-    rpath.push(&lib);
-    args.push(rpath);
+/// The compile failing, with the compiler's message.
+pub fn build(lib: &std::path::Path) -> Result<Program, String> {
+    // -Xlinker passes the directory whole (a comma in it would split a -Wl, list), and the
+    // launcher clears LD_LIBRARY_PATH, so this library is the one the program loads.
+    let args: Vec<OsString> = vec![
+        "-Wall".into(),
+        "-L".into(),
+        lib.into(),
+        "-lshmbroker".into(),
+        "-Xlinker".into(),
+        "-rpath".into(),
+        "-Xlinker".into(),
+        lib.into(),
+    ];
     compile(
         "cc",
         "capi_allgather",
@@ -75,16 +100,16 @@ pub fn build() -> Result<Program, String> {
 
 /// Which side of the comparison runs.
 #[derive(Clone, Copy, Debug)]
-pub enum Side<'a> {
+pub enum Side {
     /// The C program, calling `shmbroker_all_gather`.
-    C(&'a Program),
+    C,
     /// This executable's `gather-rank`, calling `Session::all_gather_into`.
     Rust,
 }
 
 /// Rank 0's nanoseconds per all-gather of `bytes` bytes among `workers` ranks, each a process of
-/// `side` started by `shmbroker run -n <workers>`, after `warmup` untimed calls. `program`'s
-/// directory holds the run's output either way.
+/// `side` started by `shmbroker run -n <workers>`, after `warmup` untimed calls. `program` is
+/// the C side; its directory holds the run's output either way.
 ///
 /// # Errors
 ///
@@ -92,7 +117,7 @@ pub enum Side<'a> {
 /// failing call's message is in its stderr); fewer samples printed than `rounds`.
 pub fn all_gather(
     program: &Program,
-    side: Side<'_>,
+    side: Side,
     workers: u32,
     rounds: usize,
     warmup: usize,
@@ -101,21 +126,24 @@ pub fn all_gather(
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
     let mut launcher = Command::new(&exe);
     launcher
+        .env_remove("LD_LIBRARY_PATH")
         .arg("run")
         .arg("-n")
         .arg(workers.to_string())
         .arg("--timeout")
         .arg(RUN_DEADLINE.as_secs().to_string())
         .arg("--");
-    match side {
-        Side::C(program) => launcher.arg(program.exe()),
-        Side::Rust => launcher.arg(&exe).arg("gather-rank"),
+    let what = match side {
+        Side::C => {
+            launcher.arg(program.exe());
+            format!("shmbroker run -n {workers} capi_allgather")
+        }
+        Side::Rust => {
+            launcher.arg(&exe).arg("gather-rank");
+            format!("shmbroker run -n {workers} shmbroker gather-rank")
+        }
     };
     launcher.args([rounds, warmup, bytes].map(|n| n.to_string()));
-    let what = match side {
-        Side::C(_) => format!("shmbroker run -n {workers} capi_allgather"),
-        Side::Rust => format!("shmbroker run -n {workers} shmbroker gather-rank"),
-    };
     // The launcher's own --timeout stops the copies first; this deadline is the backstop.
     let stdout = program.run_under(&mut launcher, &what, RUN_DEADLINE + Duration::from_secs(10))?;
     let samples: Vec<u64> = parse_lines(&stdout, "capi_allgather_sample")
@@ -155,7 +183,7 @@ pub struct RankArgs {
 /// Joining or an all-gather failing, or a rank's part holding the wrong byte.
 pub fn rank(args: &RankArgs) -> Result<(), String> {
     let timeout = Duration::from_secs(20);
-    let mut session = shmbroker::Session::from_env(timeout).map_err(|e| e.to_string())?;
+    let mut session = shmbroker::Session::from_env(timeout).map_err(|e| format!("joining: {e}"))?;
     session.set_timeout(timeout);
     let (rank, world) = (session.rank(), session.world_size() as usize);
     let (rounds, warmup, bytes) = (

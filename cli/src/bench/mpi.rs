@@ -48,28 +48,28 @@ use std::time::{Duration, Instant};
 
 /// Source of `bulk`: two-rank ping-pong latency and one-way throughput.
 pub const BULK_C: &str = concat!(
-    include_str!("c/common.h"),
+    include_str!("c/bench.h"),
     include_str!("mpi/common.h"),
     include_str!("mpi/bulk.c")
 );
 
 /// Source of `allgather`: `MPI_Allgather` latency at any world size.
 pub const ALLGATHER_C: &str = concat!(
-    include_str!("c/common.h"),
+    include_str!("c/bench.h"),
     include_str!("mpi/common.h"),
     include_str!("mpi/allgather.c")
 );
 
 /// Source of `barrier`: `MPI_Barrier` latency at any world size.
 pub const BARRIER_C: &str = concat!(
-    include_str!("c/common.h"),
+    include_str!("c/bench.h"),
     include_str!("mpi/common.h"),
     include_str!("mpi/barrier.c")
 );
 
 /// Source of `farm`: a task farm over `MPI_ANY_SOURCE`.
 pub const FARM_C: &str = concat!(
-    include_str!("c/common.h"),
+    include_str!("c/bench.h"),
     include_str!("mpi/common.h"),
     include_str!("mpi/farm.c")
 );
@@ -104,7 +104,7 @@ pub fn available() -> Result<(), String> {
 }
 
 /// The first executable file called `name` in a directory of `PATH`.
-fn find_on_path(name: &str) -> Option<PathBuf> {
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .filter(|dir| !dir.as_os_str().is_empty())
@@ -118,10 +118,11 @@ fn is_executable(path: &Path) -> bool {
         .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
 }
 
-/// An MPI program built by [`build`]; its temporary directory goes with it on drop.
+/// A C program built by [`build`] (Open MPI) or [`compile`]; its temporary directory goes with it
+/// on drop.
 #[derive(Debug)]
 pub struct Program {
-    /// `$TMPDIR/shmbroker-mpi-<pid>-<name>-<n>`: the source, the executable and run output.
+    /// `$TMPDIR/shmbroker-c-<pid>-<name>-<n>`: the source, the executable and run output.
     dir: PathBuf,
     exe: PathBuf,
 }
@@ -160,7 +161,7 @@ pub fn compile(
         return Err(format!("C program name {name:?} is not [A-Za-z0-9_-]+"));
     }
     let dir = std::env::temp_dir().join(format!(
-        "shmbroker-mpi-{}-{name}-{}",
+        "shmbroker-c-{}-{name}-{}",
         std::process::id(),
         SEQUENCE.fetch_add(1, Ordering::Relaxed)
     ));

@@ -15,7 +15,7 @@
  *
  * A failing call prints shmbroker_last_error() and exits 1; bad arguments exit 2.
  *
- * Built after c/common.h (the clock, argument parsing) with shmbroker.h beside it; see capi.rs.
+ * Built after c/bench.h (the clock, argument parsing) with shmbroker.h beside it; see capi.rs.
  */
 #include <shmbroker.h>
 

@@ -13,7 +13,7 @@
  *
  * Percentile p of n sorted samples is sorted[min(n - 1, (size_t)(p / 100.0 * n))].
  *
- * Built after c/common.h (the clock, percentiles, argument parsing) and mpi/common.h; see
+ * Built after c/bench.h (the clock, percentiles, argument parsing) and mpi/common.h; see
  * mpi.rs.
  */
 

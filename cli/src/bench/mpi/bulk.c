@@ -19,7 +19,7 @@
  *
  * Send and receive buffers are separate and memset before any timing.
  *
- * Built after c/common.h (the clock, percentiles, argument parsing) and mpi/common.h; see
+ * Built after c/bench.h (the clock, percentiles, argument parsing) and mpi/common.h; see
  * mpi.rs.
  */
 

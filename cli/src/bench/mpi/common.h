@@ -1,6 +1,6 @@
 /*
- * What the Open MPI baselines share beyond `c/common.h`: MPI itself and the usage message.
- * `mpi.rs` builds each program from `c/common.h`, this file and its own source.
+ * What the Open MPI baselines share beyond `c/bench.h`: MPI itself and the usage message.
+ * `mpi.rs` builds each program from `c/bench.h`, this file and its own source.
  */
 #include <mpi.h>
 

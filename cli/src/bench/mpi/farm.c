@@ -17,7 +17,7 @@
  *     farm WORKERS SIZE TASKS ELAPSED_NS
  *
  * This is the same loop as `bench farm`'s shmbroker and UNIX socket contenders (farm.rs).
- * Built after c/common.h (the clock, argument parsing) and mpi/common.h; see mpi.rs.
+ * Built after c/bench.h (the clock, argument parsing) and mpi/common.h; see mpi.rs.
  */
 
 #define TAG_TASK 1
