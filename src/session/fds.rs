@@ -267,6 +267,13 @@ impl Session {
         }
         // Who could not take what: every rank learns the same, and decides the same.
         let statuses = self.all_gather_pod_with(&[refused, stale], deadline)?;
+        // An exporter that gave this exchange up because a rank died closes its fd, and its
+        // ticket then reads as stale: that death is the cause, and is named as in any collective.
+        if (my_stale.is_some() || statuses.iter().any(|s| s[1] != 0))
+            && let Some(rank) = self.inner.lost_rank()
+        {
+            return Err(self.collective_lost(rank));
+        }
         if let Some((exporter, ticket, found)) = my_stale {
             return Err(Error::StaleFdTicket {
                 exporter,
