@@ -697,36 +697,24 @@ fn capi_all_gather(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<()
         report.progress(&format!(
             "capi_all_gather, {workers} workers, {bytes} bytes"
         ));
+        // Every order of the three in turn: C runs before Rust in half the rounds.
+        const ORDERS: [[u8; 3]; 6] = [
+            [0, 1, 2],
+            [1, 0, 2],
+            [2, 0, 1],
+            [2, 1, 0],
+            [0, 2, 1],
+            [1, 2, 0],
+        ];
+        let launched =
+            |side| super::capi::all_gather(&program, side, workers, rounds, warmup(rounds), bytes);
         let (mut c, mut rust, mut forked) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..plan.rounds {
             let socket = dir.join(format!("capi-gather-{workers}-{bytes}-{round}.sock"));
-            // Every order of the three in turn: C runs before Rust in half the rounds.
-            const ORDERS: [[u8; 3]; 6] = [
-                [0, 1, 2],
-                [1, 0, 2],
-                [2, 0, 1],
-                [2, 1, 0],
-                [0, 2, 1],
-                [1, 2, 0],
-            ];
             for contender in ORDERS[round % 6] {
                 match contender {
-                    0 => c.push(super::capi::all_gather(
-                        &program,
-                        super::capi::Side::C,
-                        workers,
-                        rounds,
-                        warmup(rounds),
-                        bytes,
-                    )?),
-                    1 => rust.push(super::capi::all_gather(
-                        &program,
-                        super::capi::Side::Rust,
-                        workers,
-                        rounds,
-                        warmup(rounds),
-                        bytes,
-                    )?),
+                    0 => c.push(launched(super::capi::Side::C)?),
+                    1 => rust.push(launched(super::capi::Side::Rust)?),
                     _ => forked.push(ours_all_gather(&socket, workers, rounds, bytes, None)?),
                 }
             }
