@@ -179,6 +179,9 @@ fn a_worker_killed_mid_farm_is_named_after_its_last_messages_and_the_farm_goes_o
     let mut doomed = farm_worker_with(&broker, 2, &["--burst-then-hang", "5"], Stdio::piped());
     let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
     reader.set_timeout(Duration::from_secs(30));
+    // Every worker must be in before one dies: the broker admits nobody to a job that has lost a
+    // worker (a steady worker slow to start would be refused, and never answer).
+    reader.await_peers(Duration::from_secs(30)).unwrap();
     reader.send(2, &task(1, 64)).unwrap();
     // Rank 2 has put five answers in its ring; it dies before the reader takes any of them.
     let said = common::read_line_within(doomed.take_stdout().unwrap(), common::CHILD_DEADLINE);
