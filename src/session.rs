@@ -48,8 +48,10 @@
 //!   tasks to the workers left (`recv_any` reports each death once, then skips the dead rank).
 //!
 //! A peer that dropped its session **left**: calls that need it fail with [`Error::PeerLeft`],
-//! others go on (a collective needs every rank). With the broker gone, what
-//! needs it fails with [`Error::BrokerLost`]. Blocks of this rank's outbox that a departed peer
+//! others go on (a collective needs every rank). A job that has lost a worker (died or left)
+//! admits nobody new, so a rank that had not logged on by then never will: the broker says so,
+//! and calls that need it fail at once with [`Error::PeerNeverJoined`], naming it and the rank
+//! that closed the job. With the broker gone, what needs it fails with [`Error::BrokerLost`]. Blocks of this rank's outbox that a departed peer
 //! still owed an acknowledgement for are given back. A collective cut short by a death can leave
 //! blocks that *live* peers owed for it (they stopped receiving it): those stay taken, so the
 //! outbox has that much less room for the point-to-point traffic that goes on.
@@ -632,6 +634,16 @@ fn handshake_failed(peer: u32, error: shmbroker_handshake::Error, deadline: &Dea
         shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(vec![peer]),
         shmbroker_handshake::Error::PeerLost { rank, .. } => Error::PeerLost { rank },
         shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
+        shmbroker_handshake::Error::PeerNeverJoined {
+            rank,
+            after,
+            after_left,
+            ..
+        } => Error::PeerNeverJoined {
+            rank,
+            after,
+            after_left,
+        },
         other => Error::Logon(other),
     }
 }
@@ -642,6 +654,15 @@ fn departure_error(departure: shmbroker_handshake::Departure) -> Error {
         shmbroker_handshake::Departure::Lost { rank } => Error::PeerLost { rank },
         shmbroker_handshake::Departure::Left { rank } => Error::PeerLeft { rank },
         shmbroker_handshake::Departure::BrokerLost => Error::BrokerLost,
+        shmbroker_handshake::Departure::NeverJoined {
+            rank,
+            after,
+            after_left,
+        } => Error::PeerNeverJoined {
+            rank,
+            after,
+            after_left,
+        },
     }
 }
 

@@ -1,5 +1,6 @@
 //! Receiving from any peer: a task farm of real worker processes, flood fairness, a worker killed
-//! mid-farm, a split session driven from two threads, and an event loop on the readiness fd.
+//! mid-farm, a rank that never came, a split session driven from two threads, and an event loop
+//! on the readiness fd.
 
 use shmbroker::Error;
 use shmbroker::session::Session;
@@ -259,6 +260,88 @@ fn a_worker_killed_mid_farm_is_named_after_its_last_messages_and_the_farm_goes_o
         let status = worker.wait_timeout(Duration::from_secs(30)).unwrap();
         assert!(status.is_some_and(|status| status.success()), "{status:?}");
     }
+}
+
+#[test]
+fn a_rank_that_never_came_before_a_death_is_named_at_once_and_the_farm_goes_on_without_it() {
+    let broker = Broker::start("farm-never-came", 4);
+    let mut steady = farm_worker(&broker, 3, &[]);
+    let mut doomed = farm_worker(&broker, 2, &[]);
+    let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
+    reader.set_timeout(Duration::from_secs(30));
+    // Ranks 0, 2 and 3 are in; rank 1 has not come when rank 2 dies.
+    broker.await_logons(3);
+    doomed.kill();
+    let _ = doomed.wait_timeout(Duration::from_secs(10)).unwrap();
+    // The broker admits nobody to a job that has lost a worker, so rank 1 never will come: a call
+    // that needs it fails naming it and the death, instead of waiting out its 30 s.
+    let never_came = |error: &Error| {
+        matches!(
+            error,
+            Error::PeerNeverJoined {
+                rank: 1,
+                after: 2,
+                after_left: false
+            }
+        )
+    };
+    let error = reader.recv(1).unwrap_err();
+    assert!(never_came(&error), "{error}");
+    assert!(
+        error.to_string().contains(
+            "rank 1 never logged on, and no longer can: the job was closed to newcomers when rank 2 died"
+        ),
+        "{error}"
+    );
+    let error = reader.send(1, b"anyone?").unwrap_err();
+    assert!(never_came(&error), "{error}");
+    // recv_any reports the death once and skips rank 1 without a word; a collective names the
+    // death; the farm goes on with rank 3.
+    assert!(matches!(
+        reader.recv_any(),
+        Err(Error::PeerLost { rank: 2 })
+    ));
+    assert!(matches!(
+        reader.barrier_timeout(Duration::from_secs(5)),
+        Err(Error::PeerLost { rank: 2 })
+    ));
+    let tasks: Vec<Vec<u8>> = (0..100).map(|id| task(id, 64)).collect();
+    let done = run_farm(&mut reader, &[3], &tasks);
+    assert_eq!(done.get(&3), Some(&tasks.len()));
+    // A rank 1 that comes now is turned away, told why.
+    let late = Session::connect(broker.socket(), Some(1), Duration::from_secs(10)).unwrap_err();
+    assert!(late.to_string().contains("rank 2 died"), "{late}");
+    let status = steady.wait_timeout(Duration::from_secs(30)).unwrap();
+    assert!(status.is_some_and(|status| status.success()), "{status:?}");
+}
+
+#[test]
+fn a_rank_that_never_came_before_a_departure_is_named_and_recv_any_names_the_one_that_left() {
+    let broker = Broker::start("farm-never-came-left", 3);
+    let mut leaving = farm_worker(&broker, 2, &[]);
+    let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
+    reader.set_timeout(Duration::from_secs(30));
+    broker.await_logons(2);
+    // Rank 2 is told to stop, and leaves; rank 1 never came.
+    reader.send(2, &[]).unwrap();
+    let status = leaving.wait_timeout(Duration::from_secs(30)).unwrap();
+    assert!(status.is_some_and(|status| status.success()), "{status:?}");
+    let error = reader.recv(1).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::PeerNeverJoined {
+                rank: 1,
+                after: 2,
+                after_left: true
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().ends_with("when rank 2 left"), "{error}");
+    // Nobody is left to receive from: the departure is named, not the rank that never came.
+    let error = reader.recv_any().unwrap_err();
+    assert!(matches!(error, Error::PeerLeft { rank: 2 }), "{error}");
 }
 
 #[test]

@@ -310,6 +310,12 @@ pub enum NoticeKind {
     /// their own pidfd of that peer: it catches a worker whose socket was inherited (its pidfd
     /// names the process that connected) or that exec'd.
     PeerGone = 12,
+    /// Broker to worker: rank `peer` has not logged on, and no longer can, because the job is
+    /// winding down (the broker admits nobody new to a job once a worker of it has died or left).
+    /// `token` says which worker wound it down: its rank in the low 32 bits, and bit 32 set if
+    /// it said goodbye first (it left) or clear (it died). Workers close their rings to `peer`,
+    /// so that nothing waits for a rank that will never come.
+    NeverJoins = 13,
 }
 
 impl NoticeKind {
@@ -338,6 +344,7 @@ impl NoticeKind {
             10 => Some(Self::Claimed),
             11 => Some(Self::RelayFailed),
             12 => Some(Self::PeerGone),
+            13 => Some(Self::NeverJoins),
             _ => None,
         }
     }

@@ -43,6 +43,10 @@
 // A bug in shmbroker (a Rust panic, caught): close the session.
 #define SHMBROKER_E_INTERNAL -9
 
+// A peer this call needed never logged on, and no longer can: the job lost a worker (the
+// message names it) and the broker admits nobody new to it.
+#define SHMBROKER_E_PEER_NEVER_JOINED -10
+
 // A worker's session: opaque, made by `shmbroker_connect` or `shmbroker_from_env`, ended by
 // `shmbroker_close`.
 typedef struct shmbroker_session shmbroker_session;

@@ -43,6 +43,9 @@ pub const SHMBROKER_E_BROKER_LOST: c_int = -7;
 pub const SHMBROKER_E_LOGON: c_int = -8;
 /// A bug in shmbroker (a Rust panic, caught): close the session.
 pub const SHMBROKER_E_INTERNAL: c_int = -9;
+/// A peer this call needed never logged on, and no longer can: the job lost a worker (the
+/// message names it) and the broker admits nobody new to it.
+pub const SHMBROKER_E_PEER_NEVER_JOINED: c_int = -10;
 
 /// A worker's session: opaque, made by `shmbroker_connect` or `shmbroker_from_env`, ended by
 /// `shmbroker_close`.
@@ -63,6 +66,7 @@ impl From<Error> for Failure {
         let code = match &error {
             Error::PeerLost { .. } => SHMBROKER_E_PEER_LOST,
             Error::PeerLeft { .. } => SHMBROKER_E_PEER_LEFT,
+            Error::PeerNeverJoined { .. } => SHMBROKER_E_PEER_NEVER_JOINED,
             Error::Timeout { .. } => SHMBROKER_E_TIMEOUT,
             Error::BrokerLost => SHMBROKER_E_BROKER_LOST,
             Error::Logon(_) | Error::Launch(_) => SHMBROKER_E_LOGON,

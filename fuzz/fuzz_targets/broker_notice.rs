@@ -26,5 +26,11 @@ fuzz_target!(|data: &[u8]| {
         if matches!(decoded.kind, NoticeKind::Peer | NoticeKind::PeerOutbox) {
             assert!(decoded.token > 0 && decoded.token <= i32::MAX as u64);
         }
+        if decoded.kind == NoticeKind::NeverJoins {
+            // The rank that wound the job down: another rank of the world, not the newcomer.
+            let cause = (decoded.token & u64::from(u32::MAX)) as u32;
+            assert!(decoded.token >> 33 == 0 && cause < world && cause != rank);
+            assert_ne!(cause, decoded.peer);
+        }
     }
 });

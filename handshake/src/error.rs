@@ -123,6 +123,22 @@ pub enum Error {
         /// What was being waited for.
         stage: &'static str,
     },
+    /// The peer this call waited for never logged on, and no longer can: the broker closed the
+    /// job to newcomers when rank `after` died or left.
+    #[error(
+        "peer rank {rank} never logged on while {stage}, and no longer can: the job was closed to newcomers when rank {after} {}",
+        if *after_left { "left" } else { "died" }
+    )]
+    PeerNeverJoined {
+        /// The rank that never came.
+        rank: u32,
+        /// The rank whose death or departure wound the job down.
+        after: u32,
+        /// Whether `after` left (rather than died).
+        after_left: bool,
+        /// What was being waited for.
+        stage: &'static str,
+    },
     /// The broker's socket closed: what needs the broker cannot happen any more.
     #[error("the broker is gone (its socket closed) while {stage}")]
     BrokerLost {

@@ -41,6 +41,11 @@
 //! closed my end" and its claims about others, which are checked against the kernel before
 //! anyone is named.
 //!
+//! A job that has lost a worker (it died or left) admits nobody new: the broker then tells every
+//! worker still there which ranks never logged on ([`NoticeKind::NeverJoins`]), and the watcher
+//! closes the rings to them with [`NEVER_JOINED`] as cause, so that a call waiting for one fails
+//! at once, naming it and the rank that wound the job down, instead of waiting to its deadline.
+//!
 //! When the broker's socket closes, the broker is **lost**: operations that need it (an outbox
 //! or relayed fd still to come) fail with [`Error::BrokerLost`], and since no peer can log on any
 //! more, the rings to peers that never did are closed, so nobody waits for them.
@@ -93,6 +98,16 @@ pub enum Departure {
     },
     /// The broker is gone, and the peer never logged on while it was there.
     BrokerLost,
+    /// `rank` never logged on, and no longer can: the broker closed the job to newcomers when
+    /// `after` died or left (`after_left`).
+    NeverJoined {
+        /// The rank that never came.
+        rank: u32,
+        /// The rank whose death or departure wound the job down.
+        after: u32,
+        /// Whether `after` left (rather than died).
+        after_left: bool,
+    },
 }
 
 /// No rank recorded.
@@ -100,6 +115,10 @@ const NONE: u32 = u32::MAX;
 
 /// The cause a watcher gives the rings it closes because the broker is gone.
 pub const BROKER_LOST: u32 = u32::MAX;
+
+/// The cause a watcher gives the rings it closes to a peer that the broker says will never log
+/// on (see [`NoticeKind::NeverJoins`]).
+pub const NEVER_JOINED: u32 = u32::MAX - 1;
 
 /// How long a peer's claim (that some rank died, or that the broker is gone) is given to show
 /// in this worker's own view.
@@ -151,6 +170,10 @@ pub(crate) struct Shared {
     /// Ranks that left (their process exited after they closed their ring ends).
     left: AtomicU64,
     broker_lost: AtomicBool,
+    /// Ranks the broker said will never log on, and its token for the first of them (who wound
+    /// the job down; the same for all of one job).
+    never_joined: AtomicU64,
+    never_joined_after: AtomicU64,
     /// Fired after every death: ends the interruptible waits of this worker (the consumer end of
     /// every ring from a peer holds it), so that collectives stop waiting on live peers.
     interrupt: Arc<Interrupt>,
@@ -203,6 +226,8 @@ impl Shared {
             first_dead: AtomicU32::new(NONE),
             left: AtomicU64::new(0),
             broker_lost: AtomicBool::new(false),
+            never_joined: AtomicU64::new(0),
+            never_joined_after: AtomicU64::new(0),
         }
     }
 
@@ -229,6 +254,19 @@ impl Shared {
         self.interrupted.load(Ordering::Acquire) && self.interrupted.swap(false, Ordering::AcqRel)
     }
 
+    /// Why `rank` will never log on, if the broker said it will not.
+    pub fn never_joined(&self, rank: u32) -> Option<Departure> {
+        if rank >= 64 || self.never_joined.load(Ordering::Acquire) & (1u64 << rank) == 0 {
+            return None;
+        }
+        let token = self.never_joined_after.load(Ordering::Acquire);
+        Some(Departure::NeverJoined {
+            rank,
+            after: (token & u64::from(u32::MAX)) as u32,
+            after_left: token >> 32 & 1 != 0,
+        })
+    }
+
     /// Whether `rank`'s death has been recorded.
     pub fn is_dead(&self, rank: u32) -> bool {
         rank < 64 && self.dead.load(Ordering::Acquire) & (1u64 << rank) != 0
@@ -247,6 +285,9 @@ impl Shared {
         self.check_now();
         if self.is_dead(peer) {
             return Some(Departure::Lost { rank: peer });
+        }
+        if let Some(never) = self.never_joined(peer) {
+            return Some(never);
         }
         // Before the ring flags: losing the broker closes the rings to peers that never logged
         // on, which would otherwise read as those peers having left.
@@ -446,6 +487,27 @@ impl Shared {
         self.wake_waiters();
     }
 
+    /// The broker says `peer` has not logged on and never will (`token`: who wound the job down,
+    /// see [`NoticeKind::NeverJoins`]): recorded first, then the rings to it are closed (waking
+    /// whatever waits on them), so whoever finds them closed finds the record too.
+    fn never_joins(&self, peer: u32, token: u64) {
+        // Only the first token is kept: the broker sends the same one for every rank of a job.
+        // Bit 40 marks it set (rank 0 dying is token 0).
+        let _ = self.never_joined_after.compare_exchange(
+            0,
+            token | 1 << 40,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        self.never_joined
+            .fetch_or(1u64 << (peer % 64), Ordering::AcqRel);
+        if let Some(Some((to, from))) = self.closers.get(peer as usize) {
+            to.close(NEVER_JOINED);
+            from.close(NEVER_JOINED);
+        }
+        self.wake_waiters();
+    }
+
     /// Waits until `take` finds what it looks for in the inbox, the deadline passes, the broker
     /// can no longer send it, or `peer` (whose part it is) died.
     pub fn wait_for<T>(
@@ -466,6 +528,19 @@ impl Shared {
             }
             if self.is_dead(peer) {
                 return Err(Error::PeerLost { rank: peer, stage });
+            }
+            if let Some(Departure::NeverJoined {
+                rank,
+                after,
+                after_left,
+            }) = self.never_joined(peer)
+            {
+                return Err(Error::PeerNeverJoined {
+                    rank,
+                    after,
+                    after_left,
+                    stage,
+                });
             }
             if self.broker_lost() {
                 return Err(Error::BrokerLost { stage });
@@ -669,6 +744,18 @@ impl Reader {
             }
             (NoticeKind::RelayedFd, Some(fd)) => {
                 inbox.relayed.insert(key, fd);
+            }
+            (NoticeKind::NeverJoins, None) => {
+                if inbox.peers.contains_key(&notice.peer) {
+                    return Err(ProtocolError::Field {
+                        field: "never-joins notice's peer",
+                        expected: "a rank that has not logged on (the broker passed its process)"
+                            .into(),
+                        found: u64::from(notice.peer),
+                    });
+                }
+                drop(inbox);
+                self.shared.never_joins(notice.peer, notice.token);
             }
             (NoticeKind::PeerGone, None) => {
                 // Weighed like this worker's own pidfd: the ring ends it left say whether it

@@ -239,7 +239,8 @@ pub struct BrokerNotice {
     pub kind: shmbroker_bindings::NoticeKind,
     /// The other rank: checked to be another rank of the world.
     pub peer: u32,
-    /// The token: for `Peer` and `PeerOutbox` a process id, checked to be a positive `i32`.
+    /// The token: for `Peer` and `PeerOutbox` a process id, checked to be a positive `i32`; for
+    /// `NeverJoins` another rank of the world (and bit 32), checked.
     pub token: u64,
 }
 
@@ -283,7 +284,7 @@ pub fn decode_broker_notice(
         _ => {
             return Err(ProtocolError::Field {
                 field: "notice kind",
-                expected: "one the broker sends (3, 5 to 9, 11 or 12)".into(),
+                expected: "one the broker sends (3, 5 to 9, 11 to 13)".into(),
                 found: u64::from(notice.kind),
             });
         }
@@ -320,9 +321,63 @@ pub fn decode_broker_notice(
             found: notice.token,
         });
     }
+    if kind == NoticeKind::NeverJoins {
+        let cause = notice.token & u64::from(u32::MAX);
+        if notice.token >> 33 != 0 || cause >= u64::from(world_size) || cause == u64::from(rank) {
+            return Err(ProtocolError::Field {
+                field: "never-joins token (the rank that wound the job down, bit 32: it left)",
+                expected: format!(
+                    "a rank below {world_size} other than {rank}, with no bit above 32 set"
+                ),
+                found: notice.token,
+            });
+        }
+        if cause == u64::from(notice.peer) {
+            return Err(ProtocolError::Field {
+                field: "never-joins token (the rank that wound the job down)",
+                expected: format!("a rank other than {}, which never logged on", notice.peer),
+                found: notice.token,
+            });
+        }
+    }
     Ok(BrokerNotice {
         kind,
         peer: notice.peer,
         token: notice.token,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shmbroker_bindings::{NoticeKind, WorkerNotice};
+
+    fn never_joins(peer: u32, token: u64) -> Result<BrokerNotice, ProtocolError> {
+        let notice = WorkerNotice::new(NoticeKind::NeverJoins, peer, token);
+        decode_broker_notice(bytemuck::bytes_of(&notice), 4, 0, false)
+    }
+
+    #[test]
+    fn a_never_joins_notice_names_the_rank_that_wound_the_job_down() {
+        // Rank 1 never came; rank 2 died (bit 32 clear) or left (set).
+        assert_eq!(never_joins(1, 2).unwrap().token, 2);
+        assert_eq!(never_joins(1, 2 | 1 << 32).unwrap().token, 2 | 1 << 32);
+        for (token, why) in [
+            (4, "a rank outside the world"),
+            (0, "the receiver itself"),
+            (1, "the newcomer itself"),
+            (2 | 1 << 33, "a bit above 32"),
+        ] {
+            let error = never_joins(1, token).unwrap_err();
+            assert!(
+                matches!(error, ProtocolError::Field { found, .. } if found == token),
+                "{why}: {error}"
+            );
+        }
+        let with_fd = WorkerNotice::new(NoticeKind::NeverJoins, 1, 2);
+        assert!(matches!(
+            decode_broker_notice(bytemuck::bytes_of(&with_fd), 4, 0, true),
+            Err(ProtocolError::FdCount { .. })
+        ));
+    }
 }

@@ -663,17 +663,18 @@ fn garbage_on_a_workers_socket_is_reported_and_the_worker_stays() {
     };
     socket.write_all(bytemuck::bytes_of(&unknown)).unwrap();
     // A relay with no fd attached (it is answered as failed), a claim of a relay it was never
-    // passed, and a notice only the broker sends.
+    // passed, and notices only the broker sends.
     for (kind, peer, token) in [
         (NoticeKind::RelayFd, 0, 5),
         (NoticeKind::Claimed, 0, 6),
         (NoticeKind::PeerGone, 0, 0),
+        (NoticeKind::NeverJoins, 0, 0),
     ] {
         let forged = shmbroker_bindings::WorkerNotice::new(kind, peer, token);
         socket.write_all(bytemuck::bytes_of(&forged)).unwrap();
     }
     let mut details = Vec::new();
-    while details.len() < 5 {
+    while details.len() < 6 {
         match broker.events.recv_timeout(TIMEOUT).unwrap() {
             Event::BadNotice {
                 rank: 0, detail, ..
@@ -694,6 +695,10 @@ fn garbage_on_a_workers_socket_is_reported_and_the_worker_stays() {
     );
     assert!(
         details[4].contains("unexpected notice kind 12"),
+        "{details:?}"
+    );
+    assert!(
+        details[5].contains("unexpected notice kind 13"),
         "{details:?}"
     );
     // The worker was not dropped for it: no WorkerLeft until it really leaves.

@@ -41,6 +41,21 @@ class PeerLeft(_RankError):
     it go on."""
 
 
+class PeerNeverJoined(_RankError):
+    """The peer this call needs (``rank``) never logged on, and no longer can: the job lost
+    rank ``after`` (it died, or left if ``after_left``) before ``rank`` came, and the broker
+    admits nobody new to a job that has lost a worker. Calls that do not need it go on."""
+
+    after: int
+    after_left: bool
+
+    def __init__(self, message: str, rank: int, after: int, after_left: bool) -> None:
+        Error.__init__(self, message, rank, after, after_left)
+        self.rank = rank
+        self.after = after
+        self.after_left = after_left
+
+
 class ProtocolError(_RankError):
     """Peer ``rank`` sent bytes no correct peer sends, corrupted a ring or its outbox, handed over
     a stale fd, or called another collective than this rank (``barrier`` against

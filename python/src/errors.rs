@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `PeerLost { rank }`, a logon or fd relay that saw a peer die | `PeerLost` (`.rank`) |
 //! | `PeerLeft { rank }` | `PeerLeft` (`.rank`) |
+//! | `PeerNeverJoined { rank, after, after_left }`, a logon or fd relay that waited for it | `PeerNeverJoined` (`.rank`, `.after`, `.after_left`) |
 //! | `Timeout { op, waiting_for, timeout }` | `Timeout` (`.op`, `.waiting_for`, `.timeout`) |
 //! | `Protocol`, `Corrupted`, `CollectiveMismatch`, `Outbox`, `StaleFdTicket` (each names a peer) | `ProtocolError` (`.rank`) |
 //! | `BrokerLost`, a logon or fd relay that found the broker gone | `BrokerLost` |
@@ -29,6 +30,7 @@ mod py {
     pyo3::import_exception!(shmbroker._errors, Error);
     pyo3::import_exception!(shmbroker._errors, PeerLost);
     pyo3::import_exception!(shmbroker._errors, PeerLeft);
+    pyo3::import_exception!(shmbroker._errors, PeerNeverJoined);
     pyo3::import_exception!(shmbroker._errors, ProtocolError);
     pyo3::import_exception!(shmbroker._errors, Timeout);
     pyo3::import_exception!(shmbroker._errors, BrokerLost);
@@ -53,6 +55,27 @@ pub fn to_py(error: Error) -> PyErr {
     match error {
         Error::PeerLost { rank } => py::PeerLost::new_err((message, rank)),
         Error::PeerLeft { rank } => py::PeerLeft::new_err((message, rank)),
+        Error::PeerNeverJoined {
+            rank,
+            after,
+            after_left,
+        }
+        | Error::Logon(HandshakeError::PeerNeverJoined {
+            rank,
+            after,
+            after_left,
+            ..
+        })
+        | Error::Relay {
+            source:
+                HandshakeError::PeerNeverJoined {
+                    rank,
+                    after,
+                    after_left,
+                    ..
+                },
+            ..
+        } => py::PeerNeverJoined::new_err((message, rank, after, after_left)),
         Error::Timeout {
             op,
             waiting_for,

@@ -13,6 +13,7 @@ def test_every_exception_is_an_error():
     for name in (
         "PeerLost",
         "PeerLeft",
+        "PeerNeverJoined",
         "Timeout",
         "ProtocolError",
         "BrokerLost",
@@ -31,6 +32,14 @@ def test_exceptions_keep_their_fields_through_pickle():
     timeout = pickle.loads(pickle.dumps(shmbroker.Timeout("timed out", "recv", [1, 3], 0.5)))
     assert (timeout.op, timeout.waiting_for, timeout.timeout) == ("recv", [1, 3], 0.5)
     assert str(timeout) == "timed out"
+    never = pickle.loads(pickle.dumps(shmbroker.PeerNeverJoined("rank 1 never came", 1, 2, True)))
+    assert (type(never), never.rank, never.after, never.after_left) == (
+        shmbroker.PeerNeverJoined,
+        1,
+        2,
+        True,
+    )
+    assert str(never) == "rank 1 never came"
 
 
 def test_connect_without_a_broker_is_a_logon_error_naming_the_path(tmp_path):

@@ -52,6 +52,15 @@ def test_a_peer_that_closes_is_peer_left_naming_its_rank():
         assert f"[{rank}] PEERLEFT rank 2: peer rank 2 left the session" in job.stdout
 
 
+def test_a_rank_that_never_came_before_one_left_is_peer_never_joined(tmp_path):
+    job = run_scenario(3, "never_joined", str(tmp_path))
+    assert_ok(job, 3, "never_joined")
+    assert (
+        "[0] NEVERJOINED rank 1: peer rank 1 never logged on, and no longer can: "
+        "the job was closed to newcomers when rank 2 left"
+    ) in job.stdout, describe(job)
+
+
 def test_a_deadline_is_timeout_naming_the_op_and_ranks():
     job = run_scenario(2, "timeout")
     assert_ok(job, 2, "timeout")

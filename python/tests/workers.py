@@ -433,10 +433,41 @@ def scenario_interrupt(session, args):
         session.send(1, b"after")
 
 
+def wait_for_file(path, what):
+    deadline = time.monotonic() + 20
+    while not os.path.exists(path):
+        check(time.monotonic() < deadline, f"{what} within 20 s")
+        time.sleep(0.01)
+
+
+def scenario_never_joined(_, args):
+    """Rank 1 never logs on; rank 2 logs on after rank 0 and leaves: the job admits nobody new
+    after that, so rank 0's calls that need rank 1 raise PeerNeverJoined naming both."""
+    rank = int(os.environ["SHMBROKER_RANK"])
+    zero_in, done = (os.path.join(args[0], name) for name in ("zero-in", "done"))
+    if rank == 1:
+        wait_for_file(done, "rank 0 finished")
+        return
+    if rank == 2:
+        wait_for_file(zero_in, "rank 0 logged on")
+        shmbroker.connect(timeout=30).close()
+        return
+    session = shmbroker.connect(timeout=30)
+    with open(zero_in, "w"):
+        pass
+    raises(shmbroker.PeerLeft, lambda: session.recv(2, timeout=30))
+    error = raises(shmbroker.PeerNeverJoined, lambda: session.recv(1, timeout=30))
+    check((error.rank, error.after, error.after_left) == (1, 2, True), repr(error.args))
+    say(f"NEVERJOINED rank {error.rank}: {error}")
+    session.close()
+    with open(done, "w"):
+        pass
+
+
 def main():
     scenario, args = sys.argv[1], sys.argv[2:]
     run = globals()[f"scenario_{scenario}"]
-    if scenario == "context":  # connects itself
+    if scenario in ("context", "never_joined"):  # they connect themselves
         run(None, args)
         say(f"OK {scenario} rank {os.environ['SHMBROKER_RANK']}")
         return

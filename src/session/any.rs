@@ -35,9 +35,10 @@
 //! fails with [`Error::PeerLost`] naming it, once. From then on it is skipped like a peer that
 //! left, and the calls go on with the others (a death closes only the rings shared with the dead
 //! rank, see the handshake's `liveness` module): a reader can keep farming tasks to the workers
-//! still there. A peer that left is skipped without an error. Once every peer is gone, a call
-//! fails instead of waiting for nobody: [`Error::PeerLost`] naming a rank that died if one did,
-//! otherwise [`Error::PeerLeft`].
+//! still there. A peer that left, or that never logged on and no longer can, is skipped without an
+//! error. Once every peer is gone, a call fails instead of waiting for nobody: [`Error::PeerLost`]
+//! naming a rank that died if one did, otherwise [`Error::PeerLeft`] (or
+//! [`Error::PeerNeverJoined`] if no peer ever came).
 
 use super::transfer::Expect;
 use super::{Deadline, Error, Session};
@@ -67,6 +68,11 @@ enum Gone {
     Lost,
     /// It never logged on, and the broker is gone.
     BrokerLost,
+    /// It never logged on, and the broker admits nobody new (the job lost `after`).
+    NeverJoined {
+        after: u32,
+        after_left: bool,
+    },
 }
 
 impl Gone {
@@ -75,6 +81,22 @@ impl Gone {
             Self::Left => Error::PeerLeft { rank },
             Self::Lost => Error::PeerLost { rank },
             Self::BrokerLost => Error::BrokerLost,
+            Self::NeverJoined { after, after_left } => Error::PeerNeverJoined {
+                rank,
+                after,
+                after_left,
+            },
+        }
+    }
+
+    /// Which is reported when every peer is gone: a death first, then the broker's loss, then a
+    /// departure, then a rank that never came.
+    fn precedence(self) -> u8 {
+        match self {
+            Self::Lost => 0,
+            Self::BrokerLost => 1,
+            Self::Left => 2,
+            Self::NeverJoined { .. } => 3,
         }
     }
 }
@@ -197,6 +219,11 @@ impl Session {
                         Error::PeerLeft { rank } if rank == peer => Some(Gone::Left),
                         Error::PeerLost { rank } if rank == peer => Some(Gone::Lost),
                         Error::BrokerLost => Some(Gone::BrokerLost),
+                        Error::PeerNeverJoined {
+                            rank,
+                            after,
+                            after_left,
+                        } if rank == peer => Some(Gone::NeverJoined { after, after_left }),
                         _ => None,
                     };
                     if gone.is_some() {
@@ -295,7 +322,9 @@ impl Session {
                     return Ok(Some(peer));
                 }
                 Ok(false) => {}
-                Err(Error::PeerLeft { rank }) if rank == peer => {}
+                // Skipped without an error: nothing was lost by them.
+                Err(Error::PeerLeft { rank } | Error::PeerNeverJoined { rank, .. })
+                    if rank == peer => {}
                 // Reported once (the peer is marked gone now), the next look starting after it.
                 Err(error) => {
                     self.any.next = peer + 1;
@@ -310,16 +339,16 @@ impl Session {
     }
 
     /// When every peer is gone: a death if there was one, else the broker's loss, else the last
-    /// peer's departure.
+    /// peer's departure, else the last rank that never came (see [`Gone::precedence`]).
     fn every_peer_gone(&self) -> Option<Error> {
         let gone: Vec<(u32, Gone)> = self
             .peers()
             .map(|peer| Some((peer, self.any.gone[peer as usize]?)))
             .collect::<Option<_>>()?;
-        [Gone::Lost, Gone::BrokerLost, Gone::Left]
-            .into_iter()
-            .find_map(|kind| gone.iter().rev().find(|(_, g)| *g == kind))
-            .map(|&(rank, kind)| kind.error(rank))
+        gone.iter()
+            .rev()
+            .min_by_key(|(_, g)| g.precedence())
+            .map(|&(rank, g)| g.error(rank))
     }
 
     /// Arms every live peer's ring (re-arms those a waker has taken); returns whether any of them

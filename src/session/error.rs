@@ -25,6 +25,21 @@ pub enum Error {
         /// The rank that left.
         rank: u32,
     },
+    /// A rank this call needs never logged on, and no longer can: the broker closed the job to
+    /// newcomers when rank `after` died or left (a job that has lost a worker admits nobody new).
+    /// Calls that do not need it go on; [`Session::recv_any`](crate::Session::recv_any) skips it.
+    #[error(
+        "peer rank {rank} never logged on, and no longer can: the job was closed to newcomers when rank {after} {}",
+        if *after_left { "left" } else { "died" }
+    )]
+    PeerNeverJoined {
+        /// The rank that never came.
+        rank: u32,
+        /// The rank whose death or departure closed the job to newcomers.
+        after: u32,
+        /// Whether `after` left (rather than died).
+        after_left: bool,
+    },
     /// The broker is gone, and this call needed it: a peer that never logged on while it was
     /// there, an fd relay, or a peer's outbox still to come. Peers already logged on can still
     /// be reached.

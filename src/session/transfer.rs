@@ -685,7 +685,11 @@ impl Session {
             match self.pull(peer, None) {
                 Ok(true) => {}
                 // A peer that is gone has nothing more to take in; a call that needs it says so.
-                Ok(false) | Err(Error::PeerLeft { .. } | Error::BrokerLost) => break,
+                Ok(false)
+                | Err(Error::PeerLeft { .. } | Error::PeerNeverJoined { .. } | Error::BrokerLost) =>
+                {
+                    break;
+                }
                 Err(Error::PeerLost { rank }) if rank == peer => break,
                 Err(other) => return Err(other),
             }

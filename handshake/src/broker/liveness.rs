@@ -30,6 +30,7 @@ impl Listener {
         worker.outgoing.clear();
         worker.outbox = None;
         let (pid, uid, clean) = (worker.pid, worker.uid, worker.said_goodbye);
+        let first = self.winding_down().is_none();
         let logged = self.allow_coming(uid);
         if clean {
             self.left.get_or_insert(rank);
@@ -50,7 +51,38 @@ impl Listener {
                 self.send(peer, gone, None);
             }
         }
+        if first {
+            self.close_to_newcomers(rank, clean);
+        }
         events.push(Event::WorkerLeft { rank, pid, clean });
+    }
+
+    /// The job starts winding down because `cause` left (`clean`) or died: from now on nobody
+    /// logs on to it (see `log_on`), so every worker still there is told which ranks never did
+    /// and never will, and closes its rings to them instead of waiting for them to its deadline.
+    fn close_to_newcomers(&mut self, cause: u32, clean: bool) {
+        let never: Vec<u32> = (0u32..)
+            .zip(&self.workers)
+            .filter(|(_, worker)| worker.is_none())
+            .map(|(rank, _)| rank)
+            .collect();
+        if never.is_empty() {
+            return;
+        }
+        tracing::info!(
+            ?never,
+            cause,
+            "the job is closed to newcomers: these ranks never logged on"
+        );
+        let token = u64::from(cause) | u64::from(clean) << 32;
+        for &absent in &never {
+            let notice = WorkerNotice::new(NoticeKind::NeverJoins, absent, token);
+            for peer in 0..self.config.world_size {
+                if peer != cause {
+                    self.send(peer, notice, None);
+                }
+            }
+        }
     }
 
     /// Forgets the job once every worker that logged on is gone, so the next one can start.
