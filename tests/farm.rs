@@ -69,12 +69,13 @@ fn a_task_farm_checks_every_result_and_shares_work_by_speed() {
         assert!(ok, "{stderr}");
     }
     // The slow worker does about a third of what each fast one does. Sleeps are not exact on a
-    // loaded machine, so the bounds are wide; a reader that ignored speed (round-robin over
-    // workers) would give it a full share.
+    // loaded machine (with both CPUs taken by other work, the slow worker did up to 0.67 of a
+    // fast one's count in 3 runs of 15), so the bounds are wide; a reader that ignored speed
+    // (round-robin over workers) would give it a full share, 1.0.
     let slow = done[&3] as f64;
     for fast in [done[&1], done[&2]] {
         let share = slow / fast as f64;
-        assert!((0.15..0.6).contains(&share), "{done:?}");
+        assert!((0.15..0.8).contains(&share), "{done:?}");
     }
 }
 
