@@ -639,11 +639,11 @@ fn handshake_failed(peer: u32, error: shmbroker_handshake::Error, deadline: &Dea
             after,
             after_left,
             ..
-        } => Error::PeerNeverJoined {
+        } => departure_error(shmbroker_handshake::Departure::NeverJoined {
             rank,
             after,
             after_left,
-        },
+        }),
         other => Error::Logon(other),
     }
 }
