@@ -73,7 +73,7 @@ pub use collectives::{
 pub use fds::FdTransport;
 pub use p2p::LoanView;
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
-pub use split::{Receiver, Sender};
+pub use split::{Receiver, Sender, SessionGuard};
 #[cfg(feature = "tokio")]
 pub use tokio_receiver::AsyncReceiver;
 

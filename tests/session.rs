@@ -1069,3 +1069,85 @@ fn an_fd_ticket_naming_another_process_than_the_exporters_is_refused() {
     let _ = bystander.kill();
     let _ = bystander.wait();
 }
+
+#[test]
+fn a_message_too_long_for_the_buffer_is_kept_whole_for_the_next_receive() {
+    // One slot (straight from the ring), eager with continuation slots, and pipelined chunks:
+    // each refused by a short buffer, twice, then received whole; `probe` sizes it first.
+    let (_world, mut sessions) = World::start("too-long", 2);
+    let mut b = sessions.pop().unwrap();
+    let mut a = sessions.pop().unwrap();
+    let sizes = [40usize, 3000, 1 << 20];
+    for (n, &size) in sizes.iter().enumerate() {
+        let message: Vec<u8> = (0..size).map(|i| (i * 7 + n) as u8).collect();
+        b.send(0, &message).unwrap();
+        b.send(0, b"after").unwrap();
+        let mut short = [0u8; 16];
+        for _ in 0..2 {
+            match a.recv_into(1, &mut short) {
+                Err(Error::BufferTooSmall {
+                    peer: 1,
+                    needed,
+                    capacity: 16,
+                }) => assert_eq!(needed, size as u64),
+                other => panic!("{size} bytes into 16: {other:?}"),
+            }
+        }
+        assert_eq!(a.probe(1).unwrap(), size);
+        let mut whole = vec![0u8; size];
+        assert_eq!(a.recv_into(1, &mut whole).unwrap(), size);
+        assert_eq!(
+            whole, message,
+            "{size} bytes arrive intact after the refusals"
+        );
+        assert_eq!(a.recv(1).unwrap(), b"after");
+    }
+    // recv_any_into keeps it too, naming the sender.
+    b.send(0, &[9u8; 100]).unwrap();
+    let mut short = [0u8; 10];
+    assert!(matches!(
+        a.recv_any_into(&mut short),
+        Err(Error::BufferTooSmall {
+            peer: 1,
+            needed: 100,
+            ..
+        })
+    ));
+    assert_eq!(a.recv(1).unwrap(), vec![9u8; 100]);
+}
+
+#[test]
+fn a_receive_asleep_on_one_thread_goes_on_while_another_runs_collectives() {
+    // The receiver sleeps on the readiness eventfd; the other thread's barriers wait on rings
+    // (taking the registrations back). Messages sent meanwhile must wake the receiver, not
+    // leave it to its deadline.
+    let (_world, mut sessions) = World::start("lend", 2);
+    let mut b = sessions.pop().unwrap();
+    let a = sessions.pop().unwrap();
+    let (sender, receiver) = a.split();
+    let rounds = 50;
+    let peer = std::thread::spawn(move || {
+        for round in 0..rounds {
+            std::thread::sleep(Duration::from_millis(2));
+            b.barrier().unwrap();
+            b.send(0, &[round as u8; 8]).unwrap();
+        }
+        b
+    });
+    let reader = std::thread::spawn(move || {
+        let started = Instant::now();
+        for round in 0..rounds {
+            let got = receiver.recv_timeout(1, Duration::from_secs(20)).unwrap();
+            assert_eq!(got, vec![round as u8; 8]);
+        }
+        (receiver, started.elapsed())
+    });
+    for _ in 0..rounds {
+        sender.session().barrier().unwrap();
+    }
+    let (receiver, took) = reader.join().unwrap();
+    peer.join().unwrap();
+    // 50 rounds of 2 ms: a lost wake-up would cost a whole 20 s deadline.
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    sender.rejoin(receiver).unwrap();
+}

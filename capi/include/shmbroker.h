@@ -5,6 +5,13 @@
  * Every function returns SHMBROKER_OK (0) or a negative SHMBROKER_E_* code; on failure
  * shmbroker_last_error() says what happened and names the rank involved. Link with
  * -lshmbroker (see capi/shmbroker.pc).
+ *
+ * Threads: a session handle may be called from several threads at once. Sends and collectives
+ * run one at a time; one receive runs at a time (a second returns SHMBROKER_E_BUSY at once),
+ * and a receive waiting for a message lets sends and collectives on other threads go on.
+ * shmbroker_interrupt() (async-signal-safe) ends a wait on any thread; shmbroker_close() while
+ * another thread is in a call returns SHMBROKER_E_BUSY and frees nothing. Each function's
+ * comment gives its own rule. shmbroker_last_error() is per thread.
  */
 
 #ifndef SHMBROKER_H
@@ -47,13 +54,42 @@
 // message names it) and the broker admits nobody new to it.
 #define SHMBROKER_E_PEER_NEVER_JOINED -10
 
+// Another thread's call on this session is in progress: a second receive while one runs, or
+// `shmbroker_close` during any call. Nothing was done; the other call is undisturbed.
+#define SHMBROKER_E_BUSY -11
+
+// `shmbroker_interrupt` ended the wait. Nothing was lost: a message not received stays for the
+// next receive. The session goes on.
+#define SHMBROKER_E_INTERRUPTED -12
+
+// The message is longer than the buffer given: `*len` is its length, and it is kept, whole, for
+// the next receive from its sender.
+#define SHMBROKER_E_TOO_SMALL -13
+
+// A `shmbroker_try_*` call found nothing waiting. Nothing was taken; not an error.
+#define SHMBROKER_E_AGAIN -14
+
+// The version of this library and header, major part (`shmbroker_version` gives the library's
+// at run time).
+#define SHMBROKER_VERSION_MAJOR 0
+
+// Minor part of [`SHMBROKER_VERSION_MAJOR`].
+#define SHMBROKER_VERSION_MINOR 1
+
+// Patch part of [`SHMBROKER_VERSION_MAJOR`].
+#define SHMBROKER_VERSION_PATCH 0
+
 // A worker's session: opaque, made by `shmbroker_connect` or `shmbroker_from_env`, ended by
-// `shmbroker_close`.
+// `shmbroker_close`. Safe to call from several threads at once (see the header's thread rules).
 typedef struct shmbroker_session shmbroker_session;
 
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// The library's version as `MAJOR * 10000 + MINOR * 100 + PATCH`, to compare with the header's
+// `SHMBROKER_VERSION_*` (a program built against one header and run with another library).
+int shmbroker_version(void);
 
 // Logs on to the broker listening at `path` as `rank` (-1: any free rank), within `timeout_ms`
 // milliseconds, which is also every later call's deadline. On success `*out` is the session.
@@ -74,21 +110,22 @@ int shmbroker_connect(const char *path,
 // `out` points at a writable `shmbroker_session *`.
 int shmbroker_from_env(uint64_t timeout_ms, struct shmbroker_session **out);
 
-// This worker's rank (0 for a NULL session).
+// This worker's rank (0 for a NULL session). Any thread, any time.
 //
 // # Safety
 //
 // `s` is null or a live session.
 uint32_t shmbroker_rank(const struct shmbroker_session *s);
 
-// Ranks in the world (0 for a NULL session).
+// Ranks in the world (0 for a NULL session). Any thread, any time.
 //
 // # Safety
 //
 // `s` is null or a live session.
 uint32_t shmbroker_world_size(const struct shmbroker_session *s);
 
-// Waits until every rank has called it.
+// Waits until every rank has called it. Threads: as a send (one collective or send at a time;
+// a receive on another thread goes on).
 //
 // # Safety
 //
@@ -96,7 +133,7 @@ uint32_t shmbroker_world_size(const struct shmbroker_session *s);
 int shmbroker_barrier(struct shmbroker_session *s);
 
 // Every rank's `len` bytes, in rank order, into `out` (`len * world_size` bytes). Every rank
-// passes the same `len`.
+// passes the same `len`. Threads: as [`shmbroker_barrier`].
 //
 // # Safety
 //
@@ -105,7 +142,7 @@ int shmbroker_barrier(struct shmbroker_session *s);
 int shmbroker_all_gather(struct shmbroker_session *s, const void *data, size_t len, void *out);
 
 // `root`'s `len` bytes into every rank's `buf`: the root's `buf` is what is sent, every other
-// rank's is filled. Every rank passes the same `len`.
+// rank's is filled. Every rank passes the same `len`. Threads: as [`shmbroker_barrier`].
 //
 // # Safety
 //
@@ -113,7 +150,8 @@ int shmbroker_all_gather(struct shmbroker_session *s, const void *data, size_t l
 // elsewhere).
 int shmbroker_broadcast(struct shmbroker_session *s, uint32_t root, void *buf, size_t len);
 
-// Sends `len` bytes to `rank`.
+// Sends `len` bytes to `rank`. Threads: one send or collective at a time (a second waits for
+// the first); a receive on another thread goes on.
 //
 // # Safety
 //
@@ -121,8 +159,10 @@ int shmbroker_broadcast(struct shmbroker_session *s, uint32_t root, void *buf, s
 int shmbroker_send(struct shmbroker_session *s, uint32_t rank, const void *data, size_t len);
 
 // Receives the next message from `rank` into `buf` (`cap` bytes); `*len` is its length. A
-// message longer than `cap` is `SHMBROKER_E_MISUSE` with `*len` set to its length; it is
-// consumed (the next message is intact).
+// message longer than `cap` is `SHMBROKER_E_TOO_SMALL` with `*len` set to its length; it is
+// kept, whole, for the next receive (see also [`shmbroker_probe`]). Threads: one receive at a
+// time (`SHMBROKER_E_BUSY` at once for a second); sends and collectives on other threads go on
+// while it waits.
 //
 // # Safety
 //
@@ -130,8 +170,70 @@ int shmbroker_send(struct shmbroker_session *s, uint32_t rank, const void *data,
 // `size_t`.
 int shmbroker_recv(struct shmbroker_session *s, uint32_t rank, void *buf, size_t cap, size_t *len);
 
+// Receives the next message from whichever peer has one (round-robin among those that do)
+// into `buf` (`cap` bytes): `*rank` is its sender and `*len` its length. A message longer than
+// `cap` is `SHMBROKER_E_TOO_SMALL` with `*rank` and `*len` set; it is kept, whole: receive it
+// with [`shmbroker_recv`] from `*rank`. Peers that left are skipped; a peer that died is
+// reported once (`SHMBROKER_E_PEER_LOST`) after what it sent, then skipped. Threads: as
+// [`shmbroker_recv`].
+//
+// # Safety
+//
+// `s` is null or a live session; `buf` has `cap` writable bytes; `rank` points at a writable
+// `uint32_t` and `len` at a writable `size_t`.
+int shmbroker_recv_any(struct shmbroker_session *s,
+                       uint32_t *rank,
+                       void *buf,
+                       size_t cap,
+                       size_t *len);
+
+// [`shmbroker_recv`] without waiting: `SHMBROKER_E_AGAIN` when nothing from `rank` has started
+// to arrive (a large message that has started is received whole). Threads: as
+// [`shmbroker_recv`].
+//
+// # Safety
+//
+// As for [`shmbroker_recv`].
+int shmbroker_try_recv(struct shmbroker_session *s,
+                       uint32_t rank,
+                       void *buf,
+                       size_t cap,
+                       size_t *len);
+
+// [`shmbroker_recv_any`] without waiting: `SHMBROKER_E_AGAIN` when nothing has started to
+// arrive. It then leaves every ring armed, so [`shmbroker_readiness_fd`] becomes readable once
+// something does. Threads: as [`shmbroker_recv`].
+//
+// # Safety
+//
+// As for [`shmbroker_recv_any`].
+int shmbroker_try_recv_any(struct shmbroker_session *s,
+                           uint32_t *rank,
+                           void *buf,
+                           size_t cap,
+                           size_t *len);
+
+// This session's readiness eventfd, for `poll` or `epoll`: readable when a message is waiting
+// from any peer, once [`shmbroker_try_recv_any`] has returned `SHMBROKER_E_AGAIN`. Take what
+// is there with [`shmbroker_try_recv_any`] until it says `SHMBROKER_E_AGAIN` again before
+// waiting on the fd. The fd belongs to the session: do not read or close it. -1 for NULL.
+//
+// # Safety
+//
+// `s` is null or a live session.
+int shmbroker_readiness_fd(const struct shmbroker_session *s);
+
+// Waits for the next message from `rank` and sets `*len` to its length without receiving it:
+// the next [`shmbroker_recv`] from `rank` gets it. Threads: as [`shmbroker_recv`].
+//
+// # Safety
+//
+// `s` is null or a live session; `len` points at a writable `size_t`.
+int shmbroker_probe(struct shmbroker_session *s, uint32_t rank, size_t *len);
+
 // Every rank's `fd`, in rank order, as new fds in `out_fds` (`world_size` entries) that the
-// caller owns and closes; this rank's own slot gets a duplicate of `fd`.
+// caller owns and closes; this rank's own slot gets a duplicate of `fd`. Threads: as
+// [`shmbroker_barrier`].
 //
 // # Safety
 //
@@ -139,7 +241,7 @@ int shmbroker_recv(struct shmbroker_session *s, uint32_t rank, void *buf, size_t
 int shmbroker_exchange_fds(struct shmbroker_session *s, int fd, int *out_fds);
 
 // `root`'s `fd` on every rank, as a new fd in `*out_fd` that the caller owns (the root gets a
-// duplicate); `fd` is ignored off the root.
+// duplicate); `fd` is ignored off the root. Threads: as [`shmbroker_barrier`].
 //
 // # Safety
 //
@@ -147,17 +249,37 @@ int shmbroker_exchange_fds(struct shmbroker_session *s, int fd, int *out_fds);
 // int.
 int shmbroker_broadcast_fd(struct shmbroker_session *s, uint32_t root, int fd, int *out_fd);
 
-// The message of this thread's last failing call (empty if none failed yet). Valid until the
-// next shmbroker call on this thread.
-const char *shmbroker_last_error(void);
-
-// Leaves the session and frees it (nothing for NULL). Peers still waiting on this rank are told
-// it left.
+// Ends the session's current wait, on whichever thread it is, with `SHMBROKER_E_INTERRUPTED`;
+// with no call waiting, the next wait ends at once (unless [`shmbroker_clear_interrupt`]).
+// Nothing is lost, and the session goes on. Async-signal-safe: callable from a signal handler.
+// A wait for the broker (a peer still to log on, an fd relay) runs to its deadline. Returns
+// `SHMBROKER_E_MISUSE` for NULL (and sets no message: it may run in a signal handler).
 //
 // # Safety
 //
-// `s` is null or a live session, not used again after this call.
-void shmbroker_close(struct shmbroker_session *s);
+// `s` is null or a live session.
+int shmbroker_interrupt(const struct shmbroker_session *s);
+
+// Forgets an interrupt that no wait has taken (it came after the call it was meant for).
+//
+// # Safety
+//
+// `s` is null or a live session.
+int shmbroker_clear_interrupt(struct shmbroker_session *s);
+
+// The message of this thread's last failing call (empty if none failed yet). Valid until the
+// next shmbroker call on this thread. Each thread has its own.
+const char *shmbroker_last_error(void);
+
+// Leaves the session and frees it (`SHMBROKER_OK` for NULL). Peers still waiting on this rank
+// are told it left. While a call is in progress on another thread it returns `SHMBROKER_E_BUSY`
+// and frees nothing: end that call with [`shmbroker_interrupt`], wait for it to return, and
+// close again.
+//
+// # Safety
+//
+// `s` is null or a live session, not used again once this call returns `SHMBROKER_OK`.
+int shmbroker_close(struct shmbroker_session *s);
 
 #ifdef __cplusplus
 }  // extern "C"

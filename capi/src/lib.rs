@@ -11,16 +11,37 @@
 //!   points at less memory than the length given cannot be detected: that is the caller's.)
 //! - Every blocking call has the deadline the session was opened with.
 //!
-//! A session is used by one thread at a time; different sessions are independent.
+//! # Threads
+//!
+//! A session handle may be called from any number of threads at once, with no undefined
+//! behaviour and nothing lost. Inside, it is a [`Sender`] and a [`Receiver`] (a split session):
+//!
+//! - sends and collectives run one at a time (a second waits for the first to finish touching
+//!   the rings);
+//! - one receive (`shmbroker_recv`, `shmbroker_recv_any`, `shmbroker_probe`) runs at a time; a
+//!   receive called while another thread's is in progress returns `SHMBROKER_E_BUSY` at once;
+//! - a receive that waits for a message holds nothing while it sleeps, so another thread's
+//!   sends and collectives go on meanwhile (a scheduler broadcasting while a response thread
+//!   waits in `shmbroker_recv_any`);
+//! - `shmbroker_interrupt` (async-signal-safe) ends another thread's wait with
+//!   `SHMBROKER_E_INTERRUPTED`; `shmbroker_close` while a call is in progress on another thread
+//!   returns `SHMBROKER_E_BUSY` and frees nothing, so interrupt, wait for that thread's call to
+//!   return, then close.
+//!
+//! A handle used after `shmbroker_close` returned `SHMBROKER_OK` is freed memory, as for any C
+//! object.
 
 #![allow(non_camel_case_types)]
 
-use shmbroker::{Error, Session};
+use shmbroker::session::Interrupter;
+use shmbroker::{Error, Receiver, Sender, Session};
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::os::fd::{BorrowedFd, IntoRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 /// Success.
@@ -47,11 +68,91 @@ pub const SHMBROKER_E_INTERNAL: c_int = -9;
 /// message names it) and the broker admits nobody new to it.
 pub const SHMBROKER_E_PEER_NEVER_JOINED: c_int = -10;
 
+/// Another thread's call on this session is in progress: a second receive while one runs, or
+/// `shmbroker_close` during any call. Nothing was done; the other call is undisturbed.
+pub const SHMBROKER_E_BUSY: c_int = -11;
+/// `shmbroker_interrupt` ended the wait. Nothing was lost: a message not received stays for the
+/// next receive. The session goes on.
+pub const SHMBROKER_E_INTERRUPTED: c_int = -12;
+/// The message is longer than the buffer given: `*len` is its length, and it is kept, whole, for
+/// the next receive from its sender.
+pub const SHMBROKER_E_TOO_SMALL: c_int = -13;
+
+/// A `shmbroker_try_*` call found nothing waiting. Nothing was taken; not an error.
+pub const SHMBROKER_E_AGAIN: c_int = -14;
+
+/// The version of this library and header, major part (`shmbroker_version` gives the library's
+/// at run time).
+pub const SHMBROKER_VERSION_MAJOR: c_int = 0;
+/// Minor part of [`SHMBROKER_VERSION_MAJOR`].
+pub const SHMBROKER_VERSION_MINOR: c_int = 1;
+/// Patch part of [`SHMBROKER_VERSION_MAJOR`].
+pub const SHMBROKER_VERSION_PATCH: c_int = 0;
+
+/// The library's version as `MAJOR * 10000 + MINOR * 100 + PATCH`, to compare with the header's
+/// `SHMBROKER_VERSION_*` (a program built against one header and run with another library).
+#[unsafe(no_mangle)]
+pub extern "C" fn shmbroker_version() -> c_int {
+    SHMBROKER_VERSION_MAJOR * 10_000 + SHMBROKER_VERSION_MINOR * 100 + SHMBROKER_VERSION_PATCH
+}
+
 /// A worker's session: opaque, made by `shmbroker_connect` or `shmbroker_from_env`, ended by
-/// `shmbroker_close`.
+/// `shmbroker_close`. Safe to call from several threads at once (see the header's thread rules).
 #[derive(Debug)]
 pub struct shmbroker_session {
-    session: Session,
+    /// Sends and collectives (the whole session, lent for each call).
+    sender: Sender,
+    /// Receives, one at a time: a wait sleeps on the session's one readiness eventfd, which has
+    /// one waiter.
+    receiver: Mutex<Receiver>,
+    interrupter: Interrupter,
+    /// The session's readiness eventfd (open as long as the session is).
+    readiness: RawFd,
+    /// Calls in progress, on any thread; [`CLOSING`] once `shmbroker_close` has taken the handle.
+    calls: AtomicUsize,
+}
+
+/// [`shmbroker_session::calls`] of a handle being freed.
+const CLOSING: usize = usize::MAX;
+
+impl shmbroker_session {
+    fn new(session: Session) -> Self {
+        let interrupter = session.interrupter();
+        let (sender, receiver) = session.split();
+        Self {
+            readiness: std::os::fd::AsRawFd::as_raw_fd(&receiver.readiness_fd()),
+            sender,
+            receiver: Mutex::new(receiver),
+            interrupter,
+            calls: AtomicUsize::new(0),
+        }
+    }
+
+    /// The receiving half, or `SHMBROKER_E_BUSY` when another thread is receiving.
+    fn receiver(&self) -> Result<MutexGuard<'_, Receiver>, Failure> {
+        match self.receiver.try_lock() {
+            Ok(receiver) => Ok(receiver),
+            // A panic mid-receive was reported as internal; the next call reports what it finds.
+            Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => Err(Failure(
+                SHMBROKER_E_BUSY,
+                "another thread is receiving on this session (one receive at a time; sends and \
+                 collectives may run beside it)"
+                    .into(),
+            )),
+        }
+    }
+}
+
+/// A call in progress on a handle: counted, so that `shmbroker_close` cannot free it meanwhile.
+struct InCall<'a> {
+    handle: &'a shmbroker_session,
+}
+
+impl Drop for InCall<'_> {
+    fn drop(&mut self) {
+        self.handle.calls.fetch_sub(1, Ordering::Release);
+    }
 }
 
 thread_local! {
@@ -70,10 +171,10 @@ impl From<Error> for Failure {
             Error::Timeout { .. } => SHMBROKER_E_TIMEOUT,
             Error::BrokerLost => SHMBROKER_E_BROKER_LOST,
             Error::Logon(_) | Error::Launch(_) => SHMBROKER_E_LOGON,
-            Error::Misuse(_) | Error::RankOutOfRange { .. } | Error::BufferTooSmall { .. } => {
-                SHMBROKER_E_MISUSE
-            }
+            Error::BufferTooSmall { .. } => SHMBROKER_E_TOO_SMALL,
+            Error::Misuse(_) | Error::RankOutOfRange { .. } => SHMBROKER_E_MISUSE,
             Error::Io { .. } | Error::OwnOutbox(_) | Error::FdTransport(_) => SHMBROKER_E_IO,
+            Error::Interrupted => SHMBROKER_E_INTERRUPTED,
             _ => SHMBROKER_E_PROTOCOL,
         };
         Failure(code, error.to_string())
@@ -112,18 +213,30 @@ fn guard(name: &str, call: impl FnOnce() -> Result<(), Failure>) -> c_int {
     }
 }
 
-/// The session behind `s`, or misuse when it is null.
+/// Enters a call on the handle `s`: misuse when it is null or being closed.
 ///
 /// # Safety
 ///
-/// `s` is null or a pointer `shmbroker_connect`/`shmbroker_from_env` returned and
-/// `shmbroker_close` has not taken, used by no other thread meanwhile.
-unsafe fn session<'a>(s: *mut shmbroker_session) -> Result<&'a mut Session, Failure> {
-    // SAFETY: per this function's contract, a non-null `s` is a live, unshared session.
-    let handle = unsafe { s.as_mut() };
-    handle
-        .map(|handle| &mut handle.session)
-        .ok_or_else(|| misuse("the session is NULL"))
+/// `s` is null or a pointer `shmbroker_connect`/`shmbroker_from_env` returned that
+/// `shmbroker_close` has not freed.
+unsafe fn enter<'a>(s: *const shmbroker_session) -> Result<InCall<'a>, Failure> {
+    // SAFETY: per this function's contract, a non-null `s` is a live handle.
+    let handle = unsafe { s.as_ref() }.ok_or_else(|| misuse("the session is NULL"))?;
+    let mut calls = handle.calls.load(Ordering::Relaxed);
+    loop {
+        if calls == CLOSING {
+            return Err(misuse("the session is being closed"));
+        }
+        match handle.calls.compare_exchange_weak(
+            calls,
+            calls + 1,
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return Ok(InCall { handle }),
+            Err(now) => calls = now,
+        }
+    }
 }
 
 /// `len` bytes at `data` (empty when `len` is 0, whatever `data` is).
@@ -176,7 +289,7 @@ fn timeout_of(timeout_ms: u64) -> Result<Duration, Failure> {
 ///
 /// `out` is null or points at a writable `shmbroker_session *`.
 unsafe fn give(out: *mut *mut shmbroker_session, session: Session) {
-    let handle = Box::into_raw(Box::new(shmbroker_session { session }));
+    let handle = Box::into_raw(Box::new(shmbroker_session::new(session)));
     // SAFETY: the caller checked `out` is not null; per the contract it is writable.
     unsafe { out.write(handle) };
 }
@@ -244,7 +357,7 @@ pub unsafe extern "C" fn shmbroker_from_env(
     })
 }
 
-/// This worker's rank (0 for a NULL session).
+/// This worker's rank (0 for a NULL session). Any thread, any time.
 ///
 /// # Safety
 ///
@@ -252,10 +365,10 @@ pub unsafe extern "C" fn shmbroker_from_env(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shmbroker_rank(s: *const shmbroker_session) -> u32 {
     // SAFETY: null or a live session, per the contract.
-    unsafe { s.as_ref() }.map_or(0, |s| s.session.rank())
+    unsafe { s.as_ref() }.map_or(0, |s| s.sender.rank())
 }
 
-/// Ranks in the world (0 for a NULL session).
+/// Ranks in the world (0 for a NULL session). Any thread, any time.
 ///
 /// # Safety
 ///
@@ -263,10 +376,11 @@ pub unsafe extern "C" fn shmbroker_rank(s: *const shmbroker_session) -> u32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shmbroker_world_size(s: *const shmbroker_session) -> u32 {
     // SAFETY: null or a live session, per the contract.
-    unsafe { s.as_ref() }.map_or(0, |s| s.session.world_size())
+    unsafe { s.as_ref() }.map_or(0, |s| s.sender.world_size())
 }
 
-/// Waits until every rank has called it.
+/// Waits until every rank has called it. Threads: as a send (one collective or send at a time;
+/// a receive on another thread goes on).
 ///
 /// # Safety
 ///
@@ -275,12 +389,13 @@ pub unsafe extern "C" fn shmbroker_world_size(s: *const shmbroker_session) -> u3
 pub unsafe extern "C" fn shmbroker_barrier(s: *mut shmbroker_session) -> c_int {
     guard("shmbroker_barrier", || {
         // SAFETY: null or a live session, per the contract.
-        Ok(unsafe { session(s) }?.barrier()?)
+        let entered = unsafe { enter(s) }?;
+        Ok(entered.handle.sender.session().barrier()?)
     })
 }
 
 /// Every rank's `len` bytes, in rank order, into `out` (`len * world_size` bytes). Every rank
-/// passes the same `len`.
+/// passes the same `len`. Threads: as [`shmbroker_barrier`].
 ///
 /// # Safety
 ///
@@ -295,20 +410,20 @@ pub unsafe extern "C" fn shmbroker_all_gather(
 ) -> c_int {
     guard("shmbroker_all_gather", || {
         // SAFETY: null or a live session, per the contract.
-        let session = unsafe { session(s) }?;
+        let entered = unsafe { enter(s) }?;
         let total = len
-            .checked_mul(session.world_size() as usize)
+            .checked_mul(entered.handle.sender.world_size() as usize)
             .ok_or_else(|| misuse(format!("len {len} times the world size overflows")))?;
         // SAFETY: `len` readable bytes at `data`, per the contract.
         let data = unsafe { bytes(data, len, "data") }?;
         // SAFETY: `len * world_size` writable bytes at `out`, per the contract.
         let out = unsafe { bytes_mut(out, total, "out") }?;
-        Ok(session.all_gather_into(data, out)?)
+        Ok(entered.handle.sender.session().all_gather_into(data, out)?)
     })
 }
 
 /// `root`'s `len` bytes into every rank's `buf`: the root's `buf` is what is sent, every other
-/// rank's is filled. Every rank passes the same `len`.
+/// rank's is filled. Every rank passes the same `len`. Threads: as [`shmbroker_barrier`].
 ///
 /// # Safety
 ///
@@ -322,10 +437,11 @@ pub unsafe extern "C" fn shmbroker_broadcast(
     len: usize,
 ) -> c_int {
     guard("shmbroker_broadcast", || {
-        // SAFETY: null or a live session, per the contract.
-        let session = unsafe { session(s) }?;
         // SAFETY: `len` bytes at `buf`, writable, per the contract.
         let buf = unsafe { bytes_mut(buf, len, "buf") }?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let mut session = entered.handle.sender.session();
         if session.rank() == root {
             session.broadcast(root, Some(&*buf))?;
             return Ok(());
@@ -343,7 +459,8 @@ pub unsafe extern "C" fn shmbroker_broadcast(
     })
 }
 
-/// Sends `len` bytes to `rank`.
+/// Sends `len` bytes to `rank`. Threads: one send or collective at a time (a second waits for
+/// the first); a receive on another thread goes on.
 ///
 /// # Safety
 ///
@@ -356,17 +473,36 @@ pub unsafe extern "C" fn shmbroker_send(
     len: usize,
 ) -> c_int {
     guard("shmbroker_send", || {
-        // SAFETY: null or a live session, per the contract.
-        let session = unsafe { session(s) }?;
         // SAFETY: `len` readable bytes at `data`, per the contract.
         let data = unsafe { bytes(data, len, "data") }?;
-        Ok(session.send(rank, data)?)
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        Ok(entered.handle.sender.send(rank, data)?)
     })
 }
 
+/// `*len` set to the length of a message that did not fit, and the failure saying so.
+///
+/// # Safety
+///
+/// `len` is null or points at a writable `size_t`.
+unsafe fn too_small(rank: u32, needed: u64, cap: usize, len: *mut usize) -> Failure {
+    // SAFETY: checked non-null by the callers; writable per the contract.
+    unsafe { len.write(usize::try_from(needed).unwrap_or(usize::MAX)) };
+    Failure(
+        SHMBROKER_E_TOO_SMALL,
+        format!(
+            "rank {rank} sent {needed} bytes; the buffer holds {cap} (the message is kept for the \
+             next receive)"
+        ),
+    )
+}
+
 /// Receives the next message from `rank` into `buf` (`cap` bytes); `*len` is its length. A
-/// message longer than `cap` is `SHMBROKER_E_MISUSE` with `*len` set to its length; it is
-/// consumed (the next message is intact).
+/// message longer than `cap` is `SHMBROKER_E_TOO_SMALL` with `*len` set to its length; it is
+/// kept, whole, for the next receive (see also [`shmbroker_probe`]). Threads: one receive at a
+/// time (`SHMBROKER_E_BUSY` at once for a second); sends and collectives on other threads go on
+/// while it waits.
 ///
 /// # Safety
 ///
@@ -381,22 +517,18 @@ pub unsafe extern "C" fn shmbroker_recv(
     len: *mut usize,
 ) -> c_int {
     guard("shmbroker_recv", || {
-        // SAFETY: null or a live session, per the contract.
-        let session = unsafe { session(s) }?;
         if len.is_null() {
             return Err(misuse("len is NULL"));
         }
         // SAFETY: `cap` writable bytes at `buf`, per the contract.
         let buf = unsafe { bytes_mut(buf, cap, "buf") }?;
-        let received = match session.recv_into(rank, buf) {
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let received = match entered.handle.receiver()?.recv_into(rank, buf) {
             Ok(received) => received,
             Err(Error::BufferTooSmall { needed, .. }) => {
-                // SAFETY: checked non-null above; writable per the contract.
-                unsafe { len.write(usize::try_from(needed).unwrap_or(usize::MAX)) };
-                return Err(misuse(format!(
-                    "rank {rank} sent {needed} bytes; the buffer holds {cap} (the message is \
-                     consumed)"
-                )));
+                // SAFETY: checked non-null above.
+                return Err(unsafe { too_small(rank, needed, cap, len) });
             }
             Err(error) => return Err(error.into()),
         };
@@ -406,8 +538,177 @@ pub unsafe extern "C" fn shmbroker_recv(
     })
 }
 
+/// Receives the next message from whichever peer has one (round-robin among those that do)
+/// into `buf` (`cap` bytes): `*rank` is its sender and `*len` its length. A message longer than
+/// `cap` is `SHMBROKER_E_TOO_SMALL` with `*rank` and `*len` set; it is kept, whole: receive it
+/// with [`shmbroker_recv`] from `*rank`. Peers that left are skipped; a peer that died is
+/// reported once (`SHMBROKER_E_PEER_LOST`) after what it sent, then skipped. Threads: as
+/// [`shmbroker_recv`].
+///
+/// # Safety
+///
+/// `s` is null or a live session; `buf` has `cap` writable bytes; `rank` points at a writable
+/// `uint32_t` and `len` at a writable `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_recv_any(
+    s: *mut shmbroker_session,
+    rank: *mut u32,
+    buf: *mut c_void,
+    cap: usize,
+    len: *mut usize,
+) -> c_int {
+    guard("shmbroker_recv_any", || {
+        if rank.is_null() || len.is_null() {
+            return Err(misuse("rank or len is NULL"));
+        }
+        // SAFETY: `cap` writable bytes at `buf`, per the contract.
+        let buf = unsafe { bytes_mut(buf, cap, "buf") }?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let (sender, received) = match entered.handle.receiver()?.recv_any_into(buf) {
+            Ok(got) => got,
+            Err(Error::BufferTooSmall { peer, needed, .. }) => {
+                // SAFETY: checked non-null above; writable per the contract.
+                unsafe { rank.write(peer) };
+                // SAFETY: checked non-null above.
+                return Err(unsafe { too_small(peer, needed, cap, len) });
+            }
+            Err(error) => return Err(error.into()),
+        };
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { rank.write(sender) };
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { len.write(received) };
+        Ok(())
+    })
+}
+
+/// [`shmbroker_recv`] without waiting: `SHMBROKER_E_AGAIN` when nothing from `rank` has started
+/// to arrive (a large message that has started is received whole). Threads: as
+/// [`shmbroker_recv`].
+///
+/// # Safety
+///
+/// As for [`shmbroker_recv`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_try_recv(
+    s: *mut shmbroker_session,
+    rank: u32,
+    buf: *mut c_void,
+    cap: usize,
+    len: *mut usize,
+) -> c_int {
+    guard("shmbroker_try_recv", || {
+        if len.is_null() {
+            return Err(misuse("len is NULL"));
+        }
+        // SAFETY: `cap` writable bytes at `buf`, per the contract.
+        let buf = unsafe { bytes_mut(buf, cap, "buf") }?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let received = match entered.handle.receiver()?.try_recv_into(rank, buf) {
+            Ok(Some(received)) => received,
+            Ok(None) => return Err(nothing_yet()),
+            Err(Error::BufferTooSmall { needed, .. }) => {
+                // SAFETY: checked non-null above.
+                return Err(unsafe { too_small(rank, needed, cap, len) });
+            }
+            Err(error) => return Err(error.into()),
+        };
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { len.write(received) };
+        Ok(())
+    })
+}
+
+/// [`shmbroker_recv_any`] without waiting: `SHMBROKER_E_AGAIN` when nothing has started to
+/// arrive. It then leaves every ring armed, so [`shmbroker_readiness_fd`] becomes readable once
+/// something does. Threads: as [`shmbroker_recv`].
+///
+/// # Safety
+///
+/// As for [`shmbroker_recv_any`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_try_recv_any(
+    s: *mut shmbroker_session,
+    rank: *mut u32,
+    buf: *mut c_void,
+    cap: usize,
+    len: *mut usize,
+) -> c_int {
+    guard("shmbroker_try_recv_any", || {
+        if rank.is_null() || len.is_null() {
+            return Err(misuse("rank or len is NULL"));
+        }
+        // SAFETY: `cap` writable bytes at `buf`, per the contract.
+        let buf = unsafe { bytes_mut(buf, cap, "buf") }?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let (sender, received) = match entered.handle.receiver()?.try_recv_any_into(buf) {
+            Ok(Some(got)) => got,
+            Ok(None) => return Err(nothing_yet()),
+            Err(Error::BufferTooSmall { peer, needed, .. }) => {
+                // SAFETY: checked non-null above; writable per the contract.
+                unsafe { rank.write(peer) };
+                // SAFETY: checked non-null above.
+                return Err(unsafe { too_small(peer, needed, cap, len) });
+            }
+            Err(error) => return Err(error.into()),
+        };
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { rank.write(sender) };
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { len.write(received) };
+        Ok(())
+    })
+}
+
+fn nothing_yet() -> Failure {
+    Failure(SHMBROKER_E_AGAIN, "nothing has arrived yet".into())
+}
+
+/// This session's readiness eventfd, for `poll` or `epoll`: readable when a message is waiting
+/// from any peer, once [`shmbroker_try_recv_any`] has returned `SHMBROKER_E_AGAIN`. Take what
+/// is there with [`shmbroker_try_recv_any`] until it says `SHMBROKER_E_AGAIN` again before
+/// waiting on the fd. The fd belongs to the session: do not read or close it. -1 for NULL.
+///
+/// # Safety
+///
+/// `s` is null or a live session.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_readiness_fd(s: *const shmbroker_session) -> c_int {
+    // SAFETY: null or a live session, per the contract.
+    unsafe { s.as_ref() }.map_or(-1, |s| s.readiness)
+}
+
+/// Waits for the next message from `rank` and sets `*len` to its length without receiving it:
+/// the next [`shmbroker_recv`] from `rank` gets it. Threads: as [`shmbroker_recv`].
+///
+/// # Safety
+///
+/// `s` is null or a live session; `len` points at a writable `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_probe(
+    s: *mut shmbroker_session,
+    rank: u32,
+    len: *mut usize,
+) -> c_int {
+    guard("shmbroker_probe", || {
+        if len.is_null() {
+            return Err(misuse("len is NULL"));
+        }
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let needed = entered.handle.receiver()?.probe(rank)?;
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { len.write(needed) };
+        Ok(())
+    })
+}
+
 /// Every rank's `fd`, in rank order, as new fds in `out_fds` (`world_size` entries) that the
-/// caller owns and closes; this rank's own slot gets a duplicate of `fd`.
+/// caller owns and closes; this rank's own slot gets a duplicate of `fd`. Threads: as
+/// [`shmbroker_barrier`].
 ///
 /// # Safety
 ///
@@ -419,16 +720,16 @@ pub unsafe extern "C" fn shmbroker_exchange_fds(
     out_fds: *mut c_int,
 ) -> c_int {
     guard("shmbroker_exchange_fds", || {
-        // SAFETY: null or a live session, per the contract.
-        let session = unsafe { session(s) }?;
         if out_fds.is_null() {
             return Err(misuse("out_fds is NULL"));
         }
         let fd = borrowed(fd)?;
-        let world = session.world_size() as usize;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let world = entered.handle.sender.world_size() as usize;
         // SAFETY: non-null (checked above), and `world_size` writable ints per the contract.
         let out = unsafe { std::slice::from_raw_parts_mut(out_fds, world) };
-        let fds = session.exchange_fds(fd)?;
+        let fds = entered.handle.sender.session().exchange_fds(fd)?;
         for (slot, fd) in out.iter_mut().zip(fds) {
             *slot = fd.into_raw_fd();
         }
@@ -437,7 +738,7 @@ pub unsafe extern "C" fn shmbroker_exchange_fds(
 }
 
 /// `root`'s `fd` on every rank, as a new fd in `*out_fd` that the caller owns (the root gets a
-/// duplicate); `fd` is ignored off the root.
+/// duplicate); `fd` is ignored off the root. Threads: as [`shmbroker_barrier`].
 ///
 /// # Safety
 ///
@@ -451,17 +752,17 @@ pub unsafe extern "C" fn shmbroker_broadcast_fd(
     out_fd: *mut c_int,
 ) -> c_int {
     guard("shmbroker_broadcast_fd", || {
-        // SAFETY: null or a live session, per the contract.
-        let session = unsafe { session(s) }?;
         if out_fd.is_null() {
             return Err(misuse("out_fd is NULL"));
         }
-        let fd = if session.rank() == root {
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let fd = if entered.handle.sender.rank() == root {
             Some(borrowed(fd)?)
         } else {
             None
         };
-        let received = session.broadcast_fd(root, fd)?;
+        let received = entered.handle.sender.session().broadcast_fd(root, fd)?;
         // SAFETY: checked non-null above; writable per the contract.
         unsafe { out_fd.write(received.into_raw_fd()) };
         Ok(())
@@ -478,28 +779,89 @@ fn borrowed<'a>(fd: RawFd) -> Result<BorrowedFd<'a>, Failure> {
     Ok(unsafe { BorrowedFd::borrow_raw(fd) })
 }
 
+/// Ends the session's current wait, on whichever thread it is, with `SHMBROKER_E_INTERRUPTED`;
+/// with no call waiting, the next wait ends at once (unless [`shmbroker_clear_interrupt`]).
+/// Nothing is lost, and the session goes on. Async-signal-safe: callable from a signal handler.
+/// A wait for the broker (a peer still to log on, an fd relay) runs to its deadline. Returns
+/// `SHMBROKER_E_MISUSE` for NULL (and sets no message: it may run in a signal handler).
+///
+/// # Safety
+///
+/// `s` is null or a live session.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_interrupt(s: *const shmbroker_session) -> c_int {
+    // SAFETY: null or a live session, per the contract.
+    match unsafe { s.as_ref() } {
+        // Atomics and futex wake-ups: no allocation, no lock.
+        Some(handle) => {
+            handle.interrupter.interrupt();
+            SHMBROKER_OK
+        }
+        None => SHMBROKER_E_MISUSE,
+    }
+}
+
+/// Forgets an interrupt that no wait has taken (it came after the call it was meant for).
+///
+/// # Safety
+///
+/// `s` is null or a live session.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_clear_interrupt(s: *mut shmbroker_session) -> c_int {
+    guard("shmbroker_clear_interrupt", || {
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        entered.handle.sender.session().clear_interrupt();
+        Ok(())
+    })
+}
+
 /// The message of this thread's last failing call (empty if none failed yet). Valid until the
-/// next shmbroker call on this thread.
+/// next shmbroker call on this thread. Each thread has its own.
 #[unsafe(no_mangle)]
 pub extern "C" fn shmbroker_last_error() -> *const c_char {
     LAST_ERROR.with(|last| last.borrow().as_ptr())
 }
 
-/// Leaves the session and frees it (nothing for NULL). Peers still waiting on this rank are told
-/// it left.
+/// Leaves the session and frees it (`SHMBROKER_OK` for NULL). Peers still waiting on this rank
+/// are told it left. While a call is in progress on another thread it returns `SHMBROKER_E_BUSY`
+/// and frees nothing: end that call with [`shmbroker_interrupt`], wait for it to return, and
+/// close again.
 ///
 /// # Safety
 ///
-/// `s` is null or a live session, not used again after this call.
+/// `s` is null or a live session, not used again once this call returns `SHMBROKER_OK`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn shmbroker_close(s: *mut shmbroker_session) {
-    if s.is_null() {
-        return;
-    }
-    // SAFETY: a pointer made by Box::into_raw in `give`, taken back once, per the contract.
-    let handle = unsafe { Box::from_raw(s) };
-    // Dropping logs off; a panic there must not cross the boundary either.
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(handle)));
+pub unsafe extern "C" fn shmbroker_close(s: *mut shmbroker_session) -> c_int {
+    guard("shmbroker_close", || {
+        // SAFETY: null or a live session, per the contract.
+        let Some(handle) = (unsafe { s.as_ref() }) else {
+            return Ok(());
+        };
+        if let Err(calls) =
+            handle
+                .calls
+                .compare_exchange(0, CLOSING, Ordering::Acquire, Ordering::Relaxed)
+        {
+            return Err(if calls == CLOSING {
+                misuse("the session is already being closed")
+            } else {
+                Failure(
+                    SHMBROKER_E_BUSY,
+                    format!(
+                        "{calls} call(s) on other threads are in progress on this session: end \
+                         them (shmbroker_interrupt), wait for them to return, then close"
+                    ),
+                )
+            });
+        }
+        // SAFETY: a pointer made by Box::into_raw in `give`; no call is in it (counted above) and
+        // none can enter, so it is taken back once.
+        let handle = unsafe { Box::from_raw(s) };
+        // Dropping logs off (a panic there is caught by `guard`).
+        drop(handle);
+        Ok(())
+    })
 }
 
 // The tests drive the ABI as a C program does: a block of calls on one session at a time.
@@ -550,6 +912,15 @@ mod tests {
     }
 
     #[test]
+    fn the_version_macros_are_the_crates_version() {
+        let version = format!(
+            "{SHMBROKER_VERSION_MAJOR}.{SHMBROKER_VERSION_MINOR}.{SHMBROKER_VERSION_PATCH}"
+        );
+        assert_eq!(version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(shmbroker_version(), 100);
+    }
+
+    #[test]
     fn null_pointers_and_bad_arguments_are_misuse_with_a_message() {
         let mut s = null_mut();
         // SAFETY: each call is given a null pointer on purpose; none is dereferenced.
@@ -577,7 +948,12 @@ mod tests {
             assert!(last_error().contains("shmbroker_barrier: the session is NULL"));
             assert_eq!(shmbroker_rank(null()), 0);
             assert_eq!(shmbroker_world_size(null()), 0);
-            shmbroker_close(null_mut());
+            assert_eq!(shmbroker_close(null_mut()), SHMBROKER_OK);
+            assert_eq!(shmbroker_interrupt(null()), SHMBROKER_E_MISUSE);
+            assert_eq!(
+                shmbroker_probe(null_mut(), 0, null_mut()),
+                SHMBROKER_E_MISUSE
+            );
         }
         assert!(s.is_null(), "no session was made");
     }
@@ -591,7 +967,7 @@ mod tests {
         );
         let big = [7u8; 100];
         let mut small = [0u8; 10];
-        let mut len = 0usize;
+        let mut len;
         // SAFETY: live sessions, used from this thread only; buffers as long as said.
         unsafe {
             assert_eq!(
@@ -602,17 +978,37 @@ mod tests {
                 shmbroker_send(b, 0, b"next".as_ptr().cast(), 4),
                 SHMBROKER_OK
             );
-            let rc = shmbroker_recv(a, 1, small.as_mut_ptr().cast(), small.len(), &mut len);
-            assert_eq!(rc, SHMBROKER_E_MISUSE);
-            assert_eq!(len, 100, "the length needed");
-            assert!(
-                last_error().contains("rank 1 sent 100 bytes"),
-                "{}",
-                last_error()
-            );
-            // The next message is intact.
+            for _ in 0..2 {
+                len = 0;
+                let rc = shmbroker_recv(a, 1, small.as_mut_ptr().cast(), small.len(), &mut len);
+                assert_eq!(rc, SHMBROKER_E_TOO_SMALL);
+                assert_eq!(len, 100, "the length needed");
+                assert!(
+                    last_error().contains("rank 1 sent 100 bytes") && last_error().contains("kept"),
+                    "{}",
+                    last_error()
+                );
+            }
+            // The message was kept: probe sizes it, a large enough buffer gets it whole.
+            len = 0;
+            assert_eq!(shmbroker_probe(a, 1, &mut len), SHMBROKER_OK);
+            assert_eq!(len, 100);
+            let mut whole = [0u8; 100];
+            let rc = shmbroker_recv(a, 1, whole.as_mut_ptr().cast(), whole.len(), &mut len);
+            assert_eq!((rc, len, whole), (SHMBROKER_OK, 100, big));
+            // And the next message is intact.
             let rc = shmbroker_recv(a, 1, small.as_mut_ptr().cast(), small.len(), &mut len);
             assert_eq!((rc, &small[..len]), (SHMBROKER_OK, &b"next"[..]));
+            // recv_any too: the sender and the length, the message kept.
+            assert_eq!(
+                shmbroker_send(b, 0, big.as_ptr().cast(), big.len()),
+                SHMBROKER_OK
+            );
+            let mut from = u32::MAX;
+            let rc = shmbroker_recv_any(a, &mut from, small.as_mut_ptr().cast(), 10, &mut len);
+            assert_eq!((rc, from, len), (SHMBROKER_E_TOO_SMALL, 1, 100));
+            let rc = shmbroker_recv_any(a, &mut from, whole.as_mut_ptr().cast(), 100, &mut len);
+            assert_eq!((rc, from, len, whole), (SHMBROKER_OK, 1, 100, big));
             // A null buffer with a length, a null length, a closed fd, a rank out of range.
             assert_eq!(
                 shmbroker_recv(a, 1, null_mut(), 5, &mut len),
@@ -638,11 +1034,11 @@ mod tests {
                 SHMBROKER_E_MISUSE
             );
             // Rank 1 leaves: rank 0 waiting for it is told, naming it.
-            shmbroker_close(b);
+            assert_eq!(shmbroker_close(b), SHMBROKER_OK);
             let rc = shmbroker_recv(a, 1, small.as_mut_ptr().cast(), small.len(), &mut len);
             assert_eq!(rc, SHMBROKER_E_PEER_LEFT, "{}", last_error());
             assert!(last_error().contains("rank 1"), "{}", last_error());
-            shmbroker_close(a);
+            assert_eq!(shmbroker_close(a), SHMBROKER_OK);
         }
     }
 
@@ -706,13 +1102,182 @@ mod tests {
                         assert!(got >= 0);
                         nix::libc::close(got);
                         assert_eq!(shmbroker_barrier(s), SHMBROKER_OK);
-                        shmbroker_close(s);
+                        assert_eq!(shmbroker_close(s), SHMBROKER_OK);
                     }
                 })
             })
             .collect();
         for join in joins {
             join.join().unwrap();
+        }
+    }
+
+    /// A handle shared by threads as a pointer value (the C program's view of it).
+    #[derive(Clone, Copy)]
+    struct Shared(usize);
+
+    impl Shared {
+        fn get(self) -> *mut shmbroker_session {
+            self.0 as *mut shmbroker_session
+        }
+    }
+
+    /// The message number `i` of `len` bytes, different in every byte.
+    fn numbered(i: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|at| (i * 31 + at) as u8).collect()
+    }
+
+    fn message_len(i: usize) -> usize {
+        // Mostly one slot, now and then eager over several slots or pipelined in chunks.
+        match i % 50 {
+            7 => 3000,
+            29 => 200_000,
+            _ => 8 + i % 40,
+        }
+    }
+
+    #[test]
+    fn one_handle_used_by_two_threads_loses_nothing_and_blames_no_one() {
+        // The attack from the languages issue: on rank 0 a response thread receives while the
+        // main thread sends and runs barriers, all on one handle. Every message is checked.
+        const N: usize = 600;
+        let (_dir, sessions) = world(2);
+        let (a, b) = (Shared(sessions[0]), Shared(sessions[1]));
+        let peer = std::thread::spawn(move || {
+            let s = b.get();
+            let mut buf = vec![0u8; 1 << 20];
+            for i in 0..N {
+                let mut len = 0;
+                // SAFETY: a live session, used by this thread only; buffers as long as said.
+                let rc =
+                    unsafe { shmbroker_recv(s, 0, buf.as_mut_ptr().cast(), buf.len(), &mut len) };
+                assert_eq!(rc, SHMBROKER_OK, "rank 1 recv {i}: {}", last_error());
+                assert_eq!(
+                    &buf[..len],
+                    numbered(i, message_len(i)),
+                    "rank 1 got message {i}"
+                );
+                let reply = numbered(i + 1, message_len(i));
+                // SAFETY: as above.
+                let rc = unsafe { shmbroker_send(s, 0, reply.as_ptr().cast(), reply.len()) };
+                assert_eq!(rc, SHMBROKER_OK, "rank 1 send {i}: {}", last_error());
+                if i % 10 == 9 {
+                    // SAFETY: as above.
+                    let rc = unsafe { shmbroker_barrier(s) };
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                }
+            }
+            // SAFETY: as above, not used again.
+            assert_eq!(unsafe { shmbroker_close(s) }, SHMBROKER_OK);
+        });
+        let responses = std::thread::spawn(move || {
+            let s = a.get();
+            let mut buf = vec![0u8; 1 << 20];
+            for i in 0..N {
+                let (mut from, mut len) = (u32::MAX, 0);
+                // SAFETY: a live session; this thread is its only receiver; buffers as said.
+                let rc = unsafe {
+                    shmbroker_recv_any(s, &mut from, buf.as_mut_ptr().cast(), buf.len(), &mut len)
+                };
+                assert_eq!(rc, SHMBROKER_OK, "rank 0 recv_any {i}: {}", last_error());
+                assert_eq!(from, 1);
+                assert_eq!(
+                    &buf[..len],
+                    numbered(i + 1, message_len(i)),
+                    "rank 0 got reply {i}"
+                );
+            }
+        });
+        let s = a.get();
+        for i in 0..N {
+            let message = numbered(i, message_len(i));
+            // SAFETY: a live session, shared with the response thread (the handle allows it).
+            let rc = unsafe { shmbroker_send(s, 1, message.as_ptr().cast(), message.len()) };
+            assert_eq!(rc, SHMBROKER_OK, "rank 0 send {i}: {}", last_error());
+            if i % 10 == 9 {
+                // SAFETY: as above.
+                let rc = unsafe { shmbroker_barrier(s) };
+                assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+            }
+        }
+        responses.join().unwrap();
+        peer.join().unwrap();
+        // SAFETY: no other thread uses it any more; not used again.
+        assert_eq!(unsafe { shmbroker_close(s) }, SHMBROKER_OK);
+    }
+
+    #[test]
+    fn a_second_receive_and_a_close_during_a_wait_are_busy_and_an_interrupt_frees_the_handle() {
+        let (_dir, sessions) = world(2);
+        let (a, b) = (Shared(sessions[0]), Shared(sessions[1]));
+        let waiter = std::thread::spawn(move || {
+            let mut buf = [0u8; 8];
+            let mut len = 0;
+            // SAFETY: a live session; buffers as long as said.
+            let rc = unsafe { shmbroker_recv(a.get(), 1, buf.as_mut_ptr().cast(), 8, &mut len) };
+            (rc, last_error())
+        });
+        // The waiter is receiving once it holds the receiving half.
+        let s = a.get();
+        let mut buf = [0u8; 8];
+        let mut len = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // SAFETY: a live session, shared with the waiter.
+        while unsafe { &*s }.receiver.try_lock().is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never started"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // SAFETY: as above.
+        let rc = unsafe { shmbroker_probe(s, 1, &mut len) };
+        assert_eq!(rc, SHMBROKER_E_BUSY);
+        assert!(
+            last_error().contains("another thread is receiving"),
+            "{}",
+            last_error()
+        );
+        // SAFETY: as above.
+        let rc = unsafe { shmbroker_recv(s, 1, buf.as_mut_ptr().cast(), 8, &mut len) };
+        assert_eq!(rc, SHMBROKER_E_BUSY);
+        // Sends and collectives go on beside the waiting receive.
+        // SAFETY: as above.
+        let rc = unsafe { shmbroker_send(s, 1, b"hi".as_ptr().cast(), 2) };
+        assert_eq!(rc, SHMBROKER_OK);
+        // Closing now would free what the waiter uses: refused, nothing freed.
+        // SAFETY: as above.
+        assert_eq!(unsafe { shmbroker_close(s) }, SHMBROKER_E_BUSY);
+        assert!(
+            last_error().contains("shmbroker_interrupt"),
+            "{}",
+            last_error()
+        );
+        // SAFETY: as above; interrupt takes a const pointer and may run in a signal handler.
+        assert_eq!(unsafe { shmbroker_interrupt(s) }, SHMBROKER_OK);
+        let (rc, message) = waiter.join().unwrap();
+        assert_eq!(rc, SHMBROKER_E_INTERRUPTED, "{message}");
+        // Nothing was lost by the interrupt: rank 1 got the message sent meanwhile, and a
+        // message rank 1 sends now reaches rank 0.
+        let mut got = [0u8; 8];
+        // SAFETY: rank 1's session, used by this thread only now.
+        unsafe {
+            assert_eq!(
+                shmbroker_recv(b.get(), 0, got.as_mut_ptr().cast(), 8, &mut len),
+                SHMBROKER_OK
+            );
+            assert_eq!(&got[..len], b"hi");
+            assert_eq!(
+                shmbroker_send(b.get(), 0, b"back".as_ptr().cast(), 4),
+                SHMBROKER_OK
+            );
+            assert_eq!(
+                shmbroker_recv(s, 1, got.as_mut_ptr().cast(), 8, &mut len),
+                SHMBROKER_OK
+            );
+            assert_eq!(&got[..len], b"back");
+            assert_eq!(shmbroker_close(s), SHMBROKER_OK);
+            assert_eq!(shmbroker_close(b.get()), SHMBROKER_OK);
         }
     }
 }

@@ -139,8 +139,9 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::BufferTooSmall`] for a longer message (received to its end and dropped);
-    /// otherwise as for [`Self::recv_any`].
+    /// [`Error::BufferTooSmall`] for a longer message, which is kept (its sender is the error's
+    /// `peer`: [`Self::recv_into`] from it with a large enough buffer gets it); otherwise as for
+    /// [`Self::recv_any`].
     pub fn recv_any_into(&mut self, buffer: &mut [u8]) -> Result<(u32, usize), Error> {
         let deadline = Deadline::new("recv_any", self.timeout);
         let peer = self.wait_any(&deadline)?;
@@ -160,6 +161,33 @@ impl Session {
             return Ok(None);
         }
         self.recv(rank).map(Some)
+    }
+
+    /// [`Self::try_recv`] into `buffer`, with no allocation: the message's length, or `None`
+    /// when nothing has started to arrive.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::recv_into`]: a message too long for `buffer` is kept.
+    pub fn try_recv_into(&mut self, rank: u32, buffer: &mut [u8]) -> Result<Option<usize>, Error> {
+        self.check_peer(rank)?;
+        if !self.sender_ready(rank)? {
+            return Ok(None);
+        }
+        self.recv_into(rank, buffer).map(Some)
+    }
+
+    /// [`Self::try_recv_any`] into `buffer`, with no allocation: the sender and the message's
+    /// length, or `None` when nothing has started to arrive.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::recv_any_into`]: a message too long for `buffer` is kept.
+    pub fn try_recv_any_into(&mut self, buffer: &mut [u8]) -> Result<Option<(u32, usize)>, Error> {
+        match self.next_sender()? {
+            Some(peer) => Ok(Some((peer, self.recv_into(peer, buffer)?))),
+            None => Ok(None),
+        }
     }
 
     /// The next message from any peer if one has started to arrive (round-robin, as
@@ -389,6 +417,21 @@ impl Session {
             }
         }
         self.any.owed += taken;
+    }
+
+    /// Whether the rings are armed for a wait on the readiness eventfd.
+    pub(super) fn readiness_armed(&self) -> bool {
+        self.any.armed
+    }
+
+    /// Writes the readiness eventfd once, and counts the write as owed (so the count stays
+    /// honest, see the module docs): a thread asleep on the fd wakes and looks again. For a call
+    /// that took the rings' registrations back (its own ring wait replaced them) while the other
+    /// half of a split session slept on the fd: a message that arrived meanwhile signalled
+    /// nobody.
+    pub(super) fn nudge_readiness(&mut self) {
+        eventfd::signal(self.inner.readiness_fd());
+        self.any.owed += 1;
     }
 
     /// Reads the eventfd's count back (one system call), and counts it off what is owed.

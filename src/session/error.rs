@@ -72,8 +72,9 @@ pub enum Error {
         /// The world size.
         world_size: u32,
     },
-    /// A message longer than the buffer given to receive it. It was received to its end (and
-    /// acknowledged), so the next message is intact.
+    /// A message longer than the buffer given to receive it. A point-to-point receive
+    /// (`recv_into`, `recv_any_into`) keeps it: the next receive from `peer` gets it whole. In
+    /// a collective it was received to its end and dropped.
     #[error("rank {peer} sent {needed} bytes; the buffer holds {capacity}")]
     BufferTooSmall {
         /// The sender.

@@ -116,8 +116,9 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::BufferTooSmall`] for a longer message (received to its end and dropped, so the
-    /// next one is intact); otherwise as for [`Self::recv`].
+    /// [`Error::BufferTooSmall`] for a longer message, which is kept: the next receive from
+    /// `rank` gets it whole (with a buffer of at least `needed` bytes, see also [`Self::probe`]);
+    /// otherwise as for [`Self::recv`].
     pub fn recv_into(&mut self, rank: u32, buffer: &mut [u8]) -> Result<usize, Error> {
         self.recv_into_timeout(rank, buffer, self.timeout)
     }
@@ -137,6 +138,35 @@ impl Session {
         Ok(len as usize)
     }
 
+    /// The length of the next message from `rank`, waiting (up to the session's deadline) for
+    /// it to arrive, without receiving it: the next [`Self::recv`] or [`Self::recv_into`] from
+    /// `rank` gets it (as `MPI_Probe` does). For sizing a buffer before [`Self::recv_into`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::recv`].
+    pub fn probe(&mut self, rank: u32) -> Result<usize, Error> {
+        self.probe_timeout(rank, self.timeout)
+    }
+
+    /// [`Self::probe`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::recv`].
+    pub fn probe_timeout(&mut self, rank: u32, timeout: Duration) -> Result<usize, Error> {
+        self.check_peer(rank)?;
+        let deadline = Deadline::new("probe", timeout);
+        self.flush_view_acks()?;
+        let len = self.probe_send(rank, &deadline)?;
+        usize::try_from(len).map_err(|_| Error::Protocol {
+            peer: rank,
+            detail: format!(
+                "announced a message of {len} bytes, more than this process can address"
+            ),
+        })
+    }
+
     fn recv_with<'a>(
         &mut self,
         rank: u32,
@@ -148,7 +178,7 @@ impl Session {
         let expect = Expect::Send {
             tag: self.received_from[rank as usize],
         };
-        let mut incoming = [Incoming::new(rank, expect, sink)];
+        let mut incoming = [Incoming::keeping_too_long(rank, expect, sink)];
         self.flush_view_acks()?;
         self.take_direct(&mut incoming[0], &deadline)?;
         if !incoming[0].is_done() {

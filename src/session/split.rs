@@ -13,11 +13,22 @@
 //!
 //! So: a send and a receive run concurrently except for the moments each touches the rings. A
 //! large pipelined message holds the lock for its whole transfer, in either direction.
-//! Collectives need every ring at once and the whole session: [`Sender::rejoin`] gives it back.
+//! Collectives need every ring at once and the whole session: [`Sender::session`] lends it (a
+//! receive that waits meanwhile goes on when it is given back), and [`Sender::rejoin`] gives it
+//! back for good.
+//!
+//! # A receive asleep while the session is lent
+//!
+//! A receive sleeps on the readiness eventfd with every ring armed. A call that waits on a ring
+//! itself takes those registrations back first (its futex wait replaces them), so a message that
+//! arrives afterwards writes nothing to the eventfd. When the session comes back from such a call
+//! ([`SessionGuard`]'s drop: the [`Sender`]'s calls and [`Sender::session`] go through it), it writes the eventfd
+//! once, counted as owed like any waker's write, and the sleeping receive looks again.
 
 use super::any::{Access, wait_for_sender};
 use super::{Deadline, Error, Session};
 use shmbroker_queues::Notifier;
+use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -35,10 +46,51 @@ struct Shared {
 }
 
 impl Shared {
+    /// The session, for the [`Receiver`]'s own calls.
     fn lock(&self) -> MutexGuard<'_, Session> {
         // A thread that panicked mid-call leaves its link out of step, as any interrupted call
         // does (see the `transfer` module); the next call reports what it finds.
         self.session.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The session, for the [`Sender`]: a receive may be asleep meanwhile.
+    fn lend(&self) -> SessionGuard<'_> {
+        let session = self.lock();
+        SessionGuard {
+            was_armed: session.readiness_armed(),
+            session,
+        }
+    }
+}
+
+/// The whole session of a split pair, lent by [`Sender::session`]: every [`Session`] call works
+/// on it. Dropping it gives the session back, and wakes a receive asleep meanwhile if the rings
+/// it armed were taken back (see the module docs).
+#[derive(Debug)]
+pub struct SessionGuard<'a> {
+    session: MutexGuard<'a, Session>,
+    was_armed: bool,
+}
+
+impl Deref for SessionGuard<'_> {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        &self.session
+    }
+}
+
+impl DerefMut for SessionGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        if self.was_armed && !self.session.readiness_armed() {
+            self.session.nudge_readiness();
+        }
     }
 }
 
@@ -110,7 +162,15 @@ impl Sender {
     ///
     /// As for [`Session::send`].
     pub fn send_timeout(&self, rank: u32, data: &[u8], timeout: Duration) -> Result<(), Error> {
-        self.shared.lock().send_to_timeout(rank, data, timeout)
+        self.shared.lend().send_to_timeout(rank, data, timeout)
+    }
+
+    /// The whole session, for a collective (or any [`Session`] call) while the halves are apart:
+    /// waits for the [`Receiver`] to finish looking at the rings (never for a receive asleep
+    /// waiting for a message), and holds it off until the guard is dropped. Do not call the
+    /// [`Receiver`] from the same thread while holding it.
+    pub fn session(&self) -> SessionGuard<'_> {
+        self.shared.lend()
     }
 
     /// Puts the two halves of one session back together.
@@ -207,6 +267,93 @@ impl Receiver {
         Ok((peer, bytes))
     }
 
+    /// [`Session::recv_into`], waiting without holding the session.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::recv_into`]: a message too long for `buffer` is kept.
+    pub fn recv_into(&self, rank: u32, buffer: &mut [u8]) -> Result<usize, Error> {
+        self.recv_into_timeout(rank, buffer, self.shared.timeout)
+    }
+
+    /// [`Self::recv_into`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::recv_into`].
+    pub fn recv_into_timeout(
+        &self,
+        rank: u32,
+        buffer: &mut [u8],
+        timeout: Duration,
+    ) -> Result<usize, Error> {
+        self.shared.lock().check_peer(rank)?;
+        let deadline = Deadline::new("recv", timeout);
+        let peer = wait_for_sender(
+            &mut &*self.shared,
+            self.readiness_fd(),
+            Some(rank),
+            &deadline,
+        )?;
+        self.shared
+            .lock()
+            .recv_into_timeout(peer, buffer, deadline.left())
+    }
+
+    /// [`Session::recv_any_into`], waiting without holding the session.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::recv_any_into`]: a message too long for `buffer` is kept.
+    pub fn recv_any_into(&self, buffer: &mut [u8]) -> Result<(u32, usize), Error> {
+        self.recv_any_into_timeout(buffer, self.shared.timeout)
+    }
+
+    /// [`Self::recv_any_into`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::recv_any_into`].
+    pub fn recv_any_into_timeout(
+        &self,
+        buffer: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(u32, usize), Error> {
+        let deadline = Deadline::new("recv_any", timeout);
+        let peer = wait_for_sender(&mut &*self.shared, self.readiness_fd(), None, &deadline)?;
+        let len = self
+            .shared
+            .lock()
+            .recv_into_timeout(peer, buffer, deadline.left())?;
+        Ok((peer, len))
+    }
+
+    /// [`Session::probe`], waiting without holding the session.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::probe`].
+    pub fn probe(&self, rank: u32) -> Result<usize, Error> {
+        self.probe_timeout(rank, self.shared.timeout)
+    }
+
+    /// [`Self::probe`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::probe`].
+    pub fn probe_timeout(&self, rank: u32, timeout: Duration) -> Result<usize, Error> {
+        self.shared.lock().check_peer(rank)?;
+        let deadline = Deadline::new("probe", timeout);
+        let peer = wait_for_sender(
+            &mut &*self.shared,
+            self.readiness_fd(),
+            Some(rank),
+            &deadline,
+        )?;
+        self.shared.lock().probe_timeout(peer, deadline.left())
+    }
+
     /// [`Session::try_recv`].
     ///
     /// # Errors
@@ -223,6 +370,24 @@ impl Receiver {
     /// As for [`Session::try_recv_any`].
     pub fn try_recv_any(&self) -> Result<Option<(u32, Vec<u8>)>, Error> {
         self.shared.lock().try_recv_any()
+    }
+
+    /// [`Session::try_recv_into`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::try_recv_into`].
+    pub fn try_recv_into(&self, rank: u32, buffer: &mut [u8]) -> Result<Option<usize>, Error> {
+        self.shared.lock().try_recv_into(rank, buffer)
+    }
+
+    /// [`Session::try_recv_any_into`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::try_recv_any_into`].
+    pub fn try_recv_any_into(&self, buffer: &mut [u8]) -> Result<Option<(u32, usize)>, Error> {
+        self.shared.lock().try_recv_any_into(buffer)
     }
 
     /// [`Session::readiness_fd`]: readable when a message is waiting, once

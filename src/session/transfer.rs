@@ -184,6 +184,11 @@ pub(super) struct Incoming<'a> {
     expect: Expect,
     pub(super) sink: Sink<'a>,
     state: InState,
+    /// A message too long for a [`Sink::Slice`] is left queued, whole, and the receive fails
+    /// with [`Error::BufferTooSmall`] at once (a point-to-point receive: the caller may retry with
+    /// a larger buffer). Otherwise it is received to its end and dropped (a collective, whose
+    /// sequence must move on).
+    keep_too_long: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,6 +214,29 @@ impl<'a> Incoming<'a> {
             expect,
             sink,
             state: InState::Header,
+            keep_too_long: false,
+        }
+    }
+
+    /// A point-to-point receive: a message too long for the caller's buffer stays queued.
+    pub(super) fn keeping_too_long(peer: u32, expect: Expect, sink: Sink<'a>) -> Self {
+        Self {
+            keep_too_long: true,
+            ..Self::new(peer, expect, sink)
+        }
+    }
+
+    /// [`Error::BufferTooSmall`] when a message of `len` bytes does not fit and is to be kept.
+    fn refuse_too_long(&self, len: u64) -> Result<(), Error> {
+        match &self.sink {
+            Sink::Slice(buffer) if self.keep_too_long && len > buffer.len() as u64 => {
+                Err(Error::BufferTooSmall {
+                    peer: self.peer,
+                    needed: len,
+                    capacity: buffer.len(),
+                })
+            }
+            _ => Ok(()),
         }
     }
 
@@ -364,6 +392,16 @@ fn read_ref(peer: u32, message: &Message) -> Result<PayloadRef, Error> {
 }
 
 /// The transport flags of a kind, checked: eager (0), pipelined or loan, and nothing else.
+/// The length of the message `header` opens, as it announces it (a group [`Session::find`]
+/// returned).
+fn message_len(peer: u32, header: &Message) -> Result<u64, Error> {
+    Ok(match transport(peer, header)? {
+        0 => u64::from(header.len),
+        kind::PIPELINED => u64::from_le_bytes(header.inline[..8].try_into().unwrap_or([0; 8])),
+        _ => u64::from(read_ref(peer, header)?.len),
+    })
+}
+
 fn transport(peer: u32, message: &Message) -> Result<u32, Error> {
     let flags = message.kind & !kind::OP_MASK;
     let op = message.kind & kind::OP_MASK;
@@ -566,6 +604,12 @@ impl Session {
         }
         incoming.expect.check(peer, &next)?;
         let len = next.len as usize;
+        if let Err(too_long) = incoming.refuse_too_long(len as u64) {
+            // Nothing is queued from `peer` (`next_direct` took this from the ring only then):
+            // queued, it is the next message again.
+            self.unread[peer as usize].push_back(next);
+            return Err(too_long);
+        }
         let fits = incoming.sink.prepare(peer, len as u64)?;
         if fits {
             incoming
@@ -774,6 +818,7 @@ impl Session {
                     };
                     let header = self.unread[peer as usize][at];
                     incoming.expect.check(peer, &header)?;
+                    incoming.refuse_too_long(message_len(peer, &header)?)?;
                     moved = true;
                     incoming.state = match transport(peer, &header)? {
                         0 => self.take_eager(peer, at, &header, &mut incoming.sink)?,
@@ -1006,6 +1051,18 @@ impl Session {
             }
         }
         self.timed_out_waiting(deadline, waiting_for)
+    }
+
+    /// The length of the next point-to-point message from `peer`, once its header (and, for an
+    /// eager message, its whole body) is queued, waiting up to `deadline`; it stays queued.
+    pub(super) fn probe_send(&mut self, peer: u32, deadline: &Deadline) -> Result<u64, Error> {
+        let expect = Expect::Send {
+            tag: self.received_from[peer as usize],
+        };
+        let at = self.await_group(peer, expect, deadline)?;
+        let header = self.unread[peer as usize][at];
+        expect.check(peer, &header)?;
+        message_len(peer, &header)
     }
 
     /// Waits until a whole group `expect` selects is queued from `peer`; returns its index.
