@@ -40,7 +40,6 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::os::fd::{BorrowedFd, IntoRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
@@ -108,12 +107,7 @@ pub struct shmbroker_session {
     interrupter: Interrupter,
     /// The session's readiness eventfd (open as long as the session is).
     readiness: RawFd,
-    /// Calls in progress, on any thread; [`CLOSING`] once `shmbroker_close` has taken the handle.
-    calls: AtomicUsize,
 }
-
-/// [`shmbroker_session::calls`] of a handle being freed.
-const CLOSING: usize = usize::MAX;
 
 impl shmbroker_session {
     fn new(session: Session) -> Self {
@@ -124,7 +118,6 @@ impl shmbroker_session {
             sender,
             receiver: Mutex::new(receiver),
             interrupter,
-            calls: AtomicUsize::new(0),
         }
     }
 
@@ -144,15 +137,10 @@ impl shmbroker_session {
     }
 }
 
-/// A call in progress on a handle: counted, so that `shmbroker_close` cannot free it meanwhile.
+/// A call on a handle. It holds the sending or the receiving half's lock while it runs, which
+/// is what `shmbroker_close` looks at before it frees the handle.
 struct InCall<'a> {
     handle: &'a shmbroker_session,
-}
-
-impl Drop for InCall<'_> {
-    fn drop(&mut self) {
-        self.handle.calls.fetch_sub(1, Ordering::Release);
-    }
 }
 
 thread_local! {
@@ -213,7 +201,7 @@ fn guard(name: &str, call: impl FnOnce() -> Result<(), Failure>) -> c_int {
     }
 }
 
-/// Enters a call on the handle `s`: misuse when it is null or being closed.
+/// Enters a call on the handle `s`: misuse when it is null.
 ///
 /// # Safety
 ///
@@ -222,21 +210,7 @@ fn guard(name: &str, call: impl FnOnce() -> Result<(), Failure>) -> c_int {
 unsafe fn enter<'a>(s: *const shmbroker_session) -> Result<InCall<'a>, Failure> {
     // SAFETY: per this function's contract, a non-null `s` is a live handle.
     let handle = unsafe { s.as_ref() }.ok_or_else(|| misuse("the session is NULL"))?;
-    let mut calls = handle.calls.load(Ordering::Relaxed);
-    loop {
-        if calls == CLOSING {
-            return Err(misuse("the session is being closed"));
-        }
-        match handle.calls.compare_exchange_weak(
-            calls,
-            calls + 1,
-            Ordering::Acquire,
-            Ordering::Relaxed,
-        ) {
-            Ok(_) => return Ok(InCall { handle }),
-            Err(now) => calls = now,
-        }
-    }
+    Ok(InCall { handle })
 }
 
 /// `len` bytes at `data` (empty when `len` is 0, whatever `data` is).
@@ -838,25 +812,24 @@ pub unsafe extern "C" fn shmbroker_close(s: *mut shmbroker_session) -> c_int {
         let Some(handle) = (unsafe { s.as_ref() }) else {
             return Ok(());
         };
-        if let Err(calls) =
-            handle
-                .calls
-                .compare_exchange(0, CLOSING, Ordering::Acquire, Ordering::Relaxed)
-        {
-            return Err(if calls == CLOSING {
-                misuse("the session is already being closed")
-            } else {
-                Failure(
-                    SHMBROKER_E_BUSY,
-                    format!(
-                        "{calls} call(s) on other threads are in progress on this session: end \
-                         them (shmbroker_interrupt), wait for them to return, then close"
-                    ),
-                )
-            });
-        }
-        // SAFETY: a pointer made by Box::into_raw in `give`; no call is in it (counted above) and
-        // none can enter, so it is taken back once.
+        // Every call holds one of the two locks while it runs (a receive while it waits too).
+        let busy = || {
+            Failure(
+                SHMBROKER_E_BUSY,
+                "a call on another thread is in progress on this session: end it \
+                 (shmbroker_interrupt), wait for it to return, then close"
+                    .into(),
+            )
+        };
+        let Ok(receiving) = handle.receiver() else {
+            return Err(busy());
+        };
+        let Some(sending) = handle.sender.try_session() else {
+            return Err(busy());
+        };
+        drop((receiving, sending));
+        // SAFETY: a pointer made by Box::into_raw in `give`; no call is in it (checked above), and
+        // per the contract none starts, so it is taken back once.
         let handle = unsafe { Box::from_raw(s) };
         // Dropping logs off (a panic there is caught by `guard`).
         drop(handle);

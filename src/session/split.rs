@@ -173,6 +173,20 @@ impl Sender {
         self.shared.lend()
     }
 
+    /// [`Self::session`] if no other thread has it (or is sending), else `None` at once.
+    #[must_use]
+    pub fn try_session(&self) -> Option<SessionGuard<'_>> {
+        let session = match self.shared.session.try_lock() {
+            Ok(session) => session,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(SessionGuard {
+            was_armed: session.readiness_armed(),
+            session,
+        })
+    }
+
     /// Puts the two halves of one session back together.
     ///
     /// # Errors
