@@ -271,6 +271,10 @@ int shmbroker_clear_interrupt(struct shmbroker_session *s);
 // next shmbroker call on this thread. Each thread has its own.
 const char *shmbroker_last_error(void);
 
+// The rank this thread's last failing call named (the peer that died, left, never came, sent
+// bad bytes or disagreed; the first rank a timeout waited for), or -1 when it named none.
+int64_t shmbroker_last_error_rank(void);
+
 // Leaves the session and frees it (`SHMBROKER_OK` for NULL). Peers still waiting on this rank
 // are told it left. While a call is in progress on another thread it returns `SHMBROKER_E_BUSY`
 // and frees nothing: end that call with [`shmbroker_interrupt`], wait for it to return, and

@@ -132,6 +132,7 @@ impl shmbroker_session {
                 "another thread is receiving on this session (one receive at a time; sends and \
                  collectives may run beside it)"
                     .into(),
+                None,
             )),
         }
     }
@@ -145,10 +146,12 @@ struct InCall<'a> {
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// The rank this thread's last failure named, or -1.
+    static LAST_RANK: std::cell::Cell<i64> = const { std::cell::Cell::new(-1) };
 }
 
-/// A failure: its code and its message.
-struct Failure(c_int, String);
+/// A failure: its code, its message, and the rank it names (if any).
+struct Failure(c_int, String, Option<u32>);
 
 impl From<Error> for Failure {
     fn from(error: Error) -> Self {
@@ -165,15 +168,16 @@ impl From<Error> for Failure {
             Error::Interrupted => SHMBROKER_E_INTERRUPTED,
             _ => SHMBROKER_E_PROTOCOL,
         };
-        Failure(code, error.to_string())
+        Failure(code, error.to_string(), error.rank())
     }
 }
 
 fn misuse(message: impl Into<String>) -> Failure {
-    Failure(SHMBROKER_E_MISUSE, message.into())
+    Failure(SHMBROKER_E_MISUSE, message.into(), None)
 }
 
-fn set_last_error(message: &str) {
+fn set_last_error(message: &str, rank: Option<u32>) {
+    LAST_RANK.with(|last| last.set(rank.map_or(-1, i64::from)));
     // A NUL inside the message would cut it short in C: replace it.
     let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
     LAST_ERROR.with(|last| *last.borrow_mut() = text);
@@ -183,8 +187,8 @@ fn set_last_error(message: &str) {
 fn guard(name: &str, call: impl FnOnce() -> Result<(), Failure>) -> c_int {
     match catch_unwind(AssertUnwindSafe(call)) {
         Ok(Ok(())) => SHMBROKER_OK,
-        Ok(Err(Failure(code, message))) => {
-            set_last_error(&format!("{name}: {message}"));
+        Ok(Err(Failure(code, message, rank))) => {
+            set_last_error(&format!("{name}: {message}"), rank);
             code
         }
         Err(panic) => {
@@ -193,9 +197,10 @@ fn guard(name: &str, call: impl FnOnce() -> Result<(), Failure>) -> c_int {
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".into());
-            set_last_error(&format!(
-                "{name}: internal error (a bug in shmbroker; close this session): {what}"
-            ));
+            set_last_error(
+                &format!("{name}: internal error (a bug in shmbroker; close this session): {what}"),
+                None,
+            );
             SHMBROKER_E_INTERNAL
         }
     }
@@ -469,6 +474,7 @@ unsafe fn too_small(rank: u32, needed: u64, cap: usize, len: *mut usize) -> Fail
             "rank {rank} sent {needed} bytes; the buffer holds {cap} (the message is kept for the \
              next receive)"
         ),
+        Some(rank),
     )
 }
 
@@ -638,7 +644,7 @@ pub unsafe extern "C" fn shmbroker_try_recv_any(
 }
 
 fn nothing_yet() -> Failure {
-    Failure(SHMBROKER_E_AGAIN, "nothing has arrived yet".into())
+    Failure(SHMBROKER_E_AGAIN, "nothing has arrived yet".into(), None)
 }
 
 /// This session's readiness eventfd, for `poll` or `epoll`: readable when a message is waiting
@@ -797,6 +803,13 @@ pub extern "C" fn shmbroker_last_error() -> *const c_char {
     LAST_ERROR.with(|last| last.borrow().as_ptr())
 }
 
+/// The rank this thread's last failing call named (the peer that died, left, never came, sent
+/// bad bytes or disagreed; the first rank a timeout waited for), or -1 when it named none.
+#[unsafe(no_mangle)]
+pub extern "C" fn shmbroker_last_error_rank() -> i64 {
+    LAST_RANK.with(std::cell::Cell::get)
+}
+
 /// Leaves the session and frees it (`SHMBROKER_OK` for NULL). Peers still waiting on this rank
 /// are told it left. While a call is in progress on another thread it returns `SHMBROKER_E_BUSY`
 /// and frees nothing: end that call with [`shmbroker_interrupt`], wait for it to return, and
@@ -819,6 +832,7 @@ pub unsafe extern "C" fn shmbroker_close(s: *mut shmbroker_session) -> c_int {
                 "a call on another thread is in progress on this session: end it \
                  (shmbroker_interrupt), wait for it to return, then close"
                     .into(),
+                None,
             )
         };
         let Ok(receiving) = handle.receiver() else {
@@ -1011,6 +1025,9 @@ mod tests {
             let rc = shmbroker_recv(a, 1, small.as_mut_ptr().cast(), small.len(), &mut len);
             assert_eq!(rc, SHMBROKER_E_PEER_LEFT, "{}", last_error());
             assert!(last_error().contains("rank 1"), "{}", last_error());
+            assert_eq!(shmbroker_last_error_rank(), 1);
+            assert_eq!(shmbroker_barrier(null_mut()), SHMBROKER_E_MISUSE);
+            assert_eq!(shmbroker_last_error_rank(), -1, "a misuse names no rank");
             assert_eq!(shmbroker_close(a), SHMBROKER_OK);
         }
     }

@@ -176,6 +176,36 @@ pub enum Error {
 }
 
 /// `op`'s name, or its number when no operation has it.
+impl Error {
+    /// The rank this error is about, when it names one: the peer that died, left, never came,
+    /// sent bad bytes or disagreed; the first rank a timeout waited for; a rank out of range.
+    #[must_use]
+    pub fn rank(&self) -> Option<u32> {
+        match self {
+            Self::PeerLost { rank }
+            | Self::PeerLeft { rank }
+            | Self::PeerNeverJoined { rank, .. }
+            | Self::RankOutOfRange { rank, .. } => Some(*rank),
+            Self::BufferTooSmall { peer, .. }
+            | Self::CollectiveMismatch { peer, .. }
+            | Self::Protocol { peer, .. }
+            | Self::Corrupted { peer, .. }
+            | Self::Outbox { peer, .. }
+            | Self::Relay { peer, .. } => Some(*peer),
+            Self::StaleFdTicket { exporter, .. } => Some(*exporter),
+            Self::Timeout { waiting_for, .. } => waiting_for.first().copied(),
+            Self::Logon(_)
+            | Self::BrokerLost
+            | Self::Interrupted
+            | Self::Misuse(_)
+            | Self::Io { .. }
+            | Self::OwnOutbox(_)
+            | Self::FdTransport(_)
+            | Self::Launch(_) => None,
+        }
+    }
+}
+
 pub(super) fn op_text(op: u32) -> String {
     shmbroker_bindings::kind::name(op).map_or_else(|| format!("operation {op}"), str::to_owned)
 }
