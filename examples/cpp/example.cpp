@@ -8,13 +8,15 @@
 //         -Wl,-rpath,"$PWD/target/release" -o example      (one line)
 //     target/release/shmbroker run -n 4 ./example
 //
-// or with CMake: cmake -S examples/cpp -B build && cmake --build build (see CMakeLists.txt).
-#include <shmbroker.h>
+// or with CMake, against an installed shmbroker (see CMakeLists.txt). shmbroker.hpp gives the
+// RAII session and fds, and throws shmbroker::Error (code, rank, message) on a failure.
+#include <shmbroker.hpp>
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -24,64 +26,7 @@
 
 namespace {
 
-// A failed call, with shmbroker's message (which names the rank involved).
-struct Error : std::runtime_error {
-    int code;
-    Error(const char *what, int code)
-        : std::runtime_error(std::string(what) + ": " + shmbroker_last_error()), code(code) {}
-};
-
-void check(int rc, const char *what) {
-    if (rc != SHMBROKER_OK) throw Error(what, rc);
-}
-
-// An fd closed when it goes out of scope.
-class Fd {
-   public:
-    explicit Fd(int fd) : fd_(fd) {}
-    Fd(Fd &&other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-    Fd(const Fd &) = delete;
-    Fd &operator=(const Fd &) = delete;
-    Fd &operator=(Fd &&) = delete;
-    ~Fd() {
-        if (fd_ >= 0) close(fd_);
-    }
-    int get() const { return fd_; }
-
-   private:
-    int fd_;
-};
-
-// A session, left when it goes out of scope.
-class Session {
-   public:
-    explicit Session(std::uint64_t timeout_ms) { check(shmbroker_from_env(timeout_ms, &s_), "from_env"); }
-    Session(const Session &) = delete;
-    Session &operator=(const Session &) = delete;
-    ~Session() { shmbroker_close(s_); }
-
-    std::uint32_t rank() const { return shmbroker_rank(s_); }
-    std::uint32_t world_size() const { return shmbroker_world_size(s_); }
-    void barrier() { check(shmbroker_barrier(s_), "barrier"); }
-
-    template <typename T>
-    std::vector<T> all_gather(const T &mine) {
-        std::vector<T> all(world_size());
-        check(shmbroker_all_gather(s_, &mine, sizeof mine, all.data()), "all_gather");
-        return all;
-    }
-
-    std::vector<Fd> exchange_fds(int fd) {
-        std::vector<int> raw(world_size(), -1);
-        check(shmbroker_exchange_fds(s_, fd, raw.data()), "exchange_fds");
-        std::vector<Fd> fds;
-        for (int r : raw) fds.emplace_back(r);
-        return fds;
-    }
-
-   private:
-    shmbroker_session *s_ = nullptr;
-};
+using shmbroker::Fd;
 
 struct Handle {
     std::uint32_t rank;
@@ -97,7 +42,7 @@ constexpr std::uint32_t kMagic = 0x5348424b;
 }  // namespace
 
 int main() try {
-    Session session(30000);
+    auto session = shmbroker::Session::from_env(std::chrono::seconds(30));
     const std::uint32_t rank = session.rank();
 
     Fd memory(memfd_create("example-buffer", MFD_CLOEXEC));

@@ -1,0 +1,292 @@
+// shmbroker from C++: a header-only layer over the C ABI (shmbroker.h). C++17; with C++20 the
+// calls that take a buffer also take a std::span.
+//
+//   - shmbroker::Session owns a session: moved, never copied; its destructor leaves the job.
+//   - Every failure throws shmbroker::Error, which carries the C code (code()), the rank it
+//     names if any (rank()) and shmbroker's message (what()).
+//   - Threads follow the C rules (see shmbroker.h): one Session may be used from several threads
+//     at once; one receive at a time (a second throws Error with code() == SHMBROKER_E_BUSY);
+//     interrupt() ends another thread's wait. The destructor, run while another thread is still
+//     in a call, interrupts that call and waits for it to return before it frees anything.
+//   - Timeouts are std::chrono durations.
+//
+// Link with -lshmbroker: `find_package(shmbroker CONFIG REQUIRED)` and
+// `target_link_libraries(app shmbroker::shmbroker)` after `cmake --install` of capi/, or
+// `pkg-config --cflags --libs shmbroker`.
+#ifndef SHMBROKER_HPP
+#define SHMBROKER_HPP
+
+#include <shmbroker.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#if __cplusplus >= 202002L
+#include <span>
+#endif
+
+namespace shmbroker {
+
+// A failed call: the SHMBROKER_E_* code, the rank it names (if any) and the message.
+class Error : public std::runtime_error {
+   public:
+    Error(int code, const std::string &message, std::int64_t rank)
+        : std::runtime_error(message), code_(code), rank_(rank) {}
+
+    int code() const noexcept { return code_; }
+    // The peer that died, left, never came, sent bad bytes or disagreed; the first rank a
+    // timeout waited for. Empty when the failure names no rank.
+    std::optional<std::uint32_t> rank() const noexcept {
+        if (rank_ < 0) return std::nullopt;
+        return static_cast<std::uint32_t>(rank_);
+    }
+
+   private:
+    int code_;
+    std::int64_t rank_;
+};
+
+namespace detail {
+inline void check(int rc) {
+    if (rc != SHMBROKER_OK) throw Error(rc, shmbroker_last_error(), shmbroker_last_error_rank());
+}
+
+inline std::uint64_t milliseconds(std::chrono::milliseconds timeout) {
+    if (timeout.count() <= 0) throw Error(SHMBROKER_E_MISUSE, "a timeout is above 0 ms", -1);
+    return static_cast<std::uint64_t>(timeout.count());
+}
+}  // namespace detail
+
+// An fd, closed when it goes out of scope.
+class Fd {
+   public:
+    Fd() = default;
+    explicit Fd(int fd) noexcept : fd_(fd) {}
+    Fd(Fd &&other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+    Fd &operator=(Fd &&other) noexcept {
+        if (this != &other) {
+            reset();
+            fd_ = std::exchange(other.fd_, -1);
+        }
+        return *this;
+    }
+    Fd(const Fd &) = delete;
+    Fd &operator=(const Fd &) = delete;
+    ~Fd() { reset(); }
+
+    int get() const noexcept { return fd_; }
+    int release() noexcept { return std::exchange(fd_, -1); }
+    void reset() noexcept {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = -1;
+    }
+
+   private:
+    int fd_ = -1;
+};
+
+// Who sent a message, and how long it is.
+struct Received {
+    std::uint32_t rank;
+    std::size_t size;
+};
+
+class Session {
+   public:
+    // Logs on to the broker at `path` as `rank` (-1: any free rank); `timeout` is also every
+    // later call's deadline.
+    static Session connect(const std::string &path, int rank = -1,
+                           std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+        shmbroker_session *s = nullptr;
+        detail::check(
+            shmbroker_connect(path.c_str(), rank, detail::milliseconds(timeout), &s));
+        return Session(s);
+    }
+
+    // Joins the job this process was started in (shmbroker run, mpirun, torchrun, srun).
+    static Session from_env(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+        shmbroker_session *s = nullptr;
+        detail::check(shmbroker_from_env(detail::milliseconds(timeout), &s));
+        return Session(s);
+    }
+
+    Session(Session &&other) noexcept : s_(std::exchange(other.s_, nullptr)) {}
+    Session &operator=(Session &&other) noexcept {
+        if (this != &other) {
+            leave();
+            s_ = std::exchange(other.s_, nullptr);
+        }
+        return *this;
+    }
+    Session(const Session &) = delete;
+    Session &operator=(const Session &) = delete;
+    ~Session() { leave(); }
+
+    // Leaves the job now; throws Error (SHMBROKER_E_BUSY) while another thread is in a call.
+    void close() {
+        if (s_ == nullptr) return;
+        detail::check(shmbroker_close(s_));
+        s_ = nullptr;
+    }
+
+    std::uint32_t rank() const noexcept { return shmbroker_rank(s_); }
+    std::uint32_t world_size() const noexcept { return shmbroker_world_size(s_); }
+    // The C handle, for calls this header does not wrap.
+    shmbroker_session *get() const noexcept { return s_; }
+
+    void barrier() { detail::check(shmbroker_barrier(s_)); }
+
+    // Every rank's `len` bytes, in rank order, into `out` (len * world_size() bytes).
+    void all_gather(const void *data, std::size_t len, void *out) {
+        detail::check(shmbroker_all_gather(s_, data, len, out));
+    }
+
+    // Every rank's value, in rank order.
+    template <typename T>
+    std::vector<T> all_gather(const T &mine) {
+        static_assert(std::is_trivially_copyable_v<T>, "all_gather copies bytes");
+        std::vector<T> all(world_size());
+        all_gather(&mine, sizeof(T), all.data());
+        return all;
+    }
+
+    // `root`'s `len` bytes at `buf` into every rank's `buf`.
+    void broadcast(std::uint32_t root, void *buf, std::size_t len) {
+        detail::check(shmbroker_broadcast(s_, root, buf, len));
+    }
+
+    template <typename T>
+    void broadcast(std::uint32_t root, T &value) {
+        static_assert(std::is_trivially_copyable_v<T>, "broadcast copies bytes");
+        broadcast(root, &value, sizeof(T));
+    }
+
+    void send(std::uint32_t rank, const void *data, std::size_t len) {
+        detail::check(shmbroker_send(s_, rank, data, len));
+    }
+
+    template <typename T>
+    void send(std::uint32_t rank, const std::vector<T> &data) {
+        static_assert(std::is_trivially_copyable_v<T>, "send copies bytes");
+        send(rank, data.data(), data.size() * sizeof(T));
+    }
+
+    // The next message from `rank` into `buf`; its length. A longer message throws Error with
+    // code() SHMBROKER_E_TOO_SMALL and is kept for the next receive.
+    std::size_t recv(std::uint32_t rank, void *buf, std::size_t cap) {
+        std::size_t len = 0;
+        detail::check(shmbroker_recv(s_, rank, buf, cap, &len));
+        return len;
+    }
+
+    // The next message from `rank`, whatever its size.
+    std::vector<unsigned char> recv(std::uint32_t rank) {
+        std::vector<unsigned char> message(probe(rank));
+        message.resize(recv(rank, message.data(), message.size()));
+        return message;
+    }
+
+    // The next message from whichever peer has one, into `buf`.
+    Received recv_any(void *buf, std::size_t cap) {
+        Received got{0, 0};
+        detail::check(shmbroker_recv_any(s_, &got.rank, buf, cap, &got.size));
+        return got;
+    }
+
+    // The next message from whichever peer has one, whatever its size: `message` is resized to
+    // it (its capacity is kept, so a loop that reuses it stops allocating).
+    std::uint32_t recv_any(std::vector<unsigned char> &message) {
+        message.resize(message.capacity() > 0 ? message.capacity() : 4096);
+        Received got{0, 0};
+        int rc = shmbroker_recv_any(s_, &got.rank, message.data(), message.size(), &got.size);
+        if (rc == SHMBROKER_E_TOO_SMALL) {
+            // Kept for us: take it from its sender with a buffer of its size.
+            message.resize(got.size);
+            got.size = recv(got.rank, message.data(), message.size());
+        } else {
+            detail::check(rc);
+        }
+        message.resize(got.size);
+        return got.rank;
+    }
+
+    // recv_any without waiting: empty when nothing has arrived.
+    std::optional<Received> try_recv_any(void *buf, std::size_t cap) {
+        Received got{0, 0};
+        int rc = shmbroker_try_recv_any(s_, &got.rank, buf, cap, &got.size);
+        if (rc == SHMBROKER_E_AGAIN) return std::nullopt;
+        detail::check(rc);
+        return got;
+    }
+
+    // The length of the next message from `rank`, without receiving it.
+    std::size_t probe(std::uint32_t rank) {
+        std::size_t len = 0;
+        detail::check(shmbroker_probe(s_, rank, &len));
+        return len;
+    }
+
+#if __cplusplus >= 202002L
+    template <typename T, std::size_t N>
+    void send(std::uint32_t rank, std::span<const T, N> data) {
+        static_assert(std::is_trivially_copyable_v<T>, "send copies bytes");
+        send(rank, data.data(), data.size_bytes());
+    }
+    template <typename T, std::size_t N>
+    std::size_t recv(std::uint32_t rank, std::span<T, N> buf) {
+        static_assert(std::is_trivially_copyable_v<T>, "recv copies bytes");
+        return recv(rank, buf.data(), buf.size_bytes());
+    }
+#endif
+
+    // Every rank's `fd`, in rank order, as fds this process owns.
+    std::vector<Fd> exchange_fds(int fd) {
+        std::vector<int> raw(world_size(), -1);
+        detail::check(shmbroker_exchange_fds(s_, fd, raw.data()));
+        std::vector<Fd> fds;
+        fds.reserve(raw.size());
+        for (int r : raw) fds.emplace_back(r);
+        return fds;
+    }
+
+    // `root`'s `fd` on every rank (`fd` is ignored elsewhere).
+    Fd broadcast_fd(std::uint32_t root, int fd) {
+        int out = -1;
+        detail::check(shmbroker_broadcast_fd(s_, root, fd, &out));
+        return Fd(out);
+    }
+
+    // Ends the current wait on any thread (SHMBROKER_E_INTERRUPTED there). Async-signal-safe.
+    void interrupt() const noexcept { shmbroker_interrupt(s_); }
+
+    // For poll/epoll, with try_recv_any (see shmbroker_readiness_fd).
+    int readiness_fd() const noexcept { return shmbroker_readiness_fd(s_); }
+
+   private:
+    explicit Session(shmbroker_session *s) noexcept : s_(s) {}
+
+    // Leaves without throwing: a call still running on another thread is interrupted and
+    // waited for (a destructor must not free what that thread uses).
+    void leave() noexcept {
+        if (s_ == nullptr) return;
+        while (shmbroker_close(s_) == SHMBROKER_E_BUSY) {
+            shmbroker_interrupt(s_);
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        s_ = nullptr;
+    }
+
+    shmbroker_session *s_ = nullptr;
+};
+
+}  // namespace shmbroker
+
+#endif  // SHMBROKER_HPP
