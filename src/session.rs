@@ -79,8 +79,8 @@ pub use tokio_receiver::AsyncReceiver;
 
 use shmbroker_allocator::{Outbox, PeerOutbox};
 use shmbroker_bindings::{ANY_RANK, LogonFrame, Message};
-pub use shmbroker_handshake::Interrupter;
 use shmbroker_handshake::connect;
+pub use shmbroker_handshake::{Interrupter, LeftAfter};
 pub use shmbroker_queues::Waiting;
 use std::collections::{HashSet, VecDeque};
 use std::path::Path;
@@ -561,7 +561,15 @@ impl Session {
             .find_map(|&peer| self.inner.departure(peer))
         {
             Some(departure) => departure_error(departure),
-            None => deadline.timed_out(waiting_for),
+            None => {
+                let error = deadline.timed_out(waiting_for);
+                // Cited if this worker now leaves: the peers still waiting on it then learn
+                // whom it gave up on, not only that it left.
+                if let Some(rank) = error.rank() {
+                    self.inner.note_gave_up_on(rank);
+                }
+                error
+            }
         }
     }
 
@@ -652,7 +660,7 @@ fn handshake_failed(peer: u32, error: shmbroker_handshake::Error, deadline: &Dea
 fn departure_error(departure: shmbroker_handshake::Departure) -> Error {
     match departure {
         shmbroker_handshake::Departure::Lost { rank } => Error::PeerLost { rank },
-        shmbroker_handshake::Departure::Left { rank } => Error::PeerLeft { rank },
+        shmbroker_handshake::Departure::Left { rank, after } => Error::PeerLeft { rank, after },
         shmbroker_handshake::Departure::BrokerLost => Error::BrokerLost,
         shmbroker_handshake::Departure::NeverJoined {
             rank,

@@ -9,6 +9,7 @@ use common::{Broker, finish};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::process::ChildGuard;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 #[test]
@@ -225,4 +226,86 @@ fn messages_larger_than_the_outbox_go_through_in_chunks() {
 #[test]
 fn a_worker_killed_during_large_transfers_is_named_by_every_survivor() {
     kill_during("sizes");
+}
+
+/// CPU seconds (user and system) `pid` has used so far, from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command (which may hold spaces) start after its closing parenthesis.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the command.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap();
+    ticks as f64 / per_second as f64
+}
+
+#[test]
+fn a_worker_stopped_mid_transfer_costs_the_others_little_cpu_and_is_named_by_them() {
+    // Rank 2 is stopped (SIGSTOP, not killed: its process lives, so no death is seen) while the
+    // three run every operation up to 64 MiB, so most likely in the middle of a pipelined
+    // transfer. The survivors wait for it until their 8 s deadline: they must sleep meanwhile,
+    // not spin a core each, and then name rank 2 (or the other survivor as having left, when
+    // that one named rank 2 and gave up first).
+    let broker = Broker::start("stopped", 3);
+    let worker = |rank: u32| {
+        let mut command = Command::new(&broker.program);
+        command
+            .args(["worker", "--socket", &broker.socket(), "--rank"])
+            .arg(rank.to_string())
+            .args(["--selftest", "--timeout-ms", "8000"])
+            .args(["--repeat", "1000000000", "--only", "sizes"])
+            .args(["--max-bytes", &(64 << 20).to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        common::spawn(&mut command)
+    };
+    let survivors: Vec<ChildGuard> = (0..2).map(worker).collect();
+    let mut stopped = worker(2);
+    broker.await_logons(3);
+    // Past the small sizes: most of a round's time is in its 64 MiB transfers.
+    std::thread::sleep(Duration::from_millis(1500));
+    kill(Pid::from_raw(stopped.id() as i32), Signal::SIGSTOP).unwrap();
+    // Once the survivors have noticed nothing moves (a few ms), measure 3 s of their CPU.
+    std::thread::sleep(Duration::from_millis(500));
+    let before: Vec<f64> = survivors.iter().map(|s| cpu_seconds(s.id())).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let used: Vec<f64> = survivors
+        .iter()
+        .zip(&before)
+        .map(|(s, before)| cpu_seconds(s.id()) - before)
+        .collect();
+    let stderrs: Vec<String> = survivors
+        .into_iter()
+        .map(|survivor| {
+            let (ok, stdout, stderr) = finish(survivor);
+            assert!(!ok, "a survivor finished a billion rounds? {stdout}");
+            stderr
+        })
+        .collect();
+    kill(Pid::from_raw(stopped.id() as i32), Signal::SIGKILL).unwrap();
+    stopped.kill(); // reap
+    println!("CPU used in 3 s by ranks 0 and 1: {used:.3?} s");
+    for (rank, stderr) in stderrs.iter().enumerate() {
+        println!("rank {rank}: {}", stderr.trim());
+    }
+    // Spinning costs 3 s each (both cores busy); sleeping in 2 ms steps, a few ms.
+    for (rank, used) in used.iter().enumerate() {
+        assert!(
+            *used < 0.75,
+            "rank {rank} used {used:.2} s of CPU in 3 s waiting for a stopped peer"
+        );
+    }
+    let names_rank_2 = |stderr: &str| stderr.contains("rank 2") && !stderr.contains("no rank");
+    for (rank, stderr) in stderrs.iter().enumerate() {
+        let other = 1 - rank;
+        let left_in_its_wake = stderr.contains(&format!("peer rank {other} left the session"))
+            && names_rank_2(&stderrs[other]);
+        assert!(
+            names_rank_2(stderr) || left_in_its_wake,
+            "rank {rank}: {stderr}\nrank {other}: {}",
+            stderrs[other]
+        );
+    }
 }

@@ -342,7 +342,7 @@ fn a_rank_that_never_came_before_a_departure_is_named_and_recv_any_names_the_one
     assert!(error.to_string().ends_with("when rank 2 left"), "{error}");
     // Nobody is left to receive from: the departure is named, not the rank that never came.
     let error = reader.recv_any().unwrap_err();
-    assert!(matches!(error, Error::PeerLeft { rank: 2 }), "{error}");
+    assert!(matches!(error, Error::PeerLeft { rank: 2, .. }), "{error}");
 }
 
 #[test]
@@ -440,7 +440,7 @@ fn a_peer_forging_a_leave_that_blames_a_live_rank_is_named_itself_and_that_rank_
     // Rank 2 closed its ends saying rank 1 died, and stays alive. Rank 1 is alive, so the claim
     // does not hold: rank 2 itself is named, as having left.
     let error = reader.recv(2).unwrap_err();
-    assert!(matches!(error, Error::PeerLeft { rank: 2 }), "{error}");
+    assert!(matches!(error, Error::PeerLeft { rank: 2, .. }), "{error}");
     // Nobody is taken for dead: the farm goes on with rank 1, every answer checked.
     let tasks: Vec<Vec<u8>> = (0..200).map(|id| task(id, 64)).collect();
     let done = run_farm(&mut reader, &[1], &tasks);
@@ -454,7 +454,7 @@ fn a_peer_forging_a_leave_that_blames_a_live_rank_is_named_itself_and_that_rank_
 /// Whether `error` names `rank` as the one gone or at fault.
 fn names(error: &Error, rank: u32) -> bool {
     match *error {
-        Error::PeerLost { rank: r } | Error::PeerLeft { rank: r } => r == rank,
+        Error::PeerLost { rank: r } | Error::PeerLeft { rank: r, .. } => r == rank,
         Error::Corrupted { peer, .. }
         | Error::Protocol { peer, .. }
         | Error::Outbox { peer, .. } => peer == rank,
@@ -703,12 +703,12 @@ fn peers_that_left_are_skipped_and_named_once_everyone_has() {
     two.send(0, b"still here").unwrap();
     assert_eq!(reader.recv_any().unwrap(), (2, b"still here".to_vec()));
     let error = reader.try_recv(1).unwrap_err();
-    assert!(matches!(error, Error::PeerLeft { rank: 1 }), "{error}");
+    assert!(matches!(error, Error::PeerLeft { rank: 1, .. }), "{error}");
     // A split receiver waiting for the one that left is told at once, not at its deadline.
     let (sender, receiver) = reader.split();
     let started = Instant::now();
     let error = receiver.recv(1).unwrap_err();
-    assert!(matches!(error, Error::PeerLeft { rank: 1 }), "{error}");
+    assert!(matches!(error, Error::PeerLeft { rank: 1, .. }), "{error}");
     assert!(started.elapsed() < common::SESSION_TIMEOUT / 2);
     drop(two);
     let mut reader = sender.rejoin(receiver).unwrap();

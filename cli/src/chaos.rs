@@ -234,7 +234,7 @@ fn named(error: &shmbroker::Error) -> (&'static str, String) {
     use shmbroker::Error as E;
     match error {
         E::PeerLost { rank } => ("lost", rank.to_string()),
-        E::PeerLeft { rank } => ("left", rank.to_string()),
+        E::PeerLeft { rank, .. } => ("left", rank.to_string()),
         E::Corrupted { peer, .. } => ("corrupted", peer.to_string()),
         E::Protocol { peer, .. } => ("protocol", peer.to_string()),
         E::Outbox { peer, .. } => ("outbox", peer.to_string()),

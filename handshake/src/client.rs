@@ -125,6 +125,11 @@ impl Connection {
         self.shared.interrupt_generation()
     }
 
+    /// Records that a call timed out waiting for `rank`: cited if this worker then leaves.
+    pub fn note_gave_up_on(&self, rank: u32) {
+        self.shared.note_gave_up_on(rank);
+    }
+
     /// A handle that ends this connection's waits from another thread or a signal handler.
     #[must_use]
     pub fn interrupter(&self) -> Interrupter {
@@ -350,9 +355,13 @@ impl Drop for Connection {
     /// Leaves on purpose: closes this worker's ends of every ring first (peers that see its
     /// process exit afterwards know it left, not died), tells the broker, and stops the watcher.
     /// After a death, the ends are closed citing the first rank seen to die: the peers still
-    /// there then know this worker left because of it (see the `liveness` module).
+    /// there then know this worker left because of it (see the `liveness` module). Failing
+    /// that, after a call that timed out, citing the rank it waited for ([`TIMED_OUT`] set): the
+    /// peers then say this worker left after timing out on that rank.
+    ///
+    /// [`TIMED_OUT`]: crate::liveness::TIMED_OUT
     fn drop(&mut self) {
-        let cause = self.shared.first_dead();
+        let cause = self.shared.departure_cause();
         for link in self.links.iter().flatten() {
             let (to, from) = (link.to.closer(), link.from.closer());
             match cause {

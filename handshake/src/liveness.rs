@@ -90,6 +90,8 @@ pub enum Departure {
     Left {
         /// The rank.
         rank: u32,
+        /// What it gave up on before it left, when it said so (see [`LeftAfter`]).
+        after: Option<LeftAfter>,
     },
     /// `rank`'s process exited without dropping its session (killed, crashed, aborted).
     Lost {
@@ -108,6 +110,25 @@ pub enum Departure {
         /// Whether `after` left (rather than died).
         after_left: bool,
     },
+}
+
+/// What a peer that left had given up on, as it said when it closed its ring ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeftAfter {
+    /// It saw this rank die (and this worker saw that death too).
+    Died(u32),
+    /// A call of its timed out waiting for this rank (its word: a hint, not checked).
+    TimedOut(u32),
+}
+
+/// Marks a ring-close cause as "left after timing out waiting for" the rank in the other bits.
+/// Ranks stay below it, and so below [`NEVER_JOINED`] and [`BROKER_LOST`], which have it set.
+pub const TIMED_OUT: u32 = 1 << 31;
+
+/// The rank a close cause says its closer timed out waiting for, if it says that.
+#[must_use]
+pub fn timed_out_on(cause: u32) -> Option<u32> {
+    (cause & TIMED_OUT != 0 && cause < NEVER_JOINED).then_some(cause & !TIMED_OUT)
 }
 
 /// No rank recorded.
@@ -167,6 +188,9 @@ pub(crate) struct Shared {
     /// Ranks whose process exited without leaving, and the first of them.
     dead: AtomicU64,
     first_dead: AtomicU32,
+    /// The first rank this worker's last timed-out call waited for ([`NONE`] if none timed out):
+    /// cited when it leaves (see [`Connection`]'s drop).
+    gave_up_on: AtomicU32,
     /// Ranks that left (their process exited after they closed their ring ends).
     left: AtomicU64,
     broker_lost: AtomicBool,
@@ -224,6 +248,7 @@ impl Shared {
             closers,
             dead: AtomicU64::new(0),
             first_dead: AtomicU32::new(NONE),
+            gave_up_on: AtomicU32::new(NONE),
             left: AtomicU64::new(0),
             broker_lost: AtomicBool::new(false),
             never_joined: AtomicU64::new(0),
@@ -278,6 +303,22 @@ impl Shared {
         (rank != NONE).then_some(rank)
     }
 
+    /// Records that a call of this worker timed out waiting for `rank` (the last such wins).
+    pub fn note_gave_up_on(&self, rank: u32) {
+        if rank < TIMED_OUT {
+            self.gave_up_on.store(rank, Ordering::Relaxed);
+        }
+    }
+
+    /// What this worker cites when it leaves: the first death it saw, else the rank its last
+    /// timed-out call waited for (with [`TIMED_OUT`] set), else nothing.
+    pub fn departure_cause(&self) -> Option<u32> {
+        self.first_dead().or_else(|| {
+            let rank = self.gave_up_on.load(Ordering::Relaxed);
+            (rank != NONE).then_some(TIMED_OUT | rank)
+        })
+    }
+
     /// Why the link to `peer` is closed (or a call on it failed): checks every known peer's
     /// process now, then answers from what the kernel said, never from a ring header alone.
     /// `None` while `peer` is there, whoever else is gone.
@@ -295,13 +336,37 @@ impl Shared {
             return Some(Departure::BrokerLost);
         }
         let bit = 1u64 << (peer % 64);
+        let claim = self.ends_closed_by(peer);
+        let left_after = |claimed: Option<u32>| {
+            let claimed = claimed?;
+            if let Some(rank) = timed_out_on(claimed) {
+                return Some(LeftAfter::TimedOut(rank));
+            }
+            (claimed != peer && claimed < NEVER_JOINED && self.is_dead(claimed))
+                .then_some(LeftAfter::Died(claimed))
+        };
         if self.left.load(Ordering::Acquire) & bit != 0 {
-            return Some(Departure::Left { rank: peer });
+            return Some(Departure::Left {
+                rank: peer,
+                after: claim.and_then(left_after),
+            });
         }
-        let claimed = match self.ends_closed_by(peer)? {
-            None => return Some(Departure::Left { rank: peer }),
+        let claimed = match claim? {
+            None => {
+                return Some(Departure::Left {
+                    rank: peer,
+                    after: None,
+                });
+            }
             Some(claimed) => claimed,
         };
+        // It left, saying which of its calls timed out on whom: a hint, taken as said.
+        if let Some(rank) = timed_out_on(claimed) {
+            return Some(Departure::Left {
+                rank: peer,
+                after: Some(LeftAfter::TimedOut(rank)),
+            });
+        }
         // The ends were closed with a cause: by this worker's own watcher when `peer` died
         // (recorded by now, unless its pidfd is a moment behind) or when the broker went before
         // `peer` logged on; or by `peer` itself, leaving after it saw `claimed` die. A claim
@@ -309,7 +374,10 @@ impl Shared {
         // it a moment later): then `peer` left in its wake. Otherwise `peer` is named, as lost
         // once its process has exited, as having left while it is still there.
         if claimed != BROKER_LOST && claimed != peer && self.confirm_exit(claimed) {
-            return Some(Departure::Left { rank: peer });
+            return Some(Departure::Left {
+                rank: peer,
+                after: Some(LeftAfter::Died(claimed)),
+            });
         }
         let give_up = Instant::now() + CLAIM_GRACE;
         loop {
@@ -324,7 +392,10 @@ impl Shared {
                 return Some(if self.has_exited(peer) {
                     Departure::Lost { rank: peer }
                 } else {
-                    Departure::Left { rank: peer }
+                    Departure::Left {
+                        rank: peer,
+                        after: None,
+                    }
                 });
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -396,6 +467,8 @@ impl Shared {
         let left = match self.ends_closed_by(rank) {
             None => false,
             Some(None | Some(BROKER_LOST)) => true,
+            // It closed its ends saying a call of its had timed out: it left on purpose.
+            Some(Some(cause)) if timed_out_on(cause).is_some() => true,
             Some(Some(cause)) => cause != rank && self.confirm_exit(cause),
         };
         if left {

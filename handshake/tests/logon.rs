@@ -605,7 +605,10 @@ fn a_worker_leaving_on_purpose_ends_only_its_own_rings() {
     // Both know rank 2 left (not died), and nobody else is gone.
     assert_eq!(
         zero.departure(2),
-        Some(shmbroker_handshake::Departure::Left { rank: 2 })
+        Some(shmbroker_handshake::Departure::Left {
+            rank: 2,
+            after: None
+        })
     );
     assert_eq!(zero.departure(1), None);
     assert_eq!(zero.lost_rank(), None);

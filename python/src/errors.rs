@@ -54,7 +54,7 @@ pub fn to_py(error: Error) -> PyErr {
     let message = error.to_string();
     match error {
         Error::PeerLost { rank } => py::PeerLost::new_err((message, rank)),
-        Error::PeerLeft { rank } => py::PeerLeft::new_err((message, rank)),
+        Error::PeerLeft { rank, .. } => py::PeerLeft::new_err((message, rank)),
         Error::PeerNeverJoined {
             rank,
             after,

@@ -41,7 +41,7 @@
 //! [`Error::PeerNeverJoined`] if no peer ever came).
 
 use super::transfer::Expect;
-use super::{Deadline, Error, Session};
+use super::{Deadline, Error, LeftAfter, Session};
 use shmbroker_queues::{CROWDED_SPIN_MAX, SPIN_MAX, Waiting};
 use shmbroker_sys::eventfd;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -64,7 +64,7 @@ pub(super) struct Readiness {
 /// How a peer left [`Readiness`]'s round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Gone {
-    Left,
+    Left(Option<LeftAfter>),
     Lost,
     /// It never logged on, and the broker is gone.
     BrokerLost,
@@ -78,7 +78,7 @@ enum Gone {
 impl Gone {
     fn error(self, rank: u32) -> Error {
         match self {
-            Self::Left => Error::PeerLeft { rank },
+            Self::Left(after) => Error::PeerLeft { rank, after },
             Self::Lost => Error::PeerLost { rank },
             Self::BrokerLost => Error::BrokerLost,
             Self::NeverJoined { after, after_left } => Error::PeerNeverJoined {
@@ -95,7 +95,7 @@ impl Gone {
         match self {
             Self::Lost => 0,
             Self::BrokerLost => 1,
-            Self::Left => 2,
+            Self::Left(_) => 2,
             Self::NeverJoined { .. } => 3,
         }
     }
@@ -244,7 +244,7 @@ impl Session {
                 Ok(false) => return Ok(false),
                 Err(error) => {
                     let gone = match error {
-                        Error::PeerLeft { rank } if rank == peer => Some(Gone::Left),
+                        Error::PeerLeft { rank, after } if rank == peer => Some(Gone::Left(after)),
                         Error::PeerLost { rank } if rank == peer => Some(Gone::Lost),
                         Error::BrokerLost => Some(Gone::BrokerLost),
                         Error::PeerNeverJoined {
@@ -351,7 +351,7 @@ impl Session {
                 }
                 Ok(false) => {}
                 // Skipped without an error: nothing was lost by them.
-                Err(Error::PeerLeft { rank } | Error::PeerNeverJoined { rank, .. })
+                Err(Error::PeerLeft { rank, .. } | Error::PeerNeverJoined { rank, .. })
                     if rank == peer => {}
                 // Reported once (the peer is marked gone now), the next look starting after it.
                 Err(error) => {

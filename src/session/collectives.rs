@@ -362,7 +362,16 @@ impl Session {
         data: &[u8],
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        let deadline = Deadline::collective("all_gather", timeout);
+        self.all_gather_with(data, &Deadline::collective("all_gather", timeout))
+    }
+
+    /// [`Self::all_gather`] within an existing deadline, whose name a timeout gives (for
+    /// collectives built on it).
+    pub(super) fn all_gather_with(
+        &mut self,
+        data: &[u8],
+        deadline: &Deadline,
+    ) -> Result<Vec<Vec<u8>>, Error> {
         let seq = self.next_seq();
         let mut incoming = self.receive_from_every_peer(kind::ALL_GATHER, seq);
         self.transfer(
@@ -370,7 +379,7 @@ impl Session {
             seq,
             Some((data, Targets::Peers)),
             &mut incoming,
-            &deadline,
+            deadline,
         )?;
         self.gathered(data, incoming)
     }
@@ -528,7 +537,7 @@ impl Session {
         value: &T,
         deadline: &Deadline,
     ) -> Result<Vec<T>, Error> {
-        let gathered = self.all_gather_timeout(bytemuck::bytes_of(value), deadline.left())?;
+        let gathered = self.all_gather_with(bytemuck::bytes_of(value), deadline)?;
         (0..)
             .zip(gathered)
             .map(|(peer, bytes)| {

@@ -1,5 +1,6 @@
 //! Why a session call failed: [`Error`], its fields, and how it reads.
 
+use shmbroker_handshake::LeftAfter;
 use shmbroker_queues::Corruption;
 use std::time::Duration;
 
@@ -20,10 +21,15 @@ pub enum Error {
         rank: u32,
     },
     /// A worker this call needs dropped its session (on purpose). Calls that do not need it go on.
-    #[error("peer rank {rank} left the session")]
+    /// Renders as "peer rank 0 left the session after rank 2 died" or "... after timing out
+    /// waiting for rank 2" when it said what it gave up on.
+    #[error("peer rank {rank} left the session{}", left_after_text(*after))]
     PeerLeft {
         /// The rank that left.
         rank: u32,
+        /// What it had given up on when it left: a death this worker saw too, or (its word) a
+        /// call of its that timed out waiting for a rank.
+        after: Option<LeftAfter>,
     },
     /// A rank this call needs never logged on, and no longer can: the broker closed the job to
     /// newcomers when rank `after` died or left (a job that has lost a worker admits nobody new).
@@ -183,7 +189,7 @@ impl Error {
     pub fn rank(&self) -> Option<u32> {
         match self {
             Self::PeerLost { rank }
-            | Self::PeerLeft { rank }
+            | Self::PeerLeft { rank, .. }
             | Self::PeerNeverJoined { rank, .. }
             | Self::RankOutOfRange { rank, .. } => Some(*rank),
             Self::BufferTooSmall { peer, .. }
@@ -203,6 +209,14 @@ impl Error {
             | Self::FdTransport(_)
             | Self::Launch(_) => None,
         }
+    }
+}
+
+fn left_after_text(after: Option<LeftAfter>) -> String {
+    match after {
+        None => String::new(),
+        Some(LeftAfter::Died(rank)) => format!(" after rank {rank} died"),
+        Some(LeftAfter::TimedOut(rank)) => format!(" after timing out waiting for rank {rank}"),
     }
 }
 

@@ -35,6 +35,8 @@
 //! each send more than their outbox holds to the other both make progress. Incoming transfers
 //! alone wait on the ring they need: parked while waiting for a message to start, spinning and
 //! then yielding between the chunks of one (a wake-up per chunk would cost more than the chunk).
+//! A transfer in which nothing has moved for [`PARK_AFTER`] (its peer stopped, say) sleeps in
+//! short steps instead of yielding, so a stopped peer costs its waiters almost no CPU.
 //! Every loop looks at the deadline now and then even while messages keep coming, and a peer may
 //! have at most [`MAX_UNREAD`] messages queued that no call has taken: a peer that floods cannot
 //! hold a call past its deadline or grow this process's memory without bound.
@@ -71,6 +73,27 @@ pub const MAX_UNREAD: usize = 1 << 20;
 
 /// How long a pipelined transfer may make no progress before it widens its window.
 const STALL: Duration = Duration::from_millis(1);
+
+/// How long nothing may move in a transfer before its wait sleeps instead of yielding the core.
+/// A peer copying the next chunk, or sharing this core, moves well within it; one that is
+/// stopped (SIGSTOP, a debugger) or descheduled for long does not, and must not cost its waiters
+/// a core each.
+const PARK_AFTER: Duration = Duration::from_millis(2);
+
+/// The longest sleep of a stalled transfer's wait: the most it adds to noticing that the peer
+/// moved again, and 500 look-ups a second at most while it does not (well under 1% of a core).
+const PARK_MAX: Duration = Duration::from_millis(2);
+
+/// Gives the core away while a transfer has made no progress for `stalled`: yields at first;
+/// past [`PARK_AFTER`], sleeps an eighth of the time waited so far (at most [`PARK_MAX`]), so a
+/// long stall costs almost no CPU and a short one little latency.
+fn idle_wait(stalled: Duration) {
+    if stalled < PARK_AFTER {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep((stalled / 8).clamp(Duration::from_micros(50), PARK_MAX));
+    }
+}
 
 /// Slots of the largest eager message: a header and [`kind::continuation_slots`] of
 /// [`kind::EAGER_MAX`].
@@ -311,24 +334,33 @@ impl<'d> Outgoing<'d> {
         self.written == self.data.len() && self.delivered.iter().all(|&d| d == self.messages.len())
     }
 
-    /// The first target that has not been sent everything yet (to name in a timeout).
-    /// The targets not yet sent the whole message.
-    fn undelivered(&self) -> impl Iterator<Item = u32> + '_ {
+    /// The targets not yet sent the whole message: those a ring message is still due to, and
+    /// while chunks are still to be written (the window is full), those whose acknowledgements
+    /// the window waits for (`chunks_owed`, per peer).
+    fn undelivered<'a>(&'a self, chunks_owed: &'a [usize]) -> impl Iterator<Item = u32> + 'a {
+        let unwritten = self.written < self.data.len();
         self.targets
             .iter()
             .zip(&self.delivered)
-            .filter(|&(_, &d)| d < self.messages.len())
+            .filter(move |&(&t, &d)| {
+                d < self.messages.len() || (unwritten && chunks_owed[t as usize] > 0)
+            })
             .map(|(&t, _)| t)
     }
 }
 
 /// The ranks a transfer still waits for: targets not yet sent the whole message, and senders not
-/// yet received from.
-fn waiting(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>]) -> Vec<u32> {
-    outgoing
-        .undelivered()
+/// yet received from. Never empty while the transfer is not done: if no target owes anything
+/// (which no wait should end on), every target is named.
+fn waiting(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>], chunks_owed: &[usize]) -> Vec<u32> {
+    let mut ranks: Vec<u32> = outgoing
+        .undelivered(chunks_owed)
         .chain(incoming.iter().filter(|i| !i.is_done()).map(|i| i.peer))
-        .collect()
+        .collect();
+    if ranks.is_empty() && !outgoing.is_done() {
+        ranks.clone_from(&outgoing.targets);
+    }
+    ranks
 }
 
 /// The slots of an eager message: a header and its continuation, in a stack buffer of `N`.
@@ -951,6 +983,7 @@ impl Session {
     ) -> Result<(), Error> {
         let mut idle = 0u32;
         let mut turns = 0u32;
+        let mut idle_since: Option<Instant> = None;
         while !incoming.is_done() {
             turns = turns.wrapping_add(1);
             // A peer that keeps sending what nobody waits for must not keep this call past its
@@ -960,6 +993,7 @@ impl Session {
             }
             if self.step_in(incoming, deadline)? {
                 idle = 0;
+                idle_since = None;
                 continue;
             }
             if !incoming.mid_transfer() {
@@ -968,9 +1002,10 @@ impl Session {
             }
             // Between chunks the sender is busy copying the next one: parking would add a
             // wake-up (tens of microseconds here) to every chunk, so spin, then yield the core
-            // (to the sender, when both share it).
+            // (to the sender, when both share it), and sleep only once the sender has stalled.
             if self.pull(incoming.peer, None)? {
                 idle = 0;
+                idle_since = None;
                 continue;
             }
             idle += 1;
@@ -981,7 +1016,8 @@ impl Session {
                     return Err(self.timed_out(deadline, incoming.peer));
                 }
                 self.flush_all_acks()?;
-                std::thread::yield_now();
+                let now = Instant::now();
+                idle_wait(now.duration_since(*idle_since.get_or_insert(now)));
             }
         }
         Ok(())
@@ -1176,7 +1212,7 @@ impl Session {
                 Err(Error::Timeout {
                     mut waiting_for, ..
                 }) => {
-                    waiting_for.extend(waiting(&outgoing, incoming));
+                    waiting_for.extend(waiting(&outgoing, incoming, &self.chunks_owed));
                     Err(self.timed_out_waiting(deadline, waiting_for))
                 }
                 other => other,
@@ -1262,7 +1298,7 @@ impl Session {
     }
 
     /// Runs `outgoing` and every `incoming` to completion together, a non-blocking step of each
-    /// at a time; spins, then yields, while nothing moves.
+    /// at a time; spins, then yields, then sleeps (see [`idle_wait`]) while nothing moves.
     fn drive(
         &mut self,
         outgoing: &mut Outgoing<'_>,
@@ -1272,6 +1308,7 @@ impl Session {
         let mut idle = 0u32;
         let mut turns = 0u32;
         let mut stalled_since = None;
+        let mut idle_since: Option<Instant> = None;
         loop {
             let mut moved = self.step_out(outgoing)?;
             for incoming in incoming.iter_mut() {
@@ -1287,10 +1324,12 @@ impl Session {
             if moved && (!turns.is_multiple_of(1024) || !deadline.left().is_zero()) {
                 idle = 0;
                 stalled_since = None;
+                idle_since = None;
                 continue;
             }
             if moved {
-                return Err(self.timed_out_waiting(deadline, waiting(outgoing, incoming)));
+                return Err(self
+                    .timed_out_waiting(deadline, waiting(outgoing, incoming, &self.chunks_owed)));
             }
             idle += 1;
             if idle < 64 {
@@ -1300,14 +1339,15 @@ impl Session {
             // Nothing moves: the clock is read only here.
             let now = Instant::now();
             if deadline.left().is_zero() {
-                return Err(self.timed_out_waiting(deadline, waiting(outgoing, incoming)));
+                return Err(self
+                    .timed_out_waiting(deadline, waiting(outgoing, incoming, &self.chunks_owed)));
             }
             let since = *stalled_since.get_or_insert(now);
             if now.duration_since(since) >= STALL {
                 outgoing.window = outgoing.window.saturating_mul(2);
                 stalled_since = Some(now);
             }
-            std::thread::yield_now();
+            idle_wait(now.duration_since(*idle_since.get_or_insert(now)));
         }
         for incoming in incoming.iter_mut() {
             self.complete(incoming, deadline)?;
