@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# CI stage "capi": the C ABI and the C++ header: header check, examples (threads too), the installed package.
+# Runs on its own from a fresh clone (bash ci/capi.sh); .ci/run runs every stage in turn.
+set -euxo pipefail
+cd "$(dirname "$0")/.."
+
+bash ci/packages.sh
+cargo build --release -p shmbroker-cli
+
+# The C ABI: the committed header is what cbindgen makes of capi/src/lib.rs, and the C and C++
+# examples (the README's cc line, and CMake) pass under the launcher as 4 processes.
+if ! command -v cbindgen >/dev/null 2>&1; then
+  cargo install cbindgen --locked --version 0.29.4
+fi
+header_scratch=$(mktemp)
+cbindgen --config capi/cbindgen.toml --crate shmbroker-capi --output "$header_scratch"
+if ! diff -u capi/include/shmbroker.h "$header_scratch"; then
+  echo "capi/include/shmbroker.h is stale: regenerate it with the cbindgen line in capi/cbindgen.toml" >&2
+  exit 1
+fi
+rm -f "$header_scratch"
+cargo build --release -p shmbroker-capi
+examples_out=$(mktemp -d)
+cc -Wall -Wextra -Werror examples/c/example.c -Icapi/include -Ltarget/release -lshmbroker \
+  -Wl,-rpath,"$PWD/target/release" -o "$examples_out/example-c"
+target/release/shmbroker run -n 4 --timeout 60 "$examples_out/example-c"
+c++ -std=c++17 -Wall -Wextra -Werror examples/cpp/example.cpp -Icapi/include -Ltarget/release \
+  -lshmbroker -Wl,-rpath,"$PWD/target/release" -o "$examples_out/example-cpp"
+target/release/shmbroker run -n 4 --timeout 60 "$examples_out/example-cpp"
+# One handle from two threads (a response thread in recv_any beside broadcasts and barriers),
+# every reply checked; then close during a wait (busy), interrupt, close. 2 and 4 ranks.
+cc -pthread -Wall -Wextra -Werror examples/c/threads.c -Icapi/include -Ltarget/release \
+  -lshmbroker -Wl,-rpath,"$PWD/target/release" -o "$examples_out/threads-c"
+target/release/shmbroker run -n 2 --timeout 60 "$examples_out/threads-c"
+target/release/shmbroker run -n 4 --timeout 60 "$examples_out/threads-c"
+cc examples/c/example.c $(PKG_CONFIG_PATH="$PWD/capi" pkg-config --cflags --libs shmbroker) \
+  -o "$examples_out/example-pc"
+target/release/shmbroker run -n 2 --timeout 60 "$examples_out/example-pc"
+# The C++ header's MindIE pattern (a response thread in recv_any; a late worker delays nobody
+# else's reply), then the package as a project outside the tree uses it: cmake --install of capi/
+# into a prefix, find_package(shmbroker CONFIG) for the C++ examples (shared and static), and
+# pkg-config from the installed .pc.
+c++ -std=c++17 -pthread -Wall -Wextra -Werror examples/cpp/scheduler.cpp -Icapi/include \
+  -Ltarget/release -lshmbroker -Wl,-rpath,"$PWD/target/release" -o "$examples_out/scheduler"
+target/release/shmbroker run -n 4 --timeout 60 "$examples_out/scheduler"
+c++ -std=c++20 -pthread -Wall -Wextra -Werror -fsyntax-only -Icapi/include examples/cpp/scheduler.cpp
+cmake -S capi -B "$examples_out/capi" -DCMAKE_INSTALL_PREFIX="$examples_out/prefix"
+cmake --build "$examples_out/capi"
+cmake --install "$examples_out/capi"
+cmake -S examples/cpp -B "$examples_out/cmake" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$examples_out/prefix"
+cmake --build "$examples_out/cmake"
+target/release/shmbroker run -n 4 --timeout 60 "$examples_out/cmake/example"
+target/release/shmbroker run -n 3 --timeout 60 "$examples_out/cmake/scheduler"
+target/release/shmbroker run -n 2 --timeout 60 "$examples_out/cmake/scheduler-static"
+cc -pthread examples/c/threads.c \
+  $(PKG_CONFIG_PATH="$examples_out/prefix/lib/pkgconfig" pkg-config --cflags --libs shmbroker) \
+  -o "$examples_out/threads-installed"
+target/release/shmbroker run -n 3 --timeout 60 "$examples_out/threads-installed"
+rm -rf "$examples_out"

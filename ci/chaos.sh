@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# CI stage "chaos": 100 chaos trials: kills, broker deaths, scribbles, forked socket holders, leaves.
+# Runs on its own from a fresh clone (bash ci/chaos.sh); .ci/run runs every stage in turn.
+set -euxo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build --release -p shmbroker-cli
+
+# The chaos suite, beyond the 30 trials `cargo test` runs: 100 trials of kills, broker deaths,
+# scribbles, forked socket holders and leaves; exits 1 on any hang, leak, misnamed rank or stray
+# signal, and prints the detection times (reported, not asserted).
+target/release/shmbroker chaos --trials 100

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# CI stage "python": the Python package: lints, a fresh virtualenv install, pytest under shmbroker run.
+# Runs on its own from a fresh clone (bash ci/python.sh); .ci/run runs every stage in turn.
+set -euxo pipefail
+cd "$(dirname "$0")/.."
+
+# The Python package (python/, PyO3 + maturin, outside the workspace): its Rust formatted and
+# lint-free, then installed into a fresh virtualenv as a user would (pip fetches maturin from
+# PyPI), and its tests, which start real workers under `shmbroker run` and check the type stubs
+# against the module (mypy's stubtest). NumPy too when a wheel is to be had (its tests skip
+# otherwise, saying so).
+cargo fmt --manifest-path python/Cargo.toml -- --check
+cargo build --release -p shmbroker-cli
+py_scratch=$(mktemp -d)
+trap 'rm -rf "$py_scratch"' EXIT
+if ! python3 -m venv "$py_scratch/venv"; then
+  # Debian and Ubuntu ship venv (ensurepip) separately.
+  apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv
+  rm -rf "$py_scratch/venv"
+  python3 -m venv "$py_scratch/venv"
+fi
+PYO3_PYTHON="$py_scratch/venv/bin/python" \
+  cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
+"$py_scratch/venv/bin/pip" install --quiet ./python pytest mypy typing_extensions
+"$py_scratch/venv/bin/pip" install --quiet --only-binary :all: numpy \
+  || echo "skipped: numpy (no wheel for this Python); the NumPy tests skip"
+SHMBROKER_BIN="$PWD/target/release/shmbroker" "$py_scratch/venv/bin/python" -m pytest python/tests -q -rsxX
+rm -rf "$py_scratch"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# CI stage "test": the README's test command, and the tests behind optional features.
+# Runs on its own from a fresh clone (bash ci/test.sh); .ci/run runs every stage in turn.
+set -euxo pipefail
+cd "$(dirname "$0")/.."
+
+# The README's test command.
+cargo test --workspace
+
+# The optional tokio feature: AsyncReceiver against real worker processes.
+cargo test -p shmbroker-cli --features tokio --test tokio
+
+# Real GPU memory between two processes; without an NVIDIA driver (as on CI) it says so and skips.
+cargo test -p shmbroker-cli --features cuda --test cuda -- --nocapture
