@@ -356,10 +356,8 @@ impl Drop for Connection {
     /// process exit afterwards know it left, not died), tells the broker, and stops the watcher.
     /// After a death, the ends are closed citing the first rank seen to die: the peers still
     /// there then know this worker left because of it (see the `liveness` module). Failing
-    /// that, after a call that timed out, citing the rank it waited for ([`TIMED_OUT`] set): the
-    /// peers then say this worker left after timing out on that rank.
-    ///
-    /// [`TIMED_OUT`]: crate::liveness::TIMED_OUT
+    /// that, after a call that timed out, citing the rank it waited for (the `TIMED_OUT` flag
+    /// set): the peers then say this worker left after timing out on that rank.
     fn drop(&mut self) {
         let cause = self.shared.departure_cause();
         for link in self.links.iter().flatten() {

@@ -16,6 +16,7 @@ as :class:`PeerLost` or :class:`PeerLeft`, naming its rank, instead of hanging.
 
 from ._errors import (
     BrokerLost,
+    BufferTooSmall,
     Error,
     LogonError,
     MisuseError,
@@ -30,6 +31,7 @@ from ._shmbroker import Session, connect
 
 __all__ = [
     "BrokerLost",
+    "BufferTooSmall",
     "Error",
     "LogonError",
     "MisuseError",

@@ -97,6 +97,23 @@ class MisuseError(Error, ValueError):
     broadcast root without data, a non-contiguous buffer, a bad timeout. Also a ``ValueError``."""
 
 
+class BufferTooSmall(MisuseError):
+    """The message from peer ``rank`` is ``needed`` bytes, more than the buffer given to
+    :meth:`Session.recv_into` holds. It is kept, whole: the next receive from ``rank`` gets it
+    (with a buffer of ``needed`` bytes or more, or :meth:`Session.recv`)."""
+
+    rank: int
+    needed: int
+
+    def __init__(self, message: str, rank: int, needed: int) -> None:
+        Error.__init__(self, message, rank, needed)
+        self.rank = rank
+        self.needed = needed
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class ResourceError(Error):
     """The operating system refused something the call needed: duplicating or moving an fd,
     creating this rank's outbox, a system call."""

@@ -3,7 +3,7 @@
 import os
 import sys
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Protocol, Type, Union, final
+from typing import Any, Dict, List, Optional, Protocol, Tuple, Type, Union, final
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer
@@ -83,6 +83,26 @@ class Session:
     def recv(self, rank: int, *, timeout: Optional[float] = None) -> bytes:
         """The next message ``rank`` sent this rank with :meth:`send`. Raises as :meth:`send`
         does, and :class:`ProtocolError` for bytes no correct peer sends."""
+    def recv_into(self, rank: int, buffer: _Data, *, timeout: Optional[float] = None) -> int:
+        """Receives the next message from ``rank`` into ``buffer`` (writable and C-contiguous:
+        ``bytearray``, a NumPy array, a torch CPU tensor's ``.numpy()``) and returns its length.
+        Raises :class:`BufferTooSmall` for a longer message, which is kept for the next receive;
+        otherwise as :meth:`recv` does."""
+    def recv_any(self, *, timeout: Optional[float] = None) -> Tuple[int, bytes]:
+        """The next message from whichever peer has one (round-robin), as ``(rank, bytes)``.
+        Peers that left are skipped; one that died is reported once (:class:`PeerLost`)."""
+    def recv_any_into(
+        self, buffer: _Data, *, timeout: Optional[float] = None
+    ) -> Tuple[int, int]:
+        """:meth:`recv_any` into ``buffer``: ``(rank, length)``. A longer message raises
+        :class:`BufferTooSmall` (``.rank``, ``.needed``) and is kept."""
+    def try_recv(self, rank: int) -> Optional[bytes]:
+        """The next message from ``rank`` if one has started to arrive, else ``None``."""
+    def try_recv_any(self) -> Optional[Tuple[int, bytes]]:
+        """The next message from any peer if one has started to arrive, else ``None``."""
+    def probe(self, rank: int, *, timeout: Optional[float] = None) -> int:
+        """The length of the next message from ``rank``, waiting for it, without receiving
+        it."""
     def exchange_fds(self, fd: _Fd, *, timeout: Optional[float] = None) -> List[int]:
         """Every rank's ``fd``, in rank order, as new file descriptors this process owns (close
         each with ``os.close``). This rank's own entry is a duplicate of ``fd``, so closing every

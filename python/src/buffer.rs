@@ -32,6 +32,9 @@ struct RawBuffer {
 /// contiguity is checked here, with a message of ours), read-only is enough.
 const PYBUF_FULL_RO: c_int = 0x0100 | 0x0010 | 0x0008 | 0x0004;
 
+/// `PyBUF_FULL`: as [`PYBUF_FULL_RO`], and writable (a read-only exporter raises `BufferError`).
+const PYBUF_FULL: c_int = PYBUF_FULL_RO | 0x0001;
+
 unsafe extern "C" {
     fn PyObject_GetBuffer(
         obj: *mut pyo3::ffi::PyObject,
@@ -58,6 +61,20 @@ impl Bytes {
     /// What the exporter raises (`TypeError` for an object without the buffer protocol);
     /// `MisuseError` (a `ValueError`) for a buffer that is not C-contiguous.
     pub fn get(data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::get_with(data, PYBUF_FULL_RO)
+    }
+
+    /// The buffer of `data`, to be written: `bytearray`, a writable `memoryview`, a NumPy array
+    /// or a torch CPU tensor's `.numpy()`, ...
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::get`]; `BufferError` (from the exporter) for a read-only one (`bytes`).
+    pub fn get_mut(data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::get_with(data, PYBUF_FULL)
+    }
+
+    fn get_with(data: &Bound<'_, PyAny>, flags: c_int) -> PyResult<Self> {
         let mut view = Box::new(RawBuffer {
             buf: std::ptr::null_mut(),
             obj: std::ptr::null_mut(),
@@ -73,7 +90,7 @@ impl Bytes {
         });
         // SAFETY: `data` is a live object and the GIL is held (its `Bound`); `view` points at a
         // writable `Py_buffer` that stays where it is (boxed) until `Drop` releases it.
-        let got = unsafe { PyObject_GetBuffer(data.as_ptr(), &raw mut *view, PYBUF_FULL_RO) };
+        let got = unsafe { PyObject_GetBuffer(data.as_ptr(), &raw mut *view, flags) };
         if got != 0 {
             return Err(PyErr::fetch(data.py()));
         }
@@ -137,6 +154,23 @@ impl Bytes {
         // (checked in `get`) makes them one block; `u8` has no alignment or validity
         // requirement. Writes by other threads are excluded by the contract above.
         unsafe { std::slice::from_raw_parts(self.view.buf.cast::<u8>(), len) }
+    }
+}
+
+impl Bytes {
+    /// The bytes, to be written while the GIL is released (a buffer from [`Self::get_mut`]).
+    ///
+    /// As for [`Self::as_slice`], the program must not use the object from another thread
+    /// during the call.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let len = usize::try_from(self.view.len).unwrap_or(0);
+        if len == 0 || self.view.buf.is_null() || self.view.readonly != 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `as_slice`, and the exporter granted a writable buffer (`get_mut` asked
+        // for PyBUF_WRITABLE; a read-only one is refused by the exporter, and checked above);
+        // `&mut self` makes this the only borrow of it here.
+        unsafe { std::slice::from_raw_parts_mut(self.view.buf.cast::<u8>(), len) }
     }
 }
 

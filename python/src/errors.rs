@@ -13,7 +13,8 @@
 //! | `Protocol`, `Corrupted`, `CollectiveMismatch`, `Outbox`, `StaleFdTicket` (each names a peer) | `ProtocolError` (`.rank`) |
 //! | `BrokerLost`, a logon or fd relay that found the broker gone | `BrokerLost` |
 //! | `Logon`, `Launch` | `LogonError` |
-//! | `Misuse`, `RankOutOfRange`, `BufferTooSmall` | `MisuseError` (also a `ValueError`) |
+//! | `BufferTooSmall { peer, needed }` (the message is kept) | `BufferTooSmall` (`.rank`, `.needed`; a `MisuseError`) |
+//! | `Misuse`, `RankOutOfRange` | `MisuseError` (also a `ValueError`) |
 //! | `Io`, `OwnOutbox`, `FdTransport`, `Relay` | `ResourceError` |
 //! | a variant added later | `Error` |
 //!
@@ -36,6 +37,7 @@ mod py {
     pyo3::import_exception!(shmbroker._errors, BrokerLost);
     pyo3::import_exception!(shmbroker._errors, LogonError);
     pyo3::import_exception!(shmbroker._errors, MisuseError);
+    pyo3::import_exception!(shmbroker._errors, BufferTooSmall);
     pyo3::import_exception!(shmbroker._errors, ResourceError);
 }
 
@@ -98,9 +100,10 @@ pub fn to_py(error: Error) -> PyErr {
             ..
         } => py::BrokerLost::new_err(message),
         Error::Logon(_) | Error::Launch(_) => py::LogonError::new_err(message),
-        Error::Misuse(_) | Error::RankOutOfRange { .. } | Error::BufferTooSmall { .. } => {
-            py::MisuseError::new_err(message)
+        Error::BufferTooSmall { peer, needed, .. } => {
+            py::BufferTooSmall::new_err((message, peer, needed))
         }
+        Error::Misuse(_) | Error::RankOutOfRange { .. } => py::MisuseError::new_err(message),
         Error::Io { .. } | Error::OwnOutbox(_) | Error::FdTransport(_) | Error::Relay { .. } => {
             py::ResourceError::new_err(message)
         }

@@ -337,6 +337,90 @@ impl PySession {
         Ok(PyBytes::new(py, &received))
     }
 
+    /// Receives the next message from ``rank`` into ``buffer`` (any writable, C-contiguous
+    /// buffer: ``bytearray``, a NumPy array, a ``memoryview`` of one, a torch CPU tensor's
+    /// ``.numpy()``), with no copy through ``bytes``. Returns the message's length in bytes.
+    ///
+    /// Raises :class:`BufferTooSmall` (``.needed``) for a longer message, which is kept, whole,
+    /// for the next receive from ``rank``; otherwise as :meth:`recv` does.
+    #[pyo3(signature = (rank, buffer, *, timeout=None))]
+    fn recv_into(
+        &self,
+        py: Python<'_>,
+        rank: i64,
+        buffer: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<usize> {
+        let rank = rank_arg(rank)?;
+        let mut buffer = Bytes::get_mut(buffer)?;
+        let timeout = self.deadline(timeout)?;
+        let out = buffer.as_mut_slice();
+        self.blocking(py, |session| session.recv_into_timeout(rank, out, timeout))
+    }
+
+    /// The next message from whichever peer has one (served round-robin), as ``(rank,
+    /// bytes)``. Peers that left are skipped; one that died is reported once
+    /// (:class:`PeerLost`), after what it sent.
+    ///
+    /// Raises :class:`Timeout` naming every peer still there; :class:`PeerLeft` once every peer
+    /// has left; otherwise as :meth:`recv` does.
+    #[pyo3(signature = (*, timeout=None))]
+    fn recv_any<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<(u32, Bound<'py, PyBytes>)> {
+        let timeout = self.deadline(timeout)?;
+        let (rank, received) = self.blocking(py, |session| session.recv_any_timeout(timeout))?;
+        Ok((rank, PyBytes::new(py, &received)))
+    }
+
+    /// :meth:`recv_any` into ``buffer`` (as :meth:`recv_into`): returns ``(rank, length)``.
+    ///
+    /// Raises :class:`BufferTooSmall` (``.rank``, ``.needed``) for a longer message, which is
+    /// kept: receive it with ``recv(error.rank)``; otherwise as :meth:`recv_any` does.
+    #[pyo3(signature = (buffer, *, timeout=None))]
+    fn recv_any_into(
+        &self,
+        py: Python<'_>,
+        buffer: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<(u32, usize)> {
+        let mut buffer = Bytes::get_mut(buffer)?;
+        let timeout = self.deadline(timeout)?;
+        let out = buffer.as_mut_slice();
+        self.blocking(py, |session| session.recv_any_into_timeout(out, timeout))
+    }
+
+    /// The next message from ``rank`` if one has started to arrive, else ``None`` at once.
+    ///
+    /// Raises as :meth:`recv` does.
+    fn try_recv<'py>(&self, py: Python<'py>, rank: i64) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let rank = rank_arg(rank)?;
+        let received = self.blocking(py, |session| session.try_recv(rank))?;
+        Ok(received.map(|bytes| PyBytes::new(py, &bytes)))
+    }
+
+    /// The next message from any peer if one has started to arrive, as ``(rank, bytes)``, else
+    /// ``None`` at once.
+    ///
+    /// Raises as :meth:`recv_any` does, but never :class:`Timeout` for want of a message.
+    fn try_recv_any<'py>(&self, py: Python<'py>) -> PyResult<Option<(u32, Bound<'py, PyBytes>)>> {
+        let received = self.blocking(py, Session::try_recv_any)?;
+        Ok(received.map(|(rank, bytes)| (rank, PyBytes::new(py, &bytes))))
+    }
+
+    /// The length in bytes of the next message from ``rank``, waiting for it to arrive, without
+    /// receiving it: size a buffer for :meth:`recv_into`.
+    ///
+    /// Raises as :meth:`recv` does.
+    #[pyo3(signature = (rank, *, timeout=None))]
+    fn probe(&self, py: Python<'_>, rank: i64, timeout: Option<f64>) -> PyResult<usize> {
+        let rank = rank_arg(rank)?;
+        let timeout = self.deadline(timeout)?;
+        self.blocking(py, |session| session.probe_timeout(rank, timeout))
+    }
+
     /// Every rank's ``fd`` (an int, or an object with ``fileno()``), in rank order, as new file
     /// descriptors this process owns: close each with ``os.close`` (or hand it to
     /// ``os.fdopen``, ``mmap.mmap``). This rank's own entry is a duplicate of ``fd``

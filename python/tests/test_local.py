@@ -19,6 +19,7 @@ def test_every_exception_is_an_error():
         "BrokerLost",
         "LogonError",
         "MisuseError",
+        "BufferTooSmall",
         "ResourceError",
     ):
         assert issubclass(getattr(shmbroker, name), shmbroker.Error), name
@@ -40,6 +41,8 @@ def test_exceptions_keep_their_fields_through_pickle():
         True,
     )
     assert str(never) == "rank 1 never came"
+    small = pickle.loads(pickle.dumps(shmbroker.BufferTooSmall("rank 1 sent 300 bytes", 1, 300)))
+    assert (type(small), small.rank, small.needed) == (shmbroker.BufferTooSmall, 1, 300)
 
 
 def test_connect_without_a_broker_is_a_logon_error_naming_the_path(tmp_path):

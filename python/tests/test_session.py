@@ -23,6 +23,10 @@ def test_numpy_arrays():
     assert_ok(run_scenario(2, "numpy"), 2, "numpy")
 
 
+def test_recv_into_recv_any_try_recv_and_probe():
+    assert_ok(run_scenario(3, "receives"), 3, "receives")
+
+
 def test_bad_arguments_raise_and_leave_the_session_usable():
     assert_ok(run_scenario(2, "arguments"), 2, "arguments")
 

@@ -133,6 +133,62 @@ def scenario_numpy(session, args):
     session.barrier()
 
 
+def scenario_receives(session, args):
+    """recv_into, recv_any(_into), try_recv(_any) and probe: rank 0 takes what every other rank
+    sends, in whatever order it comes, and a message too long for its buffer is kept."""
+    rank, world = session.rank, session.world_size
+    sizes = [0, 1, 48, 4097, 65537, 1 << 20]
+    if rank != 0:
+        for size in sizes:
+            session.send(0, pattern(rank, size))
+        session.barrier()
+        session.send(0, pattern(rank, 300, salt=1))
+        session.barrier()
+        # Nothing more comes from rank 0 until the last barrier: try_recv finds nothing.
+        check(session.try_recv(0) is None, "try_recv with nothing sent")
+        session.barrier()
+        session.send(0, pattern(rank, 5000, salt=2))
+        session.barrier()
+        return
+    # recv_any: every message, in order per sender, whatever order the senders come in.
+    taken = {r: 0 for r in range(1, world)}
+    for _ in range(len(sizes) * (world - 1)):
+        sender, data = session.recv_any()
+        check(data == pattern(sender, sizes[taken[sender]]), f"recv_any from {sender}")
+        taken[sender] += 1
+    session.barrier()
+    # recv_into a short buffer: BufferTooSmall, kept; probe sizes it; recv_into gets it whole.
+    for sender in range(1, world):
+        short = bytearray(100)
+        error = raises(shmbroker.BufferTooSmall, lambda: session.recv_into(sender, short))
+        check((error.rank, error.needed) == (sender, 300), f"too small: {error}")
+        check(isinstance(error, shmbroker.MisuseError), "BufferTooSmall is a MisuseError")
+        check(session.probe(sender) == 300, "probe")
+        whole = bytearray(1000)
+        got = session.recv_into(sender, whole)
+        check(bytes(whole[:got]) == pattern(sender, 300, salt=1), "recv_into after a refusal")
+    session.barrier()
+    check(session.try_recv_any() is None, "try_recv_any with nothing sent")
+    session.barrier()
+    # recv_any_into a short buffer, then into a large enough one (a memoryview of an array).
+    buffer = array.array("B", bytes(10))
+    error = raises(shmbroker.BufferTooSmall, lambda: session.recv_any_into(buffer))
+    check(error.needed == 5000, f"recv_any_into too small: {error}")
+    first = session.recv(error.rank)
+    check(first == pattern(error.rank, 5000, salt=2), "the kept message, by recv")
+    large = array.array("B", bytes(8192))
+    for _ in range(world - 2):
+        sender, got = session.recv_any_into(memoryview(large))
+        check(bytes(large[:got]) == pattern(sender, 5000, salt=2), "recv_any_into")
+    # Nothing left: try_recv_any says None without waiting.
+    started = time.monotonic()
+    check(session.try_recv_any() is None, "try_recv_any when all is taken")
+    check(time.monotonic() - started < 1.0, "try_recv_any waited")
+    # A bytes object cannot be written into.
+    raises(BufferError, lambda: session.recv_into(1, b"read-only"))
+    session.barrier()
+
+
 def scenario_arguments(session, args):
     """Bad arguments raise on this rank, before anything is sent, and leave the session usable."""
     rank, world = session.rank, session.world_size

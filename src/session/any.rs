@@ -143,7 +143,20 @@ impl Session {
     /// `peer`: [`Self::recv_into`] from it with a large enough buffer gets it); otherwise as for
     /// [`Self::recv_any`].
     pub fn recv_any_into(&mut self, buffer: &mut [u8]) -> Result<(u32, usize), Error> {
-        let deadline = Deadline::new("recv_any", self.timeout);
+        self.recv_any_into_timeout(buffer, self.timeout)
+    }
+
+    /// [`Self::recv_any_into`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::recv_any_into`].
+    pub fn recv_any_into_timeout(
+        &mut self,
+        buffer: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(u32, usize), Error> {
+        let deadline = Deadline::new("recv_any", timeout);
         let peer = self.wait_any(&deadline)?;
         Ok((peer, self.recv_into_timeout(peer, buffer, deadline.left())?))
     }
