@@ -1,7 +1,7 @@
 //! The chaos suite: `shmbroker chaos` kills and corrupts real worker processes at random moments
 //! (every scenario, every operation) and must find no hang, no leaked fd, no misnamed rank and no
 //! process killed by a signal the trial did not send. Timings are reported, never asserted: see
-//! the README for a 500-trial run.
+//! the guide (docs/guide, "Guarantees") for a 500-trial run.
 
 mod common;
 

@@ -116,7 +116,7 @@ def test_the_issue_one_liner_all_gathers():
 
 def test_the_readme_program(tmp_path):
     readme = (REPO / "README.md").read_text()
-    section = readme.split("## From Python", 1)[1]
+    section = readme.split("## Python", 1)[1]
     program = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     path = tmp_path / "prog.py"
     path.write_text(program)

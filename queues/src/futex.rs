@@ -1,7 +1,9 @@
 //! Spin-then-park waiting on a shared 32-bit word, with no lost wake-ups.
 //!
 //! Each direction of a ring has one [`WaitWord`]: the consumer sleeps on one while the ring is
-//! empty, the producer on the other while it is full. The word is `IDLE` (0) or `WAITING` (1).
+//! empty, the producer on the other while it is full. The word is `IDLE` (0), `WAITING` (1), or,
+//! for a consumer that sleeps on its readiness eventfd instead of the futex, `EVENT` (2; see the
+//! `readiness` module, which owns that state's protocol).
 //!
 //! # The protocol
 //!

@@ -317,7 +317,8 @@ impl Session {
         // Dissemination: in round k, tell rank + 2^k and hear from rank - 2^k (mod the world).
         // After round k every rank has heard, directly or through others, from the 2^(k+1) ranks
         // before it, so after ceil(log2(world)) rounds from all of them. 2^k < world in every
-        // round, so each round has a peer of its own, and the round travels in `len`.
+        // round, so each round has a peer of its own, and the round travels in the message's
+        // inline bytes (`round_inline`).
         let rank = self.rank();
         let mut distance = 1;
         let mut round = 0;
