@@ -44,21 +44,31 @@ fn kill_during(only: &str) {
     std::thread::sleep(Duration::from_millis(100)); // well into the loop
     kill(Pid::from_raw(victim.id() as i32), Signal::SIGKILL).unwrap();
     victim.kill(); // reap
-    let stderrs: Vec<String> = survivors
+    let stderrs = failures_of(survivors);
+    each_survivor_names(&stderrs, |stderr| stderr.contains("peer rank 2 was lost"));
+}
+
+/// What each of `survivors` (looping a billion rounds) wrote when it failed, as it must.
+fn failures_of(survivors: Vec<ChildGuard>) -> Vec<String> {
+    survivors
         .into_iter()
         .map(|survivor| {
             let (ok, stdout, stderr) = finish(survivor);
             assert!(!ok, "a survivor finished a billion rounds? {stdout}");
             stderr
         })
-        .collect();
-    let names_the_death = |stderr: &str| stderr.contains("peer rank 2 was lost");
+        .collect()
+}
+
+/// Checks that each of the two survivors' errors (`stderrs`, by rank) `names` the culprit, or
+/// names the other survivor as having left when that one named the culprit (it gave up first).
+fn each_survivor_names(stderrs: &[String], names: impl Fn(&str) -> bool) {
     for (rank, stderr) in stderrs.iter().enumerate() {
         let other = 1 - rank;
         let left_in_its_wake = stderr.contains(&format!("peer rank {other} left the session"))
-            && names_the_death(&stderrs[other]);
+            && names(&stderrs[other]);
         assert!(
-            names_the_death(stderr) || left_in_its_wake,
+            names(stderr) || left_in_its_wake,
             "rank {rank}: {stderr}\nrank {other}: {}",
             stderrs[other]
         );
@@ -276,14 +286,7 @@ fn a_worker_stopped_mid_transfer_costs_the_others_little_cpu_and_is_named_by_the
         .zip(&before)
         .map(|(s, before)| cpu_seconds(s.id()) - before)
         .collect();
-    let stderrs: Vec<String> = survivors
-        .into_iter()
-        .map(|survivor| {
-            let (ok, stdout, stderr) = finish(survivor);
-            assert!(!ok, "a survivor finished a billion rounds? {stdout}");
-            stderr
-        })
-        .collect();
+    let stderrs = failures_of(survivors);
     kill(Pid::from_raw(stopped.id() as i32), Signal::SIGKILL).unwrap();
     stopped.kill(); // reap
     println!("CPU used in 3 s by ranks 0 and 1: {used:.3?} s");
@@ -297,15 +300,7 @@ fn a_worker_stopped_mid_transfer_costs_the_others_little_cpu_and_is_named_by_the
             "rank {rank} used {used:.2} s of CPU in 3 s waiting for a stopped peer"
         );
     }
-    let names_rank_2 = |stderr: &str| stderr.contains("rank 2") && !stderr.contains("no rank");
-    for (rank, stderr) in stderrs.iter().enumerate() {
-        let other = 1 - rank;
-        let left_in_its_wake = stderr.contains(&format!("peer rank {other} left the session"))
-            && names_rank_2(&stderrs[other]);
-        assert!(
-            names_rank_2(stderr) || left_in_its_wake,
-            "rank {rank}: {stderr}\nrank {other}: {}",
-            stderrs[other]
-        );
-    }
+    each_survivor_names(&stderrs, |stderr| {
+        stderr.contains("rank 2") && !stderr.contains("no rank")
+    });
 }

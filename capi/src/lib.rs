@@ -478,6 +478,61 @@ unsafe fn too_small(rank: u32, needed: u64, cap: usize, len: *mut usize) -> Fail
     )
 }
 
+/// The body of every receive into a caller's buffer: checks the pointers, takes the receiving
+/// half (`SHMBROKER_E_BUSY` when another thread has it), runs `take`, and writes the sender (to
+/// `sender`, when the call reports one) and the length. `take` gives `None` when nothing has
+/// arrived (`SHMBROKER_E_AGAIN`); a message too long for `buf` sets both and is kept
+/// (`SHMBROKER_E_TOO_SMALL`).
+///
+/// # Safety
+///
+/// `s` is null or a live session; `buf` has `cap` writable bytes; `len`, and `sender` when
+/// given, are null or point at a writable `size_t` and `uint32_t`.
+unsafe fn receive(
+    name: &str,
+    s: *mut shmbroker_session,
+    sender: Option<*mut u32>,
+    buf: *mut c_void,
+    cap: usize,
+    len: *mut usize,
+    take: impl FnOnce(&Receiver, &mut [u8]) -> Result<Option<(u32, usize)>, Error>,
+) -> c_int {
+    guard(name, || {
+        if len.is_null() || sender.is_some_and(<*mut u32>::is_null) {
+            return Err(misuse(if sender.is_some() {
+                "rank or len is NULL"
+            } else {
+                "len is NULL"
+            }));
+        }
+        // SAFETY: `cap` writable bytes at `buf`, per the contract.
+        let buf = unsafe { bytes_mut(buf, cap, "buf") }?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let receiver = entered.handle.receiver()?;
+        let (from, received) = match take(&receiver, buf) {
+            Ok(Some(got)) => got,
+            Ok(None) => return Err(nothing_yet()),
+            Err(Error::BufferTooSmall { peer, needed, .. }) => {
+                if let Some(sender) = sender {
+                    // SAFETY: checked non-null above; writable per the contract.
+                    unsafe { sender.write(peer) };
+                }
+                // SAFETY: checked non-null above.
+                return Err(unsafe { too_small(peer, needed, cap, len) });
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if let Some(sender) = sender {
+            // SAFETY: checked non-null above; writable per the contract.
+            unsafe { sender.write(from) };
+        }
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { len.write(received) };
+        Ok(())
+    })
+}
+
 /// Receives the next message from `rank` into `buf` (`cap` bytes); `*len` is its length. A
 /// message longer than `cap` is `SHMBROKER_E_TOO_SMALL` with `*len` set to its length; it is
 /// kept, whole, for the next receive (see also [`shmbroker_probe`]). Threads: one receive at a
@@ -496,26 +551,12 @@ pub unsafe extern "C" fn shmbroker_recv(
     cap: usize,
     len: *mut usize,
 ) -> c_int {
-    guard("shmbroker_recv", || {
-        if len.is_null() {
-            return Err(misuse("len is NULL"));
-        }
-        // SAFETY: `cap` writable bytes at `buf`, per the contract.
-        let buf = unsafe { bytes_mut(buf, cap, "buf") }?;
-        // SAFETY: null or a live session, per the contract.
-        let entered = unsafe { enter(s) }?;
-        let received = match entered.handle.receiver()?.recv_into(rank, buf) {
-            Ok(received) => received,
-            Err(Error::BufferTooSmall { needed, .. }) => {
-                // SAFETY: checked non-null above.
-                return Err(unsafe { too_small(rank, needed, cap, len) });
-            }
-            Err(error) => return Err(error.into()),
-        };
-        // SAFETY: checked non-null above; writable per the contract.
-        unsafe { len.write(received) };
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe {
+        receive("shmbroker_recv", s, None, buf, cap, len, |receiver, buf| {
+            Ok(Some((rank, receiver.recv_into(rank, buf)?)))
+        })
+    }
 }
 
 /// Receives the next message from whichever peer has one (round-robin among those that do)
@@ -537,30 +578,18 @@ pub unsafe extern "C" fn shmbroker_recv_any(
     cap: usize,
     len: *mut usize,
 ) -> c_int {
-    guard("shmbroker_recv_any", || {
-        if rank.is_null() || len.is_null() {
-            return Err(misuse("rank or len is NULL"));
-        }
-        // SAFETY: `cap` writable bytes at `buf`, per the contract.
-        let buf = unsafe { bytes_mut(buf, cap, "buf") }?;
-        // SAFETY: null or a live session, per the contract.
-        let entered = unsafe { enter(s) }?;
-        let (sender, received) = match entered.handle.receiver()?.recv_any_into(buf) {
-            Ok(got) => got,
-            Err(Error::BufferTooSmall { peer, needed, .. }) => {
-                // SAFETY: checked non-null above; writable per the contract.
-                unsafe { rank.write(peer) };
-                // SAFETY: checked non-null above.
-                return Err(unsafe { too_small(peer, needed, cap, len) });
-            }
-            Err(error) => return Err(error.into()),
-        };
-        // SAFETY: checked non-null above; writable per the contract.
-        unsafe { rank.write(sender) };
-        // SAFETY: checked non-null above; writable per the contract.
-        unsafe { len.write(received) };
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe {
+        receive(
+            "shmbroker_recv_any",
+            s,
+            Some(rank),
+            buf,
+            cap,
+            len,
+            |receiver, buf| receiver.recv_any_into(buf).map(Some),
+        )
+    }
 }
 
 /// [`shmbroker_recv`] without waiting: `SHMBROKER_E_AGAIN` when nothing from `rank` has started
@@ -578,27 +607,18 @@ pub unsafe extern "C" fn shmbroker_try_recv(
     cap: usize,
     len: *mut usize,
 ) -> c_int {
-    guard("shmbroker_try_recv", || {
-        if len.is_null() {
-            return Err(misuse("len is NULL"));
-        }
-        // SAFETY: `cap` writable bytes at `buf`, per the contract.
-        let buf = unsafe { bytes_mut(buf, cap, "buf") }?;
-        // SAFETY: null or a live session, per the contract.
-        let entered = unsafe { enter(s) }?;
-        let received = match entered.handle.receiver()?.try_recv_into(rank, buf) {
-            Ok(Some(received)) => received,
-            Ok(None) => return Err(nothing_yet()),
-            Err(Error::BufferTooSmall { needed, .. }) => {
-                // SAFETY: checked non-null above.
-                return Err(unsafe { too_small(rank, needed, cap, len) });
-            }
-            Err(error) => return Err(error.into()),
-        };
-        // SAFETY: checked non-null above; writable per the contract.
-        unsafe { len.write(received) };
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe {
+        receive(
+            "shmbroker_try_recv",
+            s,
+            None,
+            buf,
+            cap,
+            len,
+            |receiver, buf| Ok(receiver.try_recv_into(rank, buf)?.map(|got| (rank, got))),
+        )
+    }
 }
 
 /// [`shmbroker_recv_any`] without waiting: `SHMBROKER_E_AGAIN` when nothing has started to
@@ -616,31 +636,18 @@ pub unsafe extern "C" fn shmbroker_try_recv_any(
     cap: usize,
     len: *mut usize,
 ) -> c_int {
-    guard("shmbroker_try_recv_any", || {
-        if rank.is_null() || len.is_null() {
-            return Err(misuse("rank or len is NULL"));
-        }
-        // SAFETY: `cap` writable bytes at `buf`, per the contract.
-        let buf = unsafe { bytes_mut(buf, cap, "buf") }?;
-        // SAFETY: null or a live session, per the contract.
-        let entered = unsafe { enter(s) }?;
-        let (sender, received) = match entered.handle.receiver()?.try_recv_any_into(buf) {
-            Ok(Some(got)) => got,
-            Ok(None) => return Err(nothing_yet()),
-            Err(Error::BufferTooSmall { peer, needed, .. }) => {
-                // SAFETY: checked non-null above; writable per the contract.
-                unsafe { rank.write(peer) };
-                // SAFETY: checked non-null above.
-                return Err(unsafe { too_small(peer, needed, cap, len) });
-            }
-            Err(error) => return Err(error.into()),
-        };
-        // SAFETY: checked non-null above; writable per the contract.
-        unsafe { rank.write(sender) };
-        // SAFETY: checked non-null above; writable per the contract.
-        unsafe { len.write(received) };
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe {
+        receive(
+            "shmbroker_try_recv_any",
+            s,
+            Some(rank),
+            buf,
+            cap,
+            len,
+            |receiver, buf| receiver.try_recv_any_into(buf),
+        )
+    }
 }
 
 fn nothing_yet() -> Failure {

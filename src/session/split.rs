@@ -246,15 +246,27 @@ impl Receiver {
     ///
     /// As for [`Session::recv`].
     pub fn recv_timeout(&self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
-        self.shared.lock().check_peer(rank)?;
-        let deadline = Deadline::new("recv", timeout);
-        let peer = wait_for_sender(
-            &mut &*self.shared,
-            self.readiness_fd(),
-            Some(rank),
-            &deadline,
-        )?;
-        self.shared.lock().recv_from_timeout(peer, deadline.left())
+        self.once_ready("recv", Some(rank), timeout, |session, peer, left| {
+            session.recv_from_timeout(peer, left)
+        })
+    }
+
+    /// Waits without holding the session (up to `timeout`, under the name `op`) until `only`
+    /// (or any peer) has a message ready, then runs `take` on the session with that peer and
+    /// the time left.
+    fn once_ready<T>(
+        &self,
+        op: &'static str,
+        only: Option<u32>,
+        timeout: Duration,
+        take: impl FnOnce(&mut Session, u32, Duration) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        if let Some(rank) = only {
+            self.shared.lock().check_peer(rank)?;
+        }
+        let deadline = Deadline::new(op, timeout);
+        let peer = wait_for_sender(&mut &*self.shared, self.readiness_fd(), only, &deadline)?;
+        take(&mut self.shared.lock(), peer, deadline.left())
     }
 
     /// [`Session::recv_any`], waiting without holding the session.
@@ -272,13 +284,9 @@ impl Receiver {
     ///
     /// As for [`Session::recv_any`].
     pub fn recv_any_timeout(&self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
-        let deadline = Deadline::new("recv_any", timeout);
-        let peer = wait_for_sender(&mut &*self.shared, self.readiness_fd(), None, &deadline)?;
-        let bytes = self
-            .shared
-            .lock()
-            .recv_from_timeout(peer, deadline.left())?;
-        Ok((peer, bytes))
+        self.once_ready("recv_any", None, timeout, |session, peer, left| {
+            Ok((peer, session.recv_from_timeout(peer, left)?))
+        })
     }
 
     /// [`Session::recv_into`], waiting without holding the session.
@@ -301,17 +309,9 @@ impl Receiver {
         buffer: &mut [u8],
         timeout: Duration,
     ) -> Result<usize, Error> {
-        self.shared.lock().check_peer(rank)?;
-        let deadline = Deadline::new("recv", timeout);
-        let peer = wait_for_sender(
-            &mut &*self.shared,
-            self.readiness_fd(),
-            Some(rank),
-            &deadline,
-        )?;
-        self.shared
-            .lock()
-            .recv_into_timeout(peer, buffer, deadline.left())
+        self.once_ready("recv", Some(rank), timeout, |session, peer, left| {
+            session.recv_into_timeout(peer, buffer, left)
+        })
     }
 
     /// [`Session::recv_any_into`], waiting without holding the session.
@@ -333,13 +333,9 @@ impl Receiver {
         buffer: &mut [u8],
         timeout: Duration,
     ) -> Result<(u32, usize), Error> {
-        let deadline = Deadline::new("recv_any", timeout);
-        let peer = wait_for_sender(&mut &*self.shared, self.readiness_fd(), None, &deadline)?;
-        let len = self
-            .shared
-            .lock()
-            .recv_into_timeout(peer, buffer, deadline.left())?;
-        Ok((peer, len))
+        self.once_ready("recv_any", None, timeout, |session, peer, left| {
+            Ok((peer, session.recv_into_timeout(peer, buffer, left)?))
+        })
     }
 
     /// [`Session::probe`], waiting without holding the session.
@@ -357,15 +353,9 @@ impl Receiver {
     ///
     /// As for [`Session::probe`].
     pub fn probe_timeout(&self, rank: u32, timeout: Duration) -> Result<usize, Error> {
-        self.shared.lock().check_peer(rank)?;
-        let deadline = Deadline::new("probe", timeout);
-        let peer = wait_for_sender(
-            &mut &*self.shared,
-            self.readiness_fd(),
-            Some(rank),
-            &deadline,
-        )?;
-        self.shared.lock().probe_timeout(peer, deadline.left())
+        self.once_ready("probe", Some(rank), timeout, |session, peer, left| {
+            session.probe_timeout(peer, left)
+        })
     }
 
     /// [`Session::try_recv`].
