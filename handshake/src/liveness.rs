@@ -305,7 +305,8 @@ impl Shared {
 
     /// Records that a call of this worker timed out waiting for `rank` (the last such wins).
     pub fn note_gave_up_on(&self, rank: u32) {
-        if rank < TIMED_OUT {
+        // Below NEVER_JOINED and BROKER_LOST with the flag set: no cause is mistaken for another.
+        if rank < NEVER_JOINED & !TIMED_OUT {
             self.gave_up_on.store(rank, Ordering::Relaxed);
         }
     }

@@ -173,20 +173,6 @@ impl Sender {
         self.shared.lend()
     }
 
-    /// [`Self::session`] if no other thread has it (or is sending), else `None` at once.
-    #[must_use]
-    pub fn try_session(&self) -> Option<SessionGuard<'_>> {
-        let session = match self.shared.session.try_lock() {
-            Ok(session) => session,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        Some(SessionGuard {
-            was_armed: session.readiness_armed(),
-            session,
-        })
-    }
-
     /// Puts the two halves of one session back together.
     ///
     /// # Errors
@@ -402,10 +388,14 @@ impl Receiver {
     }
 }
 
-// Both halves move to threads of their own, and the whole session does too.
+// Both halves move to threads of their own, and the whole session does too; the halves are
+// also shared by reference between threads (the C ABI's handle does that).
 const _: () = {
     const fn is_send<T: Send>() {}
+    const fn is_sync<T: Sync>() {}
     is_send::<Session>();
     is_send::<Sender>();
     is_send::<Receiver>();
+    is_sync::<Sender>();
+    is_sync::<Receiver>();
 };

@@ -349,6 +349,19 @@ impl<'d> Outgoing<'d> {
     }
 }
 
+/// How far `outgoing` and every `incoming` have come, as one number that grows with each byte
+/// written, each message delivered and each byte received (and with nothing else).
+fn transfer_progress(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>]) -> u64 {
+    let out = outgoing.written as u64 + outgoing.delivered.iter().sum::<usize>() as u64;
+    incoming.iter().fold(out, |sum, incoming| {
+        sum + match incoming.state {
+            InState::Header => 0,
+            InState::Chunks { done, .. } => 1 + done,
+            InState::Done { len, .. } => 2 + len,
+        }
+    })
+}
+
 /// The ranks a transfer still waits for: targets not yet sent the whole message, and senders not
 /// yet received from. Never empty while the transfer is not done: if no target owes anything
 /// (which no wait should end on), every target is named.
@@ -423,7 +436,6 @@ fn read_ref(peer: u32, message: &Message) -> Result<PayloadRef, Error> {
     Ok(bytemuck::pod_read_unaligned(head))
 }
 
-/// The transport flags of a kind, checked: eager (0), pipelined or loan, and nothing else.
 /// The length of the message `header` opens, as it announces it (a group [`Session::find`]
 /// returned).
 fn message_len(peer: u32, header: &Message) -> Result<u64, Error> {
@@ -434,6 +446,7 @@ fn message_len(peer: u32, header: &Message) -> Result<u64, Error> {
     })
 }
 
+/// The transport flags of a kind, checked: eager (0), pipelined or loan, and nothing else.
 fn transport(peer: u32, message: &Message) -> Result<u32, Error> {
     let flags = message.kind & !kind::OP_MASK;
     let op = message.kind & kind::OP_MASK;
@@ -1308,7 +1321,11 @@ impl Session {
         let mut idle = 0u32;
         let mut turns = 0u32;
         let mut stalled_since = None;
+        // Since when this transfer's own bytes have not advanced: acknowledgements and messages
+        // from third parties move something without bringing it closer to its end, and must not
+        // keep a wait whose peer stopped from sleeping.
         let mut idle_since: Option<Instant> = None;
+        let mut progress = transfer_progress(outgoing, incoming);
         loop {
             let mut moved = self.step_out(outgoing)?;
             for incoming in incoming.iter_mut() {
@@ -1324,7 +1341,11 @@ impl Session {
             if moved && (!turns.is_multiple_of(1024) || !deadline.left().is_zero()) {
                 idle = 0;
                 stalled_since = None;
-                idle_since = None;
+                let now = transfer_progress(outgoing, incoming);
+                if now != progress {
+                    progress = now;
+                    idle_since = None;
+                }
                 continue;
             }
             if moved {
