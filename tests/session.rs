@@ -1151,3 +1151,46 @@ fn a_receive_asleep_on_one_thread_goes_on_while_another_runs_collectives() {
     assert!(took < Duration::from_secs(15), "took {took:?}");
     sender.rejoin(receiver).unwrap();
 }
+
+#[test]
+fn a_rank_that_leaves_after_a_timeout_is_named_with_whom_it_gave_up_on() {
+    use shmbroker::session::LeftAfter;
+    // Rank 1 gives up on rank 2 (which never sends) and leaves: rank 0, waiting on rank 1,
+    // learns that it left, and why. A rank that leaves with no timeout behind it says nothing.
+    let (_world, mut sessions) = World::start("left-after", 3);
+    let quiet = sessions.pop().unwrap();
+    let mut giver_up = sessions.pop().unwrap();
+    let mut waiter = sessions.pop().unwrap();
+    let error = giver_up
+        .recv_from_timeout(2, Duration::from_millis(50))
+        .unwrap_err();
+    assert!(matches!(&error, Error::Timeout { waiting_for, .. } if waiting_for == &[2]));
+    drop(giver_up);
+    let error = waiter.recv(1).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::PeerLeft {
+                rank: 1,
+                after: Some(LeftAfter::TimedOut(2))
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "peer rank 1 left the session after timing out waiting for rank 2"
+    );
+    drop(quiet);
+    let error = waiter.recv(2).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::PeerLeft {
+                rank: 2,
+                after: None
+            }
+        ),
+        "{error:?}"
+    );
+}
