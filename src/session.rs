@@ -176,6 +176,9 @@ struct Deadline {
     timeout: Duration,
     /// A collective's: it needs every rank, so a death anywhere ends it (see "When a peer dies").
     collective: bool,
+    /// The interrupt count at the call's first look for an interrupt (see
+    /// `Session::check_interrupted`).
+    interrupts_at: std::cell::Cell<Option<u64>>,
 }
 
 impl Deadline {
@@ -185,6 +188,7 @@ impl Deadline {
             at: std::cell::Cell::new(None),
             timeout,
             collective: false,
+            interrupts_at: std::cell::Cell::new(None),
         }
     }
 

@@ -1194,3 +1194,46 @@ fn a_rank_that_leaves_after_a_timeout_is_named_with_whom_it_gave_up_on() {
         "{error:?}"
     );
 }
+
+#[test]
+fn one_interrupt_ends_every_wait_in_progress_and_nothing_more() {
+    // A split session's receiver waits for a message and its sender half runs a barrier that
+    // the other ranks never join: one interrupt ends both (before, the first to look took it and
+    // the other waited out its deadline). The next call is not interrupted.
+    let (_world, mut sessions) = World::start("interrupt-all", 3);
+    let mut quiet = sessions.pop().unwrap();
+    let mut peer = sessions.pop().unwrap();
+    let session = sessions.pop().unwrap();
+    let interrupter = session.interrupter();
+    let (sender, receiver) = session.split();
+    let sender = std::sync::Arc::new(sender);
+    let receiving = std::thread::spawn(move || {
+        let result = receiver.recv_timeout(1, Duration::from_secs(30));
+        (result, receiver)
+    });
+    let barrier = {
+        let sender = std::sync::Arc::clone(&sender);
+        std::thread::spawn(move || sender.session().barrier_timeout(Duration::from_secs(30)))
+    };
+    std::thread::sleep(Duration::from_millis(200)); // both are waiting
+    let started = Instant::now();
+    interrupter.interrupt();
+    let (received, receiver) = receiving.join().unwrap();
+    let barred = barrier.join().unwrap();
+    assert!(matches!(received, Err(Error::Interrupted)), "{received:?}");
+    assert!(matches!(barred, Err(Error::Interrupted)), "{barred:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // Nothing is left over: the next receive gets what rank 1 sends.
+    peer.send(0, b"after").unwrap();
+    assert_eq!(
+        receiver.recv_timeout(1, Duration::from_secs(10)).unwrap(),
+        b"after"
+    );
+    drop((receiver, sender));
+    // The barrier cut short leaves the other ranks to find rank 0 gone.
+    assert!(quiet.barrier_timeout(Duration::from_secs(10)).is_err());
+}

@@ -249,8 +249,9 @@ int shmbroker_exchange_fds(struct shmbroker_session *s, int fd, int *out_fds);
 // int.
 int shmbroker_broadcast_fd(struct shmbroker_session *s, uint32_t root, int fd, int *out_fd);
 
-// Ends the session's current wait, on whichever thread it is, with `SHMBROKER_E_INTERRUPTED`;
-// with no call waiting, the next wait ends at once (unless [`shmbroker_clear_interrupt`]).
+// Ends every wait in progress on the session, on whichever threads they are, with
+// `SHMBROKER_E_INTERRUPTED`; with no call waiting, the next wait ends at once (unless
+// [`shmbroker_clear_interrupt`]).
 // Nothing is lost, and the session goes on. Async-signal-safe: callable from a signal handler.
 // A wait for the broker (a peer still to log on, an fd relay) runs to its deadline. Returns
 // `SHMBROKER_E_MISUSE` for NULL (and sets no message: it may run in a signal handler).

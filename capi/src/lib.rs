@@ -29,8 +29,8 @@
 //!   return, then close.
 //!
 //! A handle used after `shmbroker_close` returned `SHMBROKER_OK` is freed memory, as for any C
-//! object. Limits, each bounded by the deadline (see `capi/README.md`): one interrupt ends one
-//! wait; an interrupt does not end a transfer in the middle of a large message; a collective
+//! object. Limits, each bounded by the deadline (see `capi/README.md`): an interrupt does not
+//! end a transfer in the middle of a large message; a collective
 //! holds the session while it waits, so a message larger than its sender's outbox sent to this
 //! rank meanwhile waits for the collective to end.
 
@@ -824,8 +824,9 @@ fn borrowed<'a>(fd: RawFd) -> Result<BorrowedFd<'a>, Failure> {
     Ok(unsafe { BorrowedFd::borrow_raw(fd) })
 }
 
-/// Ends the session's current wait, on whichever thread it is, with `SHMBROKER_E_INTERRUPTED`;
-/// with no call waiting, the next wait ends at once (unless [`shmbroker_clear_interrupt`]).
+/// Ends every wait in progress on the session, on whichever threads they are, with
+/// `SHMBROKER_E_INTERRUPTED`; with no call waiting, the next wait ends at once (unless
+/// [`shmbroker_clear_interrupt`]).
 /// Nothing is lost, and the session goes on. Async-signal-safe: callable from a signal handler.
 /// A wait for the broker (a peer still to log on, an fd relay) runs to its deadline. Returns
 /// `SHMBROKER_E_MISUSE` for NULL (and sets no message: it may run in a signal handler).

@@ -136,6 +136,13 @@ impl Connection {
         Interrupter::new(Arc::clone(&self.shared))
     }
 
+    /// How many times an [`Interrupter`] has asked so far: a call compares the number it saw
+    /// first with the number now, so that one request ends every call waiting when it came.
+    #[must_use]
+    pub fn interrupt_count(&self) -> u64 {
+        self.shared.interrupt_count()
+    }
+
     /// Whether an [`Interrupter`] asked for the current wait to end; taking it clears it.
     /// Read [`Self::interrupt_generation`] first, as for deaths.
     #[must_use]

@@ -203,12 +203,16 @@ pub(crate) struct Shared {
     interrupt: Arc<Interrupt>,
     /// Set by an [`Interrupter`]; taken by the wait it ends.
     interrupted: AtomicBool,
+    /// How many times an [`Interrupter`] has asked: a call that saw one number at its first look
+    /// and another later was interrupted meanwhile, whichever other call took the flag.
+    interrupts: AtomicU64,
 }
 
-/// Ends whatever wait a session is in, from another thread or a signal handler: the call
-/// returns an "interrupted" error and the session stays usable (a collective cut short leaves
-/// its peers waiting for this rank's part, so do not go on with collectives after one). With no
-/// call waiting, the next wait ends at once, unless [`Connection::clear_interrupt`](crate::Connection::clear_interrupt) forgets it.
+/// Ends whatever waits a session is in, from another thread or a signal handler: each call
+/// waiting then (a split session's two halves may both be) returns an "interrupted" error and the
+/// session stays usable (a collective cut short leaves its peers waiting for this rank's part, so
+/// do not go on with collectives after one). With no call waiting, the next wait ends at once,
+/// unless [`Connection::clear_interrupt`](crate::Connection::clear_interrupt) forgets it.
 ///
 /// [`Self::interrupt`] is async-signal-safe: it stores to atomics and makes `futex` and `write`
 /// system calls, and takes no lock and allocates nothing. It wakes the waits on rings (every
@@ -226,6 +230,7 @@ impl Interrupter {
 
     /// Ends the session's current (or next) wait.
     pub fn interrupt(&self) {
+        self.shared.interrupts.fetch_add(1, Ordering::AcqRel);
         self.shared.interrupted.store(true, Ordering::Release);
         self.shared
             .interrupt
@@ -242,6 +247,7 @@ impl Shared {
         Self {
             interrupt,
             interrupted: AtomicBool::new(false),
+            interrupts: AtomicU64::new(0),
             rank,
             inbox: Mutex::new(Inbox::default()),
             arrived: Condvar::new(),
@@ -272,6 +278,11 @@ impl Shared {
     /// and hand it to an interruptible wait.
     pub fn interrupt_generation(&self) -> u64 {
         self.interrupt.generation()
+    }
+
+    /// How many times an [`Interrupter`] has asked so far.
+    pub fn interrupt_count(&self) -> u64 {
+        self.interrupts.load(Ordering::Acquire)
     }
 
     /// Takes an [`Interrupter`]'s request: whether there was one (it is cleared).

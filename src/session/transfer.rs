@@ -713,8 +713,25 @@ impl Session {
 
     /// Whether a wait under `deadline` must end: an `Interrupter` asked (the request is taken),
     /// or, for a collective, a rank died.
+    ///
+    /// An interrupt ends every call that was waiting when it came, not only the first to look:
+    /// the call notes the interrupt count at its first look, and any later count ends it. At that
+    /// first look, a request no wait has taken (it came while no call was waiting) ends it too.
     pub(super) fn check_interrupted(&mut self, deadline: &Deadline) -> Result<(), Error> {
-        if self.inner.take_interrupt() {
+        let count = self.inner.interrupt_count();
+        let interrupted = match deadline.interrupts_at.get() {
+            None => {
+                deadline.interrupts_at.set(Some(count));
+                self.inner.take_interrupt()
+            }
+            Some(at) if at != count => {
+                // Taken, if no other call has yet: it was meant for the waits in progress.
+                let _ = self.inner.take_interrupt();
+                true
+            }
+            Some(_) => false,
+        };
+        if interrupted {
             return Err(Error::Interrupted);
         }
         if deadline.collective
