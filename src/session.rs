@@ -192,6 +192,14 @@ impl Deadline {
         }
     }
 
+    /// The same deadline, for a call that started when the interrupt count was `count`: an
+    /// interrupt since then ends it, even one another call's look took first (a receive of a
+    /// split session that was held up behind the other half, say).
+    fn noting_interrupts(self, count: u64) -> Self {
+        self.interrupts_at.set(Some(count));
+        self
+    }
+
     /// The deadline of a collective: its waits also end when any rank dies.
     fn collective(op: &'static str, timeout: Duration) -> Self {
         Self {

@@ -228,7 +228,14 @@ impl Interrupter {
         Self { shared }
     }
 
-    /// Ends the session's current (or next) wait.
+    /// How many times an interrupt has been asked for so far (see
+    /// [`Connection::interrupt_count`](crate::Connection::interrupt_count)).
+    #[must_use]
+    pub fn count(&self) -> u64 {
+        self.shared.interrupt_count()
+    }
+
+    /// Ends the session's current waits (or its next one).
     pub fn interrupt(&self) {
         self.shared.interrupts.fetch_add(1, Ordering::AcqRel);
         self.shared.interrupted.store(true, Ordering::Release);

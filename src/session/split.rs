@@ -26,7 +26,7 @@
 //! once, counted as owed like any waker's write, and the sleeping receive looks again.
 
 use super::any::{Access, wait_for_sender};
-use super::{Deadline, Error, Session};
+use super::{Deadline, Error, Interrupter, Session};
 use shmbroker_queues::Notifier;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -39,6 +39,8 @@ struct Shared {
     session: Mutex<Session>,
     /// The session's readiness eventfd, for waits that hold no lock.
     readiness: Notifier,
+    /// The session's interrupter: a receive notes its count before it may wait for the lock.
+    interrupter: Interrupter,
     /// The session's rank, world size and default deadline, read without the lock.
     rank: u32,
     world_size: u32,
@@ -120,6 +122,7 @@ impl Session {
     pub fn split(self) -> (Sender, Receiver) {
         let shared = Arc::new(Shared {
             readiness: self.inner.readiness(),
+            interrupter: self.interrupter(),
             rank: self.rank(),
             world_size: self.world_size(),
             timeout: self.timeout,
@@ -247,10 +250,11 @@ impl Receiver {
         timeout: Duration,
         take: impl FnOnce(&mut Session, u32, Duration) -> Result<T, Error>,
     ) -> Result<T, Error> {
+        let deadline =
+            Deadline::new(op, timeout).noting_interrupts(self.shared.interrupter.count());
         if let Some(rank) = only {
             self.shared.lock().check_peer(rank)?;
         }
-        let deadline = Deadline::new(op, timeout);
         let peer = wait_for_sender(&mut &*self.shared, self.readiness_fd(), only, &deadline)?;
         take(&mut self.shared.lock(), peer, deadline.left())
     }

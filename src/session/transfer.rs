@@ -729,7 +729,8 @@ impl Session {
                 let _ = self.inner.take_interrupt();
                 true
             }
-            Some(_) => false,
+            // A request from before this call began that no wait has taken.
+            Some(_) => self.inner.take_interrupt(),
         };
         if interrupted {
             return Err(Error::Interrupted);
