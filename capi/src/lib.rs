@@ -1090,6 +1090,30 @@ mod tests {
                 shmbroker_all_gather(a, big.as_ptr().cast(), 8, null_mut()),
                 SHMBROKER_E_MISUSE
             );
+            // Nothing waiting: try_recv_any says AGAIN and arms the readiness fd, which
+            // becomes readable once rank 1 sends; then try_recv_any takes the message.
+            let mut from = u32::MAX;
+            let rc = shmbroker_try_recv_any(a, &mut from, whole.as_mut_ptr().cast(), 100, &mut len);
+            assert_eq!(rc, SHMBROKER_E_AGAIN, "{}", last_error());
+            let fd = shmbroker_readiness_fd(a);
+            assert!(fd >= 0);
+            assert_eq!(
+                shmbroker_send(b, 0, b"ping".as_ptr().cast(), 4),
+                SHMBROKER_OK
+            );
+            let mut poll = nix::libc::pollfd {
+                fd,
+                events: nix::libc::POLLIN,
+                revents: 0,
+            };
+            assert_eq!(
+                nix::libc::poll(&mut poll, 1, 10_000),
+                1,
+                "the readiness fd woke"
+            );
+            let rc = shmbroker_try_recv_any(a, &mut from, whole.as_mut_ptr().cast(), 100, &mut len);
+            assert_eq!((rc, from, &whole[..len]), (SHMBROKER_OK, 1, &b"ping"[..]));
+            assert_eq!(shmbroker_readiness_fd(null()), -1);
             // Rank 1 leaves: rank 0 waiting for it is told, naming it.
             assert_eq!(shmbroker_close(b), SHMBROKER_OK);
             let rc = shmbroker_recv(a, 1, small.as_mut_ptr().cast(), small.len(), &mut len);
