@@ -333,8 +333,44 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let rank = rank_arg(rank)?;
         let timeout = self.deadline(timeout)?;
-        let received = self.blocking(py, |session| session.recv_from_timeout(rank, timeout))?;
-        Ok(PyBytes::new(py, &received))
+        // Straight into the `bytes` object, sized by a probe: one copy, and no intermediate
+        // buffer whose fresh pages would each fault in (a 4 MiB message took 6.5 ms through a
+        // `Vec`, against 0.3 ms into a reused buffer; fresh pages are what is left here).
+        let started = std::time::Instant::now();
+        let len = self.blocking(py, |session| {
+            // The call the user made is a recv: its deadline says so.
+            session
+                .probe_timeout(rank, timeout)
+                .map_err(|error| match error {
+                    Error::Timeout {
+                        waiting_for,
+                        timeout,
+                        ..
+                    } => Error::Timeout {
+                        op: "recv",
+                        waiting_for,
+                        timeout,
+                    },
+                    other => other,
+                })
+        })?;
+        let left = timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(1));
+        PyBytes::new_with(py, len, |buffer| {
+            let received =
+                self.blocking(py, |session| session.recv_into_timeout(rank, buffer, left))?;
+            if received != len {
+                // Another thread took the probed message (a session is used by one thread at
+                // a time): what arrived instead fitted, but is not what was sized.
+                return Err(errors::plain(format!(
+                    "recv: rank {rank}'s message of {len} bytes was taken by another thread; \
+                     this call received one of {received} bytes (use a session from one thread \
+                     at a time)"
+                )));
+            }
+            Ok(())
+        })
     }
 
     /// Receives the next message from ``rank`` into ``buffer`` (any writable, C-contiguous
