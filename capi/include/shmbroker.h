@@ -150,6 +150,20 @@ int shmbroker_all_gather(struct shmbroker_session *s, const void *data, size_t l
 // elsewhere).
 int shmbroker_broadcast(struct shmbroker_session *s, uint32_t root, void *buf, size_t len);
 
+// Every rank's `len` bytes, in rank order, into the root's `out` (`len * world_size` bytes;
+// ignored, and may be NULL, on other ranks). Every rank passes the same `len`: a part of
+// another size is `SHMBROKER_E_PROTOCOL` naming its rank. Threads: as [`shmbroker_barrier`].
+//
+// # Safety
+//
+// `s` is null or a live session; `data` has `len` readable bytes; on the root `out` has
+// `len * world_size` writable bytes.
+int shmbroker_gather(struct shmbroker_session *s,
+                     uint32_t root,
+                     const void *data,
+                     size_t len,
+                     void *out);
+
 // Sends `len` bytes to `rank`. Threads: one send or collective at a time (a second waits for
 // the first); a receive on another thread goes on.
 //

@@ -159,6 +159,21 @@ class Session {
         return all;
     }
 
+    // Every rank's `len` bytes, in rank order, into the root's `out` (len * world_size() bytes;
+    // ignored elsewhere).
+    void gather(std::uint32_t root, const void *data, std::size_t len, void *out) {
+        detail::check(shmbroker_gather(s_, root, data, len, out));
+    }
+
+    // Every rank's value, in rank order, on the root (empty elsewhere).
+    template <typename T>
+    std::vector<T> gather(std::uint32_t root, const T &mine) {
+        static_assert(std::is_trivially_copyable_v<T>, "gather copies bytes");
+        std::vector<T> all(rank() == root ? world_size() : 0);
+        gather(root, &mine, sizeof(T), all.data());
+        return all;
+    }
+
     // `root`'s `len` bytes at `buf` into every rank's `buf`.
     void broadcast(std::uint32_t root, void *buf, std::size_t len) {
         detail::check(shmbroker_broadcast(s_, root, buf, len));

@@ -496,6 +496,59 @@ pub unsafe extern "C" fn shmbroker_broadcast(
     })
 }
 
+/// Every rank's `len` bytes, in rank order, into the root's `out` (`len * world_size` bytes;
+/// ignored, and may be NULL, on other ranks). Every rank passes the same `len`: a part of
+/// another size is `SHMBROKER_E_PROTOCOL` naming its rank. Threads: as [`shmbroker_barrier`].
+///
+/// # Safety
+///
+/// `s` is null or a live session; `data` has `len` readable bytes; on the root `out` has
+/// `len * world_size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_gather(
+    s: *mut shmbroker_session,
+    root: u32,
+    data: *const c_void,
+    len: usize,
+    out: *mut c_void,
+) -> c_int {
+    guard("shmbroker_gather", || {
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        // SAFETY: `len` readable bytes at `data`, per the contract.
+        let data = unsafe { bytes(data, len, "data") }?;
+        let rank = entered.handle.sender.rank();
+        let out = if rank == root {
+            let total = len
+                .checked_mul(entered.handle.sender.world_size() as usize)
+                .ok_or_else(|| misuse(format!("len {len} times the world size overflows")))?;
+            // SAFETY: on the root, `len * world_size` writable bytes at `out`, per the contract.
+            Some(unsafe { bytes_mut(out, total, "out") }?)
+        } else {
+            None
+        };
+        let parts = entered.handle.sender.session().gather(root, data)?;
+        if let (Some(out), Some(parts)) = (out, parts) {
+            for (peer, part) in (0u32..).zip(&parts) {
+                if part.len() != len {
+                    return Err(Failure(
+                        SHMBROKER_E_PROTOCOL,
+                        format!(
+                            "rank {peer} gave {} bytes; this root expected {len} (every rank \
+                             passes the same len)",
+                            part.len()
+                        ),
+                        Some(peer),
+                    ));
+                }
+                let at = peer as usize * len;
+                out[at..at + len].copy_from_slice(part);
+            }
+        }
+        Ok(())
+    })
+}
+
 /// Sends `len` bytes to `rank`. Threads: one send or collective at a time (a second waits for
 /// the first); a receive on another thread goes on.
 ///
@@ -1149,6 +1202,32 @@ mod tests {
                             SHMBROKER_OK
                         );
                         assert_eq!((all[0], all[64]), (1, 2));
+                        let mut at_root = [0u8; 128];
+                        let out = if rank == 1 {
+                            at_root.as_mut_ptr().cast()
+                        } else {
+                            null_mut()
+                        };
+                        assert_eq!(
+                            shmbroker_gather(s, 1, mine.as_ptr().cast(), 64, out),
+                            SHMBROKER_OK,
+                            "{}",
+                            last_error()
+                        );
+                        if rank == 1 {
+                            assert_eq!((at_root[0], at_root[64], at_root[127]), (1, 2, 2));
+                        }
+                        // A part of another size is refused at the root, naming its sender.
+                        let odd = [9u8; 65];
+                        let part = if rank == 0 { &odd[..] } else { &mine[..] };
+                        let rc = shmbroker_gather(s, 1, part.as_ptr().cast(), part.len(), out);
+                        if rank == 1 {
+                            assert_eq!(rc, SHMBROKER_E_PROTOCOL, "{}", last_error());
+                            assert_eq!(shmbroker_last_error_rank(), 0);
+                            assert!(last_error().contains("rank 0 gave 65 bytes"));
+                        } else {
+                            assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                        }
                         let mut word = if rank == 0 { *b"hello" } else { [0; 5] };
                         assert_eq!(
                             shmbroker_broadcast(s, 0, word.as_mut_ptr().cast(), 5),

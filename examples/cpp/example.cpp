@@ -67,6 +67,13 @@ int main() try {
         munmap(theirs, h.bytes);
         if (!right) throw std::runtime_error("rank " + std::to_string(peer) + "'s memory is wrong");
     }
+    // Rank 0 collects every rank's handle once more, as a scheduler keeping a registry would.
+    const auto registry = session.gather(0, own);
+    if (rank == 0) {
+        for (std::uint32_t peer = 0; peer < registry.size(); ++peer) {
+            if (registry[peer].rank != peer) throw std::runtime_error("gather out of order");
+        }
+    }
     session.barrier();
     munmap(mine, kBytes);
     std::printf("rank %u of %u: %zu handles and buffers checked\n", rank, session.world_size(),
