@@ -429,9 +429,28 @@ fn an_interrupter_ends_a_wait_from_another_thread_and_the_session_goes_on() {
 
 #[test]
 fn a_peer_forging_a_leave_that_blames_a_live_rank_is_named_itself_and_that_rank_goes_on() {
-    let broker = Broker::start("farm-forged-claim", 3);
+    // A death claim about a live rank: not believed, nothing said after "left".
+    forged_leave("death", 1, None);
+}
+
+#[test]
+fn a_peer_leaving_after_a_timeout_says_on_whom_and_a_forged_rank_is_not_named() {
+    use shmbroker::handshake::TIMED_OUT;
+    use shmbroker::session::LeftAfter;
+    // "Timed out waiting for rank 1": its word, taken as said; rank 1 goes on all the same.
+    forged_leave("timeout", TIMED_OUT | 1, Some(LeftAfter::TimedOut(1)));
+    // A rank outside the world (and the forger itself) is never named.
+    forged_leave("outside", TIMED_OUT | 9, None);
+    forged_leave("itself", TIMED_OUT | 2, None);
+}
+
+/// Rank 2 closes its ring ends writing `cause` as the cause and stays alive; the reader names
+/// rank 2 as having left, with `after`, and farms on with rank 1.
+fn forged_leave(name: &str, cause: u32, after: Option<shmbroker::session::LeftAfter>) {
+    let broker = Broker::start(&format!("farm-forged-{name}"), 3);
     let mut honest = farm_worker(&broker, 1, &[]);
-    let mut forger = farm_worker_with(&broker, 2, &["--leave-citing", "1"], Stdio::piped());
+    let cause = cause.to_string();
+    let mut forger = farm_worker_with(&broker, 2, &["--leave-citing", &cause], Stdio::piped());
     let mut reader = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
     reader.set_timeout(Duration::from_secs(30));
     reader.send(2, &task(0, 64)).unwrap();
@@ -440,7 +459,10 @@ fn a_peer_forging_a_leave_that_blames_a_live_rank_is_named_itself_and_that_rank_
     // Rank 2 closed its ends saying rank 1 died, and stays alive. Rank 1 is alive, so the claim
     // does not hold: rank 2 itself is named, as having left.
     let error = reader.recv(2).unwrap_err();
-    assert!(matches!(error, Error::PeerLeft { rank: 2, .. }), "{error}");
+    assert!(
+        matches!(error, Error::PeerLeft { rank: 2, after: a } if a == after),
+        "{error:?}"
+    );
     // Nobody is taken for dead: the farm goes on with rank 1, every answer checked.
     let tasks: Vec<Vec<u8>> = (0..200).map(|id| task(id, 64)).collect();
     let done = run_farm(&mut reader, &[1], &tasks);

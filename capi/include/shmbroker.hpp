@@ -234,6 +234,15 @@ class Session {
         return got.rank;
     }
 
+    // recv without waiting: the length, or empty when nothing from `rank` has arrived.
+    std::optional<std::size_t> try_recv(std::uint32_t rank, void *buf, std::size_t cap) {
+        std::size_t len = 0;
+        int rc = shmbroker_try_recv(s_, rank, buf, cap, &len);
+        if (rc == SHMBROKER_E_AGAIN) return std::nullopt;
+        detail::check(rc);
+        return len;
+    }
+
     // recv_any without waiting: empty when nothing has arrived.
     std::optional<Received> try_recv_any(void *buf, std::size_t cap) {
         Received got{0, 0};

@@ -662,7 +662,8 @@ pub unsafe extern "C" fn shmbroker_recv(
     cap: usize,
     len: *mut usize,
 ) -> c_int {
-    // SAFETY: per this function's contract.
+    // SAFETY: `s` is null or live, `buf` has `cap` writable bytes, `len` (and `rank`) point at
+    // writable memory: this function's contract is `receive`'s.
     unsafe {
         receive("shmbroker_recv", s, None, buf, cap, len, |receiver, buf| {
             Ok(Some((rank, receiver.recv_into(rank, buf)?)))
@@ -689,7 +690,8 @@ pub unsafe extern "C" fn shmbroker_recv_any(
     cap: usize,
     len: *mut usize,
 ) -> c_int {
-    // SAFETY: per this function's contract.
+    // SAFETY: `s` is null or live, `buf` has `cap` writable bytes, `len` (and `rank`) point at
+    // writable memory: this function's contract is `receive`'s.
     unsafe {
         receive(
             "shmbroker_recv_any",
@@ -718,7 +720,8 @@ pub unsafe extern "C" fn shmbroker_try_recv(
     cap: usize,
     len: *mut usize,
 ) -> c_int {
-    // SAFETY: per this function's contract.
+    // SAFETY: `s` is null or live, `buf` has `cap` writable bytes, `len` (and `rank`) point at
+    // writable memory: this function's contract is `receive`'s.
     unsafe {
         receive(
             "shmbroker_try_recv",
@@ -747,7 +750,8 @@ pub unsafe extern "C" fn shmbroker_try_recv_any(
     cap: usize,
     len: *mut usize,
 ) -> c_int {
-    // SAFETY: per this function's contract.
+    // SAFETY: `s` is null or live, `buf` has `cap` writable bytes, `len` (and `rank`) point at
+    // writable memory: this function's contract is `receive`'s.
     unsafe {
         receive(
             "shmbroker_try_recv_any",

@@ -26,9 +26,10 @@ pub struct Args {
     /// test that kills this worker with its last answers still unread).
     #[arg(long, value_name = "N")]
     burst_then_hang: Option<u64>,
-    /// Hostile: on the first task, close this worker's ends of every ring citing RANK's death
-    /// (a lie while RANK is alive), print `forged`, and hang, alive, without answering.
-    #[arg(long, value_name = "RANK")]
+    /// Hostile: on the first task, close this worker's ends of every ring with CAUSE written as
+    /// the cause (a rank: its death, a lie while it is alive; with bit 31 set, a timeout waiting
+    /// for the rank in the other bits), print `forged`, and hang, alive, without answering.
+    #[arg(long, value_name = "CAUSE")]
     leave_citing: Option<u32>,
 }
 

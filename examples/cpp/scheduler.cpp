@@ -109,6 +109,11 @@ void scheduler(shmbroker::Session &session) {
                     kLateRequest, ahead);
         if (ahead <= 0) fail("the late worker held up the other workers' replies");
     }
+    // Everything is answered: nothing more is waiting.
+    std::array<unsigned char, 8> spare{};
+    for (std::uint32_t rank = 1; rank <= workers; ++rank) {
+        if (session.try_recv(rank, spare.data(), spare.size())) fail("a reply nobody asked for");
+    }
     session.barrier();
     std::printf("rank 0: %u requests to %u workers, every reply checked\n", kRequests, workers);
 }

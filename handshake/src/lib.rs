@@ -57,7 +57,7 @@ pub mod wire;
 pub use broker::{Config, Event, Listener, MAX_UNCLAIMED_RELAYS, StopHandle};
 pub use client::{Connection, Link, connect, connect_stream};
 pub use error::{Error, ProtocolError};
-pub use liveness::{Departure, Interrupter, LeftAfter};
+pub use liveness::{Departure, Interrupter, LeftAfter, TIMED_OUT};
 pub use wire::MAX_WORLD_SIZE;
 
 // A logon reply carries every fd of a worker in one message.

@@ -131,6 +131,13 @@ pub fn timed_out_on(cause: u32) -> Option<u32> {
     (cause & TIMED_OUT != 0 && cause < NEVER_JOINED).then_some(cause & !TIMED_OUT)
 }
 
+/// [`timed_out_on`] for a cause a peer wrote into its ring header: believed only for a rank of
+/// the world of `world` ranks other than the closer itself (a peer may write anything there; a
+/// rank outside the world is not named in an error).
+fn timed_out_within(cause: u32, closer: u32, world: usize) -> Option<u32> {
+    timed_out_on(cause).filter(|&rank| rank != closer && (rank as usize) < world)
+}
+
 /// No rank recorded.
 const NONE: u32 = u32::MAX;
 
@@ -356,12 +363,13 @@ impl Shared {
         }
         let bit = 1u64 << (peer % 64);
         let claim = self.ends_closed_by(peer);
+        let world = self.closers.len();
         let left_after = |claimed: Option<u32>| {
             let claimed = claimed?;
-            if let Some(rank) = timed_out_on(claimed) {
-                return Some(LeftAfter::TimedOut(rank));
+            if timed_out_on(claimed).is_some() {
+                return timed_out_within(claimed, peer, world).map(LeftAfter::TimedOut);
             }
-            (claimed != peer && claimed < NEVER_JOINED && self.is_dead(claimed))
+            (claimed != peer && (claimed as usize) < world && self.is_dead(claimed))
                 .then_some(LeftAfter::Died(claimed))
         };
         if self.left.load(Ordering::Acquire) & bit != 0 {
@@ -379,11 +387,12 @@ impl Shared {
             }
             Some(claimed) => claimed,
         };
-        // It left, saying which of its calls timed out on whom: a hint, taken as said.
-        if let Some(rank) = timed_out_on(claimed) {
+        // It left, saying which of its calls timed out on whom: a hint, taken as said when it
+        // names another rank of the world.
+        if timed_out_on(claimed).is_some() {
             return Some(Departure::Left {
                 rank: peer,
-                after: Some(LeftAfter::TimedOut(rank)),
+                after: timed_out_within(claimed, peer, world).map(LeftAfter::TimedOut),
             });
         }
         // The ends were closed with a cause: by this worker's own watcher when `peer` died
@@ -890,5 +899,23 @@ fn check_pidfd(fd: BorrowedFd<'_>, pid: i32) -> Result<(), ProtocolError> {
             expected: format!("a pidfd of process {pid} (an fd whose fdinfo has a Pid line)"),
             found: fd.as_raw_fd() as u64,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cited_timeout_is_believed_only_for_another_rank_of_the_world() {
+        assert_eq!(timed_out_within(TIMED_OUT | 2, 0, 4), Some(2));
+        // Forged: outside the world, the closer itself, or no timeout flag at all.
+        assert_eq!(timed_out_within(TIMED_OUT | 4, 0, 4), None);
+        assert_eq!(timed_out_within(TIMED_OUT | 0x7fff_fff0, 0, 4), None);
+        assert_eq!(timed_out_within(TIMED_OUT | 1, 1, 4), None);
+        assert_eq!(timed_out_within(2, 0, 4), None);
+        // The watcher's own causes are never read as timeouts.
+        assert_eq!(timed_out_on(BROKER_LOST), None);
+        assert_eq!(timed_out_on(NEVER_JOINED), None);
     }
 }

@@ -6,7 +6,7 @@ Python (not in the native module) so that they can have ordinary constructors, p
 ``ValueError``.
 """
 
-from typing import List
+from typing import List, Optional
 
 
 class Error(Exception):
@@ -38,7 +38,22 @@ class PeerLost(_RankError):
 
 class PeerLeft(_RankError):
     """The peer this call needs (``rank``) closed its session on purpose. Calls that do not need
-    it go on."""
+    it go on.
+
+    ``after`` is the rank it gave up on before it left, when it said so (else ``None``):
+    ``after_died`` is ``True`` when that rank died (this worker saw the death too), ``False``
+    when a call of the leaver's timed out waiting for it (its word)."""
+
+    after: Optional[int]
+    after_died: bool
+
+    def __init__(
+        self, message: str, rank: int, after: Optional[int] = None, after_died: bool = False
+    ) -> None:
+        Error.__init__(self, message, rank, after, after_died)
+        self.rank = rank
+        self.after = after
+        self.after_died = after_died
 
 
 class PeerNeverJoined(_RankError):

@@ -7,7 +7,7 @@
 //! | Rust error | Python exception |
 //! |---|---|
 //! | `PeerLost { rank }`, a logon or fd relay that saw a peer die | `PeerLost` (`.rank`) |
-//! | `PeerLeft { rank }` | `PeerLeft` (`.rank`) |
+//! | `PeerLeft { rank, after }` | `PeerLeft` (`.rank`, `.after`, `.after_died`) |
 //! | `PeerNeverJoined { rank, after, after_left }`, a logon or fd relay that waited for it | `PeerNeverJoined` (`.rank`, `.after`, `.after_left`) |
 //! | `Timeout { op, waiting_for, timeout }` | `Timeout` (`.op`, `.waiting_for`, `.timeout`) |
 //! | `Protocol`, `Corrupted`, `CollectiveMismatch`, `Outbox`, `StaleFdTicket` (each names a peer) | `ProtocolError` (`.rank`) |
@@ -25,6 +25,7 @@
 use pyo3::prelude::*;
 use shmbroker::Error;
 use shmbroker::handshake::Error as HandshakeError;
+use shmbroker::session::LeftAfter;
 
 /// The classes of `shmbroker/_errors.py`, each under its Python name.
 mod py {
@@ -56,7 +57,14 @@ pub fn to_py(error: Error) -> PyErr {
     let message = error.to_string();
     match error {
         Error::PeerLost { rank } => py::PeerLost::new_err((message, rank)),
-        Error::PeerLeft { rank, .. } => py::PeerLeft::new_err((message, rank)),
+        Error::PeerLeft { rank, after } => {
+            let (after, after_died) = match after {
+                Some(LeftAfter::Died(cause)) => (Some(cause), true),
+                Some(LeftAfter::TimedOut(cause)) => (Some(cause), false),
+                None => (None, false),
+            };
+            py::PeerLeft::new_err((message, rank, after, after_died))
+        }
         Error::PeerNeverJoined {
             rank,
             after,

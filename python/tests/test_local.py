@@ -41,6 +41,10 @@ def test_exceptions_keep_their_fields_through_pickle():
         True,
     )
     assert str(never) == "rank 1 never came"
+    left = pickle.loads(pickle.dumps(shmbroker.PeerLeft("rank 0 left", 0, 2, False)))
+    assert (type(left), left.rank, left.after, left.after_died) == (shmbroker.PeerLeft, 0, 2, False)
+    plain = shmbroker.PeerLeft("rank 0 left", 0)
+    assert (plain.after, plain.after_died) == (None, False)
     small = pickle.loads(pickle.dumps(shmbroker.BufferTooSmall("rank 1 sent 300 bytes", 1, 300)))
     assert (type(small), small.rank, small.needed) == (shmbroker.BufferTooSmall, 1, 300)
 

@@ -292,11 +292,15 @@ def scenario_peer_left(session, args):
     rank = session.rank
     session.barrier()
     if rank == 2:
+        # It gives up on rank 1 (which sends it nothing) before it leaves, and says so.
+        raises(shmbroker.Timeout, lambda: session.recv(1, timeout=0.2))
         session.close()
         return
     # (Not a collective here: a barrier that finds rank 2 gone sometimes names rank 0 instead,
     # and leaves ranks 0 and 1 out of step; a library bug, reported.)
     error = raises(shmbroker.PeerLeft, lambda: session.recv(2, timeout=30))
+    check((error.after, error.after_died) == (1, False), f"after {error.after} {error.after_died}")
+    check("after timing out waiting for rank 1" in str(error), str(error))
     say(f"PEERLEFT rank {error.rank}: {error}")
     if rank == 0:
         session.send(1, b"still here")

@@ -249,18 +249,24 @@ impl<'a> Incoming<'a> {
         }
     }
 
-    /// [`Error::BufferTooSmall`] when a message of `len` bytes does not fit and is to be kept.
-    fn refuse_too_long(&self, len: u64) -> Result<(), Error> {
-        match &self.sink {
-            Sink::Slice(buffer) if self.keep_too_long && len > buffer.len() as u64 => {
-                Err(Error::BufferTooSmall {
-                    peer: self.peer,
-                    needed: len,
-                    capacity: buffer.len(),
-                })
-            }
-            _ => Ok(()),
+    /// [`Error::BufferTooSmall`] when the message `header` opens does not fit and is to be
+    /// kept. Its length is read only then: collectives and vector sinks pay nothing.
+    fn refuse_too_long(&self, header: &Message) -> Result<(), Error> {
+        let Sink::Slice(buffer) = &self.sink else {
+            return Ok(());
+        };
+        if !self.keep_too_long {
+            return Ok(());
         }
+        let len = message_len(self.peer, header)?;
+        if len > buffer.len() as u64 {
+            return Err(Error::BufferTooSmall {
+                peer: self.peer,
+                needed: len,
+                capacity: buffer.len(),
+            });
+        }
+        Ok(())
     }
 
     pub(super) fn is_done(&self) -> bool {
@@ -649,7 +655,7 @@ impl Session {
         }
         incoming.expect.check(peer, &next)?;
         let len = next.len as usize;
-        if let Err(too_long) = incoming.refuse_too_long(len as u64) {
+        if let Err(too_long) = incoming.refuse_too_long(&next) {
             // Nothing is queued from `peer` (`next_direct` took this from the ring only then):
             // queued, it is the next message again.
             self.unread[peer as usize].push_back(next);
@@ -881,7 +887,7 @@ impl Session {
                     };
                     let header = self.unread[peer as usize][at];
                     incoming.expect.check(peer, &header)?;
-                    incoming.refuse_too_long(message_len(peer, &header)?)?;
+                    incoming.refuse_too_long(&header)?;
                     moved = true;
                     incoming.state = match transport(peer, &header)? {
                         0 => self.take_eager(peer, at, &header, &mut incoming.sink)?,
