@@ -122,7 +122,8 @@ pub enum LeftAfter {
 }
 
 /// Marks a ring-close cause as "left after timing out waiting for" the rank in the other bits.
-/// Ranks stay below it, and so below [`NEVER_JOINED`] and [`BROKER_LOST`], which have it set.
+/// Ranks stay below it, and so below the watcher's own causes (`NEVER_JOINED`, `BROKER_LOST`),
+/// which have it set.
 pub const TIMED_OUT: u32 = 1 << 31;
 
 /// The rank a close cause says its closer timed out waiting for, if it says that.
