@@ -56,36 +56,44 @@
 //! blocks that *live* peers owed for it (they stopped receiving it): those stay taken, so the
 //! outbox has that much less room for the point-to-point traffic that goes on.
 
+mod acks;
 mod any;
 mod collectives;
+mod demux;
+mod departures;
 mod error;
 mod fds;
 mod gpu;
+mod loans;
 mod p2p;
+mod peer;
+mod receive;
+mod send;
 mod split;
 #[cfg(feature = "tokio")]
 mod tokio_receiver;
-mod transfer;
 
 pub use collectives::{
     BRUCK_MAX_BYTES, FLAT_BARRIER_MAX, FLAT_BROADCAST_MAX, FLAT_GATHER_MAX, TREE_PART_MAX,
 };
 pub use fds::FdTransport;
-pub use p2p::LoanView;
+pub use loans::LoanView;
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
 pub use split::{Receiver, Sender, SessionGuard};
 #[cfg(feature = "tokio")]
 pub use tokio_receiver::AsyncReceiver;
 
-use shmbroker_allocator::{Outbox, PeerOutbox};
-use shmbroker_bindings::{ANY_RANK, LogonFrame, Message};
+use departures::{departure_error, handshake_failed};
+use loans::ViewAcks;
+use peer::Peer;
+use shmbroker_allocator::Outbox;
+use shmbroker_bindings::{ANY_RANK, LogonFrame};
 use shmbroker_handshake::connect;
 pub use shmbroker_handshake::{Interrupter, LeftAfter};
 pub use shmbroker_queues::Waiting;
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use transfer::ViewAcks;
 
 // Who owes which acknowledgement is a bit per rank: every rank of the largest world needs one.
 const _: () =
@@ -117,23 +125,12 @@ pub struct Session {
     timeout: Duration,
     /// Sequence number of the next collective.
     seq: u64,
-    /// Per peer: messages received and not yet taken, in arrival order (see `transfer`).
-    unread: Vec<VecDeque<Message>>,
-    /// Per peer: continuation slots still owed by the eager message last queued from it.
-    owed_slots: Vec<usize>,
-    /// Per peer: the next point-to-point tag to send, and to expect.
-    sent_to: Vec<u64>,
-    received_from: Vec<u64>,
+    /// One per rank of the world, indexed by rank (this rank's own stays unused).
+    peers: Vec<Peer>,
     /// This rank's outbox: large data and loans go out through it.
     outbox: Outbox,
-    /// Peers' outboxes, mapped read-only when first needed.
-    outboxes: Vec<Option<PeerOutbox>>,
     /// Offsets of outbox blocks holding chunks of pipelined transfers, not yet acknowledged.
     chunk_blocks: HashSet<u64>,
-    /// Per peer: chunks sent to it that it has not acknowledged yet (a transfer's window).
-    chunks_owed: Vec<usize>,
-    /// Per peer: acknowledgements not yet sent because the ring to that peer was full.
-    acks_due: Vec<VecDeque<Message>>,
     /// Acknowledgements of dropped loan views.
     view_acks: ViewAcks,
     /// How fds move, and whether the choice was reported yet.
@@ -413,15 +410,9 @@ impl Session {
             inner,
             timeout: DEFAULT_TIMEOUT,
             seq: 0,
-            unread: vec![VecDeque::new(); world],
-            owed_slots: vec![0; world],
-            sent_to: vec![0; world],
-            received_from: vec![0; world],
+            peers: (0..world as u32).map(Peer::new).collect(),
             outbox,
-            outboxes: vec![None; world],
             chunk_blocks: HashSet::new(),
-            chunks_owed: vec![0; world],
-            acks_due: vec![VecDeque::new(); world],
             view_acks: ViewAcks::default(),
             fd_transport: FdTransport::Auto,
             fd_transport_reported: false,
@@ -560,31 +551,6 @@ impl Session {
         Ok(())
     }
 
-    /// The error for a call whose deadline passed waiting for `peer`: who is gone if someone is
-    /// (a departure that raced the deadline), otherwise the timeout.
-    fn timed_out(&self, deadline: &Deadline, peer: u32) -> Error {
-        self.timed_out_waiting(deadline, vec![peer])
-    }
-
-    /// [`Self::timed_out`] for a call still waiting for every rank of `waiting_for`.
-    fn timed_out_waiting(&self, deadline: &Deadline, waiting_for: Vec<u32>) -> Error {
-        match waiting_for
-            .iter()
-            .find_map(|&peer| self.inner.departure(peer))
-        {
-            Some(departure) => departure_error(departure),
-            None => {
-                let error = deadline.timed_out(waiting_for);
-                // Cited if this worker now leaves: the peers still waiting on it then learn
-                // whom it gave up on, not only that it left.
-                if let Some(rank) = error.rank() {
-                    self.inner.note_gave_up_on(rank);
-                }
-                error
-            }
-        }
-    }
-
     fn peers(&self) -> impl Iterator<Item = u32> + use<> {
         let rank = self.rank();
         (0..self.world_size()).filter(move |&peer| peer != rank)
@@ -635,54 +601,6 @@ impl Session {
         let seq = self.seq;
         self.seq += 1;
         seq
-    }
-
-    /// Sends one single-slot message to `peer` (fd tickets).
-    fn send_message(
-        &mut self,
-        peer: u32,
-        outgoing: Message,
-        deadline: &Deadline,
-    ) -> Result<(), Error> {
-        self.send_slots(peer, std::slice::from_ref(&outgoing), deadline)
-    }
-}
-
-/// The session error for a handshake call about `peer` that failed within `deadline`.
-fn handshake_failed(peer: u32, error: shmbroker_handshake::Error, deadline: &Deadline) -> Error {
-    match error {
-        shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(vec![peer]),
-        shmbroker_handshake::Error::PeerLost { rank, .. } => Error::PeerLost { rank },
-        shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
-        shmbroker_handshake::Error::PeerNeverJoined {
-            rank,
-            after,
-            after_left,
-            ..
-        } => departure_error(shmbroker_handshake::Departure::NeverJoined {
-            rank,
-            after,
-            after_left,
-        }),
-        other => Error::Logon(other),
-    }
-}
-
-/// The error for a peer that is gone, as the handshake's watcher established it.
-fn departure_error(departure: shmbroker_handshake::Departure) -> Error {
-    match departure {
-        shmbroker_handshake::Departure::Lost { rank } => Error::PeerLost { rank },
-        shmbroker_handshake::Departure::Left { rank, after } => Error::PeerLeft { rank, after },
-        shmbroker_handshake::Departure::BrokerLost => Error::BrokerLost,
-        shmbroker_handshake::Departure::NeverJoined {
-            rank,
-            after,
-            after_left,
-        } => Error::PeerNeverJoined {
-            rank,
-            after,
-            after_left,
-        },
     }
 }
 

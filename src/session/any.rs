@@ -40,7 +40,7 @@
 //! naming a rank that died if one did, otherwise [`Error::PeerLeft`] (or
 //! [`Error::PeerNeverJoined`] if no peer ever came).
 
-use super::transfer::Expect;
+use super::demux::Expect;
 use super::{Deadline, Error, LeftAfter, Session};
 use shmbroker_queues::{CROWDED_SPIN_MAX, SPIN_MAX, Waiting};
 use shmbroker_sys::eventfd;
@@ -246,7 +246,7 @@ impl Session {
             return Err(gone.error(peer));
         }
         let expect = Expect::Send {
-            tag: self.received_from[peer as usize],
+            tag: self.peers[peer as usize].recv_tag,
         };
         loop {
             if self.find(peer, expect)?.is_some() {
@@ -332,7 +332,7 @@ impl Session {
             if peer == rank || self.any.gone[p].is_some() {
                 continue;
             }
-            if !self.unread[p].is_empty() || self.owed_slots[p] != 0 {
+            if !self.peers[p].inbox.is_empty() {
                 return false;
             }
             match self.inner.link(peer) {
@@ -530,7 +530,7 @@ pub(super) fn wait_for_sender(
                 return Err(session.timed_out_waiting(deadline, waiting_for));
             }
             Ok(Ok(if session.owes_acks() {
-                left.min(super::transfer::SEND_SLICE)
+                left.min(super::receive::SEND_SLICE)
             } else {
                 left
             }))

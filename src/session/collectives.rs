@@ -1,7 +1,8 @@
 //! Collectives: barrier, all-gather, broadcast and gather, flat in small worlds and by
 //! dissemination, Bruck's algorithm and binomial trees in large ones.
 
-use super::transfer::{Expect, Incoming, Sink, Targets, message};
+use super::demux::{Expect, Incoming, Sink, message};
+use super::send::Targets;
 use super::{Deadline, Error, Session};
 use shmbroker_bindings::{Message, kind};
 use std::time::Duration;
@@ -375,10 +376,10 @@ impl Session {
     ) -> Result<Vec<Vec<u8>>, Error> {
         let seq = self.next_seq();
         let mut incoming = self.receive_from_every_peer(kind::ALL_GATHER, seq);
-        self.transfer(
+        self.send_while_receiving(
             kind::ALL_GATHER,
             seq,
-            Some((data, Targets::Peers)),
+            (data, Targets::Peers),
             &mut incoming,
             deadline,
         )?;
@@ -458,10 +459,10 @@ impl Session {
                 incoming.push(Incoming::new(peer, expect, Sink::Slice(slot)));
             }
         }
-        self.transfer(
+        self.send_while_receiving(
             kind::ALL_GATHER,
             seq,
-            Some((data, Targets::Peers)),
+            (data, Targets::Peers),
             &mut incoming,
             &deadline,
         )?;
@@ -506,10 +507,10 @@ impl Session {
                 expect,
                 Sink::Slice(&mut missing[..bytes]),
             )];
-            self.transfer(
+            self.send_while_receiving(
                 kind::ALL_GATHER,
                 seq,
-                Some((&gathered[..bytes], Targets::One(to))),
+                (&gathered[..bytes], Targets::One(to)),
                 &mut incoming,
                 deadline,
             )?;
@@ -576,13 +577,7 @@ impl Session {
             return self.tree_broadcast(root, data, seq, &deadline);
         }
         if let Some(data) = data {
-            self.transfer(
-                kind::BROADCAST,
-                seq,
-                Some((data, Targets::Peers)),
-                &mut [],
-                &deadline,
-            )?;
+            self.send_to(kind::BROADCAST, seq, data, Targets::Peers, &deadline)?;
             return Ok(data.to_vec());
         }
         let expect = Expect::Collective {
@@ -590,12 +585,9 @@ impl Session {
             seq,
         };
         let mut incoming = [Incoming::new(root, expect, Sink::Vec(Vec::new()))];
-        self.transfer(kind::BROADCAST, seq, None, &mut incoming, &deadline)?;
+        self.receive_all(&mut incoming, &deadline)?;
         let [incoming] = incoming;
-        match incoming.finish()? {
-            (_, Sink::Vec(bytes)) => Ok(bytes),
-            (_, Sink::Slice(_)) => unreachable!("a vector sink stays a vector"),
-        }
+        Ok(incoming.finish()?.1.into_vec())
     }
 
     /// [`Self::broadcast`] down a binomial tree rooted at `root` (see [`FLAT_BROADCAST_MAX`]).
@@ -642,24 +634,12 @@ impl Session {
             let word = route.word(seq, &bytes);
             self.send_message(child, word, deadline)?;
             if route == Route::Parent {
-                self.transfer(
-                    kind::BROADCAST,
-                    seq,
-                    Some((&bytes, Targets::One(child))),
-                    &mut [],
-                    deadline,
-                )?;
+                self.send_to(kind::BROADCAST, seq, &bytes, Targets::One(child), deadline)?;
             }
         }
         match (route, data) {
             (Route::Root, Some(data)) => {
-                self.transfer(
-                    kind::BROADCAST,
-                    seq,
-                    Some((data, Targets::Peers)),
-                    &mut [],
-                    deadline,
-                )?;
+                self.send_to(kind::BROADCAST, seq, data, Targets::Peers, deadline)?;
                 Ok(bytes)
             }
             (Route::Root, None) => self.receive_vec(root, expect, deadline),
@@ -675,12 +655,9 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<Vec<u8>, Error> {
         let mut incoming = [Incoming::new(peer, expect, Sink::Vec(Vec::new()))];
-        self.transfer(kind::BROADCAST, 0, None, &mut incoming, deadline)?;
+        self.receive_all(&mut incoming, deadline)?;
         let [incoming] = incoming;
-        match incoming.finish()? {
-            (_, Sink::Vec(bytes)) => Ok(bytes),
-            (_, Sink::Slice(_)) => unreachable!("a vector sink stays a vector"),
-        }
+        Ok(incoming.finish()?.1.into_vec())
     }
 
     /// Every rank's `data` (any size, sizes may differ) at `root`, indexed by rank: `Some` at the
@@ -711,17 +688,11 @@ impl Session {
             return self.tree_gather(root, data, seq, &deadline);
         }
         if root != self.rank() {
-            self.transfer(
-                kind::GATHER,
-                seq,
-                Some((data, Targets::One(root))),
-                &mut [],
-                &deadline,
-            )?;
+            self.send_to(kind::GATHER, seq, data, Targets::One(root), &deadline)?;
             return Ok(None);
         }
         let mut incoming = self.receive_from_every_peer(kind::GATHER, seq);
-        self.transfer(kind::GATHER, seq, None, &mut incoming, &deadline)?;
+        self.receive_all(&mut incoming, &deadline)?;
         self.gathered(data, incoming).map(Some)
     }
 
@@ -753,21 +724,15 @@ impl Session {
             bundle.append(child, parts, &bytes)?;
         }
         if let Some(parent) = tree.parent() {
-            self.transfer(
+            self.send_to(
                 kind::GATHER,
                 seq,
-                Some((&bundle.encode(), Targets::One(parent))),
-                &mut [],
+                &bundle.encode(),
+                Targets::One(parent),
                 deadline,
             )?;
             if data.len() > TREE_PART_MAX {
-                self.transfer(
-                    kind::GATHER,
-                    seq,
-                    Some((data, Targets::One(root))),
-                    &mut [],
-                    deadline,
-                )?;
+                self.send_to(kind::GATHER, seq, data, Targets::One(root), deadline)?;
             }
             return Ok(None);
         }
@@ -782,7 +747,7 @@ impl Session {
                 None => direct.push(Incoming::new(peer, expect, Sink::Vec(Vec::new()))),
             }
         }
-        self.transfer(kind::GATHER, seq, None, &mut direct, deadline)?;
+        self.receive_all(&mut direct, deadline)?;
         for incoming in direct {
             let peer = incoming.peer;
             if let (_, Sink::Vec(bytes)) = incoming.finish()? {

@@ -18,7 +18,7 @@
 //!
 //! The transport used the first time is reported once on standard error, with the reason.
 
-use super::transfer::message;
+use super::demux::message;
 use super::{Deadline, Error, Session, departure_error, handshake_failed};
 use shmbroker_bindings::{FdTicket, INLINE_BYTES, kind};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};

@@ -1,0 +1,88 @@
+//! Acknowledgements: a receiver gives a block of the sender's outbox back once it has copied a
+//! chunk out of it, or dropped its view of a loan.
+//!
+//! Acknowledgements travel on the rings like any message, but they are never queued for a
+//! receive: [`Session::pull`] hands each one to this rank's outbox ledger as it arrives, which
+//! refuses (naming the sender) one this rank did not expect. Those this rank owes go out at once
+//! when the ring back has room, and otherwise wait in the peer's `acks_due` for the next call to
+//! flush them, in order and ahead of any new message to that peer.
+
+use super::demux::with_ref;
+use super::{Error, Session};
+use shmbroker_bindings::{PayloadRef, kind};
+use shmbroker_queues::TrySendError;
+
+impl Session {
+    /// Handles `peer`'s acknowledgement of a block of this rank's outbox.
+    pub(super) fn acknowledged(&mut self, peer: u32, acked: PayloadRef) -> Result<(), Error> {
+        let freed = self
+            .outbox
+            .ack(peer, acked)
+            .map_err(|source| Error::Protocol {
+                peer,
+                detail: source.to_string(),
+            })?;
+        if self.chunk_blocks.contains(&acked.offset) {
+            let owed = &mut self.peers[peer as usize].chunks_owed;
+            *owed = owed.saturating_sub(1);
+        }
+        if freed {
+            self.chunk_blocks.remove(&acked.offset);
+        }
+        Ok(())
+    }
+
+    /// Acknowledges `payload` to its owner `peer`: queued, and sent as soon as the ring has room.
+    pub(super) fn queue_ack(&mut self, peer: u32, payload: PayloadRef) -> Result<(), Error> {
+        self.peers[peer as usize]
+            .acks_due
+            .push_back(with_ref(kind::PAYLOAD_ACK, 0, payload));
+        self.flush_acks(peer)
+    }
+
+    pub(super) fn owes_acks(&self) -> bool {
+        self.peers.iter().any(|peer| !peer.acks_due.is_empty())
+    }
+
+    pub(super) fn flush_all_acks(&mut self) -> Result<(), Error> {
+        for peer in self.peers() {
+            self.flush_acks(peer)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the acknowledgements owed to `peer` that fit, in order, without waiting. A peer that
+    /// has left needs none: they are dropped (a session that died says so on the next call).
+    pub(super) fn flush_acks(&mut self, peer: u32) -> Result<(), Error> {
+        let due = &mut self.peers[peer as usize].acks_due;
+        if due.is_empty() {
+            return Ok(());
+        }
+        let link = self
+            .inner
+            .link(peer)
+            .ok_or_else(|| Error::Misuse(format!("rank {peer} has no link to this rank")))?;
+        match link.to.try_send_batch(due.make_contiguous()) {
+            Ok(count) => {
+                due.drain(..count);
+                Ok(())
+            }
+            Err(TrySendError::Full(())) => Ok(()),
+            Err(TrySendError::Disconnected(())) => {
+                due.clear();
+                Ok(())
+            }
+            Err(TrySendError::Corrupted((), corruption)) => Err(self.corrupted(peer, corruption)),
+        }
+    }
+
+    /// Queues the acknowledgements of loan views dropped since the last call.
+    pub(super) fn flush_view_acks(&mut self) -> Result<(), Error> {
+        for (peer, payload) in self.view_acks.take() {
+            if peer < self.world_size() && peer != self.rank() {
+                self.queue_ack(peer, payload)?;
+            }
+        }
+        Ok(())
+    }
+}

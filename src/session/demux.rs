@@ -1,0 +1,718 @@
+//! The demultiplexer: one peer's ring slots in, whole messages out, with no I/O.
+//!
+//! Everything a peer writes into its ring toward this rank is another process's bytes. This
+//! module is the only code that gives them meaning, and it does nothing else: no ring, no clock,
+//! no outbox mapping. The session's receive path reads slots from the ring and hands them to an
+//! [`Inbox`]; a receive ([`Incoming`]) then takes whole messages out of it. Bytes that live in the
+//! sender's outbox (pipelined chunks, loans) are read through [`Payloads`], which the session
+//! implements over the peer's mapped outbox and the fuzz target `demux` over a plain buffer.
+//!
+//! # Frames
+//!
+//! A peer's slots form *groups*, in order:
+//!
+//! - **eager**: a header (operation, tag, `len` up to [`kind::EAGER_MAX`], the first
+//!   [`INLINE_BYTES`] in `inline`) and then [`kind::continuation_slots`]`(len)` raw slots;
+//! - **pipelined**: a header (`PIPELINED` flag, the total length in `inline[..8]`, nothing else)
+//!   and then `CHUNK` slots with the same tag, each referring to 1 byte or more of the sender's
+//!   outbox, until they add up to the total;
+//! - **loan**: one slot (`LOAN` flag) referring to the lent bytes;
+//! - **acknowledgement**: one `PAYLOAD_ACK` slot giving back a block of this rank's outbox. It is
+//!   not queued: [`Inbox::push`] hands it to the caller at once.
+//!
+//! Collectives take the first group that is not a point-to-point `SEND`; a point-to-point
+//! receive takes the first `SEND`. Either checks the group's operation and sequence number
+//! ([`Expect::check`]) before using a byte of it.
+//!
+//! # Invariants (checked by the unit tests below and the `demux` fuzz target)
+//!
+//! - Nothing a peer writes makes this module panic or allocate more than the peer announced and
+//!   this process agreed to ([`Sink::prepare`]).
+//! - Every refusal is an error naming the peer ([`Error::rank`] is the peer).
+//! - A message is delivered at most once, whole, and point-to-point messages in tag order:
+//!   a group leaves the queue only when it has been received (or refused, which ends the link).
+//! - A message too long for a caller's buffer is left queued, whole, when the receive says so
+//!   ([`Incoming::keeping_too_long`]).
+
+use super::Error;
+use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
+use std::collections::VecDeque;
+
+/// The most messages queued from one peer that no call has taken yet; past it the peer is
+/// refused with [`Error::Protocol`] rather than this process's memory growing without bound.
+pub const MAX_UNREAD: usize = 1 << 20;
+
+/// Which group a receive takes from a peer's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The first non-`SEND` group, which must be operation `op` number `seq`.
+    Collective {
+        /// The operation (`kind::BARRIER`, ...).
+        op: u32,
+        /// The collective's sequence number.
+        seq: u64,
+    },
+    /// The first `SEND` group, which must carry point-to-point number `tag`.
+    Send {
+        /// The point-to-point number due.
+        tag: u64,
+    },
+}
+
+impl Expect {
+    /// Whether `message` (a group's header) is of the kind this receive takes.
+    pub(super) fn selects(self, message: &Message) -> bool {
+        let op = message.kind & kind::OP_MASK;
+        match self {
+            Self::Collective { .. } => op != kind::SEND,
+            Self::Send { .. } => op == kind::SEND,
+        }
+    }
+
+    /// Whether `header` (a group [`Self::selects`]) is the one expected, naming what differs.
+    pub(super) fn check(self, peer: u32, header: &Message) -> Result<(), Error> {
+        let op = header.kind & kind::OP_MASK;
+        match self {
+            Self::Collective { op: want, seq } if op != want || header.tag != seq => {
+                Err(Error::CollectiveMismatch {
+                    peer,
+                    expected_kind: want,
+                    expected_seq: seq,
+                    found_kind: op,
+                    found_seq: header.tag,
+                })
+            }
+            Self::Send { tag } if header.tag != tag => Err(Error::Protocol {
+                peer,
+                detail: format!("message number {} arrived where {tag} was due", header.tag),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where the bytes of an incoming message go.
+#[derive(Debug)]
+pub enum Sink<'a> {
+    /// A vector sized when the header says how much is coming.
+    Vec(Vec<u8>),
+    /// A caller's buffer; a longer message is read to its end and reported as too large for it.
+    Slice(&'a mut [u8]),
+}
+
+impl Sink<'_> {
+    /// Makes room for `len` bytes; `false` when they cannot all be kept.
+    fn prepare(&mut self, peer: u32, len: u64) -> Result<bool, Error> {
+        match self {
+            Self::Vec(bytes) => {
+                let len = usize::try_from(len).map_err(|_| too_big(peer, len))?;
+                bytes.clear();
+                bytes
+                    .try_reserve_exact(len)
+                    .map_err(|_| too_big(peer, len as u64))?;
+                Ok(true)
+            }
+            Self::Slice(buffer) => Ok(len <= buffer.len() as u64),
+        }
+    }
+
+    /// The `len` bytes from `at` on, to be filled (after a successful [`Self::prepare`]).
+    fn window(&mut self, at: usize, len: usize) -> &mut [u8] {
+        match self {
+            Self::Vec(bytes) => {
+                if bytes.len() < at + len {
+                    bytes.resize(at + len, 0);
+                }
+                &mut bytes[at..at + len]
+            }
+            Self::Slice(buffer) => &mut buffer[at..at + len],
+        }
+    }
+
+    /// The bytes received into a vector sink.
+    ///
+    /// # Panics
+    ///
+    /// For a slice sink: callers know which kind they made.
+    pub(super) fn into_vec(self) -> Vec<u8> {
+        match self {
+            Self::Vec(bytes) => bytes,
+            Self::Slice(_) => unreachable!("a vector sink stays a vector"),
+        }
+    }
+}
+
+fn too_big(peer: u32, len: u64) -> Error {
+    Error::Protocol {
+        peer,
+        detail: format!(
+            "announced a message of {len} bytes; this process could not reserve that much memory"
+        ),
+    }
+}
+
+/// Reads the bytes a reference names in the sending peer's outbox, and gives the block back.
+pub trait Payloads {
+    /// Copies the bytes `payload` refers to into `out` (`out.len() == payload.len`), after
+    /// checking the reference against the outbox.
+    ///
+    /// # Errors
+    ///
+    /// A reference outside the outbox, naming the peer.
+    fn read_into(&mut self, payload: PayloadRef, out: &mut [u8]) -> Result<(), Error>;
+
+    /// Acknowledges `payload` to its owner: the block may be reused.
+    ///
+    /// # Errors
+    ///
+    /// As sending the acknowledgement may fail.
+    fn ack(&mut self, payload: PayloadRef) -> Result<(), Error>;
+}
+
+/// One message being received from `peer`, step by step.
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    pub(super) peer: u32,
+    pub(super) expect: Expect,
+    pub(super) sink: Sink<'a>,
+    state: InState,
+    /// A message too long for a [`Sink::Slice`] is left queued, whole, and the receive fails
+    /// with [`Error::BufferTooSmall`] at once (a point-to-point receive: the caller may retry with
+    /// a larger buffer). Otherwise it is received to its end and dropped (a collective, whose
+    /// sequence must move on).
+    keep_too_long: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InState {
+    /// Waiting for the header.
+    Header,
+    /// Taking chunks: the group continues at `queue[at]`.
+    Chunks {
+        at: usize,
+        tag: u64,
+        total: u64,
+        done: u64,
+        fits: bool,
+    },
+    /// Complete: `len` bytes arrived (and fit, unless `fits` is false).
+    Done { len: u64, fits: bool },
+}
+
+impl<'a> Incoming<'a> {
+    /// A receive from `peer` of the group `expect` selects, into `sink`.
+    #[must_use]
+    pub fn new(peer: u32, expect: Expect, sink: Sink<'a>) -> Self {
+        Self {
+            peer,
+            expect,
+            sink,
+            state: InState::Header,
+            keep_too_long: false,
+        }
+    }
+
+    /// A point-to-point receive: a message too long for the caller's buffer stays queued.
+    #[must_use]
+    pub fn keeping_too_long(peer: u32, expect: Expect, sink: Sink<'a>) -> Self {
+        Self {
+            keep_too_long: true,
+            ..Self::new(peer, expect, sink)
+        }
+    }
+
+    /// [`Error::BufferTooSmall`] when the message `header` opens does not fit and is to be
+    /// kept. Its length is read only then: collectives and vector sinks pay nothing.
+    fn refuse_too_long(&self, header: &Message) -> Result<(), Error> {
+        let Sink::Slice(buffer) = &self.sink else {
+            return Ok(());
+        };
+        if !self.keep_too_long {
+            return Ok(());
+        }
+        let len = message_len(self.peer, header)?;
+        if len > buffer.len() as u64 {
+            return Err(Error::BufferTooSmall {
+                peer: self.peer,
+                needed: len,
+                capacity: buffer.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the whole message has arrived.
+    #[must_use]
+    pub fn is_done(&self) -> bool {
+        matches!(self.state, InState::Done { .. })
+    }
+
+    /// Whether nothing of the message has arrived yet.
+    pub(super) fn at_header(&self) -> bool {
+        self.state == InState::Header
+    }
+
+    /// Whether the header of a pipelined message arrived and chunks are still due.
+    pub(super) fn mid_transfer(&self) -> bool {
+        matches!(self.state, InState::Chunks { .. })
+    }
+
+    /// A number that grows with each byte received (and with nothing else).
+    pub(super) fn progress(&self) -> u64 {
+        match self.state {
+            InState::Header => 0,
+            InState::Chunks { done, .. } => 1 + done,
+            InState::Done { len, .. } => 2 + len,
+        }
+    }
+
+    /// Receives a message taken straight from the ring while nothing from its peer is queued,
+    /// if it is the one-slot message this receive expects (then `Ok(true)`). `Ok(false)` when it
+    /// is another message, which the caller files in the peer's [`Inbox`]. A message too long
+    /// for a kept buffer is [`Error::BufferTooSmall`]: the caller files it, whole, and fails.
+    ///
+    /// # Errors
+    ///
+    /// As [`Expect::check`]; [`Error::BufferTooSmall`].
+    pub(super) fn take_slot(&mut self, slot: &Message) -> Result<bool, Error> {
+        let one_slot = slot.kind & !kind::OP_MASK == 0 && slot.len as usize <= INLINE_BYTES;
+        if !self.at_header() || !one_slot || !self.expect.selects(slot) {
+            return Ok(false);
+        }
+        self.expect.check(self.peer, slot)?;
+        self.refuse_too_long(slot)?;
+        let len = slot.len as usize;
+        let fits = self.sink.prepare(self.peer, len as u64)?;
+        if fits {
+            self.sink
+                .window(0, len)
+                .copy_from_slice(&slot.inline[..len]);
+        }
+        self.state = InState::Done {
+            len: len as u64,
+            fits,
+        };
+        Ok(true)
+    }
+
+    /// The length received, or [`Error::BufferTooSmall`] when it did not fit the caller's buffer.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BufferTooSmall`]; [`Error::Misuse`] before the message is whole.
+    pub fn finish(self) -> Result<(u64, Sink<'a>), Error> {
+        match self.state {
+            InState::Done { len, fits: true } => Ok((len, self.sink)),
+            InState::Done { len, fits: false } => Err(Error::BufferTooSmall {
+                peer: self.peer,
+                needed: len,
+                capacity: match self.sink {
+                    Sink::Slice(buffer) => buffer.len(),
+                    Sink::Vec(bytes) => bytes.len(),
+                },
+            }),
+            _ => Err(Error::Misuse(
+                "a receive was finished before it completed".into(),
+            )),
+        }
+    }
+}
+
+/// What one peer sent that no receive has taken yet: its slots in arrival order, grouped into
+/// messages by [`Inbox::find`].
+#[derive(Debug)]
+pub struct Inbox {
+    peer: u32,
+    queue: VecDeque<Message>,
+    /// Continuation slots still owed by the eager message last queued.
+    owed: usize,
+}
+
+impl Inbox {
+    /// The inbox of what `peer` sends.
+    #[must_use]
+    pub fn new(peer: u32) -> Self {
+        Self {
+            peer,
+            queue: VecDeque::new(),
+            owed: 0,
+        }
+    }
+
+    /// Whether nothing is queued and no continuation slot is owed: the next slot in the ring is
+    /// a header.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty() && self.owed == 0
+    }
+
+    /// How many slots to read from the ring next: one header (which must be looked at before what
+    /// follows it can be told apart), or the continuation slots owed, at most `most`.
+    #[must_use]
+    pub fn wants(&self, most: usize) -> usize {
+        if self.owed == 0 {
+            1
+        } else {
+            self.owed.min(most)
+        }
+    }
+
+    /// [`Error::Protocol`] once [`MAX_UNREAD`] messages are queued: the peer floods.
+    ///
+    /// # Errors
+    ///
+    /// As said.
+    pub fn check_room(&self) -> Result<(), Error> {
+        if self.queue.len() >= MAX_UNREAD {
+            return Err(Error::Protocol {
+                peer: self.peer,
+                detail: format!(
+                    "sent more than {MAX_UNREAD} messages that nobody receives yet; expected them \
+                     to be received first"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Files the next slot read from the peer's ring. An acknowledgement is checked and returned
+    /// (it gives back a block of this rank's outbox, which is the caller's business); anything
+    /// else is queued. An eager header makes the next slots its continuation.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Protocol`] for a slot that cannot start a group: an unknown kind, a malformed
+    /// reference, an eager message longer than [`kind::EAGER_MAX`].
+    pub fn push(&mut self, slot: Message) -> Result<Option<PayloadRef>, Error> {
+        let peer = self.peer;
+        if self.owed > 0 {
+            self.queue.push_back(slot);
+            self.owed -= 1;
+            return Ok(None);
+        }
+        if slot.kind == kind::PAYLOAD_ACK {
+            return read_ref(peer, &slot).map(Some);
+        }
+        if slot.kind == kind::CHUNK {
+            read_ref(peer, &slot)?;
+            self.queue.push_back(slot);
+            return Ok(None);
+        }
+        let eager = transport(peer, &slot)? == 0;
+        let len = slot.len as usize;
+        if eager && len > kind::EAGER_MAX {
+            return Err(Error::Protocol {
+                peer,
+                detail: format!(
+                    "eager message of {len} bytes; at most {} travel eagerly",
+                    kind::EAGER_MAX
+                ),
+            });
+        }
+        self.queue.push_back(slot);
+        if eager {
+            self.owed = kind::continuation_slots(len);
+        }
+        Ok(None)
+    }
+
+    /// Puts back a one-slot message taken straight from the ring, when nothing was queued (see
+    /// [`Incoming::take_slot`]): it is the next message again.
+    pub(super) fn put_back(&mut self, slot: Message) {
+        debug_assert!(
+            self.is_empty(),
+            "a slot is put back only into an empty inbox"
+        );
+        self.queue.push_back(slot);
+    }
+
+    /// The first queued group that `expect` selects, once it is whole: its index, or `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Protocol`] for a chunk that no header announced, or a pipelined message cut off
+    /// by another.
+    pub fn find(&self, expect: Expect) -> Result<Option<usize>, Error> {
+        let peer = self.peer;
+        let queue = &self.queue;
+        let mut at = 0;
+        while let Some(header) = queue.get(at) {
+            if header.kind == kind::CHUNK {
+                return Err(Error::Protocol {
+                    peer,
+                    detail: format!(
+                        "a chunk (tag {}) that no pipelined message announced; expected a message \
+                         header",
+                        header.tag
+                    ),
+                });
+            }
+            let eager = header.kind & !kind::OP_MASK == 0;
+            let extent = 1 + kind::continuation_slots(header.len as usize);
+            if eager && at + extent > queue.len() {
+                // Its continuation is still owed: the last group, and not whole yet.
+                return Ok(None);
+            }
+            if expect.selects(header) {
+                return Ok(Some(at));
+            }
+            at += match header.kind & !kind::OP_MASK {
+                0 => extent,
+                kind::PIPELINED => {
+                    let total = u64::from_le_bytes(header.inline[..8].try_into().unwrap_or([0; 8]));
+                    let mut seen = 0u64;
+                    let mut next = at + 1;
+                    while seen < total {
+                        let Some(chunk) = queue.get(next) else {
+                            // The rest of this message is still in the ring: nothing queued
+                            // after it.
+                            return Ok(None);
+                        };
+                        if chunk.kind != kind::CHUNK || chunk.tag != header.tag {
+                            return Err(Error::Protocol {
+                                peer,
+                                detail: format!(
+                                    "message {} of {total} bytes was cut off after {seen} bytes \
+                                     by kind {:#x} tag {}; expected its next chunk",
+                                    header.tag, chunk.kind, chunk.tag
+                                ),
+                            });
+                        }
+                        seen += u64::from(read_ref(peer, chunk)?.len.max(1));
+                        next += 1;
+                    }
+                    next - at
+                }
+                _ => 1,
+            };
+        }
+        Ok(None)
+    }
+
+    /// The header of the group at `at` (an index [`Self::find`] returned).
+    pub(super) fn header(&self, at: usize) -> Message {
+        self.queue[at]
+    }
+
+    /// Removes the one-slot group at `at` (an index [`Self::find`] returned).
+    pub(super) fn remove(&mut self, at: usize) {
+        self.queue.remove(at);
+    }
+
+    /// Advances `incoming` with what is queued, reading referenced bytes through `payloads`,
+    /// without waiting. Returns whether it moved.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CollectiveMismatch`] or [`Error::Protocol`] for a group that is not the one
+    /// expected or is malformed, naming the peer; [`Error::BufferTooSmall`] for a kept message
+    /// too long for the caller's buffer (it stays queued); what `payloads` returns.
+    pub fn step(
+        &mut self,
+        incoming: &mut Incoming<'_>,
+        payloads: &mut impl Payloads,
+    ) -> Result<bool, Error> {
+        let peer = self.peer;
+        debug_assert_eq!(
+            incoming.peer, peer,
+            "a receive steps through its own peer's inbox"
+        );
+        let mut moved = false;
+        loop {
+            match incoming.state {
+                InState::Done { .. } => return Ok(moved),
+                InState::Header => {
+                    let Some(at) = self.find(incoming.expect)? else {
+                        return Ok(moved);
+                    };
+                    let header = self.queue[at];
+                    incoming.expect.check(peer, &header)?;
+                    incoming.refuse_too_long(&header)?;
+                    moved = true;
+                    incoming.state = match transport(peer, &header)? {
+                        0 => self.take_eager(at, &header, &mut incoming.sink)?,
+                        kind::PIPELINED => {
+                            let (total, rest) = header.inline.split_at(8);
+                            let total = u64::from_le_bytes(total.try_into().unwrap_or([0; 8]));
+                            if header.len != 0 || rest.iter().any(|&b| b != 0) {
+                                return Err(Error::Protocol {
+                                    peer,
+                                    detail: "a pipelined header must hold only the total length"
+                                        .into(),
+                                });
+                            }
+                            let fits = incoming.sink.prepare(peer, total)?;
+                            self.queue.remove(at);
+                            InState::Chunks {
+                                at,
+                                tag: header.tag,
+                                total,
+                                done: 0,
+                                fits,
+                            }
+                        }
+                        _ => {
+                            let lent = read_ref(peer, &header)?;
+                            let len = u64::from(lent.len);
+                            let fits = incoming.sink.prepare(peer, len)?;
+                            if fits {
+                                let window = incoming.sink.window(0, lent.len as usize);
+                                payloads.read_into(lent, window)?;
+                            }
+                            self.queue.remove(at);
+                            payloads.ack(lent)?;
+                            InState::Done { len, fits }
+                        }
+                    };
+                }
+                InState::Chunks {
+                    at,
+                    tag,
+                    total,
+                    done,
+                    fits,
+                } => {
+                    if done == total {
+                        incoming.state = InState::Done { len: total, fits };
+                        continue;
+                    }
+                    let Some(&chunk) = self.queue.get(at) else {
+                        return Ok(moved);
+                    };
+                    let piece = read_ref(peer, &chunk)?;
+                    let len = u64::from(piece.len);
+                    if chunk.kind != kind::CHUNK
+                        || chunk.tag != tag
+                        || len == 0
+                        || len > total - done
+                    {
+                        return Err(Error::Protocol {
+                            peer,
+                            detail: format!(
+                                "expected a chunk of message {tag} with 1 to {} bytes, found kind {:#x} tag {} with {len} bytes",
+                                total - done,
+                                chunk.kind,
+                                chunk.tag
+                            ),
+                        });
+                    }
+                    if fits {
+                        let window = incoming.sink.window(done as usize, piece.len as usize);
+                        payloads.read_into(piece, window)?;
+                    }
+                    self.queue.remove(at);
+                    payloads.ack(piece)?;
+                    moved = true;
+                    incoming.state = InState::Chunks {
+                        at,
+                        tag,
+                        total,
+                        done: done + len,
+                        fits,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Copies out the eager group at `queue[at]` and removes it.
+    fn take_eager(
+        &mut self,
+        at: usize,
+        header: &Message,
+        sink: &mut Sink<'_>,
+    ) -> Result<InState, Error> {
+        let len = header.len as usize;
+        let slots = kind::continuation_slots(len);
+        let fits = sink.prepare(self.peer, len as u64)?;
+        let queue = &mut self.queue;
+        let end = (at + 1 + slots).min(queue.len());
+        if fits {
+            let head = len.min(INLINE_BYTES);
+            let out = sink.window(0, len);
+            out[..head].copy_from_slice(&header.inline[..head]);
+            let mut filled = head;
+            for slot in queue.range(at + 1..end) {
+                let bytes = bytemuck::bytes_of(slot);
+                let take = (len - filled).min(bytes.len());
+                out[filled..filled + take].copy_from_slice(&bytes[..take]);
+                filled += take;
+            }
+        }
+        queue.drain(at..end);
+        Ok(InState::Done {
+            len: len as u64,
+            fits,
+        })
+    }
+}
+
+pub(super) fn message(kind: u32, tag: u64, len: u32, inline: [u8; INLINE_BYTES]) -> Message {
+    Message {
+        kind,
+        len,
+        tag,
+        inline,
+    }
+}
+
+/// A message whose `inline` holds `payload` and zeros.
+pub(super) fn with_ref(kind: u32, tag: u64, payload: PayloadRef) -> Message {
+    let mut inline = [0u8; INLINE_BYTES];
+    inline[..size_of::<PayloadRef>()].copy_from_slice(bytemuck::bytes_of(&payload));
+    message(kind, tag, 0, inline)
+}
+
+/// The reference in a message's `inline`, after checking that the rest of it is zero.
+pub(super) fn read_ref(peer: u32, message: &Message) -> Result<PayloadRef, Error> {
+    let (head, rest) = message.inline.split_at(size_of::<PayloadRef>());
+    if message.len != 0 || rest.iter().any(|&b| b != 0) {
+        return Err(Error::Protocol {
+            peer,
+            detail: format!(
+                "a reference message (kind {:#x}) must have len 0 and zeros after the reference; \
+                 found len {} and {} nonzero bytes",
+                message.kind,
+                message.len,
+                rest.iter().filter(|&&b| b != 0).count()
+            ),
+        });
+    }
+    Ok(bytemuck::pod_read_unaligned(head))
+}
+
+/// The length of the message `header` opens, as it announces it (a group [`Inbox::find`]
+/// returned).
+pub(super) fn message_len(peer: u32, header: &Message) -> Result<u64, Error> {
+    Ok(match transport(peer, header)? {
+        0 => u64::from(header.len),
+        kind::PIPELINED => u64::from_le_bytes(header.inline[..8].try_into().unwrap_or([0; 8])),
+        _ => u64::from(read_ref(peer, header)?.len),
+    })
+}
+
+/// The transport flags of a kind, checked: eager (0), pipelined or loan, and nothing else.
+pub(super) fn transport(peer: u32, message: &Message) -> Result<u32, Error> {
+    let flags = message.kind & !kind::OP_MASK;
+    let op = message.kind & kind::OP_MASK;
+    let known_op = matches!(
+        op,
+        kind::BARRIER
+            | kind::ALL_GATHER
+            | kind::BROADCAST
+            | kind::SEND
+            | kind::FD_TICKET
+            | kind::GATHER
+    );
+    if known_op && matches!(flags, 0 | kind::PIPELINED | kind::LOAN) {
+        Ok(flags)
+    } else {
+        Err(Error::Protocol {
+            peer,
+            detail: format!("unknown message kind {:#x}", message.kind),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

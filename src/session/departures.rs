@@ -1,0 +1,176 @@
+//! Why a wait ended without its message: every way a peer can go (died, left, never joined,
+//! the broker lost, its rings corrupted), a deadline, or an interrupt, mapped to one [`Error`].
+//!
+//! # Who is named
+//!
+//! Who is gone is what this worker's watcher established from the kernel (see the handshake's
+//! `liveness` module), never what a peer wrote into a ring header. A collective needs every rank,
+//! so once any rank died, a collective fails naming the *first* rank that died: a survivor that
+//! gave up on the collective because of that death and left is not the cause. A peer that left
+//! says what it gave up on ([`Error::PeerLeft`]'s `after`). A timeout names every rank the call
+//! was still waiting for, under the name of the call the user made, and never names nobody.
+//!
+//! # What an interrupted transfer leaves
+//!
+//! A call that fails in the middle of a transfer (`Timeout`, `PeerLost`) leaves that link out of
+//! step: blocks sent to a peer that never acknowledges them stay owed (a lost peer's are given
+//! back), and chunks already queued from the peer no longer belong to any receive. Drop the
+//! session after such an error. A rank that leaves or dies is dropped from every owed set, so
+//! its blocks are reused even if a `LoanView` of them outlives its session there: a view must not
+//! outlive the session that received it.
+
+use super::{Deadline, Error, Session};
+use shmbroker_handshake::Departure;
+use shmbroker_queues::Corruption;
+
+impl Session {
+    /// The error for a link to `peer` that closed: who is gone, as this worker's watcher
+    /// established it. Blocks `peer` owed acknowledgements for are freed: none can arrive any
+    /// more.
+    pub(super) fn lost_from(&mut self, peer: u32) -> Error {
+        let error = match self.inner.departure(peer) {
+            Some(departure) => departure_error(departure),
+            None => Error::PeerLost { rank: peer },
+        };
+        self.forget_peer(peer);
+        error
+    }
+
+    /// [`Self::lost_from`] for a ring with `peer` found closed by a call, which in a collective
+    /// names the first rank that died if any did.
+    pub(super) fn closed(&mut self, peer: u32, collective: bool) -> Error {
+        let error = self.lost_from(peer);
+        match self.inner.recorded_lost_rank() {
+            Some(rank) if collective => self.collective_lost(rank),
+            _ => error,
+        }
+    }
+
+    /// The error for a ring with `peer` found corrupted: if `peer` is known to have died
+    /// meanwhile (a dying peer may scribble on its way out), its death; otherwise the corruption.
+    pub(super) fn corrupted(&self, peer: u32, corruption: Corruption) -> Error {
+        match self.inner.departure(peer) {
+            Some(Departure::Lost { rank }) => Error::PeerLost { rank },
+            _ => Error::Corrupted { peer, corruption },
+        }
+    }
+
+    /// The error for a collective that cannot finish because `rank` (the first rank recorded
+    /// dead) died. Blocks the dead ranks owed acknowledgements for are given back: none can
+    /// arrive any more.
+    pub(super) fn collective_lost(&mut self, rank: u32) -> Error {
+        for dead in self.inner.dead_ranks() {
+            self.forget_peer(dead);
+        }
+        Error::PeerLost { rank }
+    }
+
+    /// Gives back every block `peer` still owed an acknowledgement for.
+    pub(super) fn forget_peer(&mut self, peer: u32) {
+        for offset in self.outbox.forget(peer) {
+            self.chunk_blocks.remove(&offset);
+        }
+        let peer = &mut self.peers[peer as usize];
+        peer.chunks_owed = 0;
+        peer.acks_due.clear();
+    }
+
+    /// Whether a wait under `deadline` must end: an `Interrupter` asked (the request is taken),
+    /// or, for a collective, a rank died.
+    ///
+    /// An interrupt ends every call that was waiting when it came, not only the first to look:
+    /// the call notes the interrupt count at its first look, and any later count ends it. At that
+    /// first look, a request no wait has taken (it came while no call was waiting) ends it too.
+    pub(super) fn check_interrupted(&mut self, deadline: &Deadline) -> Result<(), Error> {
+        let count = self.inner.interrupt_count();
+        let interrupted = match deadline.interrupts_at.get() {
+            None => {
+                deadline.interrupts_at.set(Some(count));
+                self.inner.take_interrupt()
+            }
+            Some(at) if at != count => {
+                // Taken, if no other call has yet: it was meant for the waits in progress.
+                let _ = self.inner.take_interrupt();
+                true
+            }
+            // A request from before this call began that no wait has taken.
+            Some(_) => self.inner.take_interrupt(),
+        };
+        if interrupted {
+            return Err(Error::Interrupted);
+        }
+        if deadline.collective
+            && let Some(rank) = self.inner.recorded_lost_rank()
+        {
+            return Err(self.collective_lost(rank));
+        }
+        Ok(())
+    }
+
+    /// The error for a call whose deadline passed waiting for `peer`: who is gone if someone is
+    /// (a departure that raced the deadline), otherwise the timeout.
+    pub(super) fn timed_out(&self, deadline: &Deadline, peer: u32) -> Error {
+        self.timed_out_waiting(deadline, vec![peer])
+    }
+
+    /// [`Self::timed_out`] for a call still waiting for every rank of `waiting_for`.
+    pub(super) fn timed_out_waiting(&self, deadline: &Deadline, waiting_for: Vec<u32>) -> Error {
+        match waiting_for
+            .iter()
+            .find_map(|&peer| self.inner.departure(peer))
+        {
+            Some(departure) => departure_error(departure),
+            None => {
+                let error = deadline.timed_out(waiting_for);
+                // Cited if this worker now leaves: the peers still waiting on it then learn
+                // whom it gave up on, not only that it left.
+                if let Some(rank) = error.rank() {
+                    self.inner.note_gave_up_on(rank);
+                }
+                error
+            }
+        }
+    }
+}
+
+/// The session error for a handshake call about `peer` that failed within `deadline`.
+pub(super) fn handshake_failed(
+    peer: u32,
+    error: shmbroker_handshake::Error,
+    deadline: &Deadline,
+) -> Error {
+    match error {
+        shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(vec![peer]),
+        shmbroker_handshake::Error::PeerLost { rank, .. } => Error::PeerLost { rank },
+        shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
+        shmbroker_handshake::Error::PeerNeverJoined {
+            rank,
+            after,
+            after_left,
+            ..
+        } => departure_error(Departure::NeverJoined {
+            rank,
+            after,
+            after_left,
+        }),
+        other => Error::Logon(other),
+    }
+}
+
+/// The error for a peer that is gone, as the handshake's watcher established it.
+pub(super) fn departure_error(departure: Departure) -> Error {
+    match departure {
+        Departure::Lost { rank } => Error::PeerLost { rank },
+        Departure::Left { rank, after } => Error::PeerLeft { rank, after },
+        Departure::BrokerLost => Error::BrokerLost,
+        Departure::NeverJoined {
+            rank,
+            after,
+            after_left,
+        } => Error::PeerNeverJoined {
+            rank,
+            after,
+            after_left,
+        },
+    }
+}

@@ -1,0 +1,241 @@
+//! Loans: a buffer handed over by reference, at a cost that does not depend on its size.
+//!
+//! The lender fills a block of its own outbox ([`Session::loan`]) and sends a one-slot `LOAN`
+//! message referring to it; each receiver maps a read-only view of it ([`LoanView`]) or copies it
+//! out. Dropping a view acknowledges the block to its owner with the session's next call (views
+//! may be dropped on any thread: [`ViewAcks`]), and the owner reuses the block once every
+//! receiver has.
+
+use super::demux::{Expect, read_ref, transport, with_ref};
+use super::{Deadline, Error, Session};
+use shmbroker_allocator::{Loan, Outbox, View};
+use shmbroker_bindings::{PayloadRef, kind};
+use std::collections::VecDeque;
+
+/// A read-only view of a buffer a peer lent this rank ([`Session::recv_loan`]). Dropping it tells
+/// the owner it may reuse the buffer (the acknowledgement goes out with this session's next
+/// call).
+///
+/// # Trust
+///
+/// The view reads the owner's memory in place: it is always in bounds and stays mapped while the
+/// view lives, so reading it never faults. Only the owner can write those bytes; an honest owner
+/// does not touch a buffer it lent until every receiver has dropped its view, but a buggy or
+/// hostile one can change them at any time. Copy out what you must validate before trusting it.
+#[derive(Debug)]
+pub struct LoanView {
+    pub(super) view: View,
+    pub(super) owner: u32,
+    pub(super) payload: PayloadRef,
+    pub(super) acks: ViewAcks,
+}
+
+impl LoanView {
+    /// The rank that lent the buffer.
+    #[must_use]
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+}
+
+impl std::ops::Deref for LoanView {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.view
+    }
+}
+
+impl Drop for LoanView {
+    fn drop(&mut self) {
+        self.acks.push(self.owner, self.payload);
+    }
+}
+
+/// Acknowledgements of dropped loan views, waiting for their session's next call.
+///
+/// Views may be dropped on any thread of this process; the queue is behind a mutex and `waiting`
+/// only spares the session a lock when nothing is queued. A push stores `waiting` after it queued
+/// (Release); a take that sees it unset skips this time and the acknowledgement goes with the
+/// next call, so none is lost. This is an in-process protocol on the standard library's own
+/// primitives: the cross-process protocols (rings, parking) are the queue crate's, loom-checked;
+/// the outboxes add none (their ledger is private, and acknowledgements travel on the rings).
+#[derive(Debug, Default, Clone)]
+pub(super) struct ViewAcks {
+    queue: std::sync::Arc<std::sync::Mutex<VecDeque<(u32, PayloadRef)>>>,
+    waiting: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ViewAcks {
+    pub(super) fn push(&self, peer: u32, payload: PayloadRef) {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push_back((peer, payload));
+        self.waiting
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub(super) fn take(&self) -> VecDeque<(u32, PayloadRef)> {
+        // A plain load first: the common case (no view dropped) costs no read-modify-write.
+        if !self.waiting.load(std::sync::atomic::Ordering::Relaxed)
+            || !self
+                .waiting
+                .swap(false, std::sync::atomic::Ordering::Acquire)
+        {
+            return VecDeque::new();
+        }
+        std::mem::take(
+            &mut *self
+                .queue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
+impl Session {
+    /// A writable buffer of `len` bytes in this rank's outbox, to fill and hand to peers by
+    /// reference with [`Self::send_loan`] or [`Self::broadcast_loan`]. Waits (up to the session's
+    /// deadline) while the outbox is full of buffers peers have not let go of yet. Dropped unsent,
+    /// it goes back to the outbox.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OwnOutbox`] when `len` is more than the outbox can ever hold
+    /// ([`Self::max_loan_bytes`]); [`Error::Timeout`]; [`Error::Protocol`] or
+    /// [`Error::Corrupted`] from what peers sent meanwhile.
+    pub fn loan(&mut self, len: usize) -> Result<Loan, Error> {
+        let deadline = Deadline::new("loan", self.timeout);
+        self.flush_view_acks()?;
+        loop {
+            if let Some(loan) = self.outbox.try_loan(len).map_err(Error::OwnOutbox)? {
+                return Ok(loan);
+            }
+            if deadline.left().is_zero() {
+                let waiting = self
+                    .peers()
+                    .max_by_key(|&peer| self.outbox.owed_by(peer))
+                    .unwrap_or(self.rank());
+                return Err(self.timed_out(&deadline, waiting));
+            }
+            self.poll_acks()?;
+            std::thread::yield_now();
+        }
+    }
+
+    /// Hands `loan` to `rank` by reference: it receives it with [`Self::recv_loan`] (or copies it
+    /// with [`Self::recv`]). The buffer comes back to this rank's outbox when `rank` is done.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OwnOutbox`] for a loan of another session; otherwise as for [`Self::send`].
+    pub fn send_loan(&mut self, rank: u32, loan: Loan) -> Result<(), Error> {
+        self.check_peer(rank)?;
+        let deadline = Deadline::new("send_loan", self.timeout);
+        let tag = self.peers[rank as usize].send_tag;
+        self.lend(kind::SEND, tag, loan, &[rank], &deadline)?;
+        self.peers[rank as usize].send_tag += 1;
+        Ok(())
+    }
+
+    /// Sends the reference to `loan` to `targets` as operation `op` number `tag`.
+    fn lend(
+        &mut self,
+        op: u32,
+        tag: u64,
+        loan: Loan,
+        targets: &[u32],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        self.flush_view_acks()?;
+        let receivers = Outbox::receivers(targets.iter().copied());
+        let lent = self
+            .outbox
+            .send_loan(loan, receivers)
+            .map_err(Error::OwnOutbox)?;
+        let header = with_ref(op | kind::LOAN, tag, lent);
+        for &peer in targets {
+            self.send_message(peer, header, deadline)?;
+        }
+        Ok(())
+    }
+
+    /// The next message `rank` sent this rank, which must be a loan, as a read-only view of the
+    /// lender's buffer; dropping the view gives the buffer back to its owner.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the next message from `rank` is not a loan (it stays queued, and
+    /// [`Self::recv`] takes it); otherwise as for [`Self::recv`].
+    pub fn recv_loan(&mut self, rank: u32) -> Result<LoanView, Error> {
+        self.check_peer(rank)?;
+        let deadline = Deadline::new("recv_loan", self.timeout);
+        let expect = Expect::Send {
+            tag: self.peers[rank as usize].recv_tag,
+        };
+        let view = self.take_loan(rank, expect, &deadline)?;
+        self.peers[rank as usize].recv_tag += 1;
+        Ok(view)
+    }
+
+    /// `root`'s loan on every other rank, by reference: the root passes `Some(loan)` and gets
+    /// `None`; the others pass `None` and get a view of the root's buffer.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::broadcast`] and [`Self::recv_loan`].
+    pub fn broadcast_loan(
+        &mut self,
+        root: u32,
+        loan: Option<Loan>,
+    ) -> Result<Option<LoanView>, Error> {
+        self.check_root(root, loan.is_some(), "broadcast_loan")?;
+        let deadline = Deadline::collective("broadcast_loan", self.timeout);
+        let seq = self.next_seq();
+        if let Some(loan) = loan {
+            let targets: Vec<u32> = self.peers().collect();
+            self.lend(kind::BROADCAST, seq, loan, &targets, &deadline)?;
+            return Ok(None);
+        }
+        let expect = Expect::Collective {
+            op: kind::BROADCAST,
+            seq,
+        };
+        self.take_loan(root, expect, &deadline).map(Some)
+    }
+
+    /// The loan group `expect` selects from `peer`, as a view of the lender's buffer.
+    pub(super) fn take_loan(
+        &mut self,
+        peer: u32,
+        expect: Expect,
+        deadline: &Deadline,
+    ) -> Result<LoanView, Error> {
+        self.flush_view_acks()?;
+        let at = self.await_group(peer, expect, deadline)?;
+        let header = self.peers[peer as usize].inbox.header(at);
+        expect.check(peer, &header)?;
+        let transport = transport(peer, &header)?;
+        if transport != kind::LOAN {
+            return Err(Error::Misuse(format!(
+                "the next message from rank {peer} is not a loan (kind {:#x}, {}); receive it \
+                 with recv",
+                header.kind,
+                if transport == 0 { "eager" } else { "pipelined" }
+            )));
+        }
+        // Checked before it leaves the queue: a reference that fails is not lost on the way.
+        let lent = read_ref(peer, &header)?;
+        let view = self
+            .peer_outbox(peer, deadline)?
+            .view(lent)
+            .map_err(|source| Error::Outbox { peer, source })?;
+        self.peers[peer as usize].inbox.remove(at);
+        Ok(LoanView {
+            view,
+            owner: peer,
+            payload: lent,
+            acks: self.view_acks.clone(),
+        })
+    }
+}

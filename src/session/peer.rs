@@ -1,0 +1,60 @@
+//! What this rank keeps about each peer.
+
+use super::demux::Inbox;
+use shmbroker_allocator::PeerOutbox;
+use shmbroker_bindings::Message;
+use std::collections::VecDeque;
+
+/// Everything one session keeps about one peer: what it sent that no call has taken, the
+/// point-to-point numbers in each direction, its outbox, and what each side owes the other.
+/// A session holds one per rank of the world (its own rank's stays unused), so that a rank
+/// indexes it.
+#[derive(Debug)]
+pub(super) struct Peer {
+    /// What it sent that no call has taken yet, framed into messages (see `demux`).
+    pub(super) inbox: Inbox,
+    /// The number of the next point-to-point message to send it.
+    pub(super) send_tag: u64,
+    /// The number of the next point-to-point message due from it.
+    pub(super) recv_tag: u64,
+    /// Its outbox, mapped read-only when first needed.
+    pub(super) outbox: Option<PeerOutbox>,
+    /// Chunks sent to it that it has not acknowledged yet (a transfer's window).
+    pub(super) chunks_owed: usize,
+    /// Acknowledgements owed to it, not sent yet because the ring to it was full.
+    pub(super) acks_due: VecDeque<Message>,
+}
+
+impl Peer {
+    pub(super) fn new(rank: u32) -> Self {
+        Self {
+            inbox: Inbox::new(rank),
+            send_tag: 0,
+            recv_tag: 0,
+            outbox: None,
+            chunks_owed: 0,
+            acks_due: VecDeque::new(),
+        }
+    }
+}
+
+impl super::Session {
+    /// `peer`'s outbox, mapped read-only the first time it is needed.
+    pub(super) fn peer_outbox(
+        &mut self,
+        peer: u32,
+        deadline: &super::Deadline,
+    ) -> Result<&PeerOutbox, super::Error> {
+        let slot = &mut self.peers[peer as usize].outbox;
+        if slot.is_none() {
+            let fd = self
+                .inner
+                .take_peer_outbox(peer, deadline.left())
+                .map_err(|error| super::handshake_failed(peer, error, deadline))?;
+            let outbox = PeerOutbox::join(std::os::fd::AsFd::as_fd(&fd), peer)
+                .map_err(|source| super::Error::Outbox { peer, source })?;
+            *slot = Some(outbox);
+        }
+        Ok(slot.as_ref().unwrap_or_else(|| unreachable!("set above")))
+    }
+}

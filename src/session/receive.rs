@@ -1,0 +1,427 @@
+//! Receiving: reading a peer's ring into its [`Inbox`](super::demux::Inbox), and waiting for
+//! messages to arrive whole.
+//!
+//! # Reading a peer's ring
+//!
+//! Everything a peer sends goes through one function, [`Session::pull`]: acknowledgements are
+//! handed to this rank's outbox ledger at once; every other message (with the continuation slots
+//! of an eager message, read in the same breath) is filed in that peer's inbox, whose framing is
+//! the `demux` module's. The hot path of a lock-step exchange, a one-slot message that is
+//! the next thing in the ring, skips the inbox ([`Session::take_direct`],
+//! [`Session::recv_collective`]).
+//!
+//! # Waiting
+//!
+//! A receive waits on the ring it needs: parked while waiting for a message to start, spinning
+//! and then yielding between the chunks of one (a wake-up per chunk would cost more than the
+//! chunk). A transfer in which nothing has moved for [`PARK_AFTER`] (its peer stopped, say)
+//! sleeps in short steps instead of yielding, so a stopped peer costs its waiters almost no CPU.
+//! Every loop looks at the deadline now and then even while messages keep coming, and a peer may
+//! have at most [`MAX_UNREAD`](super::demux::MAX_UNREAD) messages queued that no call has taken:
+//! a peer that floods cannot hold a call past its deadline or grow this process's memory without
+//! bound.
+
+use super::demux::{Expect, Incoming, Payloads, message, message_len};
+use super::{Deadline, Error, Session};
+use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
+use shmbroker_queues::{RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
+
+/// How long nothing may move in a transfer before its wait sleeps instead of yielding the core.
+/// A peer copying the next chunk, or sharing this core, moves well within it; one that is
+/// stopped (SIGSTOP, a debugger) or descheduled for long does not, and must not cost its waiters
+/// a core each.
+const PARK_AFTER: Duration = Duration::from_millis(2);
+
+/// The longest sleep of a stalled transfer's wait: the most it adds to noticing that the peer
+/// moved again, and 500 look-ups a second at most while it does not (well under 1% of a core).
+const PARK_MAX: Duration = Duration::from_millis(2);
+
+/// How long a receive that owes acknowledgements waits before trying to send them again, and a
+/// send on a full ring before taking in what the peer sent meanwhile.
+pub(super) const SEND_SLICE: Duration = Duration::from_millis(1);
+
+/// Gives the core away while a transfer has made no progress for `stalled`: yields at first;
+/// past [`PARK_AFTER`], sleeps an eighth of the time waited so far (at most [`PARK_MAX`]), so a
+/// long stall costs almost no CPU and a short one little latency.
+pub(super) fn idle_wait(stalled: Duration) {
+    if stalled < PARK_AFTER {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep((stalled / 8).clamp(Duration::from_micros(50), PARK_MAX));
+    }
+}
+
+/// The bytes of one peer's outbox, for the demultiplexer: read from its mapping (made when
+/// first needed), and acknowledged on the ring back to it.
+struct PeerPayloads<'s> {
+    session: &'s mut Session,
+    peer: u32,
+    deadline: &'s Deadline,
+}
+
+impl Payloads for PeerPayloads<'_> {
+    fn read_into(&mut self, payload: PayloadRef, out: &mut [u8]) -> Result<(), Error> {
+        let peer = self.peer;
+        self.session
+            .peer_outbox(peer, self.deadline)?
+            .read_into(payload, out)
+            .map_err(|source| Error::Outbox { peer, source })
+    }
+
+    fn ack(&mut self, payload: PayloadRef) -> Result<(), Error> {
+        self.session.queue_ack(self.peer, payload)
+    }
+}
+
+impl Session {
+    /// Takes in what `peer` sent next: an acknowledgement is handled, anything else is filed in
+    /// its inbox. An eager message's continuation slots are taken as they come, never waited for
+    /// here: a message whose slots are still owed stays invisible to [`Self::find`] until it is
+    /// whole. With `wait`, waits up to its deadline (parked) for something to arrive; without,
+    /// returns `false` at once when nothing is there.
+    pub(super) fn pull(&mut self, peer: u32, wait: Option<&Deadline>) -> Result<bool, Error> {
+        let inbox = &self.peers[peer as usize].inbox;
+        inbox.check_room()?;
+        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); 8];
+        let want = inbox.wants(slots.len());
+        let got = self.receive(peer, &mut slots[..want], wait)?;
+        for &slot in &slots[..got] {
+            self.file(peer, slot)?;
+        }
+        Ok(got > 0)
+    }
+
+    /// Files one slot from `peer` in its inbox; an acknowledgement goes to the outbox ledger.
+    fn file(&mut self, peer: u32, slot: Message) -> Result<(), Error> {
+        match self.peers[peer as usize].inbox.push(slot)? {
+            Some(acked) => self.acknowledged(peer, acked),
+            None => Ok(()),
+        }
+    }
+
+    /// Up to `buffer.len()` messages from `peer`'s ring: those already there (no clock read), or
+    /// with `wait` the first ones to arrive before its deadline. 0 when nothing is there and
+    /// there is no `wait`, or after a slice spent waiting while acknowledgements are owed (they
+    /// are sent meanwhile: a peer may be waiting for them to free blocks before it sends more).
+    fn receive(
+        &mut self,
+        peer: u32,
+        buffer: &mut [Message],
+        wait: Option<&Deadline>,
+    ) -> Result<usize, Error> {
+        let collective = wait.is_some_and(|deadline| deadline.collective);
+        match self.link(peer)?.from.try_recv_batch(buffer) {
+            Ok(got) => return Ok(got),
+            Err(TryRecvError::Empty) => {}
+            Err(TryRecvError::Disconnected) => return Err(self.closed(peer, collective)),
+            Err(TryRecvError::Corrupted(corruption)) => {
+                return Err(self.corrupted(peer, corruption));
+            }
+        }
+        let Some(deadline) = wait else {
+            return Ok(0);
+        };
+        // The ring's own wait replaces a readiness registration: take them back first.
+        self.disarm();
+        let owing = self.owes_acks();
+        // No clock read here: the ring's own wait reads it once it goes past its spin phase.
+        let slice = if owing {
+            deadline.budget().min(SEND_SLICE)
+        } else {
+            deadline.budget()
+        };
+        // Every wait ends on an `Interrupter`'s request, and a collective's when any rank dies:
+        // the generation is read before looking for either, so one made after the look
+        // interrupts the wait (see the queues crate's `interrupt` module). Atomic loads, no
+        // system call.
+        let seen = self.inner.interrupt_generation();
+        self.check_interrupted(deadline)?;
+        let from = &mut self.link(peer)?.from;
+        let received = from.recv_batch_interruptible(buffer, slice, seen);
+        deadline.started_at(from.clock_started());
+        match received {
+            Ok(got) => Ok(got),
+            Err(RecvTimeoutError::Timeout) if owing && !deadline.left().is_zero() => {
+                self.flush_all_acks()?;
+                Ok(0)
+            }
+            // A death or an interrupt was recorded: the next call looks again (and fails if it
+            // must).
+            Err(RecvTimeoutError::Interrupted) => {
+                self.check_interrupted(deadline)?;
+                Ok(0)
+            }
+            Err(RecvTimeoutError::Timeout) => Err(self.timed_out(deadline, peer)),
+            Err(RecvTimeoutError::Disconnected) => Err(self.closed(peer, collective)),
+            Err(RecvTimeoutError::Corrupted(corruption)) => Err(self.corrupted(peer, corruption)),
+        }
+    }
+
+    /// The next message from `peer` other than an acknowledgement, taken straight from its ring
+    /// (waiting up to `deadline`), when nothing from `peer` is queued; `None`, taking nothing,
+    /// when something is (the caller then takes the queue's path). Acknowledgements that come
+    /// first are handled on the way. This is the hot path of a lock-step exchange: no queue is
+    /// touched.
+    fn next_direct(&mut self, peer: u32, deadline: &Deadline) -> Result<Option<Message>, Error> {
+        loop {
+            if !self.peers[peer as usize].inbox.is_empty() {
+                return Ok(None);
+            }
+            let mut one = [message(0, 0, 0, [0; INLINE_BYTES])];
+            if self.receive(peer, &mut one, Some(deadline))? == 0 {
+                continue;
+            }
+            if one[0].kind == kind::PAYLOAD_ACK {
+                self.file(peer, one[0])?;
+                continue;
+            }
+            return Ok(Some(one[0]));
+        }
+    }
+
+    /// Receives `incoming` at once if the next message from its peer, straight from the ring, is
+    /// the one-slot message it expects; otherwise files that message for the queue's path and
+    /// leaves `incoming` as it was.
+    pub(super) fn take_direct(
+        &mut self,
+        incoming: &mut Incoming<'_>,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let peer = incoming.peer;
+        if !incoming.at_header() {
+            return Ok(());
+        }
+        let Some(next) = self.next_direct(peer, deadline)? else {
+            return Ok(());
+        };
+        match incoming.take_slot(&next) {
+            Ok(true) => Ok(()),
+            Ok(false) => self.file(peer, next),
+            Err(too_long @ Error::BufferTooSmall { .. }) => {
+                // Nothing is queued from `peer` (`next_direct` took this from the ring only
+                // then): queued, it is the next message again.
+                self.peers[peer as usize].inbox.put_back(next);
+                Err(too_long)
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Reads whatever has arrived from `peer` without waiting (acknowledgements, and messages
+    /// for later), for a call that does not itself need `peer`. At most a ringful, so that a peer
+    /// that keeps sending cannot keep this rank here. A peer that left or died (its ring read to
+    /// the end), or never logged on before the broker went, has nothing more to send: only calls
+    /// that need it say so. Bad bytes end this call too.
+    pub(super) fn drain_from(&mut self, peer: u32) -> Result<(), Error> {
+        for _ in 0..self.inner.ring_capacity() {
+            match self.pull(peer, None) {
+                Ok(true) => {}
+                // A peer that is gone has nothing more to take in; a call that needs it says so.
+                Ok(false)
+                | Err(Error::PeerLeft { .. } | Error::PeerNeverJoined { .. } | Error::BrokerLost) =>
+                {
+                    break;
+                }
+                Err(Error::PeerLost { rank }) if rank == peer => break,
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(())
+    }
+
+    /// The first queued group from `peer` that `expect` selects: its index, or `None`.
+    pub(super) fn find(&self, peer: u32, expect: Expect) -> Result<Option<usize>, Error> {
+        self.peers[peer as usize].inbox.find(expect)
+    }
+
+    /// Advances `incoming` with what is queued, without waiting. Returns whether it moved.
+    pub(super) fn step_in(
+        &mut self,
+        incoming: &mut Incoming<'_>,
+        deadline: &Deadline,
+    ) -> Result<bool, Error> {
+        let peer = incoming.peer;
+        // The inbox leaves the session while it steps, so that the payloads it reads may use the
+        // session (map the peer's outbox, send acknowledgements). Moving it moves three words.
+        let mut inbox = std::mem::replace(
+            &mut self.peers[peer as usize].inbox,
+            super::demux::Inbox::new(peer),
+        );
+        let stepped = inbox.step(
+            incoming,
+            &mut PeerPayloads {
+                session: self,
+                peer,
+                deadline,
+            },
+        );
+        self.peers[peer as usize].inbox = inbox;
+        stepped
+    }
+
+    /// Receives `incoming` to the end, waiting parked on its ring.
+    pub(super) fn complete(
+        &mut self,
+        incoming: &mut Incoming<'_>,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let mut idle = 0u32;
+        let mut turns = 0u32;
+        let mut idle_since: Option<Instant> = None;
+        while !incoming.is_done() {
+            turns = turns.wrapping_add(1);
+            // A peer that keeps sending what nobody waits for must not keep this call past its
+            // deadline: look at the clock now and then even while things move.
+            if turns.is_multiple_of(1024) && deadline.left().is_zero() {
+                return Err(self.timed_out(deadline, incoming.peer));
+            }
+            if self.step_in(incoming, deadline)? {
+                idle = 0;
+                idle_since = None;
+                continue;
+            }
+            if !incoming.mid_transfer() {
+                self.pull(incoming.peer, Some(deadline))?;
+                continue;
+            }
+            // Between chunks the sender is busy copying the next one: parking would add a
+            // wake-up (tens of microseconds here) to every chunk, so spin, then yield the core
+            // (to the sender, when both share it), and sleep only once the sender has stalled.
+            if self.pull(incoming.peer, None)? {
+                idle = 0;
+                idle_since = None;
+                continue;
+            }
+            idle += 1;
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else {
+                if deadline.left().is_zero() {
+                    return Err(self.timed_out(deadline, incoming.peer));
+                }
+                self.flush_all_acks()?;
+                let now = Instant::now();
+                idle_wait(now.duration_since(*idle_since.get_or_insert(now)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives every one of `incoming` to the end, in turn, sending nothing. A timeout names
+    /// every rank not heard from yet, not only the one this call was waiting for.
+    pub(super) fn receive_all(
+        &mut self,
+        incoming: &mut [Incoming<'_>],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        self.flush_view_acks()?;
+        for at in 0..incoming.len() {
+            if let Err(error) = self.complete(&mut incoming[at], deadline) {
+                let later: Vec<u32> = incoming[at + 1..].iter().map(|i| i.peer).collect();
+                let expect = incoming[at].expect;
+                return Err(self.still_missing(error, &later, expect, deadline));
+            }
+        }
+        Ok(())
+    }
+
+    /// The next collective message from `peer`, which must be one eager slot of `op` number `seq`.
+    pub(super) fn recv_collective(
+        &mut self,
+        peer: u32,
+        op: u32,
+        seq: u64,
+        deadline: &Deadline,
+    ) -> Result<Message, Error> {
+        let expect = Expect::Collective { op, seq };
+        if let Some(next) = self.next_direct(peer, deadline)? {
+            if next.kind == op && next.tag == seq && next.len as usize <= INLINE_BYTES {
+                return Ok(next);
+            }
+            self.file(peer, next)?;
+        }
+        let at = self.await_group(peer, expect, deadline)?;
+        let inbox = &mut self.peers[peer as usize].inbox;
+        let header = inbox.header(at);
+        expect.check(peer, &header)?;
+        if header.kind != op || header.len as usize > INLINE_BYTES {
+            return Err(Error::Protocol {
+                peer,
+                detail: format!(
+                    "{} travels in one slot; found kind {:#x} with {} bytes",
+                    super::error::op_text(op),
+                    header.kind,
+                    header.len
+                ),
+            });
+        }
+        inbox.remove(at);
+        Ok(header)
+    }
+
+    /// `error`, and when it is a timeout, one that also names every rank of `later` (peers this
+    /// call would have waited for next) with nothing of `expect` arrived yet: the ranks a
+    /// collective was still missing when its deadline passed, not only the first.
+    pub(super) fn still_missing(
+        &mut self,
+        error: Error,
+        later: &[u32],
+        expect: Expect,
+        deadline: &Deadline,
+    ) -> Error {
+        let Error::Timeout {
+            mut waiting_for, ..
+        } = error
+        else {
+            return error;
+        };
+        for &peer in later {
+            // Whatever the ring holds, without waiting; a peer whose bytes cannot be read counts
+            // as missing (the call that reads them next will say what is wrong).
+            let mut arrived = Ok(None);
+            for _ in 0..super::demux::MAX_UNREAD {
+                arrived = self.find(peer, expect);
+                if !matches!(arrived, Ok(None)) || !matches!(self.pull(peer, None), Ok(true)) {
+                    break;
+                }
+            }
+            if !matches!(arrived, Ok(Some(_))) {
+                waiting_for.push(peer);
+            }
+        }
+        self.timed_out_waiting(deadline, waiting_for)
+    }
+
+    /// The length of the next point-to-point message from `peer`, once its header (and, for an
+    /// eager message, its whole body) is queued, waiting up to `deadline`; it stays queued.
+    pub(super) fn probe_send(&mut self, peer: u32, deadline: &Deadline) -> Result<u64, Error> {
+        let expect = Expect::Send {
+            tag: self.peers[peer as usize].recv_tag,
+        };
+        let at = self.await_group(peer, expect, deadline)?;
+        let header = self.peers[peer as usize].inbox.header(at);
+        expect.check(peer, &header)?;
+        message_len(peer, &header)
+    }
+
+    /// Waits until a whole group `expect` selects is queued from `peer`; returns its index.
+    pub(super) fn await_group(
+        &mut self,
+        peer: u32,
+        expect: Expect,
+        deadline: &Deadline,
+    ) -> Result<usize, Error> {
+        let mut turns = 0u32;
+        loop {
+            if let Some(at) = self.find(peer, expect)? {
+                return Ok(at);
+            }
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(1024) && deadline.left().is_zero() {
+                return Err(self.timed_out(deadline, peer));
+            }
+            self.pull(peer, Some(deadline))?;
+        }
+    }
+}

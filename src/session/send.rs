@@ -1,0 +1,520 @@
+//! Sending: eager slots, and pipelined chunks through this rank's outbox.
+//!
+//! # Eager
+//!
+//! Up to the session's eager limit, a message is a header slot plus continuation slots, written to
+//! each receiver's ring back to back: nothing else is sent on that ring until the last slot is in,
+//! so the receiver reads the continuation as raw bytes right behind its header.
+//!
+//! # Pipelined
+//!
+//! Larger data is *pipelined*: a header with the total length, then chunks (a quarter of the
+//! message, from [`MIN_CHUNK_BYTES`] to [`CHUNK_BYTES`]) written into this rank's outbox one
+//! after the other, each announced with a `CHUNK` message carrying its
+//! [`PayloadRef`](shmbroker_bindings::PayloadRef); receivers copy each chunk out and acknowledge
+//! it, which frees the block for the next chunk. At most [`CHUNKS_IN_FLIGHT`] chunks are
+//! unacknowledged by any one receiver at once (counted per receiver, so a rank feeding several
+//! workers keeps that many in flight to each), so the sender's copy of chunk `n + 1` overlaps the
+//! receivers' copies of chunk `n`, the chunks stay warm in cache, a slow receiver holds the
+//! sender back, and a message larger than the outbox goes through. A transfer that stalls widens
+//! its window up to the whole outbox: a message that fits is then buffered there even when its
+//! receiver is not receiving yet (two ranks sending to each other first, say); a larger one waits
+//! for its receiver, as `MPI_Send` does.
+//!
+//! # Progress without deadlock
+//!
+//! A collective whose own data is pipelined drives its outgoing transfer and its incoming
+//! transfers together ([`Session::send_while_receiving`]), one non-blocking step at a time, so two
+//! ranks that each send more than their outbox holds to the other both make progress. While
+//! nothing moves it spins, then yields, then sleeps (the receive module's `idle_wait`), so a
+//! stopped peer costs its waiters almost no CPU.
+
+use super::demux::{Incoming, message, with_ref};
+use super::peer::Peer;
+use super::receive::{SEND_SLICE, idle_wait};
+use super::{Deadline, Error, Session};
+use shmbroker_allocator::Outbox;
+use shmbroker_bindings::{INLINE_BYTES, Message, kind};
+use shmbroker_queues::TrySendError;
+use std::time::{Duration, Instant};
+
+/// Bytes per chunk of a pipelined transfer: small enough to stay in a core's L2 cache between the
+/// sender's copy and the receivers' copy, large enough that a message costs few ring messages.
+pub const CHUNK_BYTES: usize = 256 << 10;
+
+/// The smallest chunk a message is cut into (unless the outbox is smaller still).
+pub const MIN_CHUNK_BYTES: usize = 16 << 10;
+
+/// Chunks a pipelined transfer keeps unacknowledged at once.
+pub const CHUNKS_IN_FLIGHT: usize = 8;
+
+/// How long a pipelined transfer may make no progress before it widens its window.
+const STALL: Duration = Duration::from_millis(1);
+
+/// Slots of the largest eager message: a header and [`kind::continuation_slots`] of
+/// [`kind::EAGER_MAX`].
+const MAX_EAGER_SLOTS: usize = 1 + kind::continuation_slots(kind::EAGER_MAX);
+
+/// Whom a message goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Targets {
+    /// Every other rank.
+    Peers,
+    /// One rank.
+    One(u32),
+}
+
+/// One pipelined message being sent to `targets`, step by step.
+#[derive(Debug)]
+struct Outgoing<'d> {
+    data: &'d [u8],
+    targets: Vec<u32>,
+    receivers: u64,
+    tag: u64,
+    /// The header, then one `CHUNK` message per chunk written so far.
+    messages: Vec<Message>,
+    /// Per target: how many of `messages` it has been sent.
+    delivered: Vec<usize>,
+    /// Bytes of `data` written into the outbox so far.
+    written: usize,
+    /// Chunks allowed unacknowledged: [`CHUNKS_IN_FLIGHT`], doubled each time the transfer
+    /// stalls, so that a receiver that is not receiving yet (it is sending to this rank too, say)
+    /// cannot hold this send up while the outbox has room.
+    window: usize,
+    /// A collective's (any operation but `SEND`): a death anywhere ends it.
+    collective: bool,
+}
+
+impl<'d> Outgoing<'d> {
+    fn new(op: u32, tag: u64, data: &'d [u8], targets: Vec<u32>) -> Self {
+        let mut inline = [0u8; INLINE_BYTES];
+        inline[..8].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        let header = message(op | kind::PIPELINED, tag, 0, inline);
+        Self {
+            data,
+            receivers: Outbox::receivers(targets.iter().copied()),
+            delivered: vec![0; targets.len()],
+            targets,
+            tag,
+            messages: vec![header],
+            written: 0,
+            window: CHUNKS_IN_FLIGHT,
+            collective: op & kind::OP_MASK != kind::SEND,
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.written == self.data.len() && self.delivered.iter().all(|&d| d == self.messages.len())
+    }
+
+    /// The targets not yet sent the whole message: those a ring message is still due to, and
+    /// while chunks are still to be written (the window is full), those whose acknowledgements
+    /// the window waits for.
+    fn undelivered<'a>(&'a self, peers: &'a [Peer]) -> impl Iterator<Item = u32> + 'a {
+        let unwritten = self.written < self.data.len();
+        self.targets
+            .iter()
+            .zip(&self.delivered)
+            .filter(move |&(&t, &d)| {
+                d < self.messages.len() || (unwritten && peers[t as usize].chunks_owed > 0)
+            })
+            .map(|(&t, _)| t)
+    }
+}
+
+/// How far `outgoing` and every `incoming` have come, as one number that grows with each byte
+/// written, each message delivered and each byte received (and with nothing else).
+fn transfer_progress(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>]) -> u64 {
+    let out = outgoing.written as u64 + outgoing.delivered.iter().sum::<usize>() as u64;
+    incoming
+        .iter()
+        .fold(out, |sum, incoming| sum + incoming.progress())
+}
+
+/// The ranks a transfer still waits for: targets not yet sent the whole message, and senders not
+/// yet received from. Never empty while the transfer is not done: if no target owes anything
+/// (which no wait should end on), every target is named.
+fn waiting(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>], peers: &[Peer]) -> Vec<u32> {
+    let mut ranks: Vec<u32> = outgoing
+        .undelivered(peers)
+        .chain(incoming.iter().filter(|i| !i.is_done()).map(|i| i.peer))
+        .collect();
+    if ranks.is_empty() && !outgoing.is_done() {
+        ranks.clone_from(&outgoing.targets);
+    }
+    ranks
+}
+
+/// The slots of an eager message: a header and its continuation, in a stack buffer of `N`.
+struct EagerSlots<const N: usize> {
+    slots: [Message; N],
+    count: usize,
+}
+
+impl<const N: usize> EagerSlots<N> {
+    /// `data` as operation `op` with `tag`; `data` must take at most `N` slots.
+    fn new(op: u32, tag: u64, data: &[u8]) -> Self {
+        let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); N];
+        let head = data.len().min(INLINE_BYTES);
+        slots[0].kind = op;
+        slots[0].len = data.len() as u32;
+        slots[0].tag = tag;
+        slots[0].inline[..head].copy_from_slice(&data[..head]);
+        let count = 1 + kind::continuation_slots(data.len());
+        let body: &mut [u8] = bytemuck::cast_slice_mut(&mut slots[1..count]);
+        body[..data.len() - head].copy_from_slice(&data[head..]);
+        Self { slots, count }
+    }
+
+    fn as_slice(&self) -> &[Message] {
+        &self.slots[..self.count]
+    }
+}
+
+impl Session {
+    /// The most bytes this session sends eagerly: what fits in half a ring, up to
+    /// [`kind::EAGER_MAX`].
+    pub(super) fn eager_limit(&self) -> usize {
+        let half = (self.inner.ring_capacity() as usize / 2).max(1);
+        (INLINE_BYTES + (half - 1) * size_of::<Message>()).min(kind::EAGER_MAX)
+    }
+
+    /// Bytes per chunk of a `total`-byte message: [`CHUNK_BYTES`], but at most a quarter of the
+    /// message (at least [`MIN_CHUNK_BYTES`]), so that even a message of a few chunks overlaps the
+    /// sender's copy with the receivers', and at most a quarter of the outbox, so that several
+    /// chunks are always in flight.
+    fn chunk_bytes(&self, total: usize) -> usize {
+        let quarter_outbox = (self.outbox.capacity() / 4 / 64 * 64).max(64);
+        let quarter_message = (total / 4).next_multiple_of(4096).max(MIN_CHUNK_BYTES);
+        CHUNK_BYTES
+            .min(quarter_message)
+            .min(usize::try_from(quarter_outbox).unwrap_or(usize::MAX))
+    }
+
+    /// Sends one single-slot message to `peer` (fd tickets, barrier arrivals).
+    pub(super) fn send_message(
+        &mut self,
+        peer: u32,
+        outgoing: Message,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        self.send_slots(peer, std::slice::from_ref(&outgoing), deadline)
+    }
+
+    /// Sends `slots` (one message) to `peer` as one unit. While the ring is full, takes in what
+    /// `peer` sent meanwhile (but sends nothing else on this ring until the message is whole): a
+    /// peer blocked on a full ring back to us stops reading, and two ranks each waiting for the
+    /// other would otherwise wait out their deadlines.
+    fn send_slots(
+        &mut self,
+        peer: u32,
+        slots: &[Message],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        self.flush_acks(peer)?;
+        let mut sent = 0;
+        while sent < slots.len() {
+            match self.link(peer)?.to.try_send_batch(&slots[sent..]) {
+                Ok(count) => {
+                    sent += count;
+                    continue;
+                }
+                Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => {
+                    return Err(self.closed(peer, deadline.collective));
+                }
+                Err(TrySendError::Corrupted((), corruption)) => {
+                    return Err(self.corrupted(peer, corruption));
+                }
+            }
+            // Full: wait a slice for room, then take in what the peer sent.
+            let slice = deadline.left().min(SEND_SLICE);
+            match self
+                .link(peer)?
+                .to
+                .send_batch_timeout(&slots[sent..sent + 1], slice)
+            {
+                Ok(()) => sent += 1,
+                Err(shmbroker_queues::SendTimeoutError::Timeout(_)) => {
+                    self.check_interrupted(deadline)?;
+                    if deadline.left().is_zero() {
+                        return Err(self.timed_out(deadline, peer));
+                    }
+                    // Every peer, not only this one: in a ring of ranks each sending to the next,
+                    // the rank this one waits for is itself waiting on a third.
+                    for other in self.peers() {
+                        self.drain_from(other)?;
+                    }
+                }
+                Err(shmbroker_queues::SendTimeoutError::Disconnected(_)) => {
+                    return Err(self.closed(peer, deadline.collective));
+                }
+                Err(shmbroker_queues::SendTimeoutError::Corrupted(_, corruption)) => {
+                    return Err(self.corrupted(peer, corruption));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `data` to every rank in `targets` as operation `op` with `tag`, receiving every
+    /// `incoming` meanwhile: eagerly when it is small (then the receives follow), otherwise
+    /// pipelined, driving the send and the receives together (see the module docs).
+    pub(super) fn send_while_receiving(
+        &mut self,
+        op: u32,
+        tag: u64,
+        (data, targets): (&[u8], Targets),
+        incoming: &mut [Incoming<'_>],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        if self.send_if_eager(op, tag, data, targets, deadline)? {
+            return self.receive_all(incoming, deadline);
+        }
+        let targets: Vec<u32> = match targets {
+            Targets::Peers => self.peers().collect(),
+            Targets::One(peer) => vec![peer],
+        };
+        // A world of one: nobody to send to.
+        if targets.is_empty() {
+            return self.receive_all(incoming, deadline);
+        }
+        let mut outgoing = Outgoing::new(op, tag, data, targets);
+        match self.drive(&mut outgoing, incoming, deadline) {
+            // Whichever wait ran out (a full ring, a silent sender), name every rank the
+            // transfer still waits for.
+            Err(Error::Timeout {
+                mut waiting_for, ..
+            }) => {
+                waiting_for.extend(waiting(&outgoing, incoming, &self.peers));
+                Err(self.timed_out_waiting(deadline, waiting_for))
+            }
+            other => other,
+        }
+    }
+
+    /// [`Self::send_while_receiving`] with nothing to receive.
+    pub(super) fn send_to(
+        &mut self,
+        op: u32,
+        tag: u64,
+        data: &[u8],
+        targets: Targets,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        self.send_while_receiving(op, tag, (data, targets), &mut [], deadline)
+    }
+
+    /// The hot path of a small point-to-point send: `data` fits one slot, nothing is owed to
+    /// `rank` (acknowledgements go first, in order), and the ring has room. Then it is sent as
+    /// message `tag` and this returns `true`; otherwise it sends nothing and returns `false`, for
+    /// the general path (which waits, and names whatever went wrong).
+    pub(super) fn send_one_slot(
+        &mut self,
+        rank: u32,
+        tag: u64,
+        data: &[u8],
+    ) -> Result<bool, Error> {
+        if data.len() > INLINE_BYTES || !self.peers[rank as usize].acks_due.is_empty() {
+            return Ok(false);
+        }
+        self.flush_view_acks()?;
+        if !self.peers[rank as usize].acks_due.is_empty() {
+            return Ok(false);
+        }
+        let mut inline = [0u8; INLINE_BYTES];
+        inline[..data.len()].copy_from_slice(data);
+        let slot = message(kind::SEND, tag, data.len() as u32, inline);
+        Ok(self.link(rank)?.to.try_send(slot).is_ok())
+    }
+
+    /// Sends `data` eagerly to `targets` if it is small enough (then `true`), from a stack buffer
+    /// no larger than the message needs; `false`, sending nothing, for a pipelined message.
+    pub(super) fn send_if_eager(
+        &mut self,
+        op: u32,
+        tag: u64,
+        data: &[u8],
+        targets: Targets,
+        deadline: &Deadline,
+    ) -> Result<bool, Error> {
+        self.flush_view_acks()?;
+        if data.len() > self.eager_limit() {
+            return Ok(false);
+        }
+        match kind::continuation_slots(data.len()) {
+            0 => self.send_each(&EagerSlots::<1>::new(op, tag, data), targets, deadline)?,
+            1 => self.send_each(&EagerSlots::<2>::new(op, tag, data), targets, deadline)?,
+            2..8 => self.send_each(&EagerSlots::<8>::new(op, tag, data), targets, deadline)?,
+            _ => self.send_each(
+                &EagerSlots::<MAX_EAGER_SLOTS>::new(op, tag, data),
+                targets,
+                deadline,
+            )?,
+        }
+        Ok(true)
+    }
+
+    fn send_each<const N: usize>(
+        &mut self,
+        slots: &EagerSlots<N>,
+        targets: Targets,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        match targets {
+            Targets::One(peer) => self.send_slots(peer, slots.as_slice(), deadline),
+            Targets::Peers => {
+                for peer in self.peers() {
+                    self.send_slots(peer, slots.as_slice(), deadline)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs `outgoing` and every `incoming` to completion together, a non-blocking step of each
+    /// at a time; spins, then yields, then sleeps (see [`idle_wait`]) while nothing moves.
+    fn drive(
+        &mut self,
+        outgoing: &mut Outgoing<'_>,
+        incoming: &mut [Incoming<'_>],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let mut idle = 0u32;
+        let mut turns = 0u32;
+        let mut stalled_since = None;
+        // Since when this transfer's own bytes have not advanced: acknowledgements and messages
+        // from third parties move something without bringing it closer to its end, and must not
+        // keep a wait whose peer stopped from sleeping.
+        let mut idle_since: Option<Instant> = None;
+        let mut progress = transfer_progress(outgoing, incoming);
+        loop {
+            let mut moved = self.step_out(outgoing)?;
+            for incoming in incoming.iter_mut() {
+                if !incoming.is_done() {
+                    moved |= self.pull(incoming.peer, None)?;
+                    moved |= self.step_in(incoming, deadline)?;
+                }
+            }
+            if outgoing.is_done() {
+                break;
+            }
+            turns = turns.wrapping_add(1);
+            if moved && (!turns.is_multiple_of(1024) || !deadline.left().is_zero()) {
+                idle = 0;
+                stalled_since = None;
+                let now = transfer_progress(outgoing, incoming);
+                if now != progress {
+                    progress = now;
+                    idle_since = None;
+                }
+                continue;
+            }
+            if moved {
+                return Err(
+                    self.timed_out_waiting(deadline, waiting(outgoing, incoming, &self.peers))
+                );
+            }
+            idle += 1;
+            if idle < 64 {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Nothing moves: the clock is read only here.
+            let now = Instant::now();
+            if deadline.left().is_zero() {
+                return Err(
+                    self.timed_out_waiting(deadline, waiting(outgoing, incoming, &self.peers))
+                );
+            }
+            let since = *stalled_since.get_or_insert(now);
+            if now.duration_since(since) >= STALL {
+                outgoing.window = outgoing.window.saturating_mul(2);
+                stalled_since = Some(now);
+            }
+            idle_wait(now.duration_since(*idle_since.get_or_insert(now)));
+        }
+        for incoming in incoming.iter_mut() {
+            self.complete(incoming, deadline)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the next chunks `outgoing` has room for and delivers every message its targets
+    /// have room for, without waiting. Returns whether anything moved.
+    fn step_out(&mut self, outgoing: &mut Outgoing<'_>) -> Result<bool, Error> {
+        let mut moved = false;
+        // Acknowledgements from every peer, not only the targets: blocks of earlier transfers
+        // that another peer still holds count against the window.
+        for peer in self.peers() {
+            self.drain_from(peer)?;
+            self.flush_acks(peer)?;
+        }
+        while outgoing.written < outgoing.data.len() && self.chunks_in_window(outgoing) {
+            let len = self
+                .chunk_bytes(outgoing.data.len())
+                .min(outgoing.data.len() - outgoing.written);
+            let Some(block) = self
+                .outbox
+                .try_alloc(len as u64)
+                .map_err(Error::OwnOutbox)?
+            else {
+                break;
+            };
+            let piece = &outgoing.data[outgoing.written..outgoing.written + len];
+            self.outbox
+                .write(&block, 0, piece)
+                .map_err(Error::OwnOutbox)?;
+            let sent = self
+                .outbox
+                .send(block, len as u64, outgoing.receivers)
+                .map_err(Error::OwnOutbox)?;
+            if outgoing.receivers != 0 {
+                self.chunk_blocks.insert(sent.offset);
+                for &peer in &outgoing.targets {
+                    self.peers[peer as usize].chunks_owed += 1;
+                }
+            }
+            outgoing
+                .messages
+                .push(with_ref(kind::CHUNK, outgoing.tag, sent));
+            outgoing.written += len;
+            moved = true;
+        }
+        for (index, &peer) in outgoing.targets.iter().enumerate() {
+            let from = outgoing.delivered[index];
+            if from == outgoing.messages.len() {
+                continue;
+            }
+            match self
+                .link(peer)?
+                .to
+                .try_send_batch(&outgoing.messages[from..])
+            {
+                Ok(count) => {
+                    outgoing.delivered[index] += count;
+                    moved = true;
+                }
+                Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => {
+                    return Err(self.closed(peer, outgoing.collective));
+                }
+                Err(TrySendError::Corrupted((), corruption)) => {
+                    return Err(self.corrupted(peer, corruption));
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Whether `outgoing` may write another chunk: every one of its targets holds fewer
+    /// unacknowledged chunks (of this transfer or earlier ones) than its window. Counted per
+    /// receiver, so a slow receiver holds back only what is sent to it: a rank feeding several
+    /// workers keeps a window in flight to each.
+    fn chunks_in_window(&self, outgoing: &Outgoing<'_>) -> bool {
+        outgoing
+            .targets
+            .iter()
+            .all(|&peer| self.peers[peer as usize].chunks_owed < outgoing.window)
+    }
+}
