@@ -59,6 +59,11 @@
 mod acks;
 mod any;
 mod collectives;
+/// The demultiplexer of a peer's ring slots, public for the `demux` fuzz target only.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod demux;
+#[cfg(not(feature = "fuzzing"))]
 mod demux;
 mod departures;
 mod error;
