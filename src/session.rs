@@ -73,16 +73,16 @@ mod loans;
 mod p2p;
 mod peer;
 mod receive;
+mod rooted;
 mod send;
 mod split;
 #[cfg(feature = "tokio")]
 mod tokio_receiver;
 
-pub use collectives::{
-    BRUCK_MAX_BYTES, FLAT_BARRIER_MAX, FLAT_BROADCAST_MAX, FLAT_GATHER_MAX, TREE_PART_MAX,
-};
+pub use collectives::{BRUCK_MAX_BYTES, FLAT_BARRIER_MAX, FLAT_GATHER_MAX};
 pub use fds::FdTransport;
 pub use loans::LoanView;
+pub use rooted::{FLAT_BROADCAST_MAX, TREE_PART_MAX};
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
 pub use split::{Receiver, Sender, SessionGuard};
 #[cfg(feature = "tokio")]
