@@ -136,6 +136,9 @@ pub struct Session {
     outbox: Outbox,
     /// Offsets of outbox blocks holding chunks of pipelined transfers, not yet acknowledged.
     chunk_blocks: HashSet<u64>,
+    /// A point-to-point send an interrupt ended after part of it went out, to be finished by the
+    /// next calls (see `send::Session::set_aside_send`).
+    set_aside: Option<send::Outgoing<'static>>,
     /// Acknowledgements of dropped loan views.
     view_acks: ViewAcks,
     /// How fds move, and whether the choice was reported yet.
@@ -418,6 +421,7 @@ impl Session {
             peers: (0..world as u32).map(Peer::new).collect(),
             outbox,
             chunk_blocks: HashSet::new(),
+            set_aside: None,
             view_acks: ViewAcks::default(),
             fd_transport: FdTransport::Auto,
             fd_transport_reported: false,
@@ -566,6 +570,18 @@ impl Session {
     /// call waiting, the next wait ends at once unless [`Self::clear_interrupt`] forgets it.
     /// Waits on the rings end (every message and collective); a wait for the broker (an fd relay,
     /// a peer still to log on) runs to its deadline.
+    ///
+    /// A large message ends between two of its chunks:
+    ///
+    /// * a receive returns [`Error::Interrupted`] and keeps what it had: the next receive of the
+    ///   message gets it whole (and a `recv_into` too small for it gets
+    ///   [`Error::BufferTooSmall`]);
+    /// * a point-to-point send whose message has started going out cannot call it back: it
+    ///   returns `Ok`, as a buffered send (`MPI_Bsend`), after copying the rest of the message;
+    ///   the session's next call finishes it before anything else goes out (or any wait parks),
+    ///   so it arrives once, whole and in order. The interrupt stays pending, so that next call
+    ///   returns [`Error::Interrupted`] first. A session dropped before then cuts the message off
+    ///   (its receiver gets [`Error::PeerLeft`]).
     #[must_use]
     pub fn interrupter(&self) -> Interrupter {
         self.inner.interrupter()

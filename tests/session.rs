@@ -1237,3 +1237,138 @@ fn one_interrupt_ends_every_wait_in_progress_and_nothing_more() {
     // The barrier cut short leaves the other ranks to find rank 0 gone.
     assert!(quiet.barrier_timeout(Duration::from_secs(10)).is_err());
 }
+
+/// Bytes of the large message of the interrupt tests: far more than either side can copy in the
+/// 20 ms before its peer is stopped.
+const LARGE: usize = 512 << 20;
+
+/// The large message: each 4 KiB page holds its number, then that number's low byte.
+fn large() -> Vec<u8> {
+    let mut bytes = vec![0u8; LARGE];
+    for (page, bytes) in bytes.chunks_mut(4096).enumerate() {
+        bytes.fill(page as u8);
+        bytes[..8].copy_from_slice(&(page as u64).to_le_bytes());
+    }
+    bytes
+}
+
+/// Rank 1 of an interrupt test: this test binary again, as its own process, playing `role`.
+fn other_process(broker: &common::Broker, role: &str) -> shmbroker::process::ChildGuard {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--ignored", "--exact", "interrupt_test_peer", "--nocapture"])
+        .env("SHMBROKER_TEST_ROLE", role)
+        .env("SHMBROKER_TEST_SOCKET", broker.socket())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    common::spawn(&mut command)
+}
+
+/// Stops `child` (SIGSTOP) 20 ms from now, then interrupts `session` 100 ms later: the session's
+/// transfer with it is then stalled between two chunks.
+fn stop_then_interrupt(
+    child: &shmbroker::process::ChildGuard,
+    session: &Session,
+) -> std::thread::JoinHandle<()> {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let interrupter = session.interrupter();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        interrupter.interrupt();
+    })
+}
+
+fn resume(child: &shmbroker::process::ChildGuard) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+}
+
+#[test]
+#[ignore = "the second process of the interrupt tests, which start it"]
+fn interrupt_test_peer() {
+    let (Ok(role), Ok(socket)) = (
+        std::env::var("SHMBROKER_TEST_ROLE"),
+        std::env::var("SHMBROKER_TEST_SOCKET"),
+    ) else {
+        return;
+    };
+    let mut session = Session::connect(&socket, Some(1), Duration::from_secs(60)).unwrap();
+    session.set_timeout(Duration::from_secs(60));
+    session.barrier().unwrap();
+    match role.as_str() {
+        "send" => {
+            session.send(0, &large()).unwrap();
+            session.send(0, b"end").unwrap();
+        }
+        "receive" => {
+            let received = session.recv(0).unwrap();
+            assert!(received == large(), "the large message arrived changed");
+            // The next message is the one sent after it: the large one came once.
+            assert_eq!(session.recv(0).unwrap(), b"end");
+            session.send(0, b"whole, once").unwrap();
+        }
+        other => panic!("no role {other}"),
+    }
+    session.barrier().unwrap();
+}
+
+#[test]
+fn an_interrupt_ends_a_large_receive_between_chunks_and_the_next_receive_gets_it_whole() {
+    let broker = common::Broker::start("interrupt-receive", 2);
+    let child = other_process(&broker, "send");
+    let mut session = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
+    session.set_timeout(Duration::from_secs(60));
+    session.barrier().unwrap();
+    // Its header is in: the transfer has begun.
+    assert_eq!(session.probe(1).unwrap(), LARGE);
+    let mut buffer = vec![0u8; LARGE];
+    let stopping = stop_then_interrupt(&child, &session);
+    let started = Instant::now();
+    let first = session.recv_into(1, &mut buffer);
+    let waited = started.elapsed();
+    stopping.join().unwrap();
+    resume(&child);
+    assert!(matches!(first, Err(Error::Interrupted)), "{first:?}");
+    // Ended by the interrupt, not by the deadline.
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+    // Nothing was lost: the next receive gets the whole message, once.
+    buffer.fill(0);
+    assert_eq!(session.recv_into(1, &mut buffer).unwrap(), LARGE);
+    assert!(buffer == large(), "the message resumed changed");
+    assert_eq!(session.recv(1).unwrap(), b"end");
+    session.barrier().unwrap();
+    let (ok, _, stderr) = common::finish(child);
+    assert!(ok, "{stderr}");
+}
+
+#[test]
+fn an_interrupt_ends_a_large_send_between_chunks_which_is_then_delivered_once() {
+    let broker = common::Broker::start("interrupt-send", 2);
+    let child = other_process(&broker, "receive");
+    let mut session = Session::connect(broker.socket(), Some(0), Duration::from_secs(60)).unwrap();
+    session.set_timeout(Duration::from_secs(60));
+    session.barrier().unwrap();
+    let data = large();
+    let stopping = stop_then_interrupt(&child, &session);
+    let started = Instant::now();
+    // Part of it went out before the interrupt: it cannot be called back, so it is set aside
+    // and reported sent.
+    let sent = session.send(1, &data);
+    let waited = started.elapsed();
+    stopping.join().unwrap();
+    assert!(sent.is_ok(), "{sent:?}");
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+    drop(data);
+    // The interrupt still ends the next call, which sends nothing.
+    let next = session.send(1, b"end");
+    assert!(matches!(next, Err(Error::Interrupted)), "{next:?}");
+    resume(&child);
+    // The call after it finishes the large message first, then sends its own.
+    session.send(1, b"end").unwrap();
+    assert_eq!(session.recv(1).unwrap(), b"whole, once");
+    session.barrier().unwrap();
+    let (ok, _, stderr) = common::finish(child);
+    assert!(ok, "{stderr}");
+}

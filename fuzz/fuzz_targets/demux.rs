@@ -4,7 +4,9 @@
 //! Each input is a list of operations, one byte of kind then its operands:
 //! * 0: a raw slot: the next 64 bytes, whatever they hold (after this, contents are unchecked);
 //! * 1: an honest eager `SEND` of `a * 64 + b` bytes (at most the eager limit);
-//! * 2: an honest pipelined `SEND` of `a * 64 + b + 1` bytes in chunks of `c * 16 + 1`;
+//! * 2: an honest pipelined `SEND` of `a * 64 + b + 1` bytes in chunks of `c * 16 + 1`, its
+//!   chunks pushed `d % 4` at a time (0: all) and the rest one per receive, so that receives
+//!   see it in pieces;
 //! * 3: an honest loan `SEND` of `a * 16` bytes at offset `b * 16`;
 //! * 4: a point-to-point receive of the next number due, into a vector (`a` even) or a buffer of
 //!   `b * 64` bytes that keeps a message too long for it;
@@ -99,14 +101,19 @@ struct Model {
     collectives_sent: u64,
     /// Honest collectives sent and not yet received, by number.
     collectives: HashMap<u64, Vec<u8>>,
+    /// Chunks of the last pipelined message not yet arrived.
+    pending: std::collections::VecDeque<Message>,
     /// References sent per offset (acknowledgements may not exceed them).
     lent: HashMap<u64, u32>,
 }
 
 impl Model {
     /// Files `slots`; an error ends the run (the session would be dropped).
+    /// Files `slots` after every chunk still pending (a peer writes a message's chunks before
+    /// its next message).
     fn push(&mut self, slots: &[Message]) -> Result<(), Error> {
-        for &slot in slots {
+        let pending: Vec<Message> = self.pending.drain(..).collect();
+        for &slot in pending.iter().chain(slots) {
             self.inbox.check_room()?;
             if let Some(acked) = self.inbox.push(slot)? {
                 // An acknowledgement goes to the outbox ledger; nothing here to model.
@@ -116,7 +123,12 @@ impl Model {
         Ok(())
     }
 
+    /// Receives what `expect` selects after one more pending chunk (if any) arrived.
     fn receive(&mut self, expect: Expect, sink: Sink<'_>, keep: bool) -> Result<(), Error> {
+        if let Some(chunk) = self.pending.pop_front() {
+            self.inbox.check_room()?;
+            self.inbox.push(chunk)?;
+        }
         let mut incoming = if keep {
             Incoming::keeping_too_long(PEER, expect, sink)
         } else {
@@ -124,8 +136,9 @@ impl Model {
         };
         self.inbox.step(&mut incoming, &mut self.region)?;
         if !incoming.is_done() {
-            // Not whole yet (or nothing there). A real receive would wait; this one gives up,
-            // which only an honest run with whole messages must never need for a due message.
+            // Not whole yet (or nothing there). A real receive would wait; this one is ended as
+            // an interrupt or a deadline ends one: set aside, for the next receive to resume.
+            self.inbox.set_aside(&mut incoming);
             return Ok(());
         }
         let (len, sink) = incoming.finish()?;
@@ -184,6 +197,7 @@ fuzz_target!(|input: &[u8]| {
         collectives_sent: 0,
         collectives: HashMap::new(),
         lent: HashMap::new(),
+        pending: std::collections::VecDeque::new(),
     };
     let mut buffer = vec![0u8; 255 * 64];
     while let Some((&op, rest)) = data.split_first() {
@@ -204,7 +218,7 @@ fuzz_target!(|input: &[u8]| {
                 model.push(&eager(kind::SEND, tag, &bytes))
             }
             2 => {
-                let [a, b, c] = operands(&mut data);
+                let [a, b, c, d] = operands(&mut data);
                 let total = (usize::from(a) * 64 + usize::from(b) + 1).min(REGION);
                 let chunk = usize::from(c) * 16 + 1;
                 let tag = model.sent;
@@ -227,7 +241,14 @@ fuzz_target!(|input: &[u8]| {
                     slots.push(with_ref(kind::CHUNK, tag, at as u64, len as u32));
                     at += len;
                 }
-                model.push(&slots)
+                // The rest of the chunks come with later operations (as `pending`).
+                let now = match d % 4 {
+                    0 => slots.len(),
+                    n => usize::from(n).min(slots.len()),
+                };
+                let pushed = model.push(&slots[..now]);
+                model.pending.extend(&slots[now..]);
+                pushed
             }
             3 => {
                 let [a, b] = operands(&mut data);

@@ -150,6 +150,12 @@ impl Connection {
         self.shared.take_interrupt()
     }
 
+    /// Puts back an interrupt request a call took but did not end on (a send reported done once
+    /// part of it had gone out): the next wait ends with it.
+    pub fn keep_interrupt(&self) {
+        self.shared.keep_interrupt();
+    }
+
     /// Forgets an interrupt no wait has taken yet (one that came after the call it was meant
     /// for had ended).
     pub fn clear_interrupt(&self) {

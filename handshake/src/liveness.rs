@@ -305,6 +305,12 @@ impl Shared {
         self.interrupted.load(Ordering::Acquire) && self.interrupted.swap(false, Ordering::AcqRel)
     }
 
+    /// Puts back a request a call took without ending on it: the next look takes it again. The
+    /// count does not move, so waits that began after the request are not ended by it twice.
+    pub fn keep_interrupt(&self) {
+        self.interrupted.store(true, Ordering::Release);
+    }
+
     /// Why `rank` will never log on, if the broker said it will not.
     pub fn never_joined(&self, rank: u32) -> Option<Departure> {
         if rank >= 64 || self.never_joined.load(Ordering::Acquire) & (1u64 << rank) == 0 {

@@ -477,6 +477,8 @@ pub(super) fn wait_for_sender(
 ) -> Result<u32, Error> {
     let spins = access.with(|session| {
         session.flush_view_acks()?;
+        // A send set aside by an interrupt goes first: its receiver may be a sender awaited here.
+        session.finish_set_aside(deadline)?;
         Ok::<_, Error>(match session.waiting {
             Waiting::Spin(spins) => spins,
             Waiting::Adaptive { crowded: true } => CROWDED_SPIN_MAX,

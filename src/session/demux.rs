@@ -33,6 +33,11 @@
 //!   a group leaves the queue only when it has been received (or refused, which ends the link).
 //! - A message too long for a caller's buffer is left queued, whole, when the receive says so
 //!   ([`Incoming::keeping_too_long`]).
+//! - A pipelined message whose receive ends between its chunks (an interrupt, a deadline) is set
+//!   aside ([`Inbox::set_aside`]): its bytes so far are kept, a *resumption* header takes the
+//!   place of its own, and the next receive that selects it starts where this one stopped. So it
+//!   is neither lost nor delivered twice. A resumption header is made only here: its flag is one
+//!   [`transport`] refuses, so no peer can forge one.
 
 use super::Error;
 use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
@@ -41,6 +46,18 @@ use std::collections::VecDeque;
 /// The most messages queued from one peer that no call has taken yet; past it the peer is
 /// refused with [`Error::Protocol`] rather than this process's memory growing without bound.
 pub const MAX_UNREAD: usize = 1 << 20;
+
+/// The flag of a resumption header (see [`Inbox::set_aside`]): never valid on the wire.
+const RESUMED: u32 = 1 << 31;
+
+/// What a set-aside receive had received of a pipelined message.
+#[derive(Debug)]
+struct Partial {
+    tag: u64,
+    total: u64,
+    /// The bytes so far; `None` when they did not fit the receive's buffer.
+    bytes: Option<Vec<u8>>,
+}
 
 /// Which group a receive takes from a peer's queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -326,6 +343,8 @@ pub struct Inbox {
     queue: VecDeque<Message>,
     /// Continuation slots still owed by the eager message last queued.
     owed: usize,
+    /// The message a receive set aside between its chunks, if any.
+    partial: Option<Partial>,
 }
 
 impl Inbox {
@@ -336,6 +355,7 @@ impl Inbox {
             peer,
             queue: VecDeque::new(),
             owed: 0,
+            partial: None,
         }
     }
 
@@ -458,7 +478,7 @@ impl Inbox {
             }
             at += match header.kind & !kind::OP_MASK {
                 0 => extent,
-                kind::PIPELINED => {
+                flags if flags & kind::PIPELINED != 0 => {
                     let total = u64::from_le_bytes(header.inline[..8].try_into().unwrap_or([0; 8]));
                     let mut seen = 0u64;
                     let mut next = at + 1;
@@ -529,6 +549,10 @@ impl Inbox {
                     incoming.expect.check(peer, &header)?;
                     incoming.refuse_too_long(&header)?;
                     moved = true;
+                    if header.kind & RESUMED != 0 {
+                        incoming.state = self.resume(at, &header, &mut incoming.sink)?;
+                        continue;
+                    }
                     incoming.state = match transport(peer, &header)? {
                         0 => self.take_eager(at, &header, &mut incoming.sink)?,
                         kind::PIPELINED => {
@@ -615,6 +639,78 @@ impl Inbox {
         }
     }
 
+    /// Sets aside `incoming`, a receive that ends between the chunks of a pipelined message: the
+    /// bytes it has are kept, and a resumption header takes the place of the message's own, so
+    /// that the next receive selecting the message starts where this one stopped. `incoming` is
+    /// left with an empty sink. Does nothing to a receive that is not between chunks.
+    pub fn set_aside(&mut self, incoming: &mut Incoming<'_>) {
+        let InState::Chunks {
+            at,
+            tag,
+            total,
+            done,
+            fits,
+        } = incoming.state
+        else {
+            return;
+        };
+        let bytes = fits.then(|| {
+            let done = usize::try_from(done).unwrap_or(usize::MAX);
+            match std::mem::replace(&mut incoming.sink, Sink::Vec(Vec::new())) {
+                Sink::Vec(mut bytes) => {
+                    bytes.truncate(done);
+                    bytes
+                }
+                Sink::Slice(buffer) => buffer[..done].to_vec(),
+            }
+        });
+        let op = match incoming.expect {
+            Expect::Send { .. } => kind::SEND,
+            Expect::Collective { op, .. } => op,
+        };
+        let mut inline = [0u8; INLINE_BYTES];
+        inline[..8].copy_from_slice(&(total - done).to_le_bytes());
+        inline[8..16].copy_from_slice(&total.to_le_bytes());
+        let header = message(op | kind::PIPELINED | RESUMED, tag, 0, inline);
+        self.queue.insert(at, header);
+        self.partial = Some(Partial { tag, total, bytes });
+        incoming.state = InState::Header;
+    }
+
+    /// Takes up the set-aside message whose resumption header is at `queue[at]`: its bytes so far
+    /// go into `sink`, and the receive goes on with its next chunk.
+    fn resume(
+        &mut self,
+        at: usize,
+        header: &Message,
+        sink: &mut Sink<'_>,
+    ) -> Result<InState, Error> {
+        let partial = match self.partial.take() {
+            Some(partial) if partial.tag == header.tag => partial,
+            other => {
+                self.partial = other;
+                return Err(Error::Misuse(format!(
+                    "rank {}'s message {} was set aside, and nothing of it was kept",
+                    self.peer, header.tag
+                )));
+            }
+        };
+        let remaining = u64::from_le_bytes(header.inline[..8].try_into().unwrap_or([0; 8]));
+        let done = partial.total - remaining;
+        let fits = sink.prepare(self.peer, partial.total)? && partial.bytes.is_some();
+        if let (true, Some(bytes)) = (fits, &partial.bytes) {
+            sink.window(0, bytes.len()).copy_from_slice(bytes);
+        }
+        self.queue.remove(at);
+        Ok(InState::Chunks {
+            at,
+            tag: header.tag,
+            total: partial.total,
+            done,
+            fits,
+        })
+    }
+
     /// Copies out the eager group at `queue[at]` and removes it.
     fn take_eager(
         &mut self,
@@ -684,6 +780,12 @@ pub(super) fn read_ref(peer: u32, message: &Message) -> Result<PayloadRef, Error
 /// The length of the message `header` opens, as it announces it (a group [`Inbox::find`]
 /// returned).
 pub(super) fn message_len(peer: u32, header: &Message) -> Result<u64, Error> {
+    if header.kind & RESUMED != 0 {
+        // The whole message's length: a resumption header holds it after what remains.
+        return Ok(u64::from_le_bytes(
+            header.inline[8..16].try_into().unwrap_or([0; 8]),
+        ));
+    }
     Ok(match transport(peer, header)? {
         0 => u64::from(header.len),
         kind::PIPELINED => u64::from_le_bytes(header.inline[..8].try_into().unwrap_or([0; 8])),

@@ -52,8 +52,12 @@ pub enum Error {
     #[error("the broker is gone (its socket closed)")]
     BrokerLost,
     /// An [`Interrupter`](crate::session::Interrupter) ended the wait (a Ctrl-C, say). Nothing
-    /// was lost: a message not yet received is still there. A collective cut short this way
-    /// leaves the others waiting for this rank's part: do not go on with collectives after one.
+    /// was lost: a message not yet received is still there, and one cut off between its chunks
+    /// is received whole by the next receive. (A point-to-point send ended by an interrupt after
+    /// part of its message went out is reported done instead, and finished by the session's next
+    /// calls: see [`Session::interrupter`](crate::Session::interrupter).) A collective cut short
+    /// this way leaves the others waiting for this rank's part: do not go on with collectives
+    /// after one.
     #[error("interrupted while waiting")]
     Interrupted,
     /// The deadline passed.

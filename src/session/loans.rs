@@ -6,7 +6,7 @@
 //! may be dropped on any thread: [`ViewAcks`]), and the owner reuses the block once every
 //! receiver has.
 
-use super::demux::{Expect, read_ref, transport, with_ref};
+use super::demux::{Expect, read_ref, with_ref};
 use super::{Deadline, Error, Session};
 use shmbroker_allocator::{Loan, Outbox, View};
 use shmbroker_bindings::{PayloadRef, kind};
@@ -215,7 +215,9 @@ impl Session {
         let at = self.await_group(peer, expect, deadline)?;
         let header = self.peers[peer as usize].inbox.header(at);
         expect.check(peer, &header)?;
-        let transport = transport(peer, &header)?;
+        // Queued headers were checked on arrival: eager, pipelined (or a resumption of one), or
+        // a loan.
+        let transport = header.kind & !kind::OP_MASK;
         if transport != kind::LOAN {
             return Err(Error::Misuse(format!(
                 "the next message from rank {peer} is not a loan (kind {:#x}, {}); receive it \

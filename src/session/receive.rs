@@ -122,6 +122,8 @@ impl Session {
         let Some(deadline) = wait else {
             return Ok(0);
         };
+        // A send set aside by an interrupt goes first: its receiver may be what this waits for.
+        self.finish_set_aside(deadline)?;
         // The ring's own wait replaces a readiness registration: take them back first.
         self.disarm();
         let owing = self.owes_acks();
@@ -261,7 +263,24 @@ impl Session {
     }
 
     /// Receives `incoming` to the end, waiting parked on its ring.
+    ///
+    /// An interrupt ends it between the chunks of a pipelined message too (a look at two atomics
+    /// per step). Ended there by an interrupt or the deadline, the receive is set aside (see
+    /// [`super::demux::Inbox::set_aside`]): the next receive of the message starts where this one
+    /// stopped, so nothing is lost and nothing delivered twice.
     pub(super) fn complete(
+        &mut self,
+        incoming: &mut Incoming<'_>,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let completed = self.complete_or_stop(incoming, deadline);
+        if matches!(completed, Err(Error::Interrupted | Error::Timeout { .. })) {
+            self.peers[incoming.peer as usize].inbox.set_aside(incoming);
+        }
+        completed
+    }
+
+    fn complete_or_stop(
         &mut self,
         incoming: &mut Incoming<'_>,
         deadline: &Deadline,
@@ -270,6 +289,9 @@ impl Session {
         let mut turns = 0u32;
         let mut idle_since: Option<Instant> = None;
         while !incoming.is_done() {
+            if incoming.mid_transfer() {
+                self.check_interrupted(deadline)?;
+            }
             turns = turns.wrapping_add(1);
             // A peer that keeps sending what nobody waits for must not keep this call past its
             // deadline: look at the clock now and then even while things move.

@@ -36,6 +36,7 @@ use super::{Deadline, Error, Session};
 use shmbroker_allocator::Outbox;
 use shmbroker_bindings::{INLINE_BYTES, Message, kind};
 use shmbroker_queues::TrySendError;
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 /// Bytes per chunk of a pipelined transfer: small enough to stay in a core's L2 cache between the
@@ -66,8 +67,10 @@ pub(super) enum Targets {
 
 /// One pipelined message being sent to `targets`, step by step.
 #[derive(Debug)]
-struct Outgoing<'d> {
-    data: &'d [u8],
+pub(super) struct Outgoing<'d> {
+    /// The message: borrowed from the caller, owned once set aside (see
+    /// [`Session::set_aside_send`]).
+    data: Cow<'d, [u8]>,
     targets: Vec<u32>,
     receivers: u64,
     tag: u64,
@@ -91,7 +94,7 @@ impl<'d> Outgoing<'d> {
         inline[..8].copy_from_slice(&(data.len() as u64).to_le_bytes());
         let header = message(op | kind::PIPELINED, tag, 0, inline);
         Self {
-            data,
+            data: Cow::Borrowed(data),
             receivers: Outbox::receivers(targets.iter().copied()),
             delivered: vec![0; targets.len()],
             targets,
@@ -105,6 +108,26 @@ impl<'d> Outgoing<'d> {
 
     fn is_done(&self) -> bool {
         self.written == self.data.len() && self.delivered.iter().all(|&d| d == self.messages.len())
+    }
+
+    /// Whether nothing of the message has left this rank: no chunk written, no ring message sent.
+    fn untouched(&self) -> bool {
+        self.written == 0 && self.delivered.iter().all(|&d| d == 0)
+    }
+
+    /// The same transfer, owning a copy of its data, to go on after its caller returned.
+    fn into_owned(self) -> Outgoing<'static> {
+        Outgoing {
+            data: Cow::Owned(self.data.into_owned()),
+            targets: self.targets,
+            receivers: self.receivers,
+            tag: self.tag,
+            messages: self.messages,
+            delivered: self.delivered,
+            written: self.written,
+            window: self.window,
+            collective: self.collective,
+        }
     }
 
     /// The targets not yet sent the whole message: those a ring message is still due to, and
@@ -211,6 +234,7 @@ impl Session {
         slots: &[Message],
         deadline: &Deadline,
     ) -> Result<(), Error> {
+        self.finish_set_aside(deadline)?;
         self.flush_acks(peer)?;
         let mut sent = 0;
         while sent < slots.len() {
@@ -279,6 +303,7 @@ impl Session {
         if targets.is_empty() {
             return self.receive_all(incoming, deadline);
         }
+        self.finish_set_aside(deadline)?;
         let mut outgoing = Outgoing::new(op, tag, data, targets);
         match self.drive(&mut outgoing, incoming, deadline) {
             // Whichever wait ran out (a full ring, a silent sender), name every rank the
@@ -289,7 +314,47 @@ impl Session {
                 waiting_for.extend(waiting(&outgoing, incoming, &self.peers));
                 Err(self.timed_out_waiting(deadline, waiting_for))
             }
+            // A point-to-point message that has started going out cannot be called back: it is
+            // set aside, and reported sent (see `set_aside_send`).
+            Err(Error::Interrupted) if !outgoing.collective && !outgoing.untouched() => {
+                self.set_aside_send(outgoing);
+                Ok(())
+            }
             other => other,
+        }
+    }
+
+    /// Sets aside a point-to-point send ended by an interrupt after part of it went out: it owns
+    /// a copy of its data from now on, and the session's next calls finish it before anything
+    /// else goes on a ring or any wait parks ([`Self::finish_set_aside`]), so it is delivered
+    /// once, whole, and in order. The send is reported done, as `MPI_Bsend` reports a buffered
+    /// message; the interrupt is left pending, so that the next call ends with
+    /// [`Error::Interrupted`] (a Ctrl-C still stops the program at once). A session dropped
+    /// before then leaves the message cut off: its receiver fails with [`Error::PeerLeft`].
+    fn set_aside_send(&mut self, outgoing: Outgoing<'_>) {
+        self.set_aside = Some(outgoing.into_owned());
+        self.inner.keep_interrupt();
+    }
+
+    /// Finishes the send set aside by an interrupt, if there is one, within `deadline`. A
+    /// receiver that has died or left needs it no more: it is dropped. Ended again (an interrupt,
+    /// the deadline), it stays set aside and this call fails.
+    pub(super) fn finish_set_aside(&mut self, deadline: &Deadline) -> Result<(), Error> {
+        let Some(mut outgoing) = self.set_aside.take() else {
+            return Ok(());
+        };
+        match self.drive(&mut outgoing, &mut [], deadline) {
+            Ok(())
+            | Err(
+                Error::PeerLost { .. }
+                | Error::PeerLeft { .. }
+                | Error::PeerNeverJoined { .. }
+                | Error::BrokerLost,
+            ) => Ok(()),
+            Err(error) => {
+                self.set_aside = Some(outgoing);
+                Err(error)
+            }
         }
     }
 
@@ -315,7 +380,10 @@ impl Session {
         tag: u64,
         data: &[u8],
     ) -> Result<bool, Error> {
-        if data.len() > INLINE_BYTES || !self.peers[rank as usize].acks_due.is_empty() {
+        if data.len() > INLINE_BYTES
+            || !self.peers[rank as usize].acks_due.is_empty()
+            || self.set_aside.is_some()
+        {
             return Ok(false);
         }
         self.flush_view_acks()?;
@@ -389,6 +457,8 @@ impl Session {
         let mut idle_since: Option<Instant> = None;
         let mut progress = transfer_progress(outgoing, incoming);
         loop {
+            // Between chunks: an interrupt ends the transfer here (two atomic loads a turn).
+            self.check_interrupted(deadline)?;
             let mut moved = self.step_out(outgoing)?;
             for incoming in incoming.iter_mut() {
                 if !incoming.is_done() {

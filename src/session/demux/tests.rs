@@ -428,3 +428,74 @@ fn receive_step(inbox: &mut Inbox) -> Result<bool, Error> {
     let mut incoming = Incoming::new(PEER, send(0), Sink::Vec(Vec::new()));
     inbox.step(&mut incoming, &mut Region::new(0))
 }
+
+#[test]
+fn a_receive_set_aside_between_chunks_is_resumed_by_the_next_whole() {
+    let mut region = Region::new(1000);
+    let slots = pipelined(kind::SEND, 0, 1000, 300);
+    // Header and two chunks arrive; the receive is interrupted there.
+    let mut inbox = inbox_with(&slots[..3]);
+    let mut incoming = Incoming::new(PEER, send(0), Sink::Vec(Vec::new()));
+    inbox.step(&mut incoming, &mut region).unwrap();
+    assert!(incoming.mid_transfer());
+    inbox.set_aside(&mut incoming);
+    assert!(incoming.at_header());
+    // The message is still there, whole, with its whole length.
+    let at = inbox.find(send(0)).unwrap().unwrap();
+    assert_eq!(message_len(PEER, &inbox.header(at)).unwrap(), 1000);
+    // A buffer too small for it is refused, and keeps it.
+    let mut small = vec![0u8; 999];
+    let mut kept = Incoming::keeping_too_long(PEER, send(0), Sink::Slice(&mut small));
+    assert!(matches!(
+        inbox.step(&mut kept, &mut region),
+        Err(Error::BufferTooSmall { needed: 1000, .. })
+    ));
+    // The rest arrives; a receive into a buffer gets it all, once.
+    for &slot in &slots[3..] {
+        inbox.push(slot).unwrap();
+    }
+    let mut buffer = vec![0u8; 1000];
+    let mut resumed = Incoming::keeping_too_long(PEER, send(0), Sink::Slice(&mut buffer));
+    inbox.step(&mut resumed, &mut region).unwrap();
+    assert_eq!(resumed.finish().unwrap().0, 1000);
+    assert_eq!(buffer, region.bytes);
+    assert_eq!(region.acks.len(), 4, "each chunk acknowledged once");
+    assert!(inbox.is_empty());
+}
+
+#[test]
+fn a_set_aside_receive_can_be_set_aside_again() {
+    let mut region = Region::new(900);
+    let slots = pipelined(kind::ALL_GATHER, 4, 900, 300);
+    let mut inbox = Inbox::new(PEER);
+    for &slot in &slots {
+        inbox.push(slot).unwrap();
+        let mut incoming = Incoming::new(PEER, gather(4), Sink::Vec(Vec::new()));
+        inbox.step(&mut incoming, &mut region).unwrap();
+        if incoming.is_done() {
+            assert_eq!(incoming.finish().unwrap().1.into_vec(), region.bytes);
+            assert!(inbox.is_empty());
+            return;
+        }
+        inbox.set_aside(&mut incoming);
+    }
+    panic!("the message never completed");
+}
+
+#[test]
+fn a_resumption_header_cannot_come_from_the_wire() {
+    let mut header = pipelined(kind::SEND, 0, 10, 10)[0];
+    header.kind |= RESUMED;
+    assert!(refusal(Inbox::new(PEER).push(header)).contains("unknown message kind"));
+}
+
+#[test]
+fn setting_aside_a_receive_that_has_not_started_does_nothing() {
+    let mut inbox = inbox_with(&eager(kind::SEND, 0, b"x"));
+    let mut incoming = Incoming::new(PEER, send(0), Sink::Vec(Vec::new()));
+    inbox.set_aside(&mut incoming);
+    assert_eq!(
+        receive(&mut inbox, send(0), &mut Region::new(0)).unwrap(),
+        b"x"
+    );
+}
