@@ -57,29 +57,32 @@
 //! # Between the watcher and the session's thread
 //!
 //! They share [`Shared`]. What the broker sent sits in an inbox under a mutex, with a condition
-//! variable for the session's waits. Who is gone is three monotonic words: bits are only ever
-//! set in `dead` and `left`, and `first_dead` goes once from "none" to a rank (compare-exchange),
-//! so whichever thread records an exit first decides, and both may record the same one (the second
-//! finds it recorded). A change to them is followed by taking the inbox lock and notifying,
-//! so a waiter that checked before the change is already waiting when the notification comes.
+//! variable for the session's waits. Who is gone is monotonic atomic words, in the `state`
+//! submodule (with the argument for their orderings and the loom models that check it): bits are
+//! only ever set in `dead` and `left`, and `first_dead` goes once from "none" to a rank
+//! (compare-exchange), so whichever thread records an exit first decides, and both may record the
+//! same one (the second finds it recorded). A death is recorded before the interrupt fires, so a
+//! call that sees the interrupt sees the death. A change to them is followed by taking the inbox
+//! lock and notifying, so a waiter that checked before the change is already waiting when the
+//! notification comes. The watcher thread itself is the `watcher` submodule.
 //! A session call never waits on these words: it waits on its ring, which a death closes (or
 //! interrupts), and only then asks who is gone (which polls the pidfds itself, so it never
 //! depends on the watcher having run).
 //!
 //! [`Connection`]: crate::Connection
 
+mod state;
+mod watcher;
+
+pub(crate) use watcher::Watcher;
+
 use crate::error::{Error, ProtocolError};
-use crate::wire::{BrokerNotice, decode_broker_notice};
-use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::eventfd::{EfdFlags, EventFd};
-use shmbroker_bindings::{Message, NoticeKind, WorkerNotice};
+use shmbroker_bindings::{Message, NoticeKind};
 use shmbroker_queues::{Closer, Interrupt, Role};
-use shmbroker_sys::fdpass::recv_with_fds;
+use state::State;
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -139,9 +142,6 @@ fn timed_out_within(cause: u32, closer: u32, world: usize) -> Option<u32> {
     timed_out_on(cause).filter(|&rank| rank != closer && (rank as usize) < world)
 }
 
-/// No rank recorded.
-const NONE: u32 = u32::MAX;
-
 /// The cause a watcher gives the rings it closes because the broker is gone.
 pub const BROKER_LOST: u32 = u32::MAX;
 
@@ -193,27 +193,10 @@ pub(crate) struct Shared {
     pub arrived: Condvar,
     /// Per peer, the closers of the ring to it and the ring from it (`None` for this rank).
     closers: Vec<Option<(Closer<Message>, Closer<Message>)>>,
-    /// Ranks whose process exited without leaving, and the first of them.
-    dead: AtomicU64,
-    first_dead: AtomicU32,
-    /// The first rank this worker's last timed-out call waited for ([`NONE`] if none timed out):
-    /// cited when it leaves (see [`Connection`]'s drop).
-    gave_up_on: AtomicU32,
-    /// Ranks that left (their process exited after they closed their ring ends).
-    left: AtomicU64,
-    broker_lost: AtomicBool,
-    /// Ranks the broker said will never log on, and its token for the first of them (who wound
-    /// the job down; the same for all of one job).
-    never_joined: AtomicU64,
-    never_joined_after: AtomicU64,
-    /// Fired after every death: ends the interruptible waits of this worker (the consumer end of
-    /// every ring from a peer holds it), so that collectives stop waiting on live peers.
-    interrupt: Arc<Interrupt>,
-    /// Set by an [`Interrupter`]; taken by the wait it ends.
-    interrupted: AtomicBool,
-    /// How many times an [`Interrupter`] has asked: a call that saw one number at its first look
-    /// and another later was interrupted meanwhile, whichever other call took the flag.
-    interrupts: AtomicU64,
+    /// Who is gone, the interrupt fired after every death, and an [`Interrupter`]'s requests;
+    /// the last timed-out call's rank, cited when this worker leaves (see [`Connection`]'s
+    /// drop).
+    state: State,
 }
 
 /// Ends whatever waits a session is in, from another thread or a signal handler: each call
@@ -245,11 +228,7 @@ impl Interrupter {
 
     /// Ends the session's current waits (or its next one).
     pub fn interrupt(&self) {
-        self.shared.interrupts.fetch_add(1, Ordering::AcqRel);
-        self.shared.interrupted.store(true, Ordering::Release);
-        self.shared
-            .interrupt
-            .fire(self.shared.closers.iter().flatten().map(|(_, from)| from));
+        self.shared.state.request_interrupt(self.shared.wakes());
     }
 }
 
@@ -260,21 +239,17 @@ impl Shared {
         interrupt: Arc<Interrupt>,
     ) -> Self {
         Self {
-            interrupt,
-            interrupted: AtomicBool::new(false),
-            interrupts: AtomicU64::new(0),
             rank,
             inbox: Mutex::new(Inbox::default()),
             arrived: Condvar::new(),
             closers,
-            dead: AtomicU64::new(0),
-            first_dead: AtomicU32::new(NONE),
-            gave_up_on: AtomicU32::new(NONE),
-            left: AtomicU64::new(0),
-            broker_lost: AtomicBool::new(false),
-            never_joined: AtomicU64::new(0),
-            never_joined_after: AtomicU64::new(0),
+            state: State::new(interrupt),
         }
+    }
+
+    /// The consumer end of every ring from a peer: what an interrupt wakes.
+    fn wakes(&self) -> impl Iterator<Item = &Closer<Message>> {
+        self.closers.iter().flatten().map(|(_, from)| from)
     }
 
     /// The inbox, even if a thread panicked holding it (its maps stay consistent).
@@ -286,23 +261,23 @@ impl Shared {
 
     /// Whether the broker's socket has closed.
     pub fn broker_lost(&self) -> bool {
-        self.broker_lost.load(Ordering::Acquire)
+        self.state.broker_lost()
     }
 
     /// The interrupt fired after every death: read its generation before [`Self::first_dead`]
     /// and hand it to an interruptible wait.
     pub fn interrupt_generation(&self) -> u64 {
-        self.interrupt.generation()
+        self.state.interrupt_generation()
     }
 
     /// How many times an [`Interrupter`] has asked so far.
     pub fn interrupt_count(&self) -> u64 {
-        self.interrupts.load(Ordering::Acquire)
+        self.state.interrupt_count()
     }
 
     /// Takes an [`Interrupter`]'s request: whether there was one (it is cleared).
     pub fn take_interrupt(&self) -> bool {
-        self.interrupted.load(Ordering::Acquire) && self.interrupted.swap(false, Ordering::AcqRel)
+        self.state.take_interrupt()
     }
 
     /// Puts back a request a call took without ending on it: the next look takes it again. The
@@ -313,10 +288,7 @@ impl Shared {
 
     /// Why `rank` will never log on, if the broker said it will not.
     pub fn never_joined(&self, rank: u32) -> Option<Departure> {
-        if rank >= 64 || self.never_joined.load(Ordering::Acquire) & (1u64 << rank) == 0 {
-            return None;
-        }
-        let token = self.never_joined_after.load(Ordering::Acquire);
+        let token = self.state.never_joined(rank)?;
         Some(Departure::NeverJoined {
             rank,
             after: (token & u64::from(u32::MAX)) as u32,
@@ -326,30 +298,27 @@ impl Shared {
 
     /// Whether `rank`'s death has been recorded.
     pub fn is_dead(&self, rank: u32) -> bool {
-        rank < 64 && self.dead.load(Ordering::Acquire) & (1u64 << rank) != 0
+        self.state.is_dead(rank)
     }
 
     /// The first rank seen to die, if any.
     pub fn first_dead(&self) -> Option<u32> {
-        let rank = self.first_dead.load(Ordering::Acquire);
-        (rank != NONE).then_some(rank)
+        self.state.first_dead()
     }
 
     /// Records that a call of this worker timed out waiting for `rank` (the last such wins).
     pub fn note_gave_up_on(&self, rank: u32) {
         // Below NEVER_JOINED and BROKER_LOST with the flag set: no cause is mistaken for another.
         if rank < NEVER_JOINED & !TIMED_OUT {
-            self.gave_up_on.store(rank, Ordering::Relaxed);
+            self.state.note_gave_up_on(rank);
         }
     }
 
     /// What this worker cites when it leaves: the first death it saw, else the rank its last
     /// timed-out call waited for (with [`TIMED_OUT`] set), else nothing.
     pub fn departure_cause(&self) -> Option<u32> {
-        self.first_dead().or_else(|| {
-            let rank = self.gave_up_on.load(Ordering::Relaxed);
-            (rank != NONE).then_some(TIMED_OUT | rank)
-        })
+        self.first_dead()
+            .or_else(|| Some(TIMED_OUT | self.state.gave_up_on()?))
     }
 
     /// Why the link to `peer` is closed (or a call on it failed): checks every known peer's
@@ -368,7 +337,6 @@ impl Shared {
         if self.broker_lost() && !self.lock().peers.contains_key(&peer) {
             return Some(Departure::BrokerLost);
         }
-        let bit = 1u64 << (peer % 64);
         let claim = self.ends_closed_by(peer);
         let world = self.closers.len();
         let left_after = |claimed: Option<u32>| {
@@ -379,7 +347,7 @@ impl Shared {
             (claimed != peer && (claimed as usize) < world && self.is_dead(claimed))
                 .then_some(LeftAfter::Died(claimed))
         };
-        if self.left.load(Ordering::Acquire) & bit != 0 {
+        if self.state.has_left(peer) {
             return Some(Departure::Left {
                 rank: peer,
                 after: claim.and_then(left_after),
@@ -507,7 +475,7 @@ impl Shared {
             Some(Some(cause)) => cause != rank && self.confirm_exit(cause),
         };
         if left {
-            self.left.fetch_or(1u64 << (rank % 64), Ordering::AcqRel);
+            self.state.record_left(rank);
             self.wake_waiters();
         } else {
             self.record_death(rank);
@@ -516,8 +484,7 @@ impl Shared {
 
     /// Whether `rank`'s exit has been recorded (as a death or a departure).
     fn recorded(&self, rank: u32) -> bool {
-        let bit = 1u64 << (rank % 64);
-        (self.dead.load(Ordering::Acquire) | self.left.load(Ordering::Acquire)) & bit != 0
+        self.state.recorded(rank)
     }
 
     /// `rank` died: the rings shared with it close (with `rank` as cause), waking whatever waits
@@ -525,16 +492,13 @@ impl Shared {
     /// (collectives, which cannot finish without `rank`), which stay open for what does not need
     /// it.
     fn record_death(&self, rank: u32) {
-        self.dead.fetch_or(1u64 << (rank % 64), Ordering::AcqRel);
-        let _ = self
-            .first_dead
-            .compare_exchange(NONE, rank, Ordering::AcqRel, Ordering::Acquire);
-        if let Some(Some((to, from))) = self.closers.get(rank as usize) {
-            to.close(rank);
-            from.close(rank);
-        }
-        self.interrupt
-            .fire(self.closers.iter().flatten().map(|(_, from)| from));
+        let close = || {
+            if let Some(Some((to, from))) = self.closers.get(rank as usize) {
+                to.close(rank);
+                from.close(rank);
+            }
+        };
+        self.state.record_death(rank, close, self.wakes());
         self.wake_waiters();
     }
 
@@ -591,7 +555,7 @@ impl Shared {
                 from.close(BROKER_LOST);
             }
         }
-        self.broker_lost.store(true, Ordering::Release);
+        self.state.record_broker_lost();
         self.wake_waiters();
     }
 
@@ -599,16 +563,7 @@ impl Shared {
     /// see [`NoticeKind::NeverJoins`]): recorded first, then the rings to it are closed (waking
     /// whatever waits on them), so whoever finds them closed finds the record too.
     fn never_joins(&self, peer: u32, token: u64) {
-        // Only the first token is kept: the broker sends the same one for every rank of a job.
-        // Bit 40 marks it set (rank 0 dying is token 0).
-        let _ = self.never_joined_after.compare_exchange(
-            0,
-            token | 1 << 40,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
-        self.never_joined
-            .fetch_or(1u64 << (peer % 64), Ordering::AcqRel);
+        self.state.record_never_joins(peer, token);
         if let Some(Some((to, from))) = self.closers.get(peer as usize) {
             to.close(NEVER_JOINED);
             from.close(NEVER_JOINED);
@@ -663,249 +618,6 @@ impl Shared {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
-    }
-}
-
-/// The watcher thread, stopped and joined when dropped.
-#[derive(Debug)]
-pub(crate) struct Watcher {
-    stop: Arc<EventFd>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Watcher {
-    /// Starts watching, reading notices from `socket` (a duplicate of the session's).
-    pub fn start(shared: Arc<Shared>, socket: UnixStream, world_size: u32) -> Result<Self, Error> {
-        let stop = Arc::new(
-            EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
-                .map_err(Error::sys("eventfd"))?,
-        );
-        let reader = Reader {
-            shared,
-            socket,
-            world_size,
-            frame: Vec::with_capacity(size_of::<WorkerNotice>()),
-            fds: std::collections::VecDeque::new(),
-        };
-        let thread_stop = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("shmbroker-watch".into())
-            .spawn(move || reader.run(&thread_stop))
-            .map_err(Error::io("spawning the watcher thread"))?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        let _ = self.stop.write(1);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// The watcher thread's state: the socket and the part of a notice read so far.
-struct Reader {
-    shared: Arc<Shared>,
-    socket: UnixStream,
-    world_size: u32,
-    frame: Vec<u8>,
-    fds: std::collections::VecDeque<OwnedFd>,
-}
-
-impl Reader {
-    fn run(mut self, stop: &EventFd) {
-        loop {
-            let reading = !self.shared.broker_lost() && self.shared.lock().fault.is_none();
-            let dead =
-                self.shared.dead.load(Ordering::Acquire) | self.shared.left.load(Ordering::Acquire);
-            let peers: Vec<(u32, Arc<OwnedFd>)> = self
-                .shared
-                .lock()
-                .peers
-                .iter()
-                .filter(|(rank, _)| dead & (1 << (**rank % 64)) == 0)
-                .map(|(&rank, process)| (rank, Arc::clone(&process.pidfd)))
-                .collect();
-            // Once the broker is lost (or broke the protocol) its socket is left out: a socket
-            // that hung up is always ready, and polling it would spin.
-            let mut fds = vec![PollFd::new(stop.as_fd(), PollFlags::POLLIN)];
-            if reading {
-                fds.push(PollFd::new(self.socket.as_fd(), PollFlags::POLLIN));
-            }
-            let first_pidfd = fds.len();
-            fds.extend(
-                peers
-                    .iter()
-                    .map(|(_, pidfd)| PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)),
-            );
-            match poll(&mut fds, PollTimeout::NONE) {
-                Ok(_) | Err(Errno::EINTR) => {}
-                // Only ENOMEM is possible with valid fds: try again in a moment, never give up
-                // watching (nor spin).
-                Err(_) => {
-                    drop(fds);
-                    std::thread::sleep(Duration::from_millis(1));
-                    continue;
-                }
-            }
-            let woke = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
-            if woke(&fds[0]) {
-                return;
-            }
-            let socket_ready = reading && woke(&fds[1]);
-            let exited: Vec<u32> = peers
-                .iter()
-                .zip(&fds[first_pidfd..])
-                .filter(|(_, fd)| woke(fd))
-                .map(|((rank, _), _)| *rank)
-                .collect();
-            drop(fds);
-            // Notices first: a peer that logged on and died at once has its pidfd filed here.
-            if socket_ready {
-                self.read_notices();
-            }
-            self.shared.record_exits(&exited);
-        }
-    }
-
-    /// Reads every notice there is; on end of file, the broker is lost.
-    fn read_notices(&mut self) {
-        loop {
-            let mut buffer = [0u8; size_of::<WorkerNotice>()];
-            let want = buffer.len() - self.frame.len();
-            let mut fds = Vec::new();
-            let received = recv_with_fds(self.socket.as_fd(), &mut buffer[..want], &mut fds);
-            self.fds.extend(fds);
-            if matches!(&received, Ok(r) if r.control_truncated) {
-                // This process had no room for an fd the broker sent (its fd limit): what it
-                // was for can never be filed, so say exactly that.
-                self.shared
-                    .lock()
-                    .fault
-                    .get_or_insert(ProtocolError::ControlTruncated);
-                self.shared.wake_waiters();
-                return;
-            }
-            match received {
-                Ok(received) if received.bytes == 0 => {
-                    self.shared.lose_broker();
-                    return;
-                }
-                Ok(received) => {
-                    self.frame.extend_from_slice(&buffer[..received.bytes]);
-                    if self.frame.len() == size_of::<WorkerNotice>() {
-                        let fd = self.fds.pop_front();
-                        let filed = decode_broker_notice(
-                            &self.frame,
-                            self.world_size,
-                            self.shared.rank,
-                            fd.is_some(),
-                        )
-                        .and_then(|notice| self.file(notice, fd));
-                        self.frame.clear();
-                        let mut inbox = self.shared.lock();
-                        let faulted = match filed {
-                            Ok(()) => false,
-                            Err(fault) => {
-                                inbox.fault.get_or_insert(fault);
-                                true
-                            }
-                        };
-                        drop(inbox);
-                        self.shared.arrived.notify_all();
-                        if faulted {
-                            return;
-                        }
-                    }
-                }
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => return,
-                Err(_) => {
-                    self.shared.lose_broker();
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Files one decoded notice from the broker with the fd that came with it (the decoder
-    /// checked that one came exactly when the kind carries one).
-    fn file(&self, notice: BrokerNotice, fd: Option<OwnedFd>) -> Result<(), ProtocolError> {
-        if let (NoticeKind::Peer, Some(pidfd)) = (notice.kind, &fd) {
-            check_pidfd(pidfd.as_fd(), notice.token as i32)?;
-        }
-        let mut inbox = self.shared.lock();
-        let key = (notice.peer, notice.token);
-        match (notice.kind, fd) {
-            (NoticeKind::Peer, Some(pidfd)) => {
-                let pid = notice.token as i32;
-                let pidfd = Arc::new(pidfd);
-                inbox.peers.insert(notice.peer, PeerProcess { pid, pidfd });
-            }
-            (NoticeKind::PeerOutbox, Some(fd)) => {
-                inbox.outboxes.insert(notice.peer, fd);
-            }
-            (NoticeKind::RelayedFd, Some(fd)) => {
-                inbox.relayed.insert(key, fd);
-            }
-            (NoticeKind::NeverJoins, None) => {
-                if inbox.peers.contains_key(&notice.peer) {
-                    return Err(ProtocolError::Field {
-                        field: "never-joins notice's peer",
-                        expected: "a rank that has not logged on (the broker passed its process)"
-                            .into(),
-                        found: u64::from(notice.peer),
-                    });
-                }
-                drop(inbox);
-                self.shared.never_joins(notice.peer, notice.token);
-            }
-            (NoticeKind::PeerGone, None) => {
-                // Weighed like this worker's own pidfd: the ring ends it left say whether it
-                // left or died.
-                drop(inbox);
-                self.shared.record_exits(&[notice.peer]);
-            }
-            (NoticeKind::RelayDelivered, None) => {
-                inbox.relay_answers.insert(key, RelayAnswer::Delivered);
-            }
-            (kind, None) => {
-                inbox.relay_answers.insert(key, RelayAnswer::Refused(kind));
-            }
-            (_, Some(_)) => unreachable!("the decoder checked which kinds carry an fd"),
-        }
-        Ok(())
-    }
-}
-
-/// Checks that an fd the broker says is a pidfd of `pid` is one (its `/proc/self/fdinfo` has a
-/// `Pid:` line naming `pid`, or -1 for a process that has already been reaped): anything else
-/// could never become readable, and the watcher would miss that death.
-fn check_pidfd(fd: BorrowedFd<'_>, pid: i32) -> Result<(), ProtocolError> {
-    use std::os::fd::AsRawFd;
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
-        .unwrap_or_default();
-    let named = info
-        .lines()
-        .find_map(|line| line.strip_prefix("Pid:"))
-        .and_then(|value| value.trim().parse::<i64>().ok());
-    match named {
-        Some(found) if found == i64::from(pid) || found == -1 => Ok(()),
-        Some(found) => Err(ProtocolError::Field {
-            field: "peer notice pidfd's process",
-            expected: format!("process {pid}"),
-            found: found as u64,
-        }),
-        None => Err(ProtocolError::Field {
-            field: "peer notice fd",
-            expected: format!("a pidfd of process {pid} (an fd whose fdinfo has a Pid line)"),
-            found: fd.as_raw_fd() as u64,
-        }),
     }
 }
 

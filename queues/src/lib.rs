@@ -67,7 +67,7 @@ pub use error::{
     Corruption, Error, RecvTimeoutError, Role, SendTimeoutError, TryRecvError, TrySendError,
 };
 pub use interrupt::Interrupt;
-pub use readiness::Notifier;
+pub use readiness::{Notifier, ReadyRings, ReadySet};
 pub use ring::{Closer, Consumer, DEFAULT_SPIN_LIMIT, HEADER_SIZE, MAX_CAPACITY, Producer, pair};
 #[cfg(not(loom))]
 pub use ring::{close, create};

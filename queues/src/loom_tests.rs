@@ -5,7 +5,7 @@
 //! blocked"), a data race on a slot as a loom causality violation, and a wrong value as a failed
 //! assertion.
 
-use crate::readiness::ModelEventFd;
+use crate::readiness::{ModelEventFd, ReadyRings, ReadySet};
 use crate::{RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError, pair};
 use loom::thread;
 use std::time::Duration;
@@ -248,27 +248,100 @@ fn loom_an_interrupt_never_loses_a_message() {
     });
 }
 
-/// Waits, as a session's `recv_any` does, for whichever of `consumers` has something: arm every
-/// ring, re-check, sleep on the eventfd, disarm, reset the eventfd if it slept or a waker fired.
-fn wait_for_any(consumers: &[&crate::Consumer<u64>], event: &crate::readiness::ModelEventFd) {
-    loop {
-        let mut pending = false;
-        for consumer in consumers {
-            pending |= consumer.arm();
+/// Rings on one eventfd, as a session's rings from its peers: the waiter's side of the
+/// readiness protocol is the shipped [`ReadySet`], driven through this [`ReadyRings`]. A ring
+/// whose producer has gone and left nothing is dropped from the wait, as a session stops waiting
+/// for a peer that is gone, but is still disarmed with the others.
+struct ModelRings {
+    set: ReadySet,
+    rings: Vec<crate::Consumer<u64>>,
+    gone: Vec<bool>,
+    event: std::sync::Arc<ModelEventFd>,
+}
+
+impl ModelRings {
+    /// Consumers of fresh rings of `capacities`, and their producers, all on one eventfd.
+    fn new(capacities: &[usize]) -> (Self, Vec<crate::Producer<u64>>) {
+        let event = std::sync::Arc::new(ModelEventFd::default());
+        let mut producers = Vec::new();
+        let mut rings = Vec::new();
+        for &capacity in capacities {
+            let (mut tx, mut rx) = pair::<u64>(capacity).unwrap();
+            tx.set_notify(event.clone());
+            rx.set_notify(event.clone());
+            producers.push(tx);
+            rings.push(rx);
         }
-        if !pending {
-            event.wait_readable();
+        let gone = vec![false; rings.len()];
+        let set = ReadySet::new();
+        (
+            Self {
+                set,
+                rings,
+                gone,
+                event,
+            },
+            producers,
+        )
+    }
+
+    /// Waits as a session's `recv_any` does (`wait_for_sender`): find or arm, sleep on the
+    /// eventfd, re-arm and reset it, over again. Returns the ring found.
+    fn wait(&mut self) -> usize {
+        loop {
+            if let Some(ring) = ReadySet::find_or_arm(self).unwrap() {
+                return ring;
+            }
+            self.event.wait_readable();
+            ReadySet::woke(self).unwrap();
         }
-        let mut fired = !pending;
-        for consumer in consumers {
-            fired |= consumer.disarm();
+    }
+
+    /// Takes a message from `ring`, which a look found; a closed ring is gone from the wait.
+    fn take(&mut self, ring: usize) -> Option<u64> {
+        match self.rings[ring].try_recv() {
+            Ok(value) => Some(value),
+            Err(TryRecvError::Disconnected) => {
+                self.gone[ring] = true;
+                None
+            }
+            Err(other) => panic!("unexpected {other:?}"),
         }
-        if fired {
-            event.drain();
+    }
+}
+
+impl ReadyRings for ModelRings {
+    type Message = u64;
+    type Found = usize;
+    type Error = std::convert::Infallible;
+
+    fn ready_set(&mut self) -> &mut ReadySet {
+        &mut self.set
+    }
+
+    fn each_ring(&mut self, mut f: impl FnMut(&crate::Consumer<u64>)) -> Result<(), Self::Error> {
+        for (ring, gone) in self.rings.iter().zip(&self.gone) {
+            if !gone {
+                f(ring);
+            }
         }
-        if consumers.iter().any(|consumer| consumer.has_pending()) {
-            return;
-        }
+        Ok(())
+    }
+
+    fn each_registered(&mut self, f: impl FnMut(&crate::Consumer<u64>)) {
+        self.rings.iter().for_each(f);
+    }
+
+    fn has_buffered(&mut self) -> bool {
+        false
+    }
+
+    fn look(&mut self) -> Result<Option<usize>, Self::Error> {
+        Ok((0..self.rings.len()).find(|&ring| !self.gone[ring] && self.rings[ring].has_pending()))
+    }
+
+    fn drain(&mut self) -> u64 {
+        self.event.drain()
     }
 }
 
@@ -278,118 +351,35 @@ fn wait_for_any(consumers: &[&crate::Consumer<u64>], event: &crate::readiness::M
 #[test]
 fn loom_readiness_never_misses_a_message() {
     loom::model(|| {
-        let event = std::sync::Arc::new(crate::readiness::ModelEventFd::default());
-        let (mut tx_a, mut rx_a) = pair::<u64>(1).unwrap();
-        let (mut tx_b, mut rx_b) = pair::<u64>(1).unwrap();
-        for tx in [&mut tx_a, &mut tx_b] {
-            tx.set_notify(event.clone());
-        }
-        rx_a.set_notify(event.clone());
-        rx_b.set_notify(event.clone());
-        let a = thread::spawn(move || tx_a.try_send(1).unwrap());
-        let b = thread::spawn(move || tx_b.try_send(2).unwrap());
-        // A ring whose producer has gone and left nothing is dropped from the wait, as a session
-        // stops waiting for a peer that is gone.
-        let mut live = vec![rx_a, rx_b];
+        let (mut rings, producers) = ModelRings::new(&[1, 1]);
+        let senders: Vec<_> = producers
+            .into_iter()
+            .zip([1, 2])
+            .map(|(mut tx, value)| thread::spawn(move || tx.try_send(value).unwrap()))
+            .collect();
         let mut got = Vec::new();
         while got.len() < 2 {
-            wait_for_any(&live.iter().collect::<Vec<_>>(), &event);
-            live.retain_mut(|rx| match rx.try_recv() {
-                Ok(value) => {
-                    got.push(value);
-                    true
-                }
-                Err(TryRecvError::Empty) => true,
-                Err(TryRecvError::Disconnected) => false,
-                Err(other) => panic!("unexpected {other:?}"),
-            });
+            let ring = rings.wait();
+            got.extend(rings.take(ring));
         }
-        a.join().unwrap();
-        b.join().unwrap();
+        got.sort_unstable();
+        assert_eq!(got, [1, 2]);
+        for sender in senders {
+            sender.join().unwrap();
+        }
     });
 }
 
-/// What a session's `try_recv_any` keeps between looks: whether its rings are armed, and how
-/// many writes wakers owe the eventfd (registrations they took, less what resets read back).
-#[derive(Default)]
-struct Looker {
-    armed: bool,
-    owed: i64,
-}
-
-impl Looker {
-    /// One non-blocking look, as `try_recv_any` makes it: true when a ring has something (every
-    /// ring disarmed); false with every ring armed, after which the caller may wait on the
-    /// eventfd.
-    ///
-    /// A look that owes the eventfd a reset makes it after arming, and then arms and looks once
-    /// more, making no second reset. The reset may read back the write of a waker that took an
-    /// arming of this very look (for a message the look did not see, or for one it already
-    /// took, while the same producer's next message follows with no write, the registration
-    /// being taken): the second arming gives such a ring a registration again, and a message
-    /// published before it is seen, one after it writes the eventfd anew.
-    fn look(&mut self, consumers: &[&crate::Consumer<u64>], event: &ModelEventFd) -> bool {
-        if self.found(consumers) {
-            return true;
-        }
-        if self.arm(consumers) && self.found(consumers) {
-            return true;
-        }
-        if self.owed > 0 {
-            self.owed -= i64::try_from(event.drain()).unwrap();
-            return self.arm(consumers) && self.found(consumers);
-        }
-        false
-    }
-
-    /// Arms every ring not armed (counting the registrations wakers took); whether any ring
-    /// has something.
-    fn arm(&mut self, consumers: &[&crate::Consumer<u64>]) -> bool {
-        let mut pending = false;
-        for consumer in consumers {
-            if !self.armed || !consumer.is_armed() {
-                self.owed += i64::from(self.armed && consumer.disarm());
-                pending |= consumer.arm();
-            } else {
-                pending |= consumer.has_pending();
-            }
-        }
-        self.armed = true;
-        pending
-    }
-
-    /// Whether a ring has something; if one has, every ring is disarmed (counting the
-    /// registrations wakers took).
-    fn found(&mut self, consumers: &[&crate::Consumer<u64>]) -> bool {
-        if !consumers.iter().any(|consumer| consumer.has_pending()) {
-            return false;
-        }
-        if self.armed {
-            self.armed = false;
-            for consumer in consumers {
-                self.owed += i64::from(consumer.disarm());
-            }
-        }
-        true
-    }
-}
-
-/// No lost wake-up for an event loop: a consumer looks without blocking (`try_recv_any`) and,
-/// finding nothing, waits on the eventfd itself (`poll`, `epoll`, an async runtime), receiving
-/// three messages from two producers. A look resets the eventfd's count when wakers owe it, and
-/// a signal that reset reads back may belong to a message the look has not seen; without the
-/// look after the reset, loom finds that lost wake-up as a deadlock.
+/// No lost wake-up for an event loop: a consumer looks without blocking (`try_recv_any`, which
+/// is [`ReadySet::try_next`]) and, finding nothing, waits on the eventfd itself (`poll`, `epoll`,
+/// an async runtime), receiving three messages from two producers. A look resets the eventfd's
+/// count when wakers owe it, and a signal that reset reads back may belong to a message the look
+/// has not seen; without the look after the reset, loom finds that lost wake-up as a deadlock.
 #[test]
 fn loom_readiness_look_then_wait_never_misses_a_message() {
     loom::model(|| {
-        let event = std::sync::Arc::new(ModelEventFd::default());
-        let (mut tx_a, mut rx_a) = pair::<u64>(2).unwrap();
-        let (mut tx_b, mut rx_b) = pair::<u64>(1).unwrap();
-        for tx in [&mut tx_a, &mut tx_b] {
-            tx.set_notify(event.clone());
-        }
-        rx_a.set_notify(event.clone());
-        rx_b.set_notify(event.clone());
+        let (mut rings, producers) = ModelRings::new(&[2, 1]);
+        let [mut tx_a, mut tx_b] = <[_; 2]>::try_from(producers).unwrap();
         let a = thread::spawn(move || {
             tx_a.try_send(1).unwrap();
             tx_a.try_send(2).unwrap();
@@ -399,17 +389,11 @@ fn loom_readiness_look_then_wait_never_misses_a_message() {
             tx_b.try_send(3).unwrap();
             tx_b
         });
-        let mut looker = Looker::default();
         let mut got = Vec::new();
         while got.len() < 3 {
-            if !looker.look(&[&rx_a, &rx_b], &event) {
-                event.wait_readable();
-                continue;
-            }
-            for rx in [&mut rx_a, &mut rx_b] {
-                if let Ok(value) = rx.try_recv() {
-                    got.push(value);
-                }
+            match ReadySet::try_next(&mut rings).unwrap() {
+                Some(ring) => got.extend(rings.take(ring)),
+                None => rings.event.wait_readable(),
             }
         }
         got.sort_unstable();
@@ -424,13 +408,10 @@ fn loom_readiness_look_then_wait_never_misses_a_message() {
 #[test]
 fn loom_readiness_wakes_on_close() {
     loom::model(|| {
-        let event = std::sync::Arc::new(crate::readiness::ModelEventFd::default());
-        let (mut tx, mut rx) = pair::<u64>(1).unwrap();
-        tx.set_notify(event.clone());
-        rx.set_notify(event.clone());
-        let producer = thread::spawn(move || drop(tx));
-        wait_for_any(&[&rx], &event);
-        assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+        let (mut rings, producers) = ModelRings::new(&[1]);
+        let producer = thread::spawn(move || drop(producers));
+        let ring = rings.wait();
+        assert_eq!(rings.take(ring), None);
         producer.join().unwrap();
     });
 }

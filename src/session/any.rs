@@ -27,7 +27,9 @@
 //! after a wake-up was set in motion); once none are, the fd stays quiet and a call that finds
 //! nothing makes no system call at all. So a late write can cause one spurious wake-up of an
 //! event loop, never a busy loop. A peer that writes the eventfd on its own (it holds a copy) can
-//! only cause wake-ups that find nothing.
+//! only cause wake-ups that find nothing. That state and the order of arming, looking and
+//! resetting are the queues crate's [`ReadySet`], which the loom models drive; this module gives
+//! it the rings from the peers ([`PeerRings`]).
 //!
 //! # Departed peers
 //!
@@ -42,7 +44,8 @@
 
 use super::demux::Expect;
 use super::{Deadline, Error, LeftAfter, Session};
-use shmbroker_queues::{CROWDED_SPIN_MAX, SPIN_MAX, Waiting};
+use shmbroker_bindings::Message;
+use shmbroker_queues::{CROWDED_SPIN_MAX, Consumer, ReadyRings, ReadySet, SPIN_MAX, Waiting};
 use shmbroker_sys::eventfd;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
@@ -50,11 +53,8 @@ use std::time::Duration;
 /// Where the session stands with its readiness eventfd.
 #[derive(Debug, Default)]
 pub(super) struct Readiness {
-    /// Every live peer's ring has been armed (and not disarmed since).
-    armed: bool,
-    /// Writes to the eventfd that wakers owe for registrations they took, less what reads of it
-    /// returned. Signed: a write may be read back before its registration is counted.
-    owed: i64,
+    /// The rings from live peers armed, and the writes wakers owe the eventfd.
+    rings: ReadySet,
     /// Where the next look for a ready peer starts.
     next: u32,
     /// Per peer: gone (and already reported, for a death), so nothing more can come from it.
@@ -289,58 +289,16 @@ impl Session {
     /// misses_a_message` model checks this order; without either step after the reset it finds
     /// the lost wake-up, which `examples/tokio_server` hit about one run in five.)
     pub(super) fn next_sender(&mut self) -> Result<Option<u32>, Error> {
-        if self.quiet() {
-            return Ok(None);
-        }
-        if let Some(peer) = self.scan()? {
-            self.disarm();
-            return Ok(Some(peer));
-        }
-        if let Some(peer) = self.arm_and_look()? {
-            return Ok(Some(peer));
-        }
-        if self.any.owed > 0 {
-            self.take_signals();
-            return self.arm_and_look();
-        }
-        Ok(None)
+        ReadySet::try_next(&mut self.rings(None))
     }
 
-    /// Arms every live ring; if something arrived meanwhile, looks again (the rings stay armed
-    /// if nothing is there).
-    fn arm_and_look(&mut self) -> Result<Option<u32>, Error> {
-        if self.arm()?
-            && let Some(peer) = self.scan()?
-        {
-            self.disarm();
-            return Ok(Some(peer));
+    /// The rings from this session's peers, for its [`ReadySet`]; a look looks at `only`, or
+    /// at every live peer.
+    fn rings(&mut self, only: Option<u32>) -> PeerRings<'_> {
+        PeerRings {
+            session: self,
+            only,
         }
-        Ok(None)
-    }
-
-    /// Whether nothing can have changed since the last look found nothing: every live peer's
-    /// ring still armed (no waker took its registration) and empty, nothing queued from it, and
-    /// no write owed to the eventfd. One slot load and two flag loads per peer: the cost of a
-    /// `try_recv_any` that finds nothing.
-    fn quiet(&mut self) -> bool {
-        if !self.any.armed || self.any.owed > 0 {
-            return false;
-        }
-        let rank = self.rank();
-        for peer in 0..self.world_size() {
-            let p = peer as usize;
-            if peer == rank || self.any.gone[p].is_some() {
-                continue;
-            }
-            if !self.peers[p].inbox.is_empty() {
-                return false;
-            }
-            match self.inner.link(peer) {
-                Some(link) if link.from.is_armed() && !link.from.has_pending() => {}
-                _ => return false,
-            }
-        }
-        true
     }
 
     /// Looks at every live peer once, round-robin; the first with a message ready.
@@ -392,49 +350,15 @@ impl Session {
             .map(|&(rank, g)| g.error(rank))
     }
 
-    /// Arms every live peer's ring (re-arms those a waker has taken); returns whether any of them
-    /// has something, so that the caller must not sleep.
-    pub(super) fn arm(&mut self) -> Result<bool, Error> {
-        let mut pending = false;
-        let mut taken = 0i64;
-        let armed = self.any.armed;
-        for peer in self.peers() {
-            if self.any.gone[peer as usize].is_some() {
-                continue;
-            }
-            let from = &self.link(peer)?.from;
-            if !armed || !from.is_armed() {
-                // A registration a waker took is a write it owes the eventfd.
-                taken += i64::from(armed && from.disarm());
-                pending |= from.arm();
-            } else {
-                pending |= from.has_pending();
-            }
-        }
-        self.any.armed = true;
-        self.any.owed += taken;
-        Ok(pending)
-    }
-
     /// Takes the registration back from every ring, counting those wakers took. Called before
     /// anything else waits on one of these rings (its futex wait would replace the registration).
     pub(super) fn disarm(&mut self) {
-        if !self.any.armed {
-            return;
-        }
-        self.any.armed = false;
-        let mut taken = 0i64;
-        for peer in self.peers() {
-            if let Some(link) = self.inner.link(peer) {
-                taken += i64::from(link.from.disarm());
-            }
-        }
-        self.any.owed += taken;
+        ReadySet::disarm(&mut self.rings(None));
     }
 
     /// Whether the rings are armed for a wait on the readiness eventfd.
     pub(super) fn readiness_armed(&self) -> bool {
-        self.any.armed
+        self.any.rings.is_armed()
     }
 
     /// Writes the readiness eventfd once, and counts the write as owed (so the count stays
@@ -444,13 +368,61 @@ impl Session {
     /// nobody.
     pub(super) fn nudge_readiness(&mut self) {
         eventfd::signal(self.inner.readiness_fd());
-        self.any.owed += 1;
+        self.any.rings.count_signal();
+    }
+}
+
+/// The rings from a session's peers, as its [`ReadySet`] sees them: those from live peers are
+/// waited for, every peer's may hold a registration, and a look is [`Session::scan`] (or
+/// [`Session::sender_ready`] for `only`).
+struct PeerRings<'a> {
+    session: &'a mut Session,
+    only: Option<u32>,
+}
+
+impl ReadyRings for PeerRings<'_> {
+    type Message = Message;
+    type Found = u32;
+    type Error = Error;
+
+    fn ready_set(&mut self) -> &mut ReadySet {
+        &mut self.session.any.rings
     }
 
-    /// Reads the eventfd's count back (one system call), and counts it off what is owed.
-    pub(super) fn take_signals(&mut self) {
-        let got = eventfd::drain(self.inner.readiness_fd());
-        self.any.owed -= i64::try_from(got).unwrap_or(i64::MAX);
+    fn each_ring(&mut self, mut f: impl FnMut(&Consumer<Message>)) -> Result<(), Error> {
+        for peer in self.session.peers() {
+            if self.session.any.gone[peer as usize].is_none() {
+                f(&self.session.link(peer)?.from);
+            }
+        }
+        Ok(())
+    }
+
+    fn each_registered(&mut self, mut f: impl FnMut(&Consumer<Message>)) {
+        for peer in self.session.peers() {
+            if let Some(link) = self.session.inner.link(peer) {
+                f(&link.from);
+            }
+        }
+    }
+
+    fn has_buffered(&mut self) -> bool {
+        let session = &*self.session;
+        session.peers().any(|peer| {
+            let p = peer as usize;
+            session.any.gone[p].is_none() && !session.peers[p].inbox.is_empty()
+        })
+    }
+
+    fn look(&mut self) -> Result<Option<u32>, Error> {
+        match self.only {
+            None => self.session.scan(),
+            Some(peer) => Ok(self.session.sender_ready(peer)?.then_some(peer)),
+        }
+    }
+
+    fn drain(&mut self) -> u64 {
+        eventfd::drain(self.session.inner.readiness_fd())
     }
 }
 
@@ -485,10 +457,7 @@ pub(super) fn wait_for_sender(
             Waiting::Adaptive { crowded: false } => SPIN_MAX,
         })
     })?;
-    let look = |session: &mut Session| match only {
-        None => session.scan(),
-        Some(peer) => Ok(session.sender_ready(peer)?.then_some(peer)),
-    };
+    let look = |session: &mut Session| session.rings(only).look();
     for turn in 0..spins / 16 {
         if let Some(peer) = access.with(look)? {
             return Ok(peer);
@@ -501,14 +470,7 @@ pub(super) fn wait_for_sender(
     }
     loop {
         let slice = access.with(|session| {
-            if let Some(peer) = look(session)? {
-                session.disarm();
-                return Ok(Err(peer));
-            }
-            if session.arm()?
-                && let Some(peer) = look(session)?
-            {
-                session.disarm();
+            if let Some(peer) = ReadySet::find_or_arm(&mut session.rings(only))? {
                 return Ok(Err(peer));
             }
             // After arming: an `Interrupter` that asks later writes the eventfd (it wakes every
@@ -546,12 +508,8 @@ pub(super) fn wait_for_sender(
             source,
         })?;
         if readable {
-            access.with(|session| {
-                // Count the registrations taken before reading what their wakers wrote.
-                session.arm()?;
-                session.take_signals();
-                Ok::<_, Error>(())
-            })?;
+            // Counts the registrations taken before reading what their wakers wrote.
+            access.with(|session| ReadySet::woke(&mut session.rings(only)))?;
         }
     }
 }

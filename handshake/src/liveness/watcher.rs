@@ -1,0 +1,257 @@
+//! The watcher thread: sleeps in `poll(2)` on every peer's pidfd, the broker's socket and a stop
+//! eventfd, files what the broker sends and records the exits it sees (see the liveness module).
+
+use super::{PeerProcess, RelayAnswer, Shared};
+use crate::error::{Error, ProtocolError};
+use crate::wire::{BrokerNotice, decode_broker_notice};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use shmbroker_bindings::{NoticeKind, WorkerNotice};
+use shmbroker_sys::fdpass::recv_with_fds;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The watcher thread, stopped and joined when dropped.
+#[derive(Debug)]
+pub(crate) struct Watcher {
+    stop: Arc<EventFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watcher {
+    /// Starts watching, reading notices from `socket` (a duplicate of the session's).
+    pub fn start(shared: Arc<Shared>, socket: UnixStream, world_size: u32) -> Result<Self, Error> {
+        let stop = Arc::new(
+            EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .map_err(Error::sys("eventfd"))?,
+        );
+        let reader = Reader {
+            shared,
+            socket,
+            world_size,
+            frame: Vec::with_capacity(size_of::<WorkerNotice>()),
+            fds: std::collections::VecDeque::new(),
+        };
+        let thread_stop = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("shmbroker-watch".into())
+            .spawn(move || reader.run(&thread_stop))
+            .map_err(Error::io("spawning the watcher thread"))?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The watcher thread's state: the socket and the part of a notice read so far.
+struct Reader {
+    shared: Arc<Shared>,
+    socket: UnixStream,
+    world_size: u32,
+    frame: Vec<u8>,
+    fds: std::collections::VecDeque<OwnedFd>,
+}
+
+impl Reader {
+    fn run(mut self, stop: &EventFd) {
+        loop {
+            let reading = !self.shared.broker_lost() && self.shared.lock().fault.is_none();
+            let dead = self.shared.state.gone();
+            let peers: Vec<(u32, Arc<OwnedFd>)> = self
+                .shared
+                .lock()
+                .peers
+                .iter()
+                .filter(|(rank, _)| dead & (1 << (**rank % 64)) == 0)
+                .map(|(&rank, process)| (rank, Arc::clone(&process.pidfd)))
+                .collect();
+            // Once the broker is lost (or broke the protocol) its socket is left out: a socket
+            // that hung up is always ready, and polling it would spin.
+            let mut fds = vec![PollFd::new(stop.as_fd(), PollFlags::POLLIN)];
+            if reading {
+                fds.push(PollFd::new(self.socket.as_fd(), PollFlags::POLLIN));
+            }
+            let first_pidfd = fds.len();
+            fds.extend(
+                peers
+                    .iter()
+                    .map(|(_, pidfd)| PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)),
+            );
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                // Only ENOMEM is possible with valid fds: try again in a moment, never give up
+                // watching (nor spin).
+                Err(_) => {
+                    drop(fds);
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+            }
+            let woke = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
+            if woke(&fds[0]) {
+                return;
+            }
+            let socket_ready = reading && woke(&fds[1]);
+            let exited: Vec<u32> = peers
+                .iter()
+                .zip(&fds[first_pidfd..])
+                .filter(|(_, fd)| woke(fd))
+                .map(|((rank, _), _)| *rank)
+                .collect();
+            drop(fds);
+            // Notices first: a peer that logged on and died at once has its pidfd filed here.
+            if socket_ready {
+                self.read_notices();
+            }
+            self.shared.record_exits(&exited);
+        }
+    }
+
+    /// Reads every notice there is; on end of file, the broker is lost.
+    fn read_notices(&mut self) {
+        loop {
+            let mut buffer = [0u8; size_of::<WorkerNotice>()];
+            let want = buffer.len() - self.frame.len();
+            let mut fds = Vec::new();
+            let received = recv_with_fds(self.socket.as_fd(), &mut buffer[..want], &mut fds);
+            self.fds.extend(fds);
+            if matches!(&received, Ok(r) if r.control_truncated) {
+                // This process had no room for an fd the broker sent (its fd limit): what it
+                // was for can never be filed, so say exactly that.
+                self.shared
+                    .lock()
+                    .fault
+                    .get_or_insert(ProtocolError::ControlTruncated);
+                self.shared.wake_waiters();
+                return;
+            }
+            match received {
+                Ok(received) if received.bytes == 0 => {
+                    self.shared.lose_broker();
+                    return;
+                }
+                Ok(received) => {
+                    self.frame.extend_from_slice(&buffer[..received.bytes]);
+                    if self.frame.len() == size_of::<WorkerNotice>() {
+                        let fd = self.fds.pop_front();
+                        let filed = decode_broker_notice(
+                            &self.frame,
+                            self.world_size,
+                            self.shared.rank,
+                            fd.is_some(),
+                        )
+                        .and_then(|notice| self.file(notice, fd));
+                        self.frame.clear();
+                        let mut inbox = self.shared.lock();
+                        let faulted = match filed {
+                            Ok(()) => false,
+                            Err(fault) => {
+                                inbox.fault.get_or_insert(fault);
+                                true
+                            }
+                        };
+                        drop(inbox);
+                        self.shared.arrived.notify_all();
+                        if faulted {
+                            return;
+                        }
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return,
+                Err(_) => {
+                    self.shared.lose_broker();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Files one decoded notice from the broker with the fd that came with it (the decoder
+    /// checked that one came exactly when the kind carries one).
+    fn file(&self, notice: BrokerNotice, fd: Option<OwnedFd>) -> Result<(), ProtocolError> {
+        if let (NoticeKind::Peer, Some(pidfd)) = (notice.kind, &fd) {
+            check_pidfd(pidfd.as_fd(), notice.token as i32)?;
+        }
+        let mut inbox = self.shared.lock();
+        let key = (notice.peer, notice.token);
+        match (notice.kind, fd) {
+            (NoticeKind::Peer, Some(pidfd)) => {
+                let pid = notice.token as i32;
+                let pidfd = Arc::new(pidfd);
+                inbox.peers.insert(notice.peer, PeerProcess { pid, pidfd });
+            }
+            (NoticeKind::PeerOutbox, Some(fd)) => {
+                inbox.outboxes.insert(notice.peer, fd);
+            }
+            (NoticeKind::RelayedFd, Some(fd)) => {
+                inbox.relayed.insert(key, fd);
+            }
+            (NoticeKind::NeverJoins, None) => {
+                if inbox.peers.contains_key(&notice.peer) {
+                    return Err(ProtocolError::Field {
+                        field: "never-joins notice's peer",
+                        expected: "a rank that has not logged on (the broker passed its process)"
+                            .into(),
+                        found: u64::from(notice.peer),
+                    });
+                }
+                drop(inbox);
+                self.shared.never_joins(notice.peer, notice.token);
+            }
+            (NoticeKind::PeerGone, None) => {
+                // Weighed like this worker's own pidfd: the ring ends it left say whether it
+                // left or died.
+                drop(inbox);
+                self.shared.record_exits(&[notice.peer]);
+            }
+            (NoticeKind::RelayDelivered, None) => {
+                inbox.relay_answers.insert(key, RelayAnswer::Delivered);
+            }
+            (kind, None) => {
+                inbox.relay_answers.insert(key, RelayAnswer::Refused(kind));
+            }
+            (_, Some(_)) => unreachable!("the decoder checked which kinds carry an fd"),
+        }
+        Ok(())
+    }
+}
+
+/// Checks that an fd the broker says is a pidfd of `pid` is one (its `/proc/self/fdinfo` has a
+/// `Pid:` line naming `pid`, or -1 for a process that has already been reaped): anything else
+/// could never become readable, and the watcher would miss that death.
+fn check_pidfd(fd: BorrowedFd<'_>, pid: i32) -> Result<(), ProtocolError> {
+    use std::os::fd::AsRawFd;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .unwrap_or_default();
+    let named = info
+        .lines()
+        .find_map(|line| line.strip_prefix("Pid:"))
+        .and_then(|value| value.trim().parse::<i64>().ok());
+    match named {
+        Some(found) if found == i64::from(pid) || found == -1 => Ok(()),
+        Some(found) => Err(ProtocolError::Field {
+            field: "peer notice pidfd's process",
+            expected: format!("process {pid}"),
+            found: found as u64,
+        }),
+        None => Err(ProtocolError::Field {
+            field: "peer notice fd",
+            expected: format!("a pidfd of process {pid} (an fd whose fdinfo has a Pid line)"),
+            found: fd.as_raw_fd() as u64,
+        }),
+    }
+}
