@@ -283,7 +283,7 @@ impl Shared {
     /// Puts back a request a call took without ending on it: the next look takes it again. The
     /// count does not move, so waits that began after the request are not ended by it twice.
     pub fn keep_interrupt(&self) {
-        self.interrupted.store(true, Ordering::Release);
+        self.state.keep_interrupt();
     }
 
     /// Why `rank` will never log on, if the broker said it will not.

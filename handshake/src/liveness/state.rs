@@ -231,6 +231,12 @@ impl State {
     pub(crate) fn take_interrupt(&self) -> bool {
         self.interrupted.load(Ordering::Acquire) && self.interrupted.swap(false, Ordering::AcqRel)
     }
+
+    /// Puts back a request a call took without ending on it (see `Shared::keep_interrupt`): the
+    /// count does not move.
+    pub(crate) fn keep_interrupt(&self) {
+        self.interrupted.store(true, Ordering::Release);
+    }
 }
 
 #[cfg(all(test, not(loom)))]
