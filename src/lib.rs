@@ -79,8 +79,12 @@
 
 pub mod launch;
 pub mod process;
+pub mod reduce;
 pub mod session;
 
+/// Half-precision floats the reductions combine ([`half::f16`], [`half::bf16`]).
+pub use half;
+pub use reduce::{DType, Element, ReduceOp};
 #[cfg(feature = "tokio")]
 pub use session::AsyncReceiver;
 pub use session::{Error, Receiver, Sender, Session};

@@ -54,6 +54,22 @@ pub mod kind {
     /// The next piece of a [`PIPELINED`] message: `inline` holds its [`super::PayloadRef`].
     pub const CHUNK: u32 = 8;
 
+    /// An all-reduce's contribution or result (its own operation, so that ranks in different
+    /// collectives get a mismatch naming both).
+    pub const ALL_REDUCE: u32 = 9;
+
+    /// A reduce-scatter's contribution.
+    pub const REDUCE_SCATTER: u32 = 10;
+
+    /// A reduce's contribution or result.
+    pub const REDUCE: u32 = 11;
+
+    /// A scatter's block.
+    pub const SCATTER: u32 = 12;
+
+    /// An all-to-all's block.
+    pub const ALL_TO_ALL: u32 = 13;
+
     /// The operation bits of a kind.
     pub const OP_MASK: u32 = 0xffff;
 
@@ -69,6 +85,11 @@ pub mod kind {
             FD_TICKET => "fd exchange",
             GATHER => "gather",
             CHUNK => "chunk",
+            ALL_REDUCE => "all_reduce",
+            REDUCE_SCATTER => "reduce_scatter",
+            REDUCE => "reduce",
+            SCATTER => "scatter",
+            ALL_TO_ALL => "all_to_all",
             _ => return None,
         })
     }

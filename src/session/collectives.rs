@@ -32,7 +32,7 @@ fn round_inline(round: u32) -> [u8; shmbroker_bindings::INLINE_BYTES] {
 }
 
 /// Checks that `incoming` brought exactly `due` bytes (a part of an `all_gather_into`).
-fn check_part(incoming: Incoming<'_>, due: usize) -> Result<(), Error> {
+pub(super) fn check_part(incoming: Incoming<'_>, due: usize) -> Result<(), Error> {
     let peer = incoming.peer;
     let (len, _) = incoming.finish().map_err(|error| match error {
         Error::BufferTooSmall { needed, .. } => wrong_size(peer, needed, due),
@@ -45,7 +45,7 @@ fn check_part(incoming: Incoming<'_>, due: usize) -> Result<(), Error> {
     }
 }
 
-fn wrong_size(peer: u32, found: u64, due: usize) -> Error {
+pub(super) fn wrong_size(peer: u32, found: u64, due: usize) -> Error {
     Error::Protocol {
         peer,
         detail: format!("gave {found} bytes where {due} were due"),
@@ -204,16 +204,26 @@ impl Session {
         }
         let deadline = Deadline::collective("all_gather", self.timeout);
         let seq = self.next_seq();
-        let expect = Expect::Collective {
-            op: kind::ALL_GATHER,
-            seq,
-        };
+        self.gather_parts_into(kind::ALL_GATHER, seq, data, out, &deadline)
+    }
+
+    /// [`Self::all_gather_into`] as collective `op` number `seq` (an all-reduce's first shot
+    /// gathers this way too), with `out` of the right length.
+    pub(super) fn gather_parts_into(
+        &mut self,
+        op: u32,
+        seq: u64,
+        data: &[u8],
+        out: &mut [u8],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let expect = Expect::Collective { op, seq };
         let rank = self.rank();
         if self.world_size() > FLAT_GATHER_MAX && data.len() <= BRUCK_MAX_BYTES {
-            return self.bruck_all_gather(data, out, seq, &deadline);
+            return self.bruck_all_gather(op, data, out, seq, deadline);
         }
         // Small: sent at once, then each peer's part received in turn, with no allocation.
-        if self.send_if_eager(kind::ALL_GATHER, seq, data, Targets::Peers, &deadline)? {
+        if self.send_if_eager(op, seq, data, Targets::Peers, deadline)? {
             let mut rest = out;
             for peer in 0..self.world_size() {
                 let (slot, tail) = std::mem::take(&mut rest).split_at_mut(data.len());
@@ -223,7 +233,7 @@ impl Session {
                     continue;
                 }
                 let mut incoming = Incoming::new(peer, expect, Sink::Slice(slot));
-                self.complete(&mut incoming, &deadline)?;
+                self.complete(&mut incoming, deadline)?;
                 check_part(incoming, data.len())?;
             }
             return Ok(());
@@ -239,13 +249,7 @@ impl Session {
                 incoming.push(Incoming::new(peer, expect, Sink::Slice(slot)));
             }
         }
-        self.send_while_receiving(
-            kind::ALL_GATHER,
-            seq,
-            (data, Targets::Peers),
-            &mut incoming,
-            &deadline,
-        )?;
+        self.send_while_receiving(op, seq, (data, Targets::Peers), &mut incoming, deadline)?;
         for incoming in incoming {
             check_part(incoming, data.len())?;
         }
@@ -261,6 +265,7 @@ impl Session {
     /// its messages apart; each round's length is checked.
     fn bruck_all_gather(
         &mut self,
+        op: u32,
         data: &[u8],
         out: &mut [u8],
         seq: u64,
@@ -268,10 +273,7 @@ impl Session {
     ) -> Result<(), Error> {
         let (rank, world) = (self.rank(), self.world_size());
         let part = data.len();
-        let expect = Expect::Collective {
-            op: kind::ALL_GATHER,
-            seq,
-        };
+        let expect = Expect::Collective { op, seq };
         // Gathered into `out` rotated, with no allocation: part i is rank (rank + i) % world's.
         let rotated = out;
         rotated[..part].copy_from_slice(data);
@@ -288,7 +290,7 @@ impl Session {
                 Sink::Slice(&mut missing[..bytes]),
             )];
             self.send_while_receiving(
-                kind::ALL_GATHER,
+                op,
                 seq,
                 (&gathered[..bytes], Targets::One(to)),
                 &mut incoming,

@@ -805,6 +805,11 @@ pub(super) fn transport(peer: u32, message: &Message) -> Result<u32, Error> {
             | kind::SEND
             | kind::FD_TICKET
             | kind::GATHER
+            | kind::ALL_REDUCE
+            | kind::REDUCE_SCATTER
+            | kind::REDUCE
+            | kind::SCATTER
+            | kind::ALL_TO_ALL
     );
     if known_op && matches!(flags, 0 | kind::PIPELINED | kind::LOAN) {
         Ok(flags)

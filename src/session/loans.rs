@@ -106,6 +106,11 @@ impl Session {
     /// [`Error::Corrupted`] from what peers sent meanwhile.
     pub fn loan(&mut self, len: usize) -> Result<Loan, Error> {
         let deadline = Deadline::new("loan", self.timeout);
+        self.loan_within(len, &deadline)
+    }
+
+    /// [`Self::loan`] within `deadline` (a collective's, which names it).
+    pub(super) fn loan_within(&mut self, len: usize, deadline: &Deadline) -> Result<Loan, Error> {
         self.flush_view_acks()?;
         loop {
             if let Some(loan) = self.outbox.try_loan(len).map_err(Error::OwnOutbox)? {
@@ -116,7 +121,7 @@ impl Session {
                     .peers()
                     .max_by_key(|&peer| self.outbox.owed_by(peer))
                     .unwrap_or(self.rank());
-                return Err(self.timed_out(&deadline, waiting));
+                return Err(self.timed_out(deadline, waiting));
             }
             self.poll_acks()?;
             std::thread::yield_now();
@@ -139,7 +144,7 @@ impl Session {
     }
 
     /// Sends the reference to `loan` to `targets` as operation `op` number `tag`.
-    fn lend(
+    pub(super) fn lend(
         &mut self,
         op: u32,
         tag: u64,

@@ -1,0 +1,366 @@
+//! What the reductions combine: element types ([`Element`], [`DType`]), operations
+//! ([`ReduceOp`]), and the kernels that combine contributions.
+//!
+//! # Determinism
+//!
+//! Every reduction combines its contributions in rank order, `x0 ⊕ x1 ⊕ … ⊕ x(n-1)`, whatever
+//! the algorithm, and every rank ends with the same bits: either each rank combines every
+//! contribution itself with the same code in the same order, or one rank combines a slice and
+//! the others copy its bits. So results are bit-identical across ranks and run to run, and a
+//! user operation need not be commutative (it must be associative only in the sense that the
+//! result is defined by this left-to-right order).
+//!
+//! # Kernels
+//!
+//! One pass over the `n` inputs per block of [`BLOCK`] elements: the block's accumulator lives
+//! on the stack (in L1), each input is read once and the output written once, and the loops are
+//! plain `zip`s over slices that the compiler vectorises. `f16` and `bf16` accumulate in `f32`
+//! and round to nearest even once, at the end. Integer sums and products wrap. `Min` and `Max`
+//! of floats propagate NaN (unlike `f32::min`), as `Sum` and `Prod` do.
+
+use crate::session::Error;
+use half::{bf16, f16};
+
+/// Elements per block of a kernel: the accumulator of one block (8 KiB at most) stays in L1.
+pub const BLOCK: usize = 1024;
+
+/// How contributions combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReduceOp {
+    /// The sum (integers wrap).
+    Sum,
+    /// The product (integers wrap).
+    Prod,
+    /// The least (NaN if any contribution is NaN).
+    Min,
+    /// The greatest (NaN if any contribution is NaN).
+    Max,
+    /// Bitwise and, of integers.
+    BitAnd,
+    /// Bitwise or, of integers.
+    BitOr,
+    /// Bitwise exclusive or, of integers.
+    BitXor,
+    /// The sum divided by the number of contributions, of floats.
+    Avg,
+}
+
+impl ReduceOp {
+    /// Every operation, in the order of their numbers (see [`Self::from_number`]).
+    pub const ALL: [Self; 8] = [
+        Self::Sum,
+        Self::Prod,
+        Self::Min,
+        Self::Max,
+        Self::BitAnd,
+        Self::BitOr,
+        Self::BitXor,
+        Self::Avg,
+    ];
+
+    /// The operation numbered `number` in the C ABI and Python (its index in [`Self::ALL`]).
+    #[must_use]
+    pub fn from_number(number: u32) -> Option<Self> {
+        Self::ALL.get(number as usize).copied()
+    }
+
+    /// Its name as the API spells it (`"sum"`, `"bit_and"`, ...).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sum => "sum",
+            Self::Prod => "prod",
+            Self::Min => "min",
+            Self::Max => "max",
+            Self::BitAnd => "bit_and",
+            Self::BitOr => "bit_or",
+            Self::BitXor => "bit_xor",
+            Self::Avg => "avg",
+        }
+    }
+}
+
+/// An element type, as the byte-level forms name it (the C ABI's and Python's `dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[allow(missing_docs)] // the names say it
+pub enum DType {
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    U64,
+    I64,
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl DType {
+    /// Every type, in the order of their numbers (see [`Self::from_number`]).
+    pub const ALL: [Self; 12] = [
+        Self::U8,
+        Self::I8,
+        Self::U16,
+        Self::I16,
+        Self::U32,
+        Self::I32,
+        Self::U64,
+        Self::I64,
+        Self::F16,
+        Self::BF16,
+        Self::F32,
+        Self::F64,
+    ];
+
+    /// The type numbered `number` in the C ABI and Python (its index in [`Self::ALL`]).
+    #[must_use]
+    pub fn from_number(number: u32) -> Option<Self> {
+        Self::ALL.get(number as usize).copied()
+    }
+
+    /// Bytes per element.
+    #[must_use]
+    pub fn size(self) -> usize {
+        match self {
+            Self::U8 | Self::I8 => 1,
+            Self::U16 | Self::I16 | Self::F16 | Self::BF16 => 2,
+            Self::U32 | Self::I32 | Self::F32 => 4,
+            Self::U64 | Self::I64 | Self::F64 => 8,
+        }
+    }
+
+    /// Its name as numpy and torch spell it (`"float32"`, `"bfloat16"`, ...).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::U8 => "uint8",
+            Self::I8 => "int8",
+            Self::U16 => "uint16",
+            Self::I16 => "int16",
+            Self::U32 => "uint32",
+            Self::I32 => "int32",
+            Self::U64 => "uint64",
+            Self::I64 => "int64",
+            Self::F16 => "float16",
+            Self::BF16 => "bfloat16",
+            Self::F32 => "float32",
+            Self::F64 => "float64",
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A type the reductions combine: `u8 i8 u16 i16 u32 i32 u64 i64 f32 f64`, [`half::f16`] and
+/// [`half::bf16`]. Sealed: the operations are defined for these alone (a user operation,
+/// [`Session::all_reduce_with`](crate::Session::all_reduce_with), takes any `Pod` type).
+pub trait Element: bytemuck::Pod + sealed::Sealed + Send + Sync {
+    /// This type's [`DType`].
+    const DTYPE: DType;
+    /// What the kernels accumulate in: `f32` for the half-precision types, the type itself
+    /// otherwise.
+    #[doc(hidden)]
+    type Acc: Copy + Default;
+    #[doc(hidden)]
+    fn widen(self) -> Self::Acc;
+    #[doc(hidden)]
+    fn narrow(acc: Self::Acc) -> Self;
+    /// Whether `op` is defined for this type.
+    #[doc(hidden)]
+    fn supports(op: ReduceOp) -> bool;
+    #[doc(hidden)]
+    fn sum(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    #[doc(hidden)]
+    fn prod(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    #[doc(hidden)]
+    fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    #[doc(hidden)]
+    fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// Bitwise and (integers; never called for floats, which [`Self::supports`] refuses).
+    #[doc(hidden)]
+    fn and(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    #[doc(hidden)]
+    fn or(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    #[doc(hidden)]
+    fn xor(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// The accumulated sum of `n` contributions divided by `n` (floats).
+    #[doc(hidden)]
+    fn average(sum: Self::Acc, n: usize) -> Self::Acc;
+}
+
+macro_rules! integer {
+    ($($t:ty => $dtype:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            type Acc = $t;
+            #[inline]
+            fn widen(self) -> $t { self }
+            #[inline]
+            fn narrow(acc: $t) -> $t { acc }
+            fn supports(op: ReduceOp) -> bool { !matches!(op, ReduceOp::Avg) }
+            #[inline]
+            fn sum(a: $t, b: $t) -> $t { a.wrapping_add(b) }
+            #[inline]
+            fn prod(a: $t, b: $t) -> $t { a.wrapping_mul(b) }
+            #[inline]
+            fn min(a: $t, b: $t) -> $t { Ord::min(a, b) }
+            #[inline]
+            fn max(a: $t, b: $t) -> $t { Ord::max(a, b) }
+            #[inline]
+            fn and(a: $t, b: $t) -> $t { a & b }
+            #[inline]
+            fn or(a: $t, b: $t) -> $t { a | b }
+            #[inline]
+            fn xor(a: $t, b: $t) -> $t { a ^ b }
+            fn average(sum: $t, _n: usize) -> $t { sum }
+        }
+    )*};
+}
+
+integer!(u8 => U8, i8 => I8, u16 => U16, i16 => I16, u32 => U32, i32 => I32, u64 => U64, i64 => I64);
+
+macro_rules! float {
+    ($($t:ty => $dtype:ident, $acc:ty, $widen:expr, $narrow:expr);*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            type Acc = $acc;
+            #[inline]
+            fn widen(self) -> $acc { $widen(self) }
+            #[inline]
+            fn narrow(acc: $acc) -> $t { $narrow(acc) }
+            fn supports(op: ReduceOp) -> bool {
+                !matches!(op, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor)
+            }
+            #[inline]
+            fn sum(a: $acc, b: $acc) -> $acc { a + b }
+            #[inline]
+            fn prod(a: $acc, b: $acc) -> $acc { a * b }
+            // NaN unless both are numbers: `a + b` is NaN when either is.
+            #[inline]
+            fn min(a: $acc, b: $acc) -> $acc { if a <= b { a } else if b < a { b } else { a + b } }
+            #[inline]
+            fn max(a: $acc, b: $acc) -> $acc { if a >= b { a } else if b > a { b } else { a + b } }
+            fn and(a: $acc, _: $acc) -> $acc { a }
+            fn or(a: $acc, _: $acc) -> $acc { a }
+            fn xor(a: $acc, _: $acc) -> $acc { a }
+            #[allow(clippy::cast_precision_loss)] // a world has at most 64 ranks
+            fn average(sum: $acc, n: usize) -> $acc { sum / n as $acc }
+        }
+    )*};
+}
+
+float!(
+    f32 => F32, f32, |x| x, |x| x;
+    f64 => F64, f64, |x| x, |x| x;
+    f16 => F16, f32, f16::to_f32, f16::from_f32;
+    bf16 => BF16, f32, bf16::to_f32, bf16::from_f32
+);
+
+/// [`Error::Misuse`] unless `op` is defined for `T`.
+pub(crate) fn check_op<T: Element>(op: ReduceOp) -> Result<(), Error> {
+    if T::supports(op) {
+        return Ok(());
+    }
+    Err(Error::Misuse(format!(
+        "{} is not defined for {} ({})",
+        op.name(),
+        T::DTYPE.name(),
+        if matches!(op, ReduceOp::Avg) {
+            "averages are of floats"
+        } else {
+            "bitwise operations are of integers"
+        }
+    )))
+}
+
+/// Combines `inputs` (one per rank, in rank order, each as long as `out`) with `op` into `out`.
+///
+/// # Errors
+///
+/// [`Error::Misuse`] when `op` is not defined for `T`.
+pub(crate) fn combine<T: Element>(
+    op: ReduceOp,
+    inputs: &[&[T]],
+    out: &mut [T],
+) -> Result<(), Error> {
+    check_op::<T>(op)?;
+    // One monomorphised kernel per operation: the operation inlines into the loop.
+    match op {
+        ReduceOp::Sum => kernel(inputs, out, T::sum, false),
+        ReduceOp::Avg => kernel(inputs, out, T::sum, true),
+        ReduceOp::Prod => kernel(inputs, out, T::prod, false),
+        ReduceOp::Min => kernel(inputs, out, T::min, false),
+        ReduceOp::Max => kernel(inputs, out, T::max, false),
+        ReduceOp::BitAnd => kernel(inputs, out, T::and, false),
+        ReduceOp::BitOr => kernel(inputs, out, T::or, false),
+        ReduceOp::BitXor => kernel(inputs, out, T::xor, false),
+    }
+    Ok(())
+}
+
+fn kernel<T: Element>(
+    inputs: &[&[T]],
+    out: &mut [T],
+    binary: impl Fn(T::Acc, T::Acc) -> T::Acc,
+    average: bool,
+) {
+    let Some((first, rest)) = inputs.split_first() else {
+        return;
+    };
+    let n = inputs.len();
+    let mut acc = [T::Acc::default(); BLOCK];
+    for start in (0..out.len()).step_by(BLOCK) {
+        let end = (start + BLOCK).min(out.len());
+        let acc = &mut acc[..end - start];
+        for (a, &x) in acc.iter_mut().zip(&first[start..end]) {
+            *a = x.widen();
+        }
+        for input in rest {
+            for (a, &x) in acc.iter_mut().zip(&input[start..end]) {
+                *a = binary(*a, x.widen());
+            }
+        }
+        let out = &mut out[start..end];
+        if average {
+            for (o, &a) in out.iter_mut().zip(acc.iter()) {
+                *o = T::narrow(T::average(a, n));
+            }
+        } else {
+            for (o, &a) in out.iter_mut().zip(acc.iter()) {
+                *o = T::narrow(a);
+            }
+        }
+    }
+}
+
+/// Combines `inputs` into `out` with a user operation, in rank order: `out` starts as the first
+/// input, then `op(out_block, input_block)` folds in each next one, block by block.
+pub(crate) fn combine_with<T: bytemuck::Pod>(
+    op: &mut impl FnMut(&mut [T], &[T]),
+    inputs: &[&[T]],
+    out: &mut [T],
+) {
+    let Some((first, rest)) = inputs.split_first() else {
+        return;
+    };
+    for start in (0..out.len()).step_by(BLOCK) {
+        let end = (start + BLOCK).min(out.len());
+        let out = &mut out[start..end];
+        out.copy_from_slice(&first[start..end]);
+        for input in rest {
+            op(out, &input[start..end]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,170 @@
+//! The kernels against references written out element by element.
+
+use super::*;
+
+/// Inputs of `ranks` contributions of `len` elements from `value(rank, index)`.
+fn inputs<T: Copy>(ranks: usize, len: usize, value: impl Fn(usize, usize) -> T) -> Vec<Vec<T>> {
+    (0..ranks)
+        .map(|rank| (0..len).map(|i| value(rank, i)).collect())
+        .collect()
+}
+
+fn reduced<T: Element>(op: ReduceOp, inputs: &[Vec<T>]) -> Vec<T> {
+    let refs: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
+    let mut out = vec![T::zeroed(); inputs[0].len()];
+    combine(op, &refs, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn integer_operations_match_a_fold_in_rank_order() {
+    // Lengths around the block size, so that partial blocks are covered.
+    for len in [0, 1, 7, BLOCK - 1, BLOCK, BLOCK + 3, 3 * BLOCK + 5] {
+        let data = inputs(5, len, |rank, i| {
+            (i as i32 * 7919 - rank as i32 * 104_729) ^ 0x5a5a
+        });
+        for op in ReduceOp::ALL.into_iter().filter(|&op| op != ReduceOp::Avg) {
+            let expected: Vec<i32> = (0..len)
+                .map(|i| {
+                    (1..5).fold(data[0][i], |acc, rank| {
+                        let x = data[rank][i];
+                        match op {
+                            ReduceOp::Sum => acc.wrapping_add(x),
+                            ReduceOp::Prod => acc.wrapping_mul(x),
+                            ReduceOp::Min => acc.min(x),
+                            ReduceOp::Max => acc.max(x),
+                            ReduceOp::BitAnd => acc & x,
+                            ReduceOp::BitOr => acc | x,
+                            ReduceOp::BitXor => acc ^ x,
+                            ReduceOp::Avg => unreachable!(),
+                        }
+                    })
+                })
+                .collect();
+            assert_eq!(reduced(op, &data), expected, "{op:?} of {len}");
+        }
+    }
+}
+
+#[test]
+fn unsigned_sums_and_products_wrap() {
+    let data = vec![vec![250u8, 16], vec![10, 16]];
+    assert_eq!(reduced(ReduceOp::Sum, &data), [4, 32]);
+    assert_eq!(reduced(ReduceOp::Prod, &data), [196, 0]);
+}
+
+#[test]
+fn float_sums_are_folded_in_rank_order_not_reassociated() {
+    // 1e8 + 1 - 1e8 is 0 in f32 in that order, 1 in another.
+    let data = vec![vec![1e8f32], vec![1.0], vec![-1e8]];
+    assert_eq!(reduced(ReduceOp::Sum, &data), [0.0]);
+    let data = vec![vec![1e8f32], vec![-1e8], vec![1.0]];
+    assert_eq!(reduced(ReduceOp::Sum, &data), [1.0]);
+}
+
+#[test]
+fn nan_propagates_through_every_float_operation_and_infinities_behave() {
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ] {
+        for at in 0..3 {
+            let mut data = vec![vec![1.0f64], vec![2.0], vec![3.0]];
+            data[at][0] = f64::NAN;
+            assert!(
+                reduced(op, &data)[0].is_nan(),
+                "{op:?} with NaN at rank {at}"
+            );
+        }
+    }
+    let data = vec![vec![f32::INFINITY, 1.0], vec![1.0, f32::NEG_INFINITY]];
+    assert_eq!(reduced(ReduceOp::Max, &data), [f32::INFINITY, 1.0]);
+    assert_eq!(reduced(ReduceOp::Min, &data), [1.0, f32::NEG_INFINITY]);
+    assert_eq!(
+        reduced(ReduceOp::Sum, &data),
+        [f32::INFINITY, f32::NEG_INFINITY]
+    );
+    let opposite = vec![vec![f32::INFINITY], vec![f32::NEG_INFINITY]];
+    assert!(reduced(ReduceOp::Sum, &opposite)[0].is_nan());
+}
+
+#[test]
+fn averages_divide_the_sum_by_the_world() {
+    let data = inputs(4, 3, |rank, i| (rank * 10 + i) as f32);
+    assert_eq!(reduced(ReduceOp::Avg, &data), [15.0, 16.0, 17.0]);
+}
+
+#[test]
+fn half_precision_accumulates_in_f32_and_rounds_once() {
+    // 2048 + 1 + 1 in f16: pairwise f16 sums round each 2049 back to 2048; f32 keeps 2050.
+    let data: Vec<Vec<f16>> = [2048.0, 1.0, 1.0]
+        .iter()
+        .map(|&x| vec![f16::from_f32(x)])
+        .collect();
+    assert_eq!(reduced(ReduceOp::Sum, &data)[0].to_f32(), 2050.0);
+    let data: Vec<Vec<bf16>> = [128.0, 0.5, 0.5]
+        .iter()
+        .map(|&x| vec![bf16::from_f32(x)])
+        .collect();
+    assert_eq!(reduced(ReduceOp::Sum, &data)[0].to_f32(), 129.0);
+    // Round to nearest even: 2049 in f16 is a tie between 2048 and 2050, and goes to 2048.
+    let data = vec![vec![f16::from_f32(2048.0)], vec![f16::from_f32(1.0)]];
+    assert_eq!(reduced(ReduceOp::Sum, &data)[0].to_f32(), 2048.0);
+    let data = vec![vec![f16::NAN], vec![f16::from_f32(1.0)]];
+    assert!(reduced(ReduceOp::Max, &data)[0].is_nan());
+}
+
+#[test]
+fn operations_a_type_lacks_are_misuse_naming_both() {
+    let out = &mut [0f32; 1];
+    let error = combine(ReduceOp::BitXor, &[&[1.0f32]], out)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("bit_xor") && error.contains("float32"),
+        "{error}"
+    );
+    let out = &mut [0i64; 1];
+    let error = combine(ReduceOp::Avg, &[&[1i64]], out)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("avg") && error.contains("int64"), "{error}");
+}
+
+#[test]
+fn a_user_operation_is_applied_in_rank_order() {
+    // 2x2 matrix products do not commute: the result is m0 m1 m2, not any other order.
+    let product = |acc: &mut [[i64; 4]], next: &[[i64; 4]]| {
+        for (a, b) in acc.iter_mut().zip(next) {
+            *a = [
+                a[0] * b[0] + a[1] * b[2],
+                a[0] * b[1] + a[1] * b[3],
+                a[2] * b[0] + a[3] * b[2],
+                a[2] * b[1] + a[3] * b[3],
+            ];
+        }
+    };
+    let m = [[1, 1, 0, 1], [1, 0, 1, 1], [2, 0, 0, 1]];
+    let inputs: Vec<Vec<[i64; 4]>> = m.iter().map(|&x| vec![x; BLOCK + 2]).collect();
+    let refs: Vec<&[[i64; 4]]> = inputs.iter().map(Vec::as_slice).collect();
+    let mut out = vec![[0; 4]; BLOCK + 2];
+    combine_with(&mut { product }, &refs, &mut out);
+    // [[1,1],[0,1]] [[1,0],[1,1]] = [[2,1],[1,1]]; times [[2,0],[0,1]] = [[4,1],[2,1]].
+    assert!(out.iter().all(|&x| x == [4, 1, 2, 1]), "{:?}", out[0]);
+}
+
+#[test]
+fn numbers_name_every_operation_and_type_in_order() {
+    for (number, op) in (0..).zip(ReduceOp::ALL) {
+        assert_eq!(ReduceOp::from_number(number), Some(op));
+    }
+    assert_eq!(ReduceOp::from_number(8), None);
+    for (number, dtype) in (0..).zip(DType::ALL) {
+        assert_eq!(DType::from_number(number), Some(dtype));
+    }
+    assert_eq!(DType::from_number(12), None);
+    assert_eq!(<half::bf16 as Element>::DTYPE.size(), 2);
+}

@@ -1,0 +1,839 @@
+//! Reductions (all-reduce, reduce-scatter, reduce), scatter and all-to-all.
+//!
+//! # Algorithms
+//!
+//! - **One shot** (up to [`ONE_SHOT_MAX_BYTES`]): every rank sends its whole contribution to
+//!   every other (in ring slots while it fits: [`Session::all_gather_into`]'s path), and every
+//!   rank combines all of them itself, in rank order.
+//! - **Two shots, in place** (larger): every rank copies its contribution once into its own
+//!   outbox and lends it to every peer (a one-slot message each). Rank `r` then combines slice
+//!   `r` of every contribution *straight from the peers' outboxes*, in rank order, lends its
+//!   result slice, and copies every other rank's result slice out of that rank's outbox. Data
+//!   moves once into an outbox and once out of one, with no staging copy of what peers read. A
+//!   reduce-scatter is the first shot alone; a reduce sends the results to the root only. Data
+//!   larger than [`PIECE_MAX_BYTES`] goes piece by piece, so that pieces stay in cache between
+//!   the owner's copy and the peers' reads, and any size fits the outbox.
+//!
+//! Both are deterministic: every result slice is combined by one rank in rank order and copied
+//! bit for bit by the others (see [`crate::reduce`]).
+//!
+//! # Synchronisation
+//!
+//! No new cross-process protocol: contributions and results travel as loans, whose one-slot
+//! messages, views and acknowledgements are the session's (a rank reuses a block only once
+//! every peer has acknowledged its view). A peer that dies mid-collective fails it, naming the
+//! first rank that died, as for every collective. A peer that writes garbage into its own
+//! outbox meanwhile can only change the values it contributes: reads are bounds-checked views of
+//! memory that stays mapped, so garbage gives garbage values, never a fault.
+//!
+//! # Trust
+//!
+//! A contribution's length is checked against the caller's (a mismatch is [`Error::Protocol`]
+//! naming the rank), and a peer's bytes are read as elements only when they are aligned for
+//! them (also [`Error::Protocol`] otherwise).
+
+use super::collectives::{check_part, wrong_size};
+use super::demux::{Expect, Incoming, Sink};
+use super::send::Targets;
+use super::{Deadline, Error, LoanView, Session};
+use crate::reduce::{DType, Element, ReduceOp, check_op, combine, combine_with};
+use bytemuck::Pod;
+use shmbroker_bindings::kind;
+use std::time::Duration;
+
+/// The largest contribution an all-reduce (and a reduce-scatter, a reduce) combines in one
+/// shot; larger ones take two (see the module docs). Chosen by `bench collectives`' all_reduce
+/// rows: up to here, one message per peer in ring slots beats two rounds of loans.
+pub const ONE_SHOT_MAX_BYTES: usize = 16 << 10;
+
+/// The most bytes of a contribution the two-shot algorithm lends at once: a piece in flight
+/// stays in the last-level cache between the owner's copy and the peers' reads.
+pub const PIECE_MAX_BYTES: usize = 1 << 20;
+
+/// Rank `q`'s slice of `count` elements split over `world` ranks, as element indices: the first
+/// `count % world` ranks get one more.
+fn slice_of(count: usize, world: usize, q: usize) -> std::ops::Range<usize> {
+    count * q / world..count * (q + 1) / world
+}
+
+/// `bytes` (a peer's) as elements, or [`Error::Protocol`] naming `peer` when they are not
+/// aligned for them.
+fn elements<T: Pod>(peer: u32, bytes: &[u8]) -> Result<&[T], Error> {
+    bytemuck::try_cast_slice(bytes).map_err(|_| Error::Protocol {
+        peer,
+        detail: format!(
+            "lent {} bytes that are not whole, aligned elements of {} bytes",
+            bytes.len(),
+            size_of::<T>()
+        ),
+    })
+}
+
+/// Runs `$body` on `$bytes` (one buffer, or an input and an output) as elements of `$dtype`, or
+/// fails with [`Error::Misuse`] when they are not whole, aligned elements of it.
+macro_rules! with_elements {
+    ($dtype:expr, $bytes:expr, |$elements:ident| $body:expr) => {
+        match $dtype {
+            DType::U8 => {
+                let $elements = cast_mut::<u8>($bytes)?;
+                $body
+            }
+            DType::I8 => {
+                let $elements = cast_mut::<i8>($bytes)?;
+                $body
+            }
+            DType::U16 => {
+                let $elements = cast_mut::<u16>($bytes)?;
+                $body
+            }
+            DType::I16 => {
+                let $elements = cast_mut::<i16>($bytes)?;
+                $body
+            }
+            DType::U32 => {
+                let $elements = cast_mut::<u32>($bytes)?;
+                $body
+            }
+            DType::I32 => {
+                let $elements = cast_mut::<i32>($bytes)?;
+                $body
+            }
+            DType::U64 => {
+                let $elements = cast_mut::<u64>($bytes)?;
+                $body
+            }
+            DType::I64 => {
+                let $elements = cast_mut::<i64>($bytes)?;
+                $body
+            }
+            DType::F16 => {
+                let $elements = cast_mut::<half::f16>($bytes)?;
+                $body
+            }
+            DType::BF16 => {
+                let $elements = cast_mut::<half::bf16>($bytes)?;
+                $body
+            }
+            DType::F32 => {
+                let $elements = cast_mut::<f32>($bytes)?;
+                $body
+            }
+            DType::F64 => {
+                let $elements = cast_mut::<f64>($bytes)?;
+                $body
+            }
+        }
+    };
+    ($dtype:expr, $input:expr, $output:expr, |$i:ident, $o:ident| $body:expr) => {
+        match $dtype {
+            DType::U8 => {
+                let ($i, $o) = (cast::<u8>($input)?, cast_mut::<u8>($output)?);
+                $body
+            }
+            DType::I8 => {
+                let ($i, $o) = (cast::<i8>($input)?, cast_mut::<i8>($output)?);
+                $body
+            }
+            DType::U16 => {
+                let ($i, $o) = (cast::<u16>($input)?, cast_mut::<u16>($output)?);
+                $body
+            }
+            DType::I16 => {
+                let ($i, $o) = (cast::<i16>($input)?, cast_mut::<i16>($output)?);
+                $body
+            }
+            DType::U32 => {
+                let ($i, $o) = (cast::<u32>($input)?, cast_mut::<u32>($output)?);
+                $body
+            }
+            DType::I32 => {
+                let ($i, $o) = (cast::<i32>($input)?, cast_mut::<i32>($output)?);
+                $body
+            }
+            DType::U64 => {
+                let ($i, $o) = (cast::<u64>($input)?, cast_mut::<u64>($output)?);
+                $body
+            }
+            DType::I64 => {
+                let ($i, $o) = (cast::<i64>($input)?, cast_mut::<i64>($output)?);
+                $body
+            }
+            DType::F16 => {
+                let ($i, $o) = (cast::<half::f16>($input)?, cast_mut::<half::f16>($output)?);
+                $body
+            }
+            DType::BF16 => {
+                let ($i, $o) = (
+                    cast::<half::bf16>($input)?,
+                    cast_mut::<half::bf16>($output)?,
+                );
+                $body
+            }
+            DType::F32 => {
+                let ($i, $o) = (cast::<f32>($input)?, cast_mut::<f32>($output)?);
+                $body
+            }
+            DType::F64 => {
+                let ($i, $o) = (cast::<f64>($input)?, cast_mut::<f64>($output)?);
+                $body
+            }
+        }
+    };
+}
+
+/// A caller's bytes as elements of `T`, or [`Error::Misuse`].
+fn cast<T: Pod>(bytes: &[u8]) -> Result<&[T], Error> {
+    bytemuck::try_cast_slice(bytes).map_err(|_| misaligned::<T>(bytes.len()))
+}
+
+/// A caller's bytes as elements of `T`, or [`Error::Misuse`].
+fn cast_mut<T: Pod>(bytes: &mut [u8]) -> Result<&mut [T], Error> {
+    let len = bytes.len();
+    bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned::<T>(len))
+}
+
+fn misaligned<T>(len: usize) -> Error {
+    Error::Misuse(format!(
+        "{len} bytes are not whole elements of {} bytes, aligned for them",
+        size_of::<T>()
+    ))
+}
+
+/// How contributions combine: inputs (one per rank, in rank order) into an output slice.
+type Combiner<'f, T> = &'f mut dyn FnMut(&[&[T]], &mut [T]) -> Result<(), Error>;
+
+/// Which ranks get the result of a reduction.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Results {
+    /// Every rank (all-reduce).
+    All,
+    /// The root alone (reduce).
+    Root(u32),
+}
+
+impl Session {
+    /// Combines every rank's `data` with `op`, in rank order, into every rank's `data` (in
+    /// place, as `MPI_Allreduce` with `MPI_IN_PLACE`). Every rank passes as many elements.
+    ///
+    /// ```no_run
+    /// # fn run(session: &mut shmbroker::Session) -> Result<(), shmbroker::Error> {
+    /// use shmbroker::ReduceOp;
+    /// let mut activations = vec![1.0f32; 4096];
+    /// session.all_reduce(&mut activations, ReduceOp::Sum)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] for an operation not defined for `T` (`Avg` of integers, bitwise
+    /// operations of floats); [`Error::Protocol`] naming a rank that passed another length;
+    /// otherwise as for [`Self::all_gather`].
+    pub fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        self.all_reduce_timeout(data, op, self.timeout)
+    }
+
+    /// [`Self::all_reduce`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_reduce`].
+    pub fn all_reduce_timeout<T: Element>(
+        &mut self,
+        data: &mut [T],
+        op: ReduceOp,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        check_op::<T>(op)?;
+        let deadline = Deadline::collective("all_reduce", timeout);
+        let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
+        self.reduce_with(
+            kind::ALL_REDUCE,
+            Results::All,
+            data,
+            &mut combiner,
+            &deadline,
+        )
+    }
+
+    /// [`Self::all_reduce`] of `input` into `output` (of the same length); `input` is unchanged.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the lengths differ; otherwise as for [`Self::all_reduce`].
+    pub fn all_reduce_into<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        if input.len() != output.len() {
+            return Err(Error::Misuse(format!(
+                "all_reduce_into needs an output as long as its input ({} elements), got {}",
+                input.len(),
+                output.len()
+            )));
+        }
+        output.copy_from_slice(input);
+        self.all_reduce(output, op)
+    }
+
+    /// [`Self::all_reduce`] with a user operation: `op(acc, next)` folds `next` into `acc`,
+    /// element by element, and is applied in rank order (`x0 ∘ x1 ∘ … ∘ x(n-1)`), so it need not
+    /// be commutative. It is called on sub-slices of the data (the same ones on every rank), so it
+    /// must act on each element alone: for a product of 2×2 matrices, `T = [f64; 4]`.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_reduce`].
+    pub fn all_reduce_with<T: Pod>(
+        &mut self,
+        data: &mut [T],
+        mut op: impl FnMut(&mut [T], &[T]),
+    ) -> Result<(), Error> {
+        let deadline = Deadline::collective("all_reduce", self.timeout);
+        let mut combiner = |inputs: &[&[T]], out: &mut [T]| {
+            combine_with(&mut op, inputs, out);
+            Ok(())
+        };
+        self.reduce_with(
+            kind::ALL_REDUCE,
+            Results::All,
+            data,
+            &mut combiner,
+            &deadline,
+        )
+    }
+
+    /// [`Self::all_reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when `data` is not whole elements of `dtype`, aligned for them;
+    /// otherwise as for [`Self::all_reduce`].
+    pub fn all_reduce_bytes(
+        &mut self,
+        data: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        with_elements!(dtype, data, |elements| self.all_reduce(elements, op))
+    }
+
+    /// Combines every rank's `data` with `op`, in rank order, into the root's `data`; the other
+    /// ranks' `data` is unchanged (as `MPI_Reduce`).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_reduce`], and [`Error::RankOutOfRange`] for the root.
+    pub fn reduce<T: Element>(
+        &mut self,
+        root: u32,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.reduce_timeout(root, data, op, self.timeout)
+    }
+
+    /// [`Self::reduce`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::reduce`].
+    pub fn reduce_timeout<T: Element>(
+        &mut self,
+        root: u32,
+        data: &mut [T],
+        op: ReduceOp,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.check_rank(root)?;
+        check_op::<T>(op)?;
+        let deadline = Deadline::collective("reduce", timeout);
+        let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
+        self.reduce_with(
+            kind::REDUCE,
+            Results::Root(root),
+            data,
+            &mut combiner,
+            &deadline,
+        )
+    }
+
+    /// [`Self::reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_reduce_bytes`] and [`Self::reduce`].
+    pub fn reduce_bytes(
+        &mut self,
+        root: u32,
+        data: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        with_elements!(dtype, data, |elements| self.reduce(root, elements, op))
+    }
+
+    /// Combines every rank's `input` with `op`, in rank order, and gives rank `r` block `r` of the
+    /// result in `output` (as `MPI_Reduce_scatter_block`): `input` holds `world_size` blocks of
+    /// `output.len()` elements.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when `input` is not `world_size * output.len()` elements; otherwise as
+    /// for [`Self::all_reduce`].
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.reduce_scatter_timeout(input, output, op, self.timeout)
+    }
+
+    /// [`Self::reduce_scatter`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::reduce_scatter`].
+    pub fn reduce_scatter_timeout<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        check_op::<T>(op)?;
+        let world = self.world_size() as usize;
+        if input.len() != output.len() * world {
+            return Err(Error::Misuse(format!(
+                "reduce_scatter needs an input of {world} blocks of the output's {} elements, got \
+                 {} elements",
+                output.len(),
+                input.len()
+            )));
+        }
+        let deadline = Deadline::collective("reduce_scatter", timeout);
+        let combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
+        if world == 1 {
+            output.copy_from_slice(input);
+            return combiner(&[input], output);
+        }
+        if size_of_val(input) <= ONE_SHOT_MAX_BYTES {
+            // Block r of every contribution comes to rank r, which combines them.
+            let mut blocks = vec![T::zeroed(); input.len()];
+            let seq = self.next_seq();
+            self.exchange_blocks(
+                kind::REDUCE_SCATTER,
+                seq,
+                bytemuck::cast_slice(input),
+                bytemuck::cast_slice_mut(&mut blocks),
+                &deadline,
+            )?;
+            let inputs: Vec<&[T]> = blocks.chunks(output.len().max(1)).collect();
+            return combiner(&inputs, output);
+        }
+        let seq = self.next_seq();
+        let rank = self.rank() as usize;
+        let views = self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, input, &deadline)?;
+        let block = rank * output.len()..(rank + 1) * output.len();
+        let inputs = self.inputs(input, &views, block)?;
+        combiner(&inputs, output)
+    }
+
+    /// [`Self::reduce_scatter`] of bytes holding elements of `dtype` (for the C ABI and Python).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_reduce_bytes`] and [`Self::reduce_scatter`].
+    pub fn reduce_scatter_bytes(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        with_elements!(dtype, input, output, |input, output| self
+            .reduce_scatter(input, output, op))
+    }
+
+    /// The root's `input` cut into `world_size` equal blocks, block `r` into rank `r`'s `output`
+    /// (as `MPI_Scatter`): the root passes `Some(input)` of `world_size * output.len()` bytes, the
+    /// others `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] for a root without input (or another rank with one) or an input of
+    /// another length; [`Error::Protocol`] naming the root when a block has another length;
+    /// otherwise as for [`Self::broadcast`].
+    pub fn scatter(
+        &mut self,
+        root: u32,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+    ) -> Result<(), Error> {
+        self.scatter_timeout(root, input, output, self.timeout)
+    }
+
+    /// [`Self::scatter`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::scatter`].
+    pub fn scatter_timeout(
+        &mut self,
+        root: u32,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.check_root(root, input.is_some(), "scatter")?;
+        let block = output.len();
+        let deadline = Deadline::collective("scatter", timeout);
+        let seq = self.next_seq();
+        let Some(input) = input else {
+            let expect = Expect::Collective {
+                op: kind::SCATTER,
+                seq,
+            };
+            let mut incoming = [Incoming::new(root, expect, Sink::Slice(output))];
+            self.receive_all(&mut incoming, &deadline)?;
+            let [incoming] = incoming;
+            return check_part(incoming, block);
+        };
+        let world = self.world_size() as usize;
+        if input.len() != block * world {
+            return Err(Error::Misuse(format!(
+                "scatter needs an input of {world} blocks of the output's {block} bytes, got {}",
+                input.len()
+            )));
+        }
+        for (rank, part) in (0..).zip(input.chunks_exact(block.max(1)).take(world)) {
+            if rank == root {
+                output.copy_from_slice(part);
+            } else {
+                self.send_to(kind::SCATTER, seq, part, Targets::One(rank), &deadline)?;
+            }
+        }
+        if block == 0 {
+            for rank in self.peers() {
+                self.send_to(kind::SCATTER, seq, &[], Targets::One(rank), &deadline)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q` (as
+    /// `MPI_Alltoall`): `input` and `output` hold `world_size` blocks of equal length.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when `input` and `output` differ in length or are not whole blocks;
+    /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
+    /// [`Self::all_gather`].
+    pub fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
+        self.all_to_all_timeout(input, output, self.timeout)
+    }
+
+    /// [`Self::all_to_all`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_to_all`].
+    pub fn all_to_all_timeout(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let world = self.world_size() as usize;
+        if input.len() != output.len() || input.len() % world != 0 {
+            return Err(Error::Misuse(format!(
+                "all_to_all needs an input and an output of {world} equal blocks, got {} and {} \
+                 bytes",
+                input.len(),
+                output.len()
+            )));
+        }
+        let deadline = Deadline::collective("all_to_all", timeout);
+        let seq = self.next_seq();
+        self.exchange_blocks(kind::ALL_TO_ALL, seq, input, output, &deadline)
+    }
+
+    /// [`Self::all_to_all`] with a byte count per rank (as `MPI_Alltoallv`): `send_counts[q]`
+    /// bytes of `input` go to rank `q`, in rank order, and `recv_counts[q]` bytes from rank `q`
+    /// land in `output`, in rank order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the counts are not one per rank or do not add up to the buffers'
+    /// lengths; [`Error::Protocol`] naming a rank that sent another count than this rank expects;
+    /// otherwise as for [`Self::all_gather`].
+    pub fn all_to_all_v(
+        &mut self,
+        input: &[u8],
+        send_counts: &[usize],
+        output: &mut [u8],
+        recv_counts: &[usize],
+    ) -> Result<(), Error> {
+        let world = self.world_size() as usize;
+        let sent: usize = send_counts.iter().sum();
+        let received: usize = recv_counts.iter().sum();
+        if send_counts.len() != world
+            || recv_counts.len() != world
+            || sent != input.len()
+            || received != output.len()
+        {
+            return Err(Error::Misuse(format!(
+                "all_to_all_v needs {world} send and receive counts adding up to the buffers' \
+                 lengths; got {} adding up to {sent} for {} bytes and {} adding up to {received} \
+                 for {} bytes",
+                send_counts.len(),
+                input.len(),
+                recv_counts.len(),
+                output.len()
+            )));
+        }
+        let deadline = Deadline::collective("all_to_all_v", self.timeout);
+        let seq = self.next_seq();
+        let offsets = |counts: &[usize]| -> Vec<usize> {
+            counts
+                .iter()
+                .scan(0, |at, &count| {
+                    let start = *at;
+                    *at += count;
+                    Some(start)
+                })
+                .collect()
+        };
+        let (sends, receives) = (offsets(send_counts), offsets(recv_counts));
+        let block = |q: usize| sends[q]..sends[q] + send_counts[q];
+        let rank = self.rank() as usize;
+        output[receives[rank]..receives[rank] + recv_counts[rank]]
+            .copy_from_slice(&input[block(rank)]);
+        self.pairwise(
+            kind::ALL_TO_ALL,
+            seq,
+            &deadline,
+            |q| (block(q), receives[q]..receives[q] + recv_counts[q]),
+            input,
+            output,
+        )
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Shared machinery
+
+    /// The reductions' core: combines every rank's `data`, one shot or two (see the module
+    /// docs), leaving the result in `data` where `results` says.
+    fn reduce_with<T: Pod>(
+        &mut self,
+        op: u32,
+        results: Results,
+        data: &mut [T],
+        combiner: Combiner<'_, T>,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let world = self.world_size() as usize;
+        if world == 1 {
+            let input = data.to_vec();
+            return combiner(&[&input], data);
+        }
+        if size_of_val(data) <= ONE_SHOT_MAX_BYTES {
+            let seq = self.next_seq();
+            let mut gathered = vec![T::zeroed(); data.len() * world];
+            self.gather_parts_into(
+                op,
+                seq,
+                bytemuck::cast_slice(data),
+                bytemuck::cast_slice_mut(&mut gathered),
+                deadline,
+            )?;
+            if results == Results::All || results == Results::Root(self.rank()) {
+                let inputs: Vec<&[T]> = gathered.chunks(data.len().max(1)).collect();
+                combiner(&inputs, data)?;
+            }
+            return Ok(());
+        }
+        // Pieces of about equal length, each at most `PIECE_MAX_BYTES` (and, as the data is
+        // larger than one shot takes, each with elements for every rank).
+        let pieces = size_of_val(data).div_ceil(PIECE_MAX_BYTES);
+        let len = data.len();
+        let mut rest = data;
+        for piece in 0..pieces {
+            let (this, tail) =
+                std::mem::take(&mut rest).split_at_mut(slice_of(len, pieces, piece).len());
+            rest = tail;
+            self.two_shots(op, results, this, combiner, deadline)?;
+        }
+        Ok(())
+    }
+
+    /// One piece of a two-shot reduction.
+    fn two_shots<T: Pod>(
+        &mut self,
+        op: u32,
+        results: Results,
+        data: &mut [T],
+        combiner: Combiner<'_, T>,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let (rank, world) = (self.rank(), self.world_size() as usize);
+        let mine = slice_of(data.len(), world, rank as usize);
+        // First shot: lend this contribution; combine this rank's slice of every one.
+        let seq = self.next_seq();
+        let views = self.lend_to_every_peer(op, seq, data, deadline)?;
+        let mut result = self.loan_within(size_of_val(&data[mine.clone()]), deadline)?;
+        {
+            let inputs = self.inputs(data, &views, mine.clone())?;
+            let out: &mut [T] = bytemuck::try_cast_slice_mut(&mut result).map_err(|_| {
+                Error::Misuse("an outbox block is not aligned for the element type".into())
+            })?;
+            combiner(&inputs, out)?;
+        }
+        // The views go back to their owners with the next message.
+        drop(views);
+        let root = match results {
+            Results::All => None,
+            Results::Root(root) => Some(root),
+        };
+        if root.is_none_or(|root| root == rank) {
+            bytemuck::cast_slice_mut(&mut data[mine]).copy_from_slice(&result);
+        }
+        // Second shot: the result slices, to every rank or to the root.
+        let seq = self.next_seq();
+        let targets: Vec<u32> = match root {
+            None => self.peers().collect(),
+            Some(root) if root == rank => Vec::new(),
+            Some(root) => vec![root],
+        };
+        self.lend(op, seq, result, &targets, deadline)?;
+        if root.is_some_and(|root| root != rank) {
+            return Ok(());
+        }
+        let expect = Expect::Collective { op, seq };
+        for peer in self.peers() {
+            let slice = slice_of(data.len(), world, peer as usize);
+            let view = self.take_loan(peer, expect, deadline)?;
+            let due = size_of_val(&data[slice.clone()]);
+            if view.len() != due {
+                return Err(wrong_size(peer, view.len() as u64, due));
+            }
+            bytemuck::cast_slice_mut(&mut data[slice]).copy_from_slice(&view);
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into this rank's outbox and lends it to every peer as collective `op`
+    /// number `seq`; returns a view of each peer's, in rank order (`None` for this rank), each
+    /// checked to be as long as `data`.
+    fn lend_to_every_peer<T: Pod>(
+        &mut self,
+        op: u32,
+        seq: u64,
+        data: &[T],
+        deadline: &Deadline,
+    ) -> Result<Vec<Option<LoanView>>, Error> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let mut loan = self.loan_within(bytes.len(), deadline)?;
+        loan.copy_from_slice(bytes);
+        let peers: Vec<u32> = self.peers().collect();
+        self.lend(op, seq, loan, &peers, deadline)?;
+        let expect = Expect::Collective { op, seq };
+        let mut views = Vec::with_capacity(self.world_size() as usize);
+        for rank in 0..self.world_size() {
+            if rank == self.rank() {
+                views.push(None);
+                continue;
+            }
+            let view = self.take_loan(rank, expect, deadline)?;
+            if view.len() != bytes.len() {
+                return Err(wrong_size(rank, view.len() as u64, bytes.len()));
+            }
+            views.push(Some(view));
+        }
+        Ok(views)
+    }
+
+    /// Every rank's elements `range` in rank order: this rank's from `own`, the others' from
+    /// their lent `views`.
+    fn inputs<'v, T: Pod>(
+        &self,
+        own: &'v [T],
+        views: &'v [Option<LoanView>],
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<&'v [T]>, Error> {
+        let size = size_of::<T>();
+        (0..)
+            .zip(views)
+            .map(|(rank, view)| match view {
+                None => Ok(&own[range.clone()]),
+                Some(view) => elements(rank, &view[range.start * size..range.end * size]),
+            })
+            .collect()
+    }
+
+    /// Block `q` of `input` to rank `q` and block `q` of `output` from rank `q`, all blocks of
+    /// one length, as collective `op` number `seq`.
+    fn exchange_blocks(
+        &mut self,
+        op: u32,
+        seq: u64,
+        input: &[u8],
+        output: &mut [u8],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let world = self.world_size() as usize;
+        let block = input.len() / world;
+        let rank = self.rank() as usize;
+        output[rank * block..(rank + 1) * block]
+            .copy_from_slice(&input[rank * block..(rank + 1) * block]);
+        self.pairwise(
+            op,
+            seq,
+            deadline,
+            |q| (q * block..(q + 1) * block, q * block..(q + 1) * block),
+            input,
+            output,
+        )
+    }
+
+    /// Pairwise exchange in `world - 1` rounds: in round `k` this rank sends `input[to]` to rank
+    /// `rank + k` while it receives `output[from]` from rank `rank - k` (the ranges `ranges(q)`
+    /// gives for each), so every rank has one peer to send to and one to hear from per round
+    /// and no round waits on a third rank.
+    fn pairwise(
+        &mut self,
+        op: u32,
+        seq: u64,
+        deadline: &Deadline,
+        ranges: impl Fn(usize) -> (std::ops::Range<usize>, std::ops::Range<usize>),
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), Error> {
+        let (rank, world) = (self.rank(), self.world_size());
+        let expect = Expect::Collective { op, seq };
+        for round in 1..world {
+            let to = (rank + round) % world;
+            let from = (rank + world - round) % world;
+            let sending = ranges(to as usize).0;
+            let receiving = ranges(from as usize).1;
+            let due = receiving.len();
+            let mut incoming = [Incoming::new(
+                from,
+                expect,
+                Sink::Slice(&mut output[receiving]),
+            )];
+            self.send_while_receiving(
+                op,
+                seq,
+                (&input[sending], Targets::One(to)),
+                &mut incoming,
+                deadline,
+            )?;
+            let [incoming] = incoming;
+            check_part(incoming, due)?;
+        }
+        Ok(())
+    }
+}

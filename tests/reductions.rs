@@ -1,0 +1,359 @@
+//! Reductions, scatter and all-to-all between real processes: every rank is this test binary
+//! started again (`reductions_rank`), checking its results against references it computes
+//! from every rank's inputs, and that every rank holds the same bits.
+
+use shmbroker::half::{bf16, f16};
+use shmbroker::session::{Error, Session};
+use shmbroker::{DType, Element, ReduceOp};
+use std::time::Duration;
+
+mod common;
+
+/// Elements of the inputs a world checks every type and operation at: empty, one, odd, not a
+/// multiple of any world size here, and past the one-shot limit for every type but `u8`/`i8`.
+const LENGTHS: [usize; 5] = [0, 1, 37, 1001, 9001];
+
+/// Rank `rank`'s input element `i` (any bit pattern is a valid input of every type).
+fn input<T: Element>(rank: usize, len: usize, seed: u64) -> Vec<T> {
+    let size = size_of::<T>();
+    let mut bytes = vec![0u8; len * size];
+    for (i, element) in bytes.chunks_mut(size).enumerate() {
+        let x = (i as u64 ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (rank as u64 + 1) * 0x1234_5;
+        element.copy_from_slice(&x.to_le_bytes()[..size]);
+    }
+    let mut values: Vec<T> = bytes.chunks(size).map(bytemuck::pod_read_unaligned).collect();
+    // Floats: small numbers with a NaN and infinities now and then (random bits are mostly
+    // huge or NaN, and would test little).
+    if matches!(T::DTYPE, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
+        for (i, value) in values.iter_mut().enumerate() {
+            let x = match (i + rank) % 97 {
+                0 if rank == 1 => f64::NAN,
+                1 => f64::INFINITY,
+                2 if rank == 0 => f64::NEG_INFINITY,
+                _ => ((i * 31 + rank * 17) % 41) as f64 / 4.0 - 5.0,
+            };
+            *value = float::<T>(x);
+        }
+    }
+    values
+}
+
+fn float<T: Element>(x: f64) -> T {
+    let bytes: Vec<u8> = match T::DTYPE {
+        DType::F16 => f16::from_f64(x).to_le_bytes().to_vec(),
+        DType::BF16 => bf16::from_f64(x).to_le_bytes().to_vec(),
+        DType::F32 => (x as f32).to_le_bytes().to_vec(),
+        _ => x.to_le_bytes().to_vec(),
+    };
+    bytemuck::pod_read_unaligned(&bytes)
+}
+
+/// The reference: a fold in rank order, element by element, written out per type.
+trait Reference: Element {
+    fn fold(op: ReduceOp, values: &[Self]) -> Self;
+}
+
+macro_rules! integer_reference {
+    ($($t:ty),*) => {$(
+        impl Reference for $t {
+            fn fold(op: ReduceOp, values: &[$t]) -> $t {
+                values[1..].iter().fold(values[0], |a, &b| match op {
+                    ReduceOp::Sum => a.wrapping_add(b),
+                    ReduceOp::Prod => a.wrapping_mul(b),
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                    ReduceOp::BitAnd => a & b,
+                    ReduceOp::BitOr => a | b,
+                    ReduceOp::BitXor => a ^ b,
+                    _ => unreachable!("no {op:?} of integers"),
+                })
+            }
+        }
+    )*};
+}
+integer_reference!(u8, i8, u16, i16, u32, i32, u64, i64);
+
+macro_rules! float_reference {
+    ($($t:ty, $acc:ty, $to:expr, $from:expr);*) => {$(
+        impl Reference for $t {
+            fn fold(op: ReduceOp, values: &[$t]) -> $t {
+                let first: $acc = $to(values[0]);
+                let folded = values[1..].iter().fold(first, |a, &b| {
+                    let b: $acc = $to(b);
+                    if (a.is_nan() || b.is_nan()) && matches!(op, ReduceOp::Min | ReduceOp::Max) {
+                        return <$acc>::NAN;
+                    }
+                    match op {
+                        ReduceOp::Sum | ReduceOp::Avg => a + b,
+                        ReduceOp::Prod => a * b,
+                        ReduceOp::Min => a.min(b),
+                        ReduceOp::Max => a.max(b),
+                        _ => unreachable!("no {op:?} of floats"),
+                    }
+                });
+                let folded = if op == ReduceOp::Avg { folded / values.len() as $acc } else { folded };
+                $from(folded)
+            }
+        }
+    )*};
+}
+float_reference!(
+    f32, f32, |x| x, |x| x;
+    f64, f64, |x| x, |x| x;
+    f16, f32, f16::to_f32, f16::from_f32;
+    bf16, f32, bf16::to_f32, bf16::from_f32
+);
+
+fn bits<T: Element>(values: &[T]) -> &[u8] {
+    bytemuck::cast_slice(values)
+}
+
+/// Every rank's result has the same bits as this rank's.
+fn same_everywhere(session: &mut Session, bytes: &[u8], what: &str) {
+    let hash = common::fnv1a(bytes);
+    let hashes = session.all_gather_pod(&hash).unwrap();
+    assert!(
+        hashes.iter().all(|&h| h == hash),
+        "{what}: ranks differ: {hashes:x?}"
+    );
+}
+
+fn check_type<T: Reference>(session: &mut Session, len: usize, seed: u64) {
+    let (rank, world) = (session.rank() as usize, session.world_size() as usize);
+    let inputs: Vec<Vec<T>> = (0..world).map(|q| input::<T>(q, len, seed)).collect();
+    for op in ReduceOp::ALL {
+        let what = format!("{op:?} of {len} {}", T::DTYPE.name());
+        let mut data = inputs[rank].clone();
+        let supported = session.all_reduce(&mut data, op);
+        if matches!(
+            (T::DTYPE, op),
+            (DType::F16 | DType::BF16 | DType::F32 | DType::F64, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor)
+        ) || (op == ReduceOp::Avg && !matches!(T::DTYPE, DType::F16 | DType::BF16 | DType::F32 | DType::F64))
+        {
+            assert!(matches!(supported, Err(Error::Misuse(_))), "{what}: {supported:?}");
+            continue;
+        }
+        supported.unwrap();
+        let expected: Vec<T> = (0..len)
+            .map(|i| {
+                let column: Vec<T> = inputs.iter().map(|input| input[i]).collect();
+                T::fold(op, &column)
+            })
+            .collect();
+        assert!(bits(&data) == bits(&expected), "{what}: wrong result on rank {rank}");
+        same_everywhere(session, bits(&data), &what);
+
+        // The root alone gets a reduce; the others keep their data.
+        let root = (len % world) as u32;
+        let mut data = inputs[rank].clone();
+        session.reduce(root, &mut data, op).unwrap();
+        let want = if rank == root as usize { &expected } else { &inputs[rank] };
+        assert!(bits(&data) == bits(want), "reduce {what} at root {root}: rank {rank}");
+
+        // Rank r gets block r of a reduce-scatter of `world` blocks of `len` elements.
+        let blocks: Vec<Vec<T>> = (0..world)
+            .map(|q| (0..world).flat_map(|_| inputs[q].iter().copied()).collect())
+            .collect();
+        let mut block = vec![T::zeroed(); len];
+        session
+            .reduce_scatter(&blocks[rank], &mut block, op)
+            .unwrap();
+        assert!(bits(&block) == bits(&expected), "reduce_scatter {what}: rank {rank}");
+    }
+}
+
+fn check_every_type(session: &mut Session, len: usize) {
+    check_type::<u8>(session, len, 1);
+    check_type::<i8>(session, len, 2);
+    check_type::<u16>(session, len, 3);
+    check_type::<i16>(session, len, 4);
+    check_type::<u32>(session, len, 5);
+    check_type::<i32>(session, len, 6);
+    check_type::<u64>(session, len, 7);
+    check_type::<i64>(session, len, 8);
+    check_type::<f16>(session, len, 9);
+    check_type::<bf16>(session, len, 10);
+    check_type::<f32>(session, len, 11);
+    check_type::<f64>(session, len, 12);
+}
+
+/// Block `q` of rank `r`'s all-to-all input: its own bytes.
+fn block_of(from: usize, to: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (from * 31 + to * 7 + i) as u8).collect()
+}
+
+fn check_moves(session: &mut Session) {
+    let (rank, world) = (session.rank() as usize, session.world_size() as usize);
+    for len in [0, 1, 100, 5000, 300_000] {
+        let input: Vec<u8> = (0..world).flat_map(|to| block_of(rank, to, len)).collect();
+        let mut output = vec![0u8; input.len()];
+        session.all_to_all(&input, &mut output).unwrap();
+        let expected: Vec<u8> = (0..world).flat_map(|from| block_of(from, rank, len)).collect();
+        assert!(output == expected, "all_to_all of {len}: rank {rank}");
+
+        // Counts that differ per pair: rank r sends (r + q) % 3 * len / 2 bytes to rank q.
+        let count = |from: usize, to: usize| (from + to) % 3 * len / 2;
+        let sends: Vec<usize> = (0..world).map(|to| count(rank, to)).collect();
+        let receives: Vec<usize> = (0..world).map(|from| count(from, rank)).collect();
+        let input: Vec<u8> = (0..world)
+            .flat_map(|to| block_of(rank, to, count(rank, to)))
+            .collect();
+        let mut output = vec![0u8; receives.iter().sum()];
+        session
+            .all_to_all_v(&input, &sends, &mut output, &receives)
+            .unwrap();
+        let expected: Vec<u8> = (0..world)
+            .flat_map(|from| block_of(from, rank, count(from, rank)))
+            .collect();
+        assert!(output == expected, "all_to_all_v of {len}: rank {rank}");
+
+        let root = (len % world) as u32;
+        let blocks: Vec<u8> = (0..world).flat_map(|to| block_of(99, to, len)).collect();
+        let mut block = vec![0u8; len];
+        let input = (rank == root as usize).then_some(blocks.as_slice());
+        session.scatter(root, input, &mut block).unwrap();
+        assert!(block == block_of(99, rank, len), "scatter of {len}: rank {rank}");
+    }
+}
+
+/// 2x2 matrix products (which do not commute) come out in rank order.
+fn check_user_operation(session: &mut Session) {
+    let (rank, world) = (session.rank() as usize, session.world_size() as usize);
+    let matrix = |q: usize| -> [i64; 4] { [1, (q % 3) as i64, (q % 2) as i64, 1] };
+    let product = |acc: &mut [[i64; 4]], next: &[[i64; 4]]| {
+        for (a, b) in acc.iter_mut().zip(next) {
+            *a = [
+                a[0].wrapping_mul(b[0]).wrapping_add(a[1].wrapping_mul(b[2])),
+                a[0].wrapping_mul(b[1]).wrapping_add(a[1].wrapping_mul(b[3])),
+                a[2].wrapping_mul(b[0]).wrapping_add(a[3].wrapping_mul(b[2])),
+                a[2].wrapping_mul(b[1]).wrapping_add(a[3].wrapping_mul(b[3])),
+            ];
+        }
+    };
+    let expected = (1..world).fold(matrix(0), |acc, q| {
+        let mut acc = [acc];
+        product(&mut acc, &[matrix(q)]);
+        acc[0]
+    });
+    for len in [1, 3000] {
+        let mut data = vec![matrix(rank); len];
+        session.all_reduce_with(&mut data, product).unwrap();
+        assert!(data.iter().all(|&m| m == expected), "matrix product of {len}");
+    }
+}
+
+/// One rank: what `SHMBROKER_TEST_SCENARIO` says.
+#[test]
+#[ignore = "a rank of the reduction tests, which start it"]
+fn reductions_rank() {
+    let (Ok(scenario), Ok(socket), Ok(rank)) = (
+        std::env::var("SHMBROKER_TEST_SCENARIO"),
+        std::env::var("SHMBROKER_TEST_SOCKET"),
+        std::env::var("SHMBROKER_TEST_RANK"),
+    ) else {
+        return;
+    };
+    let rank: u32 = rank.parse().unwrap();
+    let mut session = Session::connect(&socket, Some(rank), Duration::from_secs(60)).unwrap();
+    session.set_timeout(Duration::from_secs(60));
+    match scenario.as_str() {
+        "every-type" => {
+            for len in LENGTHS {
+                check_every_type(&mut session, len);
+            }
+            check_moves(&mut session);
+            check_user_operation(&mut session);
+        }
+        "large" => {
+            // 1 MiB and 64 MiB of f32: the two-shot path, piece by piece.
+            for len in [1 << 18, 16 << 20] {
+                check_type_op::<f32>(&mut session, len, ReduceOp::Sum);
+            }
+            check_type_op::<bf16>(&mut session, 1 << 19, ReduceOp::Avg);
+        }
+        "killed" => {
+            // Rank 2 dies before it contributes; every other rank's all-reduce names it.
+            let mut data = vec![1.0f32; 1 << 20];
+            session.barrier().unwrap();
+            if rank == 2 {
+                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
+            }
+            let error = session.all_reduce(&mut data, ReduceOp::Sum).unwrap_err();
+            assert!(
+                matches!(error, Error::PeerLost { rank: 2 }),
+                "rank {rank}: {error}"
+            );
+        }
+        other => panic!("no scenario {other}"),
+    }
+}
+
+fn check_type_op<T: Reference>(session: &mut Session, len: usize, op: ReduceOp) {
+    let (rank, world) = (session.rank() as usize, session.world_size() as usize);
+    let inputs: Vec<Vec<T>> = (0..world).map(|q| input::<T>(q, len, 77)).collect();
+    let mut data = inputs[rank].clone();
+    session.all_reduce(&mut data, op).unwrap();
+    let expected: Vec<T> = (0..len)
+        .map(|i| {
+            let column: Vec<T> = inputs.iter().map(|input| input[i]).collect();
+            T::fold(op, &column)
+        })
+        .collect();
+    assert!(bits(&data) == bits(&expected), "{op:?} of {len}: rank {rank}");
+    same_everywhere(session, bits(&data), "large");
+}
+
+/// Runs `scenario` in a world of `world` processes and returns each rank's (success, stderr).
+fn run_world(name: &str, world: u32, scenario: &str) -> Vec<(bool, String)> {
+    let broker = common::Broker::start(name, world);
+    let ranks: Vec<_> = (0..world)
+        .map(|rank| {
+            let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+            command
+                .args(["--ignored", "--exact", "reductions_rank", "--nocapture"])
+                .env("SHMBROKER_TEST_SCENARIO", scenario)
+                .env("SHMBROKER_TEST_SOCKET", broker.socket())
+                .env("SHMBROKER_TEST_RANK", rank.to_string())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            common::spawn(&mut command)
+        })
+        .collect();
+    ranks
+        .into_iter()
+        .map(|child| {
+            let (ok, _, stderr) = common::finish(child);
+            (ok, stderr)
+        })
+        .collect()
+}
+
+fn all_pass(name: &str, world: u32, scenario: &str) {
+    for (rank, (ok, stderr)) in run_world(name, world, scenario).into_iter().enumerate() {
+        assert!(ok, "world {world}, rank {rank}: {stderr}");
+    }
+}
+
+#[test]
+fn every_type_and_operation_in_worlds_of_one_to_nine_and_sixteen() {
+    for world in (1..=9).chain([16]) {
+        let started = std::time::Instant::now();
+        all_pass(&format!("reduce-{world}"), world, "every-type");
+        eprintln!("world {world}: {:?}", started.elapsed());
+    }
+}
+
+#[test]
+fn large_reductions_in_worlds_of_two_and_four() {
+    for world in [2, 4] {
+        all_pass(&format!("reduce-large-{world}"), world, "large");
+    }
+}
+
+#[test]
+fn a_rank_killed_before_it_contributes_is_named_by_every_other() {
+    let results = run_world("reduce-killed", 4, "killed");
+    for (rank, (ok, stderr)) in results.into_iter().enumerate() {
+        assert_eq!(ok, rank != 2, "rank {rank}: {stderr}");
+    }
+}
