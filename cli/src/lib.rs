@@ -5,7 +5,6 @@
 //! code 2 for a usage error and 1 for a failure. The binary calls [`main`]; other tools of the
 //! workspace start a subcommand with [`execute`].
 
-mod bench;
 pub mod chaos;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -49,9 +48,6 @@ pub enum Command {
     Serve(serve::Args),
     /// Log on to a broker and greet every peer (or run every collective with --selftest).
     Worker(worker::Args),
-    /// Measure ours and the baselines (Open MPI, shaq, UNIX sockets, futexes) alternately in
-    /// one run.
-    Bench(bench::Args),
     /// Kill and corrupt workers at random moments; report detection times, hangs and leaks.
     Chaos(chaos::Args),
     /// Print a completion script for SHELL to standard output.
@@ -74,9 +70,6 @@ pub enum Command {
     /// One worker of a chaos trial.
     #[command(hide = true)]
     ChaosWorker(chaos::WorkerArgs),
-    /// One rank of `bench collectives`' capi_all_gather, in Rust.
-    #[command(hide = true)]
-    GatherRank(bench::capi::RankArgs),
     /// Share real device memory between two workers (needs the CUDA driver at run time).
     #[cfg(feature = "cuda")]
     CudaCheck(cuda::Args),
@@ -115,7 +108,6 @@ pub fn execute(command: Command, log_format: logging::Format) -> ExitCode {
         Command::Run(args) => return run::run(&args),
         Command::Serve(args) => serve::run(args, log_format),
         Command::Worker(args) => worker::run(&args),
-        Command::Bench(args) => bench::run(&args),
         Command::Chaos(args) => chaos::run(&args),
         Command::Completions { shell } => {
             clap_complete::generate(
@@ -130,7 +122,6 @@ pub fn execute(command: Command, log_format: logging::Format) -> ExitCode {
         Command::Hostile(args) => hostile::run(&args),
         Command::FarmWorker(args) => farm::run(&args),
         Command::ChaosWorker(args) => chaos::worker(&args),
-        Command::GatherRank(args) => bench::capi::rank(&args),
         #[cfg(feature = "cuda")]
         Command::CudaCheck(args) => return cuda::check(&args),
     };
@@ -140,6 +131,29 @@ pub fn execute(command: Command, log_format: logging::Format) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("shmbroker: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs `body` as a tool of the workspace beside `shmbroker` (the benchmarks, a test helper):
+/// what the library logs at `warn` and above on standard error as text, an error printed after
+/// `name: ` and exit status 1, usage errors (clap's, before this) 2.
+#[must_use]
+pub fn run_tool(name: &str, body: impl FnOnce() -> Result<(), String>) -> ExitCode {
+    if let Err(error) = logging::init(
+        tracing_subscriber::filter::LevelFilter::WARN,
+        logging::Format::Text,
+    ) {
+        eprintln!("{name}: {error}");
+        return ExitCode::from(2);
+    }
+    let result = body();
+    logging::drain(std::time::Duration::from_millis(200));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{name}: {error}");
             ExitCode::FAILURE
         }
     }

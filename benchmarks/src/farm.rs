@@ -1,4 +1,4 @@
-//! `shmbroker bench farm`: a reader handing tasks to whichever worker answers, waking an event
+//! `bench farm`: a reader handing tasks to whichever worker answers, waking an event
 //! loop, and looking for a message when there is none.
 //!
 //! | bench | ours | baselines |

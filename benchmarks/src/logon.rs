@@ -1,4 +1,4 @@
-//! `shmbroker bench logon`: how long a world of workers takes to log on, against the floor.
+//! `bench logon`: how long a world of workers takes to log on, against the floor.
 //!
 //! Ours, per round: bind a broker, serve it on a thread, and
 //! log on N workers one after another from this thread; stop when the last has its session.

@@ -1,4 +1,4 @@
-//! `shmbroker bench bulk`: large messages between two processes, against a UNIX socket and Open
+//! `bench bulk`: large messages between two processes, against a UNIX socket and Open
 //! MPI (shared memory with CMA), alternating in one run.
 //!
 //! | bench | ours | baselines |

@@ -1,4 +1,4 @@
-//! `shmbroker bench collectives`: barriers against the barriers people write by hand, and how
+//! `bench collectives`: barriers against the barriers people write by hand, and how
 //! fast a dead worker is noticed.
 //!
 //! | bench | ours | baselines |
