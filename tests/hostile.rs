@@ -14,11 +14,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `shmbroker hostile MODE --socket S --rank R EXTRA...`.
+/// `hostile MODE --socket S --rank R EXTRA...`.
 fn hostile(broker: &Broker, mode: &str, rank: u32, extra: &[&str]) -> ChildGuard {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hostile"));
     command
-        .args(["hostile", mode, "--socket", &broker.socket()])
+        .args([mode, "--socket", &broker.socket()])
         .args(["--rank", &rank.to_string()])
         .args(extra)
         .stdout(Stdio::piped())

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 /// A `worker --from-env --selftest` with only `vars` (and `XDG_RUNTIME_DIR`) in its environment.
 fn worker(runtime_dir: &Path, vars: &[(&str, String)]) -> ChildGuard {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let mut command = Command::new(common::SHMBROKER);
     command
         .args([
             "worker",

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{
-    CHILD_DEADLINE, TempDir, finish, listen_on_thread, read_line_within, serve, shmbroker,
+    CHILD_DEADLINE, TempDir, finish, hostile, listen_on_thread, read_line_within, serve, shmbroker,
     small_world, spawn,
 };
 use nix::sys::signal::{Signal, kill};
@@ -45,8 +45,7 @@ fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_i
     let socket = dir.join("broker.sock");
     let mut broker = serve_world(&socket, 4);
     // Ranks 0 and 1 here, rank 2 a real process that logs on and idles; rank 3 never comes.
-    let mut rank2 = spawn(&mut shmbroker(&[
-        "hostile",
+    let mut rank2 = spawn(&mut hostile(&[
         "relay-flood",
         "--socket",
         socket.to_str().unwrap(),
@@ -111,8 +110,7 @@ fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused
     let (stop, broker) = listen_on_thread(&socket, small_world(2));
     let victim = shmbroker::handshake::connect(&socket, LogonFrame::new(0), TIMEOUT).unwrap();
     let count = 4 * MAX_UNCLAIMED_RELAYS;
-    let mut attacker = spawn(&mut shmbroker(&[
-        "hostile",
+    let mut attacker = spawn(&mut hostile(&[
         "relay-flood",
         "--socket",
         socket.to_str().unwrap(),

@@ -23,7 +23,7 @@ fn mix(i: u64) -> u64 {
 }
 
 fn peer() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker-under-test"));
     command.arg("ring-peer");
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
     command
@@ -134,7 +134,7 @@ fn a_peer_gives_up_with_an_error_when_its_partner_goes_quiet() {
 
 #[test]
 fn the_demo_runs_to_completion() {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker-under-test"));
     command.args([
         "demo",
         "--workers",

@@ -775,6 +775,13 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         <Cli as clap::CommandFactory>::command().debug_assert();
+        // A usage error names the argument; a suite and a helper's name are told apart.
+        let error = Cli::try_parse_from(["bench", "--rounds", "0"]).unwrap_err();
+        assert!(error.to_string().contains("--rounds <N>"), "{error}");
+        let suite = Cli::try_parse_from(["bench", "queue", "--quick"]).unwrap();
+        assert!(suite.helper.is_none() && suite.args.suite == Some(Suite::Queue));
+        let rank = Cli::try_parse_from(["bench", "gather-rank", "1", "0", "8"]).unwrap();
+        assert!(matches!(rank.helper, Some(Helper::GatherRank(_))));
     }
 
     #[test]

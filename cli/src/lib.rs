@@ -1,22 +1,18 @@
-//! The `shmbroker` command: the broker service, a demo, the benchmarks and chaos suite, and the
-//! helper processes the tests start.
+//! The `shmbroker` command: the broker service, the launcher, a worker and a demo. The benchmarks
+//! (`benchmarks/`) and the test helpers and chaos suite (`test-support/`) are tools of their own,
+//! which start this command's `run` and `serve` and share its selftest through this library.
 //!
 //! The command line is clap's: `--help` on every subcommand, `--version`, `--name=value`, exit
 //! code 2 for a usage error and 1 for a failure. The binary calls [`main`]; other tools of the
 //! workspace start a subcommand with [`execute`].
 
-pub mod chaos;
-#[cfg(feature = "cuda")]
-pub mod cuda;
-pub mod demo;
-pub mod farm;
-pub mod hostile;
+mod demo;
 pub mod logging;
-pub mod peer;
+mod peer;
 pub mod run;
 pub mod selftest;
 pub mod serve;
-pub mod worker;
+mod worker;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
@@ -24,7 +20,12 @@ use std::process::ExitCode;
 /// Single-node IPC over sealed shared-memory rings: a broker hands each worker its rings and
 /// outboxes, then gets out of the way.
 #[derive(Debug, Parser)]
-#[command(name = "shmbroker", version, propagate_version = true)]
+#[command(
+    name = "shmbroker",
+    bin_name = "shmbroker",
+    version,
+    propagate_version = true
+)]
 struct Cli {
     /// Log lines on standard error as text, or as JSON objects (timestamp, level, target and
     /// the event's fields, one per line). RUST_LOG or SHMBROKER_LOG sets the level.
@@ -48,8 +49,6 @@ pub enum Command {
     Serve(serve::Args),
     /// Log on to a broker and greet every peer (or run every collective with --selftest).
     Worker(worker::Args),
-    /// Kill and corrupt workers at random moments; report detection times, hangs and leaks.
-    Chaos(chaos::Args),
     /// Print a completion script for SHELL to standard output.
     #[command(
         after_help = "For example: shmbroker completions bash > /etc/bash_completion.d/shmbroker"
@@ -58,21 +57,9 @@ pub enum Command {
         /// The shell to complete for.
         shell: clap_complete::Shell,
     },
-    /// The other end of a ring, for the demo and the tests (fds inherited at 3 and 4).
+    /// The other end of a ring, for the demo (and the tests; fds inherited at 3 and 4).
     #[command(hide = true)]
     RingPeer(peer::Args),
-    /// A worker that attacks its peers' shared memory, for the tests.
-    #[command(hide = true)]
-    Hostile(hostile::Args),
-    /// A task farm's worker, for the tests and `bench farm`.
-    #[command(hide = true)]
-    FarmWorker(farm::Args),
-    /// One worker of a chaos trial.
-    #[command(hide = true)]
-    ChaosWorker(chaos::WorkerArgs),
-    /// Share real device memory between two workers (needs the CUDA driver at run time).
-    #[cfg(feature = "cuda")]
-    CudaCheck(cuda::Args),
 }
 
 /// The `shmbroker` command: parses the command line and runs it.
@@ -108,7 +95,6 @@ pub fn execute(command: Command, log_format: logging::Format) -> ExitCode {
         Command::Run(args) => return run::run(&args),
         Command::Serve(args) => serve::run(args, log_format),
         Command::Worker(args) => worker::run(&args),
-        Command::Chaos(args) => chaos::run(&args),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -119,11 +105,6 @@ pub fn execute(command: Command, log_format: logging::Format) -> ExitCode {
             Ok(())
         }
         Command::RingPeer(args) => peer::run(&args),
-        Command::Hostile(args) => hostile::run(&args),
-        Command::FarmWorker(args) => farm::run(&args),
-        Command::ChaosWorker(args) => chaos::worker(&args),
-        #[cfg(feature = "cuda")]
-        Command::CudaCheck(args) => return cuda::check(&args),
     };
     // What the library logged reaches standard error before the process ends.
     logging::drain(std::time::Duration::from_millis(200));
