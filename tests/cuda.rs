@@ -6,7 +6,7 @@
 #![cfg(feature = "cuda")]
 
 use shmbroker::handshake::{Config, Listener};
-use shmbroker::process::spawn_with_fds;
+use shmbroker_test_support::process::spawn_with_fds;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{TempDir, finish};
-use shmbroker::process::{ChildGuard, spawn_with_fds};
+use shmbroker_test_support::process::{ChildGuard, spawn_with_fds};
 use std::path::Path;
 use std::process::{Command, Stdio};
 

@@ -11,8 +11,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::bindings::LogonFrame;
 use shmbroker::handshake::{Config, MAX_UNCLAIMED_RELAYS};
-use shmbroker::process::ChildGuard;
 use shmbroker::session::{Error, Session};
+use shmbroker_test_support::process::ChildGuard;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -272,9 +272,11 @@ fn a_worker_on_an_inherited_socket_is_seen_dying_though_the_process_that_connect
         "--timeout-ms",
         "60000",
     ]);
-    let mut zero =
-        shmbroker::process::spawn_with_fds(&mut command, &[std::os::fd::AsFd::as_fd(&stream)])
-            .unwrap();
+    let mut zero = shmbroker_test_support::process::spawn_with_fds(
+        &mut command,
+        &[std::os::fd::AsFd::as_fd(&stream)],
+    )
+    .unwrap();
     drop(stream);
     let others = sessions(&socket, &[1, 2]);
     let waits: Vec<_> = others

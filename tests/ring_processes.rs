@@ -2,8 +2,8 @@
 //! the other, the ring's memfd inherited at fd 3. Every child is waited for with a deadline and
 //! killed on the way out (`ChildGuard`), so no failure here can hang or leak a process.
 
-use shmbroker::process::spawn_with_fds;
 use shmbroker::queues::{Producer, create};
+use shmbroker_test_support::process::spawn_with_fds;
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
@@ -29,7 +29,7 @@ fn peer() -> Command {
     command
 }
 
-fn output_of(mut child: shmbroker::process::ChildGuard) -> (bool, String) {
+fn output_of(mut child: shmbroker_test_support::process::ChildGuard) -> (bool, String) {
     // Read stdout to the end first (the child exits after printing), bounded by the wait below.
     let mut stdout = String::new();
     if let Some(pipe) = child.stdout() {
@@ -100,7 +100,7 @@ fn a_process_joining_with_another_message_type_is_refused() {
 }
 
 /// Waits (with a deadline) for a child that must fail, and returns what it said on stderr.
-fn stderr_of_failure(mut child: shmbroker::process::ChildGuard) -> String {
+fn stderr_of_failure(mut child: shmbroker_test_support::process::ChildGuard) -> String {
     let status = child
         .wait_timeout(CHILD_DEADLINE)
         .unwrap()

@@ -7,7 +7,7 @@ mod common;
 use common::{CHILD_DEADLINE, TempDir, finish, finish_status, hostile, serve, shmbroker, spawn};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use shmbroker::process::ChildGuard;
+use shmbroker_test_support::process::ChildGuard;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -14,7 +14,7 @@
 use super::collectives::{time_loop, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Size, cpu_pair, fork_pair, mpi, pin_to};
 use shmbroker::session::Session;
-use shmbroker::sys::TempDir;
+use shmbroker_sys::TempDir;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

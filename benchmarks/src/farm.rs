@@ -26,7 +26,7 @@ use super::{Comparison, Measure, Plan, Report, Run, Size, alternate, fork_pair};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use shmbroker::session::Session;
-use shmbroker::sys::{TempDir, eventfd};
+use shmbroker_sys::{TempDir, eventfd};
 use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};

@@ -9,6 +9,7 @@
 mod demo;
 pub mod logging;
 mod peer;
+pub mod process;
 pub mod run;
 pub mod selftest;
 pub mod serve;

@@ -27,7 +27,7 @@
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::Session;
-use shmbroker::process::{ChildGuard, spawn_with_fds};
+use shmbroker_cli::process::{ChildGuard, spawn_with_fds};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -378,7 +378,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let ops = pick(&OPS, &args.op);
     let hang = Duration::from_millis(args.hang_ms);
     let exe = std::env::current_exe().map_err(|e| format!("finding my own binary: {e}"))?;
-    let dir = shmbroker::sys::TempDir::new("chaos").map_err(|e| e.to_string())?;
+    let dir = shmbroker_sys::TempDir::new("chaos").map_err(|e| e.to_string())?;
     let mut broker = Broker {
         socket: dir.path().join("broker.sock"),
         workers,

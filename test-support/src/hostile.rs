@@ -341,7 +341,7 @@ fn scribble_while(mut go_on: impl FnMut() -> bool) -> Result<u64, String> {
     Ok(passes)
 }
 
-/// Scribbles (see [`scribble_while`]) until something kills this process.
+/// Scribbles (see `scribble_while`) until something kills this process.
 pub fn scribble_until_killed() {
     let _ = scribble_while(|| true);
 }

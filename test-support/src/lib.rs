@@ -11,8 +11,14 @@
 //!   shipped binary calls it), since Cargo gives a test the path of its own package's binaries
 //!   only.
 //!
+//! The tests' plumbing comes from here too: [`process`] (a child with inherited fds, waited for
+//! with a deadline and killed on drop) and [`TempDir`], the command's own.
+//!
 //! None of this is part of the product: the `shmbroker` binary and the `shmbroker` library link
 //! none of it.
+
+pub use shmbroker_cli::process;
+pub use shmbroker_sys::TempDir;
 
 pub mod chaos;
 #[cfg(feature = "cuda")]

@@ -3,8 +3,8 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use shmbroker::handshake::{Config, Event, Listener, StopHandle};
-use shmbroker::process::{ChildGuard, spawn_with_fds};
 use shmbroker::session::Session;
+use shmbroker_test_support::process::{ChildGuard, spawn_with_fds};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -20,7 +20,7 @@ pub const SHMBROKER: &str = env!("CARGO_BIN_EXE_shmbroker-under-test");
 /// How long any child of a test may run before it is killed and the test fails.
 pub const CHILD_DEADLINE: Duration = Duration::from_secs(120);
 
-pub use shmbroker::sys::TempDir;
+pub use shmbroker_test_support::TempDir;
 
 /// A copy of the `shmbroker` binary in `dir`, with `dir` opened to everyone (mode 0755), for
 /// children that run as another uid: the build's own target directory may lie where that uid
