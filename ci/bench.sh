@@ -12,7 +12,7 @@ cargo build --release -p shmbroker-capi
 # folder, and every output it must write.
 bench_out=$(mktemp -d)
 trap 'rm -rf "$bench_out"' EXIT
-cargo run --release -- bench --quick --out "$bench_out" 2> "$bench_out/stderr"
+cargo run --release -p shmbroker-benchmarks -- --quick --out "$bench_out" 2> "$bench_out/stderr"
 cat "$bench_out/stderr"
 # Progress is drawn on a terminal only: no escape codes reach a file or pipe.
 if grep -q $'\x1b' "$bench_out/stderr"; then

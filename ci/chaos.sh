@@ -4,9 +4,9 @@
 set -euxo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release -p shmbroker-cli
+cargo build --release -p shmbroker-test-support --bin chaos
 
 # The chaos suite, beyond the 30 trials `cargo test` runs: 100 trials of kills, broker deaths,
 # scribbles, forked socket holders and leaves; exits 1 on any hang, leak, misnamed rank or stray
 # signal, and prints the detection times (reported, not asserted).
-target/release/shmbroker chaos --trials 100
+target/release/chaos --trials 100

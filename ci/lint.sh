@@ -13,5 +13,5 @@ done
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo clippy --workspace --all-targets --features shmbroker-cli/cuda -- -D warnings
-cargo clippy --workspace --all-targets --features shmbroker-cli/tokio -- -D warnings
+cargo clippy --workspace --all-targets --features shmbroker-test-support/cuda -- -D warnings
+cargo clippy --workspace --all-targets --features shmbroker-test-support/tokio -- -D warnings

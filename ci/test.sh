@@ -11,7 +11,7 @@ if [ "${1:-}" != "--features-only" ]; then
 fi
 
 # The optional tokio feature: AsyncReceiver against real worker processes.
-cargo test -p shmbroker-cli --features tokio --test tokio
+cargo test -p shmbroker-test-support --features tokio --test tokio
 
 # Real GPU memory between two processes; without an NVIDIA driver (as on CI) it says so and skips.
-cargo test -p shmbroker-cli --features cuda --test cuda -- --nocapture
+cargo test -p shmbroker-test-support --features cuda --test cuda -- --nocapture

@@ -4,8 +4,8 @@
 
 Each round runs both, in alternating order:
 
-- Rust: `shmbroker bench collectives --only barrier_hot --json --rounds 1`, the project's own
-  benchmark (2 forked workers, spinning waits); its `"impl":"shmbroker"` row.
+- Rust: `bench collectives --only barrier_hot --json --rounds 1` (target/release/bench, from
+  `cargo build --release -p shmbroker-benchmarks`), the project's own benchmark (2 forked workers, spinning waits); its `"impl":"shmbroker"` row.
 - Python: `shmbroker run -n 2 -- python3 bench_barrier.py --worker SAMPLES` with
   `SHMBROKER_SPIN=forever` (the same spinning waits), timing each `barrier()` call on rank 0
   with `time.perf_counter_ns()` after the same warm-up (SAMPLES / 10 + 10 calls).
@@ -78,8 +78,15 @@ def launcher():
     return str(path)
 
 
+def bench():
+    path = Path(os.environ.get("SHMBROKER_BENCH_BIN", REPO / "target" / "release" / "bench"))
+    if not path.is_file():
+        sys.exit(f"no bench at {path}: cargo build --release -p shmbroker-benchmarks")
+    return str(path)
+
+
 def rust_round(binary):
-    command = [binary, "bench", "collectives", "--only", "barrier_hot", "--json", "--rounds", "1"]
+    command = [binary, "collectives", "--only", "barrier_hot", "--json", "--rounds", "1"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
     for line in done.stdout.splitlines():
         row = json.loads(line)
@@ -107,17 +114,17 @@ def main():
     if args.worker is not None:
         worker(args.worker)
         return
-    binary = launcher()
+    binary, bench_binary = launcher(), bench()
     rust, python = [], []
     print(f"barrier, 2 ranks, hot; {args.samples} samples a round, {os.cpu_count()} CPUs")
     print(f"{'round':>5}  {'Rust p50':>9} {'p99':>7}  {'Python p50':>10} {'p99':>7}  (ns)")
     for round_ in range(args.rounds):
         if round_ % 2 == 0:
-            rust.append(rust_round(binary))
+            rust.append(rust_round(bench_binary))
             python.append(python_round(binary, args.samples))
         else:
             python.append(python_round(binary, args.samples))
-            rust.append(rust_round(binary))
+            rust.append(rust_round(bench_binary))
         r, p = rust[-1], python[-1]
         print(
             f"{round_ + 1:>5}  {r['p50_ns']:>9} {r['p99_ns']:>7}  "

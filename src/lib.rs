@@ -73,12 +73,11 @@
 //! | [`queues`] | the lock-free SPSC ring in a sealed memfd, with spin-then-futex parking |
 //! | [`allocator`] | per-worker outboxes only their owner can write: private allocator and acknowledgement ledger, bounds-checked references, loans |
 //! | [`bindings`] | every type that crosses a process boundary (`#[repr(C)]`, `Pod`, size-asserted) |
-//! | [`process`] | starting helper processes that inherit ring fds, and waiting for them with a deadline |
+//! | [`sys`] | the Linux primitives underneath: eventfd, futex, pidfd, `SCM_RIGHTS` |
 
 #![warn(missing_docs)]
 
 pub mod launch;
-pub mod process;
 pub mod reduce;
 pub mod session;
 
@@ -94,4 +93,8 @@ pub use shmbroker_allocator as allocator;
 pub use shmbroker_bindings as bindings;
 pub use shmbroker_handshake as handshake;
 pub use shmbroker_queues as queues;
-pub use shmbroker_sys as sys;
+
+/// The Linux primitives the layers are built on, each written once (from `shmbroker-sys`).
+pub mod sys {
+    pub use shmbroker_sys::{eventfd, fdpass, futex, pidfd};
+}

@@ -6,7 +6,7 @@ mod common;
 use common::{TempDir, finish, listen_on_thread, serve, shmbroker, small_world};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use shmbroker::process::{ChildGuard, spawn_with_fds};
+use shmbroker_test_support::process::{ChildGuard, spawn_with_fds};
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(60);

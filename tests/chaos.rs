@@ -1,4 +1,4 @@
-//! The chaos suite: `shmbroker chaos` kills and corrupts real worker processes at random moments
+//! The chaos suite: `chaos` (a binary of this crate) kills and corrupts real worker processes at random moments
 //! (every scenario, every operation) and must find no hang, no leaked fd, no misnamed rank and no
 //! process killed by a signal the trial did not send. Timings are reported, never asserted: see
 //! the guide (docs/guide, "Guarantees") for a 500-trial run.
@@ -24,12 +24,12 @@ fn ten_workers_past_the_flat_algorithms_hang_leak_and_misname_nothing() {
 /// `trials` chaos trials of `workers` workers, every scenario: no hang, no leaked fd, no
 /// misnamed rank, no stray signal, and every survivor reporting.
 fn chaos_finds_nothing(workers: u32, trials: u32) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_chaos"));
     let (workers_arg, trials_arg) = (workers.to_string(), trials.to_string());
     command
         // A hang here is a survivor still running 10 s after the kill (the calls' deadline is
         // 20 s): generous for a loaded machine; the README's runs use 1 s.
-        .args(["chaos", "--trials", &trials_arg, "--workers", &workers_arg])
+        .args(["--trials", &trials_arg, "--workers", &workers_arg])
         .args(["--json", "--hang-ms", "10000"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -8,7 +8,7 @@ mod common;
 use common::{Broker, finish};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use shmbroker::process::ChildGuard;
+use shmbroker_test_support::process::ChildGuard;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 

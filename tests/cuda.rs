@@ -1,12 +1,12 @@
 //! Real GPU memory shared between two worker processes (`--features cuda`): rank 0 exports a
 //! legacy CUDA IPC handle and a VMM POSIX-fd handle through shmbroker, rank 1 opens both and
-//! checks every byte (`shmbroker cuda-check`). The CUDA driver is loaded at run time; without
+//! checks every byte (`cuda-check`, a binary of this crate). The CUDA driver is loaded at run time; without
 //! one, the test says so and passes without checking anything.
 
 #![cfg(feature = "cuda")]
 
 use shmbroker::handshake::{Config, Listener};
-use shmbroker::process::spawn_with_fds;
+use shmbroker_test_support::process::spawn_with_fds;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -27,9 +27,9 @@ fn device_memory_is_shared_between_two_worker_processes() {
 
     let children: Vec<_> = (0..2)
         .map(|rank| {
-            let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+            let mut command = Command::new(env!("CARGO_BIN_EXE_cuda-check"));
             command
-                .args(["cuda-check", "--socket", socket.to_str().unwrap()])
+                .args(["--socket", socket.to_str().unwrap()])
                 .args(["--rank", &rank.to_string()])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());

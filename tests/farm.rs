@@ -495,16 +495,9 @@ fn names(error: &Error, rank: u32) -> bool {
 fn scribbled_farm_trial(trial: u32, delay_ms: &str) {
     let broker = Broker::start(&format!("farm-scribble{trial}"), 3);
     let mut honest = farm_worker(&broker, 1, &[]);
-    let mut command = std::process::Command::new(&broker.program);
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_hostile"));
     command
-        .args([
-            "hostile",
-            "scribble",
-            "--socket",
-            &broker.socket(),
-            "--rank",
-            "2",
-        ])
+        .args(["scribble", "--socket", &broker.socket(), "--rank", "2"])
         .args(["--delay-ms", delay_ms, "--for-ms", "300"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -8,17 +8,17 @@ mod common;
 use common::{Broker, finish, finish_status};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use shmbroker::process::{ChildGuard, spawn_with_fds};
 use shmbroker::session::{Error, Session};
+use shmbroker_test_support::process::{ChildGuard, spawn_with_fds};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `shmbroker hostile MODE --socket S --rank R EXTRA...`.
+/// `hostile MODE --socket S --rank R EXTRA...`.
 fn hostile(broker: &Broker, mode: &str, rank: u32, extra: &[&str]) -> ChildGuard {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hostile"));
     command
-        .args(["hostile", mode, "--socket", &broker.socket()])
+        .args([mode, "--socket", &broker.socket()])
         .args(["--rank", &rank.to_string()])
         .args(extra)
         .stdout(Stdio::piped())

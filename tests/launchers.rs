@@ -5,13 +5,13 @@
 mod common;
 
 use common::{TempDir, finish};
-use shmbroker::process::{ChildGuard, spawn_with_fds};
+use shmbroker_test_support::process::{ChildGuard, spawn_with_fds};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// A `worker --from-env --selftest` with only `vars` (and `XDG_RUNTIME_DIR`) in its environment.
 fn worker(runtime_dir: &Path, vars: &[(&str, String)]) -> ChildGuard {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let mut command = Command::new(common::SHMBROKER);
     command
         .args([
             "worker",

@@ -4,15 +4,15 @@
 mod common;
 
 use common::{
-    CHILD_DEADLINE, TempDir, finish, listen_on_thread, read_line_within, serve, shmbroker,
+    CHILD_DEADLINE, TempDir, finish, hostile, listen_on_thread, read_line_within, serve, shmbroker,
     small_world, spawn,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::bindings::LogonFrame;
 use shmbroker::handshake::{Config, MAX_UNCLAIMED_RELAYS};
-use shmbroker::process::ChildGuard;
 use shmbroker::session::{Error, Session};
+use shmbroker_test_support::process::ChildGuard;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -45,8 +45,7 @@ fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_i
     let socket = dir.join("broker.sock");
     let mut broker = serve_world(&socket, 4);
     // Ranks 0 and 1 here, rank 2 a real process that logs on and idles; rank 3 never comes.
-    let mut rank2 = spawn(&mut shmbroker(&[
-        "hostile",
+    let mut rank2 = spawn(&mut hostile(&[
         "relay-flood",
         "--socket",
         socket.to_str().unwrap(),
@@ -111,8 +110,7 @@ fn a_peer_relaying_fds_nobody_takes_is_refused_past_the_cap_and_told_who_refused
     let (stop, broker) = listen_on_thread(&socket, small_world(2));
     let victim = shmbroker::handshake::connect(&socket, LogonFrame::new(0), TIMEOUT).unwrap();
     let count = 4 * MAX_UNCLAIMED_RELAYS;
-    let mut attacker = spawn(&mut shmbroker(&[
-        "hostile",
+    let mut attacker = spawn(&mut hostile(&[
         "relay-flood",
         "--socket",
         socket.to_str().unwrap(),
@@ -274,9 +272,11 @@ fn a_worker_on_an_inherited_socket_is_seen_dying_though_the_process_that_connect
         "--timeout-ms",
         "60000",
     ]);
-    let mut zero =
-        shmbroker::process::spawn_with_fds(&mut command, &[std::os::fd::AsFd::as_fd(&stream)])
-            .unwrap();
+    let mut zero = shmbroker_test_support::process::spawn_with_fds(
+        &mut command,
+        &[std::os::fd::AsFd::as_fd(&stream)],
+    )
+    .unwrap();
     drop(stream);
     let others = sessions(&socket, &[1, 2]);
     let waits: Vec<_> = others

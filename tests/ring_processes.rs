@@ -2,8 +2,8 @@
 //! the other, the ring's memfd inherited at fd 3. Every child is waited for with a deadline and
 //! killed on the way out (`ChildGuard`), so no failure here can hang or leak a process.
 
-use shmbroker::process::spawn_with_fds;
 use shmbroker::queues::{Producer, create};
+use shmbroker_test_support::process::spawn_with_fds;
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
@@ -23,13 +23,13 @@ fn mix(i: u64) -> u64 {
 }
 
 fn peer() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker-under-test"));
     command.arg("ring-peer");
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
     command
 }
 
-fn output_of(mut child: shmbroker::process::ChildGuard) -> (bool, String) {
+fn output_of(mut child: shmbroker_test_support::process::ChildGuard) -> (bool, String) {
     // Read stdout to the end first (the child exits after printing), bounded by the wait below.
     let mut stdout = String::new();
     if let Some(pipe) = child.stdout() {
@@ -100,7 +100,7 @@ fn a_process_joining_with_another_message_type_is_refused() {
 }
 
 /// Waits (with a deadline) for a child that must fail, and returns what it said on stderr.
-fn stderr_of_failure(mut child: shmbroker::process::ChildGuard) -> String {
+fn stderr_of_failure(mut child: shmbroker_test_support::process::ChildGuard) -> String {
     let status = child
         .wait_timeout(CHILD_DEADLINE)
         .unwrap()
@@ -134,7 +134,7 @@ fn a_peer_gives_up_with_an_error_when_its_partner_goes_quiet() {
 
 #[test]
 fn the_demo_runs_to_completion() {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker-under-test"));
     command.args([
         "demo",
         "--workers",

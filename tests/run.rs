@@ -43,7 +43,7 @@ fn running(pid: u32) -> bool {
 #[test]
 fn every_copy_finds_the_job_and_the_collectives_pass() {
     let tmp = TempDir::new("run-selftest").unwrap();
-    let program = env!("CARGO_BIN_EXE_shmbroker");
+    let program = common::SHMBROKER;
     let (code, stdout, stderr) = finish(run(
         tmp.path(),
         &[

@@ -1253,7 +1253,10 @@ fn large() -> Vec<u8> {
 }
 
 /// Rank 1 of an interrupt test: this test binary again, as its own process, playing `role`.
-fn other_process(broker: &common::Broker, role: &str) -> shmbroker::process::ChildGuard {
+fn other_process(
+    broker: &common::Broker,
+    role: &str,
+) -> shmbroker_test_support::process::ChildGuard {
     let mut command = std::process::Command::new(std::env::current_exe().unwrap());
     command
         .args(["--ignored", "--exact", "interrupt_test_peer", "--nocapture"])
@@ -1267,7 +1270,7 @@ fn other_process(broker: &common::Broker, role: &str) -> shmbroker::process::Chi
 /// Stops `child` (SIGSTOP) 20 ms from now, then interrupts `session` 100 ms later: the session's
 /// transfer with it is then stalled between two chunks.
 fn stop_then_interrupt(
-    child: &shmbroker::process::ChildGuard,
+    child: &shmbroker_test_support::process::ChildGuard,
     session: &Session,
 ) -> std::thread::JoinHandle<()> {
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
@@ -1280,7 +1283,7 @@ fn stop_then_interrupt(
     })
 }
 
-fn resume(child: &shmbroker::process::ChildGuard) {
+fn resume(child: &shmbroker_test_support::process::ChildGuard) {
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
 }

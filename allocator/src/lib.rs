@@ -30,7 +30,7 @@
 //! another process. With one writer per outbox there is nothing left for a shared allocator to
 //! do, and its largest block (4 KiB) is far below the chunks (256 KiB) and loans (up to the whole
 //! outbox) this crate serves. The private first-fit allocator here is slower per call (measured by
-//! `shmbroker bench bulk --only outbox_alloc`: 44 to 66 ns per allocate-and-free of a 256 KiB
+//! `bench bulk --only outbox_alloc`: 44 to 66 ns per allocate-and-free of a 256 KiB
 //! chunk, against rts-alloc's 23 to 26 ns for its largest block, 4 KiB, on a 2-core EPYC guest), which does not matter: it runs once per 256 KiB
 //! chunk or loan, beside a copy of tens of microseconds, and never for eager messages.
 //!

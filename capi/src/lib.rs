@@ -998,8 +998,8 @@ mod tests {
     }
 
     /// A broker for `world` ranks on a thread, and `world` sessions made through the C ABI.
-    fn world(world: u32) -> (shmbroker::sys::TempDir, Vec<usize>) {
-        let dir = shmbroker::sys::TempDir::new("capi").unwrap();
+    fn world(world: u32) -> (shmbroker_sys::TempDir, Vec<usize>) {
+        let dir = shmbroker_sys::TempDir::new("capi").unwrap();
         let socket = dir.path().join("broker.sock");
         let config = Config {
             world_size: world,

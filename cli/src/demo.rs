@@ -1,10 +1,10 @@
 //! `shmbroker demo`: a broker and worker processes logging on and greeting each other, then two
 //! processes streaming messages over a pair of rings.
 
+use crate::process::spawn_with_fds;
 use shmbroker::handshake::{Config, Listener};
-use shmbroker::process::spawn_with_fds;
 use shmbroker::queues::{Consumer, HEADER_SIZE, Producer, create};
-use shmbroker::sys::TempDir;
+use shmbroker_sys::TempDir;
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::process::Command;

@@ -1,10 +1,10 @@
 //! `shmbroker ring-peer`: the other end of a ring, in its own process.
 //!
 //! The demo and the multi-process tests start this with ring fds inherited at 3 (and 4); see
-//! [`shmbroker::process::spawn_with_fds`]. Every wait in here has a deadline, so a peer whose
+//! [`crate::process::spawn_with_fds`]. Every wait in here has a deadline, so a peer whose
 //! partner died exits with an error instead of hanging.
 
-use shmbroker::process::inherited_fd;
+use crate::process::inherited_fd;
 use shmbroker::queues::{Consumer, Producer, RecvTimeoutError};
 use std::os::fd::AsFd;
 use std::time::Duration;

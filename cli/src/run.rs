@@ -27,13 +27,13 @@
 //! Nothing: every copy is reaped (a [`ChildGuard`] kills and reaps one on any path out), the
 //! broker thread is stopped and joined, and the directory with the socket is removed.
 
+use crate::process::{ChildGuard, spawn_with_fds};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, pthread_sigmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 use shmbroker::handshake::{Config, Listener};
 use shmbroker::launch::BROKER_VAR;
-use shmbroker::process::{ChildGuard, spawn_with_fds};
-use shmbroker::sys::TempDir;
+use shmbroker_sys::TempDir;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};

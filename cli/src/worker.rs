@@ -144,7 +144,7 @@ fn inherited_session(
     rank: Option<u32>,
     timeout: Duration,
 ) -> Result<shmbroker::Session, shmbroker::Error> {
-    let fd = shmbroker::process::inherited_fd(0).map_err(|source| shmbroker::Error::Io {
+    let fd = crate::process::inherited_fd(0).map_err(|source| shmbroker::Error::Io {
         what: "taking the socket inherited at fd 3",
         source,
     })?;

@@ -7,10 +7,9 @@
 //! connects to a running `shmbroker serve` with [`Session::connect`].
 
 use shmbroker::Session;
-use shmbroker::process::spawn_with_fds;
 use std::error::Error;
-use std::process::{Command, ExitCode};
-use std::time::Duration;
+use std::process::{Child, Command, ExitCode, ExitStatus};
+use std::time::{Duration, Instant};
 
 /// Worker processes each example starts.
 pub const WORKERS: u32 = 4;
@@ -71,13 +70,14 @@ fn launch(world: u32) -> Result<(), String> {
             .env("SHMBROKER_SOCKET", &socket)
             .env("SHMBROKER_RANK", rank.to_string())
             .env("SHMBROKER_WORLD_SIZE", world.to_string());
-        workers.push(spawn_with_fds(&mut command, &[]).map_err(|e| e.to_string())?);
+        workers.push(Worker(command.spawn().map_err(|e| e.to_string())?));
     }
     // A worker that fails ends the others through their sessions (they see it leave); any still
-    // running at the deadline are killed when their guards drop.
+    // running at the deadline are killed.
+    let deadline = Instant::now() + DEADLINE;
     let mut failed = Vec::new();
-    for (rank, worker) in workers.into_iter().enumerate() {
-        match worker.wait_or_kill(DEADLINE) {
+    for (rank, mut worker) in workers.into_iter().enumerate() {
+        match worker.wait_until(deadline) {
             Ok(status) if status.success() => {}
             Ok(status) => failed.push(format!("rank {rank}: {status}")),
             Err(error) => failed.push(format!("rank {rank}: {error}")),
@@ -88,5 +88,35 @@ fn launch(world: u32) -> Result<(), String> {
         Ok(())
     } else {
         Err(failed.join("; "))
+    }
+}
+
+/// A worker process, killed and reaped if dropped still running (on any way out of [`launch`]).
+struct Worker(Child);
+
+impl Worker {
+    /// Its exit status, or an error once `deadline` passes (the worker is then killed on drop).
+    fn wait_until(&mut self, deadline: Instant) -> std::io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.0.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("still running after {DEADLINE:?}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }

@@ -3,8 +3,8 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use shmbroker::handshake::{Config, Event, Listener, StopHandle};
-use shmbroker::process::{ChildGuard, spawn_with_fds};
 use shmbroker::session::Session;
+use shmbroker_test_support::process::{ChildGuard, spawn_with_fds};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -12,10 +12,15 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// The `shmbroker` command: `shmbroker_cli::main`, the shipped binary's one line, built by this
+/// crate as `shmbroker-under-test` (Cargo gives a test the path of its own package's binaries
+/// only).
+pub const SHMBROKER: &str = env!("CARGO_BIN_EXE_shmbroker-under-test");
+
 /// How long any child of a test may run before it is killed and the test fails.
 pub const CHILD_DEADLINE: Duration = Duration::from_secs(120);
 
-pub use shmbroker::sys::TempDir;
+pub use shmbroker_test_support::TempDir;
 
 /// A copy of the `shmbroker` binary in `dir`, with `dir` opened to everyone (mode 0755), for
 /// children that run as another uid: the build's own target directory may lie where that uid
@@ -30,8 +35,8 @@ pub fn binary_for_any_uid(dir: &std::path::Path) -> PathBuf {
     let copy = dir.join("shmbroker");
     // A hard link where it can be (same file system, and no copy that another thread's fork
     // could still hold open for writing when this one execs it: ETXTBSY); a copy where not.
-    if std::fs::hard_link(env!("CARGO_BIN_EXE_shmbroker"), &copy).is_err() {
-        std::fs::copy(env!("CARGO_BIN_EXE_shmbroker"), &copy).unwrap();
+    if std::fs::hard_link(SHMBROKER, &copy).is_err() {
+        std::fs::copy(SHMBROKER, &copy).unwrap();
         open(&copy);
     }
     copy
@@ -168,7 +173,7 @@ impl Broker {
         });
         Self {
             dir,
-            program: env!("CARGO_BIN_EXE_shmbroker").into(),
+            program: SHMBROKER.into(),
             stop,
             thread: Some(thread),
             events,
@@ -243,7 +248,17 @@ pub fn read_line_within(reader: impl std::io::Read + Send + 'static, timeout: Du
 
 /// `shmbroker ARGS...` (the build's binary) with its output piped.
 pub fn shmbroker(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shmbroker"));
+    let mut command = Command::new(SHMBROKER);
+    command
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// `hostile ARGS...` (the test helper) with its output piped.
+pub fn hostile(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hostile"));
     command
         .args(args)
         .stdout(Stdio::piped())
@@ -290,7 +305,7 @@ pub fn small_world(world_size: u32) -> Config {
     }
 }
 
-/// FNV-1a, as `shmbroker farm-worker` answers with.
+/// FNV-1a, as `farm-worker` answers with.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
@@ -304,15 +319,15 @@ pub fn task(id: u64, len: usize) -> Vec<u8> {
     bytes
 }
 
-/// `shmbroker farm-worker` for `rank`, with its extra arguments.
+/// `farm-worker` for `rank`, with its extra arguments.
 pub fn farm_worker(broker: &Broker, rank: u32, extra: &[&str]) -> ChildGuard {
     farm_worker_with(broker, rank, extra, Stdio::null())
 }
 
 pub fn farm_worker_with(broker: &Broker, rank: u32, extra: &[&str], stdout: Stdio) -> ChildGuard {
-    let mut command = Command::new(&broker.program);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_farm-worker"));
     command
-        .args(["farm-worker", "--socket", &broker.socket()])
+        .args(["--socket", &broker.socket()])
         .args(["--rank", &rank.to_string(), "--timeout-ms", "60000"])
         .args(extra)
         .stdout(stdout)

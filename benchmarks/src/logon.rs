@@ -1,4 +1,4 @@
-//! `shmbroker bench logon`: how long a world of workers takes to log on, against the floor.
+//! `bench logon`: how long a world of workers takes to log on, against the floor.
 //!
 //! Ours, per round: bind a broker, serve it on a thread, and
 //! log on N workers one after another from this thread; stop when the last has its session.
@@ -15,7 +15,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use shmbroker::bindings::{ANY_RANK, LogonFrame, Message};
 use shmbroker::handshake::{Config, Listener, connect};
 use shmbroker::queues::memfd::{Mapping, create_sealed, file_size};
-use shmbroker::sys::{TempDir, fdpass};
+use shmbroker_sys::{TempDir, fdpass};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

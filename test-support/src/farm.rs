@@ -1,5 +1,5 @@
-//! A task farm's worker: takes tasks from rank 0, answers each with its id and a checksum. For
-//! the farm tests (`tests/farm.rs`) and `shmbroker bench farm`.
+//! `farm-worker`: a task farm's worker: takes tasks from rank 0, answers each with its id and a
+//! checksum. For the farm tests (`tests/farm.rs`).
 //!
 //! A task is its id (8 bytes, little-endian) followed by any bytes; the answer is the id and the
 //! FNV-1a hash of the whole task. An empty task means "stop".
@@ -7,7 +7,7 @@
 use shmbroker::Session;
 use std::time::Duration;
 
-/// `shmbroker farm-worker`.
+/// `farm-worker`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Log on to the broker at PATH.

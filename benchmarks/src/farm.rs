@@ -1,4 +1,4 @@
-//! `shmbroker bench farm`: a reader handing tasks to whichever worker answers, waking an event
+//! `bench farm`: a reader handing tasks to whichever worker answers, waking an event
 //! loop, and looking for a message when there is none.
 //!
 //! | bench | ours | baselines |
@@ -26,7 +26,7 @@ use super::{Comparison, Measure, Plan, Report, Run, Size, alternate, fork_pair};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use shmbroker::session::Session;
-use shmbroker::sys::{TempDir, eventfd};
+use shmbroker_sys::{TempDir, eventfd};
 use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};

@@ -1,5 +1,5 @@
-//! `shmbroker hostile`: a worker that attacks its peers' shared memory, for the tests that check
-//! no peer can hurt another (it is a test helper, like `ring-peer`).
+//! `hostile`: a worker that attacks its peers' shared memory, for the tests that check no peer can
+//! hurt another.
 //!
 //! * `reopen`: takes every peer's outbox fd straight from the broker, adds its own outbox, and
 //!   tries every way to write each one: `write`, `pwrite` and a writable shared `mmap` of the fd
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `shmbroker hostile`.
+/// `hostile`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The attack.
@@ -301,10 +301,10 @@ fn scribble(
     });
     // Honest meanwhile, so that the peers are in the middle of transfers when it turns; its
     // own calls fail once the scribbling starts, and it waits for the scribbler to end it all.
-    let _ = crate::selftest::run(
+    let _ = shmbroker_cli::selftest::run(
         &mut session,
         u64::MAX,
-        crate::selftest::Only::Sizes,
+        shmbroker_cli::selftest::Only::Sizes,
         1 << 20,
     );
     std::mem::forget(session);
@@ -341,7 +341,7 @@ fn scribble_while(mut go_on: impl FnMut() -> bool) -> Result<u64, String> {
     Ok(passes)
 }
 
-/// Scribbles (see [`scribble_while`]) until something kills this process.
+/// Scribbles (see `scribble_while`) until something kills this process.
 pub fn scribble_until_killed() {
     let _ = scribble_while(|| true);
 }

@@ -1,8 +1,9 @@
-//! `shmbroker chaos`: kills and corrupts workers at random moments and checks that nothing hangs,
+//! `chaos`: kills and corrupts workers at random moments and checks that nothing hangs,
 //! nothing leaks, and every survivor names the right rank.
 //!
-//! One `shmbroker serve` broker serves every trial, job after job (a new one after a trial that
-//! kills it). Each trial starts `--workers` processes (`shmbroker chaos-worker`) that run one
+//! One `shmbroker serve` broker (`chaos serve`, the same code) serves every trial, job after job
+//! (a new one after a trial that kills it). Each trial starts `--workers` processes
+//! (`chaos worker`) that run one
 //! operation in a loop: barrier, all-gather, broadcast, fd exchange, or bulk (1 MiB broadcasts,
 //! pipelined through the outbox). A random moment after they are all running, one of them (the
 //! victim) is killed with SIGKILL, and, by scenario:
@@ -26,14 +27,14 @@
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::Session;
-use shmbroker::process::{ChildGuard, spawn_with_fds};
+use shmbroker_cli::process::{ChildGuard, spawn_with_fds};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
-/// `shmbroker chaos`.
+/// `chaos`.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = AFTER_HELP)]
 pub struct Args {
@@ -70,7 +71,7 @@ leaked by the broker and the survivors, and processes killed by a signal the tri
 Exits 1 if any of those is not zero. Trials cycle through the scenarios and operations unless
 --scenario or --op picks one.";
 
-/// `shmbroker chaos-worker`: one worker of a trial.
+/// `chaos worker`: one worker of a trial.
 #[derive(Debug, clap::Args)]
 pub struct WorkerArgs {
     #[arg(long)]
@@ -136,7 +137,7 @@ impl Rng {
 // ---------------------------------------------------------------------------------------------
 // The worker
 
-/// `shmbroker chaos-worker --socket PATH --op OP [--scribble-after-ms MS] [--fork]
+/// `chaos worker --socket PATH --op OP [--scribble-after-ms MS] [--fork]
 /// [--leave-after-ms MS]`.
 pub fn worker(args: &WorkerArgs) -> Result<(), String> {
     let WorkerArgs {
@@ -170,7 +171,7 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
         });
     }
     say(&format!("READY {before} {}", session.rank()));
-    let memfd = crate::selftest::memfd_with(&[session.rank() as u8; 32])?;
+    let memfd = shmbroker_cli::selftest::memfd_with(&[session.rank() as u8; 32])?;
     let bulk = vec![session.rank() as u8; 1 << 20];
     let mut round = 0u64;
     let started = Instant::now();
@@ -377,7 +378,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let ops = pick(&OPS, &args.op);
     let hang = Duration::from_millis(args.hang_ms);
     let exe = std::env::current_exe().map_err(|e| format!("finding my own binary: {e}"))?;
-    let dir = shmbroker::sys::TempDir::new("chaos").map_err(|e| e.to_string())?;
+    let dir = shmbroker_sys::TempDir::new("chaos").map_err(|e| e.to_string())?;
     let mut broker = Broker {
         socket: dir.path().join("broker.sock"),
         workers,
@@ -426,7 +427,7 @@ fn run_trial(
     for index in 0..workers as usize {
         let mut command = Command::new(exe);
         command
-            .arg("chaos-worker")
+            .arg("worker")
             .arg("--socket")
             .arg(&broker.socket)
             .args(["--op", op])

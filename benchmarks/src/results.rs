@@ -1,4 +1,4 @@
-//! The results folder of `shmbroker bench`: JSON lines, a Markdown table and SVG plots.
+//! The results folder of `bench`: JSON lines, a Markdown table and SVG plots.
 
 use super::{Comparison, Measure, Size, Summary, json_line, size_text, summarize};
 use plotters::prelude::*;
@@ -28,7 +28,7 @@ impl RunInfo {
         format!(
             "- commit: {}\n- date: {}\n- machine: {}\n- run: {options}\n",
             self.commit,
-            crate::logging::rfc3339(std::time::SystemTime::now()),
+            shmbroker_cli::logging::rfc3339(std::time::SystemTime::now()),
             machine()
         )
     }

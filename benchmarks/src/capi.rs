@@ -1,10 +1,10 @@
 //! The C ABI against the Rust API it wraps: `shmbroker_all_gather` called from a C program, and
 //! the same loop written in Rust against `Session::all_gather_into`, each started as `WORLD`
-//! fresh processes by this executable's own launcher, `shmbroker run -n WORLD`, so that nothing
-//! but the language and the ABI differs between the two.
+//! fresh processes by `shmbroker run -n WORLD` (this executable's hidden `run`, the same code),
+//! so that nothing but the language and the ABI differs between the two.
 //!
-//! - [`ALLGATHER_C`] (`shmbroker run -n WORLD capi_allgather ROUNDS WARMUP SIZE`): the C side.
-//! - [`rank`] (`shmbroker run -n WORLD shmbroker gather-rank ROUNDS WARMUP SIZE`, a hidden
+//! - [`ALLGATHER_C`] (`bench run -n WORLD capi_allgather ROUNDS WARMUP SIZE`): the C side.
+//! - [`rank`] (`bench run -n WORLD bench gather-rank ROUNDS WARMUP SIZE`, a hidden
 //!   subcommand): the Rust side, line for line the C program's loop.
 //!
 //! Both print `capi_allgather_sample NS` per timed call on rank 0.
@@ -12,7 +12,7 @@
 //! The C program is compiled with `cc -O2 -Wall` against the header this executable was built
 //! with (`capi/include/shmbroker.h`, written beside the source), linked with `-lshmbroker` and an
 //! rpath to the library's directory, as the README's `cc` line links it. `cargo build --release -p
-//! shmbroker-capi` puts `libshmbroker.so` beside `target/release/shmbroker`; without it, or
+//! shmbroker-capi` puts `libshmbroker.so` beside `target/release/bench`; without it, or
 //! without `cc`, [`available`] says so and the bench is left out; a program that does not
 //! compile fails the bench. CI's quick bench run covers the path where every check passes; a
 //! wrong byte or a failing call ends either side with a message and a failed launcher.
@@ -29,7 +29,7 @@ pub const ALLGATHER_C: &str = concat!(include_str!("c/bench.h"), include_str!("c
 
 /// The header the program is built against: the one committed beside the C ABI this
 /// executable's source belongs to (CI checks it is what cbindgen makes of `capi/src/lib.rs`).
-const HEADER: &str = include_str!("../../../capi/include/shmbroker.h");
+const HEADER: &str = include_str!("../../capi/include/shmbroker.h");
 
 /// How long one run of the program under the launcher may take before it is killed.
 const RUN_DEADLINE: Duration = Duration::from_secs(120);
@@ -108,7 +108,7 @@ pub enum Side {
 }
 
 /// Rank 0's nanoseconds per all-gather of `bytes` bytes among `workers` ranks, each a process of
-/// `side` started by `shmbroker run -n <workers>`, after `warmup` untimed calls. `program` is
+/// `side` started by `bench run -n <workers>`, after `warmup` untimed calls. `program` is
 /// the C side; its directory holds the run's output either way.
 ///
 /// # Errors
@@ -136,11 +136,11 @@ pub fn all_gather(
     let what = match side {
         Side::C => {
             launcher.arg(program.exe());
-            format!("shmbroker run -n {workers} capi_allgather")
+            format!("bench run -n {workers} capi_allgather")
         }
         Side::Rust => {
             launcher.arg(&exe).arg("gather-rank");
-            format!("shmbroker run -n {workers} shmbroker gather-rank")
+            format!("bench run -n {workers} bench gather-rank")
         }
     };
     launcher.args([rounds, warmup, bytes].map(|n| n.to_string()));
@@ -160,7 +160,7 @@ pub fn all_gather(
     }
 }
 
-/// `shmbroker gather-rank`: one rank of the Rust side of `capi_all_gather`.
+/// `bench gather-rank`: one rank of the Rust side of `capi_all_gather`.
 #[derive(Debug, clap::Args)]
 pub struct RankArgs {
     /// Timed all-gathers.

@@ -1,4 +1,4 @@
-//! `shmbroker bench queue`: the ring against shaq 4.3 and the physical floors.
+//! `bench queue`: the ring against shaq 4.3 and the physical floors.
 //!
 //! | bench | ours | baselines |
 //! |---|---|---|

@@ -1,4 +1,4 @@
-//! `shmbroker cuda-check` (with `--features cuda`): share device memory between two worker
+//! `cuda-check` (with `--features cuda`): share device memory between two worker
 //! processes through shmbroker, for real, with the CUDA driver loaded at run time.
 //!
 //! Rank 0 allocates two buffers on device 0 and fills them with a pattern: one with
@@ -13,7 +13,7 @@ use std::ffi::{CStr, c_void};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-/// `shmbroker cuda-check`.
+/// `cuda-check`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The broker's socket.

@@ -1,9 +1,10 @@
 //! Starting helper processes that inherit file descriptors, and waiting for them with a deadline.
 //!
-//! [`spawn_with_fds`] puts the given fds at numbers 3, 4, ... in the child, which is how the demo,
-//! the benchmarks' peers and the multi-process tests hand a ring to another process without a
-//! broker. The returned [`ChildGuard`] kills and reaps the child if it is dropped before it was
-//! waited for, so no test or command leaves a process behind on any path.
+//! [`spawn_with_fds`] puts the given fds at numbers 3, 4, ... in the child, which is how the demo
+//! and the multi-process tests hand a ring to another process without a broker. The returned
+//! [`ChildGuard`] kills and reaps the child if it is dropped before it was waited for, so no test
+//! or command leaves a process behind on any path (`shmbroker run` supervises its copies with
+//! it). Plumbing of the command and the tests, not of the library: `shmbroker` does not export it.
 
 use nix::fcntl::{FcntlArg, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -58,7 +59,7 @@ pub fn spawn_with_fds(command: &mut Command, fds: &[BorrowedFd<'_>]) -> io::Resu
     let command = unsafe { command.pre_exec(place_fds) };
     let child = command.spawn()?;
     drop(staged);
-    let pidfd = match shmbroker_sys::pidfd::open(child.id() as i32) {
+    let pidfd = match shmbroker::sys::pidfd::open(child.id() as i32) {
         Ok(pidfd) => pidfd,
         Err(error) => {
             let mut child = child;

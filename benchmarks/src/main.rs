@@ -1,12 +1,15 @@
-//! `shmbroker bench`: measurements that always run ours and a baseline alternately in one run.
+//! `bench`: measurements that always run ours and a baseline alternately in one run.
 //!
 //! Each suite runs its contenders in rounds, rotating their order every round so that neither
 //! drift nor warm-up favours one of them, and reports ours, each baseline and the ratio
 //! ours/baseline (p50 and p99 for latency, the median over rounds for throughput). There are no
 //! timing assertions anywhere: these machines are shared and noisy, so read medians and ratios.
+//!
+//! `cargo run --release -p shmbroker-benchmarks -- [SUITE] [--quick] [--json] [--out DIR]`; see
+//! `--help`, and docs/guide's "Benchmarks".
 
 mod bulk;
-pub mod capi;
+mod capi;
 mod collectives;
 mod farm;
 mod logon;
@@ -14,16 +17,52 @@ mod mpi;
 mod queue;
 mod results;
 
+use clap::{Parser, Subcommand};
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
 use std::io::Write;
+use std::process::ExitCode;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// `shmbroker bench`.
+/// Measure shmbroker and its baselines (Open MPI, shaq, UNIX sockets, futexes, its C ABI)
+/// alternately in one run.
+#[derive(Debug, Parser)]
+#[command(name = "bench", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(flatten)]
+    args: Args,
+    #[command(subcommand)]
+    helper: Option<Helper>,
+}
+
+/// The processes the benchmarks start from this executable.
+#[derive(Debug, Subcommand)]
+enum Helper {
+    /// `shmbroker run`: the launcher the C ABI's all-gather and its Rust twin run under.
+    #[command(hide = true)]
+    Run(shmbroker_cli::run::Args),
+    /// One rank of `bench collectives`' capi_all_gather, in Rust.
+    #[command(hide = true)]
+    GatherRank(capi::RankArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.helper {
+        Some(Helper::Run(args)) => shmbroker_cli::execute(
+            shmbroker_cli::Command::Run(args),
+            shmbroker_cli::logging::Format::Text,
+        ),
+        Some(Helper::GatherRank(args)) => shmbroker_cli::run_tool("bench", || capi::rank(&args)),
+        None => shmbroker_cli::run_tool("bench", || run(&cli.args)),
+    }
+}
+
+/// What to measure, and where the results go.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+struct Args {
     /// The suite to run; every suite, and a results folder, when left out.
     #[arg(value_enum)]
     suite: Option<Suite>,
@@ -46,7 +85,7 @@ pub struct Args {
     out: Option<String>,
 }
 
-/// The suites of `shmbroker bench`.
+/// The suites.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Suite {
     /// Ring latency (ping-pong, hot and parked, per CPU placement) and throughput (8, 64 and
@@ -81,7 +120,7 @@ const CHILD_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Run-size knobs shared by every suite.
 #[derive(Clone, Copy, Debug)]
-pub struct Plan<'a> {
+pub(crate) struct Plan<'a> {
     pub rounds: usize,
     pub quick: bool,
     /// Run only the benches whose name contains this.
@@ -100,7 +139,7 @@ impl Plan<'_> {
     }
 }
 
-pub fn run(args: &Args) -> Result<(), String> {
+fn run(args: &Args) -> Result<(), String> {
     let rounds = args
         .rounds
         .map_or(if args.quick { 1 } else { 5 }, |n| n as usize);
@@ -145,7 +184,7 @@ pub fn run(args: &Args) -> Result<(), String> {
 
 /// What one contender measured in one benchmark.
 #[derive(Clone, Debug)]
-pub enum Measure {
+pub(crate) enum Measure {
     /// Round-trip times in nanoseconds, one list per round (pooled for p50 and p99; each
     /// round's own p50 gives the spread).
     Latency(Vec<Vec<u64>>),
@@ -162,7 +201,7 @@ impl Measure {
 
 /// What a benchmark's size column means.
 #[derive(Clone, Copy, Debug)]
-pub enum Size {
+pub(crate) enum Size {
     /// Bytes per message.
     Bytes(usize),
     /// Workers logging on, or taking part.
@@ -174,23 +213,23 @@ pub enum Size {
 }
 
 /// One benchmark's results: ours first, then the baselines.
-pub struct Comparison {
+pub(crate) struct Comparison {
     pub bench: String,
     pub size: Size,
     pub contenders: Vec<(&'static str, Measure)>,
 }
 
 /// One contender's line of a table or of the JSON output.
-pub(super) struct Row {
-    pub(super) name: &'static str,
-    pub(super) summary: Summary,
+pub(crate) struct Row {
+    pub(crate) name: &'static str,
+    pub(crate) summary: Summary,
     /// ours/baseline (p50, p99; the medians twice for throughput); `None` on ours.
-    pub(super) ratio: Option<(f64, f64)>,
+    pub(crate) ratio: Option<(f64, f64)>,
 }
 
 impl Comparison {
     /// Each contender summarised, ours first, the baselines with ours/baseline.
-    pub(super) fn rows(&self) -> Vec<Row> {
+    pub(crate) fn rows(&self) -> Vec<Row> {
         let mut rows: Vec<Row> = self
             .contenders
             .iter()
@@ -210,7 +249,7 @@ impl Comparison {
 }
 
 /// The size column: bytes per message, or workers.
-pub(super) fn size_text(size: Size) -> String {
+pub(crate) fn size_text(size: Size) -> String {
     match size {
         Size::Bytes(bytes) => format!("{bytes} B"),
         Size::Workers(workers) => format!("{workers} workers"),
@@ -219,7 +258,7 @@ pub(super) fn size_text(size: Size) -> String {
     }
 }
 
-pub fn percentile(sorted: &[u64], p: f64) -> u64 {
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
@@ -227,7 +266,7 @@ pub fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
-pub fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     match sorted.len() {
@@ -238,7 +277,7 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// Prints comparisons as a table or as JSON lines, and keeps them for the results folder.
-pub struct Report {
+pub(crate) struct Report {
     json: bool,
     /// Whether a progress line is drawn: only on a terminal, never into a file or pipe.
     progress: bool,
@@ -327,7 +366,7 @@ impl Report {
 
 /// A throughput for the tables: messages per second, bytes per second for messages of 4 KiB
 /// and more, or tasks per second.
-pub(super) fn rate_text(size: Size, messages_per_s: f64) -> String {
+pub(crate) fn rate_text(size: Size, messages_per_s: f64) -> String {
     match size {
         Size::Tasks { .. } => format!("{:.1} k tasks", messages_per_s / 1e3),
         Size::Bytes(bytes) if bytes >= 4096 => {
@@ -337,7 +376,7 @@ pub(super) fn rate_text(size: Size, messages_per_s: f64) -> String {
     }
 }
 
-pub(super) enum Summary {
+pub(crate) enum Summary {
     Latency {
         p50: u64,
         p99: u64,
@@ -355,7 +394,7 @@ pub(super) enum Summary {
 
 impl Summary {
     /// A table row's p50, p99, rate and ours/baseline cells (empty where they do not apply).
-    pub(super) fn cells(&self, size: Size, ratio: Option<(f64, f64)>) -> [String; 4] {
+    pub(crate) fn cells(&self, size: Size, ratio: Option<(f64, f64)>) -> [String; 4] {
         match self {
             Summary::Latency { p50, p99, .. } => [
                 format!("{p50} ns"),
@@ -373,7 +412,7 @@ impl Summary {
     }
 
     /// The spread across rounds, as `low–high` (`-` with one round), in the summary's unit.
-    pub(super) fn spread_text(&self, size: Size) -> String {
+    pub(crate) fn spread_text(&self, size: Size) -> String {
         match self {
             Summary::Latency {
                 spread: Some((low, high)),
@@ -390,7 +429,7 @@ impl Summary {
 
 impl Summary {
     /// ours / other: (p50, p99) for latency, (median, median) for throughput.
-    pub(super) fn ratio_to(&self, other: &Summary) -> (f64, f64) {
+    pub(crate) fn ratio_to(&self, other: &Summary) -> (f64, f64) {
         match (self, other) {
             (
                 Summary::Latency { p50, p99, .. },
@@ -406,7 +445,7 @@ impl Summary {
     }
 }
 
-pub(super) fn summarize(measure: &Measure) -> Summary {
+pub(crate) fn summarize(measure: &Measure) -> Summary {
     match measure {
         Measure::Latency(rounds) => {
             let mut sorted = rounds.concat();
@@ -441,7 +480,7 @@ pub(super) fn summarize(measure: &Measure) -> Summary {
     }
 }
 
-pub(super) fn json_line(comparison: &Comparison, row: &Row) -> String {
+pub(crate) fn json_line(comparison: &Comparison, row: &Row) -> String {
     let (name, summary, ratio) = (row.name, &row.summary, row.ratio);
     let size = match comparison.size {
         Size::Bytes(bytes) => format!(r#""msg_bytes":{bytes}"#),
@@ -497,10 +536,10 @@ pub(super) fn json_line(comparison: &Comparison, row: &Row) -> String {
 }
 
 /// One measurement of one contender.
-pub(super) type Run<'a> = &'a dyn Fn() -> Result<Measure, String>;
+pub(crate) type Run<'a> = &'a dyn Fn() -> Result<Measure, String>;
 
 /// Runs `contenders` for `rounds` rounds, rotating their order each round; collects per name.
-pub(super) fn alternate(
+pub(crate) fn alternate(
     plan: Plan<'_>,
     contenders: &[(&'static str, Run<'_>)],
 ) -> Result<Vec<(&'static str, Measure)>, String> {
@@ -556,7 +595,7 @@ thread_local! {
 
 /// The CPUs to pin the two sides of a measurement to, if this process may use two: the first
 /// two it may use, or the pair [`on_cpus`] chose.
-pub(super) fn cpu_pair() -> Option<(usize, usize)> {
+pub(crate) fn cpu_pair() -> Option<(usize, usize)> {
     PINNED.get().or_else(|| match allowed_cpus() {
         [first, second, ..] => Some((*first, *second)),
         _ => None,
@@ -564,7 +603,7 @@ pub(super) fn cpu_pair() -> Option<(usize, usize)> {
 }
 
 /// Runs `measure` with its two sides pinned to `cpus` instead of the default pair.
-pub(super) fn on_cpus<R>(cpus: (usize, usize), measure: impl FnOnce() -> R) -> R {
+pub(crate) fn on_cpus<R>(cpus: (usize, usize), measure: impl FnOnce() -> R) -> R {
     let before = PINNED.replace(Some(cpus));
     let result = measure();
     PINNED.set(before);
@@ -572,7 +611,7 @@ pub(super) fn on_cpus<R>(cpus: (usize, usize), measure: impl FnOnce() -> R) -> R
 }
 
 /// Where the two sides of a latency measurement run, as this machine's topology tells it.
-pub(super) struct Placement {
+pub(crate) struct Placement {
     /// The bench name its rows carry.
     pub bench: &'static str,
     pub cpus: (usize, usize),
@@ -585,7 +624,7 @@ pub(super) struct Placement {
 /// A cache line moves between hyperthreads of one core through that core's own caches, several
 /// times faster than between cores, so the two give very different floors and are reported
 /// apart (`bench`, then `bench` + `_siblings`).
-pub(super) fn placements(bench: &'static str, siblings_bench: &'static str) -> Vec<Placement> {
+pub(crate) fn placements(bench: &'static str, siblings_bench: &'static str) -> Vec<Placement> {
     let allowed = allowed_cpus();
     let Some(&first) = allowed.first() else {
         return Vec::new();
@@ -654,7 +693,7 @@ fn is_virtual_machine() -> bool {
     })
 }
 
-pub(super) fn pin_to(cpu: usize) {
+pub(crate) fn pin_to(cpu: usize) {
     let mut set = CpuSet::new();
     if set.set(cpu).is_ok() {
         let _ = sched_setaffinity(Pid::from_raw(0), &set);
@@ -666,7 +705,7 @@ pub(super) fn pin_to(cpu: usize) {
 /// still running after [`CHILD_DEADLINE`] is killed.
 ///
 /// Both closures must bound every wait they do, so that one side's failure ends the other.
-pub fn fork_pair<R>(
+pub(crate) fn fork_pair<R>(
     child: impl FnOnce() -> Result<(), String>,
     parent: impl FnOnce() -> Result<R, String>,
 ) -> Result<R, String> {
@@ -732,6 +771,18 @@ fn reap(child: Pid) -> Result<WaitStatus, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
+        // A usage error names the argument; a suite and a helper's name are told apart.
+        let error = Cli::try_parse_from(["bench", "--rounds", "0"]).unwrap_err();
+        assert!(error.to_string().contains("--rounds <N>"), "{error}");
+        let suite = Cli::try_parse_from(["bench", "queue", "--quick"]).unwrap();
+        assert!(suite.helper.is_none() && suite.args.suite == Some(Suite::Queue));
+        let rank = Cli::try_parse_from(["bench", "gather-rank", "1", "0", "8"]).unwrap();
+        assert!(matches!(rank.helper, Some(Helper::GatherRank(_))));
+    }
 
     #[test]
     fn cpu_lists_are_read_as_the_kernel_writes_them() {

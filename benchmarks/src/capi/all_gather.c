@@ -1,9 +1,9 @@
 /*
  * capi_allgather: shmbroker_all_gather called from C through libshmbroker.so, the contender
- * that `shmbroker bench collectives` (capi_all_gather) runs beside the Rust call it wraps,
+ * that `bench collectives` (capi_all_gather) runs beside the Rust call it wraps,
  * Session::all_gather_into.
  *
- *     shmbroker run -n WORLD capi_allgather ROUNDS WARMUP SIZE
+ *     bench run -n WORLD capi_allgather ROUNDS WARMUP SIZE
  *
  * Every rank joins with shmbroker_from_env(20000 ms), which is also every call's deadline, as
  * the Rust contender's session has. Then it runs WARMUP untimed and ROUNDS timed
@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
     if (argc != 4 || parse_u64(argv[1], 1, 100000000ull, &rounds) ||
         parse_u64(argv[2], 0, 100000000ull, &warmup) || parse_u64(argv[3], 1, MAX_SIZE, &size)) {
         fprintf(stderr,
-                "usage: shmbroker run -n WORLD capi_allgather ROUNDS WARMUP SIZE"
+                "usage: bench run -n WORLD capi_allgather ROUNDS WARMUP SIZE"
                 " (1 <= ROUNDS <= 100000000, 1 <= SIZE <= 1 MiB)\n");
         return 2;
     }

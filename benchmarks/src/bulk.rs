@@ -1,4 +1,4 @@
-//! `shmbroker bench bulk`: large messages between two processes, against a UNIX socket and Open
+//! `bench bulk`: large messages between two processes, against a UNIX socket and Open
 //! MPI (shared memory with CMA), alternating in one run.
 //!
 //! | bench | ours | baselines |
@@ -14,7 +14,7 @@
 use super::collectives::{time_loop, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Size, cpu_pair, fork_pair, mpi, pin_to};
 use shmbroker::session::Session;
-use shmbroker::sys::TempDir;
+use shmbroker_sys::TempDir;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

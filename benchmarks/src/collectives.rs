@@ -1,4 +1,4 @@
-//! `shmbroker bench collectives`: barriers against the barriers people write by hand, and how
+//! `bench collectives`: barriers against the barriers people write by hand, and how
 //! fast a dead worker is noticed.
 //!
 //! | bench | ours | baselines |
@@ -22,8 +22,8 @@ use nix::unistd::{ForkResult, Pid, fork};
 use shmbroker::handshake::{Config, Listener};
 use shmbroker::queues::memfd::{Mapping, create_sealed};
 use shmbroker::session::{Error, Session};
-use shmbroker::sys::TempDir;
 use shmbroker::sys::{futex, pidfd};
+use shmbroker_sys::TempDir;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
