@@ -2,8 +2,9 @@
 
 use super::*;
 use shmbroker::handshake::{Config, Listener};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::ptr::{null, null_mut};
+use std::time::Duration;
 
 fn last_error() -> String {
     // SAFETY: the pointer is this thread's, valid until the next call here.
