@@ -7,7 +7,9 @@ use super::shared::RingRef;
 use super::{Closer, RecvCursor};
 #[cfg(doc)]
 use super::{Producer, close};
-use crate::error::{Error, RecvTimeoutError, Role, TryRecvError};
+#[cfg(not(loom))]
+use crate::error::Error;
+use crate::error::{RecvTimeoutError, Role, TryRecvError};
 use crate::futex::Deadline;
 use crate::interrupt::Interrupt;
 use crate::readiness::Notifier;

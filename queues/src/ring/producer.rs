@@ -7,7 +7,9 @@ use super::shared::RingRef;
 use super::{Closer, SendCursor};
 #[cfg(doc)]
 use super::{Consumer, close};
-use crate::error::{Error, Role, SendTimeoutError, TrySendError};
+#[cfg(not(loom))]
+use crate::error::Error;
+use crate::error::{Role, SendTimeoutError, TrySendError};
 use crate::futex::Deadline;
 use crate::readiness::Notifier;
 use crate::sync::Ordering;
