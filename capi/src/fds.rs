@@ -1,0 +1,81 @@
+//! File descriptors between ranks: every rank's to all, or one rank's to all.
+
+use crate::error::{Failure, guard, misuse};
+use crate::handle::{enter, shmbroker_session};
+#[cfg(doc)]
+use crate::shmbroker_barrier;
+use std::ffi::c_int;
+use std::os::fd::{BorrowedFd, IntoRawFd, RawFd};
+
+/// Every rank's `fd`, in rank order, as new fds in `out_fds` (`world_size` entries) that the
+/// caller owns and closes; this rank's own slot gets a duplicate of `fd`. Threads: as
+/// [`shmbroker_barrier`].
+///
+/// # Safety
+///
+/// `s` is null or a live session; `fd` is an open fd; `out_fds` has `world_size` writable ints.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_exchange_fds(
+    s: *mut shmbroker_session,
+    fd: c_int,
+    out_fds: *mut c_int,
+) -> c_int {
+    guard("shmbroker_exchange_fds", || {
+        if out_fds.is_null() {
+            return Err(misuse("out_fds is NULL"));
+        }
+        let fd = borrowed(fd)?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let world = entered.handle.sender.world_size() as usize;
+        // SAFETY: non-null (checked above), and `world_size` writable ints per the contract.
+        let out = unsafe { std::slice::from_raw_parts_mut(out_fds, world) };
+        let fds = entered.handle.sender.session().exchange_fds(fd)?;
+        for (slot, fd) in out.iter_mut().zip(fds) {
+            *slot = fd.into_raw_fd();
+        }
+        Ok(())
+    })
+}
+
+/// `root`'s `fd` on every rank, as a new fd in `*out_fd` that the caller owns (the root gets a
+/// duplicate); `fd` is ignored off the root. Threads: as [`shmbroker_barrier`].
+///
+/// # Safety
+///
+/// `s` is null or a live session; on the root `fd` is an open fd; `out_fd` points at a writable
+/// int.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_broadcast_fd(
+    s: *mut shmbroker_session,
+    root: u32,
+    fd: c_int,
+    out_fd: *mut c_int,
+) -> c_int {
+    guard("shmbroker_broadcast_fd", || {
+        if out_fd.is_null() {
+            return Err(misuse("out_fd is NULL"));
+        }
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let fd = if entered.handle.sender.rank() == root {
+            Some(borrowed(fd)?)
+        } else {
+            None
+        };
+        let received = entered.handle.sender.session().broadcast_fd(root, fd)?;
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { out_fd.write(received.into_raw_fd()) };
+        Ok(())
+    })
+}
+
+/// `fd` borrowed for one call, once `fcntl` says it is open.
+pub(crate) fn borrowed<'a>(fd: RawFd) -> Result<BorrowedFd<'a>, Failure> {
+    // SAFETY: F_GETFD only reads the fd table; a bad fd gives EBADF.
+    if fd < 0 || unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) } < 0 {
+        return Err(misuse(format!("fd {fd} is not an open file descriptor")));
+    }
+    // SAFETY: open (checked above); the caller keeps it open for the call, per the contract.
+    Ok(unsafe { BorrowedFd::borrow_raw(fd) })
+}

@@ -1,0 +1,100 @@
+//! Making a session (`shmbroker_connect`, `shmbroker_from_env`) and asking what it is.
+
+use crate::error::{Failure, guard, misuse};
+use crate::handle::{give, peek, shmbroker_session};
+use shmbroker::Session;
+use std::ffi::{CStr, c_char, c_int};
+use std::os::unix::ffi::OsStrExt;
+use std::time::Duration;
+
+pub(crate) fn timeout_of(timeout_ms: u64) -> Result<Duration, Failure> {
+    if timeout_ms == 0 {
+        return Err(misuse("timeout_ms is 0: every call needs a deadline"));
+    }
+    Ok(Duration::from_millis(timeout_ms))
+}
+
+/// Logs on to the broker listening at `path` as `rank` (-1: any free rank), within `timeout_ms`
+/// milliseconds, which is also every later call's deadline. On success `*out` is the session.
+///
+/// # Safety
+///
+/// `path` is a NUL-terminated string; `out` points at a writable `shmbroker_session *`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_connect(
+    path: *const c_char,
+    rank: i32,
+    timeout_ms: u64,
+    out: *mut *mut shmbroker_session,
+) -> c_int {
+    guard("shmbroker_connect", || {
+        if out.is_null() {
+            return Err(misuse("out is NULL"));
+        }
+        if path.is_null() {
+            return Err(misuse("path is NULL"));
+        }
+        // SAFETY: non-null and, per the contract, NUL-terminated.
+        let path = unsafe { CStr::from_ptr(path) };
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+        let rank =
+            match rank {
+                -1 => None,
+                rank => Some(u32::try_from(rank).map_err(|_| {
+                    misuse(format!("rank {rank}: a rank is 0 or more, or -1 for any"))
+                })?),
+            };
+        let timeout = timeout_of(timeout_ms)?;
+        let mut session = Session::connect(path, rank, timeout)?;
+        session.set_timeout(timeout);
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { give(out, session) };
+        Ok(())
+    })
+}
+
+/// Joins the job this process was started in: `shmbroker run`, or mpirun, torchrun or srun (see
+/// the README), within `timeout_ms` milliseconds, which is also every later call's deadline.
+///
+/// # Safety
+///
+/// `out` points at a writable `shmbroker_session *`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_from_env(
+    timeout_ms: u64,
+    out: *mut *mut shmbroker_session,
+) -> c_int {
+    guard("shmbroker_from_env", || {
+        if out.is_null() {
+            return Err(misuse("out is NULL"));
+        }
+        let timeout = timeout_of(timeout_ms)?;
+        let mut session = Session::from_env(timeout)?;
+        session.set_timeout(timeout);
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { give(out, session) };
+        Ok(())
+    })
+}
+
+/// This worker's rank (0 for a NULL session). Any thread, any time.
+///
+/// # Safety
+///
+/// `s` is null or a live session.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_rank(s: *const shmbroker_session) -> u32 {
+    // SAFETY: null or a live session, per the contract.
+    unsafe { peek(s, 0, |s| s.sender.rank()) }
+}
+
+/// Ranks in the world (0 for a NULL session). Any thread, any time.
+///
+/// # Safety
+///
+/// `s` is null or a live session.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_world_size(s: *const shmbroker_session) -> u32 {
+    // SAFETY: null or a live session, per the contract.
+    unsafe { peek(s, 0, |s| s.sender.world_size()) }
+}

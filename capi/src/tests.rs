@@ -1,0 +1,457 @@
+//! The unit tests drive the ABI as a C program does: a block of calls on one session at a time.
+
+use super::*;
+use shmbroker::handshake::{Config, Listener};
+use std::ffi::{CStr, CString};
+use std::ptr::{null, null_mut};
+use std::time::Duration;
+
+fn last_error() -> String {
+    // SAFETY: the pointer is this thread's, valid until the next call here.
+    unsafe { CStr::from_ptr(shmbroker_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A broker for `world` ranks on a thread, and `world` sessions made through the C ABI.
+fn world(world: u32) -> (shmbroker_sys::TempDir, Vec<usize>) {
+    let dir = shmbroker_sys::TempDir::new("capi").unwrap();
+    let socket = dir.path().join("broker.sock");
+    let config = Config {
+        world_size: world,
+        ..Config::default()
+    };
+    let mut listener = Listener::bind(&socket, config).unwrap();
+    std::thread::spawn(move || listener.serve(|_| {}));
+    let path = CString::new(socket.to_str().unwrap()).unwrap();
+    let joins: Vec<_> = (0..world)
+        .map(|rank| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut s = null_mut();
+                // SAFETY: a NUL-terminated path and a writable out pointer.
+                let rc = unsafe { shmbroker_connect(path.as_ptr(), rank as i32, 10_000, &mut s) };
+                assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                s as usize
+            })
+        })
+        .collect();
+    let sessions = joins.into_iter().map(|j| j.join().unwrap()).collect();
+    (dir, sessions)
+}
+
+#[test]
+fn the_version_macros_are_the_crates_version() {
+    let version =
+        format!("{SHMBROKER_VERSION_MAJOR}.{SHMBROKER_VERSION_MINOR}.{SHMBROKER_VERSION_PATCH}");
+    assert_eq!(version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(shmbroker_version(), 100);
+}
+
+#[test]
+fn null_pointers_and_bad_arguments_are_misuse_with_a_message() {
+    let mut s = null_mut();
+    // SAFETY: each call is given a null pointer on purpose; none is dereferenced.
+    unsafe {
+        assert_eq!(
+            shmbroker_connect(null(), 0, 1000, &mut s),
+            SHMBROKER_E_MISUSE
+        );
+        assert!(last_error().contains("path is NULL"), "{}", last_error());
+        let path = CString::new("/nonexistent/broker.sock").unwrap();
+        assert_eq!(
+            shmbroker_connect(path.as_ptr(), 0, 1000, null_mut()),
+            SHMBROKER_E_MISUSE
+        );
+        assert_eq!(
+            shmbroker_connect(path.as_ptr(), -2, 1000, &mut s),
+            SHMBROKER_E_MISUSE
+        );
+        assert!(last_error().contains("rank -2"), "{}", last_error());
+        assert_eq!(
+            shmbroker_connect(path.as_ptr(), 0, 0, &mut s),
+            SHMBROKER_E_MISUSE
+        );
+        assert_eq!(shmbroker_barrier(null_mut()), SHMBROKER_E_MISUSE);
+        assert!(last_error().contains("shmbroker_barrier: the session is NULL"));
+        assert_eq!(shmbroker_rank(null()), 0);
+        assert_eq!(shmbroker_world_size(null()), 0);
+        assert_eq!(shmbroker_close(null_mut()), SHMBROKER_OK);
+        assert_eq!(shmbroker_interrupt(null()), SHMBROKER_E_MISUSE);
+        assert_eq!(
+            shmbroker_probe(null_mut(), 0, null_mut()),
+            SHMBROKER_E_MISUSE
+        );
+    }
+    assert!(s.is_null(), "no session was made");
+}
+
+#[test]
+fn short_buffers_bad_fds_and_departures_are_reported_naming_the_rank() {
+    let (_dir, sessions) = world(2);
+    let (a, b) = (
+        sessions[0] as *mut shmbroker_session,
+        sessions[1] as *mut shmbroker_session,
+    );
+    let big = [7u8; 100];
+    let mut small = [0u8; 10];
+    let mut len;
+    // SAFETY: live sessions, used from this thread only; buffers as long as said.
+    unsafe {
+        assert_eq!(
+            shmbroker_send(b, 0, big.as_ptr().cast(), big.len()),
+            SHMBROKER_OK
+        );
+        assert_eq!(
+            shmbroker_send(b, 0, b"next".as_ptr().cast(), 4),
+            SHMBROKER_OK
+        );
+        for _ in 0..2 {
+            len = 0;
+            let rc = shmbroker_recv(a, 1, small.as_mut_ptr().cast(), small.len(), &mut len);
+            assert_eq!(rc, SHMBROKER_E_TOO_SMALL);
+            assert_eq!(len, 100, "the length needed");
+            assert!(
+                last_error().contains("rank 1 sent 100 bytes") && last_error().contains("kept"),
+                "{}",
+                last_error()
+            );
+        }
+        // The message was kept: probe sizes it, a large enough buffer gets it whole.
+        len = 0;
+        assert_eq!(shmbroker_probe(a, 1, &mut len), SHMBROKER_OK);
+        assert_eq!(len, 100);
+        let mut whole = [0u8; 100];
+        let rc = shmbroker_recv(a, 1, whole.as_mut_ptr().cast(), whole.len(), &mut len);
+        assert_eq!((rc, len, whole), (SHMBROKER_OK, 100, big));
+        // And the next message is intact.
+        let rc = shmbroker_recv(a, 1, small.as_mut_ptr().cast(), small.len(), &mut len);
+        assert_eq!((rc, &small[..len]), (SHMBROKER_OK, &b"next"[..]));
+        // recv_any too: the sender and the length, the message kept.
+        assert_eq!(
+            shmbroker_send(b, 0, big.as_ptr().cast(), big.len()),
+            SHMBROKER_OK
+        );
+        let mut from = u32::MAX;
+        let rc = shmbroker_recv_any(a, &mut from, small.as_mut_ptr().cast(), 10, &mut len);
+        assert_eq!((rc, from, len), (SHMBROKER_E_TOO_SMALL, 1, 100));
+        let rc = shmbroker_recv_any(a, &mut from, whole.as_mut_ptr().cast(), 100, &mut len);
+        assert_eq!((rc, from, len, whole), (SHMBROKER_OK, 1, 100, big));
+        // A null buffer with a length, a null length, a closed fd, a rank out of range.
+        assert_eq!(
+            shmbroker_recv(a, 1, null_mut(), 5, &mut len),
+            SHMBROKER_E_MISUSE
+        );
+        assert_eq!(
+            shmbroker_recv(a, 1, small.as_mut_ptr().cast(), 10, null_mut()),
+            SHMBROKER_E_MISUSE
+        );
+        let mut fds = [0; 2];
+        assert_eq!(
+            shmbroker_exchange_fds(a, 987_654, fds.as_mut_ptr()),
+            SHMBROKER_E_MISUSE
+        );
+        assert!(last_error().contains("fd 987654"), "{}", last_error());
+        assert_eq!(
+            shmbroker_send(a, 5, big.as_ptr().cast(), 1),
+            SHMBROKER_E_MISUSE
+        );
+        assert!(last_error().contains("rank 5"), "{}", last_error());
+        assert_eq!(
+            shmbroker_all_gather(a, big.as_ptr().cast(), 8, null_mut()),
+            SHMBROKER_E_MISUSE
+        );
+        // Nothing waiting: try_recv_any says AGAIN and arms the readiness fd, which
+        // becomes readable once rank 1 sends; then try_recv_any takes the message.
+        let mut from = u32::MAX;
+        let rc = shmbroker_try_recv_any(a, &mut from, whole.as_mut_ptr().cast(), 100, &mut len);
+        assert_eq!(rc, SHMBROKER_E_AGAIN, "{}", last_error());
+        let fd = shmbroker_readiness_fd(a);
+        assert!(fd >= 0);
+        assert_eq!(
+            shmbroker_send(b, 0, b"ping".as_ptr().cast(), 4),
+            SHMBROKER_OK
+        );
+        let mut poll = nix::libc::pollfd {
+            fd,
+            events: nix::libc::POLLIN,
+            revents: 0,
+        };
+        assert_eq!(
+            nix::libc::poll(&mut poll, 1, 10_000),
+            1,
+            "the readiness fd woke"
+        );
+        let rc = shmbroker_try_recv_any(a, &mut from, whole.as_mut_ptr().cast(), 100, &mut len);
+        assert_eq!((rc, from, &whole[..len]), (SHMBROKER_OK, 1, &b"ping"[..]));
+        assert_eq!(shmbroker_readiness_fd(null()), -1);
+        // Rank 1 leaves: rank 0 waiting for it is told, naming it.
+        assert_eq!(shmbroker_close(b), SHMBROKER_OK);
+        let rc = shmbroker_recv(a, 1, small.as_mut_ptr().cast(), small.len(), &mut len);
+        assert_eq!(rc, SHMBROKER_E_PEER_LEFT, "{}", last_error());
+        assert!(last_error().contains("rank 1"), "{}", last_error());
+        assert_eq!(shmbroker_last_error_rank(), 1);
+        assert_eq!(shmbroker_barrier(null_mut()), SHMBROKER_E_MISUSE);
+        assert_eq!(shmbroker_last_error_rank(), -1, "a misuse names no rank");
+        assert_eq!(shmbroker_close(a), SHMBROKER_OK);
+    }
+}
+
+#[test]
+fn collectives_and_fds_move_through_the_c_calls() {
+    let (_dir, sessions) = world(2);
+    let joins: Vec<_> = sessions
+        .into_iter()
+        .map(|s| {
+            std::thread::spawn(move || {
+                let s = s as *mut shmbroker_session;
+                // SAFETY: a live session, used by this thread only; buffers as long as said.
+                unsafe {
+                    let rank = shmbroker_rank(s);
+                    let mine = [rank as u8 + 1; 64];
+                    let mut all = [0u8; 128];
+                    assert_eq!(
+                        shmbroker_all_gather(s, mine.as_ptr().cast(), 64, all.as_mut_ptr().cast()),
+                        SHMBROKER_OK
+                    );
+                    assert_eq!((all[0], all[64]), (1, 2));
+                    let mut at_root = [0u8; 128];
+                    let out = if rank == 1 {
+                        at_root.as_mut_ptr().cast()
+                    } else {
+                        null_mut()
+                    };
+                    assert_eq!(
+                        shmbroker_gather(s, 1, mine.as_ptr().cast(), 64, out),
+                        SHMBROKER_OK,
+                        "{}",
+                        last_error()
+                    );
+                    if rank == 1 {
+                        assert_eq!((at_root[0], at_root[64], at_root[127]), (1, 2, 2));
+                    }
+                    // A part of another size is refused at the root, naming its sender.
+                    let odd = [9u8; 65];
+                    let part = if rank == 0 { &odd[..] } else { &mine[..] };
+                    let rc = shmbroker_gather(s, 1, part.as_ptr().cast(), part.len(), out);
+                    if rank == 1 {
+                        assert_eq!(rc, SHMBROKER_E_PROTOCOL, "{}", last_error());
+                        assert_eq!(shmbroker_last_error_rank(), 0);
+                        assert!(last_error().contains("rank 0 gave 65 bytes"));
+                    } else {
+                        assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    }
+                    let mut word = if rank == 0 { *b"hello" } else { [0; 5] };
+                    assert_eq!(
+                        shmbroker_broadcast(s, 0, word.as_mut_ptr().cast(), 5),
+                        SHMBROKER_OK
+                    );
+                    assert_eq!(&word, b"hello");
+                    let file = std::fs::File::open("/proc/self/exe").unwrap();
+                    let mut fds = [-1; 2];
+                    assert_eq!(
+                        shmbroker_exchange_fds(
+                            s,
+                            std::os::fd::AsRawFd::as_raw_fd(&file),
+                            fds.as_mut_ptr()
+                        ),
+                        SHMBROKER_OK,
+                        "{}",
+                        last_error()
+                    );
+                    assert!(fds.iter().all(|&fd| fd >= 0));
+                    for fd in fds {
+                        nix::libc::close(fd);
+                    }
+                    let mut got = -1;
+                    assert_eq!(
+                        shmbroker_broadcast_fd(
+                            s,
+                            1,
+                            std::os::fd::AsRawFd::as_raw_fd(&file),
+                            &mut got
+                        ),
+                        SHMBROKER_OK,
+                        "{}",
+                        last_error()
+                    );
+                    assert!(got >= 0);
+                    nix::libc::close(got);
+                    assert_eq!(shmbroker_barrier(s), SHMBROKER_OK);
+                    assert_eq!(shmbroker_close(s), SHMBROKER_OK);
+                }
+            })
+        })
+        .collect();
+    for join in joins {
+        join.join().unwrap();
+    }
+}
+
+/// A handle shared by threads as a pointer value (the C program's view of it).
+#[derive(Clone, Copy)]
+struct Shared(usize);
+
+impl Shared {
+    fn get(self) -> *mut shmbroker_session {
+        self.0 as *mut shmbroker_session
+    }
+}
+
+/// The message number `i` of `len` bytes, different in every byte.
+fn numbered(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|at| (i * 31 + at) as u8).collect()
+}
+
+fn message_len(i: usize) -> usize {
+    // Mostly one slot, now and then eager over several slots or pipelined in chunks.
+    match i % 50 {
+        7 => 3000,
+        29 => 200_000,
+        _ => 8 + i % 40,
+    }
+}
+
+#[test]
+fn one_handle_used_by_two_threads_loses_nothing_and_blames_no_one() {
+    // The attack from the languages issue: on rank 0 a response thread receives while the
+    // main thread sends and runs barriers, all on one handle. Every message is checked.
+    const N: usize = 600;
+    let (_dir, sessions) = world(2);
+    let (a, b) = (Shared(sessions[0]), Shared(sessions[1]));
+    let peer = std::thread::spawn(move || {
+        let s = b.get();
+        let mut buf = vec![0u8; 1 << 20];
+        for i in 0..N {
+            let mut len = 0;
+            // SAFETY: a live session, used by this thread only; buffers as long as said.
+            let rc = unsafe { shmbroker_recv(s, 0, buf.as_mut_ptr().cast(), buf.len(), &mut len) };
+            assert_eq!(rc, SHMBROKER_OK, "rank 1 recv {i}: {}", last_error());
+            assert_eq!(
+                &buf[..len],
+                numbered(i, message_len(i)),
+                "rank 1 got message {i}"
+            );
+            let reply = numbered(i + 1, message_len(i));
+            // SAFETY: as above.
+            let rc = unsafe { shmbroker_send(s, 0, reply.as_ptr().cast(), reply.len()) };
+            assert_eq!(rc, SHMBROKER_OK, "rank 1 send {i}: {}", last_error());
+            if i % 10 == 9 {
+                // SAFETY: as above.
+                let rc = unsafe { shmbroker_barrier(s) };
+                assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+            }
+        }
+        // SAFETY: as above, not used again.
+        assert_eq!(unsafe { shmbroker_close(s) }, SHMBROKER_OK);
+    });
+    let responses = std::thread::spawn(move || {
+        let s = a.get();
+        let mut buf = vec![0u8; 1 << 20];
+        for i in 0..N {
+            let (mut from, mut len) = (u32::MAX, 0);
+            // SAFETY: a live session; this thread is its only receiver; buffers as said.
+            let rc = unsafe {
+                shmbroker_recv_any(s, &mut from, buf.as_mut_ptr().cast(), buf.len(), &mut len)
+            };
+            assert_eq!(rc, SHMBROKER_OK, "rank 0 recv_any {i}: {}", last_error());
+            assert_eq!(from, 1);
+            assert_eq!(
+                &buf[..len],
+                numbered(i + 1, message_len(i)),
+                "rank 0 got reply {i}"
+            );
+        }
+    });
+    let s = a.get();
+    for i in 0..N {
+        let message = numbered(i, message_len(i));
+        // SAFETY: a live session, shared with the response thread (the handle allows it).
+        let rc = unsafe { shmbroker_send(s, 1, message.as_ptr().cast(), message.len()) };
+        assert_eq!(rc, SHMBROKER_OK, "rank 0 send {i}: {}", last_error());
+        if i % 10 == 9 {
+            // SAFETY: as above.
+            let rc = unsafe { shmbroker_barrier(s) };
+            assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+        }
+    }
+    responses.join().unwrap();
+    peer.join().unwrap();
+    // SAFETY: no other thread uses it any more; not used again.
+    assert_eq!(unsafe { shmbroker_close(s) }, SHMBROKER_OK);
+}
+
+#[test]
+fn a_second_receive_and_a_close_during_a_wait_are_busy_and_an_interrupt_frees_the_handle() {
+    let (_dir, sessions) = world(2);
+    let (a, b) = (Shared(sessions[0]), Shared(sessions[1]));
+    let waiter = std::thread::spawn(move || {
+        let mut buf = [0u8; 8];
+        let mut len = 0;
+        // SAFETY: a live session; buffers as long as said.
+        let rc = unsafe { shmbroker_recv(a.get(), 1, buf.as_mut_ptr().cast(), 8, &mut len) };
+        (rc, last_error())
+    });
+    // The waiter is receiving once it holds the receiving half.
+    let s = a.get();
+    let mut buf = [0u8; 8];
+    let mut len = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // SAFETY: a live session, shared with the waiter.
+    while unsafe { &*s }.receiver.try_lock().is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: as above.
+    let rc = unsafe { shmbroker_probe(s, 1, &mut len) };
+    assert_eq!(rc, SHMBROKER_E_BUSY);
+    assert!(
+        last_error().contains("another thread is receiving"),
+        "{}",
+        last_error()
+    );
+    // SAFETY: as above.
+    let rc = unsafe { shmbroker_recv(s, 1, buf.as_mut_ptr().cast(), 8, &mut len) };
+    assert_eq!(rc, SHMBROKER_E_BUSY);
+    // Sends and collectives go on beside the waiting receive.
+    // SAFETY: as above.
+    let rc = unsafe { shmbroker_send(s, 1, b"hi".as_ptr().cast(), 2) };
+    assert_eq!(rc, SHMBROKER_OK);
+    // Closing now would free what the waiter uses: refused, nothing freed.
+    // SAFETY: as above.
+    assert_eq!(unsafe { shmbroker_close(s) }, SHMBROKER_E_BUSY);
+    assert!(
+        last_error().contains("shmbroker_interrupt"),
+        "{}",
+        last_error()
+    );
+    // SAFETY: as above; interrupt takes a const pointer and may run in a signal handler.
+    assert_eq!(unsafe { shmbroker_interrupt(s) }, SHMBROKER_OK);
+    let (rc, message) = waiter.join().unwrap();
+    assert_eq!(rc, SHMBROKER_E_INTERRUPTED, "{message}");
+    // Nothing was lost by the interrupt: rank 1 got the message sent meanwhile, and a
+    // message rank 1 sends now reaches rank 0.
+    let mut got = [0u8; 8];
+    // SAFETY: rank 1's session, used by this thread only now.
+    unsafe {
+        assert_eq!(
+            shmbroker_recv(b.get(), 0, got.as_mut_ptr().cast(), 8, &mut len),
+            SHMBROKER_OK
+        );
+        assert_eq!(&got[..len], b"hi");
+        assert_eq!(
+            shmbroker_send(b.get(), 0, b"back".as_ptr().cast(), 4),
+            SHMBROKER_OK
+        );
+        assert_eq!(
+            shmbroker_recv(s, 1, got.as_mut_ptr().cast(), 8, &mut len),
+            SHMBROKER_OK
+        );
+        assert_eq!(&got[..len], b"back");
+        assert_eq!(shmbroker_close(s), SHMBROKER_OK);
+        assert_eq!(shmbroker_close(b.get()), SHMBROKER_OK);
+    }
+}

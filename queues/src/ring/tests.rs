@@ -1,0 +1,48 @@
+//! Wake-up system calls: none while nobody waits, one for a parked consumer.
+
+use super::*;
+use crate::futex::WAKE_SYSCALLS;
+use std::time::{Duration, Instant};
+
+fn wake_syscalls() -> u64 {
+    WAKE_SYSCALLS.with(|count| count.get())
+}
+
+#[test]
+fn no_wake_syscall_while_nobody_waits() {
+    let (mut tx, mut rx) = pair::<u64>(8).unwrap();
+    let before = wake_syscalls();
+    for i in 0..10_000 {
+        tx.try_send(i).unwrap();
+        tx.send_timeout(i, Duration::from_secs(1)).unwrap();
+        assert_eq!(rx.try_recv(), Ok(i));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(1)), Ok(i));
+    }
+    assert_eq!(wake_syscalls(), before);
+}
+
+#[test]
+fn one_wake_syscall_for_a_parked_consumer() {
+    let (mut tx, mut rx) = pair::<u64>(8).unwrap();
+    rx.set_spin_limit(0);
+    let consumer = std::thread::spawn(move || {
+        let received = rx.recv_timeout(Duration::from_secs(30));
+        (rx, received)
+    });
+    // Wait (with a deadline) until the consumer has registered; from then on it stays
+    // registered until it is woken or its 30 s run out.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !tx.ring.header().consumer_wait.0.has_waiter() {
+        assert!(Instant::now() < deadline, "consumer never parked");
+        std::thread::yield_now();
+    }
+    let before = wake_syscalls();
+    tx.try_send(42).unwrap();
+    assert_eq!(wake_syscalls(), before + 1);
+    let (mut rx, received) = consumer.join().unwrap();
+    assert_eq!(received, Ok(42));
+    // The consumer unregistered: the next publication makes no system call.
+    tx.try_send(43).unwrap();
+    assert_eq!(wake_syscalls(), before + 1);
+    assert_eq!(rx.try_recv(), Ok(43));
+}
