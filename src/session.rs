@@ -472,12 +472,6 @@ impl Session {
         }
     }
 
-    /// Every wait re-checks up to `spins` times, then parks, with no yielding and no adapting:
-    /// `set_waiting(Waiting::Spin(spins))`. 0 parks at once, `u32::MAX` spins until the deadline.
-    pub fn set_spin_limit(&mut self, spins: u32) {
-        self.set_waiting(Waiting::Spin(spins));
-    }
-
     /// The CPUs this process was allowed to run on at logon (`sched_getaffinity`), against which
     /// the world size decides whether waits run crowded.
     #[must_use]

@@ -91,7 +91,7 @@ fn a_flooding_peer_cannot_starve_another() {
         std::thread::spawn(move || {
             let mut sent = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                match flooder.send_to_timeout(0, &sent.to_le_bytes(), Duration::from_millis(50)) {
+                match flooder.send_timeout(0, &sent.to_le_bytes(), Duration::from_millis(50)) {
                     Ok(()) => sent += 1,
                     Err(Error::Timeout { .. }) => {}
                     Err(other) => panic!("{other}"),

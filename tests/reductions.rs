@@ -18,10 +18,14 @@ fn input<T: Element>(rank: usize, len: usize, seed: u64) -> Vec<T> {
     let size = size_of::<T>();
     let mut bytes = vec![0u8; len * size];
     for (i, element) in bytes.chunks_mut(size).enumerate() {
-        let x = (i as u64 ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (rank as u64 + 1) * 0x1234_5;
+        let x = (i as u64 ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ ((rank as u64 + 1) * 0x0001_2345);
         element.copy_from_slice(&x.to_le_bytes()[..size]);
     }
-    let mut values: Vec<T> = bytes.chunks(size).map(bytemuck::pod_read_unaligned).collect();
+    let mut values: Vec<T> = bytes
+        .chunks(size)
+        .map(bytemuck::pod_read_unaligned)
+        .collect();
     // Floats: small numbers with a NaN and infinities now and then (random bits are mostly
     // huge or NaN, and would test little).
     if matches!(T::DTYPE, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
@@ -127,10 +131,17 @@ fn check_type<T: Reference>(session: &mut Session, len: usize, seed: u64) {
         let supported = session.all_reduce(&mut data, op);
         if matches!(
             (T::DTYPE, op),
-            (DType::F16 | DType::BF16 | DType::F32 | DType::F64, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor)
-        ) || (op == ReduceOp::Avg && !matches!(T::DTYPE, DType::F16 | DType::BF16 | DType::F32 | DType::F64))
+            (
+                DType::F16 | DType::BF16 | DType::F32 | DType::F64,
+                ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor
+            )
+        ) || (op == ReduceOp::Avg
+            && !matches!(T::DTYPE, DType::F16 | DType::BF16 | DType::F32 | DType::F64))
         {
-            assert!(matches!(supported, Err(Error::Misuse(_))), "{what}: {supported:?}");
+            assert!(
+                matches!(supported, Err(Error::Misuse(_))),
+                "{what}: {supported:?}"
+            );
             continue;
         }
         supported.unwrap();
@@ -140,15 +151,25 @@ fn check_type<T: Reference>(session: &mut Session, len: usize, seed: u64) {
                 T::fold(op, &column)
             })
             .collect();
-        assert!(bits(&data) == bits(&expected), "{what}: wrong result on rank {rank}");
+        assert!(
+            bits(&data) == bits(&expected),
+            "{what}: wrong result on rank {rank}"
+        );
         same_everywhere(session, bits(&data), &what);
 
         // The root alone gets a reduce; the others keep their data.
         let root = (len % world) as u32;
         let mut data = inputs[rank].clone();
         session.reduce(root, &mut data, op).unwrap();
-        let want = if rank == root as usize { &expected } else { &inputs[rank] };
-        assert!(bits(&data) == bits(want), "reduce {what} at root {root}: rank {rank}");
+        let want = if rank == root as usize {
+            &expected
+        } else {
+            &inputs[rank]
+        };
+        assert!(
+            bits(&data) == bits(want),
+            "reduce {what} at root {root}: rank {rank}"
+        );
 
         // Rank r gets block r of a reduce-scatter of `world` blocks of `len` elements.
         let blocks: Vec<Vec<T>> = (0..world)
@@ -158,7 +179,10 @@ fn check_type<T: Reference>(session: &mut Session, len: usize, seed: u64) {
         session
             .reduce_scatter(&blocks[rank], &mut block, op)
             .unwrap();
-        assert!(bits(&block) == bits(&expected), "reduce_scatter {what}: rank {rank}");
+        assert!(
+            bits(&block) == bits(&expected),
+            "reduce_scatter {what}: rank {rank}"
+        );
     }
 }
 
@@ -188,7 +212,9 @@ fn check_moves(session: &mut Session) {
         let input: Vec<u8> = (0..world).flat_map(|to| block_of(rank, to, len)).collect();
         let mut output = vec![0u8; input.len()];
         session.all_to_all(&input, &mut output).unwrap();
-        let expected: Vec<u8> = (0..world).flat_map(|from| block_of(from, rank, len)).collect();
+        let expected: Vec<u8> = (0..world)
+            .flat_map(|from| block_of(from, rank, len))
+            .collect();
         assert!(output == expected, "all_to_all of {len}: rank {rank}");
 
         // Counts that differ per pair: rank r sends (r + q) % 3 * len / 2 bytes to rank q.
@@ -212,7 +238,10 @@ fn check_moves(session: &mut Session) {
         let mut block = vec![0u8; len];
         let input = (rank == root as usize).then_some(blocks.as_slice());
         session.scatter(root, input, &mut block).unwrap();
-        assert!(block == block_of(99, rank, len), "scatter of {len}: rank {rank}");
+        assert!(
+            block == block_of(99, rank, len),
+            "scatter of {len}: rank {rank}"
+        );
     }
 }
 
@@ -223,10 +252,14 @@ fn check_user_operation(session: &mut Session) {
     let product = |acc: &mut [[i64; 4]], next: &[[i64; 4]]| {
         for (a, b) in acc.iter_mut().zip(next) {
             *a = [
-                a[0].wrapping_mul(b[0]).wrapping_add(a[1].wrapping_mul(b[2])),
-                a[0].wrapping_mul(b[1]).wrapping_add(a[1].wrapping_mul(b[3])),
-                a[2].wrapping_mul(b[0]).wrapping_add(a[3].wrapping_mul(b[2])),
-                a[2].wrapping_mul(b[1]).wrapping_add(a[3].wrapping_mul(b[3])),
+                a[0].wrapping_mul(b[0])
+                    .wrapping_add(a[1].wrapping_mul(b[2])),
+                a[0].wrapping_mul(b[1])
+                    .wrapping_add(a[1].wrapping_mul(b[3])),
+                a[2].wrapping_mul(b[0])
+                    .wrapping_add(a[3].wrapping_mul(b[2])),
+                a[2].wrapping_mul(b[1])
+                    .wrapping_add(a[3].wrapping_mul(b[3])),
             ];
         }
     };
@@ -238,7 +271,10 @@ fn check_user_operation(session: &mut Session) {
     for len in [1, 3000] {
         let mut data = vec![matrix(rank); len];
         session.all_reduce_with(&mut data, product).unwrap();
-        assert!(data.iter().all(|&m| m == expected), "matrix product of {len}");
+        assert!(
+            data.iter().all(|&m| m == expected),
+            "matrix product of {len}"
+        );
     }
 }
 
@@ -299,7 +335,10 @@ fn check_type_op<T: Reference>(session: &mut Session, len: usize, op: ReduceOp) 
             T::fold(op, &column)
         })
         .collect();
-    assert!(bits(&data) == bits(&expected), "{op:?} of {len}: rank {rank}");
+    assert!(
+        bits(&data) == bits(&expected),
+        "{op:?} of {len}: rank {rank}"
+    );
     same_everywhere(session, bits(&data), "large");
 }
 

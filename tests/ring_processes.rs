@@ -2,6 +2,7 @@
 //! the other, the ring's memfd inherited at fd 3. Every child is waited for with a deadline and
 //! killed on the way out (`ChildGuard`), so no failure here can hang or leak a process.
 
+use shmbroker::queues::Waiting;
 use shmbroker::queues::{Producer, create};
 use shmbroker_test_support::process::spawn_with_fds;
 use std::io::Read;
@@ -51,7 +52,7 @@ fn stream_to_child(count: u64, spin_limit: u32) {
     let child = spawn_with_fds(&mut command, &[ring.as_fd()]).unwrap();
     let mut tx = Producer::<[u64; 2]>::join(ring.as_fd()).unwrap();
     drop(ring);
-    tx.set_spin_limit(spin_limit);
+    tx.set_waiting(Waiting::Spin(spin_limit));
 
     let mut checksum = 0u64;
     let mut batch = [[0u64; 2]; BATCH];

@@ -46,7 +46,7 @@ fn waits_run_crowded_exactly_when_the_world_outnumbers_the_cpus() {
         assert_eq!(session.waiting(), Waiting::Adaptive { crowded });
     }
     let mut sessions = barrier_on_threads(sessions);
-    sessions[0].set_spin_limit(0);
+    sessions[0].set_waiting(Waiting::Spin(0));
     assert_eq!(sessions[0].waiting(), Waiting::Spin(0));
     barrier_on_threads(sessions);
 }
@@ -309,7 +309,7 @@ fn misuse_is_an_error_not_a_hang() {
         }
         other => panic!("unexpected {other:?}"),
     }
-    match zero.recv_from_timeout(1, Duration::from_millis(50)) {
+    match zero.recv_timeout(1, Duration::from_millis(50)) {
         Err(Error::Timeout {
             op: "recv",
             waiting_for,
@@ -701,7 +701,7 @@ fn an_acknowledgement_for_a_block_not_awaiting_one_is_refused() {
         inline,
     };
     one.raw().link(0).unwrap().to.try_send(ack).unwrap();
-    match zero.recv_from_timeout(1, Duration::from_millis(200)) {
+    match zero.recv_timeout(1, Duration::from_millis(200)) {
         Err(Error::Protocol { peer: 1, detail }) => {
             assert!(
                 detail.contains("offset 4096 (10 bytes) refused: no block was sent"),
@@ -859,7 +859,7 @@ fn a_receiver_that_never_reads_holds_the_sender_back_until_its_deadline() {
     // Large: the chunks it may have in flight fill, then the window widens until the outbox is
     // full; the send gives up at its deadline, with every block still accounted for.
     let start = Instant::now();
-    let outcome = zero.send_to_timeout(1, &vec![1u8; 256 << 20], Duration::from_millis(300));
+    let outcome = zero.send_timeout(1, &vec![1u8; 256 << 20], Duration::from_millis(300));
     let waited = start.elapsed();
     match outcome {
         Err(Error::Timeout {
@@ -874,7 +874,7 @@ fn a_receiver_that_never_reads_holds_the_sender_back_until_its_deadline() {
     assert!(blocks > 0 && blocks as u64 <= zero.outbox_bytes() / (64 << 10));
     // Small: the ring fills, and the send gives up at its deadline as well.
     let small = loop {
-        if let Err(error) = zero.send_to_timeout(1, &[2u8; 1000], Duration::from_millis(100)) {
+        if let Err(error) = zero.send_timeout(1, &[2u8; 1000], Duration::from_millis(100)) {
             break error;
         }
     };
@@ -915,7 +915,7 @@ fn an_eager_message_cut_short_times_out_without_harm_and_completes_later() {
     let slot = |i: usize| -> Message { bytemuck::pod_read_unaligned(&data[48 + 64 * i..][..64]) };
     raw_send(&mut one, slot(0));
     for _ in 0..2 {
-        match zero.recv_from_timeout(1, Duration::from_millis(50)) {
+        match zero.recv_timeout(1, Duration::from_millis(50)) {
             Err(Error::Timeout {
                 op: "recv",
                 waiting_for,
@@ -969,7 +969,7 @@ fn chunks_and_pipelined_headers_no_correct_peer_sends_are_refused() {
         for message in messages {
             raw_send(&mut one, message);
         }
-        match zero.recv_from_timeout(1, Duration::from_millis(500)) {
+        match zero.recv_timeout(1, Duration::from_millis(500)) {
             Err(Error::Protocol { peer: 1, detail }) => {
                 assert!(detail.contains(expected), "{name}: {detail}");
             }
@@ -1162,7 +1162,7 @@ fn a_rank_that_leaves_after_a_timeout_is_named_with_whom_it_gave_up_on() {
     let mut giver_up = sessions.pop().unwrap();
     let mut waiter = sessions.pop().unwrap();
     let error = giver_up
-        .recv_from_timeout(2, Duration::from_millis(50))
+        .recv_timeout(2, Duration::from_millis(50))
         .unwrap_err();
     assert!(matches!(&error, Error::Timeout { waiting_for, .. } if waiting_for == &[2]));
     drop(giver_up);

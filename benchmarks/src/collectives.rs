@@ -20,6 +20,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
 use shmbroker::handshake::{Config, Listener};
+use shmbroker::queues::Waiting;
 use shmbroker::queues::memfd::{Mapping, create_sealed};
 use shmbroker::session::{Error, Session};
 use shmbroker::sys::{futex, pidfd};
@@ -489,7 +490,7 @@ pub(super) fn connect(
     let mut session = Session::connect(socket, Some(rank), TIMEOUT).map_err(|e| e.to_string())?;
     session.set_timeout(TIMEOUT);
     if let Some(spins) = spin_limit {
-        session.set_spin_limit(spins);
+        session.set_waiting(Waiting::Spin(spins));
     }
     Ok(session)
 }

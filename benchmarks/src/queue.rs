@@ -22,6 +22,7 @@
 
 use super::{Comparison, Measure, Plan, Report, Run, Size, alternate, fork_pair};
 use bytemuck::Pod;
+use shmbroker::queues::Waiting;
 use shmbroker::queues::memfd::{Mapping, create_sealed};
 use shmbroker::queues::{Consumer, Producer, TryRecvError, TrySendError, create};
 use shmbroker::sys::futex;
@@ -159,8 +160,8 @@ fn ring_pingpong<T: Pod>(
         || {
             let mut rx = Consumer::<T>::join(there.as_fd()).map_err(ring_err)?;
             let mut tx = Producer::<T>::join(back.as_fd()).map_err(ring_err)?;
-            rx.set_spin_limit(spin_limit);
-            tx.set_spin_limit(spin_limit);
+            rx.set_waiting(Waiting::Spin(spin_limit));
+            tx.set_waiting(Waiting::Spin(spin_limit));
             for _ in 0..total {
                 let value = rx.recv_timeout(PARTNER_TIMEOUT).map_err(ring_err)?;
                 tx.send_timeout(make(read(&value) + 1), PARTNER_TIMEOUT)
@@ -171,8 +172,8 @@ fn ring_pingpong<T: Pod>(
         || {
             let mut tx = Producer::<T>::join(there.as_fd()).map_err(ring_err)?;
             let mut rx = Consumer::<T>::join(back.as_fd()).map_err(ring_err)?;
-            tx.set_spin_limit(spin_limit);
-            rx.set_spin_limit(spin_limit);
+            tx.set_waiting(Waiting::Spin(spin_limit));
+            rx.set_waiting(Waiting::Spin(spin_limit));
             let mut times = Vec::with_capacity(total);
             for i in 0..total as u64 {
                 let start = Instant::now();

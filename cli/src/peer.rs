@@ -5,6 +5,7 @@
 //! partner died exits with an error instead of hanging.
 
 use crate::process::inherited_fd;
+use shmbroker::queues::Waiting;
 use shmbroker::queues::{Consumer, Producer, RecvTimeoutError};
 use std::os::fd::AsFd;
 use std::time::Duration;
@@ -61,7 +62,7 @@ fn consumer_at(index: usize) -> Result<Consumer<[u64; 2]>, String> {
 fn sink(count: u64, batch: usize, spin: Option<u32>) -> Result<(), String> {
     let mut rx = consumer_at(0)?;
     if let Some(spin) = spin {
-        rx.set_spin_limit(spin);
+        rx.set_waiting(Waiting::Spin(spin));
     }
     let mut buffer = vec![[0u64; 2]; batch];
     let mut next = 0u64;
@@ -91,8 +92,8 @@ fn echo(spin: Option<u32>) -> Result<(), String> {
     let mut tx =
         Producer::<[u64; 2]>::join(fd.as_fd()).map_err(|e| format!("joining fd 4: {e}"))?;
     if let Some(spin) = spin {
-        rx.set_spin_limit(spin);
-        tx.set_spin_limit(spin);
+        rx.set_waiting(Waiting::Spin(spin));
+        tx.set_waiting(Waiting::Spin(spin));
     }
     println!(
         "[child  pid {}] joined ring A as consumer and ring B as producer",

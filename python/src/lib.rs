@@ -318,7 +318,7 @@ impl PySession {
         let data = Bytes::get(data)?;
         let timeout = self.deadline(timeout)?;
         let bytes = data.as_slice();
-        self.blocking(py, |session| session.send_to_timeout(rank, bytes, timeout))
+        self.blocking(py, |session| session.send_timeout(rank, bytes, timeout))
     }
 
     /// The next message ``rank`` sent this rank with :meth:`send`.

@@ -68,7 +68,7 @@ pub use error::{
 };
 pub use interrupt::Interrupt;
 pub use readiness::{Notifier, ReadyRings, ReadySet};
-pub use ring::{Closer, Consumer, DEFAULT_SPIN_LIMIT, HEADER_SIZE, MAX_CAPACITY, Producer, pair};
+pub use ring::{Closer, Consumer, HEADER_SIZE, MAX_CAPACITY, Producer, pair};
 #[cfg(not(loom))]
 pub use ring::{close, create};
 pub use waiting::{CROWDED_SPIN_MAX, SPIN_MAX, Waiting};

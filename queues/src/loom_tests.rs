@@ -5,6 +5,7 @@
 //! blocked"), a data race on a slot as a loom causality violation, and a wrong value as a failed
 //! assertion.
 
+use crate::Waiting;
 use crate::readiness::{ModelEventFd, ReadyRings, ReadySet};
 use crate::{RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError, pair};
 use loom::thread;
@@ -49,8 +50,8 @@ fn loom_fifo_across_wrap_around_spinning() {
 fn loom_parked_producer_and_consumer_are_woken() {
     loom::model(|| {
         let (mut tx, mut rx) = pair::<u64>(1).unwrap();
-        tx.set_spin_limit(0);
-        rx.set_spin_limit(0);
+        tx.set_waiting(Waiting::Spin(0));
+        rx.set_waiting(Waiting::Spin(0));
         let producer = thread::spawn(move || {
             tx.send_timeout(1, FOREVER).unwrap();
             tx.send_timeout(2, FOREVER).unwrap();
@@ -118,7 +119,7 @@ fn loom_batch_is_published_whole() {
 fn loom_consumer_drains_then_sees_close() {
     loom::model(|| {
         let (mut tx, mut rx) = pair::<u64>(2).unwrap();
-        rx.set_spin_limit(0);
+        rx.set_waiting(Waiting::Spin(0));
         let producer = thread::spawn(move || {
             tx.try_send(1).unwrap();
             tx.try_send(2).unwrap();
@@ -140,7 +141,7 @@ fn loom_consumer_drains_then_sees_close() {
 fn loom_parked_producer_sees_consumer_close() {
     loom::model(|| {
         let (mut tx, rx) = pair::<u64>(1).unwrap();
-        tx.set_spin_limit(0);
+        tx.set_waiting(Waiting::Spin(0));
         let consumer = thread::spawn(move || drop(rx));
         match tx.send_batch_timeout(&[1, 2], FOREVER) {
             // The first message fits before or after the close; the second never can.
@@ -158,7 +159,7 @@ fn loom_parked_producer_sees_consumer_close() {
 fn loom_a_third_party_close_wakes_a_parked_consumer() {
     loom::model(|| {
         let (mut tx, mut rx, closer) = crate::ring::pair_with_closer::<u64>(2);
-        rx.set_spin_limit(0);
+        rx.set_waiting(Waiting::Spin(0));
         tx.try_send(7).unwrap();
         let broker = thread::spawn(move || closer.close(3));
         assert_eq!(rx.recv_timeout(FOREVER), Ok(7));
@@ -178,7 +179,7 @@ fn loom_a_third_party_close_wakes_a_parked_consumer() {
 fn loom_a_third_party_close_wakes_a_parked_producer() {
     loom::model(|| {
         let (mut tx, rx, closer) = crate::ring::pair_with_closer::<u64>(1);
-        tx.set_spin_limit(0);
+        tx.set_waiting(Waiting::Spin(0));
         tx.try_send(1).unwrap();
         let broker = thread::spawn(move || closer.close(0));
         assert_eq!(
@@ -201,7 +202,7 @@ fn interruptible_pair() -> (
     let (tx, mut rx, closer) = crate::ring::pair_with_closer::<u64>(1);
     let interrupt = std::sync::Arc::new(crate::Interrupt::new());
     rx.set_interrupt(std::sync::Arc::clone(&interrupt));
-    rx.set_spin_limit(0);
+    rx.set_waiting(Waiting::Spin(0));
     (tx, rx, closer, interrupt)
 }
 

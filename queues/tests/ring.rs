@@ -8,6 +8,7 @@
 use bytemuck::{Pod, Zeroable};
 use nix::errno::Errno;
 use shmbroker_bindings::{RING_LAYOUT_VERSION, RING_MAGIC, RingLayout};
+use shmbroker_queues::Waiting;
 use shmbroker_queues::memfd::{REQUIRED_SEALS, create_sealed};
 use shmbroker_queues::{
     Consumer, Corruption, Error, HEADER_SIZE, Producer, RecvTimeoutError, Role, SendTimeoutError,
@@ -345,8 +346,8 @@ fn dropping_the_consumer_disconnects_the_producer_and_returns_messages() {
 fn blocking_calls_return_at_their_deadline() {
     let (mut tx, mut rx) = pair::<u64>(1).unwrap();
     for spin_limit in [0, 100, u32::MAX] {
-        rx.set_spin_limit(spin_limit);
-        tx.set_spin_limit(spin_limit);
+        rx.set_waiting(Waiting::Spin(spin_limit));
+        tx.set_waiting(Waiting::Spin(spin_limit));
         let start = Instant::now();
         assert_eq!(rx.recv_timeout(SHORT), Err(RecvTimeoutError::Timeout));
         assert!(start.elapsed() >= SHORT);
@@ -379,8 +380,8 @@ fn over_aligned_messages_land_aligned() {
 /// limit on both sides, and checks that every one arrives once and in order.
 fn stream_between_threads(count: u64, batch: usize, spin_limit: u32) {
     let (mut tx, mut rx) = pair::<u64>(64).unwrap();
-    tx.set_spin_limit(spin_limit);
-    rx.set_spin_limit(spin_limit);
+    tx.set_waiting(Waiting::Spin(spin_limit));
+    rx.set_waiting(Waiting::Spin(spin_limit));
     let producer = thread::spawn(move || {
         let mut next = 0;
         let mut chunk = vec![0; batch];
@@ -484,7 +485,7 @@ fn closing_on_behalf_of_a_dead_peer_wakes_and_disconnects_both_ends() {
     assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
 
     let (fd, tx, mut rx) = joined::<u64>(4);
-    rx.set_spin_limit(0);
+    rx.set_waiting(Waiting::Spin(0));
     let waiter = thread::spawn(move || rx.recv_timeout(LONG));
     thread::sleep(Duration::from_millis(20)); // most likely parked by now; correct either way
     shmbroker_queues::close::<u64>(fd.as_fd(), 0).unwrap();

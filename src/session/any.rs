@@ -131,7 +131,7 @@ impl Session {
     pub fn recv_any_timeout(&mut self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
         let deadline = Deadline::new("recv_any", timeout);
         let peer = self.wait_any(&deadline)?;
-        Ok((peer, self.recv_from_timeout(peer, deadline.left())?))
+        Ok((peer, self.recv_timeout(peer, deadline.left())?))
     }
 
     /// Like [`Self::recv_any`], into `buffer`, with no allocation; returns the sender and the

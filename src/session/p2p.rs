@@ -16,7 +16,7 @@ impl Session {
     /// [`Error::RankOutOfRange`], [`Error::Misuse`] for this rank's own, [`Error::PeerLost`],
     /// [`Error::Timeout`].
     pub fn send(&mut self, rank: u32, data: &[u8]) -> Result<(), Error> {
-        self.send_to_timeout(rank, data, self.timeout)
+        self.send_timeout(rank, data, self.timeout)
     }
 
     /// [`Self::send`] with its own deadline.
@@ -24,12 +24,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::send`].
-    pub fn send_to_timeout(
-        &mut self,
-        rank: u32,
-        data: &[u8],
-        timeout: Duration,
-    ) -> Result<(), Error> {
+    pub fn send_timeout(&mut self, rank: u32, data: &[u8], timeout: Duration) -> Result<(), Error> {
         self.check_peer(rank)?;
         let tag = self.peers[rank as usize].send_tag;
         if self.send_one_slot(rank, tag, data)? {
@@ -49,7 +44,7 @@ impl Session {
     ///
     /// As for [`Self::send`], and [`Error::Protocol`] or [`Error::Outbox`] for bad bytes.
     pub fn recv(&mut self, rank: u32) -> Result<Vec<u8>, Error> {
-        self.recv_from_timeout(rank, self.timeout)
+        self.recv_timeout(rank, self.timeout)
     }
 
     /// [`Self::recv`] with its own deadline.
@@ -57,7 +52,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::recv`].
-    pub fn recv_from_timeout(&mut self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
+    pub fn recv_timeout(&mut self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
         let (_, sink) = self.recv_with(rank, Sink::Vec(Vec::new()), timeout)?;
         Ok(sink.into_vec())
     }

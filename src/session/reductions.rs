@@ -547,7 +547,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<(), Error> {
         let world = self.world_size() as usize;
-        if input.len() != output.len() || input.len() % world != 0 {
+        if input.len() != output.len() || !input.len().is_multiple_of(world) {
             return Err(Error::Misuse(format!(
                 "all_to_all needs an input and an output of {world} equal blocks, got {} and {} \
                  bytes",

@@ -159,13 +159,13 @@ impl Sender {
         self.send_timeout(rank, data, self.shared.timeout)
     }
 
-    /// [`Session::send_to_timeout`].
+    /// [`Session::send_timeout`].
     ///
     /// # Errors
     ///
     /// As for [`Session::send`].
     pub fn send_timeout(&self, rank: u32, data: &[u8], timeout: Duration) -> Result<(), Error> {
-        self.shared.lend().send_to_timeout(rank, data, timeout)
+        self.shared.lend().send_timeout(rank, data, timeout)
     }
 
     /// The whole session, for a collective (or any [`Session`] call) while the halves are apart:
@@ -236,7 +236,7 @@ impl Receiver {
     /// As for [`Session::recv`].
     pub fn recv_timeout(&self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
         self.once_ready("recv", Some(rank), timeout, |session, peer, left| {
-            session.recv_from_timeout(peer, left)
+            session.recv_timeout(peer, left)
         })
     }
 
@@ -275,7 +275,7 @@ impl Receiver {
     /// As for [`Session::recv_any`].
     pub fn recv_any_timeout(&self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
         self.once_ready("recv_any", None, timeout, |session, peer, left| {
-            Ok((peer, session.recv_from_timeout(peer, left)?))
+            Ok((peer, session.recv_timeout(peer, left)?))
         })
     }
 

@@ -62,13 +62,6 @@ impl<T: Pod> Consumer<T> {
         self.ring.capacity as usize
     }
 
-    /// How many times a blocking call re-checks before parking, with no yielding and no
-    /// adapting: `set_waiting(Waiting::Spin(spins))`. 0 parks at once; `u32::MAX` spins until
-    /// the deadline.
-    pub fn set_spin_limit(&mut self, spins: u32) {
-        self.set_waiting(Waiting::Spin(spins));
-    }
-
     /// How blocking calls wait (default: [`Waiting::Adaptive`], uncrowded).
     pub fn set_waiting(&mut self, waiting: Waiting) {
         self.patience = Patience::new(waiting);

@@ -100,10 +100,6 @@ use bytemuck::Pod;
 use heap::heap_ring;
 use shared::RingRef;
 
-/// Spins before parking under a fixed [`Waiting::Spin`] policy, as rings waited before
-/// adaptive waiting: roughly the cost of one futex wake-up.
-pub const DEFAULT_SPIN_LIMIT: u32 = crate::waiting::SPIN_MAX;
-
 /// Largest capacity [`create`] accepts: 2^30 slots.
 pub const MAX_CAPACITY: u64 = 1 << 30;
 

@@ -1,6 +1,7 @@
 //! Wake-up system calls: none while nobody waits, one for a parked consumer.
 
 use super::*;
+use crate::Waiting;
 use crate::futex::WAKE_SYSCALLS;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ fn no_wake_syscall_while_nobody_waits() {
 #[test]
 fn one_wake_syscall_for_a_parked_consumer() {
     let (mut tx, mut rx) = pair::<u64>(8).unwrap();
-    rx.set_spin_limit(0);
+    rx.set_waiting(Waiting::Spin(0));
     let consumer = std::thread::spawn(move || {
         let received = rx.recv_timeout(Duration::from_secs(30));
         (rx, received)
