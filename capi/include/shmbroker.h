@@ -79,6 +79,66 @@
 // Patch part of [`SHMBROKER_VERSION_MAJOR`].
 #define SHMBROKER_VERSION_PATCH 0
 
+// Unsigned 8-bit integers.
+#define SHMBROKER_DTYPE_U8 0
+
+// Signed 8-bit integers.
+#define SHMBROKER_DTYPE_I8 1
+
+// Unsigned 16-bit integers.
+#define SHMBROKER_DTYPE_U16 2
+
+// Signed 16-bit integers.
+#define SHMBROKER_DTYPE_I16 3
+
+// Unsigned 32-bit integers.
+#define SHMBROKER_DTYPE_U32 4
+
+// Signed 32-bit integers.
+#define SHMBROKER_DTYPE_I32 5
+
+// Unsigned 64-bit integers.
+#define SHMBROKER_DTYPE_U64 6
+
+// Signed 64-bit integers.
+#define SHMBROKER_DTYPE_I64 7
+
+// IEEE half precision (summed in single precision, rounded once).
+#define SHMBROKER_DTYPE_F16 8
+
+// bfloat16 (summed in single precision, rounded once).
+#define SHMBROKER_DTYPE_BF16 9
+
+// `float`.
+#define SHMBROKER_DTYPE_F32 10
+
+// `double`.
+#define SHMBROKER_DTYPE_F64 11
+
+// The sum (integers wrap).
+#define SHMBROKER_OP_SUM 0
+
+// The product (integers wrap).
+#define SHMBROKER_OP_PROD 1
+
+// The least (NaN if any is NaN).
+#define SHMBROKER_OP_MIN 2
+
+// The greatest (NaN if any is NaN).
+#define SHMBROKER_OP_MAX 3
+
+// Bitwise and (integers).
+#define SHMBROKER_OP_BIT_AND 4
+
+// Bitwise or (integers).
+#define SHMBROKER_OP_BIT_OR 5
+
+// Bitwise exclusive or (integers).
+#define SHMBROKER_OP_BIT_XOR 6
+
+// The sum divided by the number of ranks (floats).
+#define SHMBROKER_OP_AVG 7
+
 // A worker's session: opaque, made by `shmbroker_connect` or `shmbroker_from_env`, ended by
 // `shmbroker_close`. Safe to call from several threads at once (see the header's thread rules).
 typedef struct shmbroker_session shmbroker_session;
@@ -163,6 +223,67 @@ int shmbroker_gather(struct shmbroker_session *s,
                      const void *data,
                      size_t len,
                      void *out);
+
+// Combines every rank's `count` elements of `dtype` at `data` with `op`, in rank order, into
+// every rank's `data` (in place). Every rank passes the same `count`, `dtype` and `op`; every
+// rank gets the same bits. Threads: as `shmbroker_barrier`.
+//
+// # Safety
+//
+// `s` is null or a live session; `data` has `count` elements of `dtype`, aligned for them.
+int shmbroker_all_reduce(struct shmbroker_session *s, void *data, size_t count, int dtype, int op);
+
+// As `shmbroker_all_reduce`, the result into the root's `data` only; the other ranks'
+// `data` is unchanged.
+//
+// # Safety
+//
+// As for `shmbroker_all_reduce`.
+int shmbroker_reduce(struct shmbroker_session *s,
+                     uint32_t root,
+                     void *data,
+                     size_t count,
+                     int dtype,
+                     int op);
+
+// Combines every rank's `input` (`world_size` blocks of `count` elements of `dtype`) with `op`,
+// in rank order, and gives rank `r` block `r` of the result in `output` (`count` elements).
+//
+// # Safety
+//
+// `s` is null or a live session; `input` has `count * world_size` elements of `dtype` and
+// `output` `count`, aligned for them.
+int shmbroker_reduce_scatter(struct shmbroker_session *s,
+                             const void *input,
+                             void *output,
+                             size_t count,
+                             int dtype,
+                             int op);
+
+// The root's `input` (`world_size` blocks of `block` bytes; NULL on other ranks) cut into
+// blocks, block `r` into rank `r`'s `output` (`block` bytes).
+//
+// # Safety
+//
+// `s` is null or a live session; on the root `input` has `block * world_size` readable bytes;
+// `output` has `block` writable bytes.
+int shmbroker_scatter(struct shmbroker_session *s,
+                      uint32_t root,
+                      const void *input,
+                      void *output,
+                      size_t block);
+
+// Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q`: both hold
+// `world_size` blocks of `block` bytes.
+//
+// # Safety
+//
+// `s` is null or a live session; `input` has `block * world_size` readable bytes and `output`
+// as many writable ones.
+int shmbroker_all_to_all(struct shmbroker_session *s,
+                         const void *input,
+                         void *output,
+                         size_t block);
 
 // Sends `len` bytes to `rank`. Threads: one send or collective at a time (a second waits for
 // the first); a receive on another thread goes on.

@@ -66,6 +66,33 @@ inline std::uint64_t milliseconds(std::chrono::milliseconds timeout) {
 }
 }  // namespace detail
 
+// How a reduction combines contributions (SHMBROKER_OP_*).
+enum class Op : int {
+    sum = SHMBROKER_OP_SUM,
+    prod = SHMBROKER_OP_PROD,
+    min = SHMBROKER_OP_MIN,
+    max = SHMBROKER_OP_MAX,
+    bit_and = SHMBROKER_OP_BIT_AND,
+    bit_or = SHMBROKER_OP_BIT_OR,
+    bit_xor = SHMBROKER_OP_BIT_XOR,
+    avg = SHMBROKER_OP_AVG,
+};
+
+// The SHMBROKER_DTYPE_* of an element type (half-precision types: call the void* forms with
+// SHMBROKER_DTYPE_F16 or SHMBROKER_DTYPE_BF16).
+template <typename T>
+struct dtype_of;
+template <> struct dtype_of<std::uint8_t> { static constexpr int value = SHMBROKER_DTYPE_U8; };
+template <> struct dtype_of<std::int8_t> { static constexpr int value = SHMBROKER_DTYPE_I8; };
+template <> struct dtype_of<std::uint16_t> { static constexpr int value = SHMBROKER_DTYPE_U16; };
+template <> struct dtype_of<std::int16_t> { static constexpr int value = SHMBROKER_DTYPE_I16; };
+template <> struct dtype_of<std::uint32_t> { static constexpr int value = SHMBROKER_DTYPE_U32; };
+template <> struct dtype_of<std::int32_t> { static constexpr int value = SHMBROKER_DTYPE_I32; };
+template <> struct dtype_of<std::uint64_t> { static constexpr int value = SHMBROKER_DTYPE_U64; };
+template <> struct dtype_of<std::int64_t> { static constexpr int value = SHMBROKER_DTYPE_I64; };
+template <> struct dtype_of<float> { static constexpr int value = SHMBROKER_DTYPE_F32; };
+template <> struct dtype_of<double> { static constexpr int value = SHMBROKER_DTYPE_F64; };
+
 // An fd, closed when it goes out of scope.
 class Fd {
    public:
@@ -172,6 +199,57 @@ class Session {
         std::vector<T> all(rank() == root ? world_size() : 0);
         gather(root, &mine, sizeof(T), all.data());
         return all;
+    }
+
+    // Every rank's `count` elements of `dtype` at `data`, combined with `op` in rank order, into
+    // every rank's `data` (in place); every rank gets the same bits.
+    void all_reduce(void *data, std::size_t count, int dtype, Op op) {
+        detail::check(shmbroker_all_reduce(s_, data, count, dtype, static_cast<int>(op)));
+    }
+    template <typename T>
+    void all_reduce(std::vector<T> &data, Op op) {
+        all_reduce(data.data(), data.size(), dtype_of<T>::value, op);
+    }
+
+    // As all_reduce, the result into the root's `data` only.
+    void reduce(std::uint32_t root, void *data, std::size_t count, int dtype, Op op) {
+        detail::check(shmbroker_reduce(s_, root, data, count, dtype, static_cast<int>(op)));
+    }
+    template <typename T>
+    void reduce(std::uint32_t root, std::vector<T> &data, Op op) {
+        reduce(root, data.data(), data.size(), dtype_of<T>::value, op);
+    }
+
+    // Every rank's `input` (world_size() blocks of `count` elements), combined with `op`; this
+    // rank's block of the result into `output` (`count` elements).
+    void reduce_scatter(const void *input, void *output, std::size_t count, int dtype, Op op) {
+        detail::check(
+            shmbroker_reduce_scatter(s_, input, output, count, dtype, static_cast<int>(op)));
+    }
+    template <typename T>
+    std::vector<T> reduce_scatter(const std::vector<T> &input, Op op) {
+        std::vector<T> output(input.size() / world_size());
+        reduce_scatter(input.data(), output.data(), output.size(), dtype_of<T>::value, op);
+        return output;
+    }
+
+    // The root's `input` (world_size() blocks of `block` bytes; nullptr elsewhere), block r
+    // into rank r's `output`.
+    void scatter(std::uint32_t root, const void *input, void *output, std::size_t block) {
+        detail::check(shmbroker_scatter(s_, root, input, output, block));
+    }
+
+    // Block q of `input` to rank q, block q of `output` from rank q (world_size() blocks of
+    // `block` bytes each).
+    void all_to_all(const void *input, void *output, std::size_t block) {
+        detail::check(shmbroker_all_to_all(s_, input, output, block));
+    }
+    template <typename T>
+    std::vector<T> all_to_all(const std::vector<T> &input) {
+        static_assert(std::is_trivially_copyable_v<T>, "all_to_all copies bytes");
+        std::vector<T> output(input.size());
+        all_to_all(input.data(), output.data(), input.size() / world_size() * sizeof(T));
+        return output;
     }
 
     // `root`'s `len` bytes at `buf` into every rank's `buf`.

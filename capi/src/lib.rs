@@ -42,6 +42,9 @@
 mod session;
 // shmbroker_barrier, shmbroker_all_gather, shmbroker_broadcast, shmbroker_gather
 mod collectives;
+// shmbroker_all_reduce, shmbroker_reduce, shmbroker_reduce_scatter, shmbroker_scatter,
+// shmbroker_all_to_all
+mod reductions;
 // shmbroker_send, shmbroker_recv, shmbroker_recv_any, shmbroker_try_recv*, shmbroker_probe,
 // shmbroker_readiness_fd
 mod point_to_point;
@@ -74,6 +77,7 @@ pub use point_to_point::{
     shmbroker_probe, shmbroker_readiness_fd, shmbroker_recv, shmbroker_recv_any, shmbroker_send,
     shmbroker_try_recv, shmbroker_try_recv_any,
 };
+pub use reductions::*;
 pub use session::{shmbroker_connect, shmbroker_from_env, shmbroker_rank, shmbroker_world_size};
 
 #[cfg(doc)]

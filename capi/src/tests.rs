@@ -455,3 +455,110 @@ fn a_second_receive_and_a_close_during_a_wait_are_busy_and_an_interrupt_frees_th
         assert_eq!(shmbroker_close(b.get()), SHMBROKER_OK);
     }
 }
+
+#[test]
+fn reductions_scatter_and_all_to_all_through_the_c_abi() {
+    let (_dir, sessions) = world(3);
+    let joins: Vec<_> = sessions
+        .into_iter()
+        .map(|s| {
+            std::thread::spawn(move || {
+                let s = s as *mut shmbroker_session;
+                // SAFETY: a live session, used by this thread alone, with buffers of the lengths
+                // passed; closed once at the end.
+                unsafe {
+                    let rank = shmbroker_rank(s);
+                    // Sums of f32, in place, small (one shot) and large (two shots).
+                    for count in [3usize, 100_000] {
+                        let mut data: Vec<f32> =
+                            (0..count).map(|i| (i + rank as usize) as f32).collect();
+                        let rc = shmbroker_all_reduce(
+                            s,
+                            data.as_mut_ptr().cast(),
+                            count,
+                            SHMBROKER_DTYPE_F32,
+                            SHMBROKER_OP_SUM,
+                        );
+                        assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                        assert!(
+                            data.iter()
+                                .enumerate()
+                                .all(|(i, &x)| x == (3 * i + 3) as f32)
+                        );
+                    }
+                    // The maximum of i64 at root 2 only.
+                    let mut data = [i64::from(rank) * 10, -1];
+                    let rc = shmbroker_reduce(
+                        s,
+                        2,
+                        data.as_mut_ptr().cast(),
+                        2,
+                        SHMBROKER_DTYPE_I64,
+                        SHMBROKER_OP_MAX,
+                    );
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    let want = if rank == 2 {
+                        [20, -1]
+                    } else {
+                        [i64::from(rank) * 10, -1]
+                    };
+                    assert_eq!(data, want);
+                    // Rank r gets block r of the XOR of every rank's three blocks.
+                    let input: Vec<u16> = (0..6).map(|i| (i as u16) << rank).collect();
+                    let mut block = [0u16; 2];
+                    let rc = shmbroker_reduce_scatter(
+                        s,
+                        input.as_ptr().cast(),
+                        block.as_mut_ptr().cast(),
+                        2,
+                        SHMBROKER_DTYPE_U16,
+                        SHMBROKER_OP_BIT_XOR,
+                    );
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    let xor = |i: u16| i ^ (i << 1) ^ (i << 2);
+                    let r = rank as u16;
+                    assert_eq!(block, [xor(2 * r), xor(2 * r + 1)]);
+                    // An operation the type lacks, or a number that is none, is misuse.
+                    let rc = shmbroker_all_reduce(
+                        s,
+                        data.as_mut_ptr().cast(),
+                        2,
+                        SHMBROKER_DTYPE_F64,
+                        SHMBROKER_OP_BIT_AND,
+                    );
+                    assert_eq!(rc, SHMBROKER_E_MISUSE);
+                    assert!(last_error().contains("bit_and"), "{}", last_error());
+                    let rc = shmbroker_all_reduce(s, data.as_mut_ptr().cast(), 2, 99, 0);
+                    assert_eq!(rc, SHMBROKER_E_MISUSE);
+                    // Root 0 scatters 4-byte blocks; every rank swaps blocks with every other.
+                    let blocks: Vec<u8> = (0..12).collect();
+                    let mut mine = [0u8; 4];
+                    let input = if rank == 0 {
+                        blocks.as_ptr().cast()
+                    } else {
+                        null()
+                    };
+                    let rc = shmbroker_scatter(s, 0, input, mine.as_mut_ptr().cast(), 4);
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    let start = rank as u8 * 4;
+                    assert_eq!(mine, [start, start + 1, start + 2, start + 3]);
+                    let outgoing: Vec<u8> = (0..3u8).map(|to| rank as u8 * 10 + to).collect();
+                    let mut incoming = [0u8; 3];
+                    let rc = shmbroker_all_to_all(
+                        s,
+                        outgoing.as_ptr().cast(),
+                        incoming.as_mut_ptr().cast(),
+                        1,
+                    );
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    let r = rank as u8;
+                    assert_eq!(incoming, [r, 10 + r, 20 + r]);
+                    assert_eq!(shmbroker_close(s), SHMBROKER_OK);
+                }
+            })
+        })
+        .collect();
+    for join in joins {
+        join.join().unwrap();
+    }
+}

@@ -101,6 +101,13 @@ int main(void) {
             return 1;
         }
     }
+    /* 4. Every rank's numbers summed on every rank, the same bits everywhere. */
+    double sums[3] = {1.0, (double)rank, 0.5};
+    CHECK(shmbroker_all_reduce(s, sums, 3, SHMBROKER_DTYPE_F64, SHMBROKER_OP_SUM));
+    if (sums[0] != world || sums[1] != world * (world - 1) / 2.0 || sums[2] != world * 0.5) {
+        fprintf(stderr, "rank %u: all_reduce gave %g %g %g\n", rank, sums[0], sums[1], sums[2]);
+        return 1;
+    }
     CHECK(shmbroker_barrier(s));
     printf("rank %u of %u: %u handles and buffers checked; rank 0 said \"%s\"\n", rank, world,
            world, word);

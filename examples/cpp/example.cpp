@@ -74,6 +74,25 @@ int main() try {
             if (registry[peer].rank != peer) throw std::runtime_error("gather out of order");
         }
     }
+    // Tensor-parallel style: sum every rank's activations (the same bits on every rank), then
+    // each rank keeps its block of a reduce-scatter and trades blocks with an all-to-all.
+    const std::uint32_t world = session.world_size();
+    std::vector<float> activations(100000);
+    for (std::size_t i = 0; i < activations.size(); ++i) activations[i] = float(i % 7 + rank);
+    session.all_reduce(activations, shmbroker::Op::sum);
+    for (std::size_t i = 0; i < activations.size(); ++i) {
+        const float want = float(world * (i % 7) + world * (world - 1) / 2);
+        if (activations[i] != want) throw std::runtime_error("all_reduce: wrong sum");
+    }
+    std::vector<std::int32_t> blocks(world * 3, std::int32_t(rank + 1));
+    const auto block = session.reduce_scatter(blocks, shmbroker::Op::max);
+    if (block.size() != 3 || block[0] != std::int32_t(world)) throw std::runtime_error("reduce_scatter");
+    std::vector<std::uint32_t> outgoing(world);
+    for (std::uint32_t to = 0; to < world; ++to) outgoing[to] = rank * 100 + to;
+    const auto incoming = session.all_to_all(outgoing);
+    for (std::uint32_t from = 0; from < world; ++from) {
+        if (incoming[from] != from * 100 + rank) throw std::runtime_error("all_to_all");
+    }
     session.barrier();
     munmap(mine, kBytes);
     std::printf("rank %u of %u: %zu handles and buffers checked\n", rank, session.world_size(),

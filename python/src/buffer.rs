@@ -158,6 +158,25 @@ impl Bytes {
 }
 
 impl Bytes {
+    /// The element type the exporter declares (its `struct` format without byte-order prefix,
+    /// `"f"`, `"d"`, `"e"`, `"B"`, ...) and the size of one element; `None` for a format that
+    /// is not one plain number.
+    pub fn element_format(&self) -> Option<(char, usize)> {
+        if self.view.format.is_null() {
+            // No format asked or given: unsigned bytes.
+            return Some(('B', 1));
+        }
+        // SAFETY: an exported buffer's non-null `format` is a NUL-terminated string, valid
+        // until the buffer is released (when `self` drops, after this borrow).
+        let format = unsafe { std::ffi::CStr::from_ptr(self.view.format) }.to_str().ok()?;
+        let code = format.trim_start_matches(['@', '=', '<']);
+        let mut chars = code.chars();
+        let (Some(code), None) = (chars.next(), chars.next()) else {
+            return None;
+        };
+        Some((code, usize::try_from(self.view.itemsize).ok()?))
+    }
+
     /// The bytes, to be written while the GIL is released (a buffer from [`Self::get_mut`]).
     ///
     /// As for [`Self::as_slice`], the program must not use the object from another thread

@@ -24,7 +24,7 @@ use buffer::Bytes;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 use shmbroker::session::Interrupter;
-use shmbroker::{Error, Session};
+use shmbroker::{DType, Error, ReduceOp, Session};
 use std::os::fd::{BorrowedFd, IntoRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -213,6 +213,54 @@ fn borrowed<'fd>(number: RawFd) -> BorrowedFd<'fd> {
     unsafe { BorrowedFd::borrow_raw(number) }
 }
 
+/// The reduction named `name` (`"sum"`, `"max"`, `"bit_xor"`, `"avg"`, ...; any case).
+fn op_arg(name: &str) -> PyResult<ReduceOp> {
+    let lower = name.to_ascii_lowercase();
+    ReduceOp::ALL
+        .into_iter()
+        .find(|op| op.name() == lower)
+        .ok_or_else(|| {
+            let names: Vec<&str> = ReduceOp::ALL.iter().map(|op| op.name()).collect();
+            errors::misuse(format!("op {name:?} is none of {}", names.join(", ")))
+        })
+}
+
+/// The element type of `buffer`: `dtype` when given (`"float32"`, `"bfloat16"`, ... as numpy
+/// and torch spell them), otherwise what the buffer's format says (a NumPy array's dtype).
+fn dtype_arg(dtype: Option<&str>, buffer: &Bytes) -> PyResult<DType> {
+    if let Some(name) = dtype {
+        let lower = name.trim_start_matches("torch.").to_ascii_lowercase();
+        return DType::ALL
+            .into_iter()
+            .find(|dtype| dtype.name() == lower)
+            .ok_or_else(|| {
+                let names: Vec<&str> = DType::ALL.iter().map(|dtype| dtype.name()).collect();
+                errors::misuse(format!("dtype {name:?} is none of {}", names.join(", ")))
+            });
+    }
+    let format = buffer.element_format();
+    let dtype = match format {
+        Some(('b', 1)) => Some(DType::I8),
+        Some(('B' | 'c', 1)) => Some(DType::U8),
+        Some(('h', 2)) => Some(DType::I16),
+        Some(('H', 2)) => Some(DType::U16),
+        Some(('i' | 'l', 4)) => Some(DType::I32),
+        Some(('I' | 'L', 4)) => Some(DType::U32),
+        Some(('l' | 'q' | 'n', 8)) => Some(DType::I64),
+        Some(('L' | 'Q' | 'N', 8)) => Some(DType::U64),
+        Some(('e', 2)) => Some(DType::F16),
+        Some(('f', 4)) => Some(DType::F32),
+        Some(('d', 8)) => Some(DType::F64),
+        _ => None,
+    };
+    dtype.ok_or_else(|| {
+        errors::misuse(format!(
+            "the buffer's format {format:?} is no element type the reductions combine; pass \
+             dtype= (bfloat16 buffers, which have no format of their own, always need it)"
+        ))
+    })
+}
+
 #[pymethods]
 impl PySession {
     /// This worker's rank, from 0 to ``world_size - 1`` (still readable after :meth:`close`).
@@ -270,6 +318,128 @@ impl PySession {
         let bytes = data.as_slice();
         let parts = self.blocking(py, |session| session.all_gather_timeout(bytes, timeout))?;
         PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part)))
+    }
+
+    /// Combines every rank's ``data`` with ``op`` (``"sum"``, ``"prod"``, ``"min"``, ``"max"``,
+    /// ``"bit_and"``, ``"bit_or"``, ``"bit_xor"``, ``"avg"``), in rank order, into every rank's
+    /// ``data``, in place: any writable C-contiguous buffer (a NumPy array, a torch CPU tensor's
+    /// ``.numpy()``). The element type is the buffer's, or ``dtype`` (``"bfloat16"`` needs it).
+    /// Every rank gets the same bits.
+    ///
+    /// Raises :class:`MisuseError` for an operation the type lacks (``"avg"`` of integers,
+    /// bitwise operations of floats); :class:`ProtocolError` naming a rank that gave another
+    /// length; otherwise as :meth:`barrier` does.
+    #[pyo3(signature = (data, op="sum", *, dtype=None, timeout=None))]
+    fn all_reduce(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        op: &str,
+        dtype: Option<&str>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let op = op_arg(op)?;
+        let mut data = Bytes::get_mut(data)?;
+        let dtype = dtype_arg(dtype, &data)?;
+        let timeout = self.deadline(timeout)?;
+        let data = data.as_mut_slice();
+        self.blocking(py, |session| session.all_reduce_bytes_timeout(data, dtype, op, timeout))
+    }
+
+    /// :meth:`all_reduce` with the result in the root's ``data`` only; the other ranks' ``data``
+    /// is unchanged.
+    ///
+    /// Raises as :meth:`all_reduce` does.
+    #[pyo3(signature = (root, data, op="sum", *, dtype=None, timeout=None))]
+    fn reduce(
+        &self,
+        py: Python<'_>,
+        root: i64,
+        data: &Bound<'_, PyAny>,
+        op: &str,
+        dtype: Option<&str>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let root = rank_arg(root)?;
+        let op = op_arg(op)?;
+        let mut data = Bytes::get_mut(data)?;
+        let dtype = dtype_arg(dtype, &data)?;
+        let timeout = self.deadline(timeout)?;
+        let data = data.as_mut_slice();
+        self.blocking(py, |session| session.reduce_bytes_timeout(root, data, dtype, op, timeout))
+    }
+
+    /// Combines every rank's ``input`` (``world_size`` blocks of ``output``'s length) with
+    /// ``op``, in rank order, and writes block ``rank`` of the result into ``output``.
+    ///
+    /// Raises as :meth:`all_reduce` does.
+    #[pyo3(signature = (input, output, op="sum", *, dtype=None, timeout=None))]
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        op: &str,
+        dtype: Option<&str>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let op = op_arg(op)?;
+        let input = Bytes::get(input)?;
+        let mut output = Bytes::get_mut(output)?;
+        let dtype = dtype_arg(dtype, &input)?;
+        let timeout = self.deadline(timeout)?;
+        let (input, output) = (input.as_slice(), output.as_mut_slice());
+        self.blocking(py, |session| session.reduce_scatter_bytes_timeout(input, output, dtype, op, timeout))
+    }
+
+    /// The root's ``input`` cut into ``world_size`` equal blocks, block ``rank`` into each rank's
+    /// ``output`` (a writable buffer of one block). Other ranks leave ``input`` out.
+    ///
+    /// Raises :class:`MisuseError` for a root without input or an input of another length;
+    /// otherwise as :meth:`barrier` does.
+    #[pyo3(signature = (root, input, output, *, timeout=None))]
+    fn scatter(
+        &self,
+        py: Python<'_>,
+        root: i64,
+        input: Option<&Bound<'_, PyAny>>,
+        output: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let root = rank_arg(root)?;
+        let input = input.map(Bytes::get).transpose()?;
+        let mut output = Bytes::get_mut(output)?;
+        let timeout = self.deadline(timeout)?;
+        let input = input
+            .as_ref()
+            .filter(|_| root == self.rank)
+            .map(Bytes::as_slice);
+        let output = output.as_mut_slice();
+        self.blocking(py, |session| {
+            session.scatter_timeout(root, input, output, timeout)
+        })
+    }
+
+    /// Block ``q`` of ``input`` to rank ``q``, and block ``q`` of ``output`` from rank ``q``:
+    /// both hold ``world_size`` equal blocks.
+    ///
+    /// Raises :class:`MisuseError` for buffers of different or uneven lengths; otherwise as
+    /// :meth:`barrier` does.
+    #[pyo3(signature = (input, output, *, timeout=None))]
+    fn all_to_all(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let input = Bytes::get(input)?;
+        let mut output = Bytes::get_mut(output)?;
+        let timeout = self.deadline(timeout)?;
+        let (input, output) = (input.as_slice(), output.as_mut_slice());
+        self.blocking(py, |session| {
+            session.all_to_all_timeout(input, output, timeout)
+        })
     }
 
     /// ``root``'s ``data`` on every rank, returned as ``bytes`` (on the root too).

@@ -316,7 +316,23 @@ impl Session {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        with_elements!(dtype, data, |elements| self.all_reduce(elements, op))
+        self.all_reduce_bytes_timeout(data, dtype, op, self.timeout)
+    }
+
+    /// [`Self::all_reduce_bytes`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_reduce_bytes`].
+    pub fn all_reduce_bytes_timeout(
+        &mut self,
+        data: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        with_elements!(dtype, data, |elements| self
+            .all_reduce_timeout(elements, op, timeout))
     }
 
     /// Combines every rank's `data` with `op`, in rank order, into the root's `data`; the other
@@ -371,7 +387,24 @@ impl Session {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        with_elements!(dtype, data, |elements| self.reduce(root, elements, op))
+        self.reduce_bytes_timeout(root, data, dtype, op, self.timeout)
+    }
+
+    /// [`Self::reduce_bytes`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::reduce_bytes`].
+    pub fn reduce_bytes_timeout(
+        &mut self,
+        root: u32,
+        data: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        with_elements!(dtype, data, |elements| self
+            .reduce_timeout(root, elements, op, timeout))
     }
 
     /// Combines every rank's `input` with `op`, in rank order, and gives rank `r` block `r` of the
@@ -453,8 +486,24 @@ impl Session {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
+        self.reduce_scatter_bytes_timeout(input, output, dtype, op, self.timeout)
+    }
+
+    /// [`Self::reduce_scatter_bytes`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::reduce_scatter_bytes`].
+    pub fn reduce_scatter_bytes_timeout(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        timeout: Duration,
+    ) -> Result<(), Error> {
         with_elements!(dtype, input, output, |input, output| self
-            .reduce_scatter(input, output, op))
+            .reduce_scatter_timeout(input, output, op, timeout))
     }
 
     /// The root's `input` cut into `world_size` equal blocks, block `r` into rank `r`'s `output`

@@ -1,0 +1,233 @@
+//! Reductions, scatter and all-to-all on the sending half. Element types and operations are
+//! numbers: `SHMBROKER_DTYPE_*` and `SHMBROKER_OP_*` (the Rust `DType` and `ReduceOp` in order).
+
+use crate::buffer::{bytes, bytes_mut};
+use crate::error::{Failure, guard, misuse};
+use crate::handle::{enter, shmbroker_session};
+use shmbroker::{DType, ReduceOp};
+use std::ffi::{c_int, c_void};
+
+/// Unsigned 8-bit integers.
+pub const SHMBROKER_DTYPE_U8: c_int = 0;
+/// Signed 8-bit integers.
+pub const SHMBROKER_DTYPE_I8: c_int = 1;
+/// Unsigned 16-bit integers.
+pub const SHMBROKER_DTYPE_U16: c_int = 2;
+/// Signed 16-bit integers.
+pub const SHMBROKER_DTYPE_I16: c_int = 3;
+/// Unsigned 32-bit integers.
+pub const SHMBROKER_DTYPE_U32: c_int = 4;
+/// Signed 32-bit integers.
+pub const SHMBROKER_DTYPE_I32: c_int = 5;
+/// Unsigned 64-bit integers.
+pub const SHMBROKER_DTYPE_U64: c_int = 6;
+/// Signed 64-bit integers.
+pub const SHMBROKER_DTYPE_I64: c_int = 7;
+/// IEEE half precision (summed in single precision, rounded once).
+pub const SHMBROKER_DTYPE_F16: c_int = 8;
+/// bfloat16 (summed in single precision, rounded once).
+pub const SHMBROKER_DTYPE_BF16: c_int = 9;
+/// `float`.
+pub const SHMBROKER_DTYPE_F32: c_int = 10;
+/// `double`.
+pub const SHMBROKER_DTYPE_F64: c_int = 11;
+
+/// The sum (integers wrap).
+pub const SHMBROKER_OP_SUM: c_int = 0;
+/// The product (integers wrap).
+pub const SHMBROKER_OP_PROD: c_int = 1;
+/// The least (NaN if any is NaN).
+pub const SHMBROKER_OP_MIN: c_int = 2;
+/// The greatest (NaN if any is NaN).
+pub const SHMBROKER_OP_MAX: c_int = 3;
+/// Bitwise and (integers).
+pub const SHMBROKER_OP_BIT_AND: c_int = 4;
+/// Bitwise or (integers).
+pub const SHMBROKER_OP_BIT_OR: c_int = 5;
+/// Bitwise exclusive or (integers).
+pub const SHMBROKER_OP_BIT_XOR: c_int = 6;
+/// The sum divided by the number of ranks (floats).
+pub const SHMBROKER_OP_AVG: c_int = 7;
+
+fn dtype_of(number: c_int) -> Result<DType, Failure> {
+    u32::try_from(number)
+        .ok()
+        .and_then(DType::from_number)
+        .ok_or_else(|| misuse(format!("dtype {number} is none of SHMBROKER_DTYPE_*")))
+}
+
+fn op_of(number: c_int) -> Result<ReduceOp, Failure> {
+    u32::try_from(number)
+        .ok()
+        .and_then(ReduceOp::from_number)
+        .ok_or_else(|| misuse(format!("op {number} is none of SHMBROKER_OP_*")))
+}
+
+/// `count` elements of `dtype`, in bytes.
+fn size(count: usize, dtype: DType) -> Result<usize, Failure> {
+    count
+        .checked_mul(dtype.size())
+        .ok_or_else(|| misuse(format!("{count} elements of {} overflow", dtype.name())))
+}
+
+/// Combines every rank's `count` elements of `dtype` at `data` with `op`, in rank order, into
+/// every rank's `data` (in place). Every rank passes the same `count`, `dtype` and `op`; every
+/// rank gets the same bits. Threads: as `shmbroker_barrier`.
+///
+/// # Safety
+///
+/// `s` is null or a live session; `data` has `count` elements of `dtype`, aligned for them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_all_reduce(
+    s: *mut shmbroker_session,
+    data: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+) -> c_int {
+    guard("shmbroker_all_reduce", || {
+        let (dtype, op) = (dtype_of(dtype)?, op_of(op)?);
+        // SAFETY: `count` elements of `dtype`, writable, at `data`, per the contract.
+        let data = unsafe { bytes_mut(data, size(count, dtype)?, "data") }?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        Ok(entered
+            .handle
+            .sender
+            .session()
+            .all_reduce_bytes(data, dtype, op)?)
+    })
+}
+
+/// As `shmbroker_all_reduce`, the result into the root's `data` only; the other ranks'
+/// `data` is unchanged.
+///
+/// # Safety
+///
+/// As for `shmbroker_all_reduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_reduce(
+    s: *mut shmbroker_session,
+    root: u32,
+    data: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+) -> c_int {
+    guard("shmbroker_reduce", || {
+        let (dtype, op) = (dtype_of(dtype)?, op_of(op)?);
+        // SAFETY: `count` elements of `dtype`, writable, at `data`, per the contract.
+        let data = unsafe { bytes_mut(data, size(count, dtype)?, "data") }?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        Ok(entered
+            .handle
+            .sender
+            .session()
+            .reduce_bytes(root, data, dtype, op)?)
+    })
+}
+
+/// Combines every rank's `input` (`world_size` blocks of `count` elements of `dtype`) with `op`,
+/// in rank order, and gives rank `r` block `r` of the result in `output` (`count` elements).
+///
+/// # Safety
+///
+/// `s` is null or a live session; `input` has `count * world_size` elements of `dtype` and
+/// `output` `count`, aligned for them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_reduce_scatter(
+    s: *mut shmbroker_session,
+    input: *const c_void,
+    output: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+) -> c_int {
+    guard("shmbroker_reduce_scatter", || {
+        let (dtype, op) = (dtype_of(dtype)?, op_of(op)?);
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let world = entered.handle.sender.world_size() as usize;
+        let block = size(count, dtype)?;
+        let total = block
+            .checked_mul(world)
+            .ok_or_else(|| misuse(format!("{block} bytes times the world size overflow")))?;
+        // SAFETY: `count * world_size` elements at `input`, per the contract.
+        let input = unsafe { bytes(input, total, "input") }?;
+        // SAFETY: `count` writable elements at `output`, per the contract.
+        let output = unsafe { bytes_mut(output, block, "output") }?;
+        Ok(entered
+            .handle
+            .sender
+            .session()
+            .reduce_scatter_bytes(input, output, dtype, op)?)
+    })
+}
+
+/// The root's `input` (`world_size` blocks of `block` bytes; NULL on other ranks) cut into
+/// blocks, block `r` into rank `r`'s `output` (`block` bytes).
+///
+/// # Safety
+///
+/// `s` is null or a live session; on the root `input` has `block * world_size` readable bytes;
+/// `output` has `block` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_scatter(
+    s: *mut shmbroker_session,
+    root: u32,
+    input: *const c_void,
+    output: *mut c_void,
+    block: usize,
+) -> c_int {
+    guard("shmbroker_scatter", || {
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let world = entered.handle.sender.world_size() as usize;
+        let input = if entered.handle.sender.rank() == root {
+            let total = block
+                .checked_mul(world)
+                .ok_or_else(|| misuse(format!("{block} bytes times the world size overflow")))?;
+            // SAFETY: on the root, `block * world_size` readable bytes, per the contract.
+            Some(unsafe { bytes(input, total, "input") }?)
+        } else {
+            None
+        };
+        // SAFETY: `block` writable bytes at `output`, per the contract.
+        let output = unsafe { bytes_mut(output, block, "output") }?;
+        Ok(entered
+            .handle
+            .sender
+            .session()
+            .scatter(root, input, output)?)
+    })
+}
+
+/// Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q`: both hold
+/// `world_size` blocks of `block` bytes.
+///
+/// # Safety
+///
+/// `s` is null or a live session; `input` has `block * world_size` readable bytes and `output`
+/// as many writable ones.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_all_to_all(
+    s: *mut shmbroker_session,
+    input: *const c_void,
+    output: *mut c_void,
+    block: usize,
+) -> c_int {
+    guard("shmbroker_all_to_all", || {
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let world = entered.handle.sender.world_size() as usize;
+        let total = block
+            .checked_mul(world)
+            .ok_or_else(|| misuse(format!("{block} bytes times the world size overflow")))?;
+        // SAFETY: `block * world_size` readable bytes at `input`, per the contract.
+        let input = unsafe { bytes(input, total, "input") }?;
+        // SAFETY: `block * world_size` writable bytes at `output`, per the contract.
+        let output = unsafe { bytes_mut(output, total, "output") }?;
+        Ok(entered.handle.sender.session().all_to_all(input, output)?)
+    })
+}
