@@ -63,6 +63,53 @@ class Session:
     def all_gather(self, data: _Data, *, timeout: Optional[float] = None) -> List[bytes]:
         """Every rank's ``data``, in rank order (this rank's own included). Ranks may give
         different lengths. Raises as :meth:`barrier` does."""
+    def all_reduce(
+        self,
+        data: _Data,
+        op: str = "sum",
+        *,
+        dtype: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Combines every rank's ``data`` with ``op`` (``"sum"``, ``"prod"``, ``"min"``,
+        ``"max"``, ``"bit_and"``, ``"bit_or"``, ``"bit_xor"``, ``"avg"``), in rank order, into
+        every rank's ``data``, in place. The element type is the buffer's, or ``dtype``
+        (``"bfloat16"`` needs it). Every rank gets the same bits."""
+    def reduce(
+        self,
+        root: int,
+        data: _Data,
+        op: str = "sum",
+        *,
+        dtype: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """:meth:`all_reduce` with the result in the root's ``data`` only."""
+    def reduce_scatter(
+        self,
+        input: _Data,
+        output: _Data,
+        op: str = "sum",
+        *,
+        dtype: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Combines every rank's ``input`` (``world_size`` blocks of ``output``'s length) and
+        writes block ``rank`` of the result into ``output``."""
+    def scatter(
+        self,
+        root: int,
+        input: Optional[_Data],
+        output: _Data,
+        *,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """The root's ``input`` cut into ``world_size`` equal blocks, block ``rank`` into each
+        rank's ``output``."""
+    def all_to_all(
+        self, input: _Data, output: _Data, *, timeout: Optional[float] = None
+    ) -> None:
+        """Block ``q`` of ``input`` to rank ``q``, block ``q`` of ``output`` from rank ``q``."""
     def broadcast(
         self, root: int, data: Optional[_Data] = None, *, timeout: Optional[float] = None
     ) -> bytes:

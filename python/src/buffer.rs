@@ -168,7 +168,9 @@ impl Bytes {
         }
         // SAFETY: an exported buffer's non-null `format` is a NUL-terminated string, valid
         // until the buffer is released (when `self` drops, after this borrow).
-        let format = unsafe { std::ffi::CStr::from_ptr(self.view.format) }.to_str().ok()?;
+        let format = unsafe { std::ffi::CStr::from_ptr(self.view.format) }
+            .to_str()
+            .ok()?;
         let code = format.trim_start_matches(['@', '=', '<']);
         let mut chars = code.chars();
         let (Some(code), None) = (chars.next(), chars.next()) else {

@@ -343,7 +343,9 @@ impl PySession {
         let dtype = dtype_arg(dtype, &data)?;
         let timeout = self.deadline(timeout)?;
         let data = data.as_mut_slice();
-        self.blocking(py, |session| session.all_reduce_bytes_timeout(data, dtype, op, timeout))
+        self.blocking(py, |session| {
+            session.all_reduce_bytes_timeout(data, dtype, op, timeout)
+        })
     }
 
     /// :meth:`all_reduce` with the result in the root's ``data`` only; the other ranks' ``data``
@@ -366,7 +368,9 @@ impl PySession {
         let dtype = dtype_arg(dtype, &data)?;
         let timeout = self.deadline(timeout)?;
         let data = data.as_mut_slice();
-        self.blocking(py, |session| session.reduce_bytes_timeout(root, data, dtype, op, timeout))
+        self.blocking(py, |session| {
+            session.reduce_bytes_timeout(root, data, dtype, op, timeout)
+        })
     }
 
     /// Combines every rank's ``input`` (``world_size`` blocks of ``output``'s length) with
@@ -389,7 +393,9 @@ impl PySession {
         let dtype = dtype_arg(dtype, &input)?;
         let timeout = self.deadline(timeout)?;
         let (input, output) = (input.as_slice(), output.as_mut_slice());
-        self.blocking(py, |session| session.reduce_scatter_bytes_timeout(input, output, dtype, op, timeout))
+        self.blocking(py, |session| {
+            session.reduce_scatter_bytes_timeout(input, output, dtype, op, timeout)
+        })
     }
 
     /// The root's ``input`` cut into ``world_size`` equal blocks, block ``rank`` into each rank's

@@ -23,6 +23,11 @@ def test_numpy_arrays():
     assert_ok(run_scenario(2, "numpy"), 2, "numpy")
 
 
+def test_reductions_scatter_and_all_to_all():
+    # 2 ranks: 1.5 + 1.5 is 3.0, 0x4040 in bfloat16, which the scenario checks for.
+    assert_ok(run_scenario(2, "reductions"), 2, "reductions")
+
+
 def test_recv_into_recv_any_try_recv_and_probe():
     assert_ok(run_scenario(3, "receives"), 3, "receives")
 

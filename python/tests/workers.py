@@ -133,6 +133,53 @@ def scenario_numpy(session, args):
     session.barrier()
 
 
+def scenario_reductions(session, args):
+    import array
+
+    rank, world = session.rank, session.world_size
+    # Sums of floats in place, small (one shot) and large (two shots), as array.array.
+    for count in (5, 100_000):
+        data = array.array("f", [float(i % 11 + rank) for i in range(count)])
+        session.all_reduce(data)
+        want = [float(world * (i % 11) + world * (world - 1) // 2) for i in range(count)]
+        check(data.tolist() == want, f"all_reduce sum of {count} float32")
+    # The type comes from the buffer: int64 maxima at a root, others unchanged.
+    data = array.array("q", [rank * 10, -rank])
+    session.reduce(world - 1, data, "max")
+    want = [(world - 1) * 10, 0] if rank == world - 1 else [rank * 10, -rank]
+    check(data.tolist() == want, f"reduce max int64 gave {data.tolist()}")
+    # Rank r keeps block r of a bitwise or of every rank's blocks.
+    blocks = array.array("i", [1 << rank] * (2 * world))
+    mine = array.array("i", [0, 0])
+    session.reduce_scatter(blocks, mine, "bit_or")
+    check(mine.tolist() == [(1 << world) - 1] * 2, f"reduce_scatter bit_or gave {mine.tolist()}")
+    # An operation the type lacks, an unknown name, a buffer of no known type: MisuseError.
+    floats = array.array("d", [1.0])
+    raises(shmbroker.MisuseError, lambda: session.all_reduce(floats, "bit_xor"))
+    raises(shmbroker.MisuseError, lambda: session.all_reduce(floats, "median"))
+    raises(shmbroker.MisuseError, lambda: session.all_reduce(bytearray(4), "avg"))
+    # bfloat16 has no buffer format: dtype= says what the bytes are (1.5 in bfloat16 is 0x3fc0).
+    halves = bytearray(b"\xc0\x3f" * 4)
+    session.all_reduce(halves, "sum", dtype="bfloat16")
+    check(bytes(halves) == b"\x40\x40" * 4, f"bfloat16 sums gave {bytes(halves)!r}")  # 3.0
+    # Scatter and all-to-all of bytes.
+    out = bytearray(3)
+    source = bytes(range(3 * world)) if rank == 0 else None
+    session.scatter(0, source, out)
+    check(bytes(out) == bytes(range(3 * rank, 3 * rank + 3)), "scatter")
+    outgoing = bytes(rank * 16 + to for to in range(world))
+    incoming = bytearray(world)
+    session.all_to_all(outgoing, incoming)
+    check(bytes(incoming) == bytes(src * 16 + rank for src in range(world)), "all_to_all")
+    try:
+        import numpy
+    except ImportError:
+        return
+    grads = numpy.full(300_000, rank + 1, dtype=numpy.float32)
+    session.all_reduce(grads, "avg")
+    check((grads == (world + 1) / 2).all(), "numpy float32 avg")
+
+
 def scenario_receives(session, args):
     """recv_into, recv_any(_into), try_recv(_any) and probe: rank 0 takes what every other rank
     sends, in whatever order it comes, and a message too long for its buffer is kept."""
