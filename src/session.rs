@@ -11,7 +11,7 @@
 //! chunks that receivers copy out and acknowledge, so both copies overlap and a slow receiver
 //! holds the sender back; a message larger than the outbox goes through. [`Session::loan`] and
 //! [`Session::send_loan`] hand a buffer over by reference instead, at a cost that does not depend
-//! on its size. See the `transfer` module for the protocol.
+//! on its size. See the `send` and `receive` modules for the protocol, and `demux` for the framing.
 //!
 //! # Whose memory is whose
 //!

@@ -306,6 +306,19 @@ fn reductions_rank() {
                 check_type_op::<f32>(&mut session, len, ReduceOp::Sum);
             }
             check_type_op::<bf16>(&mut session, 1 << 19, ReduceOp::Avg);
+            // A reduce-scatter of 1 Mi elements per block (4 MiB, and the input 4 MiB per rank).
+            let (rank, world) = (session.rank() as usize, session.world_size() as usize);
+            let len = 1 << 20;
+            let input: Vec<i32> = (0..len * world)
+                .map(|i| (i % 1000) as i32 * (rank as i32 + 1))
+                .collect();
+            let mut block = vec![0i32; len];
+            session
+                .reduce_scatter(&input, &mut block, ReduceOp::Sum)
+                .unwrap();
+            let factor = (world * (world + 1) / 2) as i32;
+            let right = (0..len).all(|i| block[i] == ((rank * len + i) % 1000) as i32 * factor);
+            assert!(right, "large reduce_scatter: rank {rank}");
         }
         "killed" => {
             // Rank 2 dies before it contributes; every other rank's all-reduce names it.
@@ -344,6 +357,16 @@ fn check_type_op<T: Reference>(session: &mut Session, len: usize, op: ReduceOp) 
 
 /// Runs `scenario` in a world of `world` processes and returns each rank's (success, stderr).
 fn run_world(name: &str, world: u32, scenario: &str) -> Vec<(bool, String)> {
+    run_world_with(name, world, scenario, &[])
+}
+
+/// [`run_world`] with variables `env` set for every rank.
+fn run_world_with(
+    name: &str,
+    world: u32,
+    scenario: &str,
+    env: &[(&str, &str)],
+) -> Vec<(bool, String)> {
     let broker = common::Broker::start(name, world);
     let ranks: Vec<_> = (0..world)
         .map(|rank| {
@@ -353,6 +376,7 @@ fn run_world(name: &str, world: u32, scenario: &str) -> Vec<(bool, String)> {
                 .env("SHMBROKER_TEST_SCENARIO", scenario)
                 .env("SHMBROKER_TEST_SOCKET", broker.socket())
                 .env("SHMBROKER_TEST_RANK", rank.to_string())
+                .envs(env.iter().copied())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped());
             common::spawn(&mut command)
@@ -386,6 +410,20 @@ fn every_type_and_operation_in_worlds_of_one_to_nine_and_sixteen() {
 fn large_reductions_in_worlds_of_two_and_four() {
     for world in [2, 4] {
         all_pass(&format!("reduce-large-{world}"), world, "large");
+    }
+}
+
+#[test]
+fn reductions_larger_than_the_outbox_go_through_piece_by_piece() {
+    // A 2 MiB outbox: the 64 MiB all-reduce and the 12 MiB reduce-scatter input do not fit.
+    let results = run_world_with(
+        "reduce-small-outbox",
+        3,
+        "large",
+        &[("SHMBROKER_OUTBOX_BYTES", "2097152")],
+    );
+    for (rank, (ok, stderr)) in results.into_iter().enumerate() {
+        assert!(ok, "rank {rank}: {stderr}");
     }
 }
 

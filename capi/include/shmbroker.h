@@ -59,7 +59,9 @@
 #define SHMBROKER_E_BUSY -11
 
 // `shmbroker_interrupt` ended the wait. Nothing was lost: a message not received stays for the
-// next receive. The session goes on.
+// next receive, whole even when the interrupt came between its chunks. (A send whose large
+// message had started going out returns `SHMBROKER_OK` instead, and the next call finishes it
+// and then returns this.) The session goes on.
 #define SHMBROKER_E_INTERRUPTED -12
 
 // The message is longer than the buffer given: `*len` is its length, and it is kept, whole, for

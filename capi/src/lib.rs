@@ -112,7 +112,9 @@ pub const SHMBROKER_E_PEER_NEVER_JOINED: c_int = -10;
 /// `shmbroker_close` during any call. Nothing was done; the other call is undisturbed.
 pub const SHMBROKER_E_BUSY: c_int = -11;
 /// `shmbroker_interrupt` ended the wait. Nothing was lost: a message not received stays for the
-/// next receive. The session goes on.
+/// next receive, whole even when the interrupt came between its chunks. (A send whose large
+/// message had started going out returns `SHMBROKER_OK` instead, and the next call finishes it
+/// and then returns this.) The session goes on.
 pub const SHMBROKER_E_INTERRUPTED: c_int = -12;
 /// The message is longer than the buffer given: `*len` is its length, and it is kept, whole, for
 /// the next receive from its sender.

@@ -50,6 +50,9 @@ pub const ONE_SHOT_MAX_BYTES: usize = 16 << 10;
 /// stays in the last-level cache between the owner's copy and the peers' reads.
 pub const PIECE_MAX_BYTES: usize = 1 << 20;
 
+/// Bytes of every rank's contributions that a one-shot reduction gathers on the stack.
+const STACK_BYTES: usize = 2048;
+
 /// Rank `q`'s slice of `count` elements split over `world` ranks, as element indices: the first
 /// `count % world` ranks get one more.
 fn slice_of(count: usize, world: usize, q: usize) -> std::ops::Range<usize> {
@@ -466,12 +469,31 @@ impl Session {
             let inputs: Vec<&[T]> = blocks.chunks(output.len().max(1)).collect();
             return combiner(&inputs, output);
         }
-        let seq = self.next_seq();
+        // Piece by piece along the blocks: each piece lends the same range of every block, back
+        // to back, so that any input goes through the outbox.
         let rank = self.rank() as usize;
-        let views = self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, input, &deadline)?;
-        let block = rank * output.len()..(rank + 1) * output.len();
-        let inputs = self.inputs(input, &views, block)?;
-        combiner(&inputs, output)
+        let len = output.len();
+        let pieces = size_of_val(input).div_ceil(PIECE_MAX_BYTES);
+        for piece in 0..pieces {
+            let range = slice_of(len, pieces, piece);
+            let parts: Vec<&[T]> = (0..world)
+                .map(|q| &input[q * len + range.start..q * len + range.end])
+                .collect();
+            let seq = self.next_seq();
+            let views = self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, &parts, &deadline)?;
+            // Block `rank`'s piece of every rank's lent parts: this rank's own from `input`.
+            let size = size_of::<T>();
+            let mine = rank * range.len() * size..(rank + 1) * range.len() * size;
+            let inputs = (0..)
+                .zip(&views)
+                .map(|(q, view)| match view {
+                    None => Ok(parts[rank]),
+                    Some(view) => elements(q, &view[mine.clone()]),
+                })
+                .collect::<Result<Vec<&[T]>, Error>>()?;
+            combiner(&inputs, &mut output[range])?;
+        }
+        Ok(())
     }
 
     /// [`Self::reduce_scatter`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -690,17 +712,33 @@ impl Session {
         }
         if size_of_val(data) <= ONE_SHOT_MAX_BYTES {
             let seq = self.next_seq();
-            let mut gathered = vec![T::zeroed(); data.len() * world];
+            // Small contributions are gathered on the stack: no allocation on the hot path.
+            let mut stack = [0u64; STACK_BYTES / 8];
+            let mut heap = Vec::new();
+            let total = size_of_val(data) * world;
+            let gathered: &mut [T] = match bytemuck::try_cast_slice_mut(
+                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut stack)[..total.min(STACK_BYTES)],
+            ) {
+                Ok(on_stack) if total <= STACK_BYTES => on_stack,
+                _ => {
+                    heap.resize(data.len() * world, T::zeroed());
+                    &mut heap
+                }
+            };
             self.gather_parts_into(
                 op,
                 seq,
                 bytemuck::cast_slice(data),
-                bytemuck::cast_slice_mut(&mut gathered),
+                bytemuck::cast_slice_mut(gathered),
                 deadline,
             )?;
             if results == Results::All || results == Results::Root(self.rank()) {
-                let inputs: Vec<&[T]> = gathered.chunks(data.len().max(1)).collect();
-                combiner(&inputs, data)?;
+                let mut inputs: [&[T]; shmbroker_handshake::MAX_WORLD_SIZE as usize] =
+                    [&[]; shmbroker_handshake::MAX_WORLD_SIZE as usize];
+                for (input, part) in inputs.iter_mut().zip(gathered.chunks(data.len().max(1))) {
+                    *input = part;
+                }
+                combiner(&inputs[..world], data)?;
             }
             return Ok(());
         }
@@ -731,7 +769,7 @@ impl Session {
         let mine = slice_of(data.len(), world, rank as usize);
         // First shot: lend this contribution; combine this rank's slice of every one.
         let seq = self.next_seq();
-        let views = self.lend_to_every_peer(op, seq, data, deadline)?;
+        let views = self.lend_to_every_peer(op, seq, &[&*data], deadline)?;
         let mut result = self.loan_within(size_of_val(&data[mine.clone()]), deadline)?;
         {
             let inputs = self.inputs(data, &views, mine.clone())?;
@@ -773,19 +811,25 @@ impl Session {
         Ok(())
     }
 
-    /// Copies `data` into this rank's outbox and lends it to every peer as collective `op`
-    /// number `seq`; returns a view of each peer's, in rank order (`None` for this rank), each
-    /// checked to be as long as `data`.
+    /// Copies `parts`, back to back, into this rank's outbox and lends them to every peer as
+    /// collective `op` number `seq`; returns a view of each peer's, in rank order (`None` for
+    /// this rank), each checked to be as long as this rank's.
     fn lend_to_every_peer<T: Pod>(
         &mut self,
         op: u32,
         seq: u64,
-        data: &[T],
+        parts: &[&[T]],
         deadline: &Deadline,
     ) -> Result<Vec<Option<LoanView>>, Error> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let mut loan = self.loan_within(bytes.len(), deadline)?;
-        loan.copy_from_slice(bytes);
+        let len: usize = parts.iter().map(|part| size_of_val(*part)).sum();
+        let mut loan = self.loan_within(len, deadline)?;
+        let mut at = 0;
+        for part in parts {
+            let bytes: &[u8] = bytemuck::cast_slice(part);
+            loan[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        }
+        let bytes_len = loan.len();
         let peers: Vec<u32> = self.peers().collect();
         self.lend(op, seq, loan, &peers, deadline)?;
         let expect = Expect::Collective { op, seq };
@@ -796,8 +840,8 @@ impl Session {
                 continue;
             }
             let view = self.take_loan(rank, expect, deadline)?;
-            if view.len() != bytes.len() {
-                return Err(wrong_size(rank, view.len() as u64, bytes.len()));
+            if view.len() != bytes_len {
+                return Err(wrong_size(rank, view.len() as u64, bytes_len));
             }
             views.push(Some(view));
         }

@@ -51,7 +51,7 @@ impl Shared {
     /// The session, for the [`Receiver`]'s own calls.
     fn lock(&self) -> MutexGuard<'_, Session> {
         // A thread that panicked mid-call leaves its link out of step, as any interrupted call
-        // does (see the `transfer` module); the next call reports what it finds.
+        // does (see the `receive` module); the next call reports what it finds.
         self.session.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
