@@ -15,6 +15,7 @@ mod farm;
 mod logon;
 mod mpi;
 mod queue;
+mod reductions;
 mod results;
 
 use clap::{Parser, Subcommand};
