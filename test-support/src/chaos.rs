@@ -4,8 +4,9 @@
 //! One `shmbroker serve` broker (`chaos serve`, the same code) serves every trial, job after job
 //! (a new one after a trial that kills it). Each trial starts `--workers` processes
 //! (`chaos worker`) that run one
-//! operation in a loop: barrier, all-gather, broadcast, fd exchange, or bulk (1 MiB broadcasts,
-//! pipelined through the outbox). A random moment after they are all running, one of them (the
+//! operation in a loop: barrier, all-gather, broadcast, fd exchange, bulk (1 MiB broadcasts,
+//! pipelined through the outbox), all-reduce (small and large in turn), or point to point
+//! (`sendrecv`: 64 KiB to the next rank round a ring, then a receive from the previous one). A random moment after they are all running, one of them (the
 //! victim) is killed with SIGKILL, and, by scenario:
 //!
 //! * `kill`: nothing else;
@@ -99,7 +100,15 @@ const HANG: Duration = Duration::from_secs(1);
 /// The deadline of every call in a chaos worker: far beyond [`HANG`].
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
-const OPS: [&str; 5] = ["barrier", "all_gather", "broadcast", "fds", "bulk"];
+const OPS: [&str; 7] = [
+    "barrier",
+    "all_gather",
+    "broadcast",
+    "fds",
+    "bulk",
+    "sendrecv",
+    "all_reduce",
+];
 const SCENARIOS: [&str; 5] = ["kill", "broker", "scribble", "fork", "leave"];
 
 /// Nanoseconds on `CLOCK_MONOTONIC`, the same clock in every process.
@@ -173,6 +182,7 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
     say(&format!("READY {before} {}", session.rank()));
     let memfd = shmbroker_cli::selftest::memfd_with(&[session.rank() as u8; 32])?;
     let bulk = vec![session.rank() as u8; 1 << 20];
+    let pipelined = vec![session.rank() as u8; 64 << 10];
     let mut round = 0u64;
     let started = Instant::now();
     let error = loop {
@@ -205,6 +215,20 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
                 let data = (root == session.rank()).then_some(&bulk[..]);
                 session.broadcast(root, data).map(drop)
             }
+            // Point to point around the ring of ranks: 64 KiB to the next (pipelined through the
+            // outbox), then whatever the previous one sent.
+            "sendrecv" => {
+                let (rank, world) = (session.rank(), session.world_size());
+                session
+                    .send((rank + 1) % world, &pipelined)
+                    .and_then(|()| session.recv((rank + world - 1) % world).map(drop))
+            }
+            // Sums, small (one shot) and large (two shots through loans), in turn.
+            "all_reduce" => {
+                let len = if round.is_multiple_of(2) { 16 } else { 1 << 17 };
+                let mut data = vec![1.0f32; len];
+                session.all_reduce(&mut data, shmbroker::ReduceOp::Sum)
+            }
             other => return Err(format!("--op: unknown operation {other:?}")),
         };
         if let Err(error) = outcome {
@@ -235,6 +259,11 @@ fn named(error: &shmbroker::Error) -> (&'static str, String) {
     use shmbroker::Error as E;
     match error {
         E::PeerLost { rank } => ("lost", rank.to_string()),
+        // A peer that left because it saw a death: the death is the cause.
+        E::PeerLeft {
+            after: Some(shmbroker::session::LeftAfter::Died(dead)),
+            ..
+        } => ("left-after-death", dead.to_string()),
         E::PeerLeft { rank, .. } => ("left", rank.to_string()),
         E::Corrupted { peer, .. } => ("corrupted", peer.to_string()),
         E::Protocol { peer, .. } => ("protocol", peer.to_string()),
@@ -600,6 +629,9 @@ fn run_trial(
         let names_victim = rank == victim_rank;
         let acceptable = match kind.as_str() {
             "lost" => scenario != "leave" && names_victim,
+            // A survivor that gave up on the victim's death and left (point to point: the
+            // next rank round the ring was waiting on it) is named with the death it cites.
+            "left-after-death" => scenario != "leave" && names_victim,
             // After a leave, survivors leave in turn: each may name the victim or a survivor
             // that failed before it. A scribbler's survivors fail before the kill and leave
             // too, and the scribbler may forge its own "I closed my end" flags.
