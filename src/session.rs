@@ -67,6 +67,7 @@ pub mod demux;
 mod demux;
 mod departures;
 mod error;
+mod exchange;
 mod fds;
 mod gpu;
 mod loans;

@@ -1,0 +1,247 @@
+//! Moving blocks between ranks without combining them: scatter, all-to-all and all-to-all-v
+//! (and the block exchange under a small reduce-scatter).
+//!
+//! Every block goes straight from its sender to its receiver: the root sends each rank its block
+//! (scatter); all-to-all runs `world - 1` rounds of pairwise exchange, in round `k` sending to
+//! rank `rank + k` while receiving from rank `rank - k`, so that no round waits on a third rank.
+//! A block whose length is not what its receiver expects is [`Error::Protocol`] naming its sender.
+
+use super::collectives::check_part;
+use super::demux::{Expect, Incoming, Sink};
+use super::send::Targets;
+use super::{Deadline, Error, Session};
+use shmbroker_bindings::kind;
+use std::time::Duration;
+
+impl Session {
+    /// The root's `input` cut into `world_size` equal blocks, block `r` into rank `r`'s `output`
+    /// (as `MPI_Scatter`): the root passes `Some(input)` of `world_size * output.len()` bytes, the
+    /// others `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] for a root without input (or another rank with one) or an input of
+    /// another length; [`Error::Protocol`] naming the root when a block has another length;
+    /// otherwise as for [`Self::broadcast`].
+    pub fn scatter(
+        &mut self,
+        root: u32,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+    ) -> Result<(), Error> {
+        self.scatter_timeout(root, input, output, self.timeout)
+    }
+
+    /// [`Self::scatter`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::scatter`].
+    pub fn scatter_timeout(
+        &mut self,
+        root: u32,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.check_root(root, input.is_some(), "scatter")?;
+        let block = output.len();
+        let deadline = Deadline::collective("scatter", timeout);
+        let seq = self.next_seq();
+        let Some(input) = input else {
+            let expect = Expect::Collective {
+                op: kind::SCATTER,
+                seq,
+            };
+            let mut incoming = [Incoming::new(root, expect, Sink::Slice(output))];
+            self.receive_all(&mut incoming, &deadline)?;
+            let [incoming] = incoming;
+            return check_part(incoming, block);
+        };
+        let world = self.world_size() as usize;
+        if input.len() != block * world {
+            return Err(Error::Misuse(format!(
+                "scatter needs an input of {world} blocks of the output's {block} bytes, got {}",
+                input.len()
+            )));
+        }
+        for (rank, part) in (0..).zip(input.chunks_exact(block.max(1)).take(world)) {
+            if rank == root {
+                output.copy_from_slice(part);
+            } else {
+                self.send_to(kind::SCATTER, seq, part, Targets::One(rank), &deadline)?;
+            }
+        }
+        if block == 0 {
+            for rank in self.peers() {
+                self.send_to(kind::SCATTER, seq, &[], Targets::One(rank), &deadline)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q` (as
+    /// `MPI_Alltoall`): `input` and `output` hold `world_size` blocks of equal length.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when `input` and `output` differ in length or are not whole blocks;
+    /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
+    /// [`Self::all_gather`].
+    pub fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
+        self.all_to_all_timeout(input, output, self.timeout)
+    }
+
+    /// [`Self::all_to_all`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_to_all`].
+    pub fn all_to_all_timeout(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let world = self.world_size() as usize;
+        if input.len() != output.len() || !input.len().is_multiple_of(world) {
+            return Err(Error::Misuse(format!(
+                "all_to_all needs an input and an output of {world} equal blocks, got {} and {} \
+                 bytes",
+                input.len(),
+                output.len()
+            )));
+        }
+        let deadline = Deadline::collective("all_to_all", timeout);
+        let seq = self.next_seq();
+        self.exchange_blocks(kind::ALL_TO_ALL, seq, input, output, &deadline)
+    }
+
+    /// [`Self::all_to_all`] with a byte count per rank (as `MPI_Alltoallv`): `send_counts[q]`
+    /// bytes of `input` go to rank `q`, in rank order, and `recv_counts[q]` bytes from rank `q`
+    /// land in `output`, in rank order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the counts are not one per rank or do not add up to the buffers'
+    /// lengths; [`Error::Protocol`] naming a rank that sent another count than this rank expects;
+    /// otherwise as for [`Self::all_gather`].
+    pub fn all_to_all_v(
+        &mut self,
+        input: &[u8],
+        send_counts: &[usize],
+        output: &mut [u8],
+        recv_counts: &[usize],
+    ) -> Result<(), Error> {
+        let world = self.world_size() as usize;
+        let sent: usize = send_counts.iter().sum();
+        let received: usize = recv_counts.iter().sum();
+        if send_counts.len() != world
+            || recv_counts.len() != world
+            || sent != input.len()
+            || received != output.len()
+        {
+            return Err(Error::Misuse(format!(
+                "all_to_all_v needs {world} send and receive counts adding up to the buffers' \
+                 lengths; got {} adding up to {sent} for {} bytes and {} adding up to {received} \
+                 for {} bytes",
+                send_counts.len(),
+                input.len(),
+                recv_counts.len(),
+                output.len()
+            )));
+        }
+        let deadline = Deadline::collective("all_to_all_v", self.timeout);
+        let seq = self.next_seq();
+        let offsets = |counts: &[usize]| -> Vec<usize> {
+            counts
+                .iter()
+                .scan(0, |at, &count| {
+                    let start = *at;
+                    *at += count;
+                    Some(start)
+                })
+                .collect()
+        };
+        let (sends, receives) = (offsets(send_counts), offsets(recv_counts));
+        let block = |q: usize| sends[q]..sends[q] + send_counts[q];
+        let rank = self.rank() as usize;
+        output[receives[rank]..receives[rank] + recv_counts[rank]]
+            .copy_from_slice(&input[block(rank)]);
+        self.pairwise(
+            kind::ALL_TO_ALL,
+            seq,
+            &deadline,
+            |q| (block(q), receives[q]..receives[q] + recv_counts[q]),
+            input,
+            output,
+        )
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Shared machinery
+
+    /// Block `q` of `input` to rank `q` and block `q` of `output` from rank `q`, all blocks of
+    /// one length, as collective `op` number `seq`.
+    pub(super) fn exchange_blocks(
+        &mut self,
+        op: u32,
+        seq: u64,
+        input: &[u8],
+        output: &mut [u8],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let world = self.world_size() as usize;
+        let block = input.len() / world;
+        let rank = self.rank() as usize;
+        output[rank * block..(rank + 1) * block]
+            .copy_from_slice(&input[rank * block..(rank + 1) * block]);
+        self.pairwise(
+            op,
+            seq,
+            deadline,
+            |q| (q * block..(q + 1) * block, q * block..(q + 1) * block),
+            input,
+            output,
+        )
+    }
+
+    /// Pairwise exchange in `world - 1` rounds: in round `k` this rank sends `input[to]` to rank
+    /// `rank + k` while it receives `output[from]` from rank `rank - k` (the ranges `ranges(q)`
+    /// gives for each), so every rank has one peer to send to and one to hear from per round
+    /// and no round waits on a third rank.
+    fn pairwise(
+        &mut self,
+        op: u32,
+        seq: u64,
+        deadline: &Deadline,
+        ranges: impl Fn(usize) -> (std::ops::Range<usize>, std::ops::Range<usize>),
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), Error> {
+        let (rank, world) = (self.rank(), self.world_size());
+        let expect = Expect::Collective { op, seq };
+        for round in 1..world {
+            let to = (rank + round) % world;
+            let from = (rank + world - round) % world;
+            let sending = ranges(to as usize).0;
+            let receiving = ranges(from as usize).1;
+            let due = receiving.len();
+            let mut incoming = [Incoming::new(
+                from,
+                expect,
+                Sink::Slice(&mut output[receiving]),
+            )];
+            self.send_while_receiving(
+                op,
+                seq,
+                (&input[sending], Targets::One(to)),
+                &mut incoming,
+                deadline,
+            )?;
+            let [incoming] = incoming;
+            check_part(incoming, due)?;
+        }
+        Ok(())
+    }
+}
