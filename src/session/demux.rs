@@ -237,7 +237,7 @@ pub struct Inbox {
     /// Continuation slots still owed by the eager message last queued.
     owed: usize,
     /// The message a receive set aside between its chunks, if any.
-    partial: Option<Partial>,
+    partial: Option<Box<Partial>>,
 }
 
 impl Inbox {
@@ -257,6 +257,12 @@ impl Inbox {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty() && self.owed == 0
+    }
+
+    /// Whether any slot is queued (a group may be found).
+    #[must_use]
+    pub fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
     }
 
     /// How many slots to read from the ring next: one header (which must be looked at before what
@@ -327,6 +333,14 @@ impl Inbox {
             self.owed = kind::continuation_slots(len);
         }
         Ok(None)
+    }
+
+    /// Files continuation slots read in one batch: at most the number owed ([`Self::wants`]
+    /// asked for no more), as [`Self::push`] would one by one.
+    pub fn push_owed(&mut self, slots: &[Message]) {
+        let take = slots.len().min(self.owed);
+        self.queue.extend(&slots[..take]);
+        self.owed -= take;
     }
 
     /// Puts back a one-slot message taken straight from the ring, when nothing was queued (see
@@ -566,7 +580,7 @@ impl Inbox {
         inline[8..16].copy_from_slice(&total.to_le_bytes());
         let header = message(op | kind::PIPELINED | RESUMED, tag, 0, inline);
         self.queue.insert(at, header);
-        self.partial = Some(Partial { tag, total, bytes });
+        self.partial = Some(Box::new(Partial { tag, total, bytes }));
         incoming.state = InState::Header;
     }
 
