@@ -287,6 +287,22 @@ int shmbroker_all_to_all(struct shmbroker_session *s,
                          void *output,
                          size_t block);
 
+// Block `q` of `input` (`send_counts[q]` bytes, in rank order) to rank `q`, and
+// `recv_counts[q]` bytes from rank `q` into `output`, in rank order. Both count arrays have
+// `world_size` entries; a block of another length than expected is `SHMBROKER_E_PROTOCOL`
+// naming its sender.
+//
+// # Safety
+//
+// `s` is null or a live session; `send_counts` and `recv_counts` have `world_size` readable
+// entries; `input` has as many readable bytes as `send_counts` adds up to, `output` as many
+// writable bytes as `recv_counts` adds up to.
+int shmbroker_all_to_all_v(struct shmbroker_session *s,
+                           const void *input,
+                           const size_t *send_counts,
+                           void *output,
+                           const size_t *recv_counts);
+
 // Sends `len` bytes to `rank`. Threads: one send or collective at a time (a second waits for
 // the first); a receive on another thread goes on.
 //

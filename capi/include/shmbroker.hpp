@@ -244,6 +244,15 @@ class Session {
     void all_to_all(const void *input, void *output, std::size_t block) {
         detail::check(shmbroker_all_to_all(s_, input, output, block));
     }
+    // `send_counts[q]` bytes of `input` to rank q, `recv_counts[q]` bytes from rank q into
+    // `output`, in rank order (world_size() counts each).
+    void all_to_all_v(const void *input, const std::vector<std::size_t> &send_counts, void *output,
+                      const std::vector<std::size_t> &recv_counts) {
+        if (send_counts.size() != world_size() || recv_counts.size() != world_size())
+            throw Error(SHMBROKER_E_MISUSE, "all_to_all_v needs world_size() counts each way", -1);
+        detail::check(shmbroker_all_to_all_v(s_, input, send_counts.data(), output,
+                                             recv_counts.data()));
+    }
     template <typename T>
     std::vector<T> all_to_all(const std::vector<T> &input) {
         static_assert(std::is_trivially_copyable_v<T>, "all_to_all copies bytes");

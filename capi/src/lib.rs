@@ -43,7 +43,7 @@ mod session;
 // shmbroker_barrier, shmbroker_all_gather, shmbroker_broadcast, shmbroker_gather
 mod collectives;
 // shmbroker_all_reduce, shmbroker_reduce, shmbroker_reduce_scatter, shmbroker_scatter,
-// shmbroker_all_to_all
+// shmbroker_all_to_all, shmbroker_all_to_all_v
 mod reductions;
 // shmbroker_send, shmbroker_recv, shmbroker_recv_any, shmbroker_try_recv*, shmbroker_probe,
 // shmbroker_readiness_fd

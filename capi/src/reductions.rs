@@ -231,3 +231,64 @@ pub unsafe extern "C" fn shmbroker_all_to_all(
         Ok(entered.handle.sender.session().all_to_all(input, output)?)
     })
 }
+
+/// Block `q` of `input` (`send_counts[q]` bytes, in rank order) to rank `q`, and
+/// `recv_counts[q]` bytes from rank `q` into `output`, in rank order. Both count arrays have
+/// `world_size` entries; a block of another length than expected is `SHMBROKER_E_PROTOCOL`
+/// naming its sender.
+///
+/// # Safety
+///
+/// `s` is null or a live session; `send_counts` and `recv_counts` have `world_size` readable
+/// entries; `input` has as many readable bytes as `send_counts` adds up to, `output` as many
+/// writable bytes as `recv_counts` adds up to.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_all_to_all_v(
+    s: *mut shmbroker_session,
+    input: *const c_void,
+    send_counts: *const usize,
+    output: *mut c_void,
+    recv_counts: *const usize,
+) -> c_int {
+    guard("shmbroker_all_to_all_v", || {
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let world = entered.handle.sender.world_size() as usize;
+        // SAFETY: `world_size` readable counts at `send_counts`, per the contract.
+        let sends = unsafe { counts(send_counts, world, "send_counts") }?;
+        // SAFETY: `world_size` readable counts at `recv_counts`, per the contract.
+        let receives = unsafe { counts(recv_counts, world, "recv_counts") }?;
+        let total = |counts: &[usize]| {
+            counts
+                .iter()
+                .try_fold(0usize, |sum, &count| sum.checked_add(count))
+                .ok_or_else(|| misuse("the counts overflow".to_string()))
+        };
+        // SAFETY: as many readable bytes at `input` as the send counts add up to.
+        let input = unsafe { bytes(input, total(sends)?, "input") }?;
+        // SAFETY: as many writable bytes at `output` as the receive counts add up to.
+        let output = unsafe { bytes_mut(output, total(receives)?, "output") }?;
+        Ok(entered
+            .handle
+            .sender
+            .session()
+            .all_to_all_v(input, sends, output, receives)?)
+    })
+}
+
+/// `world` counts at `counts`, NULL being misuse.
+///
+/// # Safety
+///
+/// When not null, `counts` points at `world` readable `size_t`s.
+unsafe fn counts<'a>(
+    counts: *const usize,
+    world: usize,
+    what: &str,
+) -> Result<&'a [usize], Failure> {
+    if counts.is_null() {
+        return Err(misuse(format!("{what} is NULL")));
+    }
+    // SAFETY: non-null, and per this function's contract `world` readable counts.
+    Ok(unsafe { std::slice::from_raw_parts(counts, world) })
+}

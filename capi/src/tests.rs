@@ -553,6 +553,25 @@ fn reductions_scatter_and_all_to_all_through_the_c_abi() {
                     assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
                     let r = rank as u8;
                     assert_eq!(incoming, [r, 10 + r, 20 + r]);
+                    // Rank r sends q + 1 bytes to rank q, and gets r + 1 from each.
+                    let sends = [1usize, 2, 3];
+                    let receives = [rank as usize + 1; 3];
+                    let outgoing: Vec<u8> = (0..3u8)
+                        .flat_map(|q| std::iter::repeat_n(r * 10 + q, usize::from(q) + 1))
+                        .collect();
+                    let mut incoming = vec![0u8; 3 * (rank as usize + 1)];
+                    let rc = shmbroker_all_to_all_v(
+                        s,
+                        outgoing.as_ptr().cast(),
+                        sends.as_ptr(),
+                        incoming.as_mut_ptr().cast(),
+                        receives.as_ptr(),
+                    );
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    let want: Vec<u8> = (0..3u8)
+                        .flat_map(|q| std::iter::repeat_n(q * 10 + r, rank as usize + 1))
+                        .collect();
+                    assert_eq!(incoming, want);
                     assert_eq!(shmbroker_close(s), SHMBROKER_OK);
                 }
             })

@@ -93,6 +93,22 @@ int main() try {
     for (std::uint32_t from = 0; from < world; ++from) {
         if (incoming[from] != from * 100 + rank) throw std::runtime_error("all_to_all");
     }
+    // Rank r sends r + q + 1 bytes to rank q.
+    std::vector<std::size_t> sends(world), receives(world);
+    std::vector<unsigned char> out, in;
+    for (std::uint32_t q = 0; q < world; ++q) {
+        sends[q] = rank + q + 1;
+        receives[q] = q + rank + 1;
+        out.insert(out.end(), sends[q], static_cast<unsigned char>(rank * 16 + q));
+    }
+    std::size_t received = 0;
+    for (auto count : receives) received += count;
+    in.resize(received);
+    session.all_to_all_v(out.data(), sends, in.data(), receives);
+    for (std::size_t at = 0, q = 0; q < world; at += receives[q], ++q) {
+        if (in[at] != q * 16 + rank || in[at + receives[q] - 1] != q * 16 + rank)
+            throw std::runtime_error("all_to_all_v");
+    }
     session.barrier();
     munmap(mine, kBytes);
     std::printf("rank %u of %u: %zu handles and buffers checked\n", rank, session.world_size(),

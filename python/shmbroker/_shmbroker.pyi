@@ -3,7 +3,7 @@
 import os
 import sys
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Protocol, Tuple, Type, Union, final
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, Union, final
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer
@@ -110,6 +110,16 @@ class Session:
         self, input: _Data, output: _Data, *, timeout: Optional[float] = None
     ) -> None:
         """Block ``q`` of ``input`` to rank ``q``, block ``q`` of ``output`` from rank ``q``."""
+    def all_to_all_v(
+        self,
+        input: _Data,
+        send_counts: Sequence[int],
+        output: _Data,
+        recv_counts: Sequence[int],
+        *,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """:meth:`all_to_all` with a byte count per rank, each way, in rank order."""
     def broadcast(
         self, root: int, data: Optional[_Data] = None, *, timeout: Optional[float] = None
     ) -> bytes:

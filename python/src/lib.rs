@@ -448,6 +448,31 @@ impl PySession {
         })
     }
 
+    /// :meth:`all_to_all` with a byte count per rank: ``send_counts[q]`` bytes of ``input`` go
+    /// to rank ``q`` and ``recv_counts[q]`` bytes from rank ``q`` land in ``output``, both in rank
+    /// order (``world_size`` counts each, adding up to the buffers' lengths).
+    ///
+    /// Raises :class:`MisuseError` for counts that do not fit the buffers; :class:`ProtocolError`
+    /// naming a rank that sent another count; otherwise as :meth:`barrier` does.
+    #[pyo3(signature = (input, send_counts, output, recv_counts, *, timeout=None))]
+    fn all_to_all_v(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        send_counts: Vec<usize>,
+        output: &Bound<'_, PyAny>,
+        recv_counts: Vec<usize>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let input = Bytes::get(input)?;
+        let mut output = Bytes::get_mut(output)?;
+        let timeout = self.deadline(timeout)?;
+        let (input, output) = (input.as_slice(), output.as_mut_slice());
+        self.blocking(py, |session| {
+            session.all_to_all_v_timeout(input, &send_counts, output, &recv_counts, timeout)
+        })
+    }
+
     /// ``root``'s ``data`` on every rank, returned as ``bytes`` (on the root too).
     ///
     /// The root must give ``data``; other ranks may leave it out, and what they give is not

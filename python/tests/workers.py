@@ -171,6 +171,15 @@ def scenario_reductions(session, args):
     incoming = bytearray(world)
     session.all_to_all(outgoing, incoming)
     check(bytes(incoming) == bytes(src * 16 + rank for src in range(world)), "all_to_all")
+    # Rank r sends r + q + 1 bytes to rank q.
+    sends = [rank + q + 1 for q in range(world)]
+    receives = [q + rank + 1 for q in range(world)]
+    outgoing = b"".join(bytes([rank * 16 + q]) * sends[q] for q in range(world))
+    incoming = bytearray(sum(receives))
+    session.all_to_all_v(outgoing, sends, incoming, receives)
+    want = b"".join(bytes([q * 16 + rank]) * receives[q] for q in range(world))
+    check(bytes(incoming) == want, "all_to_all_v")
+    raises(shmbroker.MisuseError, lambda: session.all_to_all_v(outgoing, sends[:1], incoming, receives))
     try:
         import numpy
     except ImportError:

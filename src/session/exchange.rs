@@ -133,6 +133,22 @@ impl Session {
         output: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), Error> {
+        self.all_to_all_v_timeout(input, send_counts, output, recv_counts, self.timeout)
+    }
+
+    /// [`Self::all_to_all_v`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_to_all_v`].
+    pub fn all_to_all_v_timeout(
+        &mut self,
+        input: &[u8],
+        send_counts: &[usize],
+        output: &mut [u8],
+        recv_counts: &[usize],
+        timeout: Duration,
+    ) -> Result<(), Error> {
         let world = self.world_size() as usize;
         let sent: usize = send_counts.iter().sum();
         let received: usize = recv_counts.iter().sum();
@@ -151,7 +167,7 @@ impl Session {
                 output.len()
             )));
         }
-        let deadline = Deadline::collective("all_to_all_v", self.timeout);
+        let deadline = Deadline::collective("all_to_all_v", timeout);
         let seq = self.next_seq();
         let offsets = |counts: &[usize]| -> Vec<usize> {
             counts
