@@ -74,112 +74,56 @@ fn elements<T: Pod>(peer: u32, bytes: &[u8]) -> Result<&[T], Error> {
     })
 }
 
-/// Runs `$body` on `$bytes` (one buffer, or an input and an output) as elements of `$dtype`, or
-/// fails with [`Error::Misuse`] when they are not whole, aligned elements of it.
-macro_rules! with_elements {
-    ($dtype:expr, $bytes:expr, |$elements:ident| $body:expr) => {
+/// Runs `$body` with `$t` standing for the element type `$dtype` names.
+macro_rules! for_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
         match $dtype {
             DType::U8 => {
-                let $elements = cast_mut::<u8>($bytes)?;
+                type $t = u8;
                 $body
             }
             DType::I8 => {
-                let $elements = cast_mut::<i8>($bytes)?;
+                type $t = i8;
                 $body
             }
             DType::U16 => {
-                let $elements = cast_mut::<u16>($bytes)?;
+                type $t = u16;
                 $body
             }
             DType::I16 => {
-                let $elements = cast_mut::<i16>($bytes)?;
+                type $t = i16;
                 $body
             }
             DType::U32 => {
-                let $elements = cast_mut::<u32>($bytes)?;
+                type $t = u32;
                 $body
             }
             DType::I32 => {
-                let $elements = cast_mut::<i32>($bytes)?;
+                type $t = i32;
                 $body
             }
             DType::U64 => {
-                let $elements = cast_mut::<u64>($bytes)?;
+                type $t = u64;
                 $body
             }
             DType::I64 => {
-                let $elements = cast_mut::<i64>($bytes)?;
+                type $t = i64;
                 $body
             }
             DType::F16 => {
-                let $elements = cast_mut::<half::f16>($bytes)?;
+                type $t = half::f16;
                 $body
             }
             DType::BF16 => {
-                let $elements = cast_mut::<half::bf16>($bytes)?;
+                type $t = half::bf16;
                 $body
             }
             DType::F32 => {
-                let $elements = cast_mut::<f32>($bytes)?;
+                type $t = f32;
                 $body
             }
             DType::F64 => {
-                let $elements = cast_mut::<f64>($bytes)?;
-                $body
-            }
-        }
-    };
-    ($dtype:expr, $input:expr, $output:expr, |$i:ident, $o:ident| $body:expr) => {
-        match $dtype {
-            DType::U8 => {
-                let ($i, $o) = (cast::<u8>($input)?, cast_mut::<u8>($output)?);
-                $body
-            }
-            DType::I8 => {
-                let ($i, $o) = (cast::<i8>($input)?, cast_mut::<i8>($output)?);
-                $body
-            }
-            DType::U16 => {
-                let ($i, $o) = (cast::<u16>($input)?, cast_mut::<u16>($output)?);
-                $body
-            }
-            DType::I16 => {
-                let ($i, $o) = (cast::<i16>($input)?, cast_mut::<i16>($output)?);
-                $body
-            }
-            DType::U32 => {
-                let ($i, $o) = (cast::<u32>($input)?, cast_mut::<u32>($output)?);
-                $body
-            }
-            DType::I32 => {
-                let ($i, $o) = (cast::<i32>($input)?, cast_mut::<i32>($output)?);
-                $body
-            }
-            DType::U64 => {
-                let ($i, $o) = (cast::<u64>($input)?, cast_mut::<u64>($output)?);
-                $body
-            }
-            DType::I64 => {
-                let ($i, $o) = (cast::<i64>($input)?, cast_mut::<i64>($output)?);
-                $body
-            }
-            DType::F16 => {
-                let ($i, $o) = (cast::<half::f16>($input)?, cast_mut::<half::f16>($output)?);
-                $body
-            }
-            DType::BF16 => {
-                let ($i, $o) = (
-                    cast::<half::bf16>($input)?,
-                    cast_mut::<half::bf16>($output)?,
-                );
-                $body
-            }
-            DType::F32 => {
-                let ($i, $o) = (cast::<f32>($input)?, cast_mut::<f32>($output)?);
-                $body
-            }
-            DType::F64 => {
-                let ($i, $o) = (cast::<f64>($input)?, cast_mut::<f64>($output)?);
+                type $t = f64;
                 $body
             }
         }
@@ -336,8 +280,7 @@ impl Session {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
-        with_elements!(dtype, data, |elements| self
-            .all_reduce_timeout(elements, op, timeout))
+        for_dtype!(dtype, T => self.all_reduce_timeout(cast_mut::<T>(data)?, op, timeout))
     }
 
     /// Combines every rank's `data` with `op`, in rank order, into the root's `data`; the other
@@ -408,8 +351,7 @@ impl Session {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
-        with_elements!(dtype, data, |elements| self
-            .reduce_timeout(root, elements, op, timeout))
+        for_dtype!(dtype, T => self.reduce_timeout(root, cast_mut::<T>(data)?, op, timeout))
     }
 
     /// Combines every rank's `input` with `op`, in rank order, and gives rank `r` block `r` of the
@@ -526,8 +468,9 @@ impl Session {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
-        with_elements!(dtype, input, output, |input, output| self
-            .reduce_scatter_timeout(input, output, op, timeout))
+        for_dtype!(dtype, T => {
+            self.reduce_scatter_timeout(cast::<T>(input)?, cast_mut::<T>(output)?, op, timeout)
+        })
     }
 
     // -----------------------------------------------------------------------------------------
