@@ -236,7 +236,7 @@ int shmbroker_gather(struct shmbroker_session *s,
 int shmbroker_all_reduce(struct shmbroker_session *s, void *data, size_t count, int dtype, int op);
 
 // As `shmbroker_all_reduce`, the result into the root's `data` only; the other ranks'
-// `data` is unchanged.
+// `data` is unchanged. Threads: as `shmbroker_barrier`.
 //
 // # Safety
 //
@@ -250,6 +250,7 @@ int shmbroker_reduce(struct shmbroker_session *s,
 
 // Combines every rank's `input` (`world_size` blocks of `count` elements of `dtype`) with `op`,
 // in rank order, and gives rank `r` block `r` of the result in `output` (`count` elements).
+// Threads: as `shmbroker_barrier`.
 //
 // # Safety
 //
@@ -263,7 +264,7 @@ int shmbroker_reduce_scatter(struct shmbroker_session *s,
                              int op);
 
 // The root's `input` (`world_size` blocks of `block` bytes; NULL on other ranks) cut into
-// blocks, block `r` into rank `r`'s `output` (`block` bytes).
+// blocks, block `r` into rank `r`'s `output` (`block` bytes). Threads: as `shmbroker_barrier`.
 //
 // # Safety
 //
@@ -276,7 +277,7 @@ int shmbroker_scatter(struct shmbroker_session *s,
                       size_t block);
 
 // Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q`: both hold
-// `world_size` blocks of `block` bytes.
+// `world_size` blocks of `block` bytes. Threads: as `shmbroker_barrier`.
 //
 // # Safety
 //
@@ -290,7 +291,7 @@ int shmbroker_all_to_all(struct shmbroker_session *s,
 // Block `q` of `input` (`send_counts[q]` bytes, in rank order) to rank `q`, and
 // `recv_counts[q]` bytes from rank `q` into `output`, in rank order. Both count arrays have
 // `world_size` entries; a block of another length than expected is `SHMBROKER_E_PROTOCOL`
-// naming its sender.
+// naming its sender. Threads: as `shmbroker_barrier`.
 //
 // # Safety
 //

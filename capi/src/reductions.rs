@@ -100,7 +100,7 @@ pub unsafe extern "C" fn shmbroker_all_reduce(
 }
 
 /// As `shmbroker_all_reduce`, the result into the root's `data` only; the other ranks'
-/// `data` is unchanged.
+/// `data` is unchanged. Threads: as `shmbroker_barrier`.
 ///
 /// # Safety
 ///
@@ -130,6 +130,7 @@ pub unsafe extern "C" fn shmbroker_reduce(
 
 /// Combines every rank's `input` (`world_size` blocks of `count` elements of `dtype`) with `op`,
 /// in rank order, and gives rank `r` block `r` of the result in `output` (`count` elements).
+/// Threads: as `shmbroker_barrier`.
 ///
 /// # Safety
 ///
@@ -166,7 +167,7 @@ pub unsafe extern "C" fn shmbroker_reduce_scatter(
 }
 
 /// The root's `input` (`world_size` blocks of `block` bytes; NULL on other ranks) cut into
-/// blocks, block `r` into rank `r`'s `output` (`block` bytes).
+/// blocks, block `r` into rank `r`'s `output` (`block` bytes). Threads: as `shmbroker_barrier`.
 ///
 /// # Safety
 ///
@@ -204,7 +205,7 @@ pub unsafe extern "C" fn shmbroker_scatter(
 }
 
 /// Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q`: both hold
-/// `world_size` blocks of `block` bytes.
+/// `world_size` blocks of `block` bytes. Threads: as `shmbroker_barrier`.
 ///
 /// # Safety
 ///
@@ -235,7 +236,7 @@ pub unsafe extern "C" fn shmbroker_all_to_all(
 /// Block `q` of `input` (`send_counts[q]` bytes, in rank order) to rank `q`, and
 /// `recv_counts[q]` bytes from rank `q` into `output`, in rank order. Both count arrays have
 /// `world_size` entries; a block of another length than expected is `SHMBROKER_E_PROTOCOL`
-/// naming its sender.
+/// naming its sender. Threads: as `shmbroker_barrier`.
 ///
 /// # Safety
 ///

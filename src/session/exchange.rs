@@ -65,16 +65,12 @@ impl Session {
                 input.len()
             )));
         }
-        for (rank, part) in (0..).zip(input.chunks_exact(block.max(1)).take(world)) {
+        for (rank, at) in (0..).zip((0..world).map(|q| q * block)) {
+            let part = &input[at..at + block];
             if rank == root {
                 output.copy_from_slice(part);
             } else {
                 self.send_to(kind::SCATTER, seq, part, Targets::One(rank), &deadline)?;
-            }
-        }
-        if block == 0 {
-            for rank in self.peers() {
-                self.send_to(kind::SCATTER, seq, &[], Targets::One(rank), &deadline)?;
             }
         }
         Ok(())
@@ -165,6 +161,15 @@ impl Session {
                 input.len(),
                 recv_counts.len(),
                 output.len()
+            )));
+        }
+        // What this rank sends itself is what it receives from itself: checked before anything
+        // is sent (it was a panic in the copy).
+        let me = self.rank() as usize;
+        if send_counts[me] != recv_counts[me] {
+            return Err(Error::Misuse(format!(
+                "all_to_all_v: this rank sends itself {} bytes but expects {} from itself",
+                send_counts[me], recv_counts[me]
             )));
         }
         let deadline = Deadline::collective("all_to_all_v", timeout);

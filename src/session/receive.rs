@@ -277,7 +277,7 @@ impl Session {
     /// Receives `incoming` to the end, waiting parked on its ring.
     ///
     /// An interrupt ends it between the chunks of a pipelined message too (a look at two atomics
-    /// per step). Ended there by an interrupt or the deadline, the receive is set aside (see
+    /// per step). Ended there by an interrupt or the deadline, a point-to-point receive is set aside (see
     /// [`super::demux::Inbox::set_aside`]): the next receive of the message starts where this one
     /// stopped, so nothing is lost and nothing delivered twice.
     pub(super) fn complete(
@@ -286,7 +286,11 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         let completed = self.complete_or_stop(incoming, deadline);
-        if matches!(completed, Err(Error::Interrupted | Error::Timeout { .. })) {
+        // A point-to-point message only: a collective cut short cannot be called again (its
+        // sequence number has moved on), so its rest has no receive to resume it.
+        if matches!(completed, Err(Error::Interrupted | Error::Timeout { .. }))
+            && matches!(incoming.expect, Expect::Send { .. })
+        {
             self.peers[incoming.peer as usize].inbox.set_aside(incoming);
         }
         completed
