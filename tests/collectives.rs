@@ -277,27 +277,34 @@ fn a_worker_stopped_mid_transfer_costs_the_others_little_cpu_and_is_named_by_the
     // Past the small sizes: most of a round's time is in its 64 MiB transfers.
     std::thread::sleep(Duration::from_millis(1500));
     kill(Pid::from_raw(stopped.id() as i32), Signal::SIGSTOP).unwrap();
-    // Once the survivors have noticed nothing moves (a few ms), measure 3 s of their CPU.
-    std::thread::sleep(Duration::from_millis(500));
-    let before: Vec<f64> = survivors.iter().map(|s| cpu_seconds(s.id())).collect();
-    std::thread::sleep(Duration::from_secs(3));
-    let used: Vec<f64> = survivors
-        .iter()
-        .zip(&before)
-        .map(|(s, before)| cpu_seconds(s.id()) - before)
-        .collect();
+    // What the survivors had in flight with each other when rank 2 stopped (chunks of a 64 MiB
+    // transfer between the two of them, in a debug build, beside other tests) may take a while
+    // to drain; after that they only wait. Measure their CPU in one-second windows until their
+    // 8 s deadline and judge the quietest: spinning costs most of a second in every window
+    // (even sharing two cores with other tests), sleeping in 2 ms steps a few ms.
+    let mut windows: Vec<Vec<f64>> = vec![Vec::new(); survivors.len()];
+    let mut before: Vec<f64> = survivors.iter().map(|s| cpu_seconds(s.id())).collect();
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_secs(1));
+        let now: Vec<f64> = survivors.iter().map(|s| cpu_seconds(s.id())).collect();
+        for (rank, (now, before)) in now.iter().zip(&before).enumerate() {
+            windows[rank].push(now - before);
+        }
+        before = now;
+    }
     let stderrs = failures_of(survivors);
     kill(Pid::from_raw(stopped.id() as i32), Signal::SIGKILL).unwrap();
     stopped.kill(); // reap
-    println!("CPU used in 3 s by ranks 0 and 1: {used:.3?} s");
+    println!("CPU used by ranks 0 and 1 in each second after rank 2 stopped: {windows:.3?} s");
     for (rank, stderr) in stderrs.iter().enumerate() {
         println!("rank {rank}: {}", stderr.trim());
     }
-    // Spinning costs 3 s each (both cores busy); sleeping in 2 ms steps, a few ms.
-    for (rank, used) in used.iter().enumerate() {
+    for (rank, windows) in windows.iter().enumerate() {
+        let quietest = windows.iter().cloned().fold(f64::INFINITY, f64::min);
         assert!(
-            *used < 0.75,
-            "rank {rank} used {used:.2} s of CPU in 3 s waiting for a stopped peer"
+            quietest < 0.15,
+            "rank {rank} used at least {quietest:.2} s of CPU in every second it waited for a \
+             stopped peer ({windows:.3?})"
         );
     }
     // A survivor names rank 2, alone ("rank 2") or among the ranks its call waited for directly
