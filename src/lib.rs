@@ -86,7 +86,7 @@ pub use half;
 pub use reduce::{DType, Element, ReduceOp};
 #[cfg(feature = "tokio")]
 pub use session::AsyncReceiver;
-pub use session::{Error, Receiver, Sender, Session};
+pub use session::{Error, Group, GroupView, Receiver, Sender, Session};
 pub use shmbroker_bindings::{GpuHandle, GpuHandleKind};
 
 pub use shmbroker_allocator as allocator;

@@ -26,7 +26,9 @@
 //!
 //! Collectives are tagged with a sequence number that every rank advances once per collective,
 //! so a rank that receives another operation or another sequence number than it expects reports
-//! [`Error::CollectiveMismatch`] instead of hanging or misreading. Point-to-point messages
+//! [`Error::CollectiveMismatch`] instead of hanging or misreading. The tag also carries a
+//! *stream*: the world's, or a [`Group`]'s, whose collectives ([`Session::on`]) take only their
+//! own stream's messages (see the `groups` module). Point-to-point messages
 //! (`SEND`) and collective messages share a ring; a message that arrives while another kind is
 //! awaited waits in a per-peer queue, in order. Like `MPI_Send`, a send larger than the sender's
 //! outbox returns only once its receiver is receiving it.
@@ -43,7 +45,9 @@
 //!   receives what it sent before dying, then fails with [`Error::PeerLost`] naming it;
 //! * every collective, pending (even one waiting on a live peer, which is stuck on the dead rank
 //!   too) or later, fails with [`Error::PeerLost`] naming the first rank that died: a collective
-//!   needs every rank, so the session's collectives are over;
+//!   needs every rank, so the session's collectives are over, and so are those of every group
+//!   the dead rank is in (other groups carry on); [`Session::shrink`] gives the survivors a group
+//!   of their own;
 //! * point-to-point calls with the ranks still there go on, so a reader can carry on farming
 //!   tasks to the workers left (`recv_any` reports each death once, then skips the dead rank).
 //!
@@ -70,6 +74,7 @@ mod error;
 mod exchange;
 mod fds;
 mod gpu;
+mod groups;
 mod loans;
 mod p2p;
 mod peer;
@@ -83,6 +88,7 @@ mod tokio_receiver;
 
 pub use collectives::{BRUCK_MAX_BYTES, FLAT_BARRIER_MAX, FLAT_GATHER_MAX};
 pub use fds::FdTransport;
+pub use groups::{Group, GroupView};
 pub use loans::LoanView;
 pub use reductions::{ONE_SHOT_MAX_BYTES, PIECE_MAX_BYTES};
 pub use rooted::{FLAT_BROADCAST_MAX, TREE_PART_MAX};
@@ -131,8 +137,11 @@ pub use error::Error;
 pub struct Session {
     inner: shmbroker_handshake::Connection,
     timeout: Duration,
-    /// Sequence number of the next collective.
-    seq: u64,
+    /// The ranks collectives run among now, with the sequence number of their next collective:
+    /// the world, or a group for the length of a call on [`Session::on`] (see `groups`).
+    team: groups::Team,
+    /// Every group this rank is in, but the one in `team` during a call on it, by stream.
+    groups: groups::Groups,
     /// One per rank of the world, indexed by rank (this rank's own stays unused).
     peers: Vec<Peer>,
     /// This rank's outbox: large data and loans go out through it.
@@ -417,10 +426,12 @@ impl Session {
             Some(spins) => Waiting::Spin(spins),
             None => Waiting::for_load(world, cpus),
         };
+        let team = groups::Team::world(inner.rank(), inner.world_size());
         let mut session = Self {
             inner,
             timeout: DEFAULT_TIMEOUT,
-            seq: 0,
+            team,
+            groups: groups::Groups::default(),
             peers: (0..world as u32).map(Peer::new).collect(),
             outbox,
             chunk_blocks: HashSet::new(),
@@ -557,9 +568,34 @@ impl Session {
         Ok(())
     }
 
+    /// Every other rank of the world.
     fn peers(&self) -> impl Iterator<Item = u32> + use<> {
         let rank = self.rank();
         (0..self.world_size()).filter(move |&peer| peer != rank)
+    }
+
+    /// This rank's rank in the current team (the world's, or a group's during a call on it).
+    fn me(&self) -> u32 {
+        self.team.me()
+    }
+
+    /// Ranks in the current team.
+    fn size(&self) -> u32 {
+        self.team.size()
+    }
+
+    /// The world rank of rank `rank` of the current team.
+    fn member(&self, rank: u32) -> u32 {
+        self.team.member(rank)
+    }
+
+    /// The world ranks of every other member of the current team, in the team's order.
+    fn team_peers(&self) -> impl Iterator<Item = u32> + use<> {
+        let team = self.team.clone();
+        let me = team.me();
+        (0..team.size())
+            .filter(move |&rank| rank != me)
+            .map(move |rank| team.member(rank))
     }
 
     /// A handle that ends this session's current wait from another thread or a signal handler
@@ -596,6 +632,18 @@ impl Session {
             .ok_or_else(|| Error::Misuse(format!("rank {peer} has no link to this rank")))
     }
 
+    /// [`Self::check_rank`] for a rank of the current team.
+    fn check_team_rank(&self, rank: u32) -> Result<(), Error> {
+        if rank < self.size() {
+            Ok(())
+        } else {
+            Err(Error::RankOutOfRange {
+                rank,
+                world_size: self.size(),
+            })
+        }
+    }
+
     fn check_rank(&self, rank: u32) -> Result<(), Error> {
         if rank < self.world_size() {
             Ok(())
@@ -615,10 +663,10 @@ impl Session {
         Ok(())
     }
 
+    /// The tag of the next collective of the current team: its stream and its sequence number
+    /// (see `groups`).
     fn next_seq(&mut self) -> u64 {
-        let seq = self.seq;
-        self.seq += 1;
-        seq
+        self.team.next_tag()
     }
 }
 

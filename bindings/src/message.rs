@@ -70,6 +70,13 @@ pub mod kind {
     /// An all-to-all's block.
     pub const ALL_TO_ALL: u32 = 13;
 
+    /// A member's view of a group being made: the stream it proposes and the ranks it passed.
+    pub const GROUP: u32 = 14;
+
+    /// A round of agreeing on the ranks still there (`Session::shrink`): the departed ranks as
+    /// the sender's estimate has them.
+    pub const SHRINK: u32 = 15;
+
     /// The operation bits of a kind.
     pub const OP_MASK: u32 = 0xffff;
 
@@ -90,6 +97,8 @@ pub mod kind {
             REDUCE => "reduce",
             SCATTER => "scatter",
             ALL_TO_ALL => "all_to_all",
+            GROUP => "group",
+            SHRINK => "shrink",
             _ => return None,
         })
     }

@@ -73,13 +73,13 @@ impl Session {
     pub fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
         let deadline = Deadline::collective("barrier", timeout);
         let seq = self.next_seq();
-        let world = self.world_size();
+        let world = self.size();
         if world <= FLAT_BARRIER_MAX {
             let arrival = message(kind::BARRIER, seq, 0, [0; shmbroker_bindings::INLINE_BYTES]);
-            for peer in self.peers() {
+            for peer in self.team_peers() {
                 self.send_message(peer, arrival, &deadline)?;
             }
-            let peers: Vec<u32> = self.peers().collect();
+            let peers: Vec<u32> = self.team_peers().collect();
             for (at, &peer) in peers.iter().enumerate() {
                 if let Err(error) = self.recv_collective(peer, kind::BARRIER, seq, &deadline) {
                     let expect = Expect::Collective {
@@ -96,12 +96,12 @@ impl Session {
         // before it, so after ceil(log2(world)) rounds from all of them. 2^k < world in every
         // round, so each round has a peer of its own, and the round travels in the message's
         // inline bytes (`round_inline`).
-        let rank = self.rank();
+        let rank = self.me();
         let mut distance = 1;
         let mut round = 0;
         while distance < world {
-            let to = (rank + distance) % world;
-            let from = (rank + world - distance) % world;
+            let to = self.member((rank + distance) % world);
+            let from = self.member((rank + world - distance) % world);
             let arrival = message(kind::BARRIER, seq, 0, round_inline(round));
             self.send_message(to, arrival, &deadline)?;
             let heard = self.recv_collective(from, kind::BARRIER, seq, &deadline)?;
@@ -165,7 +165,7 @@ impl Session {
     /// A receive into a vector from every peer, of collective `op` number `seq`.
     pub(super) fn receive_from_every_peer(&self, op: u32, seq: u64) -> Vec<Incoming<'static>> {
         let expect = Expect::Collective { op, seq };
-        self.peers()
+        self.team_peers()
             .map(|peer| Incoming::new(peer, expect, Sink::Vec(Vec::new())))
             .collect()
     }
@@ -176,12 +176,12 @@ impl Session {
         data: &[u8],
         incoming: Vec<Incoming<'_>>,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        let mut gathered = vec![Vec::new(); self.world_size() as usize];
-        gathered[self.rank() as usize] = data.to_vec();
+        let mut gathered = vec![Vec::new(); self.size() as usize];
+        gathered[self.me() as usize] = data.to_vec();
         for incoming in incoming {
-            let peer = incoming.peer;
+            let rank = self.team.rank_of(incoming.peer);
             if let (_, Sink::Vec(bytes)) = incoming.finish()? {
-                gathered[peer as usize] = bytes;
+                gathered[rank as usize] = bytes;
             }
         }
         Ok(gathered)
@@ -195,7 +195,7 @@ impl Session {
     /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
     /// contribution has another size; otherwise as for [`Self::all_gather`].
     pub fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
-        let expected = data.len() * self.world_size() as usize;
+        let expected = data.len() * self.size() as usize;
         if out.len() != expected {
             return Err(Error::Misuse(format!(
                 "all_gather_into needs a buffer of {expected} bytes, got {}",
@@ -218,35 +218,35 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         let expect = Expect::Collective { op, seq };
-        let rank = self.rank();
-        if self.world_size() > FLAT_GATHER_MAX && data.len() <= BRUCK_MAX_BYTES {
+        let rank = self.me();
+        if self.size() > FLAT_GATHER_MAX && data.len() <= BRUCK_MAX_BYTES {
             return self.bruck_all_gather(op, data, out, seq, deadline);
         }
         // Small: sent at once, then each peer's part received in turn, with no allocation.
         if self.send_if_eager(op, seq, data, Targets::Peers, deadline)? {
             let mut rest = out;
-            for peer in 0..self.world_size() {
+            for peer in 0..self.size() {
                 let (slot, tail) = std::mem::take(&mut rest).split_at_mut(data.len());
                 rest = tail;
                 if peer == rank {
                     slot.copy_from_slice(data);
                     continue;
                 }
-                let mut incoming = Incoming::new(peer, expect, Sink::Slice(slot));
+                let mut incoming = Incoming::new(self.member(peer), expect, Sink::Slice(slot));
                 self.complete(&mut incoming, deadline)?;
                 check_part(incoming, data.len())?;
             }
             return Ok(());
         }
-        let mut incoming = Vec::with_capacity(self.world_size() as usize);
+        let mut incoming = Vec::with_capacity(self.size() as usize);
         let mut rest = out;
-        for peer in 0..self.world_size() {
+        for peer in 0..self.size() {
             let (slot, tail) = std::mem::take(&mut rest).split_at_mut(data.len());
             rest = tail;
             if peer == rank {
                 slot.copy_from_slice(data);
             } else {
-                incoming.push(Incoming::new(peer, expect, Sink::Slice(slot)));
+                incoming.push(Incoming::new(self.member(peer), expect, Sink::Slice(slot)));
             }
         }
         self.send_while_receiving(op, seq, (data, Targets::Peers), &mut incoming, deadline)?;
@@ -271,7 +271,7 @@ impl Session {
         seq: u64,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let (rank, world) = (self.rank(), self.world_size());
+        let (rank, world) = (self.me(), self.size());
         let part = data.len();
         let expect = Expect::Collective { op, seq };
         // Gathered into `out` rotated, with no allocation: part i is rank (rank + i) % world's.
@@ -280,8 +280,8 @@ impl Session {
         let mut have = 1u32;
         while have < world {
             let count = have.min(world - have);
-            let to = (rank + world - have) % world;
-            let from = (rank + have) % world;
+            let to = self.member((rank + world - have) % world);
+            let from = self.member((rank + have) % world);
             let (gathered, missing) = rotated.split_at_mut(have as usize * part);
             let bytes = count as usize * part;
             let mut incoming = [Incoming::new(
@@ -324,9 +324,9 @@ impl Session {
         let gathered = self.all_gather_with(bytemuck::bytes_of(value), deadline)?;
         (0..)
             .zip(gathered)
-            .map(|(peer, bytes)| {
+            .map(|(rank, bytes)| {
                 bytemuck::try_pod_read_unaligned(&bytes)
-                    .map_err(|_| wrong_size(peer, bytes.len() as u64, size_of::<T>()))
+                    .map_err(|_| wrong_size(self.member(rank), bytes.len() as u64, size_of::<T>()))
             })
             .collect()
     }

@@ -41,7 +41,7 @@
 
 use super::Error;
 use frame::RESUMED;
-pub use frame::{Expect, Sink};
+pub use frame::{Expect, SEQ_BITS, Sink, stream_of};
 pub(crate) use frame::{message, message_len, read_ref, transport, with_ref};
 use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 use std::collections::VecDeque;

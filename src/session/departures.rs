@@ -40,7 +40,7 @@ impl Session {
     /// names the first rank that died if any did.
     pub(super) fn closed(&mut self, peer: u32, collective: bool) -> Error {
         let error = self.lost_from(peer);
-        match self.inner.recorded_lost_rank() {
+        match self.team_lost_rank() {
             Some(rank) if collective => self.collective_lost(rank),
             _ => error,
         }
@@ -53,6 +53,20 @@ impl Session {
             Some(Departure::Lost { rank }) => Error::PeerLost { rank },
             _ => Error::Corrupted { peer, corruption },
         }
+    }
+
+    /// The first rank recorded dead that the current team needs: the first to die of all when
+    /// it is a member (always, for the world), otherwise the lowest dead member. One atomic load
+    /// while nobody has died.
+    pub(super) fn team_lost_rank(&self) -> Option<u32> {
+        let first = self.inner.recorded_lost_rank()?;
+        if self.team.contains(first) {
+            return Some(first);
+        }
+        self.inner
+            .dead_ranks()
+            .into_iter()
+            .find(|&rank| self.team.contains(rank))
     }
 
     /// The error for a collective that cannot finish because `rank` (the first rank recorded
@@ -100,7 +114,7 @@ impl Session {
             return Err(Error::Interrupted);
         }
         if deadline.collective
-            && let Some(rank) = self.inner.recorded_lost_rank()
+            && let Some(rank) = self.team_lost_rank()
         {
             return Err(self.collective_lost(rank));
         }

@@ -97,9 +97,11 @@ pub enum Error {
     /// The ranks called different collectives, or in a different order. Renders as "rank 1
     /// called all_gather #3 while this rank called barrier #3".
     #[error(
-        "rank {peer} called {} #{found_seq} while this rank called {} #{expected_seq}",
+        "rank {peer} called {} {} while this rank called {} {}",
         op_text(*found_kind),
-        op_text(*expected_kind)
+        seq_text(*found_seq),
+        op_text(*expected_kind),
+        seq_text(*expected_seq)
     )]
     CollectiveMismatch {
         /// The peer whose message did not match.
@@ -113,6 +115,19 @@ pub enum Error {
         found_kind: u32,
         /// The peer's collective sequence number.
         found_seq: u64,
+    },
+    /// Members of a group passed different ranks to [`crate::Session::group`]. Renders as
+    /// "rank 2 made a group of ranks [0, 1, 2] where this rank made one of ranks [0, 2]".
+    #[error(
+        "rank {peer} made a group of ranks {found:?} where this rank made one of ranks {expected:?}"
+    )]
+    GroupMismatch {
+        /// The member that disagreed (a world rank).
+        peer: u32,
+        /// The ranks this rank passed.
+        expected: Vec<u32>,
+        /// The ranks `peer` passed.
+        found: Vec<u32>,
     },
     /// A call this rank cannot make (a broadcast root without data, say): a mistake in the
     /// calling program, described for the person who fixes it.
@@ -198,6 +213,7 @@ impl Error {
             | Self::RankOutOfRange { rank, .. } => Some(*rank),
             Self::BufferTooSmall { peer, .. }
             | Self::CollectiveMismatch { peer, .. }
+            | Self::GroupMismatch { peer, .. }
             | Self::Protocol { peer, .. }
             | Self::Corrupted { peer, .. }
             | Self::Outbox { peer, .. }
@@ -213,6 +229,20 @@ impl Error {
             | Self::FdTransport(_)
             | Self::Launch(_) => None,
         }
+    }
+}
+
+/// A collective's tag as people read it: "#3" for the world's third collective, "#3 of group
+/// stream 2" for a group's (see `session::groups`).
+fn seq_text(tag: u64) -> String {
+    let (stream, seq) = (
+        super::demux::stream_of(tag),
+        tag & ((1 << super::demux::SEQ_BITS) - 1),
+    );
+    match stream {
+        0 => format!("#{seq}"),
+        super::groups::SETUP_STREAM => format!("#{seq} of making groups"),
+        stream => format!("#{seq} of group stream {stream}"),
     }
 }
 

@@ -53,12 +53,13 @@ impl Session {
                 op: kind::SCATTER,
                 seq,
             };
+            let root = self.member(root);
             let mut incoming = [Incoming::new(root, expect, Sink::Slice(output))];
             self.receive_all(&mut incoming, &deadline)?;
             let [incoming] = incoming;
             return check_part(incoming, block);
         };
-        let world = self.world_size() as usize;
+        let world = self.size() as usize;
         if input.len() != block * world {
             return Err(Error::Misuse(format!(
                 "scatter needs an input of {world} blocks of the output's {block} bytes, got {}",
@@ -70,7 +71,8 @@ impl Session {
             if rank == root {
                 output.copy_from_slice(part);
             } else {
-                self.send_to(kind::SCATTER, seq, part, Targets::One(rank), &deadline)?;
+                let to = self.member(rank);
+                self.send_to(kind::SCATTER, seq, part, Targets::One(to), &deadline)?;
             }
         }
         Ok(())
@@ -99,7 +101,7 @@ impl Session {
         output: &mut [u8],
         timeout: Duration,
     ) -> Result<(), Error> {
-        let world = self.world_size() as usize;
+        let world = self.size() as usize;
         if input.len() != output.len() || !input.len().is_multiple_of(world) {
             return Err(Error::Misuse(format!(
                 "all_to_all needs an input and an output of {world} equal blocks, got {} and {} \
@@ -145,7 +147,7 @@ impl Session {
         recv_counts: &[usize],
         timeout: Duration,
     ) -> Result<(), Error> {
-        let world = self.world_size() as usize;
+        let world = self.size() as usize;
         let sent: usize = send_counts.iter().sum();
         let received: usize = recv_counts.iter().sum();
         if send_counts.len() != world
@@ -165,7 +167,7 @@ impl Session {
         }
         // What this rank sends itself is what it receives from itself: checked before anything
         // is sent (it was a panic in the copy).
-        let me = self.rank() as usize;
+        let me = self.me() as usize;
         if send_counts[me] != recv_counts[me] {
             return Err(Error::Misuse(format!(
                 "all_to_all_v: this rank sends itself {} bytes but expects {} from itself",
@@ -186,7 +188,7 @@ impl Session {
         };
         let (sends, receives) = (offsets(send_counts), offsets(recv_counts));
         let block = |q: usize| sends[q]..sends[q] + send_counts[q];
-        let rank = self.rank() as usize;
+        let rank = self.me() as usize;
         output[receives[rank]..receives[rank] + recv_counts[rank]]
             .copy_from_slice(&input[block(rank)]);
         self.pairwise(
@@ -212,9 +214,9 @@ impl Session {
         output: &mut [u8],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let world = self.world_size() as usize;
+        let world = self.size() as usize;
         let block = input.len() / world;
-        let rank = self.rank() as usize;
+        let rank = self.me() as usize;
         output[rank * block..(rank + 1) * block]
             .copy_from_slice(&input[rank * block..(rank + 1) * block]);
         self.pairwise(
@@ -240,7 +242,7 @@ impl Session {
         input: &[u8],
         output: &mut [u8],
     ) -> Result<(), Error> {
-        let (rank, world) = (self.rank(), self.world_size());
+        let (rank, world) = (self.me(), self.size());
         let expect = Expect::Collective { op, seq };
         for round in 1..world {
             let to = (rank + round) % world;
@@ -248,6 +250,7 @@ impl Session {
             let sending = ranges(to as usize).0;
             let receiving = ranges(from as usize).1;
             let due = receiving.len();
+            let (to, from) = (self.member(to), self.member(from));
             let mut incoming = [Incoming::new(
                 from,
                 expect,

@@ -23,6 +23,9 @@ pub(super) struct Peer {
     pub(super) chunks_owed: usize,
     /// Acknowledgements owed to it, not sent yet because the ring to it was full.
     pub(super) acks_due: VecDeque<Message>,
+    /// Messages sent to it, and received from it, to make groups (see `groups`).
+    pub(super) setup_sent: u64,
+    pub(super) setup_received: u64,
 }
 
 impl Peer {
@@ -34,6 +37,8 @@ impl Peer {
             outbox: None,
             chunks_owed: 0,
             acks_due: VecDeque::new(),
+            setup_sent: 0,
+            setup_received: 0,
         }
     }
 }

@@ -310,7 +310,7 @@ impl Session {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.check_rank(root)?;
+        self.check_team_rank(root)?;
         check_op::<T>(op)?;
         let deadline = Deadline::collective("reduce", timeout);
         let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
@@ -384,7 +384,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<(), Error> {
         check_op::<T>(op)?;
-        let world = self.world_size() as usize;
+        let world = self.size() as usize;
         if input.len() != output.len() * world {
             return Err(Error::Misuse(format!(
                 "reduce_scatter needs an input of {world} blocks of the output's {} elements, got \
@@ -415,7 +415,7 @@ impl Session {
         }
         // Piece by piece along the blocks: each piece lends the same range of every block, back
         // to back, so that any input goes through the outbox.
-        let rank = self.rank() as usize;
+        let rank = self.me() as usize;
         let len = output.len();
         let pieces = size_of_val(input).div_ceil(PIECE_MAX_BYTES);
         for piece in 0..pieces {
@@ -432,7 +432,7 @@ impl Session {
                 .zip(&views)
                 .map(|(q, view)| match view {
                     None => Ok(parts[rank]),
-                    Some(view) => elements(q, &view[mine.clone()]),
+                    Some(view) => elements(self.member(q), &view[mine.clone()]),
                 })
                 .collect::<Result<Vec<&[T]>, Error>>()?;
             combiner(&inputs, &mut output[range])?;
@@ -486,7 +486,7 @@ impl Session {
         combiner: Combiner<'_, T>,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let world = self.world_size() as usize;
+        let world = self.size() as usize;
         if world == 1 {
             let input = data.to_vec();
             return combiner(&[&input], data);
@@ -513,7 +513,7 @@ impl Session {
                 bytemuck::cast_slice_mut(gathered),
                 deadline,
             )?;
-            if results == Results::All || results == Results::Root(self.rank()) {
+            if results == Results::All || results == Results::Root(self.me()) {
                 let mut inputs: [&[T]; shmbroker_handshake::MAX_WORLD_SIZE as usize] =
                     [&[]; shmbroker_handshake::MAX_WORLD_SIZE as usize];
                 for (input, part) in inputs.iter_mut().zip(gathered.chunks(data.len().max(1))) {
@@ -546,7 +546,7 @@ impl Session {
         combiner: Combiner<'_, T>,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let (rank, world) = (self.rank(), self.world_size() as usize);
+        let (rank, world) = (self.me(), self.size() as usize);
         let mine = slice_of(data.len(), world, rank as usize);
         // First shot: lend this contribution; combine this rank's slice of every one.
         let seq = self.next_seq();
@@ -571,17 +571,18 @@ impl Session {
         // Second shot: the result slices, to every rank or to the root.
         let seq = self.next_seq();
         let targets: Vec<u32> = match root {
-            None => self.peers().collect(),
+            None => self.team_peers().collect(),
             Some(root) if root == rank => Vec::new(),
-            Some(root) => vec![root],
+            Some(root) => vec![self.member(root)],
         };
         self.lend(op, seq, result, &targets, deadline)?;
         if root.is_some_and(|root| root != rank) {
             return Ok(());
         }
         let expect = Expect::Collective { op, seq };
-        for peer in self.peers() {
-            let slice = slice_of(data.len(), world, peer as usize);
+        for q in (0..world as u32).filter(|&q| q != rank) {
+            let slice = slice_of(data.len(), world, q as usize);
+            let peer = self.member(q);
             let view = self.take_loan(peer, expect, deadline)?;
             let due = size_of_val(&data[slice.clone()]);
             if view.len() != due {
@@ -611,18 +612,19 @@ impl Session {
             at += bytes.len();
         }
         let bytes_len = loan.len();
-        let peers: Vec<u32> = self.peers().collect();
+        let peers: Vec<u32> = self.team_peers().collect();
         self.lend(op, seq, loan, &peers, deadline)?;
         let expect = Expect::Collective { op, seq };
-        let mut views = Vec::with_capacity(self.world_size() as usize);
-        for rank in 0..self.world_size() {
-            if rank == self.rank() {
+        let mut views = Vec::with_capacity(self.size() as usize);
+        for rank in 0..self.size() {
+            if rank == self.me() {
                 views.push(None);
                 continue;
             }
-            let view = self.take_loan(rank, expect, deadline)?;
+            let peer = self.member(rank);
+            let view = self.take_loan(peer, expect, deadline)?;
             if view.len() != bytes_len {
-                return Err(wrong_size(rank, view.len() as u64, bytes_len));
+                return Err(wrong_size(peer, view.len() as u64, bytes_len));
             }
             views.push(Some(view));
         }
@@ -642,7 +644,10 @@ impl Session {
             .zip(views)
             .map(|(rank, view)| match view {
                 None => Ok(&own[range.clone()]),
-                Some(view) => elements(rank, &view[range.start * size..range.end * size]),
+                Some(view) => elements(
+                    self.member(rank),
+                    &view[range.start * size..range.end * size],
+                ),
             })
             .collect()
     }

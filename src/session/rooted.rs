@@ -257,7 +257,7 @@ impl Session {
         self.check_root(root, data.is_some(), "broadcast")?;
         let deadline = Deadline::collective("broadcast", timeout);
         let seq = self.next_seq();
-        if self.world_size() > FLAT_BROADCAST_MAX {
+        if self.size() > FLAT_BROADCAST_MAX {
             return self.tree_broadcast(root, data, seq, &deadline);
         }
         if let Some(data) = data {
@@ -268,6 +268,7 @@ impl Session {
             op: kind::BROADCAST,
             seq,
         };
+        let root = self.member(root);
         let mut incoming = [Incoming::new(root, expect, Sink::Vec(Vec::new()))];
         self.receive_all(&mut incoming, &deadline)?;
         let [incoming] = incoming;
@@ -287,9 +288,14 @@ impl Session {
         seq: u64,
         deadline: &Deadline,
     ) -> Result<Vec<u8>, Error> {
-        let tree = BinomialTree::new(self.rank(), root, self.world_size());
+        let tree = BinomialTree::new(self.me(), root, self.size());
         // Largest subtree first: it has the most levels still to go.
-        let children: Vec<u32> = tree.children().map(|(child, _)| child).rev().collect();
+        let children: Vec<u32> = tree
+            .children()
+            .map(|(child, _)| self.member(child))
+            .rev()
+            .collect();
+        let root = self.member(root);
         let expect = Expect::Collective {
             op: kind::BROADCAST,
             seq,
@@ -300,7 +306,7 @@ impl Session {
                 data.to_vec(),
             ),
             None => {
-                let parent = tree.parent().expect("only the root has data");
+                let parent = self.member(tree.parent().expect("only the root has data"));
                 let word = self.recv_collective(parent, kind::BROADCAST, seq, deadline)?;
                 let route = Route::read(parent, &word)?;
                 let bytes = match route {
@@ -332,7 +338,7 @@ impl Session {
     }
 
     /// The next group `expect` selects from `peer`, whole, into a vector.
-    fn receive_vec(
+    pub(super) fn receive_vec(
         &mut self,
         peer: u32,
         expect: Expect,
@@ -365,13 +371,14 @@ impl Session {
         data: &[u8],
         timeout: Duration,
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.check_rank(root)?;
+        self.check_team_rank(root)?;
         let deadline = Deadline::collective("gather", timeout);
         let seq = self.next_seq();
-        if self.world_size() > FLAT_GATHER_MAX {
+        if self.size() > FLAT_GATHER_MAX {
             return self.tree_gather(root, data, seq, &deadline);
         }
-        if root != self.rank() {
+        if root != self.me() {
+            let root = self.member(root);
             self.send_to(kind::GATHER, seq, data, Targets::One(root), &deadline)?;
             return Ok(None);
         }
@@ -393,7 +400,7 @@ impl Session {
         seq: u64,
         deadline: &Deadline,
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        let (rank, world) = (self.rank(), self.world_size());
+        let (rank, world) = (self.me(), self.size());
         let tree = BinomialTree::new(rank, root, world);
         let expect = Expect::Collective {
             op: kind::GATHER,
@@ -404,10 +411,12 @@ impl Session {
         // Smallest subtree (soonest done) first; each child's bundle follows this rank's part and
         // the smaller subtrees' in relative rank order.
         for (child, parts) in tree.children() {
+            let child = self.member(child);
             let bytes = self.receive_vec(child, expect, deadline)?;
             bundle.append(child, parts, &bytes)?;
         }
         if let Some(parent) = tree.parent() {
+            let (parent, root) = (self.member(parent), self.member(root));
             self.send_to(
                 kind::GATHER,
                 seq,
@@ -428,7 +437,11 @@ impl Session {
             match part {
                 Some(bytes) => gathered[peer as usize] = bytes,
                 None if peer == rank => gathered[peer as usize] = data.to_vec(),
-                None => direct.push(Incoming::new(peer, expect, Sink::Vec(Vec::new()))),
+                None => direct.push(Incoming::new(
+                    self.member(peer),
+                    expect,
+                    Sink::Vec(Vec::new()),
+                )),
             }
         }
         self.receive_all(&mut direct, deadline)?;
@@ -445,7 +458,7 @@ impl Session {
                         ),
                     });
                 }
-                gathered[peer as usize] = bytes;
+                gathered[self.team.rank_of(peer) as usize] = bytes;
             }
         }
         Ok(Some(gathered))
@@ -453,14 +466,14 @@ impl Session {
 
     /// Checks a rooted call: `root` in range, and data given exactly at the root.
     pub(super) fn check_root(&self, root: u32, has_data: bool, op: &str) -> Result<(), Error> {
-        self.check_rank(root)?;
-        match (root == self.rank(), has_data) {
+        self.check_team_rank(root)?;
+        match (root == self.me(), has_data) {
             (true, false) => Err(Error::Misuse(format!(
                 "rank {root} is the {op} root but gave no data"
             ))),
             (false, true) => Err(Error::Misuse(format!(
                 "rank {} gave data to a {op} rooted at rank {root}",
-                self.rank()
+                self.me()
             ))),
             _ => Ok(()),
         }

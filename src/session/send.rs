@@ -59,7 +59,7 @@ const MAX_EAGER_SLOTS: usize = 1 + kind::continuation_slots(kind::EAGER_MAX);
 /// Whom a message goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Targets {
-    /// Every other rank.
+    /// Every other member of the current team (the world, or a group during a call on it).
     Peers,
     /// One rank.
     One(u32),
@@ -296,7 +296,7 @@ impl Session {
             return self.receive_all(incoming, deadline);
         }
         let targets: Vec<u32> = match targets {
-            Targets::Peers => self.peers().collect(),
+            Targets::Peers => self.team_peers().collect(),
             Targets::One(peer) => vec![peer],
         };
         // A world of one: nobody to send to.
@@ -432,7 +432,7 @@ impl Session {
         match targets {
             Targets::One(peer) => self.send_slots(peer, slots.as_slice(), deadline),
             Targets::Peers => {
-                for peer in self.peers() {
+                for peer in self.team_peers() {
                     self.send_slots(peer, slots.as_slice(), deadline)?;
                 }
                 Ok(())

@@ -7,10 +7,20 @@ use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 /// The flag of a resumption header (see [`super::Inbox::set_aside`]): never valid on the wire.
 pub(super) const RESUMED: u32 = 1 << 31;
 
+/// The bits of a collective's tag below its stream: the stream's sequence number.
+pub const SEQ_BITS: u32 = 40;
+
+/// The stream a collective's tag belongs to: 0 for the world's collectives, a group's own, or
+/// the one that makes groups.
+#[must_use]
+pub const fn stream_of(tag: u64) -> u32 {
+    (tag >> SEQ_BITS) as u32
+}
+
 /// Which group a receive takes from a peer's queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {
-    /// The first non-`SEND` group, which must be operation `op` number `seq`.
+    /// The first non-`SEND` group of `seq`'s stream, which must be operation `op` number `seq`.
     Collective {
         /// The operation (`kind::BARRIER`, ...).
         op: u32,
@@ -29,7 +39,11 @@ impl Expect {
     pub(crate) fn selects(self, message: &Message) -> bool {
         let op = message.kind & kind::OP_MASK;
         match self {
-            Self::Collective { .. } => op != kind::SEND,
+            // A collective takes only messages of its own stream (the world's or a group's:
+            // see `session::groups`), so collectives on different groups never mix.
+            Self::Collective { seq, .. } => {
+                op != kind::SEND && stream_of(message.tag) == stream_of(seq)
+            }
             Self::Send { .. } => op == kind::SEND,
         }
     }
@@ -183,6 +197,8 @@ pub(crate) fn transport(peer: u32, message: &Message) -> Result<u32, Error> {
             | kind::REDUCE
             | kind::SCATTER
             | kind::ALL_TO_ALL
+            | kind::GROUP
+            | kind::SHRINK
     );
     if known_op && matches!(flags, 0 | kind::PIPELINED | kind::LOAN) {
         Ok(flags)

@@ -1,0 +1,661 @@
+//! Groups of ranks: collectives among some of the world's ranks, numbered among themselves, that
+//! never mix with the world's collectives or another group's (as `MPI_Comm_create_group`,
+//! `ncclCommSplit` and torch's `new_group`); and [`Session::shrink`], the group of every rank
+//! still there after a death (as ULFM's `MPI_Comm_shrink`).
+//!
+//! # Streams
+//!
+//! A collective message's tag is its *stream* (top 24 bits) and the stream's sequence number
+//! (low [`SEQ_BITS`]). The world's collectives are stream 0; each group has its own; making
+//! groups and shrinking use [`SETUP_STREAM`]. A collective's receive takes from a peer's queue
+//! only messages of its own stream (`Expect::selects`), and checks operation and sequence number
+//! as before, so a collective on one group never takes another's messages, even when the
+//! groups' collectives interleave.
+//!
+//! **Why no two groups that share a rank share a stream.** Every rank keeps the highest stream
+//! it has been in (`Groups::highest`). Making a group, every member proposes one more than its
+//! own, and the group takes the largest proposal; every member then records it as its highest.
+//! So the streams of the groups one rank is in strictly increase in the order it made them, and
+//! two groups with a common rank differ in stream. Nothing needs the whole world, and no rank
+//! outside a group hears of it.
+//!
+//! **Making a group** is a small exchange among its members on [`SETUP_STREAM`]: each sends every
+//! other its proposal and the ranks it passed, and checks theirs against its own, so a member
+//! that passed other ranks is named ([`Error::GroupMismatch`]). Setup messages between two ranks
+//! are numbered per pair and direction (`Peer::setup_sent`, `setup_received`), like
+//! point-to-point messages: two ranks that make groups together must make them in the same
+//! order (MPI asks the same of communicators), and one that does not is named by a
+//! [`Error::CollectiveMismatch`].
+//!
+//! # Deaths
+//!
+//! A collective on a group fails when a *member* has died, naming it (`team_lost_rank`); deaths
+//! elsewhere do not disturb it (the watcher's interrupt wakes its waits, which look, find no
+//! dead member, and wait on).
+//!
+//! # Shrinking: agreeing on who is left
+//!
+//! [`Session::shrink`] is consensus with a perfect failure detector: a rank is known to have
+//! departed only once it has (its process exited or it dropped its session, as the kernel and
+//! the broker tell this worker's watcher), never on suspicion. Each survivor starts from its own
+//! estimate (the ranks it knows departed) and goes through rounds `c = 0 .. world`: in round `c`,
+//! rank `c` sends its current estimate to every rank it does not know departed, and every other
+//! rank waits for that estimate and adopts it, unless it learns that `c` departed (then `c`'s
+//! round is skipped; what `c` sent before it died is still taken, as every message is). Estimates
+//! are replaced, never merged.
+//!
+//! *Agreement.* Let `c` be the first coordinator that completes its round. Every rank still in
+//! the call adopted `c`'s estimate (a rank skips a round only for a coordinator that departed).
+//! From then on every estimate is the same, so every later coordinator sends that same value,
+//! even one that dies halfway through its sends: every survivor ends with `c`'s estimate. Some
+//! survivor completes its round (a survivor is a rank that does not depart), so `c` exists.
+//!
+//! *Termination.* A round waits for one rank, which either sends or departs (and the watcher
+//! reports every departure), or stays alive without calling `shrink`: then the call times out
+//! naming it. So it never hangs.
+//!
+//! *Validity.* The estimate holds only ranks that did depart. One that departed after `c`'s
+//! estimate was taken is still among the ranks agreed on. Making their group then fails,
+//! naming it, on the survivors that needed its message and had not got it, and succeeds on the
+//! others, whose group's first collective fails naming it: either way every survivor learns of
+//! it and calls `shrink` again, and the setup messages of the pairs still there stay in step
+//! for that call (making a group takes every message still coming before it fails).
+//!
+//! The agreed ranks then make a group as any group is made (which also checks, once more, that
+//! they agree).
+//!
+//! # What a death leaves in the links
+//!
+//! A collective cut short by a death can leave messages of its stream in the survivors' queues:
+//! whole ones are never taken again (their stream has moved on). A large message cut off between
+//! its chunks leaves the link out of step, as any call that fails mid-transfer does (see
+//! `departures`): a collective after [`Session::shrink`] is sure to work when the one cut short
+//! was small (up to the eager limit per rank), not otherwise.
+
+use super::demux::{Expect, SEQ_BITS};
+use super::send::Targets;
+use super::{Deadline, Error, Session};
+use crate::reduce::{DType, Element, ReduceOp};
+use shmbroker_bindings::kind;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The stream that making groups and shrinking use: the largest.
+pub(super) const SETUP_STREAM: u32 = (1 << (64 - SEQ_BITS)) - 1;
+
+/// A stream's sequence numbers.
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+
+/// The ranks a collective runs among, with the next sequence number of their stream.
+#[derive(Clone, Debug)]
+pub(super) struct Team {
+    stream: u32,
+    /// World ranks by team rank; `None` for the world (team rank r is world rank r).
+    members: Option<Arc<[u32]>>,
+    me: u32,
+    size: u32,
+    seq: u64,
+}
+
+impl Team {
+    /// The whole world, on stream 0.
+    pub(super) fn world(rank: u32, size: u32) -> Self {
+        Self {
+            stream: 0,
+            members: None,
+            me: rank,
+            size,
+            seq: 0,
+        }
+    }
+
+    /// `members` (world ranks, by team rank) on `stream`, as this rank (`me` among them) sees
+    /// them.
+    fn of(stream: u32, members: Arc<[u32]>, me: u32) -> Self {
+        Self {
+            stream,
+            size: members.len() as u32,
+            members: Some(members),
+            me,
+            seq: 0,
+        }
+    }
+
+    pub(super) fn me(&self) -> u32 {
+        self.me
+    }
+
+    pub(super) fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// The world rank of team rank `rank`.
+    pub(super) fn member(&self, rank: u32) -> u32 {
+        self.members
+            .as_ref()
+            .map_or(rank, |members| members[rank as usize])
+    }
+
+    /// The team rank of world rank `rank`, a member.
+    pub(super) fn rank_of(&self, rank: u32) -> u32 {
+        self.members.as_ref().map_or(rank, |members| {
+            members
+                .iter()
+                .position(|&member| member == rank)
+                .unwrap_or_else(|| unreachable!("rank {rank} is not a member of {members:?}"))
+                as u32
+        })
+    }
+
+    /// Whether world rank `rank` is a member.
+    pub(super) fn contains(&self, rank: u32) -> bool {
+        self.members
+            .as_ref()
+            .is_none_or(|members| members.contains(&rank))
+    }
+
+    /// The tag of this team's next collective.
+    pub(super) fn next_tag(&mut self) -> u64 {
+        let tag = (u64::from(self.stream) << SEQ_BITS) | (self.seq & SEQ_MASK);
+        self.seq += 1;
+        tag
+    }
+}
+
+/// The groups this rank is in.
+#[derive(Debug, Default)]
+pub(super) struct Groups {
+    /// Each group's team by stream, but the one in use during a call on it.
+    teams: HashMap<u32, Team>,
+    /// The highest stream this rank has been in (see "Streams").
+    highest: u32,
+}
+
+/// A group of ranks, made by [`Session::group`] or [`Session::shrink`]: a small handle that does
+/// not borrow the session, so that a program holds as many as it likes (a tensor-parallel and a
+/// pipeline-parallel group that overlap, say). Its collectives run on [`Session::on`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    stream: u32,
+    ranks: Arc<[u32]>,
+    rank: u32,
+}
+
+impl Group {
+    /// This rank's rank in the group: its position in the ranks given to [`Session::group`].
+    #[must_use]
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The number of ranks in the group.
+    #[must_use]
+    pub fn size(&self) -> u32 {
+        self.ranks.len() as u32
+    }
+
+    /// The members' world ranks, by group rank.
+    #[must_use]
+    pub fn ranks(&self) -> &[u32] {
+        &self.ranks
+    }
+
+    /// The world rank of group rank `rank`, if there is one.
+    #[must_use]
+    pub fn world_rank(&self, rank: u32) -> Option<u32> {
+        self.ranks.get(rank as usize).copied()
+    }
+
+    /// The group rank of world rank `rank`, if it is a member.
+    #[must_use]
+    pub fn group_rank(&self, rank: u32) -> Option<u32> {
+        self.ranks
+            .iter()
+            .position(|&member| member == rank)
+            .map(|at| at as u32)
+    }
+}
+
+/// The session seen through a group ([`Session::on`]): every collective, under the same name
+/// and with the same arguments as on the session, among the group's members only. Ranks,
+/// roots, blocks and counts are group ranks; errors name world ranks.
+#[derive(Debug)]
+pub struct GroupView<'s> {
+    session: &'s mut Session,
+    group: &'s Group,
+}
+
+/// The session with `team` as its current team, until dropped (even by a panic in a user's
+/// combining closure): then the world is current again and a group's team is stored back.
+struct OnTeam<'s> {
+    session: &'s mut Session,
+    world: Option<Team>,
+    /// Whether the team goes back to [`Groups::teams`] (a group's) or is dropped (setup's).
+    store: bool,
+}
+
+impl<'s> OnTeam<'s> {
+    fn new(session: &'s mut Session, team: Team, store: bool) -> Self {
+        let world = std::mem::replace(&mut session.team, team);
+        Self {
+            session,
+            world: Some(world),
+            store,
+        }
+    }
+}
+
+impl Drop for OnTeam<'_> {
+    fn drop(&mut self) {
+        if let Some(world) = self.world.take() {
+            let team = std::mem::replace(&mut self.session.team, world);
+            if self.store {
+                self.session.groups.teams.insert(team.stream, team);
+            }
+        }
+    }
+}
+
+macro_rules! on_group {
+    ($(fn $name:ident $(<$T:ident: $bound:ident>)? (&mut self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+        $(
+            #[doc = concat!("[`Session::", stringify!($name), "`] among the group's members.")]
+            ///
+            /// # Errors
+            ///
+            #[doc = concat!("As for [`Session::", stringify!($name), "`].")]
+            pub fn $name $(<$T: $bound>)? (&mut self $(, $arg: $ty)*) -> Result<$ret, Error> {
+                self.run(|session| session.$name($($arg),*))
+            }
+        )*
+    };
+}
+
+impl GroupView<'_> {
+    /// This rank's rank in the group.
+    #[must_use]
+    pub fn rank(&self) -> u32 {
+        self.group.rank()
+    }
+
+    /// The number of ranks in the group.
+    #[must_use]
+    pub fn size(&self) -> u32 {
+        self.group.size()
+    }
+
+    /// The group.
+    #[must_use]
+    pub fn group(&self) -> &Group {
+        self.group
+    }
+
+    /// Runs `call` with the group's team current.
+    fn run<R>(&mut self, call: impl FnOnce(&mut Session) -> Result<R, Error>) -> Result<R, Error> {
+        let stream = self.group.stream;
+        let team = match self.session.groups.teams.remove(&stream) {
+            Some(team) if team.members.as_deref() == Some(&*self.group.ranks) => team,
+            other => {
+                if let Some(team) = other {
+                    self.session.groups.teams.insert(stream, team);
+                }
+                return Err(Error::Misuse(format!(
+                    "ranks {:?} are not a group of this session (was it made on another one?)",
+                    self.group.ranks
+                )));
+            }
+        };
+        let on = OnTeam::new(self.session, team, true);
+        call(on.session)
+    }
+
+    on_group! {
+        fn barrier(&mut self) -> ();
+        fn barrier_timeout(&mut self, timeout: Duration) -> ();
+        fn all_gather(&mut self, data: &[u8]) -> Vec<Vec<u8>>;
+        fn all_gather_timeout(&mut self, data: &[u8], timeout: Duration) -> Vec<Vec<u8>>;
+        fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> ();
+        fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Vec<u8>;
+        fn broadcast_timeout(&mut self, root: u32, data: Option<&[u8]>, timeout: Duration) -> Vec<u8>;
+        fn gather(&mut self, root: u32, data: &[u8]) -> Option<Vec<Vec<u8>>>;
+        fn gather_timeout(&mut self, root: u32, data: &[u8], timeout: Duration) -> Option<Vec<Vec<u8>>>;
+        fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> ();
+        fn all_reduce_timeout<T: Element>(&mut self, data: &mut [T], op: ReduceOp, timeout: Duration) -> ();
+        fn all_reduce_into<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> ();
+        fn all_reduce_bytes(&mut self, data: &mut [u8], dtype: DType, op: ReduceOp) -> ();
+        fn all_reduce_bytes_timeout(&mut self, data: &mut [u8], dtype: DType, op: ReduceOp, timeout: Duration) -> ();
+        fn reduce<T: Element>(&mut self, root: u32, data: &mut [T], op: ReduceOp) -> ();
+        fn reduce_timeout<T: Element>(&mut self, root: u32, data: &mut [T], op: ReduceOp, timeout: Duration) -> ();
+        fn reduce_bytes(&mut self, root: u32, data: &mut [u8], dtype: DType, op: ReduceOp) -> ();
+        fn reduce_bytes_timeout(&mut self, root: u32, data: &mut [u8], dtype: DType, op: ReduceOp, timeout: Duration) -> ();
+        fn reduce_scatter<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> ();
+        fn reduce_scatter_timeout<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp, timeout: Duration) -> ();
+        fn reduce_scatter_bytes(&mut self, input: &[u8], output: &mut [u8], dtype: DType, op: ReduceOp) -> ();
+        fn reduce_scatter_bytes_timeout(&mut self, input: &[u8], output: &mut [u8], dtype: DType, op: ReduceOp, timeout: Duration) -> ();
+        fn scatter(&mut self, root: u32, input: Option<&[u8]>, output: &mut [u8]) -> ();
+        fn scatter_timeout(&mut self, root: u32, input: Option<&[u8]>, output: &mut [u8], timeout: Duration) -> ();
+        fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> ();
+        fn all_to_all_timeout(&mut self, input: &[u8], output: &mut [u8], timeout: Duration) -> ();
+        fn all_to_all_v(&mut self, input: &[u8], send_counts: &[usize], output: &mut [u8], recv_counts: &[usize]) -> ();
+        fn all_to_all_v_timeout(&mut self, input: &[u8], send_counts: &[usize], output: &mut [u8], recv_counts: &[usize], timeout: Duration) -> ();
+    }
+}
+
+impl Session {
+    /// Makes a group of `ranks` (world ranks, in the order that numbers them in the group).
+    /// Every member calls it with the same ranks; others do not call it. Groups sharing two
+    /// ranks must be made in the same order by both.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] for an empty list, a repeated rank or one that leaves out this rank;
+    /// [`Error::RankOutOfRange`]; [`Error::GroupMismatch`] naming a member that passed other
+    /// ranks; [`Error::Timeout`] naming members that did not call it in time; [`Error::PeerLost`]
+    /// and the other departures naming a member that is gone.
+    pub fn group(&mut self, ranks: &[u32]) -> Result<Group, Error> {
+        self.group_timeout(ranks, self.timeout)
+    }
+
+    /// [`Self::group`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::group`].
+    pub fn group_timeout(&mut self, ranks: &[u32], timeout: Duration) -> Result<Group, Error> {
+        let me = self.check_group(ranks)?;
+        let deadline = Deadline::new("group", timeout);
+        let proposal = self.groups.highest + 1;
+        if proposal >= SETUP_STREAM {
+            return Err(Error::Misuse(format!(
+                "this rank has been in {} groups, as many as there are streams",
+                self.groups.highest
+            )));
+        }
+        let mut payload = proposal.to_le_bytes().to_vec();
+        payload.extend(ranks.iter().flat_map(|rank| rank.to_le_bytes()));
+        let members: Arc<[u32]> = ranks.into();
+        // Among the members only: a death elsewhere is none of this call's business.
+        let setup = Team::of(SETUP_STREAM, members.clone(), me);
+        let stream = {
+            let on = OnTeam::new(self, setup, false);
+            on.session
+                .agree_on_stream(&members, proposal, &payload, &deadline)?
+        };
+        self.groups.highest = stream;
+        self.groups
+            .teams
+            .insert(stream, Team::of(stream, members.clone(), me));
+        Ok(Group {
+            stream,
+            ranks: members,
+            rank: me,
+        })
+    }
+
+    /// Sends every other member `payload` (this rank's proposal and ranks) and checks theirs:
+    /// the group's stream, the largest proposal.
+    fn agree_on_stream(
+        &mut self,
+        members: &[u32],
+        proposal: u32,
+        payload: &[u8],
+        deadline: &Deadline,
+    ) -> Result<u32, Error> {
+        let others: Vec<u32> = self.team_peers().collect();
+        // A member that has departed fails the call, naming it, but only once every other
+        // member's message is sent and taken: the setup messages of the pairs still there stay
+        // in step for the next call (a `shrink`, say).
+        let mut departed = None;
+        for &peer in &others {
+            let tag = self.setup_tag_to(peer);
+            match self.send_to(kind::GROUP, tag, payload, Targets::One(peer), deadline) {
+                Err(error) if self.inner.departure(peer).is_some() => {
+                    departed.get_or_insert(error);
+                }
+                sent => sent?,
+            }
+        }
+        let mut stream = proposal;
+        for &peer in &others {
+            let tag = self.setup_tag_from(peer);
+            let expect = Expect::Collective {
+                op: kind::GROUP,
+                seq: tag,
+            };
+            let bytes = match self.receive_vec(peer, expect, deadline) {
+                Err(error) if self.inner.departure(peer).is_some() => {
+                    departed.get_or_insert(error);
+                    continue;
+                }
+                received => received?,
+            };
+            let (theirs, ranks) = read_proposal(peer, &bytes)?;
+            if ranks != members {
+                return Err(Error::GroupMismatch {
+                    peer,
+                    expected: members.to_vec(),
+                    found: ranks,
+                });
+            }
+            stream = stream.max(theirs);
+        }
+        departed.map_or(Ok(stream), Err)
+    }
+
+    /// Checks the ranks of a group this rank makes: its rank among them.
+    fn check_group(&self, ranks: &[u32]) -> Result<u32, Error> {
+        for &rank in ranks {
+            self.check_rank(rank)?;
+        }
+        let mut sorted = ranks.to_vec();
+        sorted.sort_unstable();
+        if let Some(twice) = sorted.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(Error::Misuse(format!(
+                "rank {} appears twice in the group {ranks:?}",
+                twice[0]
+            )));
+        }
+        ranks
+            .iter()
+            .position(|&rank| rank == self.rank())
+            .map(|at| at as u32)
+            .ok_or_else(|| {
+                Error::Misuse(format!(
+                    "rank {} makes a group of ranks {ranks:?} that leaves it out; only members \
+                     make a group",
+                    self.rank()
+                ))
+            })
+    }
+
+    /// The view of this session through `group`, whose collectives run among its members only:
+    /// `session.on(&tp).all_reduce(&mut activations, ReduceOp::Sum)`.
+    #[must_use]
+    pub fn on<'s>(&'s mut self, group: &'s Group) -> GroupView<'s> {
+        GroupView {
+            session: self,
+            group,
+        }
+    }
+
+    /// The group of every rank still there, in rank order, once the survivors agree on it (see
+    /// the module docs): after a death, the survivors call it and carry on with collectives on
+    /// the group. Every survivor that calls it gets the same group, and no call hangs: a rank
+    /// that stays alive without calling it is named by a timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] naming a live rank that did not call it; [`Error::PeerLost`] naming a
+    /// rank that died after the survivors agreed (call it again); [`Error::Protocol`] for an
+    /// estimate no honest rank sends.
+    pub fn shrink(&mut self) -> Result<Group, Error> {
+        self.shrink_timeout(self.timeout)
+    }
+
+    /// [`Self::shrink`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::shrink`].
+    pub fn shrink_timeout(&mut self, timeout: Duration) -> Result<Group, Error> {
+        let deadline = Deadline::new("shrink", timeout);
+        let (me, world) = (self.rank(), self.world_size());
+        let departed = |session: &Self, rank: u32| session.inner.departure(rank).is_some();
+        let mut estimate = self
+            .peers()
+            .filter(|&rank| departed(self, rank))
+            .fold(0u64, |set, rank| set | 1 << rank);
+        for coordinator in 0..world {
+            if coordinator == me {
+                for peer in self.peers() {
+                    if departed(self, peer) {
+                        continue;
+                    }
+                    let tag = self.setup_tag_to(peer);
+                    let bytes = estimate.to_le_bytes();
+                    match self.send_to(kind::SHRINK, tag, &bytes, Targets::One(peer), &deadline) {
+                        Err(_) if departed(self, peer) => {}
+                        sent => sent?,
+                    }
+                }
+            } else if !departed(self, coordinator) {
+                let tag = self.setup_tag_from(coordinator);
+                let expect = Expect::Collective {
+                    op: kind::SHRINK,
+                    seq: tag,
+                };
+                match self.receive_vec(coordinator, expect, &deadline) {
+                    Ok(bytes) => estimate = read_estimate(coordinator, &bytes, me, world)?,
+                    Err(_) if departed(self, coordinator) => {}
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+        let ranks: Vec<u32> = (0..world)
+            .filter(|&rank| estimate & 1 << rank == 0)
+            .collect();
+        self.group_timeout(&ranks, deadline.left())
+    }
+
+    /// The tag of the next setup message to `peer`.
+    fn setup_tag_to(&mut self, peer: u32) -> u64 {
+        let sent = &mut self.peers[peer as usize].setup_sent;
+        *sent += 1;
+        (u64::from(SETUP_STREAM) << SEQ_BITS) | ((*sent - 1) & SEQ_MASK)
+    }
+
+    /// The tag of the next setup message due from `peer`.
+    fn setup_tag_from(&mut self, peer: u32) -> u64 {
+        let received = &mut self.peers[peer as usize].setup_received;
+        *received += 1;
+        (u64::from(SETUP_STREAM) << SEQ_BITS) | ((*received - 1) & SEQ_MASK)
+    }
+}
+
+/// A member's proposal and ranks, checked: a stream a group can have, and whole ranks.
+fn read_proposal(peer: u32, bytes: &[u8]) -> Result<(u32, Vec<u32>), Error> {
+    let forged = |detail: String| Error::Protocol {
+        peer,
+        detail: format!("making a group: {detail}"),
+    };
+    if bytes.len() < 4 || !bytes.len().is_multiple_of(4) {
+        return Err(forged(format!(
+            "{} bytes where a proposal and whole ranks were due",
+            bytes.len()
+        )));
+    }
+    let mut words = bytes
+        .chunks_exact(4)
+        .map(|word| u32::from_le_bytes(word.try_into().expect("chunks of four")));
+    let proposal = words.next().expect("at least one word");
+    if proposal == 0 || proposal >= SETUP_STREAM {
+        return Err(forged(format!(
+            "proposed stream {proposal}; groups have streams 1 to {}",
+            SETUP_STREAM - 1
+        )));
+    }
+    Ok((proposal, words.collect()))
+}
+
+/// A coordinator's estimate of the departed ranks, checked: ranks of the world, and not this
+/// one (which is here to read it).
+fn read_estimate(peer: u32, bytes: &[u8], me: u32, world: u32) -> Result<u64, Error> {
+    let forged = |detail: String| Error::Protocol {
+        peer,
+        detail: format!("shrinking: {detail}"),
+    };
+    let estimate = u64::from_le_bytes(
+        bytes
+            .try_into()
+            .map_err(|_| forged(format!("{} bytes where an 8-byte set was due", bytes.len())))?,
+    );
+    let outside = if world >= 64 { 0 } else { !0u64 << world };
+    if estimate & outside != 0 || estimate & 1 << me != 0 {
+        return Err(forged(format!(
+            "departed ranks {estimate:#x} name a rank outside the world of {world} or this \
+             rank {me}, which is here"
+        )));
+    }
+    Ok(estimate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_and_sequence_numbers_share_a_tag_without_overlap() {
+        let mut team = Team::of(5, Arc::from([3, 1, 4]), 1);
+        let first = team.next_tag();
+        assert_eq!(super::super::demux::stream_of(first), 5);
+        assert_eq!(first & SEQ_MASK, 0);
+        assert_eq!(team.next_tag() & SEQ_MASK, 1);
+        assert_eq!((team.member(0), team.member(2)), (3, 4));
+        assert_eq!(team.rank_of(4), 2);
+        assert!(team.contains(1) && !team.contains(0));
+        let world = Team::world(2, 4);
+        assert!((0..4).all(|rank| world.contains(rank) && world.member(rank) == rank));
+        assert_eq!(SETUP_STREAM, (1 << 24) - 1);
+    }
+
+    #[test]
+    fn a_forged_proposal_or_estimate_is_refused_naming_its_sender() {
+        let words =
+            |words: &[u32]| -> Vec<u8> { words.iter().flat_map(|w| w.to_le_bytes()).collect() };
+        assert_eq!(
+            read_proposal(2, &words(&[7, 0, 2])).unwrap(),
+            (7, vec![0, 2])
+        );
+        for bad in [
+            words(&[0, 1]),
+            words(&[SETUP_STREAM, 1]),
+            vec![1, 2, 3],
+            Vec::new(),
+        ] {
+            match read_proposal(2, &bad) {
+                Err(Error::Protocol { peer: 2, detail }) => assert!(detail.contains("group")),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            read_estimate(1, &0b100u64.to_le_bytes(), 0, 4).unwrap(),
+            0b100
+        );
+        for (bad, me, world) in [(1u64 << 4, 0, 4), (1, 0, 4), (0, 0, 4)] {
+            let bytes = if bad == 0 {
+                vec![0; 7]
+            } else {
+                bad.to_le_bytes().to_vec()
+            };
+            match read_estimate(1, &bytes, me, world) {
+                Err(Error::Protocol { peer: 1, .. }) => {}
+                other => panic!("{bad:#x}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            read_estimate(1, &(1u64 << 63).to_le_bytes(), 0, 64).unwrap(),
+            1 << 63
+        );
+    }
+}
