@@ -141,6 +141,11 @@
 // The sum divided by the number of ranks (floats).
 #define SHMBROKER_OP_AVG 7
 
+// A group of ranks: opaque, made by `shmbroker_group_create` or `shmbroker_shrink`, freed by
+// `shmbroker_group_free`. It belongs to the session that made it, and does not keep that
+// session alive: free it first. Read-only once made, so any thread may use it.
+typedef struct shmbroker_group shmbroker_group;
+
 // A worker's session: opaque, made by `shmbroker_connect` or `shmbroker_from_env`, ended by
 // `shmbroker_close`. Safe to call from several threads at once (see the header's thread rules).
 typedef struct shmbroker_session shmbroker_session;
@@ -194,6 +199,13 @@ uint32_t shmbroker_world_size(const struct shmbroker_session *s);
 // `s` is null or a live session.
 int shmbroker_barrier(struct shmbroker_session *s);
 
+// As `shmbroker_barrier`, among the members of group `g` (NULL: the world).
+//
+// # Safety
+//
+// `s` is null or a live session; `g` is null or a live group of `s`.
+int shmbroker_group_barrier(struct shmbroker_session *s, const struct shmbroker_group *g);
+
 // Every rank's `len` bytes, in rank order, into `out` (`len * world_size` bytes). Every rank
 // passes the same `len`. Threads: as [`shmbroker_barrier`].
 //
@@ -203,6 +215,18 @@ int shmbroker_barrier(struct shmbroker_session *s);
 // writable ones (either may be null when its length is 0).
 int shmbroker_all_gather(struct shmbroker_session *s, const void *data, size_t len, void *out);
 
+// As `shmbroker_all_gather`, among the members of group `g` (NULL: the world): `out` holds
+// `len` bytes per member, in group rank order.
+//
+// # Safety
+//
+// As for `shmbroker_all_gather` with the group's size; `g` is null or a live group of `s`.
+int shmbroker_group_all_gather(struct shmbroker_session *s,
+                               const struct shmbroker_group *g,
+                               const void *data,
+                               size_t len,
+                               void *out);
+
 // `root`'s `len` bytes into every rank's `buf`: the root's `buf` is what is sent, every other
 // rank's is filled. Every rank passes the same `len`. Threads: as [`shmbroker_barrier`].
 //
@@ -211,6 +235,18 @@ int shmbroker_all_gather(struct shmbroker_session *s, const void *data, size_t l
 // `s` is null or a live session; `buf` has `len` bytes (readable on the root, writable
 // elsewhere).
 int shmbroker_broadcast(struct shmbroker_session *s, uint32_t root, void *buf, size_t len);
+
+// As `shmbroker_broadcast`, among the members of group `g` (NULL: the world); `root` is a
+// group rank.
+//
+// # Safety
+//
+// As for `shmbroker_broadcast`; `g` is null or a live group of `s`.
+int shmbroker_group_broadcast(struct shmbroker_session *s,
+                              const struct shmbroker_group *g,
+                              uint32_t root,
+                              void *buf,
+                              size_t len);
 
 // Every rank's `len` bytes, in rank order, into the root's `out` (`len * world_size` bytes;
 // ignored, and may be NULL, on other ranks). Every rank passes the same `len`: a part of
@@ -226,6 +262,19 @@ int shmbroker_gather(struct shmbroker_session *s,
                      size_t len,
                      void *out);
 
+// As `shmbroker_gather`, among the members of group `g` (NULL: the world); `root` is a group
+// rank and the root's `out` holds `len` bytes per member.
+//
+// # Safety
+//
+// As for `shmbroker_gather` with the group's size; `g` is null or a live group of `s`.
+int shmbroker_group_gather(struct shmbroker_session *s,
+                           const struct shmbroker_group *g,
+                           uint32_t root,
+                           const void *data,
+                           size_t len,
+                           void *out);
+
 // Combines every rank's `count` elements of `dtype` at `data` with `op`, in rank order, into
 // every rank's `data` (in place). Every rank passes the same `count`, `dtype` and `op`; every
 // rank gets the same bits. Threads: as `shmbroker_barrier`.
@@ -234,6 +283,18 @@ int shmbroker_gather(struct shmbroker_session *s,
 //
 // `s` is null or a live session; `data` has `count` elements of `dtype`, aligned for them.
 int shmbroker_all_reduce(struct shmbroker_session *s, void *data, size_t count, int dtype, int op);
+
+// As `shmbroker_all_reduce`, among the members of group `g` (NULL: the world).
+//
+// # Safety
+//
+// As for `shmbroker_all_reduce`; `g` is null or a live group of `s`.
+int shmbroker_group_all_reduce(struct shmbroker_session *s,
+                               const struct shmbroker_group *g,
+                               void *data,
+                               size_t count,
+                               int dtype,
+                               int op);
 
 // As `shmbroker_all_reduce`, the result into the root's `data` only; the other ranks'
 // `data` is unchanged. Threads: as `shmbroker_barrier`.
@@ -247,6 +308,20 @@ int shmbroker_reduce(struct shmbroker_session *s,
                      size_t count,
                      int dtype,
                      int op);
+
+// As `shmbroker_reduce`, among the members of group `g` (NULL: the world); `root` is a group
+// rank.
+//
+// # Safety
+//
+// As for `shmbroker_reduce`; `g` is null or a live group of `s`.
+int shmbroker_group_reduce(struct shmbroker_session *s,
+                           const struct shmbroker_group *g,
+                           uint32_t root,
+                           void *data,
+                           size_t count,
+                           int dtype,
+                           int op);
 
 // Combines every rank's `input` (`world_size` blocks of `count` elements of `dtype`) with `op`,
 // in rank order, and gives rank `r` block `r` of the result in `output` (`count` elements).
@@ -263,6 +338,20 @@ int shmbroker_reduce_scatter(struct shmbroker_session *s,
                              int dtype,
                              int op);
 
+// As `shmbroker_reduce_scatter`, among the members of group `g` (NULL: the world): `input`
+// holds one block per member.
+//
+// # Safety
+//
+// As for `shmbroker_reduce_scatter` with the group's size; `g` is null or a live group of `s`.
+int shmbroker_group_reduce_scatter(struct shmbroker_session *s,
+                                   const struct shmbroker_group *g,
+                                   const void *input,
+                                   void *output,
+                                   size_t count,
+                                   int dtype,
+                                   int op);
+
 // The root's `input` (`world_size` blocks of `block` bytes; NULL on other ranks) cut into
 // blocks, block `r` into rank `r`'s `output` (`block` bytes). Threads: as `shmbroker_barrier`.
 //
@@ -276,6 +365,19 @@ int shmbroker_scatter(struct shmbroker_session *s,
                       void *output,
                       size_t block);
 
+// As `shmbroker_scatter`, among the members of group `g` (NULL: the world); `root` is a group
+// rank and its `input` holds one block per member.
+//
+// # Safety
+//
+// As for `shmbroker_scatter` with the group's size; `g` is null or a live group of `s`.
+int shmbroker_group_scatter(struct shmbroker_session *s,
+                            const struct shmbroker_group *g,
+                            uint32_t root,
+                            const void *input,
+                            void *output,
+                            size_t block);
+
 // Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q`: both hold
 // `world_size` blocks of `block` bytes. Threads: as `shmbroker_barrier`.
 //
@@ -287,6 +389,18 @@ int shmbroker_all_to_all(struct shmbroker_session *s,
                          const void *input,
                          void *output,
                          size_t block);
+
+// As `shmbroker_all_to_all`, among the members of group `g` (NULL: the world): one block per
+// member, in group rank order.
+//
+// # Safety
+//
+// As for `shmbroker_all_to_all` with the group's size; `g` is null or a live group of `s`.
+int shmbroker_group_all_to_all(struct shmbroker_session *s,
+                               const struct shmbroker_group *g,
+                               const void *input,
+                               void *output,
+                               size_t block);
 
 // Block `q` of `input` (`send_counts[q]` bytes, in rank order) to rank `q`, and
 // `recv_counts[q]` bytes from rank `q` into `output`, in rank order. Both count arrays have
@@ -303,6 +417,71 @@ int shmbroker_all_to_all_v(struct shmbroker_session *s,
                            const size_t *send_counts,
                            void *output,
                            const size_t *recv_counts);
+
+// As `shmbroker_all_to_all_v`, among the members of group `g` (NULL: the world): one count
+// per member, in group rank order.
+//
+// # Safety
+//
+// As for `shmbroker_all_to_all_v` with the group's size; `g` is null or a live group of `s`.
+int shmbroker_group_all_to_all_v(struct shmbroker_session *s,
+                                 const struct shmbroker_group *g,
+                                 const void *input,
+                                 const size_t *send_counts,
+                                 void *output,
+                                 const size_t *recv_counts);
+
+// Makes a group of the `n` world ranks at `ranks` (their order numbers them in the group) and
+// stores it in `*out`. Every member calls it with the same ranks; other ranks do not. A member
+// that passed other ranks is named (`SHMBROKER_E_PROTOCOL`, `shmbroker_last_error_rank`).
+// Threads: as `shmbroker_barrier`.
+//
+// # Safety
+//
+// `s` is null or a live session; `ranks` has `n` readable entries; `out` is a writable
+// `shmbroker_group *`.
+int shmbroker_group_create(struct shmbroker_session *s,
+                           const uint32_t *ranks,
+                           size_t n,
+                           struct shmbroker_group **out);
+
+// After a death: the group of every rank still there, agreed on by every survivor that calls
+// it, stored in `*out`. A live rank that does not call it is named by `SHMBROKER_E_TIMEOUT`;
+// `SHMBROKER_E_PEER_LOST` names a rank that died after the survivors agreed: call it again.
+// Threads: as `shmbroker_barrier`.
+//
+// # Safety
+//
+// `s` is null or a live session; `out` is a writable `shmbroker_group *`.
+int shmbroker_shrink(struct shmbroker_session *s, struct shmbroker_group **out);
+
+// This rank's rank in group `g` (`UINT32_MAX` for NULL).
+//
+// # Safety
+//
+// `g` is null or a live group.
+uint32_t shmbroker_group_rank(const struct shmbroker_group *g);
+
+// The number of ranks in group `g` (0 for NULL).
+//
+// # Safety
+//
+// `g` is null or a live group.
+uint32_t shmbroker_group_size(const struct shmbroker_group *g);
+
+// The world rank of rank `rank` of group `g`, or -1 when there is none.
+//
+// # Safety
+//
+// `g` is null or a live group.
+int64_t shmbroker_group_world_rank(const struct shmbroker_group *g, uint32_t rank);
+
+// Frees group `g` (nothing for NULL).
+//
+// # Safety
+//
+// `g` is null or a group no call is using, not used again.
+void shmbroker_group_free(struct shmbroker_group *g);
 
 // Sends `len` bytes to `rank`. Threads: one send or collective at a time (a second waits for
 // the first); a receive on another thread goes on.

@@ -127,7 +127,164 @@ struct Received {
     std::size_t size;
 };
 
-class Session {
+// The collectives, on the whole world (a Session) or among a group's members (a GroupView, from
+// Session::on): the same calls, with ranks, roots and sizes the group's in a group.
+class Collectives {
+   public:
+    // This rank's rank, and the number of ranks, among those the collectives run on.
+    std::uint32_t rank() const noexcept {
+        return g_ != nullptr ? shmbroker_group_rank(g_) : shmbroker_rank(s_);
+    }
+    std::uint32_t size() const noexcept {
+        return g_ != nullptr ? shmbroker_group_size(g_) : shmbroker_world_size(s_);
+    }
+
+    void barrier() { detail::check(shmbroker_group_barrier(s_, g_)); }
+
+    // Every rank's `len` bytes, in rank order, into `out` (len * size() bytes).
+    void all_gather(const void *data, std::size_t len, void *out) {
+        detail::check(shmbroker_group_all_gather(s_, g_, data, len, out));
+    }
+
+    // Every rank's value, in rank order.
+    template <typename T>
+    std::vector<T> all_gather(const T &mine) {
+        static_assert(std::is_trivially_copyable_v<T>, "all_gather copies bytes");
+        std::vector<T> all(size());
+        all_gather(&mine, sizeof(T), all.data());
+        return all;
+    }
+
+    // Every rank's `len` bytes, in rank order, into the root's `out` (len * size() bytes;
+    // ignored elsewhere).
+    void gather(std::uint32_t root, const void *data, std::size_t len, void *out) {
+        detail::check(shmbroker_group_gather(s_, g_, root, data, len, out));
+    }
+
+    // Every rank's value, in rank order, on the root (empty elsewhere).
+    template <typename T>
+    std::vector<T> gather(std::uint32_t root, const T &mine) {
+        static_assert(std::is_trivially_copyable_v<T>, "gather copies bytes");
+        std::vector<T> all(rank() == root ? size() : 0);
+        gather(root, &mine, sizeof(T), all.data());
+        return all;
+    }
+
+    // Every rank's `count` elements of `dtype` at `data`, combined with `op` in rank order, into
+    // every rank's `data` (in place); every rank gets the same bits.
+    void all_reduce(void *data, std::size_t count, int dtype, Op op) {
+        detail::check(shmbroker_group_all_reduce(s_, g_, data, count, dtype, static_cast<int>(op)));
+    }
+    template <typename T>
+    void all_reduce(std::vector<T> &data, Op op) {
+        all_reduce(data.data(), data.size(), dtype_of<T>::value, op);
+    }
+
+    // As all_reduce, the result into the root's `data` only.
+    void reduce(std::uint32_t root, void *data, std::size_t count, int dtype, Op op) {
+        detail::check(shmbroker_group_reduce(s_, g_, root, data, count, dtype, static_cast<int>(op)));
+    }
+    template <typename T>
+    void reduce(std::uint32_t root, std::vector<T> &data, Op op) {
+        reduce(root, data.data(), data.size(), dtype_of<T>::value, op);
+    }
+
+    // Every rank's `input` (size() blocks of `count` elements), combined with `op`; this
+    // rank's block of the result into `output` (`count` elements).
+    void reduce_scatter(const void *input, void *output, std::size_t count, int dtype, Op op) {
+        detail::check(
+            shmbroker_group_reduce_scatter(s_, g_, input, output, count, dtype, static_cast<int>(op)));
+    }
+    template <typename T>
+    std::vector<T> reduce_scatter(const std::vector<T> &input, Op op) {
+        std::vector<T> output(input.size() / size());
+        reduce_scatter(input.data(), output.data(), output.size(), dtype_of<T>::value, op);
+        return output;
+    }
+
+    // The root's `input` (size() blocks of `block` bytes; nullptr elsewhere), block r
+    // into rank r's `output`.
+    void scatter(std::uint32_t root, const void *input, void *output, std::size_t block) {
+        detail::check(shmbroker_group_scatter(s_, g_, root, input, output, block));
+    }
+
+    // Block q of `input` to rank q, block q of `output` from rank q (size() blocks of
+    // `block` bytes each).
+    void all_to_all(const void *input, void *output, std::size_t block) {
+        detail::check(shmbroker_group_all_to_all(s_, g_, input, output, block));
+    }
+    // `send_counts[q]` bytes of `input` to rank q, `recv_counts[q]` bytes from rank q into
+    // `output`, in rank order (size() counts each).
+    void all_to_all_v(const void *input, const std::vector<std::size_t> &send_counts, void *output,
+                      const std::vector<std::size_t> &recv_counts) {
+        if (send_counts.size() != size() || recv_counts.size() != size())
+            throw Error(SHMBROKER_E_MISUSE, "all_to_all_v needs size() counts each way", -1);
+        detail::check(shmbroker_group_all_to_all_v(s_, g_, input, send_counts.data(), output,
+                                             recv_counts.data()));
+    }
+    template <typename T>
+    std::vector<T> all_to_all(const std::vector<T> &input) {
+        static_assert(std::is_trivially_copyable_v<T>, "all_to_all copies bytes");
+        std::vector<T> output(input.size());
+        all_to_all(input.data(), output.data(), input.size() / size() * sizeof(T));
+        return output;
+    }
+
+    // `root`'s `len` bytes at `buf` into every rank's `buf`.
+    void broadcast(std::uint32_t root, void *buf, std::size_t len) {
+        detail::check(shmbroker_group_broadcast(s_, g_, root, buf, len));
+    }
+
+    template <typename T>
+    void broadcast(std::uint32_t root, T &value) {
+        static_assert(std::is_trivially_copyable_v<T>, "broadcast copies bytes");
+        broadcast(root, &value, sizeof(T));
+    }
+
+   protected:
+    Collectives(shmbroker_session *s, const shmbroker_group *g) noexcept : s_(s), g_(g) {}
+
+    shmbroker_session *s_ = nullptr;
+    // nullptr: the whole world.
+    const shmbroker_group *g_ = nullptr;
+};
+
+// A group of ranks (Session::group, Session::shrink): owns the C handle; free it before the
+// session that made it.
+class Group {
+   public:
+    explicit Group(shmbroker_group *g) noexcept : g_(g) {}
+    Group(Group &&other) noexcept : g_(std::exchange(other.g_, nullptr)) {}
+    Group &operator=(Group &&other) noexcept {
+        if (this != &other) {
+            shmbroker_group_free(g_);
+            g_ = std::exchange(other.g_, nullptr);
+        }
+        return *this;
+    }
+    Group(const Group &) = delete;
+    Group &operator=(const Group &) = delete;
+    ~Group() { shmbroker_group_free(g_); }
+
+    std::uint32_t rank() const noexcept { return shmbroker_group_rank(g_); }
+    std::uint32_t size() const noexcept { return shmbroker_group_size(g_); }
+    // The world rank of group rank `rank`, or -1.
+    std::int64_t world_rank(std::uint32_t rank) const noexcept {
+        return shmbroker_group_world_rank(g_, rank);
+    }
+    const shmbroker_group *get() const noexcept { return g_; }
+
+   private:
+    shmbroker_group *g_ = nullptr;
+};
+
+// A session seen through a group: session.on(tp).all_reduce(activations, Op::Sum).
+class GroupView : public Collectives {
+   public:
+    GroupView(shmbroker_session *s, const Group &group) noexcept : Collectives(s, group.get()) {}
+};
+
+class Session : public Collectives {
    public:
     // Logs on to the broker at `path` as `rank` (-1: any free rank); `timeout` is also every
     // later call's deadline.
@@ -146,7 +303,7 @@ class Session {
         return Session(s);
     }
 
-    Session(Session &&other) noexcept : s_(std::exchange(other.s_, nullptr)) {}
+    Session(Session &&other) noexcept : Collectives(std::exchange(other.s_, nullptr), nullptr) {}
     Session &operator=(Session &&other) noexcept {
         if (this != &other) {
             leave();
@@ -165,112 +322,27 @@ class Session {
         s_ = nullptr;
     }
 
-    std::uint32_t rank() const noexcept { return shmbroker_rank(s_); }
     std::uint32_t world_size() const noexcept { return shmbroker_world_size(s_); }
+
+    // A group of `ranks` (world ranks; their order numbers them in the group), made by every
+    // member with the same ranks.
+    Group group(const std::vector<std::uint32_t> &ranks) {
+        shmbroker_group *g = nullptr;
+        detail::check(shmbroker_group_create(s_, ranks.data(), ranks.size(), &g));
+        return Group(g);
+    }
+
+    // After a death: the group of every rank still there, the same on every survivor.
+    Group shrink() {
+        shmbroker_group *g = nullptr;
+        detail::check(shmbroker_shrink(s_, &g));
+        return Group(g);
+    }
+
+    // The collectives among `group`'s members.
+    GroupView on(const Group &group) const noexcept { return GroupView(s_, group); }
     // The C handle, for calls this header does not wrap.
     shmbroker_session *get() const noexcept { return s_; }
-
-    void barrier() { detail::check(shmbroker_barrier(s_)); }
-
-    // Every rank's `len` bytes, in rank order, into `out` (len * world_size() bytes).
-    void all_gather(const void *data, std::size_t len, void *out) {
-        detail::check(shmbroker_all_gather(s_, data, len, out));
-    }
-
-    // Every rank's value, in rank order.
-    template <typename T>
-    std::vector<T> all_gather(const T &mine) {
-        static_assert(std::is_trivially_copyable_v<T>, "all_gather copies bytes");
-        std::vector<T> all(world_size());
-        all_gather(&mine, sizeof(T), all.data());
-        return all;
-    }
-
-    // Every rank's `len` bytes, in rank order, into the root's `out` (len * world_size() bytes;
-    // ignored elsewhere).
-    void gather(std::uint32_t root, const void *data, std::size_t len, void *out) {
-        detail::check(shmbroker_gather(s_, root, data, len, out));
-    }
-
-    // Every rank's value, in rank order, on the root (empty elsewhere).
-    template <typename T>
-    std::vector<T> gather(std::uint32_t root, const T &mine) {
-        static_assert(std::is_trivially_copyable_v<T>, "gather copies bytes");
-        std::vector<T> all(rank() == root ? world_size() : 0);
-        gather(root, &mine, sizeof(T), all.data());
-        return all;
-    }
-
-    // Every rank's `count` elements of `dtype` at `data`, combined with `op` in rank order, into
-    // every rank's `data` (in place); every rank gets the same bits.
-    void all_reduce(void *data, std::size_t count, int dtype, Op op) {
-        detail::check(shmbroker_all_reduce(s_, data, count, dtype, static_cast<int>(op)));
-    }
-    template <typename T>
-    void all_reduce(std::vector<T> &data, Op op) {
-        all_reduce(data.data(), data.size(), dtype_of<T>::value, op);
-    }
-
-    // As all_reduce, the result into the root's `data` only.
-    void reduce(std::uint32_t root, void *data, std::size_t count, int dtype, Op op) {
-        detail::check(shmbroker_reduce(s_, root, data, count, dtype, static_cast<int>(op)));
-    }
-    template <typename T>
-    void reduce(std::uint32_t root, std::vector<T> &data, Op op) {
-        reduce(root, data.data(), data.size(), dtype_of<T>::value, op);
-    }
-
-    // Every rank's `input` (world_size() blocks of `count` elements), combined with `op`; this
-    // rank's block of the result into `output` (`count` elements).
-    void reduce_scatter(const void *input, void *output, std::size_t count, int dtype, Op op) {
-        detail::check(
-            shmbroker_reduce_scatter(s_, input, output, count, dtype, static_cast<int>(op)));
-    }
-    template <typename T>
-    std::vector<T> reduce_scatter(const std::vector<T> &input, Op op) {
-        std::vector<T> output(input.size() / world_size());
-        reduce_scatter(input.data(), output.data(), output.size(), dtype_of<T>::value, op);
-        return output;
-    }
-
-    // The root's `input` (world_size() blocks of `block` bytes; nullptr elsewhere), block r
-    // into rank r's `output`.
-    void scatter(std::uint32_t root, const void *input, void *output, std::size_t block) {
-        detail::check(shmbroker_scatter(s_, root, input, output, block));
-    }
-
-    // Block q of `input` to rank q, block q of `output` from rank q (world_size() blocks of
-    // `block` bytes each).
-    void all_to_all(const void *input, void *output, std::size_t block) {
-        detail::check(shmbroker_all_to_all(s_, input, output, block));
-    }
-    // `send_counts[q]` bytes of `input` to rank q, `recv_counts[q]` bytes from rank q into
-    // `output`, in rank order (world_size() counts each).
-    void all_to_all_v(const void *input, const std::vector<std::size_t> &send_counts, void *output,
-                      const std::vector<std::size_t> &recv_counts) {
-        if (send_counts.size() != world_size() || recv_counts.size() != world_size())
-            throw Error(SHMBROKER_E_MISUSE, "all_to_all_v needs world_size() counts each way", -1);
-        detail::check(shmbroker_all_to_all_v(s_, input, send_counts.data(), output,
-                                             recv_counts.data()));
-    }
-    template <typename T>
-    std::vector<T> all_to_all(const std::vector<T> &input) {
-        static_assert(std::is_trivially_copyable_v<T>, "all_to_all copies bytes");
-        std::vector<T> output(input.size());
-        all_to_all(input.data(), output.data(), input.size() / world_size() * sizeof(T));
-        return output;
-    }
-
-    // `root`'s `len` bytes at `buf` into every rank's `buf`.
-    void broadcast(std::uint32_t root, void *buf, std::size_t len) {
-        detail::check(shmbroker_broadcast(s_, root, buf, len));
-    }
-
-    template <typename T>
-    void broadcast(std::uint32_t root, T &value) {
-        static_assert(std::is_trivially_copyable_v<T>, "broadcast copies bytes");
-        broadcast(root, &value, sizeof(T));
-    }
 
     void send(std::uint32_t rank, const void *data, std::size_t len) {
         detail::check(shmbroker_send(s_, rank, data, len));
@@ -383,7 +455,7 @@ class Session {
     int readiness_fd() const noexcept { return shmbroker_readiness_fd(s_); }
 
    private:
-    explicit Session(shmbroker_session *s) noexcept : s_(s) {}
+    explicit Session(shmbroker_session *s) noexcept : Collectives(s, nullptr) {}
 
     // Leaves without throwing: a call still running on another thread is interrupted and
     // waited for (a destructor must not free what that thread uses).
@@ -395,8 +467,6 @@ class Session {
         }
         s_ = nullptr;
     }
-
-    shmbroker_session *s_ = nullptr;
 };
 
 }  // namespace shmbroker

@@ -1,8 +1,11 @@
-//! Collectives on the sending half: barrier, all-gather, broadcast and gather.
+//! Collectives on the sending half: barrier, all-gather, broadcast and gather, on the whole
+//! world (`shmbroker_X`) or among a group's members (`shmbroker_group_X`, the same call with a
+//! group after the session: ranks, roots and sizes are then the group's).
 
 use crate::SHMBROKER_E_PROTOCOL;
 use crate::buffer::{bytes, bytes_mut};
 use crate::error::{Failure, guard, misuse};
+use crate::groups::{group_of, on_comm, rank_and_size, shmbroker_group};
 use crate::handle::{enter, shmbroker_session};
 use std::ffi::{c_int, c_void};
 
@@ -14,10 +17,37 @@ use std::ffi::{c_int, c_void};
 /// `s` is null or a live session.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shmbroker_barrier(s: *mut shmbroker_session) -> c_int {
-    guard("shmbroker_barrier", || {
+    // SAFETY: as this function's contract; a null group is the world.
+    unsafe { barrier("shmbroker_barrier", s, std::ptr::null()) }
+}
+
+/// As `shmbroker_barrier`, among the members of group `g` (NULL: the world).
+///
+/// # Safety
+///
+/// `s` is null or a live session; `g` is null or a live group of `s`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_group_barrier(
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+) -> c_int {
+    // SAFETY: as this function's contract.
+    unsafe { barrier("shmbroker_group_barrier", s, g) }
+}
+
+/// The body of `shmbroker_barrier` and `shmbroker_group_barrier`, whose errors say which one
+/// the caller called.
+///
+/// # Safety
+///
+/// As for `shmbroker_group_barrier`.
+unsafe fn barrier(name: &str, s: *mut shmbroker_session, g: *const shmbroker_group) -> c_int {
+    guard(name, || {
+        // SAFETY: null or a live group, per the contract.
+        let group = unsafe { group_of(g) };
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        Ok(entered.handle.sender.session().barrier()?)
+        Ok(on_comm!(entered, group, |c| c.barrier())?)
     })
 }
 
@@ -35,17 +65,56 @@ pub unsafe extern "C" fn shmbroker_all_gather(
     len: usize,
     out: *mut c_void,
 ) -> c_int {
-    guard("shmbroker_all_gather", || {
+    // SAFETY: as this function's contract; a null group is the world.
+    unsafe { all_gather("shmbroker_all_gather", s, std::ptr::null(), data, len, out) }
+}
+
+/// As `shmbroker_all_gather`, among the members of group `g` (NULL: the world): `out` holds
+/// `len` bytes per member, in group rank order.
+///
+/// # Safety
+///
+/// As for `shmbroker_all_gather` with the group's size; `g` is null or a live group of `s`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_group_all_gather(
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    data: *const c_void,
+    len: usize,
+    out: *mut c_void,
+) -> c_int {
+    // SAFETY: as this function's contract.
+    unsafe { all_gather("shmbroker_group_all_gather", s, g, data, len, out) }
+}
+
+/// The body of `shmbroker_all_gather` and `shmbroker_group_all_gather`, whose errors say which one
+/// the caller called.
+///
+/// # Safety
+///
+/// As for `shmbroker_group_all_gather`.
+unsafe fn all_gather(
+    name: &str,
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    data: *const c_void,
+    len: usize,
+    out: *mut c_void,
+) -> c_int {
+    guard(name, || {
+        // SAFETY: null or a live group, per the contract.
+        let group = unsafe { group_of(g) };
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
+        let (_, size) = rank_and_size(entered.handle, group);
         let total = len
-            .checked_mul(entered.handle.sender.world_size() as usize)
-            .ok_or_else(|| misuse(format!("len {len} times the world size overflows")))?;
+            .checked_mul(size as usize)
+            .ok_or_else(|| misuse(format!("len {len} times the number of ranks overflows")))?;
         // SAFETY: `len` readable bytes at `data`, per the contract.
         let data = unsafe { bytes(data, len, "data") }?;
-        // SAFETY: `len * world_size` writable bytes at `out`, per the contract.
+        // SAFETY: `len * size` writable bytes at `out`, per the contract.
         let out = unsafe { bytes_mut(out, total, "out") }?;
-        Ok(entered.handle.sender.session().all_gather_into(data, out)?)
+        Ok(on_comm!(entered, group, |c| c.all_gather_into(data, out))?)
     })
 }
 
@@ -63,17 +132,55 @@ pub unsafe extern "C" fn shmbroker_broadcast(
     buf: *mut c_void,
     len: usize,
 ) -> c_int {
-    guard("shmbroker_broadcast", || {
+    // SAFETY: as this function's contract; a null group is the world.
+    unsafe { broadcast("shmbroker_broadcast", s, std::ptr::null(), root, buf, len) }
+}
+
+/// As `shmbroker_broadcast`, among the members of group `g` (NULL: the world); `root` is a
+/// group rank.
+///
+/// # Safety
+///
+/// As for `shmbroker_broadcast`; `g` is null or a live group of `s`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_group_broadcast(
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    root: u32,
+    buf: *mut c_void,
+    len: usize,
+) -> c_int {
+    // SAFETY: as this function's contract.
+    unsafe { broadcast("shmbroker_group_broadcast", s, g, root, buf, len) }
+}
+
+/// The body of `shmbroker_broadcast` and `shmbroker_group_broadcast`, whose errors say which one
+/// the caller called.
+///
+/// # Safety
+///
+/// As for `shmbroker_group_broadcast`.
+unsafe fn broadcast(
+    name: &str,
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    root: u32,
+    buf: *mut c_void,
+    len: usize,
+) -> c_int {
+    guard(name, || {
+        // SAFETY: null or a live group, per the contract.
+        let group = unsafe { group_of(g) };
         // SAFETY: `len` bytes at `buf`, writable, per the contract.
         let buf = unsafe { bytes_mut(buf, len, "buf") }?;
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        let mut session = entered.handle.sender.session();
-        if session.rank() == root {
-            session.broadcast(root, Some(&*buf))?;
+        let (rank, _) = rank_and_size(entered.handle, group);
+        if rank == root {
+            on_comm!(entered, group, |c| c.broadcast(root, Some(&*buf)))?;
             return Ok(());
         }
-        let received = session.broadcast(root, None)?;
+        let received = on_comm!(entered, group, |c| c.broadcast(root, None))?;
         if received.len() != len {
             return Err(misuse(format!(
                 "rank {root} broadcast {} bytes; this rank's buffer holds {len} (every rank \
@@ -102,36 +209,88 @@ pub unsafe extern "C" fn shmbroker_gather(
     len: usize,
     out: *mut c_void,
 ) -> c_int {
-    guard("shmbroker_gather", || {
+    // SAFETY: as this function's contract; a null group is the world.
+    unsafe {
+        gather(
+            "shmbroker_gather",
+            s,
+            std::ptr::null(),
+            root,
+            data,
+            len,
+            out,
+        )
+    }
+}
+
+/// As `shmbroker_gather`, among the members of group `g` (NULL: the world); `root` is a group
+/// rank and the root's `out` holds `len` bytes per member.
+///
+/// # Safety
+///
+/// As for `shmbroker_gather` with the group's size; `g` is null or a live group of `s`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_group_gather(
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    root: u32,
+    data: *const c_void,
+    len: usize,
+    out: *mut c_void,
+) -> c_int {
+    // SAFETY: as this function's contract.
+    unsafe { gather("shmbroker_group_gather", s, g, root, data, len, out) }
+}
+
+/// The body of `shmbroker_gather` and `shmbroker_group_gather`, whose errors say which one
+/// the caller called.
+///
+/// # Safety
+///
+/// As for `shmbroker_group_gather`.
+unsafe fn gather(
+    name: &str,
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    root: u32,
+    data: *const c_void,
+    len: usize,
+    out: *mut c_void,
+) -> c_int {
+    guard(name, || {
+        // SAFETY: null or a live group, per the contract.
+        let group = unsafe { group_of(g) };
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
         // SAFETY: `len` readable bytes at `data`, per the contract.
         let data = unsafe { bytes(data, len, "data") }?;
-        let rank = entered.handle.sender.rank();
+        let (rank, size) = rank_and_size(entered.handle, group);
         let out = if rank == root {
             let total = len
-                .checked_mul(entered.handle.sender.world_size() as usize)
-                .ok_or_else(|| misuse(format!("len {len} times the world size overflows")))?;
-            // SAFETY: on the root, `len * world_size` writable bytes at `out`, per the contract.
+                .checked_mul(size as usize)
+                .ok_or_else(|| misuse(format!("len {len} times the number of ranks overflows")))?;
+            // SAFETY: on the root, `len * size` writable bytes at `out`, per the contract.
             Some(unsafe { bytes_mut(out, total, "out") }?)
         } else {
             None
         };
-        let parts = entered.handle.sender.session().gather(root, data)?;
+        let parts = on_comm!(entered, group, |c| c.gather(root, data))?;
         if let (Some(out), Some(parts)) = (out, parts) {
-            for (peer, part) in (0u32..).zip(&parts) {
+            for (from, part) in (0u32..).zip(&parts) {
                 if part.len() != len {
+                    let peer = group.map_or(Some(from), |group| group.world_rank(from));
                     return Err(Failure(
                         SHMBROKER_E_PROTOCOL,
                         format!(
-                            "rank {peer} gave {} bytes; this root expected {len} (every rank \
+                            "rank {} gave {} bytes; this root expected {len} (every rank \
                              passes the same len)",
+                            peer.unwrap_or(from),
                             part.len()
                         ),
-                        Some(peer),
+                        peer,
                     ));
                 }
-                let at = peer as usize * len;
+                let at = from as usize * len;
                 out[at..at + len].copy_from_slice(part);
             }
         }

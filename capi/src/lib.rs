@@ -45,6 +45,9 @@ mod collectives;
 // shmbroker_all_reduce, shmbroker_reduce, shmbroker_reduce_scatter, shmbroker_scatter,
 // shmbroker_all_to_all, shmbroker_all_to_all_v
 mod reductions;
+// shmbroker_group_create, shmbroker_shrink, shmbroker_group_rank, shmbroker_group_size,
+// shmbroker_group_world_rank, shmbroker_group_free
+mod groups;
 // shmbroker_send, shmbroker_recv, shmbroker_recv_any, shmbroker_try_recv*, shmbroker_probe,
 // shmbroker_readiness_fd
 mod point_to_point;
@@ -66,11 +69,10 @@ mod buffer;
 )]
 mod tests;
 
-pub use collectives::{
-    shmbroker_all_gather, shmbroker_barrier, shmbroker_broadcast, shmbroker_gather,
-};
+pub use collectives::*;
 pub use error::{shmbroker_last_error, shmbroker_last_error_rank};
 pub use fds::{shmbroker_broadcast_fd, shmbroker_exchange_fds};
+pub use groups::*;
 pub use handle::{shmbroker_close, shmbroker_session};
 pub use interrupt::{shmbroker_clear_interrupt, shmbroker_interrupt};
 pub use point_to_point::{

@@ -1,8 +1,11 @@
-//! Reductions, scatter and all-to-all on the sending half. Element types and operations are
+//! Reductions, scatter and all-to-all on the sending half, on the whole world (`shmbroker_X`)
+//! or among a group's members (`shmbroker_group_X`, the same call with a group after the
+//! session: ranks, roots, blocks and counts are then the group's). Element types and operations are
 //! numbers: `SHMBROKER_DTYPE_*` and `SHMBROKER_OP_*` (the Rust `DType` and `ReduceOp` in order).
 
 use crate::buffer::{bytes, bytes_mut};
 use crate::error::{Failure, guard, misuse};
+use crate::groups::{group_of, on_comm, rank_and_size, shmbroker_group};
 use crate::handle::{enter, shmbroker_session};
 use shmbroker::{DType, ReduceOp};
 use std::ffi::{c_int, c_void};
@@ -85,17 +88,62 @@ pub unsafe extern "C" fn shmbroker_all_reduce(
     dtype: c_int,
     op: c_int,
 ) -> c_int {
-    guard("shmbroker_all_reduce", || {
+    // SAFETY: as this function's contract; a null group is the world.
+    unsafe {
+        all_reduce(
+            "shmbroker_all_reduce",
+            s,
+            std::ptr::null(),
+            data,
+            count,
+            dtype,
+            op,
+        )
+    }
+}
+
+/// As `shmbroker_all_reduce`, among the members of group `g` (NULL: the world).
+///
+/// # Safety
+///
+/// As for `shmbroker_all_reduce`; `g` is null or a live group of `s`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_group_all_reduce(
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    data: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+) -> c_int {
+    // SAFETY: as this function's contract.
+    unsafe { all_reduce("shmbroker_group_all_reduce", s, g, data, count, dtype, op) }
+}
+
+/// The body of `shmbroker_all_reduce` and `shmbroker_group_all_reduce`, whose errors say which one
+/// the caller called.
+///
+/// # Safety
+///
+/// As for `shmbroker_group_all_reduce`.
+unsafe fn all_reduce(
+    name: &str,
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    data: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+) -> c_int {
+    guard(name, || {
         let (dtype, op) = (dtype_of(dtype)?, op_of(op)?);
+        // SAFETY: null or a live group, per the contract.
+        let group = unsafe { group_of(g) };
         // SAFETY: `count` elements of `dtype`, writable, at `data`, per the contract.
         let data = unsafe { bytes_mut(data, size(count, dtype)?, "data") }?;
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        Ok(entered
-            .handle
-            .sender
-            .session()
-            .all_reduce_bytes(data, dtype, op)?)
+        Ok(on_comm!(entered, group, |c| c.all_reduce_bytes(data, dtype, op))?)
     })
 }
 
@@ -114,17 +162,70 @@ pub unsafe extern "C" fn shmbroker_reduce(
     dtype: c_int,
     op: c_int,
 ) -> c_int {
-    guard("shmbroker_reduce", || {
+    // SAFETY: as this function's contract; a null group is the world.
+    unsafe {
+        reduce(
+            "shmbroker_reduce",
+            s,
+            std::ptr::null(),
+            root,
+            data,
+            count,
+            dtype,
+            op,
+        )
+    }
+}
+
+/// As `shmbroker_reduce`, among the members of group `g` (NULL: the world); `root` is a group
+/// rank.
+///
+/// # Safety
+///
+/// As for `shmbroker_reduce`; `g` is null or a live group of `s`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_group_reduce(
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    root: u32,
+    data: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+) -> c_int {
+    // SAFETY: as this function's contract.
+    unsafe { reduce("shmbroker_group_reduce", s, g, root, data, count, dtype, op) }
+}
+
+/// The body of `shmbroker_reduce` and `shmbroker_group_reduce`, whose errors say which one
+/// the caller called.
+///
+/// # Safety
+///
+/// As for `shmbroker_group_reduce`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the C call's arguments, and its name for errors"
+)]
+unsafe fn reduce(
+    name: &str,
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    root: u32,
+    data: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+) -> c_int {
+    guard(name, || {
         let (dtype, op) = (dtype_of(dtype)?, op_of(op)?);
+        // SAFETY: null or a live group, per the contract.
+        let group = unsafe { group_of(g) };
         // SAFETY: `count` elements of `dtype`, writable, at `data`, per the contract.
         let data = unsafe { bytes_mut(data, size(count, dtype)?, "data") }?;
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        Ok(entered
-            .handle
-            .sender
-            .session()
-            .reduce_bytes(root, data, dtype, op)?)
+        Ok(on_comm!(entered, group, |c| c.reduce_bytes(root, data, dtype, op))?)
     })
 }
 
@@ -145,24 +246,89 @@ pub unsafe extern "C" fn shmbroker_reduce_scatter(
     dtype: c_int,
     op: c_int,
 ) -> c_int {
-    guard("shmbroker_reduce_scatter", || {
+    // SAFETY: as this function's contract; a null group is the world.
+    unsafe {
+        reduce_scatter(
+            "shmbroker_reduce_scatter",
+            s,
+            std::ptr::null(),
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        )
+    }
+}
+
+/// As `shmbroker_reduce_scatter`, among the members of group `g` (NULL: the world): `input`
+/// holds one block per member.
+///
+/// # Safety
+///
+/// As for `shmbroker_reduce_scatter` with the group's size; `g` is null or a live group of `s`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_group_reduce_scatter(
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    input: *const c_void,
+    output: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+) -> c_int {
+    // SAFETY: as this function's contract.
+    unsafe {
+        reduce_scatter(
+            "shmbroker_group_reduce_scatter",
+            s,
+            g,
+            input,
+            output,
+            count,
+            dtype,
+            op,
+        )
+    }
+}
+
+/// The body of `shmbroker_reduce_scatter` and `shmbroker_group_reduce_scatter`, whose errors say
+/// which one the caller called.
+///
+/// # Safety
+///
+/// As for `shmbroker_group_reduce_scatter`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the C call's arguments, and its name for errors"
+)]
+unsafe fn reduce_scatter(
+    name: &str,
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    input: *const c_void,
+    output: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+) -> c_int {
+    guard(name, || {
         let (dtype, op) = (dtype_of(dtype)?, op_of(op)?);
+        // SAFETY: null or a live group, per the contract.
+        let group = unsafe { group_of(g) };
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        let world = entered.handle.sender.world_size() as usize;
+        let (_, ranks) = rank_and_size(entered.handle, group);
         let block = size(count, dtype)?;
         let total = block
-            .checked_mul(world)
-            .ok_or_else(|| misuse(format!("{block} bytes times the world size overflow")))?;
-        // SAFETY: `count * world_size` elements at `input`, per the contract.
+            .checked_mul(ranks as usize)
+            .ok_or_else(|| misuse(format!("{block} bytes times the number of ranks overflow")))?;
+        // SAFETY: `count * size` elements at `input`, per the contract.
         let input = unsafe { bytes(input, total, "input") }?;
         // SAFETY: `count` writable elements at `output`, per the contract.
         let output = unsafe { bytes_mut(output, block, "output") }?;
-        Ok(entered
-            .handle
-            .sender
-            .session()
-            .reduce_scatter_bytes(input, output, dtype, op)?)
+        Ok(on_comm!(entered, group, |c| c
+            .reduce_scatter_bytes(input, output, dtype, op))?)
     })
 }
 
@@ -181,26 +347,72 @@ pub unsafe extern "C" fn shmbroker_scatter(
     output: *mut c_void,
     block: usize,
 ) -> c_int {
-    guard("shmbroker_scatter", || {
+    // SAFETY: as this function's contract; a null group is the world.
+    unsafe {
+        scatter(
+            "shmbroker_scatter",
+            s,
+            std::ptr::null(),
+            root,
+            input,
+            output,
+            block,
+        )
+    }
+}
+
+/// As `shmbroker_scatter`, among the members of group `g` (NULL: the world); `root` is a group
+/// rank and its `input` holds one block per member.
+///
+/// # Safety
+///
+/// As for `shmbroker_scatter` with the group's size; `g` is null or a live group of `s`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_group_scatter(
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    root: u32,
+    input: *const c_void,
+    output: *mut c_void,
+    block: usize,
+) -> c_int {
+    // SAFETY: as this function's contract.
+    unsafe { scatter("shmbroker_group_scatter", s, g, root, input, output, block) }
+}
+
+/// The body of `shmbroker_scatter` and `shmbroker_group_scatter`, whose errors say which one
+/// the caller called.
+///
+/// # Safety
+///
+/// As for `shmbroker_group_scatter`.
+unsafe fn scatter(
+    name: &str,
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    root: u32,
+    input: *const c_void,
+    output: *mut c_void,
+    block: usize,
+) -> c_int {
+    guard(name, || {
+        // SAFETY: null or a live group, per the contract.
+        let group = unsafe { group_of(g) };
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        let world = entered.handle.sender.world_size() as usize;
-        let input = if entered.handle.sender.rank() == root {
-            let total = block
-                .checked_mul(world)
-                .ok_or_else(|| misuse(format!("{block} bytes times the world size overflow")))?;
-            // SAFETY: on the root, `block * world_size` readable bytes, per the contract.
+        let (rank, ranks) = rank_and_size(entered.handle, group);
+        let input = if rank == root {
+            let total = block.checked_mul(ranks as usize).ok_or_else(|| {
+                misuse(format!("{block} bytes times the number of ranks overflow"))
+            })?;
+            // SAFETY: on the root, `block * size` readable bytes, per the contract.
             Some(unsafe { bytes(input, total, "input") }?)
         } else {
             None
         };
         // SAFETY: `block` writable bytes at `output`, per the contract.
         let output = unsafe { bytes_mut(output, block, "output") }?;
-        Ok(entered
-            .handle
-            .sender
-            .session()
-            .scatter(root, input, output)?)
+        Ok(on_comm!(entered, group, |c| c.scatter(root, input, output))?)
     })
 }
 
@@ -218,18 +430,65 @@ pub unsafe extern "C" fn shmbroker_all_to_all(
     output: *mut c_void,
     block: usize,
 ) -> c_int {
-    guard("shmbroker_all_to_all", || {
+    // SAFETY: as this function's contract; a null group is the world.
+    unsafe {
+        all_to_all(
+            "shmbroker_all_to_all",
+            s,
+            std::ptr::null(),
+            input,
+            output,
+            block,
+        )
+    }
+}
+
+/// As `shmbroker_all_to_all`, among the members of group `g` (NULL: the world): one block per
+/// member, in group rank order.
+///
+/// # Safety
+///
+/// As for `shmbroker_all_to_all` with the group's size; `g` is null or a live group of `s`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_group_all_to_all(
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    input: *const c_void,
+    output: *mut c_void,
+    block: usize,
+) -> c_int {
+    // SAFETY: as this function's contract.
+    unsafe { all_to_all("shmbroker_group_all_to_all", s, g, input, output, block) }
+}
+
+/// The body of `shmbroker_all_to_all` and `shmbroker_group_all_to_all`, whose errors say which one
+/// the caller called.
+///
+/// # Safety
+///
+/// As for `shmbroker_group_all_to_all`.
+unsafe fn all_to_all(
+    name: &str,
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    input: *const c_void,
+    output: *mut c_void,
+    block: usize,
+) -> c_int {
+    guard(name, || {
+        // SAFETY: null or a live group, per the contract.
+        let group = unsafe { group_of(g) };
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        let world = entered.handle.sender.world_size() as usize;
+        let (_, ranks) = rank_and_size(entered.handle, group);
         let total = block
-            .checked_mul(world)
-            .ok_or_else(|| misuse(format!("{block} bytes times the world size overflow")))?;
-        // SAFETY: `block * world_size` readable bytes at `input`, per the contract.
+            .checked_mul(ranks as usize)
+            .ok_or_else(|| misuse(format!("{block} bytes times the number of ranks overflow")))?;
+        // SAFETY: `block * size` readable bytes at `input`, per the contract.
         let input = unsafe { bytes(input, total, "input") }?;
-        // SAFETY: `block * world_size` writable bytes at `output`, per the contract.
+        // SAFETY: `block * size` writable bytes at `output`, per the contract.
         let output = unsafe { bytes_mut(output, total, "output") }?;
-        Ok(entered.handle.sender.session().all_to_all(input, output)?)
+        Ok(on_comm!(entered, group, |c| c.all_to_all(input, output))?)
     })
 }
 
@@ -251,14 +510,74 @@ pub unsafe extern "C" fn shmbroker_all_to_all_v(
     output: *mut c_void,
     recv_counts: *const usize,
 ) -> c_int {
-    guard("shmbroker_all_to_all_v", || {
+    // SAFETY: as this function's contract; a null group is the world.
+    unsafe {
+        all_to_all_v(
+            "shmbroker_all_to_all_v",
+            s,
+            std::ptr::null(),
+            input,
+            send_counts,
+            output,
+            recv_counts,
+        )
+    }
+}
+
+/// As `shmbroker_all_to_all_v`, among the members of group `g` (NULL: the world): one count
+/// per member, in group rank order.
+///
+/// # Safety
+///
+/// As for `shmbroker_all_to_all_v` with the group's size; `g` is null or a live group of `s`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_group_all_to_all_v(
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    input: *const c_void,
+    send_counts: *const usize,
+    output: *mut c_void,
+    recv_counts: *const usize,
+) -> c_int {
+    // SAFETY: as this function's contract.
+    unsafe {
+        all_to_all_v(
+            "shmbroker_group_all_to_all_v",
+            s,
+            g,
+            input,
+            send_counts,
+            output,
+            recv_counts,
+        )
+    }
+}
+
+/// The body of `shmbroker_all_to_all_v` and `shmbroker_group_all_to_all_v`, whose errors say
+/// which one the caller called.
+///
+/// # Safety
+///
+/// As for `shmbroker_group_all_to_all_v`.
+unsafe fn all_to_all_v(
+    name: &str,
+    s: *mut shmbroker_session,
+    g: *const shmbroker_group,
+    input: *const c_void,
+    send_counts: *const usize,
+    output: *mut c_void,
+    recv_counts: *const usize,
+) -> c_int {
+    guard(name, || {
+        // SAFETY: null or a live group, per the contract.
+        let group = unsafe { group_of(g) };
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        let world = entered.handle.sender.world_size() as usize;
-        // SAFETY: `world_size` readable counts at `send_counts`, per the contract.
-        let sends = unsafe { counts(send_counts, world, "send_counts") }?;
-        // SAFETY: `world_size` readable counts at `recv_counts`, per the contract.
-        let receives = unsafe { counts(recv_counts, world, "recv_counts") }?;
+        let (_, ranks) = rank_and_size(entered.handle, group);
+        // SAFETY: one readable count per rank at `send_counts`, per the contract.
+        let sends = unsafe { counts(send_counts, ranks as usize, "send_counts") }?;
+        // SAFETY: one readable count per rank at `recv_counts`, per the contract.
+        let receives = unsafe { counts(recv_counts, ranks as usize, "recv_counts") }?;
         let total = |counts: &[usize]| {
             counts
                 .iter()
@@ -269,11 +588,8 @@ pub unsafe extern "C" fn shmbroker_all_to_all_v(
         let input = unsafe { bytes(input, total(sends)?, "input") }?;
         // SAFETY: as many writable bytes at `output` as the receive counts add up to.
         let output = unsafe { bytes_mut(output, total(receives)?, "output") }?;
-        Ok(entered
-            .handle
-            .sender
-            .session()
-            .all_to_all_v(input, sends, output, receives)?)
+        Ok(on_comm!(entered, group, |c| c
+            .all_to_all_v(input, sends, output, receives))?)
     })
 }
 

@@ -581,3 +581,94 @@ fn reductions_scatter_and_all_to_all_through_the_c_abi() {
         join.join().unwrap();
     }
 }
+
+#[test]
+fn groups_through_the_c_abi_and_a_member_that_disagrees_is_named() {
+    let (_dir, sessions) = world(4);
+    let joins: Vec<_> = sessions
+        .into_iter()
+        .map(|s| {
+            std::thread::spawn(move || {
+                let s = s as *mut shmbroker_session;
+                // SAFETY: a live session, used by this thread alone, with buffers of the lengths
+                // passed; groups freed once, the session closed once at the end.
+                unsafe {
+                    let rank = shmbroker_rank(s);
+                    // The odd and even ranks, each numbered backwards.
+                    let ranks: Vec<u32> = (0..4).rev().filter(|q| q % 2 == rank % 2).collect();
+                    let mut g = null_mut();
+                    let rc = shmbroker_group_create(s, ranks.as_ptr(), ranks.len(), &mut g);
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    assert_eq!(shmbroker_group_size(g), 2);
+                    assert_eq!(shmbroker_group_rank(g), u32::from(rank < 2));
+                    assert_eq!(shmbroker_group_world_rank(g, 0), i64::from(ranks[0]));
+                    assert_eq!(shmbroker_group_world_rank(g, 2), -1);
+                    let mut sum = [i64::from(rank), 1];
+                    let rc = shmbroker_group_all_reduce(
+                        s,
+                        g,
+                        sum.as_mut_ptr().cast(),
+                        2,
+                        SHMBROKER_DTYPE_I64,
+                        SHMBROKER_OP_SUM,
+                    );
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    assert_eq!(sum, [i64::from(ranks[0] + ranks[1]), 2]);
+                    // Group rank 0's byte to both; then every member's byte, in group order.
+                    let mut byte = [rank as u8];
+                    let rc = shmbroker_group_broadcast(s, g, 0, byte.as_mut_ptr().cast(), 1);
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    assert_eq!(byte[0], ranks[0] as u8);
+                    let mut both = [0u8; 2];
+                    let mine = [rank as u8];
+                    let rc = shmbroker_group_all_gather(
+                        s,
+                        g,
+                        mine.as_ptr().cast(),
+                        1,
+                        both.as_mut_ptr().cast(),
+                    );
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    assert_eq!(both, [ranks[0] as u8, ranks[1] as u8]);
+                    assert_eq!(shmbroker_group_barrier(s, g), SHMBROKER_OK);
+                    shmbroker_group_free(g);
+                    // Rank 3 passes its ranks in another order: each member names the first
+                    // member it hears from that disagrees (in its own order: rank 3 hears rank 2
+                    // first), by code and by shmbroker_last_error_rank.
+                    let everyone: [u32; 4] = if rank == 3 {
+                        [3, 2, 1, 0]
+                    } else {
+                        [0, 1, 2, 3]
+                    };
+                    let mut g = null_mut();
+                    let rc = shmbroker_group_create(s, everyone.as_ptr(), 4, &mut g);
+                    assert_eq!(rc, SHMBROKER_E_PROTOCOL, "{}", last_error());
+                    let named = if rank == 3 { 2 } else { 3 };
+                    assert_eq!(shmbroker_last_error_rank(), named, "{}", last_error());
+                    assert!(
+                        last_error().contains("made a group of ranks"),
+                        "{}",
+                        last_error()
+                    );
+                    assert!(g.is_null());
+                    // Nobody has died: shrinking gives the world, on which a barrier runs.
+                    let mut g = null_mut();
+                    assert_eq!(
+                        shmbroker_shrink(s, &mut g),
+                        SHMBROKER_OK,
+                        "{}",
+                        last_error()
+                    );
+                    assert_eq!(shmbroker_group_size(g), 4);
+                    assert_eq!(shmbroker_group_rank(g), rank);
+                    assert_eq!(shmbroker_group_barrier(s, g), SHMBROKER_OK);
+                    shmbroker_group_free(g);
+                    assert_eq!(shmbroker_close(s), SHMBROKER_OK);
+                }
+            })
+        })
+        .collect();
+    for join in joins {
+        join.join().unwrap();
+    }
+}

@@ -108,6 +108,26 @@ int main(void) {
         fprintf(stderr, "rank %u: all_reduce gave %g %g %g\n", rank, sums[0], sums[1], sums[2]);
         return 1;
     }
+    /* 5. A group of the even ranks and one of the odd ones, each numbered from 0: the same
+     *    sum among each group's members only. */
+    uint32_t members[64], count = 0;
+    for (uint32_t q = rank % 2; q < world && count < 64; q += 2) members[count++] = q;
+    shmbroker_group *parity = NULL;
+    CHECK(shmbroker_group_create(s, members, count, &parity));
+    int64_t mine_in_group = shmbroker_group_world_rank(parity, shmbroker_group_rank(parity));
+    double ones = 1.0, ranks_sum = (double)rank;
+    CHECK(shmbroker_group_all_reduce(s, parity, &ones, 1, SHMBROKER_DTYPE_F64, SHMBROKER_OP_SUM));
+    CHECK(shmbroker_group_all_reduce(s, parity, &ranks_sum, 1, SHMBROKER_DTYPE_F64,
+                                     SHMBROKER_OP_SUM));
+    double want_sum = 0;
+    for (uint32_t i = 0; i < count; i++) want_sum += members[i];
+    if (mine_in_group != rank || ones != count || ranks_sum != want_sum ||
+        shmbroker_group_size(parity) != count) {
+        fprintf(stderr, "rank %u: group all_reduce gave %g and %g\n", rank, ones, ranks_sum);
+        return 1;
+    }
+    CHECK(shmbroker_group_barrier(s, parity));
+    shmbroker_group_free(parity);
     CHECK(shmbroker_barrier(s));
     printf("rank %u of %u: %u handles and buffers checked; rank 0 said \"%s\"\n", rank, world,
            world, word);

@@ -109,6 +109,25 @@ int main() try {
         if (in[at] != q * 16 + rank || in[at + receives[q] - 1] != q * 16 + rank)
             throw std::runtime_error("all_to_all_v");
     }
+    // Tensor- and pipeline-parallel groups: pairs of neighbouring ranks, and the world numbered
+    // backwards; each sums among its own members, numbered from 0.
+    std::vector<std::uint32_t> pair{rank & ~1u};
+    if ((rank | 1u) < world) pair.push_back(rank | 1u);
+    std::vector<std::uint32_t> backwards;
+    for (std::uint32_t q = world; q-- > 0;) backwards.push_back(q);
+    const shmbroker::Group tp = session.group(pair);
+    const shmbroker::Group pp = session.group(backwards);
+    std::vector<std::int64_t> mine_and_one{std::int64_t(rank), 1};
+    session.on(tp).all_reduce(mine_and_one, shmbroker::Op::sum);
+    std::int64_t pair_sum = 0;
+    for (auto q : pair) pair_sum += q;
+    if (mine_and_one[0] != pair_sum || mine_and_one[1] != std::int64_t(pair.size()) ||
+        tp.world_rank(tp.rank()) != rank)
+        throw std::runtime_error("all_reduce on a pair");
+    std::uint32_t from_last = rank;
+    session.on(pp).broadcast(0, from_last);
+    if (from_last != world - 1 || pp.rank() != world - 1 - rank)
+        throw std::runtime_error("broadcast on the world numbered backwards");
     session.barrier();
     munmap(mine, kBytes);
     std::printf("rank %u of %u: %zu handles and buffers checked\n", rank, session.world_size(),
