@@ -403,15 +403,15 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<u32, Error> {
         let others: Vec<u32> = self.team_peers().collect();
-        // A member that has departed fails the call, naming it, but only once every other
-        // member's message is sent and taken: the setup messages of the pairs still there stay
-        // in step for the next call (a `shrink`, say).
-        let mut departed = None;
+        // A member that departed, disagrees or sends garbage fails the call, naming it, but only
+        // once every other member's message is sent and taken: the setup messages of every pair
+        // still there stay in step for the next call (a `shrink`, say).
+        let mut failed = None;
         for &peer in &others {
             let tag = self.setup_tag_to(peer);
             match self.send_to(kind::GROUP, tag, payload, Targets::One(peer), deadline) {
                 Err(error) if self.inner.departure(peer).is_some() => {
-                    departed.get_or_insert(error);
+                    failed.get_or_insert(error);
                 }
                 sent => sent?,
             }
@@ -425,22 +425,26 @@ impl Session {
             };
             let bytes = match self.receive_vec(peer, expect, deadline) {
                 Err(error) if self.inner.departure(peer).is_some() => {
-                    departed.get_or_insert(error);
+                    failed.get_or_insert(error);
                     continue;
                 }
                 received => received?,
             };
-            let (theirs, ranks) = read_proposal(peer, &bytes)?;
-            if ranks != members {
-                return Err(Error::GroupMismatch {
-                    peer,
-                    expected: members.to_vec(),
-                    found: ranks,
-                });
+            match read_proposal(peer, &bytes) {
+                Ok((theirs, ranks)) if ranks == members => stream = stream.max(theirs),
+                Ok((_, ranks)) => {
+                    failed.get_or_insert(Error::GroupMismatch {
+                        peer,
+                        expected: members.to_vec(),
+                        found: ranks,
+                    });
+                }
+                Err(error) => {
+                    failed.get_or_insert(error);
+                }
             }
-            stream = stream.max(theirs);
         }
-        departed.map_or(Ok(stream), Err)
+        failed.map_or(Ok(stream), Err)
     }
 
     /// Checks the ranks of a group this rank makes: its rank among them.
