@@ -27,12 +27,13 @@ from ._errors import (
     ResourceError,
     Timeout,
 )
-from ._shmbroker import Session, connect
+from ._shmbroker import Group, Session, connect
 
 __all__ = [
     "BrokerLost",
     "BufferTooSmall",
     "Error",
+    "Group",
     "LogonError",
     "MisuseError",
     "PeerLeft",

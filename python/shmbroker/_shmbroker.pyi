@@ -22,10 +22,28 @@ else:
 class _HasFileno(Protocol):
     def fileno(self) -> int: ...
 
-__all__ = ["Session", "connect"]
+__all__ = ["Group", "Session", "connect"]
 
 _Fd = Union[int, _HasFileno]
 _Path = Union[str, os.PathLike[str]]
+
+@final
+class Group:
+    """A group of ranks, made by :meth:`Session.group` or :meth:`Session.shrink`. Pass it as
+    ``group=`` to any collective to run it among the members only: ranks, roots, blocks and
+    counts are then group ranks."""
+
+    @property
+    def rank(self) -> int:
+        """This rank's rank in the group."""
+    @property
+    def size(self) -> int:
+        """The number of ranks in the group."""
+    @property
+    def ranks(self) -> List[int]:
+        """The members' world ranks, by group rank."""
+    def world_rank(self, rank: int) -> int:
+        """The world rank of group rank ``rank``; raises :class:`MisuseError` when none."""
 
 @final
 class Session:
@@ -54,13 +72,25 @@ class Session:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-    def barrier(self, *, timeout: Optional[float] = None) -> None:
+    def group(self, ranks: Sequence[int], *, timeout: Optional[float] = None) -> Group:
+        """A group of ``ranks`` (world ranks; their order numbers them in the group), made by
+        every member with the same ranks. Raises :class:`ProtocolError` naming a member that
+        passed other ranks."""
+    def shrink(self, *, timeout: Optional[float] = None) -> Group:
+        """After a death: the group of every rank still there, the same on every survivor.
+        Raises :class:`PeerLost` naming a rank that died after the survivors agreed (call it
+        again)."""
+    def barrier(
+        self, *, timeout: Optional[float] = None, group: Optional["Group"] = None
+    ) -> None:
         """Returns once every rank has entered the barrier.
 
         Raises :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`, or
         :class:`ProtocolError` when another rank called another collective.
         """
-    def all_gather(self, data: _Data, *, timeout: Optional[float] = None) -> List[bytes]:
+    def all_gather(
+        self, data: _Data, *, timeout: Optional[float] = None, group: Optional["Group"] = None
+    ) -> List[bytes]:
         """Every rank's ``data``, in rank order (this rank's own included). Ranks may give
         different lengths. Raises as :meth:`barrier` does."""
     def all_reduce(
@@ -70,6 +100,7 @@ class Session:
         *,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
+        group: Optional["Group"] = None,
     ) -> None:
         """Combines every rank's ``data`` with ``op`` (``"sum"``, ``"prod"``, ``"min"``,
         ``"max"``, ``"bit_and"``, ``"bit_or"``, ``"bit_xor"``, ``"avg"``), in rank order, into
@@ -83,6 +114,7 @@ class Session:
         *,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
+        group: Optional["Group"] = None,
     ) -> None:
         """:meth:`all_reduce` with the result in the root's ``data`` only."""
     def reduce_scatter(
@@ -93,6 +125,7 @@ class Session:
         *,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
+        group: Optional["Group"] = None,
     ) -> None:
         """Combines every rank's ``input`` (``world_size`` blocks of ``output``'s length) and
         writes block ``rank`` of the result into ``output``."""
@@ -103,11 +136,17 @@ class Session:
         output: _Data,
         *,
         timeout: Optional[float] = None,
+        group: Optional["Group"] = None,
     ) -> None:
         """The root's ``input`` cut into ``world_size`` equal blocks, block ``rank`` into each
         rank's ``output``."""
     def all_to_all(
-        self, input: _Data, output: _Data, *, timeout: Optional[float] = None
+        self,
+        input: _Data,
+        output: _Data,
+        *,
+        timeout: Optional[float] = None,
+        group: Optional["Group"] = None,
     ) -> None:
         """Block ``q`` of ``input`` to rank ``q``, block ``q`` of ``output`` from rank ``q``."""
     def all_to_all_v(
@@ -118,10 +157,16 @@ class Session:
         recv_counts: Sequence[int],
         *,
         timeout: Optional[float] = None,
+        group: Optional["Group"] = None,
     ) -> None:
         """:meth:`all_to_all` with a byte count per rank, each way, in rank order."""
     def broadcast(
-        self, root: int, data: Optional[_Data] = None, *, timeout: Optional[float] = None
+        self,
+        root: int,
+        data: Optional[_Data] = None,
+        *,
+        timeout: Optional[float] = None,
+        group: Optional["Group"] = None,
     ) -> bytes:
         """``root``'s ``data`` on every rank, returned as ``bytes`` (on the root too).
 

@@ -10,7 +10,7 @@
 //! | `PeerLeft { rank, after }` | `PeerLeft` (`.rank`, `.after`, `.after_died`) |
 //! | `PeerNeverJoined { rank, after, after_left }`, a logon or fd relay that waited for it | `PeerNeverJoined` (`.rank`, `.after`, `.after_left`) |
 //! | `Timeout { op, waiting_for, timeout }` | `Timeout` (`.op`, `.waiting_for`, `.timeout`) |
-//! | `Protocol`, `Corrupted`, `CollectiveMismatch`, `Outbox`, `StaleFdTicket` (each names a peer) | `ProtocolError` (`.rank`) |
+//! | `Protocol`, `Corrupted`, `CollectiveMismatch`, `GroupMismatch`, `Outbox`, `StaleFdTicket` (each names a peer) | `ProtocolError` (`.rank`) |
 //! | `BrokerLost`, a logon or fd relay that found the broker gone | `BrokerLost` |
 //! | `Logon`, `Launch` | `LogonError` |
 //! | `BufferTooSmall { peer, needed }` (the message is kept) | `BufferTooSmall` (`.rank`, `.needed`; a `MisuseError`) |
@@ -94,6 +94,7 @@ pub fn to_py(error: Error) -> PyErr {
         Error::Protocol { peer, .. }
         | Error::Corrupted { peer, .. }
         | Error::CollectiveMismatch { peer, .. }
+        | Error::GroupMismatch { peer, .. }
         | Error::Outbox { peer, .. } => py::ProtocolError::new_err((message, peer)),
         Error::StaleFdTicket { exporter, .. } => py::ProtocolError::new_err((message, exporter)),
         Error::BrokerLost => py::BrokerLost::new_err(message),

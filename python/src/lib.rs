@@ -23,7 +23,7 @@ mod sigint;
 use buffer::Bytes;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use shmbroker::session::Interrupter;
+use shmbroker::session::{Group, Interrupter};
 use shmbroker::{DType, Error, ReduceOp, Session};
 use std::os::fd::{BorrowedFd, IntoRawFd, RawFd};
 use std::path::PathBuf;
@@ -55,6 +55,75 @@ impl Drop for Slot {
             // A fork's copy (see `pid`): its memory is freed with the child's process.
             std::mem::forget(session);
         }
+    }
+}
+
+/// Runs `$call` with `$c` the session `$session`, or its view through `$group` (an
+/// `Option<&Group>`; `None` for the whole world): the methods share their names.
+macro_rules! on_comm {
+    ($session:expr, $group:expr, |$c:ident| $call:expr) => {
+        match $group {
+            None => {
+                let $c = &mut *$session;
+                $call
+            }
+            Some(group) => {
+                let mut view = $session.on(group);
+                let $c = &mut view;
+                $call
+            }
+        }
+    };
+}
+
+/// A group of ranks, made by :meth:`Session.group` or :meth:`Session.shrink`. Pass it as
+/// ``group=`` to any collective (as with ``torch.distributed``) to run it among the members
+/// only: ranks, roots, blocks and counts are then group ranks.
+#[pyclass(module = "shmbroker", name = "Group", frozen)]
+#[derive(Debug)]
+struct PyGroup {
+    group: Group,
+}
+
+#[pymethods]
+impl PyGroup {
+    /// This rank's rank in the group.
+    #[getter]
+    fn rank(&self) -> u32 {
+        self.group.rank()
+    }
+
+    /// The number of ranks in the group.
+    #[getter]
+    fn size(&self) -> u32 {
+        self.group.size()
+    }
+
+    /// The members' world ranks, by group rank.
+    #[getter]
+    fn ranks(&self) -> Vec<u32> {
+        self.group.ranks().to_vec()
+    }
+
+    /// The world rank of group rank ``rank``; raises :class:`MisuseError` when there is none.
+    fn world_rank(&self, rank: i64) -> PyResult<u32> {
+        u32::try_from(rank)
+            .ok()
+            .and_then(|rank| self.group.world_rank(rank))
+            .ok_or_else(|| {
+                errors::misuse(format!(
+                    "rank {rank} is not in a group of {}",
+                    self.group.size()
+                ))
+            })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<shmbroker.Group rank {} of ranks {:?}>",
+            self.group.rank(),
+            self.group.ranks()
+        )
     }
 }
 
@@ -160,6 +229,11 @@ impl PySession {
             }
             Err(error) => Err(errors::to_py(error)),
         }
+    }
+
+    /// This rank's rank among the ranks a collective runs on: in `group`, or in the world.
+    fn rank_in(&self, group: Option<&Group>) -> u32 {
+        group.map_or(self.rank, Group::rank)
     }
 
     /// `timeout` (seconds) as the call's deadline, or the session's when it is `None`.
@@ -292,31 +366,69 @@ impl PySession {
         }
     }
 
+    /// A group of ``ranks`` (world ranks; their order numbers them in the group), made by every
+    /// member with the same ranks; pass it as ``group=`` to any collective.
+    ///
+    /// Raises :class:`MisuseError` for a repeated rank or one that leaves this rank out;
+    /// :class:`ProtocolError` naming a member that passed other ranks; :class:`Timeout`,
+    /// :class:`PeerLost`.
+    #[pyo3(signature = (ranks, *, timeout=None))]
+    fn group(&self, py: Python<'_>, ranks: Vec<u32>, timeout: Option<f64>) -> PyResult<PyGroup> {
+        let timeout = self.deadline(timeout)?;
+        let group = self.blocking(py, |session| session.group_timeout(&ranks, timeout))?;
+        Ok(PyGroup { group })
+    }
+
+    /// After a death: the group of every rank still there, the same on every survivor that
+    /// calls it.
+    ///
+    /// Raises :class:`Timeout` naming a live rank that did not call it; :class:`PeerLost` naming
+    /// a rank that died after the survivors agreed (call it again).
+    #[pyo3(signature = (*, timeout=None))]
+    fn shrink(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyGroup> {
+        let timeout = self.deadline(timeout)?;
+        let group = self.blocking(py, |session| session.shrink_timeout(timeout))?;
+        Ok(PyGroup { group })
+    }
+
     /// Returns once every rank has entered the barrier.
     ///
     /// Raises :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`, or :class:`ProtocolError`
     /// when another rank called another collective.
-    #[pyo3(signature = (*, timeout=None))]
-    fn barrier(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+    #[pyo3(signature = (*, timeout=None, group=None))]
+    fn barrier(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
+    ) -> PyResult<()> {
         let timeout = self.deadline(timeout)?;
-        self.blocking(py, |session| session.barrier_timeout(timeout))
+        let group = group.map(|group| group.group.clone());
+        self.blocking(py, |session| {
+            on_comm!(session, group.as_ref(), |c| c.barrier_timeout(timeout))
+        })
     }
 
     /// Every rank's ``data``, in rank order (this rank's own included). Ranks may give different
     /// lengths.
     ///
     /// Raises as :meth:`barrier` does.
-    #[pyo3(signature = (data, *, timeout=None))]
+    #[pyo3(signature = (data, *, timeout=None, group=None))]
     fn all_gather<'py>(
         &self,
         py: Python<'py>,
         data: &Bound<'py, PyAny>,
         timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let data = Bytes::get(data)?;
         let timeout = self.deadline(timeout)?;
+        let group = group.map(|group| group.group.clone());
         let bytes = data.as_slice();
-        let parts = self.blocking(py, |session| session.all_gather_timeout(bytes, timeout))?;
+        let parts = self.blocking(py, |session| {
+            on_comm!(session, group.as_ref(), |c| c
+                .all_gather_timeout(bytes, timeout))
+        })?;
         PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part)))
     }
 
@@ -329,7 +441,7 @@ impl PySession {
     /// Raises :class:`MisuseError` for an operation the type lacks (``"avg"`` of integers,
     /// bitwise operations of floats); :class:`ProtocolError` naming a rank that gave another
     /// length; otherwise as :meth:`barrier` does.
-    #[pyo3(signature = (data, op="sum", *, dtype=None, timeout=None))]
+    #[pyo3(signature = (data, op="sum", *, dtype=None, timeout=None, group=None))]
     fn all_reduce(
         &self,
         py: Python<'_>,
@@ -337,14 +449,17 @@ impl PySession {
         op: &str,
         dtype: Option<&str>,
         timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let op = op_arg(op)?;
         let mut data = Bytes::get_mut(data)?;
         let dtype = dtype_arg(dtype, &data)?;
         let timeout = self.deadline(timeout)?;
+        let group = group.map(|group| group.group.clone());
         let data = data.as_mut_slice();
         self.blocking(py, |session| {
-            session.all_reduce_bytes_timeout(data, dtype, op, timeout)
+            on_comm!(session, group.as_ref(), |c| c
+                .all_reduce_bytes_timeout(data, dtype, op, timeout))
         })
     }
 
@@ -352,7 +467,11 @@ impl PySession {
     /// is unchanged.
     ///
     /// Raises as :meth:`all_reduce` does.
-    #[pyo3(signature = (root, data, op="sum", *, dtype=None, timeout=None))]
+    #[pyo3(signature = (root, data, op="sum", *, dtype=None, timeout=None, group=None))]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the Python call's arguments, keywords included"
+    )]
     fn reduce(
         &self,
         py: Python<'_>,
@@ -361,15 +480,18 @@ impl PySession {
         op: &str,
         dtype: Option<&str>,
         timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let root = rank_arg(root)?;
         let op = op_arg(op)?;
         let mut data = Bytes::get_mut(data)?;
         let dtype = dtype_arg(dtype, &data)?;
         let timeout = self.deadline(timeout)?;
+        let group = group.map(|group| group.group.clone());
         let data = data.as_mut_slice();
         self.blocking(py, |session| {
-            session.reduce_bytes_timeout(root, data, dtype, op, timeout)
+            on_comm!(session, group.as_ref(), |c| c
+                .reduce_bytes_timeout(root, data, dtype, op, timeout))
         })
     }
 
@@ -377,7 +499,11 @@ impl PySession {
     /// ``op``, in rank order, and writes block ``rank`` of the result into ``output``.
     ///
     /// Raises as :meth:`all_reduce` does.
-    #[pyo3(signature = (input, output, op="sum", *, dtype=None, timeout=None))]
+    #[pyo3(signature = (input, output, op="sum", *, dtype=None, timeout=None, group=None))]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the Python call's arguments, keywords included"
+    )]
     fn reduce_scatter(
         &self,
         py: Python<'_>,
@@ -386,15 +512,18 @@ impl PySession {
         op: &str,
         dtype: Option<&str>,
         timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let op = op_arg(op)?;
         let input = Bytes::get(input)?;
         let mut output = Bytes::get_mut(output)?;
         let dtype = dtype_arg(dtype, &input)?;
         let timeout = self.deadline(timeout)?;
+        let group = group.map(|group| group.group.clone());
         let (input, output) = (input.as_slice(), output.as_mut_slice());
         self.blocking(py, |session| {
-            session.reduce_scatter_bytes_timeout(input, output, dtype, op, timeout)
+            on_comm!(session, group.as_ref(), |c| c
+                .reduce_scatter_bytes_timeout(input, output, dtype, op, timeout))
         })
     }
 
@@ -403,7 +532,7 @@ impl PySession {
     ///
     /// Raises :class:`MisuseError` for a root without input or an input of another length;
     /// otherwise as :meth:`barrier` does.
-    #[pyo3(signature = (root, input, output, *, timeout=None))]
+    #[pyo3(signature = (root, input, output, *, timeout=None, group=None))]
     fn scatter(
         &self,
         py: Python<'_>,
@@ -411,18 +540,21 @@ impl PySession {
         input: Option<&Bound<'_, PyAny>>,
         output: &Bound<'_, PyAny>,
         timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let root = rank_arg(root)?;
         let input = input.map(Bytes::get).transpose()?;
         let mut output = Bytes::get_mut(output)?;
         let timeout = self.deadline(timeout)?;
+        let group = group.map(|group| group.group.clone());
         let input = input
             .as_ref()
-            .filter(|_| root == self.rank)
+            .filter(|_| root == self.rank_in(group.as_ref()))
             .map(Bytes::as_slice);
         let output = output.as_mut_slice();
         self.blocking(py, |session| {
-            session.scatter_timeout(root, input, output, timeout)
+            on_comm!(session, group.as_ref(), |c| c
+                .scatter_timeout(root, input, output, timeout))
         })
     }
 
@@ -431,20 +563,23 @@ impl PySession {
     ///
     /// Raises :class:`MisuseError` for buffers of different or uneven lengths; otherwise as
     /// :meth:`barrier` does.
-    #[pyo3(signature = (input, output, *, timeout=None))]
+    #[pyo3(signature = (input, output, *, timeout=None, group=None))]
     fn all_to_all(
         &self,
         py: Python<'_>,
         input: &Bound<'_, PyAny>,
         output: &Bound<'_, PyAny>,
         timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let input = Bytes::get(input)?;
         let mut output = Bytes::get_mut(output)?;
         let timeout = self.deadline(timeout)?;
+        let group = group.map(|group| group.group.clone());
         let (input, output) = (input.as_slice(), output.as_mut_slice());
         self.blocking(py, |session| {
-            session.all_to_all_timeout(input, output, timeout)
+            on_comm!(session, group.as_ref(), |c| c
+                .all_to_all_timeout(input, output, timeout))
         })
     }
 
@@ -454,7 +589,11 @@ impl PySession {
     ///
     /// Raises :class:`MisuseError` for counts that do not fit the buffers; :class:`ProtocolError`
     /// naming a rank that sent another count; otherwise as :meth:`barrier` does.
-    #[pyo3(signature = (input, send_counts, output, recv_counts, *, timeout=None))]
+    #[pyo3(signature = (input, send_counts, output, recv_counts, *, timeout=None, group=None))]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the Python call's arguments, keywords included"
+    )]
     fn all_to_all_v(
         &self,
         py: Python<'_>,
@@ -463,13 +602,21 @@ impl PySession {
         output: &Bound<'_, PyAny>,
         recv_counts: Vec<usize>,
         timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let input = Bytes::get(input)?;
         let mut output = Bytes::get_mut(output)?;
         let timeout = self.deadline(timeout)?;
+        let group = group.map(|group| group.group.clone());
         let (input, output) = (input.as_slice(), output.as_mut_slice());
         self.blocking(py, |session| {
-            session.all_to_all_v_timeout(input, &send_counts, output, &recv_counts, timeout)
+            on_comm!(session, group.as_ref(), |c| c.all_to_all_v_timeout(
+                input,
+                &send_counts,
+                output,
+                &recv_counts,
+                timeout
+            ))
         })
     }
 
@@ -480,23 +627,26 @@ impl PySession {
     ///
     /// Raises :class:`MisuseError` for a root without data or a root out of range; otherwise as
     /// :meth:`barrier` does.
-    #[pyo3(signature = (root, data=None, *, timeout=None))]
+    #[pyo3(signature = (root, data=None, *, timeout=None, group=None))]
     fn broadcast<'py>(
         &self,
         py: Python<'py>,
         root: i64,
         data: Option<&Bound<'py, PyAny>>,
         timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let root = rank_arg(root)?;
         let data = data.map(Bytes::get).transpose()?;
         let timeout = self.deadline(timeout)?;
+        let group = group.map(|group| group.group.clone());
         let bytes = data
             .as_ref()
-            .filter(|_| root == self.rank)
+            .filter(|_| root == self.rank_in(group.as_ref()))
             .map(Bytes::as_slice);
         let received = self.blocking(py, |session| {
-            session.broadcast_timeout(root, bytes, timeout)
+            on_comm!(session, group.as_ref(), |c| c
+                .broadcast_timeout(root, bytes, timeout))
         })?;
         Ok(PyBytes::new(py, &received))
     }
@@ -794,6 +944,7 @@ fn connect(
 #[pymodule]
 fn _shmbroker(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PySession>()?;
+    module.add_class::<PyGroup>()?;
     module.add_function(wrap_pyfunction!(connect, module)?)?;
     Ok(())
 }

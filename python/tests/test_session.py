@@ -28,6 +28,22 @@ def test_reductions_scatter_and_all_to_all():
     assert_ok(run_scenario(2, "reductions"), 2, "reductions")
 
 
+def test_groups_and_shrinking_after_a_death():
+    # 4 ranks: collectives on disjoint and overlapping groups; then rank 3 is killed, and the
+    # others shrink and sum among themselves.
+    job = run_scenario(4, "groups")
+    assert job.returncode == 137, describe(job)
+    for rank in range(3):
+        assert f"[{rank}] OK groups rank {rank}" in job.stdout, describe(job)
+
+
+def test_a_member_that_passes_other_ranks_is_named():
+    job = run_scenario(3, "group_mismatch")
+    assert_ok(job, 3, "group_mismatch")
+    for rank, named in ((0, 2), (1, 2), (2, 0)):
+        assert f"[{rank}] MISMATCH {named}" in job.stdout, describe(job)
+
+
 def test_recv_into_recv_any_try_recv_and_probe():
     assert_ok(run_scenario(3, "receives"), 3, "receives")
 

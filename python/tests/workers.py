@@ -189,6 +189,65 @@ def scenario_reductions(session, args):
     check((grads == (world + 1) / 2).all(), "numpy float32 avg")
 
 
+def scenario_groups(session, args):
+    import array
+
+    rank, world = session.rank, session.world_size
+    # Even and odd ranks (disjoint), and the world numbered backwards (overlapping both).
+    parity = session.group([q for q in range(world) if q % 2 == rank % 2])
+    backwards = session.group(list(reversed(range(world))))
+    check(parity.ranks == [q for q in range(world) if q % 2 == rank % 2], "parity ranks")
+    check(backwards.rank == world - 1 - rank and backwards.world_rank(0) == world - 1, "numbering")
+    for group in (parity, backwards, parity):
+        members = group.ranks
+        data = array.array("q", [rank, 1])
+        session.all_reduce(data, group=group)
+        check(data.tolist() == [sum(members), len(members)], f"all_reduce on {members}")
+        session.barrier(group=group)
+        parts = session.all_gather(b"%d" % rank, group=group)
+        check(parts == [b"%d" % q for q in members], f"all_gather on {members}")
+        got = session.broadcast(0, b"from %d" % rank if group.rank == 0 else None, group=group)
+        check(got == b"from %d" % members[0], f"broadcast on {members}")
+        out = bytearray(1)
+        source = bytes(range(group.size)) if group.rank == 0 else None
+        session.scatter(0, source, out, group=group)
+        check(out[0] == group.rank, f"scatter on {members}")
+        incoming = bytearray(group.size)
+        session.all_to_all(bytes([group.rank] * group.size), incoming, group=group)
+        check(list(incoming) == list(range(group.size)), f"all_to_all on {members}")
+        total = array.array("i", [rank])
+        session.reduce(0, total, "sum", group=group)
+        check(group.rank != 0 or total[0] == sum(members), f"reduce on {members}")
+    raises(shmbroker.MisuseError, lambda: session.group([(rank + 1) % world]))
+    # The last rank dies; the others are told, shrink, and sum among themselves. (The launcher
+    # stops the other copies once one is killed, SIGKILL 3 s after SIGTERM: they finish first.)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    session.barrier()
+    if rank == world - 1:
+        os.kill(os.getpid(), 9)
+    data = array.array("d", [1.0] * 1000)
+    try:
+        session.all_reduce(data)
+        check(False, "all_reduce after a death succeeded")
+    except shmbroker.PeerLost as error:
+        check(error.rank == world - 1, f"PeerLost named {error.rank}")
+    survivors = session.shrink()
+    check(survivors.ranks == list(range(world - 1)), f"shrink gave {survivors.ranks}")
+    data = array.array("d", [float(rank)] * 1000)
+    session.all_reduce(data, group=survivors)
+    check(data[0] == sum(range(world - 1)), f"sum on the survivors gave {data[0]}")
+
+
+def scenario_group_mismatch(session, args):
+    rank = session.rank
+    ranks = [0, 2, 1] if rank == 2 else [0, 1, 2]
+    try:
+        session.group(ranks)
+        check(False, "a group of disagreeing members was made")
+    except shmbroker.ProtocolError as error:
+        say(f"MISMATCH {error.rank}")
+
+
 def scenario_receives(session, args):
     """recv_into, recv_any(_into), try_recv(_any) and probe: rank 0 takes what every other rank
     sends, in whatever order it comes, and a message too long for its buffer is kept."""
