@@ -317,6 +317,29 @@ fn batches_send_what_fits_and_receive_what_is_there() {
 }
 
 #[test]
+fn a_whole_batch_goes_all_at_once_or_not_at_all() {
+    let (mut tx, mut rx) = pair::<u64>(4).unwrap();
+    assert_eq!(tx.try_send_whole(&[]), Ok(()));
+    tx.try_send(1).unwrap();
+    // Three slots wanted, three free: all of them.
+    assert_eq!(tx.try_send_whole(&[2, 3, 4]), Ok(()));
+    assert_eq!(tx.try_send_whole(&[5]), Err(TrySendError::Full(())));
+    let mut buffer = [0; 2];
+    assert_eq!(rx.try_recv_batch(&mut buffer), Ok(2));
+    // Two free, three wanted: nothing is written (a batch would have sent two).
+    assert_eq!(tx.try_send_whole(&[5, 6, 7]), Err(TrySendError::Full(())));
+    let mut buffer = [0; 8];
+    assert_eq!(rx.try_recv_batch(&mut buffer), Ok(2));
+    assert_eq!(&buffer[..2], &[3, 4]);
+    assert_eq!(rx.try_recv_batch(&mut buffer), Err(TryRecvError::Empty));
+    // More than the ring holds never fits.
+    assert_eq!(tx.try_send_whole(&[0; 5]), Err(TrySendError::Full(())));
+    assert_eq!(tx.try_send_whole(&[5, 6, 7, 8]), Ok(()));
+    assert_eq!(rx.try_recv_batch(&mut buffer), Ok(4));
+    assert_eq!(&buffer[..4], &[5, 6, 7, 8]);
+}
+
+#[test]
 fn dropping_the_producer_lets_the_consumer_drain_then_disconnects() {
     let (mut tx, mut rx) = pair::<u64>(8).unwrap();
     tx.try_send_batch(&[1, 2, 3]).unwrap();

@@ -236,6 +236,9 @@ impl Session {
     ) -> Result<(), Error> {
         self.finish_set_aside(deadline)?;
         self.flush_acks(peer)?;
+        if slots.len() > 1 {
+            return self.send_whole(peer, slots, deadline);
+        }
         let mut sent = 0;
         while sent < slots.len() {
             match self.link(peer)?.to.try_send_batch(&slots[sent..]) {
@@ -279,6 +282,45 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::send_slots`] for a message of several slots: written only once the ring has room
+    /// for all of them, in one publication. A call that ends while it waits (an interrupt, a
+    /// death, its deadline) so leaves nothing of it behind: half an eager message in the ring
+    /// would make the peer read the next message's header as its missing continuation, and
+    /// misframe the link for good (the chaos suite's shrink scenario found that at 10 ranks: a
+    /// tree broadcast cut short by a death, then the survivors' shrink). While the ring is full
+    /// this waits by looking again (spinning, yielding, then sleeping in short steps), taking in
+    /// what every peer sent meanwhile.
+    fn send_whole(
+        &mut self,
+        peer: u32,
+        slots: &[Message],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let mut full_since: Option<Instant> = None;
+        loop {
+            match self.link(peer)?.to.try_send_whole(slots) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => {
+                    return Err(self.closed(peer, deadline.collective));
+                }
+                Err(TrySendError::Corrupted((), corruption)) => {
+                    return Err(self.corrupted(peer, corruption));
+                }
+            }
+            self.check_interrupted(deadline)?;
+            if deadline.left().is_zero() {
+                return Err(self.timed_out(deadline, peer));
+            }
+            // As in `send_slots`: every peer, the one this waits for may wait on a third.
+            for other in self.peers() {
+                self.drain_from(other)?;
+            }
+            let now = Instant::now();
+            super::receive::idle_wait(now.duration_since(*full_since.get_or_insert(now)));
+        }
     }
 
     /// Sends `data` to every rank in `targets` as operation `op` with `tag`, receiving every

@@ -142,11 +142,13 @@ struct SendCursor {
 }
 
 impl SendCursor {
-    /// Sends as many of `messages` as fit (at least one, unless none fit), in one publication.
+    /// Sends as many of `messages` as fit (at least one, unless none fit), in one publication;
+    /// with `whole`, all of them or none.
     fn try_send<T: Pod>(
         &mut self,
         ring: &RingRef<T>,
         messages: &[T],
+        whole: bool,
     ) -> Result<usize, TrySendError<()>> {
         let control = &ring.header().control.0;
         if control.consumer_closed.load(Ordering::Acquire) != 0 {
@@ -171,7 +173,7 @@ impl SendCursor {
             free = ring.capacity - used;
         }
         let count = wanted.min(free) as usize;
-        if count == 0 {
+        if count == 0 || (whole && free < wanted) {
             return Err(TrySendError::Full(()));
         }
         let first = self.tail;

@@ -116,7 +116,7 @@ impl<T: Pod> Producer<T> {
     pub fn try_send(&mut self, message: T) -> Result<(), TrySendError<T>> {
         match self
             .cursor
-            .try_send(&self.ring, core::slice::from_ref(&message))
+            .try_send(&self.ring, core::slice::from_ref(&message), false)
         {
             Ok(_) => Ok(()),
             Err(TrySendError::Full(())) => Err(TrySendError::Full(message)),
@@ -136,7 +136,22 @@ impl<T: Pod> Producer<T> {
         if messages.is_empty() {
             return Ok(0);
         }
-        self.cursor.try_send(&self.ring, messages)
+        self.cursor.try_send(&self.ring, messages, false)
+    }
+
+    /// Sends all of `messages` in one publication if the ring has room for all of them, and
+    /// none otherwise ([`TrySendError::Full`]): a message made of several slots never stands
+    /// half-written in the ring, whatever its sender does next. Never blocks. `messages` longer
+    /// than the ring never fit.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::try_send_batch`].
+    pub fn try_send_whole(&mut self, messages: &[T]) -> Result<(), TrySendError<()>> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        self.cursor.try_send(&self.ring, messages, true).map(drop)
     }
 
     /// Sends `message`, waiting up to `timeout` for room: spinning first, then parked.
@@ -185,7 +200,7 @@ impl<T: Pod> Producer<T> {
                     .0
                     .producer_wait
                     .wait_until(patience, &mut deadline, || {
-                        match cursor.try_send(ring, &messages[sent..]) {
+                        match cursor.try_send(ring, &messages[sent..], false) {
                             Err(TrySendError::Full(())) => None,
                             other => Some(other),
                         }
