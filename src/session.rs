@@ -55,10 +55,11 @@
 //! others go on (a collective needs every rank). A job that has lost a worker (died or left)
 //! admits nobody new, so a rank that had not logged on by then never will: the broker says so,
 //! and calls that need it fail at once with [`Error::PeerNeverJoined`], naming it and the rank
-//! that closed the job. With the broker gone, what needs it fails with [`Error::BrokerLost`]. Blocks of this rank's outbox that a departed peer
-//! still owed an acknowledgement for are given back. A collective cut short by a death can leave
-//! blocks that *live* peers owed for it (they stopped receiving it): those stay taken, so the
-//! outbox has that much less room for the point-to-point traffic that goes on.
+//! that closed the job. With the broker gone, what needs it fails with [`Error::BrokerLost`].
+//! Blocks of this rank's outbox that a departed peer still owed an acknowledgement for are given
+//! back. Blocks that *live* peers owed for a collective cut short by a death come back too: each
+//! peer closes the streams the dead rank was in and acknowledges what it drops of them (see the
+//! `groups` module).
 
 mod acks;
 mod any;
@@ -142,6 +143,8 @@ pub struct Session {
     team: groups::Team,
     /// Every group this rank is in, but the one in `team` during a call on it, by stream.
     groups: groups::Groups,
+    /// The departed ranks whose streams are closed (see `close_departed_streams`).
+    closed_for: u64,
     /// One per rank of the world, indexed by rank (this rank's own stays unused).
     peers: Vec<Peer>,
     /// This rank's outbox: large data and loans go out through it.
@@ -432,6 +435,7 @@ impl Session {
             timeout: DEFAULT_TIMEOUT,
             team,
             groups: groups::Groups::default(),
+            closed_for: 0,
             peers: (0..world as u32).map(Peer::new).collect(),
             outbox,
             chunk_blocks: HashSet::new(),

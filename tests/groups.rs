@@ -246,6 +246,17 @@ fn groups_rank() {
                     session.send(to, b"3 died").unwrap();
                 }
             } else {
+                // Large all-gathers on A while rank 3 dies (their chunks are in flight then),
+                // and after.
+                let part = vec![rank as u8; 4 << 20];
+                for _ in 0..10 {
+                    let parts = session.on(&group).all_gather(&part).unwrap();
+                    assert!(
+                        parts[1 - rank as usize]
+                            .iter()
+                            .all(|&b| b == 1 - rank as u8)
+                    );
+                }
                 assert_eq!(session.recv(2).unwrap(), b"3 died");
                 for call in 0..20 {
                     let mut data = input(rank, call, 1000);
@@ -288,6 +299,52 @@ fn groups_rank() {
                 assert!(data == sum_of(&alive, call, len), "call {call}");
             }
             check_every_collective(&mut session, &survivors, 40, 100);
+        }
+        "shrink-after-pipelined" => {
+            // The last rank dies a moment into an all-gather of 8 MiB parts, which the others
+            // are streaming to each other in chunks: each is cut off mid-message. The survivors
+            // shrink, and large collectives among them go through (the chunks of the cut-off
+            // messages are dropped, not taken for the new ones').
+            let delay: u64 = std::env::var("SHMBROKER_TEST_DELAY_US")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let dead = world - 1;
+            let part = vec![rank as u8; 8 << 20];
+            session.barrier().unwrap();
+            if rank == dead {
+                std::thread::sleep(Duration::from_micros(delay));
+                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
+            }
+            let error = session.all_gather(&part).unwrap_err();
+            assert!(
+                matches!(error, Error::PeerLost { rank } if rank == dead),
+                "{error}"
+            );
+            let survivors = session.shrink().unwrap();
+            let alive: Vec<u32> = (0..dead).collect();
+            assert_eq!(survivors.ranks(), alive);
+            let mut on = session.on(&survivors);
+            let parts = on.all_gather(&part).unwrap();
+            for (q, got) in parts.iter().enumerate() {
+                assert!(
+                    got.len() == part.len() && got.iter().all(|&b| b == q as u8),
+                    "part {q}"
+                );
+            }
+            let sent = (rank == 0).then(|| vec![7u8; 8 << 20]);
+            let got = on.broadcast(0, sent.as_deref()).unwrap();
+            assert!(
+                got.len() == 8 << 20 && got.iter().all(|&b| b == 7),
+                "broadcast"
+            );
+            let mut data = input(rank, 1, 1 << 20);
+            on.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+            assert!(data == sum_of(&alive, 1, 1 << 20), "all_reduce");
+            // Point-to-point messages among the survivors go on too.
+            let peer = 1 - rank;
+            session.send(peer, &part).unwrap();
+            assert_eq!(session.recv(peer).unwrap(), vec![peer as u8; 8 << 20]);
         }
         "shrink-nobody-died" => {
             let everyone = session.shrink().unwrap();
@@ -452,6 +509,23 @@ fn survivors_shrink_after_a_death_and_reduce_among_themselves() {
         for stderr in &stderrs[..world as usize - 1] {
             let told = stderr.lines().find(|line| line.contains("told in"));
             println!("world {world} {scenario}: {}", told.unwrap_or("?"));
+        }
+    }
+}
+
+#[test]
+fn survivors_shrink_after_a_death_that_cut_their_large_transfers_off_between_chunks() {
+    for delay in [0, 2_000, 10_000, 40_000] {
+        let delay_text = delay.to_string();
+        let results = run_world(
+            &format!("groups-shrink-pipelined-{delay}"),
+            3,
+            "shrink-after-pipelined",
+            &[("SHMBROKER_TEST_DELAY_US", &delay_text)],
+        );
+        let all: Vec<&str> = results.iter().map(|(_, stderr)| stderr.as_str()).collect();
+        for (rank, (ok, _)) in results.iter().enumerate() {
+            assert_eq!(*ok, rank != 2, "delay {delay}, rank {rank}: {all:#?}");
         }
     }
 }

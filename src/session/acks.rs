@@ -15,6 +15,10 @@ use shmbroker_queues::TrySendError;
 impl Session {
     /// Handles `peer`'s acknowledgement of a block of this rank's outbox.
     pub(super) fn acknowledged(&mut self, peer: u32, acked: PayloadRef) -> Result<(), Error> {
+        // What a departed peer acknowledged before it went was given back when it went.
+        if self.peers[peer as usize].forgotten {
+            return Ok(());
+        }
         let freed = self
             .outbox
             .ack(peer, acked)

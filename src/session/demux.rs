@@ -238,6 +238,18 @@ pub struct Inbox {
     owed: usize,
     /// The message a receive set aside between its chunks, if any.
     partial: Option<Box<Partial>>,
+    /// Streams whose collectives are over (a member died): their pipelined and lent messages
+    /// are dropped as they come (see [`Self::close_stream`]).
+    closed: Vec<u32>,
+    /// The operation and tag of the pipelined message a receive is taking the chunks of, if
+    /// any: if its stream closes, the rest of its chunks go (see [`Self::close_stream`]).
+    taking: Option<(u32, u64)>,
+    /// The tag of a dropped pipelined message whose chunks are still to come: they are dropped
+    /// as they come, up to the next header (its sender gave up on it then).
+    orphans: Option<u64>,
+    /// Blocks of the peer's outbox that dropped messages referred to, to acknowledge (see
+    /// [`Self::take_dropped`]).
+    dropped: Vec<PayloadRef>,
 }
 
 impl Inbox {
@@ -249,6 +261,10 @@ impl Inbox {
             queue: VecDeque::new(),
             owed: 0,
             partial: None,
+            closed: Vec::new(),
+            taking: None,
+            orphans: None,
+            dropped: Vec::new(),
         }
     }
 
@@ -256,7 +272,7 @@ impl Inbox {
     /// a header.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.queue.is_empty() && self.owed == 0
+        self.queue.is_empty() && self.owed == 0 && self.orphans.is_none()
     }
 
     /// Whether any slot is queued (a group may be found).
@@ -313,10 +329,15 @@ impl Inbox {
             return read_ref(peer, &slot).map(Some);
         }
         if slot.kind == kind::CHUNK {
-            read_ref(peer, &slot)?;
-            self.queue.push_back(slot);
+            let piece = read_ref(peer, &slot)?;
+            if self.orphans == Some(slot.tag) {
+                self.dropped.push(piece);
+            } else {
+                self.queue.push_back(slot);
+            }
             return Ok(None);
         }
+        self.orphans = None;
         let eager = transport(peer, &slot)? == 0;
         let len = slot.len as usize;
         if eager && len > kind::EAGER_MAX {
@@ -328,11 +349,122 @@ impl Inbox {
                 ),
             });
         }
+        if !eager && self.of_closed_stream(&slot) {
+            if slot.kind & kind::PIPELINED != 0 {
+                self.orphans = Some(slot.tag);
+            } else {
+                self.dropped.push(read_ref(peer, &slot)?);
+            }
+            return Ok(None);
+        }
         self.queue.push_back(slot);
         if eager {
             self.owed = kind::continuation_slots(len);
         }
         Ok(None)
+    }
+
+    /// Whether `header` is a collective message of a stream [`Self::close_stream`] closed.
+    fn of_closed_stream(&self, header: &Message) -> bool {
+        !self.closed.is_empty()
+            && header.kind & kind::OP_MASK != kind::SEND
+            && self.closed.contains(&stream_of(header.tag))
+    }
+
+    /// Closes `stream`: its collectives are over (a member died), so none of its messages will
+    /// ever be received. What is queued of them goes, and so will what comes: pipelined and lent
+    /// messages as they arrive (the chunks of a pipelined one up to the next header), so that a
+    /// message cut off between its chunks when its sender gave up does not stand in the way of
+    /// the messages of other streams (a group's after [`crate::Session::shrink`]). Chunks
+    /// queued where a header belongs go too: the rest of a message whose receive ended (the
+    /// rest of the one a receive was taking goes as it comes, too). Eager messages of the
+    /// stream go if queued whole; one that comes later stays queued, never taken (it holds no
+    /// block, and skipping its continuation slots is not worth a state). The blocks dropped
+    /// messages referred to are handed out by [`Self::take_dropped`], to be acknowledged: the
+    /// peer then frees them.
+    pub fn close_stream(&mut self, stream: u32) {
+        if !self.closed.contains(&stream) {
+            self.closed.push(stream);
+        }
+        let peer = self.peer;
+        // The message a receive was taking when the stream's collective ended: the rest of its
+        // chunks, queued or to come, go.
+        let taken = match self.taking {
+            Some((op, tag)) if op != kind::SEND && self.closed.contains(&stream_of(tag)) => {
+                self.taking = None;
+                Some(tag)
+            }
+            _ => None,
+        };
+        let old = std::mem::take(&mut self.queue);
+        let drop_ref = |slot: &Message, dropped: &mut Vec<PayloadRef>| {
+            if let Ok(piece) = read_ref(peer, slot) {
+                dropped.push(piece);
+            }
+        };
+        let mut at = 0;
+        // The tag of a dropped message whose last chunks may be still to come.
+        let mut cut = taken;
+        while let Some(&slot) = old.get(at) {
+            if slot.kind == kind::CHUNK {
+                // Where a header belongs: the rest of the message a receive was taking (or junk).
+                drop_ref(&slot, &mut self.dropped);
+                at += 1;
+                continue;
+            }
+            cut = None;
+            let closed = self.of_closed_stream(&slot) && slot.kind & RESUMED == 0;
+            let flags = slot.kind & !kind::OP_MASK;
+            if flags == 0 {
+                let extent = 1 + kind::continuation_slots(slot.len as usize);
+                let end = (at + extent).min(old.len());
+                if !(closed && at + extent <= old.len()) {
+                    self.queue.extend(old.range(at..end));
+                }
+                at = end;
+            } else if flags & kind::PIPELINED != 0 {
+                let mut end = at + 1;
+                while old
+                    .get(end)
+                    .is_some_and(|chunk| chunk.kind == kind::CHUNK && chunk.tag == slot.tag)
+                {
+                    end += 1;
+                }
+                if closed {
+                    for chunk in old.range(at + 1..end) {
+                        drop_ref(chunk, &mut self.dropped);
+                    }
+                    cut = Some(slot.tag);
+                } else {
+                    self.queue.extend(old.range(at..end));
+                }
+                at = end;
+            } else {
+                if closed {
+                    drop_ref(&slot, &mut self.dropped);
+                } else {
+                    self.queue.push_back(slot);
+                }
+                at += 1;
+            }
+        }
+        // Chunks still to come belong to the last message queued, if that one was dropped (a
+        // message whose continuation slots are owed is eager, and kept).
+        if self.owed == 0 && cut.is_some() {
+            self.orphans = cut;
+        }
+    }
+
+    /// Whether [`Self::take_dropped`] has blocks to hand out.
+    #[must_use]
+    pub fn has_dropped(&self) -> bool {
+        !self.dropped.is_empty()
+    }
+
+    /// The blocks of the peer's outbox that dropped messages referred to, each to be
+    /// acknowledged once.
+    pub fn take_dropped(&mut self) -> Vec<PayloadRef> {
+        std::mem::take(&mut self.dropped)
     }
 
     /// Files continuation slots read in one batch: at most the number owed ([`Self::wants`]
@@ -458,6 +590,7 @@ impl Inbox {
                     moved = true;
                     if header.kind & RESUMED != 0 {
                         incoming.state = self.resume(at, &header, &mut incoming.sink)?;
+                        self.taking = Some((header.kind & kind::OP_MASK, header.tag));
                         continue;
                     }
                     incoming.state = match transport(peer, &header)? {
@@ -474,6 +607,7 @@ impl Inbox {
                             }
                             let fits = incoming.sink.prepare(peer, total)?;
                             self.queue.remove(at);
+                            self.taking = Some((header.kind & kind::OP_MASK, header.tag));
                             InState::Chunks {
                                 at,
                                 tag: header.tag,
@@ -504,13 +638,20 @@ impl Inbox {
                     fits,
                 } => {
                     if done == total {
+                        self.taking = None;
                         incoming.state = InState::Done { len: total, fits };
                         continue;
                     }
                     let Some(&chunk) = self.queue.get(at) else {
                         return Ok(moved);
                     };
-                    let piece = read_ref(peer, &chunk)?;
+                    // Another message where the next chunk belongs: its sender gave up on this
+                    // one (said as such, not as a malformed reference).
+                    let piece = if chunk.kind == kind::CHUNK && chunk.tag == tag {
+                        read_ref(peer, &chunk)?
+                    } else {
+                        bytemuck::Zeroable::zeroed()
+                    };
                     let len = u64::from(piece.len);
                     if chunk.kind != kind::CHUNK
                         || chunk.tag != tag
@@ -580,6 +721,7 @@ impl Inbox {
         inline[8..16].copy_from_slice(&total.to_le_bytes());
         let header = message(op | kind::PIPELINED | RESUMED, tag, 0, inline);
         self.queue.insert(at, header);
+        self.taking = None;
         self.partial = Some(Box::new(Partial { tag, total, bytes }));
         incoming.state = InState::Header;
     }

@@ -12,10 +12,13 @@
 //!
 //! # What an interrupted transfer leaves
 //!
-//! A call that fails in the middle of a transfer (`Timeout`, `PeerLost`) leaves that link out of
-//! step: blocks sent to a peer that never acknowledges them stay owed (a lost peer's are given
-//! back), and chunks already queued from the peer no longer belong to any receive. Drop the
-//! session after such an error. A rank that leaves or dies is dropped from every owed set, so
+//! A call that fails in the middle of a transfer because a rank departed leaves nothing in the
+//! way: every stream the departed rank was in is closed (`close_departed_streams`), so the
+//! survivors' leftovers of its collectives are dropped and acknowledged (see the `groups`
+//! module). A collective that fails in the middle of a transfer for another reason (`Timeout`)
+//! leaves that link out of step: blocks sent to a peer that never acknowledges them stay owed,
+//! and chunks already queued from the peer no longer belong to any receive. Drop the session
+//! after such an error. A rank that leaves or dies is dropped from every owed set, so
 //! its blocks are reused even if a `LoanView` of them outlives its session there: a view must not
 //! outlive the session that received it.
 
@@ -72,11 +75,63 @@ impl Session {
     /// The error for a collective that cannot finish because `rank` (the first rank recorded
     /// dead) died. Blocks the dead ranks owed acknowledgements for are given back: none can
     /// arrive any more.
+    ///
+    /// The current team's stream is closed in every inbox (see `demux::Inbox::close_stream`): its
+    /// collectives are over, and what its messages leave in the links, down to a message cut
+    /// off between its chunks, must not stand in the way of other streams' (a group's after
+    /// `shrink`). The blocks of the messages dropped are acknowledged, so their senders free
+    /// them.
     pub(super) fn collective_lost(&mut self, rank: u32) -> Error {
         for dead in self.inner.dead_ranks() {
             self.forget_peer(dead);
         }
+        self.close_departed_streams();
         Error::PeerLost { rank }
+    }
+
+    /// Closes, in every inbox, the streams whose collectives are over because a member has
+    /// departed: the world's, and every group's with a departed member (see
+    /// `demux::Inbox::close_stream`). What their messages leave in the links, down to a message
+    /// cut off between its chunks, must not stand in the way of other streams' (a group's after
+    /// `shrink`). The blocks of the messages dropped are acknowledged, so their senders free
+    /// them. Does nothing when no rank has departed since the last time.
+    ///
+    /// Only where no receive is under way, since it rebuilds the queues: when a collective ends
+    /// because of a departure (its receives end with it), and before making a group or
+    /// shrinking. Not on every departure seen: a group's collective goes on when a rank outside
+    /// it dies, and its receive between chunks holds a place in a queue.
+    pub(super) fn close_departed_streams(&mut self) {
+        let departed = self
+            .peers()
+            .filter(|&rank| self.inner.departure(rank).is_some())
+            .fold(0u64, |set, rank| set | 1 << rank);
+        if departed == self.closed_for {
+            return;
+        }
+        self.closed_for = departed;
+        let hit = |team: &super::groups::Team| {
+            (0..team.size()).any(|rank| departed & 1 << team.member(rank) != 0)
+        };
+        let mut streams = vec![0];
+        streams.extend(self.groups.streams_where(hit));
+        if hit(&self.team) {
+            streams.push(self.team.stream());
+        }
+        for peer in self.peers() {
+            for &stream in &streams {
+                self.peers[peer as usize].inbox.close_stream(stream);
+            }
+            // An acknowledgement that cannot go (the peer is gone too) is nobody's loss.
+            let _ = self.ack_dropped(peer);
+        }
+    }
+
+    /// Acknowledges the blocks of `peer`'s outbox that dropped messages referred to.
+    pub(super) fn ack_dropped(&mut self, peer: u32) -> Result<(), Error> {
+        for piece in self.peers[peer as usize].inbox.take_dropped() {
+            self.queue_ack(peer, piece)?;
+        }
+        Ok(())
     }
 
     /// Gives back every block `peer` still owed an acknowledgement for.
@@ -87,6 +142,7 @@ impl Session {
         let peer = &mut self.peers[peer as usize];
         peer.chunks_owed = 0;
         peer.acks_due.clear();
+        peer.forgotten = true;
     }
 
     /// Whether a wait under `deadline` must end: an `Interrupter` asked (the request is taken),

@@ -66,11 +66,17 @@
 //!
 //! # What a death leaves in the links
 //!
-//! A collective cut short by a death can leave messages of its stream in the survivors' queues:
-//! whole ones are never taken again (their stream has moved on). A large message cut off between
-//! its chunks leaves the link out of step, as any call that fails mid-transfer does (see
-//! `departures`): a collective after [`Session::shrink`] is sure to work when the one cut short
-//! was small (up to the eager limit per rank), not otherwise.
+//! A collective cut short by a death can leave messages of its stream in the survivors' links,
+//! down to a message cut off between its chunks (its sender gave up on it) or half taken (its
+//! receiver did). Once a rank has departed, every stream it was in is *closed* in every inbox
+//! (`Session::close_departed_streams`, run when a departure is first seen and before making a
+//! group or shrinking): what is queued of those streams goes, and pipelined and lent messages
+//! of theirs that come later are dropped as they come, chunks and all (see
+//! `demux::Inbox::close_stream`); the blocks they referred to are acknowledged, so their senders
+//! free them. A receive between chunks that meets another message where its next chunk belongs
+//! then looks for a death before it calls the message malformed: its sender saw the death
+//! first. So collectives after [`Session::shrink`] work whatever was cut short, and so do
+//! point-to-point messages.
 
 use super::demux::{Expect, SEQ_BITS};
 use super::send::Targets;
@@ -122,6 +128,10 @@ impl Team {
         }
     }
 
+    pub(super) fn stream(&self) -> u32 {
+        self.stream
+    }
+
     pub(super) fn me(&self) -> u32 {
         self.me
     }
@@ -170,6 +180,17 @@ pub(super) struct Groups {
     teams: HashMap<u32, Team>,
     /// The highest stream this rank has been in (see "Streams").
     highest: u32,
+}
+
+impl Groups {
+    /// The streams of the groups (but the one in use) whose teams `hit` picks.
+    pub(super) fn streams_where(&self, hit: impl Fn(&Team) -> bool) -> Vec<u32> {
+        self.teams
+            .values()
+            .filter(|team| hit(team))
+            .map(Team::stream)
+            .collect()
+    }
 }
 
 /// A group of ranks, made by [`Session::group`] or [`Session::shrink`]: a small handle that does
@@ -365,6 +386,8 @@ impl Session {
     pub fn group_timeout(&mut self, ranks: &[u32], timeout: Duration) -> Result<Group, Error> {
         let me = self.check_group(ranks)?;
         let deadline = Deadline::new("group", timeout);
+        // What collectives cut short by a departure left in the links goes first.
+        self.close_departed_streams();
         let proposal = self.groups.highest + 1;
         if proposal >= SETUP_STREAM {
             return Err(Error::Misuse(format!(
@@ -505,6 +528,7 @@ impl Session {
     pub fn shrink_timeout(&mut self, timeout: Duration) -> Result<Group, Error> {
         let deadline = Deadline::new("shrink", timeout);
         let (me, world) = (self.rank(), self.world_size());
+        self.close_departed_streams();
         let departed = |session: &Self, rank: u32| session.inner.departure(rank).is_some();
         let mut estimate = self
             .peers()

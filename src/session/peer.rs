@@ -23,6 +23,9 @@ pub(super) struct Peer {
     pub(super) chunks_owed: usize,
     /// Acknowledgements owed to it, not sent yet because the ring to it was full.
     pub(super) acks_due: VecDeque<Message>,
+    /// Whether it departed and the blocks it owed were given back: acknowledgements still in its
+    /// ring then free nothing, and are no fault of its.
+    pub(super) forgotten: bool,
     /// Messages sent to it, and received from it, to make groups (see `groups`).
     pub(super) setup_sent: u64,
     pub(super) setup_received: u64,
@@ -37,6 +40,7 @@ impl Peer {
             outbox: None,
             chunks_owed: 0,
             acks_due: VecDeque::new(),
+            forgotten: false,
             setup_sent: 0,
             setup_received: 0,
         }

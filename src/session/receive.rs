@@ -102,8 +102,11 @@ impl Session {
 
     /// Files one slot from `peer` in its inbox; an acknowledgement goes to the outbox ledger.
     fn file(&mut self, peer: u32, slot: Message) -> Result<(), Error> {
-        match self.peers[peer as usize].inbox.push(slot)? {
+        let inbox = &mut self.peers[peer as usize].inbox;
+        match inbox.push(slot)? {
             Some(acked) => self.acknowledged(peer, acked),
+            // A message of a closed stream, dropped: its blocks go back to the peer.
+            None if inbox.has_dropped() => self.ack_dropped(peer),
             None => Ok(()),
         }
     }
@@ -271,7 +274,19 @@ impl Session {
             },
         );
         self.peers[peer as usize].inbox = inbox;
-        stepped
+        match stepped {
+            // A collective message cut off between its chunks, or the like: its sender gave up on
+            // the collective, which a member's death ends for everyone. If one has died (looked
+            // for now: the sender may have seen it first), that is the error.
+            Err(Error::Protocol { .. }) if deadline.collective => {
+                let _ = self.inner.lost_rank();
+                match self.team_lost_rank() {
+                    Some(rank) => Err(self.collective_lost(rank)),
+                    None => stepped,
+                }
+            }
+            stepped => stepped,
+        }
     }
 
     /// Receives `incoming` to the end, waiting parked on its ring.

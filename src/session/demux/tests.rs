@@ -499,3 +499,104 @@ fn setting_aside_a_receive_that_has_not_started_does_nothing() {
         b"x"
     );
 }
+
+/// The tag of collective number `seq` of `stream`.
+fn on_stream(stream: u32, seq: u64) -> u64 {
+    (u64::from(stream) << SEQ_BITS) | seq
+}
+
+#[test]
+fn closing_a_stream_drops_a_message_cut_off_between_its_chunks_and_the_rest_as_it_comes() {
+    let mut region = Region::new(1000);
+    let world = pipelined(kind::ALL_GATHER, on_stream(0, 1), 1000, 300);
+    // Header and one chunk queued when the world's collectives end; the sender gives up there.
+    let mut inbox = inbox_with(&world[..2]);
+    inbox.close_stream(0);
+    assert_eq!(inbox.take_dropped(), vec![reference(0, 300)]);
+    assert!(!inbox.is_empty(), "more chunks of it may come");
+    // One more chunk came before the sender noticed: dropped (and handed out to acknowledge).
+    inbox.push(world[2]).unwrap();
+    assert_eq!(inbox.take_dropped(), vec![reference(300, 300)]);
+    // The group's message after it is received whole, where the cut-off message used to stand
+    // in the way ("cut off ... expected its next chunk").
+    let group = pipelined(kind::ALL_GATHER, on_stream(5, 0), 1000, 500);
+    for &slot in &group {
+        inbox.push(slot).unwrap();
+    }
+    let got = receive(&mut inbox, gather(on_stream(5, 0)), &mut region).unwrap();
+    assert_eq!(got, region.bytes);
+    assert!(inbox.is_empty());
+}
+
+#[test]
+fn closing_a_stream_drops_the_rest_of_a_message_a_receive_was_taking() {
+    let mut region = Region::new(1000);
+    let world = pipelined(kind::ALL_GATHER, on_stream(0, 3), 1000, 250);
+    let mut inbox = inbox_with(&world[..2]);
+    let mut incoming = Incoming::new(PEER, gather(on_stream(0, 3)), Sink::Vec(Vec::new()));
+    inbox.step(&mut incoming, &mut region).unwrap();
+    assert!(incoming.mid_transfer());
+    // The collective ends (a member died) with the receive between chunks; it is dropped.
+    drop(incoming);
+    inbox.push(world[2]).unwrap();
+    inbox.close_stream(0);
+    inbox.push(world[3]).unwrap();
+    assert_eq!(
+        inbox.take_dropped(),
+        vec![reference(250, 250), reference(500, 250)],
+        "the chunks queued and the one that came after"
+    );
+    // A point-to-point message then arrives whole, and is received.
+    let message = eager(kind::SEND, 0, b"after");
+    for &slot in &message {
+        inbox.push(slot).unwrap();
+    }
+    assert_eq!(receive(&mut inbox, send(0), &mut region).unwrap(), b"after");
+}
+
+#[test]
+fn closing_a_stream_keeps_other_streams_and_point_to_point_messages_in_order() {
+    let mut region = Region::new(600);
+    let mut slots = Vec::new();
+    slots.extend(eager(kind::SEND, 0, b"first"));
+    slots.extend(pipelined(kind::ALL_GATHER, on_stream(0, 2), 600, 200));
+    slots.extend(eager(kind::BARRIER, on_stream(0, 3), &[]));
+    slots.push(with_ref(
+        kind::ALL_REDUCE | kind::LOAN,
+        on_stream(0, 4),
+        reference(0, 64),
+    ));
+    slots.extend(pipelined(kind::ALL_GATHER, on_stream(7, 0), 600, 300));
+    slots.extend(eager(kind::SEND, 1, b"second"));
+    let mut inbox = inbox_with(&slots);
+    inbox.close_stream(0);
+    // The world's pipelined and lent messages go, their blocks to acknowledge; its whole eager
+    // ones hold no block and go too.
+    assert_eq!(inbox.take_dropped().len(), 4);
+    assert!(inbox.find(gather(on_stream(0, 3))).unwrap().is_none());
+    assert_eq!(receive(&mut inbox, send(0), &mut region).unwrap(), b"first");
+    let group = receive(&mut inbox, gather(on_stream(7, 0)), &mut region).unwrap();
+    assert_eq!(group, region.bytes);
+    assert_eq!(
+        receive(&mut inbox, send(1), &mut region).unwrap(),
+        b"second"
+    );
+    assert!(inbox.is_empty());
+    // A world message that comes later is dropped on arrival, chunks and all.
+    for &slot in &pipelined(kind::BROADCAST, on_stream(0, 5), 600, 300) {
+        inbox.push(slot).unwrap();
+    }
+    assert_eq!(inbox.take_dropped().len(), 2);
+    // Until a header comes, the inbox is not empty (its next slot may be one of those chunks).
+    assert!(!inbox.is_empty());
+}
+
+#[test]
+fn a_headless_chunk_is_still_refused_on_a_stream_nobody_closed() {
+    // Closing is what the session does when a member departs; without it a chunk nobody
+    // announced is what it always was.
+    let inbox = inbox_with(&pipelined(kind::ALL_GATHER, on_stream(2, 0), 600, 300)[1..]);
+    assert!(
+        refusal(inbox.find(gather(on_stream(2, 0)))).contains("no pipelined message announced")
+    );
+}
