@@ -65,10 +65,12 @@ pub struct Args {
 const AFTER_HELP: &str = "\
 Kills and corrupts workers at random moments (SIGKILL during barrier, all-gather, broadcast, fd
 exchange and bulk transfers; the broker killed first; the victim scribbling on its shared memory;
-the victim's socket held by a forked child; the victim leaving on purpose) and reports, over all
-trials: detection time from kill to every survivor's error (p50, p99, max), hangs (a survivor
-still running --hang-ms after the kill), survivors naming another rank than the victim, fds
-leaked by the broker and the survivors, and processes killed by a signal the trial did not send.
+the victim's socket held by a forked child; the victim leaving on purpose; the victim killed and
+the survivors shrinking to a group of their own, running the operation on it) and reports, over
+all trials: detection time from kill to every survivor's error (p50, p99, max), hangs (a survivor
+still running --hang-ms after the kill), survivors naming another rank than the victim, survivors
+that could not carry on after shrinking, fds leaked by the broker and the survivors, and
+processes killed by a signal the trial did not send.
 Exits 1 if any of those is not zero. Trials cycle through the scenarios and operations unless
 --scenario or --op picks one.";
 
@@ -88,6 +90,9 @@ pub struct WorkerArgs {
     /// Drop the session on purpose this long after READY.
     #[arg(long, value_name = "MS")]
     leave_after_ms: Option<u64>,
+    /// After the error, shrink to the ranks still there and run the operation among them.
+    #[arg(long)]
+    shrink: bool,
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -109,7 +114,7 @@ const OPS: [&str; 7] = [
     "sendrecv",
     "all_reduce",
 ];
-const SCENARIOS: [&str; 5] = ["kill", "broker", "scribble", "fork", "leave"];
+const SCENARIOS: [&str; 6] = ["kill", "broker", "scribble", "fork", "leave", "shrink"];
 
 /// Nanoseconds on `CLOCK_MONOTONIC`, the same clock in every process.
 fn monotonic_ns() -> u64 {
@@ -155,6 +160,7 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
         scribble_after_ms: scribble_after,
         fork,
         leave_after_ms,
+        shrink,
     } = args;
     let (scribble_after, fork) = (*scribble_after, *fork);
     let leave_after = leave_after_ms.map(Duration::from_millis);
@@ -239,6 +245,9 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
     let at = monotonic_ns();
     let (kind, rank) = named(&error);
     say(&format!("ERR {at} {kind} {rank} {error}"));
+    if *shrink {
+        say(&format!("SHRUNK {}", carry_on(&mut session, op)));
+    }
     if scribble_after.is_some() {
         // The scribbler thread writes into this session's mappings until the driver kills this
         // process: unmapping them under it would crash it (the attacker's own fault, but not
@@ -252,6 +261,50 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
     drop(memfd);
     say(&format!("FDS {}", fd_count(None).unwrap_or(0)));
     Ok(())
+}
+
+/// After a death: shrinks to the ranks still there and runs `op` on them three times, checking
+/// every result. Says how it went: `ok` with the group's size, or what was wrong.
+fn carry_on(session: &mut Session, op: &str) -> String {
+    let world = session.world_size();
+    let group = match session.shrink() {
+        Ok(group) => group,
+        Err(error) => return format!("bad: shrink: {error}"),
+    };
+    let size = group.size();
+    if size != world - 1 {
+        return format!("bad: shrank to {:?} of {world}", group.ranks());
+    }
+    let me = group.rank();
+    let mut on = session.on(&group);
+    for round in 0..3u32 {
+        let root = round % size;
+        let checked = match op {
+            "barrier" => on.barrier().map(|()| true),
+            "all_gather" => on
+                .all_gather(&[me as u8; 64])
+                .map(|parts| (0..).zip(&parts).all(|(q, part)| *part == [q as u8; 64])),
+            "broadcast" | "bulk" => {
+                let len = if op == "bulk" { 1 << 20 } else { 256 };
+                let data = vec![root as u8 + 1; len];
+                on.broadcast(root, (me == root).then_some(&data[..]))
+                    .map(|got| got == data)
+            }
+            // fds, sendrecv (a ring through the dead rank) and all_reduce: sums.
+            _ => {
+                let len = if round == 1 { 1 << 17 } else { 16 };
+                let mut data = vec![1.0f32; len];
+                on.all_reduce(&mut data, shmbroker::ReduceOp::Sum)
+                    .map(|()| data.iter().all(|&x| x == size as f32))
+            }
+        };
+        match checked {
+            Ok(true) => {}
+            Ok(false) => return format!("bad: {op} round {round} gave wrong data"),
+            Err(error) => return format!("bad: {op} round {round}: {error}"),
+        }
+    }
+    format!("ok {size}")
 }
 
 /// What kind of error, and the rank it names (`-` for none).
@@ -384,6 +437,8 @@ struct Trial {
     survivor_fds_leaked: i64,
     broker_fds_leaked: i64,
     signalled: Vec<String>,
+    /// Survivors that could not shrink and carry on (the shrink scenario).
+    unshrunk: Vec<String>,
 }
 
 /// Everything the trials found.
@@ -420,8 +475,19 @@ pub fn run(args: &Args) -> Result<(), String> {
     for index in 0..trials {
         let scenario = scenarios[index as usize % scenarios.len()];
         let op = ops[(index as usize / scenarios.len() + rng.below(2) as usize) % ops.len()];
+        // Shrinking needs every survivor to notice the death: a ring of point-to-point
+        // messages tells only the victim's neighbours, so the shrink scenario sums instead.
+        let op = if scenario == "shrink" && op == "sendrecv" {
+            "all_reduce"
+        } else {
+            op
+        };
         let trial = run_trial(&exe, &mut broker, &mut rng, (scenario, op), workers, hang)?;
-        if !trial.misnamed.is_empty() || trial.hangs > 0 || !trial.signalled.is_empty() {
+        if !trial.misnamed.is_empty()
+            || trial.hangs > 0
+            || !trial.signalled.is_empty()
+            || !trial.unshrunk.is_empty()
+        {
             eprintln!("chaos: trial {index}: {trial:?}");
         }
         report.trials.push(trial);
@@ -478,6 +544,9 @@ fn run_trial(
                 }
                 _ => {}
             }
+        }
+        if scenario == "shrink" {
+            command.arg("--shrink");
         }
         let mut child = spawn_with_fds(&mut command, &[]).map_err(|e| format!("worker: {e}"))?;
         let stdout = child.take_stdout();
@@ -587,8 +656,19 @@ fn run_trial(
             trial.hangs += 1;
         }
     }
-    // Survivors' fds after dropping their sessions, and how everyone ended.
+    // After a shrink, how each survivor carried on; then survivors' fds after dropping their
+    // sessions, and how everyone ended.
     for (index, worker) in running.iter_mut().enumerate() {
+        if index != victim_index && scenario == "shrink" {
+            let line = worker.lines.recv_timeout(Duration::from_secs(5));
+            match line.as_deref().map(|line| line.strip_prefix("SHRUNK ")) {
+                Ok(Some(how)) if how == format!("ok {}", workers - 1) => {}
+                Ok(Some(how)) => trial.unshrunk.push(format!("rank {}: {how}", ranks[index])),
+                _ => trial
+                    .unshrunk
+                    .push(format!("rank {}: never said", ranks[index])),
+            }
+        }
         if index != victim_index
             && let Ok(line) = worker.lines.recv_timeout(Duration::from_secs(5))
             && let Some(after) = line.strip_prefix("FDS ")
@@ -668,7 +748,13 @@ impl Report {
 
     fn totals(&self) -> (u32, usize, i64, i64, usize) {
         let hangs = self.trials.iter().map(|t| t.hangs).sum();
-        let misnamed = self.trials.iter().map(|t| t.misnamed.len()).sum();
+        // A survivor that could not carry on after shrinking counts with the misnamed: it did
+        // not get what the trial claims.
+        let misnamed = self
+            .trials
+            .iter()
+            .map(|t| t.misnamed.len() + t.unshrunk.len())
+            .sum();
         let survivor = self.trials.iter().map(|t| t.survivor_fds_leaked).sum();
         let broker = self.trials.iter().map(|t| t.broker_fds_leaked).sum();
         let signalled = self.trials.iter().map(|t| t.signalled.len()).sum();
@@ -689,8 +775,8 @@ impl Report {
         let (hangs, misnamed, survivor, broker, signalled) = self.totals();
         format!(
             "chaos: {} trials, {} survivors: detection p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; \
-             hangs {hangs}; misnamed {misnamed}; fds leaked: broker {broker}, survivors \
-             {survivor}; killed by another signal {signalled}",
+             hangs {hangs}; misnamed or not carrying on after a shrink {misnamed}; fds leaked: \
+             broker {broker}, survivors {survivor}; killed by another signal {signalled}",
             self.trials.len(),
             all.len(),
             at(0.5),
