@@ -11,12 +11,14 @@
 //! * 4: a point-to-point receive of the next number due, into a vector (`a` even) or a buffer of
 //!   `b * 64` bytes that keeps a message too long for it;
 //! * 5: a collective receive of operation `a % 8` number `b`, into a vector or a buffer of `c`;
-//! * 6: an honest collective (the next eager all-gather, `b` bytes).
+//! * 6: an honest collective (the next eager all-gather, `b` bytes);
+//! * 7: stream `a % 3` closed, as when a member departs (stream 0 is the honest collectives').
 //!
 //! Invariants: nothing panics; every refusal names the peer; point-to-point messages are delivered
 //! in order, each at most once; a run of honest slots only is delivered byte for byte with no
-//! refusal but a buffer too small (which keeps the message); nothing is acknowledged that was
-//! not sent by reference, nor twice more than it was sent.
+//! refusal but a buffer too small (which keeps the message), closing streams included (they drop
+//! collectives, never a point-to-point message); nothing is acknowledged that was not sent by
+//! reference, nor twice more than it was sent, counting what closing streams drops.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -119,8 +121,16 @@ impl Model {
                 // An acknowledgement goes to the outbox ledger; nothing here to model.
                 let _ = acked;
             }
+            self.ack_dropped();
         }
         Ok(())
+    }
+
+    /// Acknowledges what closing streams dropped, as the session does.
+    fn ack_dropped(&mut self) {
+        for piece in self.inbox.take_dropped() {
+            let _ = self.region.ack(piece);
+        }
     }
 
     /// Receives what `expect` selects after one more pending chunk (if any) arrived.
@@ -128,6 +138,7 @@ impl Model {
         if let Some(chunk) = self.pending.pop_front() {
             self.inbox.check_room()?;
             self.inbox.push(chunk)?;
+            self.ack_dropped();
         }
         let mut incoming = if keep {
             Incoming::keeping_too_long(PEER, expect, sink)
@@ -202,7 +213,7 @@ fuzz_target!(|input: &[u8]| {
     let mut buffer = vec![0u8; 255 * 64];
     while let Some((&op, rest)) = data.split_first() {
         data = rest;
-        let result = match op % 7 {
+        let result = match op % 8 {
             0 => {
                 let raw: [u8; 64] = operands(&mut data);
                 model.honest = false;
@@ -287,6 +298,12 @@ fuzz_target!(|input: &[u8]| {
                 } else {
                     model.receive(expect, Sink::Slice(&mut buffer[..usize::from(c)]), false)
                 }
+            }
+            7 => {
+                let [a] = operands(&mut data);
+                model.inbox.close_stream(u32::from(a % 3));
+                model.ack_dropped();
+                Ok(())
             }
             _ => {
                 let [a, b] = operands(&mut data);
