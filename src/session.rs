@@ -270,6 +270,18 @@ impl Deadline {
     }
 }
 
+/// `rank` of ranks numbered from 0 to `size - 1`: [`Error::RankOutOfRange`] when it is not.
+fn rank_below(rank: u32, size: u32) -> Result<(), Error> {
+    if rank < size {
+        Ok(())
+    } else {
+        Err(Error::RankOutOfRange {
+            rank,
+            world_size: size,
+        })
+    }
+}
+
 /// CPUs this process may run on: its `sched_getaffinity` mask, or what the standard library
 /// reckons (cgroup quotas included) when that is fewer.
 fn cpus_allowed() -> usize {
@@ -638,25 +650,11 @@ impl Session {
 
     /// [`Self::check_rank`] for a rank of the current team.
     fn check_team_rank(&self, rank: u32) -> Result<(), Error> {
-        if rank < self.size() {
-            Ok(())
-        } else {
-            Err(Error::RankOutOfRange {
-                rank,
-                world_size: self.size(),
-            })
-        }
+        rank_below(rank, self.size())
     }
 
     fn check_rank(&self, rank: u32) -> Result<(), Error> {
-        if rank < self.world_size() {
-            Ok(())
-        } else {
-            Err(Error::RankOutOfRange {
-                rank,
-                world_size: self.world_size(),
-            })
-        }
+        rank_below(rank, self.world_size())
     }
 
     fn check_peer(&self, rank: u32) -> Result<(), Error> {

@@ -414,28 +414,7 @@ fn groups_rank() {
 
 /// Runs `scenario` in a world of `world` processes and returns each rank's (success, stderr).
 fn run_world(name: &str, world: u32, scenario: &str, env: &[(&str, &str)]) -> Vec<(bool, String)> {
-    let broker = common::Broker::start(name, world);
-    let ranks: Vec<_> = (0..world)
-        .map(|rank| {
-            let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-            command
-                .args(["--ignored", "--exact", "groups_rank", "--nocapture"])
-                .env("SHMBROKER_TEST_SCENARIO", scenario)
-                .env("SHMBROKER_TEST_SOCKET", broker.socket())
-                .env("SHMBROKER_TEST_RANK", rank.to_string())
-                .envs(env.iter().copied())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped());
-            common::spawn(&mut command)
-        })
-        .collect();
-    ranks
-        .into_iter()
-        .map(|child| {
-            let (ok, _, stderr) = common::finish(child);
-            (ok, stderr)
-        })
-        .collect()
+    common::run_ranks("groups_rank", name, world, scenario, env)
 }
 
 /// Runs `scenario` and checks that exactly the ranks in `dead` failed.

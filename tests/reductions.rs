@@ -403,28 +403,7 @@ fn run_world_with(
     scenario: &str,
     env: &[(&str, &str)],
 ) -> Vec<(bool, String)> {
-    let broker = common::Broker::start(name, world);
-    let ranks: Vec<_> = (0..world)
-        .map(|rank| {
-            let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-            command
-                .args(["--ignored", "--exact", "reductions_rank", "--nocapture"])
-                .env("SHMBROKER_TEST_SCENARIO", scenario)
-                .env("SHMBROKER_TEST_SOCKET", broker.socket())
-                .env("SHMBROKER_TEST_RANK", rank.to_string())
-                .envs(env.iter().copied())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped());
-            common::spawn(&mut command)
-        })
-        .collect();
-    ranks
-        .into_iter()
-        .map(|child| {
-            let (ok, _, stderr) = common::finish(child);
-            (ok, stderr)
-        })
-        .collect()
+    common::run_ranks("reductions_rank", name, world, scenario, env)
 }
 
 fn all_pass(name: &str, world: u32, scenario: &str) {

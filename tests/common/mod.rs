@@ -136,6 +136,41 @@ pub fn finish_status(mut child: ChildGuard) -> (std::process::ExitStatus, String
     (status, stdout, stderr)
 }
 
+/// Runs `world` copies of this test binary, each the ignored test `rank_test` with scenario
+/// `scenario` and variables `env` (its rank, the broker's socket and the scenario in
+/// `SHMBROKER_TEST_RANK`, `SHMBROKER_TEST_SOCKET` and `SHMBROKER_TEST_SCENARIO`), under a broker
+/// named `name`; returns each rank's (success, stderr), waiting for each with a deadline.
+pub fn run_ranks(
+    rank_test: &str,
+    name: &str,
+    world: u32,
+    scenario: &str,
+    env: &[(&str, &str)],
+) -> Vec<(bool, String)> {
+    let broker = Broker::start(name, world);
+    let ranks: Vec<_> = (0..world)
+        .map(|rank| {
+            let mut command = Command::new(std::env::current_exe().unwrap());
+            command
+                .args(["--ignored", "--exact", rank_test, "--nocapture"])
+                .env("SHMBROKER_TEST_SCENARIO", scenario)
+                .env("SHMBROKER_TEST_SOCKET", broker.socket())
+                .env("SHMBROKER_TEST_RANK", rank.to_string())
+                .envs(env.iter().copied())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            spawn(&mut command)
+        })
+        .collect();
+    ranks
+        .into_iter()
+        .map(|child| {
+            let (ok, _, stderr) = finish(child);
+            (ok, stderr)
+        })
+        .collect()
+}
+
 /// A broker on a thread, for a world of `world` ranks, in a temp dir; stopped on drop.
 pub struct Broker {
     pub dir: PathBuf,
