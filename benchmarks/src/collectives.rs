@@ -138,9 +138,7 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
             }
         }
     }
-    if plan.wants("all_reduce") {
-        super::reductions::all_reduce(plan, report, dir.path())?;
-    }
+    super::reductions::reductions(plan, report, dir.path())?;
     if plan.wants("capi_all_gather") {
         capi_all_gather(plan, report, dir.path())?;
     }

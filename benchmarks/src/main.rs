@@ -97,11 +97,12 @@ enum Suite {
     /// Time for 1 to 16 workers to log on, per worker, against the floor: a bare connect and
     /// accept, one SCM_RIGHTS message with as many fds, and memfd create, seal and mmap.
     Logon,
-    /// Barriers, send/recv, all-gathers, fd exchange and kill -9 detection against MPI_Barrier,
-    /// the raw ring, usleep-polling and futex barriers, a star relay over UNIX sockets, raw
-    /// pidfd_getfd and SCM_RIGHTS; the C ABI's all-gather against the Rust call (barrier,
-    /// sendrecv_pingpong, barrier_hot, barrier_parked, all_gather, capi_all_gather,
-    /// fd_exchange, dead_peer).
+    /// Barriers, send/recv, all-gathers, reductions, fd exchange and kill -9 detection against
+    /// MPI_Barrier, the raw ring, usleep-polling and futex barriers, a star relay over UNIX
+    /// sockets, Open MPI's all-reduce, reduce-scatter and all-to-all, raw pidfd_getfd and
+    /// SCM_RIGHTS; the C ABI's all-gather against the Rust call (barrier, sendrecv_pingpong,
+    /// barrier_hot, barrier_parked, all_gather, all_reduce, reduce_scatter, all_to_all,
+    /// capi_all_gather, fd_exchange, dead_peer).
     Collectives,
     /// Large messages between two processes, 4 KiB to 64 MiB, with send/recv and with loans,
     /// against a UNIX socket and Open MPI; the loan hand-off; outbox allocation against

@@ -6,9 +6,9 @@
 //!   `throughput SIZE BYTES_PER_SEC` per size.
 //! - [`ALLGATHER_C`] (`mpirun -np WORLD allgather ROUNDS WARMUP SIZE...`): `MPI_Allgather`
 //!   latency on rank 0, printing `allgather WORLD SIZE P50_NS P99_NS` per size.
-//! - [`ALLREDUCE_C`] (`mpirun -np WORLD allreduce ROUNDS WARMUP BYTES...`): `MPI_Allreduce` of
-//!   floats in place, data changed and checked every round, printing
-//!   `allreduce_sample WORLD BYTES NS` per call.
+//! - [`REDUCTIONS_C`] (`mpirun -np WORLD reductions OP ROUNDS WARMUP BYTES...`):
+//!   `MPI_Allreduce` of floats in place, `MPI_Reduce_scatter_block` or `MPI_Alltoall`, data
+//!   changed and checked every round, printing `OP_sample WORLD BYTES NS` per call.
 //! - [`BARRIER_C`] (`mpirun -np WORLD barrier ROUNDS WARMUP`): `MPI_Barrier` latency on rank 0,
 //!   printing `barrier_sample WORLD NS` per call and `barrier WORLD P50_NS P99_NS`.
 //! - [`FARM_C`] (`mpirun -np WORLD farm TASKS WARMUP DEPTH SIZE...`): a task farm whose reader
@@ -63,11 +63,12 @@ pub const ALLGATHER_C: &str = concat!(
     include_str!("mpi/allgather.c")
 );
 
-/// Source of `allreduce`: `MPI_Allreduce` of floats, in place, at any world size.
-pub const ALLREDUCE_C: &str = concat!(
+/// Source of `reductions`: `MPI_Allreduce` (in place), `MPI_Reduce_scatter_block` and
+/// `MPI_Alltoall` of floats, at any world size.
+pub const REDUCTIONS_C: &str = concat!(
     include_str!("c/bench.h"),
     include_str!("mpi/common.h"),
-    include_str!("mpi/allreduce.c")
+    include_str!("mpi/reductions.c")
 );
 
 /// Source of `barrier`: `MPI_Barrier` latency at any world size.

@@ -1,6 +1,8 @@
-//! `all_reduce`: `Session::all_reduce` of floats (sum) against Open MPI's `MPI_Allreduce`, at 2
-//! and 4 ranks from 8 B to 16 MiB (64 MiB outside `--quick`), and a one-core `memcpy` of the
-//! same bytes in the same run: the memory bandwidth the large sizes are held against.
+//! `all_reduce`, `reduce_scatter` and `all_to_all`: shmbroker's calls on floats (sums for the
+//! first two) against Open MPI's `MPI_Allreduce`, `MPI_Reduce_scatter_block` and `MPI_Alltoall`,
+//! at 2 and 4 ranks, and a one-core `memcpy` of the same bytes in the same run: the memory
+//! bandwidth the large sizes are held against. All-reduce runs from 8 B to 16 MiB (64 MiB outside
+//! `--quick`); the other two from 4 KiB to 16 MiB of input per rank.
 //!
 //! Fair to both: each round every rank writes new data (untimed), all ranks meet in a barrier
 //! (untimed), the call is timed on rank 0, and every element of the result is checked (untimed).
@@ -12,76 +14,146 @@ use shmbroker::{ReduceOp, Session};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// Rank `rank`'s element `i` in round `round`.
+/// The call a row measures; its name is the bench's and the MPI program's `OP`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    AllReduce,
+    ReduceScatter,
+    AllToAll,
+}
+
+impl Call {
+    /// What a row of this call measures, for the report.
+    fn note(self) -> &'static str {
+        match self {
+            Self::AllReduce => {
+                "f32 sum, in place; each round new data, a barrier, the timed call on rank 0, \
+                 every element checked (both sides). algbw = bytes / p50; busbw = algbw * 2 \
+                 (n - 1) / n. The memcpy row is one core copying the same bytes in the same run"
+            }
+            Self::ReduceScatter => {
+                "f32 sum of BYTES of input per rank into BYTES / n on each \
+                 (MPI_Reduce_scatter_block); new data, a barrier, the timed call on rank 0, \
+                 every element checked (both sides)"
+            }
+            Self::AllToAll => {
+                "BYTES of f32 per rank, BYTES / n to each rank (MPI_Alltoall); new data, a \
+                 barrier, the timed call on rank 0, every element checked (both sides)"
+            }
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::AllReduce => "all_reduce",
+            Self::ReduceScatter => "reduce_scatter",
+            Self::AllToAll => "all_to_all",
+        }
+    }
+}
+
+/// Rank `rank`'s input element `i` in round `round`.
 fn value(rank: u32, round: usize, i: usize) -> f32 {
     ((i + round) % 13 + rank as usize) as f32
 }
 
 /// One round of ours: new data, a barrier, the timed call, the check. Nanoseconds of the call.
-fn one_round(session: &mut Session, data: &mut [f32], round: usize) -> Result<u64, String> {
+fn one_round(
+    session: &mut Session,
+    call: Call,
+    (input, output): (&mut [f32], &mut [f32]),
+    round: usize,
+) -> Result<u64, String> {
     let (rank, world) = (session.rank(), session.world_size() as usize);
-    for (i, x) in data.iter_mut().enumerate() {
+    for (i, x) in input.iter_mut().enumerate() {
         *x = value(rank, round, i);
     }
     session.barrier().map_err(|e| e.to_string())?;
+    let block = input.len() / world;
     let start = Instant::now();
-    session
-        .all_reduce(data, ReduceOp::Sum)
-        .map_err(|e| e.to_string())?;
+    match call {
+        Call::AllReduce => session.all_reduce(input, ReduceOp::Sum),
+        Call::ReduceScatter => session.reduce_scatter(input, &mut output[..block], ReduceOp::Sum),
+        Call::AllToAll => session.all_to_all(
+            bytemuck::cast_slice(input),
+            bytemuck::cast_slice_mut(output),
+        ),
+    }
+    .map_err(|e| e.to_string())?;
     let took = start.elapsed().as_nanos() as u64;
     let ranks_sum = (world * (world - 1) / 2) as f32;
-    for (i, &x) in data.iter().enumerate() {
-        let want = (world * ((i + round) % 13)) as f32 + ranks_sum;
-        if x != want {
-            return Err(format!("all_reduce: element {i} is {x}, expected {want}"));
+    let sum_at = |i: usize| (world * ((i + round) % 13)) as f32 + ranks_sum;
+    let (got, want): (&[f32], Box<dyn Fn(usize) -> f32>) = match call {
+        Call::AllReduce => (input, Box::new(sum_at)),
+        Call::ReduceScatter => (
+            &output[..block],
+            Box::new(move |i| sum_at(rank as usize * block + i)),
+        ),
+        Call::AllToAll => (
+            output,
+            Box::new(move |i| value((i / block) as u32, round, rank as usize * block + i % block)),
+        ),
+    };
+    for (i, &x) in got.iter().enumerate() {
+        if x != want(i) {
+            return Err(format!(
+                "{}: element {i} is {x}, expected {}",
+                call.name(),
+                want(i)
+            ));
         }
     }
     Ok(took)
 }
 
-/// Rank 0's nanoseconds per all-reduce of `bytes` bytes among `workers` forked ranks.
-fn ours(socket: &Path, workers: u32, rounds: usize, bytes: usize) -> Result<Vec<u64>, String> {
-    let total = warmup(rounds) + rounds;
-    let count = bytes / 4;
-    with_broker(
-        socket,
-        workers,
-        |rank| {
-            let mut session = connect(socket, rank, None)?;
-            let mut data = vec![0f32; count];
-            for round in 0..total {
-                one_round(&mut session, &mut data, round)?;
-            }
-            Ok(())
-        },
-        || {
-            let mut session = connect(socket, 0, None)?;
-            let mut data = vec![0f32; count];
-            let mut samples = Vec::with_capacity(rounds);
-            for round in 0..total {
-                let took = one_round(&mut session, &mut data, round)?;
-                if round >= total - rounds {
-                    samples.push(took);
-                }
-            }
-            Ok(samples)
-        },
-    )
-}
-
-/// Rank 0's nanoseconds per `MPI_Allreduce` of `bytes` bytes among `workers` ranks.
-fn open_mpi_samples(
-    program: &super::mpi::Program,
+/// Rank 0's nanoseconds per `call` of `bytes` bytes of input among `workers` forked ranks.
+fn ours(
+    socket: &Path,
+    call: Call,
     workers: u32,
     rounds: usize,
     bytes: usize,
 ) -> Result<Vec<u64>, String> {
-    let args = [rounds, warmup(rounds), bytes].map(|n| n.to_string());
+    let total = warmup(rounds) + rounds;
+    let count = bytes / 4;
+    let run = move |rank: u32, keep: bool| -> Result<Vec<u64>, String> {
+        let mut session = connect(socket, rank, None)?;
+        let (mut input, mut output) = (vec![0f32; count], vec![0f32; count]);
+        let mut samples = Vec::with_capacity(rounds);
+        for round in 0..total {
+            let took = one_round(&mut session, call, (&mut input, &mut output), round)?;
+            if keep && round >= total - rounds {
+                samples.push(took);
+            }
+        }
+        Ok(samples)
+    };
+    with_broker(
+        socket,
+        workers,
+        |rank| run(rank, false).map(drop),
+        || run(0, true),
+    )
+}
+
+/// Rank 0's nanoseconds per `call` of `bytes` bytes among `workers` ranks, in Open MPI.
+fn open_mpi_samples(
+    program: &super::mpi::Program,
+    call: Call,
+    workers: u32,
+    rounds: usize,
+    bytes: usize,
+) -> Result<Vec<u64>, String> {
+    let numbers = [rounds, warmup(rounds), bytes].map(|n| n.to_string());
+    let mut args = vec![call.name().to_string()];
+    args.extend(numbers);
     let stdout = program.run(workers, &args, Duration::from_secs(300))?;
-    Ok(super::mpi::parse_lines(&stdout, "allreduce_sample")
-        .into_iter()
-        .filter_map(|fields| fields.get(2).copied())
-        .collect())
+    Ok(
+        super::mpi::parse_lines(&stdout, &format!("{}_sample", call.name()))
+            .into_iter()
+            .filter_map(|fields| fields.get(2).copied())
+            .collect(),
+    )
 }
 
 /// Nanoseconds per copy of `bytes` bytes by one core, into a buffer copied into before.
@@ -99,52 +171,76 @@ fn memcpy_samples(rounds: usize, bytes: usize) -> Vec<u64> {
         .collect()
 }
 
-pub fn all_reduce(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<(), String> {
-    let mpi = open_mpi("allreduce", super::mpi::ALLREDUCE_C);
-    let mut sizes = vec![8usize, 4 << 10, 64 << 10, 1 << 20, 16 << 20];
-    if !plan.quick {
-        sizes.push(64 << 20);
+/// Every row of `bench collectives` these calls have (those `--only` picks).
+pub fn reductions(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<(), String> {
+    let calls: Vec<Call> = [Call::AllReduce, Call::ReduceScatter, Call::AllToAll]
+        .into_iter()
+        .filter(|call| plan.wants(call.name()))
+        .collect();
+    if calls.is_empty() {
+        return Ok(());
     }
-    for workers in [2u32, 4] {
-        for &bytes in &sizes {
-            report.progress(&format!("all_reduce, {workers} workers, {bytes} bytes"));
-            // Fewer rounds where one takes milliseconds.
-            let rounds = match bytes {
-                0..=65_536 => plan.size(2_000, 200),
-                65_537..=1_048_576 => plan.size(300, 50),
-                _ => plan.size(30, 8),
-            };
-            let (mut ours_ns, mut mpi_ns, mut copy_ns) = (Vec::new(), Vec::new(), Vec::new());
-            for round in 0..plan.rounds {
-                let socket = dir.join(format!("reduce-{workers}-{bytes}-{round}.sock"));
-                // Alternate who goes first.
-                let mpi_first = round % 2 == 1;
-                if mpi_first && let Some(program) = &mpi {
-                    mpi_ns.extend(open_mpi_samples(program, workers, rounds, bytes)?);
-                }
-                ours_ns.extend(ours(&socket, workers, rounds, bytes)?);
-                if !mpi_first && let Some(program) = &mpi {
-                    mpi_ns.extend(open_mpi_samples(program, workers, rounds, bytes)?);
-                }
-                copy_ns.extend(memcpy_samples(rounds, bytes));
+    let mpi = open_mpi("reductions", super::mpi::REDUCTIONS_C);
+    for call in calls {
+        // Inputs of whole blocks of f32 per rank at 4 ranks: 4 KiB and up, but 8 B for the
+        // all-reduce (its latency floor).
+        let mut sizes = vec![4 << 10, 64 << 10, 1 << 20, 16 << 20];
+        if call == Call::AllReduce {
+            sizes.insert(0, 8);
+            if !plan.quick {
+                sizes.push(64 << 20);
             }
-            let mut contenders = vec![("shmbroker", Measure::latency(ours_ns))];
-            if mpi.is_some() {
-                contenders.push(("open-mpi", Measure::latency(mpi_ns)));
-            }
-            contenders.push(("memcpy, one core", Measure::latency(copy_ns)));
-            report.add(Comparison {
-                bench: "all_reduce".into(),
-                size: Size::Tasks { workers, bytes },
-                contenders,
-            });
         }
+        for workers in [2u32, 4] {
+            for &bytes in &sizes {
+                measure(plan, report, dir, (mpi.as_ref(), call), workers, bytes)?;
+            }
+        }
+        report.note(call.name(), call.note());
     }
-    report.note(
-        "all_reduce",
-        "f32 sum, in place; each round new data, a barrier, the timed call on rank 0, every \
-         element checked (both sides). algbw = bytes / p50; busbw = algbw * 2 (n - 1) / n. The \
-         memcpy row is one core copying the same bytes in the same run",
-    );
+    Ok(())
+}
+
+/// One row: `call` of `bytes` bytes at `workers` ranks, ours and Open MPI's alternately.
+fn measure(
+    plan: Plan<'_>,
+    report: &mut Report,
+    dir: &Path,
+    (mpi, call): (Option<&super::mpi::Program>, Call),
+    workers: u32,
+    bytes: usize,
+) -> Result<(), String> {
+    let name = call.name();
+    report.progress(&format!("{name}, {workers} workers, {bytes} bytes"));
+    // Fewer rounds where one takes milliseconds.
+    let rounds = match bytes {
+        0..=65_536 => plan.size(2_000, 200),
+        65_537..=1_048_576 => plan.size(300, 50),
+        _ => plan.size(30, 8),
+    };
+    let (mut ours_ns, mut mpi_ns, mut copy_ns) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..plan.rounds {
+        let socket = dir.join(format!("{name}-{workers}-{bytes}-{round}.sock"));
+        // Alternate who goes first.
+        let mpi_first = round % 2 == 1;
+        if mpi_first && let Some(program) = mpi {
+            mpi_ns.extend(open_mpi_samples(program, call, workers, rounds, bytes)?);
+        }
+        ours_ns.extend(ours(&socket, call, workers, rounds, bytes)?);
+        if !mpi_first && let Some(program) = mpi {
+            mpi_ns.extend(open_mpi_samples(program, call, workers, rounds, bytes)?);
+        }
+        copy_ns.extend(memcpy_samples(rounds, bytes));
+    }
+    let mut contenders = vec![("shmbroker", Measure::latency(ours_ns))];
+    if mpi.is_some() {
+        contenders.push(("open-mpi", Measure::latency(mpi_ns)));
+    }
+    contenders.push(("memcpy, one core", Measure::latency(copy_ns)));
+    report.add(Comparison {
+        bench: name.into(),
+        size: Size::Tasks { workers, bytes },
+        contenders,
+    });
     Ok(())
 }

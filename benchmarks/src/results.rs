@@ -79,6 +79,7 @@ pub fn write(
         ("barrier_vs_workers.svg", barrier_vs_workers),
         ("throughput_vs_size.svg", throughput_vs_size),
         ("bulk_throughput_vs_size.svg", bulk_throughput_vs_size),
+        ("all_reduce_vs_size.svg", all_reduce_vs_size),
     ] {
         let path = dir.join(name);
         if plot(&path, comparisons)? {
@@ -386,6 +387,64 @@ fn throughput_plot(
         .configure_mesh()
         .x_desc("message size (bytes)")
         .y_desc("MB/s (median over rounds)")
+        .draw()
+        .map_err(plot_error)?;
+    draw_series(&mut chart, series, true, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(plot_error)?;
+    Ok(true)
+}
+
+/// All-reduce latency (p50, µs) against size, log-log: one line per contender and world size.
+fn all_reduce_vs_size(path: &Path, comparisons: &[Comparison]) -> Result<bool, String> {
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for comparison in comparisons.iter().filter(|c| c.bench == "all_reduce") {
+        let Size::Tasks { workers, bytes } = comparison.size else {
+            continue;
+        };
+        for (name, measure) in &comparison.contenders {
+            if let Summary::Latency { p50, .. } = summarize(measure) {
+                let label = format!("{name}, {workers} ranks");
+                let point = (bytes as f64, (p50 as f64 / 1e3).max(0.01));
+                match series.iter_mut().find(|(n, _)| *n == label) {
+                    Some((_, points)) => points.push(point),
+                    None => series.push((label, vec![point])),
+                }
+            }
+        }
+    }
+    if series.is_empty() {
+        return Ok(false);
+    }
+    let fold = |pick: fn(&(f64, f64)) -> f64, start: f64, f: fn(f64, f64) -> f64| {
+        series
+            .iter()
+            .flat_map(|(_, points)| points.iter().map(pick))
+            .fold(start, f)
+    };
+    let (x_max, y_min, y_max) = (
+        fold(|p| p.0, 8.0, f64::max),
+        fold(|p| p.1, 1.0, f64::min),
+        fold(|p| p.1, 1.0, f64::max),
+    );
+    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "All-reduce of f32 (sum): latency against size",
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(
+            (4f64..x_max * 2.0).log_scale(),
+            (y_min / 2.0..y_max * 2.0).log_scale(),
+        )
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("bytes per rank")
+        .y_desc("p50 (µs)")
         .draw()
         .map_err(plot_error)?;
     draw_series(&mut chart, series, true, SeriesLabelPosition::UpperLeft)?;
