@@ -158,15 +158,10 @@ fn overlapping_groups(session: &mut Session) -> Vec<Group> {
 #[test]
 #[ignore = "a rank of the group tests, which start it"]
 fn groups_rank() {
-    let (Ok(scenario), Ok(socket), Ok(rank)) = (
-        std::env::var("SHMBROKER_TEST_SCENARIO"),
-        std::env::var("SHMBROKER_TEST_SOCKET"),
-        std::env::var("SHMBROKER_TEST_RANK"),
-    ) else {
+    let Some((scenario, mut session)) = common::rank_session() else {
         return;
     };
-    let rank: u32 = rank.parse().unwrap();
-    let mut session = Session::connect(&socket, Some(rank), Duration::from_secs(60)).unwrap();
+    let rank = session.rank();
     session.set_timeout(Duration::from_secs(30));
     let world = session.world_size();
     match scenario.as_str() {

@@ -455,28 +455,29 @@ int shmbroker_group_create(struct shmbroker_session *s,
 // `s` is null or a live session; `out` is a writable `shmbroker_group *`.
 int shmbroker_shrink(struct shmbroker_session *s, struct shmbroker_group **out);
 
-// This rank's rank in group `g` (`UINT32_MAX` for NULL).
+// This rank's rank in group `g` (`UINT32_MAX` for NULL). Threads: any, at any time (a group
+// does not change once made).
 //
 // # Safety
 //
 // `g` is null or a live group.
 uint32_t shmbroker_group_rank(const struct shmbroker_group *g);
 
-// The number of ranks in group `g` (0 for NULL).
+// The number of ranks in group `g` (0 for NULL). Threads: any.
 //
 // # Safety
 //
 // `g` is null or a live group.
 uint32_t shmbroker_group_size(const struct shmbroker_group *g);
 
-// The world rank of rank `rank` of group `g`, or -1 when there is none.
+// The world rank of rank `rank` of group `g`, or -1 when there is none. Threads: any.
 //
 // # Safety
 //
 // `g` is null or a live group.
 int64_t shmbroker_group_world_rank(const struct shmbroker_group *g, uint32_t rank);
 
-// Frees group `g` (nothing for NULL).
+// Frees group `g` (nothing for NULL). Threads: once no call on any thread uses `g`.
 //
 // # Safety
 //

@@ -93,7 +93,8 @@ pub unsafe extern "C" fn shmbroker_shrink(
     })
 }
 
-/// This rank's rank in group `g` (`UINT32_MAX` for NULL).
+/// This rank's rank in group `g` (`UINT32_MAX` for NULL). Threads: any, at any time (a group
+/// does not change once made).
 ///
 /// # Safety
 ///
@@ -104,7 +105,7 @@ pub unsafe extern "C" fn shmbroker_group_rank(g: *const shmbroker_group) -> u32 
     unsafe { group_of(g) }.map_or(u32::MAX, Group::rank)
 }
 
-/// The number of ranks in group `g` (0 for NULL).
+/// The number of ranks in group `g` (0 for NULL). Threads: any.
 ///
 /// # Safety
 ///
@@ -115,7 +116,7 @@ pub unsafe extern "C" fn shmbroker_group_size(g: *const shmbroker_group) -> u32 
     unsafe { group_of(g) }.map_or(0, Group::size)
 }
 
-/// The world rank of rank `rank` of group `g`, or -1 when there is none.
+/// The world rank of rank `rank` of group `g`, or -1 when there is none. Threads: any.
 ///
 /// # Safety
 ///
@@ -128,7 +129,7 @@ pub unsafe extern "C" fn shmbroker_group_world_rank(g: *const shmbroker_group, r
         .map_or(-1, i64::from)
 }
 
-/// Frees group `g` (nothing for NULL).
+/// Frees group `g` (nothing for NULL). Threads: once no call on any thread uses `g`.
 ///
 /// # Safety
 ///

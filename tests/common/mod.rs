@@ -171,6 +171,16 @@ pub fn run_ranks(
         .collect()
 }
 
+/// In a rank [`run_ranks`] started: its scenario and a session logged on as its rank (60 s to
+/// log on); `None` when this test was run directly (it is then nothing to do).
+pub fn rank_session() -> Option<(String, Session)> {
+    let scenario = std::env::var("SHMBROKER_TEST_SCENARIO").ok()?;
+    let socket = std::env::var("SHMBROKER_TEST_SOCKET").ok()?;
+    let rank: u32 = std::env::var("SHMBROKER_TEST_RANK").ok()?.parse().unwrap();
+    let session = Session::connect(&socket, Some(rank), Duration::from_secs(60)).unwrap();
+    Some((scenario, session))
+}
+
 /// A broker on a thread, for a world of `world` ranks, in a temp dir; stopped on drop.
 pub struct Broker {
     pub dir: PathBuf,
