@@ -394,6 +394,19 @@ impl Session {
     /// [`Error::Logon`] when the broker cannot be started or reached.
     pub fn from_env(timeout: Duration) -> Result<Self, Error> {
         let launch = crate::launch::from_env().map_err(Error::Launch)?;
+        Self::from_launch(&launch, timeout)
+    }
+
+    /// Joins the job `launch` describes, as [`Self::from_env`] does with what the environment
+    /// says: rank 0 hosts the broker on [`Launch::socket`](crate::launch::Launch::socket)
+    /// unless [`Launch::external_broker`](crate::launch::Launch::external_broker), and every
+    /// rank logs on there as [`Launch::rank`](crate::launch::Launch::rank) within `timeout`.
+    /// For programs that agree on the socket path by other means (a torch.distributed store).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Logon`] when the broker cannot be started or reached.
+    pub fn from_launch(launch: &crate::launch::Launch, timeout: Duration) -> Result<Self, Error> {
         let embedded = if launch.rank == 0 && !launch.external_broker {
             let config = shmbroker_handshake::Config {
                 world_size: launch.world_size,

@@ -8,6 +8,11 @@
 //! - Each copy gets `SHMBROKER_SOCKET`, `SHMBROKER_RANK`, `SHMBROKER_WORLD_SIZE` and
 //!   `SHMBROKER_BROKER=external`, so `Session::from_env` (or `shmbroker_from_env`,
 //!   `shmbroker.connect()`) finds the job with no argument and no rank hosts a second broker.
+//! - Each copy also gets what `torchrun` gives, so that `torch.distributed.init_process_group`
+//!   (with the `shmbroker` backend, or gloo) works unchanged: `RANK`, `LOCAL_RANK`,
+//!   `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, and `MASTER_ADDR=127.0.0.1` with a `MASTER_PORT` that
+//!   was free when the job started (both kept as they are when the launcher's environment
+//!   already sets them).
 //! - Each copy runs in a process group of its own, with standard input from `/dev/null` and no
 //!   signal blocked (the launcher blocks SIGINT and SIGTERM for its signalfd), and is
 //!   killed by the kernel if this process dies (`PR_SET_PDEATHSIG`), even by `SIGKILL`.
@@ -170,8 +175,9 @@ impl Job {
             output_done,
             output_streams: 0,
         };
+        let torch = TorchEnv::new().map_err(|e| failed("finding a free port for MASTER_PORT")(&e))?;
         for rank in 0..args.copies {
-            let child = spawn_copy(args, &socket, rank).map_err(|error| {
+            let child = spawn_copy(args, &socket, &torch, rank).map_err(|error| {
                 let program = args.command[0].to_string_lossy();
                 (
                     CANNOT_START,
@@ -331,8 +337,47 @@ impl Drop for Job {
     }
 }
 
+/// Where torch.distributed's `env://` rendezvous meets: the launcher's `MASTER_ADDR` and
+/// `MASTER_PORT` when it has both, or 127.0.0.1 and a port free now.
+struct TorchEnv {
+    master: Option<(String, String)>,
+}
+
+impl TorchEnv {
+    fn new() -> std::io::Result<Self> {
+        if std::env::var_os("MASTER_ADDR").is_some() && std::env::var_os("MASTER_PORT").is_some() {
+            return Ok(Self { master: None });
+        }
+        // The port is released before rank 0's torch binds it: another process could take it
+        // in between, as with torchrun's own free-port choice.
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))?
+            .local_addr()?
+            .port();
+        Ok(Self {
+            master: Some(("127.0.0.1".into(), port.to_string())),
+        })
+    }
+
+    fn apply(&self, command: &mut Command, rank: u32, copies: u32) {
+        for name in ["RANK", "LOCAL_RANK"] {
+            command.env(name, rank.to_string());
+        }
+        for name in ["WORLD_SIZE", "LOCAL_WORLD_SIZE"] {
+            command.env(name, copies.to_string());
+        }
+        if let Some((addr, port)) = &self.master {
+            command.env("MASTER_ADDR", addr).env("MASTER_PORT", port);
+        }
+    }
+}
+
 /// Starts copy `rank` of the program.
-fn spawn_copy(args: &Args, socket: &std::path::Path, rank: u32) -> std::io::Result<ChildGuard> {
+fn spawn_copy(
+    args: &Args,
+    socket: &std::path::Path,
+    torch: &TorchEnv,
+    rank: u32,
+) -> std::io::Result<ChildGuard> {
     let mut command = Command::new(&args.command[0]);
     command
         .args(&args.command[1..])
@@ -342,6 +387,7 @@ fn spawn_copy(args: &Args, socket: &std::path::Path, rank: u32) -> std::io::Resu
         .env(BROKER_VAR, "external")
         .stdin(Stdio::null())
         .process_group(0);
+    torch.apply(&mut command, rank, args.copies);
     if args.tag_output {
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
     }

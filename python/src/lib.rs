@@ -24,6 +24,7 @@ use buffer::Bytes;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 use shmbroker::session::{Group, Interrupter};
+use shmbroker::launch::Launch;
 use shmbroker::{DType, Error, ReduceOp, Session};
 use std::os::fd::{BorrowedFd, IntoRawFd, RawFd};
 use std::path::PathBuf;
@@ -430,6 +431,59 @@ impl PySession {
                 .all_gather_timeout(bytes, timeout))
         })?;
         PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part)))
+    }
+
+    /// Every rank's ``data``, all of one length, into ``output`` in rank order, with no
+    /// ``bytes`` made: ``output`` is any writable C-contiguous buffer of exactly
+    /// ``len(data) * size`` bytes (a NumPy array, a torch CPU tensor's memory).
+    ///
+    /// Raises :class:`MisuseError` for an ``output`` of another length; :class:`ProtocolError`
+    /// naming a rank that gave another length; otherwise as :meth:`barrier` does.
+    #[pyo3(signature = (data, output, *, timeout=None, group=None))]
+    fn all_gather_into(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
+    ) -> PyResult<()> {
+        let data = Bytes::get(data)?;
+        let mut output = Bytes::get_mut(output)?;
+        let timeout = self.deadline(timeout)?;
+        let group = group.map(|group| group.group.clone());
+        let (data, output) = (data.as_slice(), output.as_mut_slice());
+        self.blocking(py, |session| {
+            on_comm!(session, group.as_ref(), |c| c
+                .all_gather_into_timeout(data, output, timeout))
+        })
+    }
+
+    /// Every rank's ``data`` at ``root``, in rank order, as a list of ``bytes`` (ranks may give
+    /// different lengths); ``None`` on the other ranks.
+    ///
+    /// Raises :class:`MisuseError` for a root out of range; otherwise as :meth:`barrier` does.
+    #[pyo3(signature = (root, data, *, timeout=None, group=None))]
+    fn gather<'py>(
+        &self,
+        py: Python<'py>,
+        root: i64,
+        data: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+        group: Option<PyRef<'_, PyGroup>>,
+    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        let root = rank_arg(root)?;
+        let data = Bytes::get(data)?;
+        let timeout = self.deadline(timeout)?;
+        let group = group.map(|group| group.group.clone());
+        let bytes = data.as_slice();
+        let parts = self.blocking(py, |session| {
+            on_comm!(session, group.as_ref(), |c| c
+                .gather_timeout(root, bytes, timeout))
+        })?;
+        parts
+            .map(|parts| PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part))))
+            .transpose()
     }
 
     /// Combines every rank's ``data`` with ``op`` (``"sum"``, ``"prod"``, ``"min"``, ``"max"``,
@@ -910,30 +964,59 @@ impl PySession {
 /// rank, so ``rank`` must be left out. With a ``path``, logs on to the broker listening there as
 /// ``rank`` (``None``: any free rank).
 ///
+/// With a ``path`` and a ``world_size``, starts a job of its own there, with no launcher: rank
+/// 0 hosts the broker on ``path`` for as long as its session lives, and every rank (each gives
+/// its ``rank``) logs on, retrying while the broker comes up. The ranks agree on ``path`` by
+/// other means (the torch.distributed backend uses torch's store).
+///
 /// ``timeout`` (seconds, above 0) bounds the logon, and is every later call's deadline unless
 /// the call is given its own.
 ///
 /// Raises :class:`LogonError` when no broker answers in time, the broker refuses, or the
 /// environment does not say where this process stands; :class:`MisuseError` for a bad argument.
 #[pyfunction]
-#[pyo3(signature = (path=None, rank=None, timeout=10.0))]
+#[pyo3(signature = (path=None, rank=None, timeout=10.0, *, world_size=None))]
 fn connect(
     py: Python<'_>,
     path: Option<PathBuf>,
     rank: Option<i64>,
     timeout: f64,
+    world_size: Option<i64>,
 ) -> PyResult<PySession> {
     let timeout = seconds(timeout)?;
     let rank = rank.map(rank_arg).transpose()?;
-    let session = match (path, rank) {
-        (None, Some(rank)) => {
+    let session = match (path, rank, world_size) {
+        (Some(socket), Some(rank), Some(size)) => {
+            let world_size = u32::try_from(size)
+                .ok()
+                .filter(|&size| size > 0 && rank < size)
+                .ok_or_else(|| {
+                    errors::misuse(format!(
+                        "world_size {size} must be above rank {rank} (and fit 32 bits)"
+                    ))
+                })?;
+            let launch = Launch {
+                rank,
+                world_size,
+                socket,
+                source: "shmbroker.connect(path, rank, world_size=...)".into(),
+                external_broker: false,
+            };
+            py.detach(|| Session::from_launch(&launch, timeout))
+        }
+        (_, _, Some(size)) => {
+            return Err(errors::misuse(format!(
+                "world_size {size} starts a job of its own, which needs both a path and a rank"
+            )));
+        }
+        (None, Some(rank), None) => {
             return Err(errors::misuse(format!(
                 "rank {rank} without a path: with path=None the environment gives the rank \
                  (set SHMBROKER_RANK to choose it)"
             )));
         }
-        (None, None) => py.detach(|| Session::from_env(timeout)),
-        (Some(path), rank) => py.detach(|| Session::connect(path, rank, timeout)),
+        (None, None, None) => py.detach(|| Session::from_env(timeout)),
+        (Some(path), rank, None) => py.detach(|| Session::connect(path, rank, timeout)),
     };
     let mut session = session.map_err(errors::to_py)?;
     session.set_timeout(timeout);

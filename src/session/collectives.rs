@@ -195,6 +195,20 @@ impl Session {
     /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
     /// contribution has another size; otherwise as for [`Self::all_gather`].
     pub fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
+        self.all_gather_into_timeout(data, out, self.timeout)
+    }
+
+    /// [`Self::all_gather_into`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_gather_into`].
+    pub fn all_gather_into_timeout(
+        &mut self,
+        data: &[u8],
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), Error> {
         let expected = data.len() * self.size() as usize;
         if out.len() != expected {
             return Err(Error::Misuse(format!(
@@ -202,7 +216,7 @@ impl Session {
                 out.len()
             )));
         }
-        let deadline = Deadline::collective("all_gather", self.timeout);
+        let deadline = Deadline::collective("all_gather", timeout);
         let seq = self.next_seq();
         self.gather_parts_into(kind::ALL_GATHER, seq, data, out, &deadline)
     }

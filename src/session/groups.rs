@@ -337,6 +337,7 @@ impl GroupView<'_> {
         fn all_gather(&mut self, data: &[u8]) -> Vec<Vec<u8>>;
         fn all_gather_timeout(&mut self, data: &[u8], timeout: Duration) -> Vec<Vec<u8>>;
         fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> ();
+        fn all_gather_into_timeout(&mut self, data: &[u8], out: &mut [u8], timeout: Duration) -> ();
         fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Vec<u8>;
         fn broadcast_timeout(&mut self, root: u32, data: Option<&[u8]>, timeout: Duration) -> Vec<u8>;
         fn gather(&mut self, root: u32, data: &[u8]) -> Option<Vec<Vec<u8>>>;
