@@ -104,6 +104,61 @@ fn tagged_output_names_each_rank_and_the_environment_is_set() {
 }
 
 #[test]
+fn each_copy_gets_torchruns_variables_and_one_free_master_port() {
+    let tmp = TempDir::new("run-torch-env").unwrap();
+    let mut command = run(
+        tmp.path(),
+        &[
+            "-n",
+            "2",
+            "--tag-output",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT\"",
+        ],
+    );
+    command.env_remove("MASTER_ADDR").env_remove("MASTER_PORT");
+    let (code, stdout, stderr) = finish(command);
+    assert_eq!(code, Some(0), "{stderr}");
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort_unstable();
+    let ports: Vec<&str> = lines
+        .iter()
+        .map(|line| line.rsplit(' ').next().unwrap())
+        .collect();
+    assert_eq!(ports[0], ports[1], "every copy meets on one port: {stdout}");
+    let port: u16 = ports[0].parse().expect("MASTER_PORT is a port number");
+    assert_ne!(port, 0);
+    assert_eq!(
+        lines,
+        [
+            format!("[0] 0 0 2 2 127.0.0.1 {port}"),
+            format!("[1] 1 1 2 2 127.0.0.1 {port}")
+        ]
+    );
+
+    // The launcher's own MASTER_ADDR and MASTER_PORT are kept.
+    let mut command = run(
+        tmp.path(),
+        &[
+            "-n",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$MASTER_ADDR:$MASTER_PORT\"",
+        ],
+    );
+    command
+        .env("MASTER_ADDR", "10.1.2.3")
+        .env("MASTER_PORT", "4567");
+    let (code, stdout, stderr) = finish(command);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout.trim(), "10.1.2.3:4567");
+}
+
+#[test]
 fn the_first_failure_stops_the_others_and_is_the_exit_status() {
     let tmp = TempDir::new("run-fail").unwrap();
     let pids = tmp.path().join("pids");

@@ -175,7 +175,8 @@ impl Job {
             output_done,
             output_streams: 0,
         };
-        let torch = TorchEnv::new().map_err(|e| failed("finding a free port for MASTER_PORT")(&e))?;
+        let torch =
+            TorchEnv::new().map_err(|e| failed("finding a free port for MASTER_PORT")(&e))?;
         for rank in 0..args.copies {
             let child = spawn_copy(args, &socket, &torch, rank).map_err(|error| {
                 let program = args.command[0].to_string_lossy();

@@ -93,6 +93,28 @@ class Session:
     ) -> List[bytes]:
         """Every rank's ``data``, in rank order (this rank's own included). Ranks may give
         different lengths. Raises as :meth:`barrier` does."""
+    def all_gather_into(
+        self,
+        data: _Data,
+        output: _Data,
+        *,
+        timeout: Optional[float] = None,
+        group: Optional["Group"] = None,
+    ) -> None:
+        """Every rank's ``data``, all of one length, into ``output`` (exactly ``len(data) *
+        size`` writable bytes) in rank order, with no ``bytes`` made. Raises
+        :class:`MisuseError` for another ``output`` length, :class:`ProtocolError` naming a
+        rank that gave another length, otherwise as :meth:`barrier` does."""
+    def gather(
+        self,
+        root: int,
+        data: _Data,
+        *,
+        timeout: Optional[float] = None,
+        group: Optional["Group"] = None,
+    ) -> Optional[List[bytes]]:
+        """Every rank's ``data`` at ``root``, in rank order (lengths may differ); ``None`` on
+        the other ranks. Raises as :meth:`barrier` does."""
     def all_reduce(
         self,
         data: _Data,
@@ -236,13 +258,19 @@ class Session:
         """Closes the session; never suppresses an exception."""
 
 def connect(
-    path: Optional[_Path] = None, rank: Optional[int] = None, timeout: float = 10.0
+    path: Optional[_Path] = None,
+    rank: Optional[int] = None,
+    timeout: float = 10.0,
+    *,
+    world_size: Optional[int] = None,
 ) -> Session:
     """Logs on and returns the :class:`Session`.
 
     With ``path=None``, joins the job this process was started in: ``shmbroker run``, or
     mpirun, torchrun or srun; the environment then gives the rank, so ``rank`` must be left out.
     With a ``path``, logs on to the broker listening there as ``rank`` (``None``: any free rank).
+    With a ``path``, a ``rank`` and a ``world_size``, starts a job of its own with no launcher:
+    rank 0 hosts the broker on ``path`` for as long as its session lives.
 
     ``timeout`` (seconds, above 0) bounds the logon, and is every later call's deadline unless
     the call is given its own.

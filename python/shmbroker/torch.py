@@ -1,3 +1,6 @@
+# torch's stubs give ProcessGroup's methods the overloads of its C++ binding, which a Python
+# ProcessGroup (as torch's own threaded test backend) overrides with the form torch calls.
+# mypy: disable-error-code="override,import-not-found"
 """A torch.distributed backend, ``"shmbroker"``, for CPU tensors.
 
 Importing this module registers it::
@@ -41,6 +44,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import datetime
+import functools
 import os
 import shutil
 import tempfile
@@ -49,7 +53,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 import shmbroker
@@ -87,8 +90,24 @@ _world: dict[str, Any] = {}
 _world_lock = threading.Lock()
 
 
-def _op_name(op: Any, tensor: torch.Tensor) -> str:
+# The element type each torch type is combined as: complex as pairs of floats, bool as bytes.
+_AS = {
+    **_DTYPES,
+    torch.complex64: "float32",
+    torch.complex128: "float64",
+    torch.bool: "uint8",
+}
+# (op, torch type) -> (operation name, element type name), filled as pairs are first seen.
+_REDUCTIONS: dict[tuple[Any, torch.dtype], tuple[str, str]] = {}
+
+
+def _reduction(op: Any, tensor: torch.Tensor) -> tuple[str, str]:
+    """How `op` combines `tensor`: shmbroker's operation and element type names."""
     kind = getattr(op, "op", op)
+    key = (kind, tensor.dtype)
+    found = _REDUCTIONS.get(key)
+    if found is not None:
+        return found
     if kind not in _OPS:
         raise ValueError(f"shmbroker backend: reduce op {op} is not supported")
     name = _OPS[kind]
@@ -101,14 +120,23 @@ def _op_name(op: Any, tensor: torch.Tensor) -> str:
         raise ValueError(
             f"shmbroker backend: {name} of complex tensors is not supported (only SUM and AVG)"
         )
-    return name
+    found = (name, _dtype(tensor))
+    _REDUCTIONS[key] = found
+    return found
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    try:
+        return _AS[tensor.dtype]
+    except KeyError:
+        raise ValueError(
+            f"shmbroker backend: tensors of {tensor.dtype} are not supported"
+        ) from None
 
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor`'s elements as a tensor the reductions take (complex as pairs of floats, bool as
-    bytes), sharing its memory."""
-    if tensor.device.type != "cpu":
-        raise ValueError(f"shmbroker backend: tensors must be on the CPU, not {tensor.device}")
+    """`tensor`'s elements as the type they are combined as (complex as pairs of floats, bool
+    as bytes), sharing its memory."""
     if tensor.is_complex():
         tensor = torch.view_as_real(tensor)
     if tensor.dtype == torch.bool:
@@ -116,20 +144,19 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _dtype(tensor: torch.Tensor) -> str:
-    flat = _flat(tensor)
-    if flat.dtype not in _DTYPES:
-        raise ValueError(f"shmbroker backend: tensors of {tensor.dtype} are not supported")
-    return _DTYPES[flat.dtype]
+@functools.lru_cache(maxsize=256)
+def _bytes_type(size: int) -> Any:
+    return ctypes.c_char * size
 
 
 def _memory(tensor: torch.Tensor) -> Any:
     """The bytes of contiguous CPU `tensor`, writable, with no copy (a ctypes array over them)."""
-    tensor = _flat(tensor)
-    size = tensor.numel() * tensor.element_size()
+    if not tensor.is_cpu:
+        raise ValueError(f"shmbroker backend: tensors must be on the CPU, not {tensor.device}")
+    size = tensor.nbytes
     if size == 0:
         return bytearray()
-    return (ctypes.c_char * size).from_address(tensor.data_ptr())
+    return _bytes_type(size).from_address(tensor.data_ptr())
 
 
 class _Contiguous:
@@ -149,18 +176,14 @@ class _Contiguous:
             self.tensor.copy_(self.dense)
 
 
-def _done(result: Any) -> Any:
-    future: Future = Future()
-    future.set_result(result)
-    return _create_work_from_future(future)
+class _Done(dist.Work):
+    """The work of a call that has already run to its end: `wait()` returns at once, and its
+    future holds `result` (the output tensors, as torch's backends give). `_source_rank()` is the
+    sender of a receive from any source."""
 
-
-class _FromSource(dist.Work):
-    """The completed work of a receive from any source: `_source_rank()` says who sent it."""
-
-    def __init__(self, tensors: list[torch.Tensor], source: int):
+    def __init__(self, result: Any = None, source: int = -1):
         super().__init__()
-        self._tensors = tensors
+        self._result = result
         self._source = source
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
@@ -175,8 +198,8 @@ class _FromSource(dist.Work):
     def exception(self) -> Any:
         return None
 
-    def result(self) -> list[torch.Tensor]:
-        return self._tensors
+    def result(self) -> Any:
+        return self._result
 
     def source_rank(self) -> int:
         return self._source
@@ -186,11 +209,15 @@ class _FromSource(dist.Work):
 
     def get_future(self) -> Future:
         future: Future = Future()
-        future.set_result(self._tensors)
+        future.set_result(self._result)
         return future
 
     def synchronize(self) -> None:
         pass
+
+
+# What every barrier returns: a barrier's work holds nothing, so one object serves them all.
+_BARRIER_DONE = _Done()
 
 
 def _check_tag(tag: int) -> None:
@@ -218,6 +245,10 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
         self._rank = rank
         self._size = size
         self._timeout = timeout.total_seconds()
+        # Keywords of every call: this group and its deadline.
+        self._on: dict[str, Any] = {"timeout": self._timeout}
+        if group is not None:
+            self._on["group"] = group
         # World rank of each group rank.
         self._world_ranks = list(group.ranks) if group is not None else list(range(size))
 
@@ -229,44 +260,41 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """`method` of the session, on this group, with this group's deadline."""
-        kwargs["timeout"] = self._timeout
-        if self._group is not None:
-            kwargs["group"] = self._group
-        return getattr(self._session, method)(*args, **kwargs)
+        return getattr(self._session, method)(*args, **kwargs, **self._on)
 
     # --- synchronisation
 
     def barrier(self, opts: Any = None) -> Any:
-        self._call("barrier")
-        return _done(None)
+        self._session.barrier(**self._on)
+        return _BARRIER_DONE
 
     # --- reductions
-
-    def _all_reduce_one(self, tensor: torch.Tensor, op: Any) -> None:
-        name = _op_name(op, tensor)
-        with _Contiguous(tensor) as dense:
-            self._call("all_reduce", _memory(dense), name, dtype=_dtype(dense))
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else _R.SUM
         for tensor in tensors:
-            self._all_reduce_one(tensor, op)
-        return _done(tensors)
+            name, dtype = _reduction(op, tensor)
+            if tensor.is_contiguous():  # the common case, without a context manager's cost
+                self._session.all_reduce(_memory(tensor), name, dtype=dtype, **self._on)
+                continue
+            with _Contiguous(tensor) as dense:
+                self._session.all_reduce(_memory(dense), name, dtype=dtype, **self._on)
+        return _Done(tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         (tensor,) = tensors
-        name = _op_name(opts.reduceOp, tensor)
+        name, dtype = _reduction(opts.reduceOp, tensor)
         with _Contiguous(tensor) as dense:
-            self._call("reduce", opts.rootRank, _memory(dense), name, dtype=_dtype(dense))
-        return _done(tensors)
+            self._call("reduce", opts.rootRank, _memory(dense), name, dtype=dtype)
+        return _Done(tensors)
 
     def _reduce_scatter_flat(self, output: torch.Tensor, flat: torch.Tensor, op: Any) -> None:
-        name = _op_name(op, output)
+        name, dtype = _reduction(op, output)
         with _Contiguous(output) as dense:
-            self._call("reduce_scatter", _memory(flat), _memory(dense), name, dtype=_dtype(dense))
+            self._call("reduce_scatter", _memory(flat), _memory(dense), name, dtype=dtype)
 
     def reduce_scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
@@ -274,11 +302,11 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
         for output, parts in zip(outputs, inputs, strict=True):
             flat = torch.cat([part.reshape(-1) for part in parts])
             self._reduce_scatter_flat(output, flat, opts.reduceOp)
-        return _done(outputs)
+        return _Done(outputs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         self._reduce_scatter_flat(output, input.contiguous(), opts.reduceOp)
-        return _done([output])
+        return _Done([output])
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         return self.reduce_scatter_single(output, input, opts)
@@ -288,7 +316,7 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
     ) -> Any:
         for output, input in zip(outputs, inputs, strict=True):
             self.reduce_scatter_single(output, input, opts)
-        return _done(outputs)
+        return _Done(outputs)
 
     # --- moving data
 
@@ -304,7 +332,7 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
                             f"{len(data)} bytes into a tensor of {len(memory)}"
                         )
                     ctypes.memmove(memory, data, len(data))
-        return _done(tensors)
+        return _Done(tensors)
 
     def _all_gather_flat(self, output: torch.Tensor, input: torch.Tensor) -> None:
         with _Contiguous(output) as dense, _Contiguous(input, write_back=False) as source:
@@ -320,11 +348,11 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
             self._all_gather_flat(flat, input)
             for part, block in zip(parts, flat.chunk(len(parts)), strict=True):
                 part.copy_(block.view_as(part))
-        return _done(outputs)
+        return _Done(outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         self._all_gather_flat(output, input)
-        return _done([output])
+        return _Done([output])
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         return self.all_gather_single(output, input, opts)
@@ -334,7 +362,7 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
     ) -> Any:
         for output, input in zip(outputs, inputs, strict=True):
             self._all_gather_flat(output, input)
-        return _done(outputs)
+        return _Done(outputs)
 
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -358,7 +386,7 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
                             f"{len(memory)}"
                         )
                     ctypes.memmove(memory, part, len(part))
-        return _done(outputs)
+        return _Done(outputs)
 
     def scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
@@ -369,12 +397,12 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
             memory = _memory(dense)
             if self._rank == root:
                 (parts,) = inputs
-                flat = torch.cat([_flat(part.contiguous()).reshape(-1) for part in parts])
+                flat = torch.cat([part.reshape(-1) for part in parts])
                 source = _memory(flat)
             else:
                 source = None
             self._call("scatter", root, source, memory)
-        return _done(outputs)
+        return _Done(outputs)
 
     def alltoall_base(
         self,
@@ -395,7 +423,7 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
                     _memory(dense),
                     self._byte_counts(dense, output_split_sizes),
                 )
-        return _done([output])
+        return _Done([output])
 
     def all_to_all_single(self, *args: Any, **kwargs: Any) -> Any:
         return self.alltoall_base(*args, **kwargs)
@@ -424,7 +452,7 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
         for output, block in zip(outputs, flat_out.split(sizes_out), strict=True):
             with _Contiguous(output) as dense:
                 _flat(dense).reshape(-1).view(torch.uint8).copy_(block)
-        return _done(outputs)
+        return _Done(outputs)
 
     # --- point to point
 
@@ -433,7 +461,7 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
         (tensor,) = tensors
         with _Contiguous(tensor, write_back=False) as dense:
             self._session.send(self._world_ranks[dst], _memory(dense), timeout=self._timeout)
-        return _done(tensors)
+        return _Done(tensors)
 
     def _recv_from(self, tensor: torch.Tensor, world_rank: int | None) -> int:
         with _Contiguous(tensor) as dense:
@@ -453,7 +481,7 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
         _check_tag(tag)
         (tensor,) = tensors
         self._recv_from(tensor, self._world_ranks[src])
-        return _done(tensors)
+        return _Done(tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
         _check_tag(tag)
@@ -463,7 +491,7 @@ class ProcessGroupShmbroker(dist.ProcessGroup):
                 "(it would take a message from a rank outside this group)"
             )
         (tensor,) = tensors
-        return _FromSource(tensors, self._recv_from(tensor, None))
+        return _Done(tensors, self._recv_from(tensor, None))
 
 
 def _connect(store: Any, rank: int, size: int, timeout: float) -> shmbroker.Session:

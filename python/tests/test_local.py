@@ -81,8 +81,12 @@ def test_connect_refuses_a_rank_without_a_path():
 def test_the_type_stubs_match_the_module(tmp_path):
     # Every name, signature and class of the stubs against the installed module.
     pytest.importorskip("mypy.stubtest")
+    # shmbroker.torch is plain Python with no stub of its own: what stubtest would report there
+    # is torch's stubs against torch (pybind11 enums and metaclasses), or that torch is absent.
+    allowlist = tmp_path / "allowlist"
+    allowlist.write_text("shmbroker\\.torch(\\..*)?\n")
     done = subprocess.run(
-        [sys.executable, "-m", "mypy.stubtest", "shmbroker"],
+        [sys.executable, "-m", "mypy.stubtest", "shmbroker", "--allowlist", str(allowlist)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -1,0 +1,102 @@
+"""The torch.distributed backend: against gloo under `shmbroker run`, under torchrun, through
+torch's store with no launcher, and a rank's death. Skipped when torch is not installed, unless
+SHMBROKER_REQUIRE_TORCH=1 (as in CI) makes that a failure."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_ok, clean_env, describe, run_job
+
+if os.environ.get("SHMBROKER_REQUIRE_TORCH") == "1":
+    import torch  # noqa: F401  (fails the run when torch is missing)
+else:
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+
+WORKERS = Path(__file__).with_name("torch_workers.py")
+DEADLINE = 120
+
+
+@pytest.mark.parametrize("copies", [2, 3, 4])
+def test_every_call_gives_what_gloo_gives(copies):
+    job = run_job(copies, WORKERS, "against_gloo", timeout=DEADLINE)
+    assert_ok(job, copies, "against_gloo")
+
+
+def test_under_torchrun():
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(WORKERS),
+            "basic",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+    )
+    assert job.returncode == 0, describe(job)
+    for rank in range(2):
+        assert f"OK basic rank {rank}" in job.stdout, describe(job)
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_ranks(scenario, copies):
+    """`copies` workers with no launcher: torch's TCP store tells them where the broker is."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    return [
+        subprocess.Popen(
+            [sys.executable, str(WORKERS), scenario, str(rank), str(copies), init],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+        )
+        for rank in range(copies)
+    ]
+
+
+def finish(ranks):
+    """Each worker's (exit status, stdout, stderr), waiting with a deadline and killing the
+    rest on the way out."""
+    results = []
+    try:
+        for rank in ranks:
+            out, err = rank.communicate(timeout=DEADLINE)
+            results.append((rank.returncode, out, err))
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+                rank.wait()
+    return results
+
+
+def test_with_no_launcher_through_torchs_store():
+    results = finish(start_ranks("basic", 3))
+    for rank, (status, out, err) in enumerate(results):
+        assert status == 0 and f"OK basic rank {rank}" in out, (status, out, err)
+
+
+def test_a_rank_that_dies_is_named_by_the_others():
+    results = finish(start_ranks("death", 3))
+    assert results[1][0] == 3, results[1]
+    for rank in (0, 2):
+        status, out, err = results[rank]
+        assert status == 0 and f"OK death rank {rank}" in out, (status, out, err)

@@ -1,0 +1,264 @@
+"""The worker side of the torch backend tests: every rank runs SCENARIO and prints
+`OK <scenario> rank <r>`; a failed check exits 1 (the launcher then fails the job).
+
+- `against_gloo`: every call on the shmbroker backend and on a gloo group of the same ranks,
+  with the same inputs; the outputs must be equal, bit for bit.
+- `basic`: a small all-reduce and barrier (for torchrun and the store rendezvous).
+- `death`: rank 1 dies in the middle of all-reduces; the others must raise PeerLost naming it.
+
+Usage: python torch_workers.py SCENARIO [RANK WORLD_SIZE INIT_METHOD] (the last three only when
+no launcher gives them).
+"""
+
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import shmbroker
+import shmbroker.torch  # noqa: F401  (registers the backend)
+
+TIMEOUT = datetime.timedelta(seconds=30)
+R = dist.ReduceOp
+SIZES = [1, 7, 600, 70_001]
+INTEGERS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def check(condition, what):
+    if not condition:
+        print(f"FAILED rank {dist.get_rank()}: {what}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def same(ours, theirs, what):
+    if ours is None and theirs is None:
+        return  # gloo refused the call
+    if isinstance(ours, (list, tuple)):
+        check(len(ours) == len(theirs), f"{what}: {len(ours)} tensors against {len(theirs)}")
+        for i, (mine, other) in enumerate(zip(ours, theirs)):
+            same(mine, other, f"{what}[{i}]")
+        return
+    equal = ours.dtype == theirs.dtype and ours.shape == theirs.shape and torch.equal(ours, theirs)
+    check(equal, f"{what}: shmbroker gave {ours!r}, gloo {theirs!r}")
+
+
+def values(dtype, count, rank, salt):
+    """Small whole numbers (so sums and products are exact in every type and any order)."""
+    generator = torch.Generator().manual_seed(rank * 1_000_003 + salt)
+    ints = torch.randint(1, 4, (count,), generator=generator)
+    return ints.to(dtype)
+
+
+# Calls gloo refused (an element type it lacks): what was skipped, printed at the end.
+REFUSED = set()
+
+
+def both(call, *tensors, what=""):
+    """`call(group, *copies)` on gloo and on the shmbroker world, each on its own copies of
+    `tensors`; returns (ours, gloo's). A call gloo refuses before it communicates (it checks
+    element types on each rank alike) is skipped on both: (None, None)."""
+    results = []
+    for group in (GLOO, None):
+        copies = [
+            [t.clone() for t in tensor] if isinstance(tensor, list) else tensor.clone()
+            for tensor in tensors
+        ]
+        try:
+            call(group, *copies)
+        except RuntimeError as error:
+            if group is None or "Invalid scalar type" not in str(error):
+                raise
+            REFUSED.add(what)
+            return None, None
+        results.append(copies)
+    theirs, ours = results
+    return ours, theirs
+
+
+def against_gloo():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    salt = 0
+
+    dist.barrier()
+    dist.barrier(async_op=True).wait()
+
+    # all_reduce: every op on every type it has, at sizes on both sides of the one-shot limit.
+    for dtype in INTEGERS + FLOATS:
+        ops = [R.SUM, R.MIN, R.MAX] + ([R.BAND, R.BOR, R.BXOR] if dtype in INTEGERS else [])
+        if dtype not in (torch.float16, torch.bfloat16):
+            ops.append(R.PRODUCT)  # gloo has no half-precision product
+        for op in ops:
+            for count in SIZES:
+                salt += 1
+                data = values(dtype, count, rank, salt)
+                what = f"all_reduce {op} {dtype}"
+                ours, theirs = both(
+                    lambda g, t: dist.all_reduce(t, op=op, group=g), data, what=what
+                )
+                same(ours, theirs, f"{what} x{count}")
+    # AVG (gloo has none): the sum divided by the size.
+    for dtype in [torch.float32, torch.float64]:
+        data = values(dtype, 1000, rank, 7)
+        ours, theirs = both(lambda g, t: dist.all_reduce(t, group=g), data)
+        mine = data.clone()
+        dist.all_reduce(mine, op=R.AVG)
+        same(mine, theirs[0] / size, f"all_reduce AVG {dtype}")
+    # async_op and a non-contiguous tensor.
+    data = values(torch.float32, 64, rank, 11).reshape(8, 8)[:, ::2]
+    ours, theirs = both(lambda g, t: dist.all_reduce(t, group=g, async_op=True).wait(), data)
+    same(ours, theirs, "all_reduce, async, non-contiguous")
+    work = dist.all_reduce(mine := data.clone(), async_op=True)
+    check(work.is_completed() and work.wait(), "an async all_reduce's Work is complete")
+    same(work.get_future().value()[0], mine, "the Work's future holds the output")
+
+    for dtype in [torch.uint8, torch.int64, torch.bfloat16, torch.float32, torch.complex64]:
+        for count in [1, 600, 70_001]:
+            salt += 1
+            data = values(dtype, count, rank, salt)
+            # all_gather and all_gather_into_tensor
+            outs = [torch.zeros(count, dtype=dtype) for _ in range(size)]
+            ours, theirs = both(lambda g, o, t: dist.all_gather(o, t, group=g), outs, data)
+            same(ours[0], theirs[0], f"all_gather {dtype} x{count}")
+            flat = torch.zeros(count * size, dtype=dtype)
+            ours, theirs = both(
+                lambda g, o, t: dist.all_gather_into_tensor(o, t, group=g), flat, data
+            )
+            same(ours[0], theirs[0], f"all_gather_into_tensor {dtype} x{count}")
+            # broadcast from every root
+            for root in range(size):
+                ours, theirs = both(lambda g, t: dist.broadcast(t, root, group=g), data)
+                same(ours, theirs, f"broadcast from {root} {dtype} x{count}")
+            # all_to_all_single, equal and uneven splits
+            block = torch.cat([values(dtype, count, rank * size + q, salt) for q in range(size)])
+            ours, theirs = both(
+                lambda g, o, i: dist.all_to_all_single(o, i, group=g),
+                torch.zeros_like(block),
+                block,
+            )
+            same(ours[0], theirs[0], f"all_to_all_single {dtype} x{count}")
+            sends = [(rank + q) % 3 + count for q in range(size)]
+            receives = [(q + rank) % 3 + count for q in range(size)]
+            uneven = values(dtype, sum(sends), rank, salt + 1)
+            ours, theirs = both(
+                lambda g, o, i: dist.all_to_all_single(o, i, receives, sends, group=g),
+                torch.zeros(sum(receives), dtype=dtype),
+                uneven,
+            )
+            same(ours[0], theirs[0], f"all_to_all_single, uneven, {dtype} x{count}")
+            if dtype == torch.complex64:
+                continue
+            # reduce_scatter_tensor, reduce, gather, scatter
+            for op in [R.SUM, R.MAX]:
+                ours, theirs = both(
+                    lambda g, o, i: dist.reduce_scatter_tensor(o, i, op=op, group=g),
+                    torch.zeros(count, dtype=dtype),
+                    block,
+                )
+                same(ours[0], theirs[0], f"reduce_scatter_tensor {op} {dtype} x{count}")
+            for root in range(size):
+                ours, theirs = both(lambda g, t: dist.reduce(t, root, group=g), data)
+                if rank == root:  # elsewhere torch leaves the tensor's contents unspecified
+                    same(ours, theirs, f"reduce to {root} {dtype} x{count}")
+                gathered = [torch.zeros(count, dtype=dtype) for _ in range(size)]
+                ours, theirs = both(
+                    lambda g, t, o: dist.gather(t, o if rank == root else None, root, group=g),
+                    data,
+                    gathered,
+                )
+                same(ours[1], theirs[1], f"gather to {root} {dtype} x{count}")
+                parts = [values(dtype, count, q, salt) for q in range(size)]
+                ours, theirs = both(
+                    lambda g, o, p: dist.scatter(o, p if rank == root else None, root, group=g),
+                    torch.zeros(count, dtype=dtype),
+                    parts,
+                )
+                same(ours[0], theirs[0], f"scatter from {root} {dtype} x{count}")
+
+    # send/recv in a ring, and recv from any source.
+    message = values(torch.float64, 5000, rank, 99)
+    received = torch.zeros_like(message)
+    if rank % 2 == 0:
+        dist.send(message, (rank + 1) % size)
+        dist.recv(received, (rank - 1) % size)
+    else:
+        dist.recv(received, (rank - 1) % size)
+        dist.send(message, (rank + 1) % size)
+    same(received, values(torch.float64, 5000, (rank - 1) % size, 99), "recv in a ring")
+    if rank == 0:
+        senders = set()
+        for _ in range(size - 1):
+            got = torch.zeros(3, dtype=torch.int32)
+            sender = dist.recv(got)
+            same(got, torch.full((3,), sender, dtype=torch.int32), f"recv from any ({sender})")
+            senders.add(sender)
+        check(senders == set(range(1, size)), f"recv from any: senders {senders}")
+    else:
+        dist.send(torch.full((3,), rank, dtype=torch.int32), 0)
+
+    # new_group: the even ranks, against a gloo group of the same ranks.
+    evens = list(range(0, size, 2))
+    ours_group = dist.new_group(evens)
+    gloo_group = dist.new_group(evens, backend="gloo")
+    if rank in evens:
+        data = values(torch.int32, 100, rank, 5)
+        mine, theirs = data.clone(), data.clone()
+        dist.all_reduce(mine, group=ours_group)
+        dist.all_reduce(theirs, group=gloo_group)
+        same(mine, theirs, f"all_reduce on group {evens}")
+        root = evens[-1]
+        mine = values(torch.int32, 10, rank, 6)
+        theirs = mine.clone()
+        dist.broadcast(mine, root, group=ours_group)
+        dist.broadcast(theirs, root, group=gloo_group)
+        same(mine, theirs, f"broadcast from world rank {root} on group {evens}")
+        check(dist.get_rank(ours_group) == evens.index(rank), "group rank")
+    dist.barrier()
+    if rank == 0 and REFUSED:
+        print("gloo refused (skipped on both):", ", ".join(sorted(REFUSED)), flush=True)
+
+
+def basic():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    data = torch.full((10,), float(rank + 1))
+    dist.all_reduce(data)
+    check(torch.equal(data, torch.full((10,), size * (size + 1) / 2)), f"all_reduce: {data}")
+    dist.barrier()
+
+
+def death():
+    rank = dist.get_rank()
+    data = torch.ones(1000)
+    for round in range(50):
+        if rank == 1 and round == 20:
+            os._exit(3)  # dies without a word, between two all-reduces
+        try:
+            dist.all_reduce(data)
+        except shmbroker.PeerLost as error:
+            check(error.rank == 1, f"PeerLost names rank {error.rank}, not 1: {error}")
+            check(round >= 20, f"PeerLost in round {round}, before rank 1 died")
+            print(f"OK death rank {rank}: {error}", flush=True)
+            sys.exit(0)
+    check(False, "every all_reduce succeeded after rank 1 died")
+
+
+def main():
+    scenario = sys.argv[1]
+    if len(sys.argv) > 2:
+        rank, size, init = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+        dist.init_process_group(
+            "shmbroker", init_method=init, rank=rank, world_size=size, timeout=TIMEOUT
+        )
+    else:
+        dist.init_process_group("shmbroker", timeout=TIMEOUT)
+    global GLOO
+    GLOO = dist.new_group(backend="gloo") if scenario == "against_gloo" else None
+    {"against_gloo": against_gloo, "basic": basic, "death": death}[scenario]()
+    dist.destroy_process_group()
+    print(f"OK {scenario} rank {rank if len(sys.argv) > 2 else os.environ['RANK']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
