@@ -231,9 +231,7 @@ impl Deadline {
     fn left(&self) -> Duration {
         let now = Instant::now();
         let at = self.at.get().unwrap_or_else(|| {
-            let at = now
-                .checked_add(self.timeout)
-                .unwrap_or(now + Duration::from_secs(86_400 * 365));
+            let at = shmbroker_handshake::deadline_from(now, self.timeout);
             self.at.set(Some(at));
             at
         });
@@ -255,7 +253,10 @@ impl Deadline {
     /// then and this deadline had not started yet.
     fn started_at(&self, start: Option<Instant>) {
         if let (None, Some(start)) = (self.at.get(), start) {
-            self.at.set(start.checked_add(self.timeout));
+            self.at.set(Some(shmbroker_handshake::deadline_from(
+                start,
+                self.timeout,
+            )));
         }
     }
 
@@ -489,7 +490,9 @@ impl Session {
         self.inner.world_size()
     }
 
-    /// Sets the deadline every call without `_timeout` uses.
+    /// Sets the deadline every call without `_timeout` uses. `Duration::MAX` (here, in every
+    /// `_timeout` call, and in [`Self::connect`]) waits without a deadline, for as long as it
+    /// takes: a peer's death or departure, a dead broker and an interrupt still end the wait.
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }

@@ -20,6 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// A `timeout_ms` that means no deadline: calls wait for as long as it takes. A peer's death or
+// departure, a dead broker and `shmbroker_interrupt` still end the wait.
+#define SHMBROKER_TIMEOUT_FOREVER UINT64_MAX
+
 // Success.
 #define SHMBROKER_OK 0
 
@@ -159,7 +163,8 @@ extern "C" {
 int shmbroker_version(void);
 
 // Logs on to the broker listening at `path` as `rank` (-1: any free rank), within `timeout_ms`
-// milliseconds, which is also every later call's deadline. On success `*out` is the session.
+// milliseconds, which is also every later call's deadline ([`SHMBROKER_TIMEOUT_FOREVER`]: no
+// deadline; deaths and departures still end a wait). On success `*out` is the session.
 //
 // # Safety
 //
@@ -170,7 +175,8 @@ int shmbroker_connect(const char *path,
                       struct shmbroker_session **out);
 
 // Joins the job this process was started in: `shmbroker run`, or mpirun, torchrun or srun (see
-// the README), within `timeout_ms` milliseconds, which is also every later call's deadline.
+// the README), within `timeout_ms` milliseconds, which is also every later call's deadline
+// ([`SHMBROKER_TIMEOUT_FOREVER`]: no deadline).
 //
 // # Safety
 //

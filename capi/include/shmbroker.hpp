@@ -61,10 +61,15 @@ inline void check(int rc) {
 }
 
 inline std::uint64_t milliseconds(std::chrono::milliseconds timeout) {
+    if (timeout == std::chrono::milliseconds::max()) return SHMBROKER_TIMEOUT_FOREVER;
     if (timeout.count() <= 0) throw Error(SHMBROKER_E_MISUSE, "a timeout is above 0 ms", -1);
     return static_cast<std::uint64_t>(timeout.count());
 }
 }  // namespace detail
+
+// A timeout that means no deadline (SHMBROKER_TIMEOUT_FOREVER): calls wait as long as it takes;
+// deaths, departures and interrupts still end a wait.
+inline constexpr std::chrono::milliseconds forever = std::chrono::milliseconds::max();
 
 // How a reduction combines contributions (SHMBROKER_OP_*).
 enum class Op : int {
@@ -287,7 +292,7 @@ class GroupView : public Collectives {
 class Session : public Collectives {
    public:
     // Logs on to the broker at `path` as `rank` (-1: any free rank); `timeout` is also every
-    // later call's deadline.
+    // later call's deadline (shmbroker::forever: none).
     static Session connect(const std::string &path, int rank = -1,
                            std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
         shmbroker_session *s = nullptr;

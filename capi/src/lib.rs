@@ -86,6 +86,10 @@ pub use session::{shmbroker_connect, shmbroker_from_env, shmbroker_rank, shmbrok
 use shmbroker::{Receiver, Sender};
 use std::ffi::c_int;
 
+/// A `timeout_ms` that means no deadline: calls wait for as long as it takes. A peer's death or
+/// departure, a dead broker and `shmbroker_interrupt` still end the wait.
+pub const SHMBROKER_TIMEOUT_FOREVER: u64 = u64::MAX;
+
 /// Success.
 pub const SHMBROKER_OK: c_int = 0;
 /// A peer this call needed died (its process ended without leaving).

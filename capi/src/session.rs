@@ -1,5 +1,7 @@
 //! Making a session (`shmbroker_connect`, `shmbroker_from_env`) and asking what it is.
 
+#[cfg(doc)]
+use crate::SHMBROKER_TIMEOUT_FOREVER;
 use crate::error::{Failure, guard, misuse};
 use crate::handle::{give, peek, shmbroker_session};
 use shmbroker::Session;
@@ -11,11 +13,15 @@ pub(crate) fn timeout_of(timeout_ms: u64) -> Result<Duration, Failure> {
     if timeout_ms == 0 {
         return Err(misuse("timeout_ms is 0: every call needs a deadline"));
     }
+    if timeout_ms == crate::SHMBROKER_TIMEOUT_FOREVER {
+        return Ok(Duration::MAX);
+    }
     Ok(Duration::from_millis(timeout_ms))
 }
 
 /// Logs on to the broker listening at `path` as `rank` (-1: any free rank), within `timeout_ms`
-/// milliseconds, which is also every later call's deadline. On success `*out` is the session.
+/// milliseconds, which is also every later call's deadline ([`SHMBROKER_TIMEOUT_FOREVER`]: no
+/// deadline; deaths and departures still end a wait). On success `*out` is the session.
 ///
 /// # Safety
 ///
@@ -54,7 +60,8 @@ pub unsafe extern "C" fn shmbroker_connect(
 }
 
 /// Joins the job this process was started in: `shmbroker run`, or mpirun, torchrun or srun (see
-/// the README), within `timeout_ms` milliseconds, which is also every later call's deadline.
+/// the README), within `timeout_ms` milliseconds, which is also every later call's deadline
+/// ([`SHMBROKER_TIMEOUT_FOREVER`]: no deadline).
 ///
 /// # Safety
 ///

@@ -15,6 +15,11 @@ fn last_error() -> String {
 
 /// A broker for `world` ranks on a thread, and `world` sessions made through the C ABI.
 fn world(world: u32) -> (shmbroker_sys::TempDir, Vec<usize>) {
+    world_with_timeout(world, 10_000)
+}
+
+/// [`world`] with sessions whose deadline is `timeout_ms`.
+fn world_with_timeout(world: u32, timeout_ms: u64) -> (shmbroker_sys::TempDir, Vec<usize>) {
     let dir = shmbroker_sys::TempDir::new("capi").unwrap();
     let socket = dir.path().join("broker.sock");
     let config = Config {
@@ -30,7 +35,8 @@ fn world(world: u32) -> (shmbroker_sys::TempDir, Vec<usize>) {
             std::thread::spawn(move || {
                 let mut s = null_mut();
                 // SAFETY: a NUL-terminated path and a writable out pointer.
-                let rc = unsafe { shmbroker_connect(path.as_ptr(), rank as i32, 10_000, &mut s) };
+                let rc =
+                    unsafe { shmbroker_connect(path.as_ptr(), rank as i32, timeout_ms, &mut s) };
                 assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
                 s as usize
             })
@@ -46,6 +52,39 @@ fn the_version_macros_are_the_crates_version() {
         format!("{SHMBROKER_VERSION_MAJOR}.{SHMBROKER_VERSION_MINOR}.{SHMBROKER_VERSION_PATCH}");
     assert_eq!(version, env!("CARGO_PKG_VERSION"));
     assert_eq!(shmbroker_version(), 100);
+}
+
+#[test]
+fn with_timeout_forever_a_receive_waits_for_a_late_sender() {
+    let (_dir, sessions) = world_with_timeout(2, SHMBROKER_TIMEOUT_FOREVER);
+    let late = sessions[1];
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: a live session used by this thread alone; 4 readable bytes.
+        let rc = unsafe { shmbroker_send(late as *mut _, 0, b"late".as_ptr().cast(), 4) };
+        assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+    });
+    let mut buffer = [0u8; 8];
+    let mut len = 0usize;
+    let started = std::time::Instant::now();
+    // SAFETY: a live session; a writable buffer of its length and a writable length.
+    let rc = unsafe {
+        shmbroker_recv(
+            sessions[0] as *mut _,
+            1,
+            buffer.as_mut_ptr().cast(),
+            buffer.len(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+    assert_eq!(&buffer[..len], b"late");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    sender.join().unwrap();
+    for s in sessions {
+        // SAFETY: live sessions, closed once, by this thread alone now.
+        assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
+    }
 }
 
 #[test]

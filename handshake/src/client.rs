@@ -19,6 +19,19 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The instant `timeout` from now: see [`deadline_from`].
+pub fn deadline_after(timeout: Duration) -> Instant {
+    deadline_from(Instant::now(), timeout)
+}
+
+/// The instant `timeout` after `start`. A timeout longer than a century (`Duration::MAX`, which
+/// callers pass to wait without a deadline) counts as a century, which no wait outlives, so the
+/// sum never overflows.
+pub fn deadline_from(start: Instant, timeout: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    start.checked_add(timeout.min(CENTURY)).unwrap_or(start)
+}
+
 /// How long to wait between attempts while the broker's socket is missing or its backlog is full.
 const CONNECT_RETRY: Duration = Duration::from_millis(5);
 
@@ -194,7 +207,7 @@ impl Connection {
     ///
     /// As for [`Self::take_relayed_fd`].
     pub fn take_peer_outbox(&mut self, owner: u32, timeout: Duration) -> Result<OwnedFd, Error> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         self.shared.wait_for(
             owner,
             deadline,
@@ -226,7 +239,7 @@ impl Connection {
         peer: u32,
         timeout: Duration,
     ) -> Result<(i32, Arc<OwnedFd>), Error> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         self.shared.wait_for(
             peer,
             deadline,
@@ -249,7 +262,7 @@ impl Connection {
         stage: &'static str,
         timeout: Duration,
     ) -> Result<(), Error> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let bytes = bytemuck::bytes_of(&notice);
         let mut fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
         let mut sent = 0;
@@ -310,7 +323,7 @@ impl Connection {
                 reason: "no such rank: another rank of this world is needed",
             });
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let stage = "relaying an fd through the broker";
         let notice = WorkerNotice::new(NoticeKind::RelayFd, to, token);
         self.send_notice(notice, Some(fd), stage, timeout)?;
@@ -349,7 +362,7 @@ impl Connection {
         token: u64,
         timeout: Duration,
     ) -> Result<OwnedFd, Error> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let fd = self.shared.wait_for(
             from,
             deadline,
@@ -413,7 +426,7 @@ pub fn connect(
     timeout: Duration,
 ) -> Result<Connection, Error> {
     let path = path.as_ref();
-    let deadline = Instant::now() + timeout;
+    let deadline = deadline_after(timeout);
     let stream = connect_until(path, deadline).map_err(|e| match e {
         Retried::GaveUp(last) => Error::Unreachable {
             path: path.to_path_buf(),
@@ -446,7 +459,7 @@ pub fn connect_stream(
     stream
         .set_nonblocking(true)
         .map_err(|e| Error::sys("fcntl")(io_errno(&e)))?;
-    log_on(stream, logon, Instant::now() + timeout, timeout)
+    log_on(stream, logon, deadline_after(timeout), timeout)
 }
 
 /// Sends the frame, receives and checks the reply, joins everything: the logon after connecting.

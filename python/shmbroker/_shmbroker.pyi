@@ -51,7 +51,8 @@ class Session:
     collectives over them.
 
     Every call that waits releases the GIL and has a deadline: the ``timeout`` given to
-    ``connect``, or the call's own ``timeout=`` (seconds). Data is anything with the buffer
+    ``connect``, or the call's own ``timeout=`` (seconds; ``None`` for none: a peer's death or
+    departure still ends the wait). Data is anything with the buffer
     protocol that is C-contiguous (``bytes``, ``bytearray``, ``memoryview``, ``array.array``,
     NumPy arrays); it is read in place while the GIL is released, so no other thread may write to
     it during the call. Received data is ``bytes``.
@@ -67,21 +68,22 @@ class Session:
     def world_size(self) -> int:
         """The number of ranks in the session (still readable after close)."""
     @property
-    def timeout(self) -> float:
-        """The deadline, in seconds, of every call not given its own ``timeout=``."""
+    def timeout(self) -> Optional[float]:
+        """The deadline, in seconds, of every call not given its own ``timeout=``; ``None``
+        when there is none."""
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-    def group(self, ranks: Sequence[int], *, timeout: Optional[float] = None) -> Group:
+    def group(self, ranks: Sequence[int], *, timeout: Optional[float] = ...) -> Group:
         """A group of ``ranks`` (world ranks; their order numbers them in the group), made by
         every member with the same ranks. Raises :class:`ProtocolError` naming a member that
         passed other ranks."""
-    def shrink(self, *, timeout: Optional[float] = None) -> Group:
+    def shrink(self, *, timeout: Optional[float] = ...) -> Group:
         """After a death: the group of every rank still there, the same on every survivor.
         Raises :class:`PeerLost` naming a rank that died after the survivors agreed (call it
         again)."""
     def barrier(
-        self, *, timeout: Optional[float] = None, group: Optional["Group"] = None
+        self, *, timeout: Optional[float] = ..., group: Optional["Group"] = None
     ) -> None:
         """Returns once every rank has entered the barrier.
 
@@ -89,7 +91,7 @@ class Session:
         :class:`ProtocolError` when another rank called another collective.
         """
     def all_gather(
-        self, data: _Data, *, timeout: Optional[float] = None, group: Optional["Group"] = None
+        self, data: _Data, *, timeout: Optional[float] = ..., group: Optional["Group"] = None
     ) -> List[bytes]:
         """Every rank's ``data``, in rank order (this rank's own included). Ranks may give
         different lengths. Raises as :meth:`barrier` does."""
@@ -98,7 +100,7 @@ class Session:
         data: _Data,
         output: _Data,
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = ...,
         group: Optional["Group"] = None,
     ) -> None:
         """Every rank's ``data``, all of one length, into ``output`` (exactly ``len(data) *
@@ -110,7 +112,7 @@ class Session:
         root: int,
         data: _Data,
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = ...,
         group: Optional["Group"] = None,
     ) -> Optional[List[bytes]]:
         """Every rank's ``data`` at ``root``, in rank order (lengths may differ); ``None`` on
@@ -121,7 +123,7 @@ class Session:
         op: str = "sum",
         *,
         dtype: Optional[str] = None,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = ...,
         group: Optional["Group"] = None,
     ) -> None:
         """Combines every rank's ``data`` with ``op`` (``"sum"``, ``"prod"``, ``"min"``,
@@ -135,7 +137,7 @@ class Session:
         op: str = "sum",
         *,
         dtype: Optional[str] = None,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = ...,
         group: Optional["Group"] = None,
     ) -> None:
         """:meth:`all_reduce` with the result in the root's ``data`` only."""
@@ -146,7 +148,7 @@ class Session:
         op: str = "sum",
         *,
         dtype: Optional[str] = None,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = ...,
         group: Optional["Group"] = None,
     ) -> None:
         """Combines every rank's ``input`` (``world_size`` blocks of ``output``'s length) and
@@ -157,7 +159,7 @@ class Session:
         input: Optional[_Data],
         output: _Data,
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = ...,
         group: Optional["Group"] = None,
     ) -> None:
         """The root's ``input`` cut into ``world_size`` equal blocks, block ``rank`` into each
@@ -167,7 +169,7 @@ class Session:
         input: _Data,
         output: _Data,
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = ...,
         group: Optional["Group"] = None,
     ) -> None:
         """Block ``q`` of ``input`` to rank ``q``, block ``q`` of ``output`` from rank ``q``."""
@@ -178,7 +180,7 @@ class Session:
         output: _Data,
         recv_counts: Sequence[int],
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = ...,
         group: Optional["Group"] = None,
     ) -> None:
         """:meth:`all_to_all` with a byte count per rank, each way, in rank order."""
@@ -187,7 +189,7 @@ class Session:
         root: int,
         data: Optional[_Data] = None,
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = ...,
         group: Optional["Group"] = None,
     ) -> bytes:
         """``root``'s ``data`` on every rank, returned as ``bytes`` (on the root too).
@@ -196,7 +198,7 @@ class Session:
         sent. Raises :class:`MisuseError` for a root without data or a root out of range;
         otherwise as :meth:`barrier` does.
         """
-    def send(self, rank: int, data: _Data, *, timeout: Optional[float] = None) -> None:
+    def send(self, rank: int, data: _Data, *, timeout: Optional[float] = ...) -> None:
         """Sends ``data`` (any size) to ``rank``, which receives it, in order, with
         ``recv(this rank)``. Returns once the data is copied out of ``data``; a message larger
         than this rank's outbox returns only once ``rank`` is receiving it.
@@ -204,19 +206,19 @@ class Session:
         Raises :class:`MisuseError` for a rank out of range or this rank itself;
         :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`.
         """
-    def recv(self, rank: int, *, timeout: Optional[float] = None) -> bytes:
+    def recv(self, rank: int, *, timeout: Optional[float] = ...) -> bytes:
         """The next message ``rank`` sent this rank with :meth:`send`. Raises as :meth:`send`
         does, and :class:`ProtocolError` for bytes no correct peer sends."""
-    def recv_into(self, rank: int, buffer: _Data, *, timeout: Optional[float] = None) -> int:
+    def recv_into(self, rank: int, buffer: _Data, *, timeout: Optional[float] = ...) -> int:
         """Receives the next message from ``rank`` into ``buffer`` (writable and C-contiguous:
         ``bytearray``, a NumPy array, a torch CPU tensor's ``.numpy()``) and returns its length.
         Raises :class:`BufferTooSmall` for a longer message, which is kept for the next receive;
         otherwise as :meth:`recv` does."""
-    def recv_any(self, *, timeout: Optional[float] = None) -> Tuple[int, bytes]:
+    def recv_any(self, *, timeout: Optional[float] = ...) -> Tuple[int, bytes]:
         """The next message from whichever peer has one (round-robin), as ``(rank, bytes)``.
         Peers that left are skipped; one that died is reported once (:class:`PeerLost`)."""
     def recv_any_into(
-        self, buffer: _Data, *, timeout: Optional[float] = None
+        self, buffer: _Data, *, timeout: Optional[float] = ...
     ) -> Tuple[int, int]:
         """:meth:`recv_any` into ``buffer``: ``(rank, length)``. A longer message raises
         :class:`BufferTooSmall` (``.rank``, ``.needed``) and is kept."""
@@ -224,10 +226,10 @@ class Session:
         """The next message from ``rank`` if one has started to arrive, else ``None``."""
     def try_recv_any(self) -> Optional[Tuple[int, bytes]]:
         """The next message from any peer if one has started to arrive, else ``None``."""
-    def probe(self, rank: int, *, timeout: Optional[float] = None) -> int:
+    def probe(self, rank: int, *, timeout: Optional[float] = ...) -> int:
         """The length of the next message from ``rank``, waiting for it, without receiving
         it."""
-    def exchange_fds(self, fd: _Fd, *, timeout: Optional[float] = None) -> List[int]:
+    def exchange_fds(self, fd: _Fd, *, timeout: Optional[float] = ...) -> List[int]:
         """Every rank's ``fd``, in rank order, as new file descriptors this process owns (close
         each with ``os.close``). This rank's own entry is a duplicate of ``fd``, so closing every
         entry never closes ``fd`` itself. ``fd`` must stay open during the call.
@@ -237,7 +239,7 @@ class Session:
         :meth:`all_gather` does.
         """
     def broadcast_fd(
-        self, root: int, fd: Optional[_Fd] = None, *, timeout: Optional[float] = None
+        self, root: int, fd: Optional[_Fd] = None, *, timeout: Optional[float] = ...
     ) -> int:
         """``root``'s ``fd`` on every rank, as a new file descriptor this process owns (on the
         root, a duplicate of ``fd``). Other ranks may leave ``fd`` out; what they give is
@@ -260,7 +262,7 @@ class Session:
 def connect(
     path: Optional[_Path] = None,
     rank: Optional[int] = None,
-    timeout: float = 10.0,
+    timeout: Optional[float] = 10.0,
     *,
     world_size: Optional[int] = None,
 ) -> Session:

@@ -132,7 +132,8 @@ impl PyGroup {
 /// and the collectives over them.
 ///
 /// Every call that waits releases the GIL, and has a deadline: the ``timeout`` given to
-/// ``connect``, or the call's own ``timeout=`` (seconds). Ctrl-C ends a wait on the main thread
+/// ``connect``, or the call's own ``timeout=`` (seconds; ``None`` for none, as a server waiting
+/// for its next request wants: a peer's death or departure still ends the wait). Ctrl-C ends a wait on the main thread
 /// with ``KeyboardInterrupt``; nothing is lost. Data is anything with the buffer
 /// protocol that is C-contiguous (``bytes``, ``bytearray``, ``memoryview``, ``array.array``,
 /// NumPy arrays); it is read in place while the GIL is released, so no other thread may write to
@@ -237,9 +238,46 @@ impl PySession {
         group.map_or(self.rank, Group::rank)
     }
 
-    /// `timeout` (seconds) as the call's deadline, or the session's when it is `None`.
-    fn deadline(&self, timeout: Option<f64>) -> PyResult<Duration> {
-        timeout.map_or(Ok(self.timeout), seconds)
+    /// A call's `timeout=` as its deadline: the session's when left out.
+    fn deadline(&self, timeout: CallTimeout) -> PyResult<Duration> {
+        match timeout {
+            CallTimeout::Session => Ok(self.timeout),
+            CallTimeout::Given(secs) => deadline_arg(secs),
+        }
+    }
+}
+
+/// A call's ``timeout=``: left out (the session's deadline), or what the caller gave (``None``
+/// or a number of seconds, see [`deadline_arg`]).
+#[derive(Clone, Copy, Debug)]
+enum CallTimeout {
+    Session,
+    Given(Option<f64>),
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for CallTimeout {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if obj.is_none() {
+            return Ok(Self::Given(None));
+        }
+        let secs: f64 = obj.extract().map_err(|_| {
+            errors::misuse(format!(
+                "timeout {obj:?}: a number of seconds above 0, or None for no deadline"
+            ))
+        })?;
+        Ok(Self::Given(Some(secs)))
+    }
+}
+
+/// A deadline a caller gave: `None` (or infinity) for none at all (deaths and departures still
+/// end a wait), otherwise a number of seconds above 0.
+fn deadline_arg(secs: Option<f64>) -> PyResult<Duration> {
+    match secs {
+        None => Ok(Duration::MAX),
+        Some(secs) if secs == f64::INFINITY => Ok(Duration::MAX),
+        Some(secs) => seconds(secs),
     }
 }
 
@@ -248,7 +286,7 @@ fn seconds(secs: f64) -> PyResult<Duration> {
     // NaN is not above 0 either.
     if secs.is_nan() || secs <= 0.0 {
         return Err(errors::misuse(format!(
-            "timeout {secs}: every call needs a deadline, a number of seconds above 0"
+            "timeout {secs}: a deadline is a number of seconds above 0 (None: no deadline)"
         )));
     }
     Duration::try_from_secs_f64(secs)
@@ -350,10 +388,11 @@ impl PySession {
         self.world_size
     }
 
-    /// The deadline, in seconds, of every call not given its own ``timeout=``.
+    /// The deadline, in seconds, of every call not given its own ``timeout=``; ``None`` when
+    /// there is none (``connect(timeout=None)``).
     #[getter]
-    fn timeout(&self) -> f64 {
-        self.timeout.as_secs_f64()
+    fn timeout(&self) -> Option<f64> {
+        (self.timeout != Duration::MAX).then(|| self.timeout.as_secs_f64())
     }
 
     /// Whether :meth:`close` was called.
@@ -373,8 +412,8 @@ impl PySession {
     /// Raises :class:`MisuseError` for a repeated rank or one that leaves this rank out;
     /// :class:`ProtocolError` naming a member that passed other ranks; :class:`Timeout`,
     /// :class:`PeerLost`.
-    #[pyo3(signature = (ranks, *, timeout=None))]
-    fn group(&self, py: Python<'_>, ranks: Vec<u32>, timeout: Option<f64>) -> PyResult<PyGroup> {
+    #[pyo3(signature = (ranks, *, timeout=CallTimeout::Session))]
+    fn group(&self, py: Python<'_>, ranks: Vec<u32>, timeout: CallTimeout) -> PyResult<PyGroup> {
         let timeout = self.deadline(timeout)?;
         let group = self.blocking(py, |session| session.group_timeout(&ranks, timeout))?;
         Ok(PyGroup { group })
@@ -385,8 +424,8 @@ impl PySession {
     ///
     /// Raises :class:`Timeout` naming a live rank that did not call it; :class:`PeerLost` naming
     /// a rank that died after the survivors agreed (call it again).
-    #[pyo3(signature = (*, timeout=None))]
-    fn shrink(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyGroup> {
+    #[pyo3(signature = (*, timeout=CallTimeout::Session))]
+    fn shrink(&self, py: Python<'_>, timeout: CallTimeout) -> PyResult<PyGroup> {
         let timeout = self.deadline(timeout)?;
         let group = self.blocking(py, |session| session.shrink_timeout(timeout))?;
         Ok(PyGroup { group })
@@ -396,11 +435,11 @@ impl PySession {
     ///
     /// Raises :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`, or :class:`ProtocolError`
     /// when another rank called another collective.
-    #[pyo3(signature = (*, timeout=None, group=None))]
+    #[pyo3(signature = (*, timeout=CallTimeout::Session, group=None))]
     fn barrier(
         &self,
         py: Python<'_>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let timeout = self.deadline(timeout)?;
@@ -414,12 +453,12 @@ impl PySession {
     /// lengths.
     ///
     /// Raises as :meth:`barrier` does.
-    #[pyo3(signature = (data, *, timeout=None, group=None))]
+    #[pyo3(signature = (data, *, timeout=CallTimeout::Session, group=None))]
     fn all_gather<'py>(
         &self,
         py: Python<'py>,
         data: &Bound<'py, PyAny>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let data = Bytes::get(data)?;
@@ -439,13 +478,13 @@ impl PySession {
     ///
     /// Raises :class:`MisuseError` for an ``output`` of another length; :class:`ProtocolError`
     /// naming a rank that gave another length; otherwise as :meth:`barrier` does.
-    #[pyo3(signature = (data, output, *, timeout=None, group=None))]
+    #[pyo3(signature = (data, output, *, timeout=CallTimeout::Session, group=None))]
     fn all_gather_into(
         &self,
         py: Python<'_>,
         data: &Bound<'_, PyAny>,
         output: &Bound<'_, PyAny>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let data = Bytes::get(data)?;
@@ -463,13 +502,13 @@ impl PySession {
     /// different lengths); ``None`` on the other ranks.
     ///
     /// Raises :class:`MisuseError` for a root out of range; otherwise as :meth:`barrier` does.
-    #[pyo3(signature = (root, data, *, timeout=None, group=None))]
+    #[pyo3(signature = (root, data, *, timeout=CallTimeout::Session, group=None))]
     fn gather<'py>(
         &self,
         py: Python<'py>,
         root: i64,
         data: &Bound<'py, PyAny>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<Option<Bound<'py, PyList>>> {
         let root = rank_arg(root)?;
@@ -495,14 +534,14 @@ impl PySession {
     /// Raises :class:`MisuseError` for an operation the type lacks (``"avg"`` of integers,
     /// bitwise operations of floats); :class:`ProtocolError` naming a rank that gave another
     /// length; otherwise as :meth:`barrier` does.
-    #[pyo3(signature = (data, op="sum", *, dtype=None, timeout=None, group=None))]
+    #[pyo3(signature = (data, op="sum", *, dtype=None, timeout=CallTimeout::Session, group=None))]
     fn all_reduce(
         &self,
         py: Python<'_>,
         data: &Bound<'_, PyAny>,
         op: &str,
         dtype: Option<&str>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let op = op_arg(op)?;
@@ -521,7 +560,7 @@ impl PySession {
     /// is unchanged.
     ///
     /// Raises as :meth:`all_reduce` does.
-    #[pyo3(signature = (root, data, op="sum", *, dtype=None, timeout=None, group=None))]
+    #[pyo3(signature = (root, data, op="sum", *, dtype=None, timeout=CallTimeout::Session, group=None))]
     #[allow(
         clippy::too_many_arguments,
         reason = "the Python call's arguments, keywords included"
@@ -533,7 +572,7 @@ impl PySession {
         data: &Bound<'_, PyAny>,
         op: &str,
         dtype: Option<&str>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let root = rank_arg(root)?;
@@ -553,7 +592,7 @@ impl PySession {
     /// ``op``, in rank order, and writes block ``rank`` of the result into ``output``.
     ///
     /// Raises as :meth:`all_reduce` does.
-    #[pyo3(signature = (input, output, op="sum", *, dtype=None, timeout=None, group=None))]
+    #[pyo3(signature = (input, output, op="sum", *, dtype=None, timeout=CallTimeout::Session, group=None))]
     #[allow(
         clippy::too_many_arguments,
         reason = "the Python call's arguments, keywords included"
@@ -565,7 +604,7 @@ impl PySession {
         output: &Bound<'_, PyAny>,
         op: &str,
         dtype: Option<&str>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let op = op_arg(op)?;
@@ -586,14 +625,14 @@ impl PySession {
     ///
     /// Raises :class:`MisuseError` for a root without input or an input of another length;
     /// otherwise as :meth:`barrier` does.
-    #[pyo3(signature = (root, input, output, *, timeout=None, group=None))]
+    #[pyo3(signature = (root, input, output, *, timeout=CallTimeout::Session, group=None))]
     fn scatter(
         &self,
         py: Python<'_>,
         root: i64,
         input: Option<&Bound<'_, PyAny>>,
         output: &Bound<'_, PyAny>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let root = rank_arg(root)?;
@@ -617,13 +656,13 @@ impl PySession {
     ///
     /// Raises :class:`MisuseError` for buffers of different or uneven lengths; otherwise as
     /// :meth:`barrier` does.
-    #[pyo3(signature = (input, output, *, timeout=None, group=None))]
+    #[pyo3(signature = (input, output, *, timeout=CallTimeout::Session, group=None))]
     fn all_to_all(
         &self,
         py: Python<'_>,
         input: &Bound<'_, PyAny>,
         output: &Bound<'_, PyAny>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let input = Bytes::get(input)?;
@@ -643,7 +682,7 @@ impl PySession {
     ///
     /// Raises :class:`MisuseError` for counts that do not fit the buffers; :class:`ProtocolError`
     /// naming a rank that sent another count; otherwise as :meth:`barrier` does.
-    #[pyo3(signature = (input, send_counts, output, recv_counts, *, timeout=None, group=None))]
+    #[pyo3(signature = (input, send_counts, output, recv_counts, *, timeout=CallTimeout::Session, group=None))]
     #[allow(
         clippy::too_many_arguments,
         reason = "the Python call's arguments, keywords included"
@@ -655,7 +694,7 @@ impl PySession {
         send_counts: Vec<usize>,
         output: &Bound<'_, PyAny>,
         recv_counts: Vec<usize>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
         let input = Bytes::get(input)?;
@@ -681,13 +720,13 @@ impl PySession {
     ///
     /// Raises :class:`MisuseError` for a root without data or a root out of range; otherwise as
     /// :meth:`barrier` does.
-    #[pyo3(signature = (root, data=None, *, timeout=None, group=None))]
+    #[pyo3(signature = (root, data=None, *, timeout=CallTimeout::Session, group=None))]
     fn broadcast<'py>(
         &self,
         py: Python<'py>,
         root: i64,
         data: Option<&Bound<'py, PyAny>>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let root = rank_arg(root)?;
@@ -711,13 +750,13 @@ impl PySession {
     ///
     /// Raises :class:`MisuseError` for a rank out of range or this rank itself;
     /// :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`.
-    #[pyo3(signature = (rank, data, *, timeout=None))]
+    #[pyo3(signature = (rank, data, *, timeout=CallTimeout::Session))]
     fn send(
         &self,
         py: Python<'_>,
         rank: i64,
         data: &Bound<'_, PyAny>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
     ) -> PyResult<()> {
         let rank = rank_arg(rank)?;
         let data = Bytes::get(data)?;
@@ -729,12 +768,12 @@ impl PySession {
     /// The next message ``rank`` sent this rank with :meth:`send`.
     ///
     /// Raises as :meth:`send` does, and :class:`ProtocolError` for bytes no correct peer sends.
-    #[pyo3(signature = (rank, *, timeout=None))]
+    #[pyo3(signature = (rank, *, timeout=CallTimeout::Session))]
     fn recv<'py>(
         &self,
         py: Python<'py>,
         rank: i64,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let rank = rank_arg(rank)?;
         let timeout = self.deadline(timeout)?;
@@ -784,13 +823,13 @@ impl PySession {
     ///
     /// Raises :class:`BufferTooSmall` (``.needed``) for a longer message, which is kept, whole,
     /// for the next receive from ``rank``; otherwise as :meth:`recv` does.
-    #[pyo3(signature = (rank, buffer, *, timeout=None))]
+    #[pyo3(signature = (rank, buffer, *, timeout=CallTimeout::Session))]
     fn recv_into(
         &self,
         py: Python<'_>,
         rank: i64,
         buffer: &Bound<'_, PyAny>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
     ) -> PyResult<usize> {
         let rank = rank_arg(rank)?;
         let mut buffer = Bytes::get_mut(buffer)?;
@@ -805,11 +844,11 @@ impl PySession {
     ///
     /// Raises :class:`Timeout` naming every peer still there; :class:`PeerLeft` once every peer
     /// has left; otherwise as :meth:`recv` does.
-    #[pyo3(signature = (*, timeout=None))]
+    #[pyo3(signature = (*, timeout=CallTimeout::Session))]
     fn recv_any<'py>(
         &self,
         py: Python<'py>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
     ) -> PyResult<(u32, Bound<'py, PyBytes>)> {
         let timeout = self.deadline(timeout)?;
         let (rank, received) = self.blocking(py, |session| session.recv_any_timeout(timeout))?;
@@ -820,12 +859,12 @@ impl PySession {
     ///
     /// Raises :class:`BufferTooSmall` (``.rank``, ``.needed``) for a longer message, which is
     /// kept: receive it with ``recv(error.rank)``; otherwise as :meth:`recv_any` does.
-    #[pyo3(signature = (buffer, *, timeout=None))]
+    #[pyo3(signature = (buffer, *, timeout=CallTimeout::Session))]
     fn recv_any_into(
         &self,
         py: Python<'_>,
         buffer: &Bound<'_, PyAny>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
     ) -> PyResult<(u32, usize)> {
         let mut buffer = Bytes::get_mut(buffer)?;
         let timeout = self.deadline(timeout)?;
@@ -855,8 +894,8 @@ impl PySession {
     /// receiving it: size a buffer for :meth:`recv_into`.
     ///
     /// Raises as :meth:`recv` does.
-    #[pyo3(signature = (rank, *, timeout=None))]
-    fn probe(&self, py: Python<'_>, rank: i64, timeout: Option<f64>) -> PyResult<usize> {
+    #[pyo3(signature = (rank, *, timeout=CallTimeout::Session))]
+    fn probe(&self, py: Python<'_>, rank: i64, timeout: CallTimeout) -> PyResult<usize> {
         let rank = rank_arg(rank)?;
         let timeout = self.deadline(timeout)?;
         self.blocking(py, |session| session.probe_timeout(rank, timeout))
@@ -871,12 +910,12 @@ impl PySession {
     /// Raises :class:`MisuseError` for an fd that is not open; :class:`ProtocolError` for a
     /// peer's fd that no longer names the file it offered; :class:`ResourceError` when an fd
     /// cannot be moved; otherwise as :meth:`all_gather` does.
-    #[pyo3(signature = (fd, *, timeout=None))]
+    #[pyo3(signature = (fd, *, timeout=CallTimeout::Session))]
     fn exchange_fds<'py>(
         &self,
         py: Python<'py>,
         fd: &Bound<'py, PyAny>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
     ) -> PyResult<Bound<'py, PyList>> {
         let fd = borrowed(fd_arg(fd)?);
         let timeout = self.deadline(timeout)?;
@@ -890,13 +929,13 @@ impl PySession {
     /// what they give is ignored.
     ///
     /// Raises as :meth:`exchange_fds` does.
-    #[pyo3(signature = (root, fd=None, *, timeout=None))]
+    #[pyo3(signature = (root, fd=None, *, timeout=CallTimeout::Session))]
     fn broadcast_fd(
         &self,
         py: Python<'_>,
         root: i64,
         fd: Option<&Bound<'_, PyAny>>,
-        timeout: Option<f64>,
+        timeout: CallTimeout,
     ) -> PyResult<RawFd> {
         let root = rank_arg(root)?;
         let fd = match fd {
@@ -970,20 +1009,24 @@ impl PySession {
 /// other means (the torch.distributed backend uses torch's store).
 ///
 /// ``timeout`` (seconds, above 0) bounds the logon, and is every later call's deadline unless
-/// the call is given its own.
+/// the call is given its own; ``None`` waits without a deadline (deaths and departures still end
+/// a wait).
 ///
 /// Raises :class:`LogonError` when no broker answers in time, the broker refuses, or the
 /// environment does not say where this process stands; :class:`MisuseError` for a bad argument.
 #[pyfunction]
-#[pyo3(signature = (path=None, rank=None, timeout=10.0, *, world_size=None))]
+#[pyo3(
+    signature = (path=None, rank=None, timeout=Some(10.0), *, world_size=None),
+    text_signature = "(path=None, rank=None, timeout=10.0, *, world_size=None)"
+)]
 fn connect(
     py: Python<'_>,
     path: Option<PathBuf>,
     rank: Option<i64>,
-    timeout: f64,
+    timeout: Option<f64>,
     world_size: Option<i64>,
 ) -> PyResult<PySession> {
-    let timeout = seconds(timeout)?;
+    let timeout = deadline_arg(timeout)?;
     let rank = rank.map(rank_arg).transpose()?;
     let session = match (path, rank, world_size) {
         (Some(socket), Some(rank), Some(size)) => {

@@ -323,8 +323,11 @@ def scenario_arguments(session, args):
     raises(shmbroker.MisuseError, lambda: session.broadcast(world))
     error = raises(shmbroker.MisuseError, lambda: session.exchange_fds(987654))
     check("fd 987654" in str(error), str(error))
-    for timeout in (0, -1.0, float("nan"), float("inf")):
+    for timeout in (0, -1.0, float("nan"), "soon"):
         raises(shmbroker.MisuseError, lambda: session.barrier(timeout=timeout))
+    # No deadline: None, or infinity.
+    session.barrier(timeout=None)
+    session.barrier(timeout=float("inf"))
     raises(shmbroker.MisuseError, lambda: shmbroker.connect(rank=0))
     # What a rank other than the root gives to broadcast is checked to be a buffer, not sent.
     raises(TypeError, lambda: session.broadcast(0, "text"))
@@ -376,12 +379,13 @@ def scenario_peer_lost(session, args):
     # The launcher stops the other copies (SIGTERM, then SIGKILL 3 s later) once one is killed:
     # the survivors report first.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    check(session.timeout is None, f"connect(timeout=None) gave a deadline of {session.timeout}")
     rank = session.rank
     session.barrier()
     if rank == 2:
         os.kill(os.getpid(), signal.SIGKILL)
-    if rank == 0:  # waiting when it happens
-        error = raises(shmbroker.PeerLost, lambda: session.recv(2, timeout=30))
+    if rank == 0:  # waiting, with no deadline, when it happens: the death ends the wait
+        error = raises(shmbroker.PeerLost, lambda: session.recv(2, timeout=None))
     else:  # calling afterwards; a barrier needs every rank
         time.sleep(0.2)
         error = raises(shmbroker.PeerLost, lambda: session.barrier(timeout=30))
@@ -440,10 +444,16 @@ def scenario_timeout(session, args):
         error = raises(shmbroker.Timeout, lambda: session.barrier())
         check(error.op == "barrier" and error.waiting_for == [1], str(error))
         session.send(1, b"bye")
+        # With no deadline, a wait lasts as long as the peer takes.
+        started = time.monotonic()
+        check(session.recv(1, timeout=None) == b"late", "late")
+        check(time.monotonic() - started >= 0.5, "recv(timeout=None) waited for the sender")
     else:
         check(session.recv(0, timeout=30) == b"go", "go")
         session.send(0, b"back")
         check(session.recv(0, timeout=30) == b"bye", "bye")
+        time.sleep(0.6)
+        session.send(0, b"late")
 
 
 def scenario_context(_, args):
@@ -647,7 +657,9 @@ def main():
         say(f"OK {scenario} rank {os.environ['SHMBROKER_RANK']}")
         return
     # The timeout scenario checks that a call without timeout= has the connect timeout.
-    session = shmbroker.connect(timeout=5.0 if scenario == "timeout" else 30)
+    # peer_lost runs with no deadline at all: the death must end its waits.
+    timeout = {"timeout": 5.0, "peer_lost": None}.get(scenario, 30)
+    session = shmbroker.connect(timeout=timeout)
     run(session, args)
     session.close()
     say(f"OK {scenario} rank {session.rank}")

@@ -130,13 +130,22 @@ macro_rules! for_dtype {
     };
 }
 
-/// A caller's bytes as elements of `T`, or [`Error::Misuse`].
+/// A caller's bytes as elements of `T`, or [`Error::Misuse`]. No bytes are no elements,
+/// wherever they are (an empty buffer's address need not be aligned: Python's empty
+/// `bytearray`, an empty tensor's).
 fn cast<T: Pod>(bytes: &[u8]) -> Result<&[T], Error> {
+    if bytes.is_empty() {
+        return Ok(&[]);
+    }
     bytemuck::try_cast_slice(bytes).map_err(|_| misaligned::<T>(bytes.len()))
 }
 
-/// A caller's bytes as elements of `T`, or [`Error::Misuse`].
+/// A caller's bytes as elements of `T`, or [`Error::Misuse`] (no bytes: no elements, as in
+/// [`cast`]).
 fn cast_mut<T: Pod>(bytes: &mut [u8]) -> Result<&mut [T], Error> {
+    if bytes.is_empty() {
+        return Ok(&mut []);
+    }
     let len = bytes.len();
     bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned::<T>(len))
 }
@@ -650,5 +659,21 @@ impl Session {
                 ),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cast, cast_mut};
+
+    #[test]
+    fn no_bytes_at_an_unaligned_address_are_no_elements() {
+        let mut words = [0u64; 2];
+        let bytes = bytemuck::bytes_of_mut(&mut words);
+        // Address 8k + 1: misaligned for f64, and empty.
+        assert!(cast::<f64>(&bytes[1..1]).unwrap().is_empty());
+        assert!(cast_mut::<f64>(&mut bytes[1..1]).unwrap().is_empty());
+        // Bytes that are there are still checked.
+        assert!(cast::<f64>(&bytes[1..9]).is_err());
     }
 }

@@ -1,0 +1,84 @@
+//! Waiting without a deadline (`Duration::MAX`), with real processes: a wait outlasts a slow
+//! peer and ends when the peer comes, for messages and collectives alike, and a peer's death
+//! still ends it at once, naming the rank. Every rank is waited for with the tests' deadline.
+
+mod common;
+
+use shmbroker::ReduceOp;
+use shmbroker::session::{Error, Session};
+use std::time::{Duration, Instant};
+
+/// One rank: what `SHMBROKER_TEST_SCENARIO` says.
+#[test]
+#[ignore = "a rank of the deadline tests, which start it"]
+fn deadlines_rank() {
+    let Ok(scenario) = std::env::var("SHMBROKER_TEST_SCENARIO") else {
+        return;
+    };
+    let socket = std::env::var("SHMBROKER_TEST_SOCKET").unwrap();
+    let rank: u32 = std::env::var("SHMBROKER_TEST_RANK")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Logging on without a deadline too.
+    let mut session = Session::connect(&socket, Some(rank), Duration::MAX).unwrap();
+    session.set_timeout(Duration::MAX);
+    let slow = Duration::from_millis(300);
+    match scenario.as_str() {
+        "slow-peer" => {
+            if rank == 1 {
+                std::thread::sleep(slow);
+                session.send(0, b"late").unwrap();
+                std::thread::sleep(slow);
+                let mut data = [1u64; 3];
+                session.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+                std::thread::sleep(slow);
+                session.barrier().unwrap();
+                return;
+            }
+            let started = Instant::now();
+            assert_eq!(session.recv_timeout(1, Duration::MAX).unwrap(), b"late");
+            let mut data = [2u64; 3];
+            session
+                .all_reduce_timeout(&mut data, ReduceOp::Sum, Duration::MAX)
+                .unwrap();
+            assert_eq!(data, [3; 3]);
+            session.barrier_timeout(Duration::MAX).unwrap();
+            assert!(
+                started.elapsed() >= slow * 3,
+                "waited {:?}",
+                started.elapsed()
+            );
+        }
+        "death" => {
+            session.barrier().unwrap();
+            if rank == 1 {
+                std::thread::sleep(slow);
+                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
+            }
+            let error = session.barrier_timeout(Duration::MAX).unwrap_err();
+            assert!(matches!(error, Error::PeerLost { rank: 1 }), "{error}");
+            let error = session.recv_timeout(1, Duration::MAX).unwrap_err();
+            assert!(matches!(error, Error::PeerLost { rank: 1 }), "{error}");
+        }
+        other => panic!("no scenario {other}"),
+    }
+}
+
+fn run(name: &str, scenario: &str) -> Vec<(bool, String)> {
+    common::run_ranks("deadlines_rank", name, 2, scenario, &[])
+}
+
+#[test]
+fn with_no_deadline_a_wait_lasts_until_the_peer_comes() {
+    for (rank, (ok, stderr)) in run("forever-slow", "slow-peer").into_iter().enumerate() {
+        assert!(ok, "rank {rank}: {stderr}");
+    }
+}
+
+#[test]
+fn with_no_deadline_a_death_still_ends_the_wait_naming_the_rank() {
+    let ranks = run("forever-death", "death");
+    assert!(ranks[0].0, "rank 0: {}", ranks[0].1);
+    assert!(!ranks[1].0, "rank 1 was to die");
+}
