@@ -175,8 +175,7 @@ impl Job {
             output_done,
             output_streams: 0,
         };
-        let torch =
-            TorchEnv::new().map_err(|e| failed("finding a free port for MASTER_PORT")(&e))?;
+        let torch = TorchEnv::new();
         for rank in 0..args.copies {
             let child = spawn_copy(args, &socket, &torch, rank).map_err(|error| {
                 let program = args.command[0].to_string_lossy();
@@ -345,18 +344,28 @@ struct TorchEnv {
 }
 
 impl TorchEnv {
-    fn new() -> std::io::Result<Self> {
+    fn new() -> Self {
         if std::env::var_os("MASTER_ADDR").is_some() && std::env::var_os("MASTER_PORT").is_some() {
-            return Ok(Self { master: None });
+            return Self { master: None };
         }
         // The port is released before rank 0's torch binds it: another process could take it
-        // in between, as with torchrun's own free-port choice.
-        let port = std::net::TcpListener::bind(("127.0.0.1", 0))?
-            .local_addr()?
-            .port();
-        Ok(Self {
-            master: Some(("127.0.0.1".into(), port.to_string())),
-        })
+        // in between, as with torchrun's own free-port choice. A machine with no loopback TCP
+        // (a sandbox) still runs every program that does not need it.
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port());
+        match port {
+            Ok(port) => Self {
+                master: Some(("127.0.0.1".into(), port.to_string())),
+            },
+            Err(error) => {
+                eprintln!(
+                    "shmbroker run: no free TCP port on 127.0.0.1 ({error}); MASTER_ADDR and \
+                     MASTER_PORT are not set"
+                );
+                Self { master: None }
+            }
+        }
     }
 
     fn apply(&self, command: &mut Command, rank: u32, copies: u32) {

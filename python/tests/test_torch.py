@@ -27,6 +27,17 @@ def test_every_call_gives_what_gloo_gives(copies):
     assert_ok(job, copies, "against_gloo")
 
 
+def test_the_group_destroyed_and_made_again_under_the_launcher():
+    job = run_job(2, WORKERS, "again", timeout=DEADLINE)
+    assert_ok(job, 2, "again")
+
+
+def test_the_group_destroyed_and_made_again_through_the_store():
+    results = finish(start_ranks("again", 2))
+    for rank, (status, out, err) in enumerate(results):
+        assert status == 0 and f"OK again rank {rank}" in out, (status, out, err)
+
+
 def test_under_torchrun():
     job = subprocess.run(
         [

@@ -4,6 +4,8 @@
 - `against_gloo`: every call on the shmbroker backend and on a gloo group of the same ranks,
   with the same inputs; the outputs must be equal, bit for bit.
 - `basic`: a small all-reduce and barrier (for torchrun and the store rendezvous).
+- `again`: `basic`, then the group destroyed and made again, twice, with a call from another
+  thread.
 - `death`: rank 1 dies in the middle of all-reduces; the others must raise PeerLost naming it.
 
 Usage: python torch_workers.py SCENARIO [RANK WORLD_SIZE INIT_METHOD] (the last three only when
@@ -13,6 +15,7 @@ no launcher gives them).
 import datetime
 import os
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -187,6 +190,7 @@ def against_gloo():
         dist.recv(received, (rank - 1) % size)
         dist.send(message, (rank + 1) % size)
     same(received, values(torch.float64, 5000, (rank - 1) % size, 99), "recv in a ring")
+    # Receives from any source, on the world.
     if rank == 0:
         senders = set()
         for _ in range(size - 1):
@@ -197,6 +201,44 @@ def against_gloo():
         check(senders == set(range(1, size)), f"recv from any: senders {senders}")
     else:
         dist.send(torch.full((3,), rank, dtype=torch.int32), 0)
+
+    # Receives posted before the sends: irecv then send, and batch_isend_irecv in both orders.
+    got = torch.zeros(100, dtype=torch.int64)
+    work = dist.irecv(got, (rank - 1) % size)
+    dist.send(torch.full((100,), rank, dtype=torch.int64), (rank + 1) % size)
+    work.wait()
+    same(got, torch.full((100,), (rank - 1) % size, dtype=torch.int64), "irecv before send")
+    for receive_first in (True, False):
+        got = torch.zeros(70_001)
+        ops = [
+            dist.P2POp(dist.irecv, got, (rank - 1) % size),
+            dist.P2POp(dist.isend, torch.full((70_001,), float(rank)), (rank + 1) % size),
+        ]
+        for work in dist.batch_isend_irecv(ops if receive_first else ops[::-1]):
+            work.wait()
+        same(got, torch.full((70_001,), float((rank - 1) % size)), "batch_isend_irecv")
+
+    # Empty tensors, as gloo takes them.
+    empty = torch.zeros(0)
+    ours, theirs = both(lambda g, t: dist.all_reduce(t, group=g), empty)
+    same(ours, theirs, "all_reduce of nothing")
+    ours, theirs = both(lambda g, t: dist.broadcast(t, 0, group=g), empty)
+    same(ours, theirs, "broadcast of nothing")
+    ours, theirs = both(
+        lambda g, o, t: dist.all_gather_into_tensor(o, t, group=g), torch.zeros(0), empty
+    )
+    same(ours, theirs, "all_gather_into_tensor of nothing")
+    ours, theirs = both(
+        lambda g, o, t: dist.all_to_all_single(o, t, group=g), torch.zeros(0), empty
+    )
+    same(ours, theirs, "all_to_all_single of nothing")
+
+    # What torch's own layers reach through the group: its name, and functional collectives.
+    check(dist.group.WORLD.group_name, "the world group has a name")
+    import torch.distributed._functional_collectives as fc
+
+    summed = fc.all_reduce(torch.full((4,), float(rank)), "sum", dist.group.WORLD)
+    same(summed, torch.full((4,), float(sum(range(size)))), "functional all_reduce")
 
     # new_group: the even ranks, against a gloo group of the same ranks.
     evens = list(range(0, size, 2))
@@ -219,6 +261,16 @@ def against_gloo():
     if rank == 0 and REFUSED:
         print("gloo refused (skipped on both):", ", ".join(sorted(REFUSED)), flush=True)
 
+    # Lengths that differ between ranks fail on every rank and hang nobody: a rank that sees
+    # the mismatch raises ProtocolError naming a peer; one still waiting when such a rank has
+    # gone raises PeerLeft naming it. (Last: after a collective failed this way the ranks'
+    # collectives are out of step.)
+    try:
+        dist.all_reduce(torch.zeros(10 + rank))
+        check(False, "an all_reduce of different lengths passed")
+    except (shmbroker.ProtocolError, shmbroker.PeerLeft) as error:
+        check(error.rank != rank, f"the failure names a peer: {error}")
+
 
 def basic():
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -226,6 +278,20 @@ def basic():
     dist.all_reduce(data)
     check(torch.equal(data, torch.full((10,), size * (size + 1) / 2)), f"all_reduce: {data}")
     dist.barrier()
+
+
+def again():
+    """The group destroyed and made again (twice), with calls from another thread between."""
+    basic()
+    for _ in range(2):
+        dist.destroy_process_group()
+        init()
+        basic()
+        # Calls from another thread, then this one: they take turns on the one session.
+        worker = threading.Thread(target=basic)
+        worker.start()
+        worker.join()
+        basic()
 
 
 def death():
@@ -244,20 +310,25 @@ def death():
     check(False, "every all_reduce succeeded after rank 1 died")
 
 
-def main():
-    scenario = sys.argv[1]
+def init():
     if len(sys.argv) > 2:
-        rank, size, init = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+        rank, size, method = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
         dist.init_process_group(
-            "shmbroker", init_method=init, rank=rank, world_size=size, timeout=TIMEOUT
+            "shmbroker", init_method=method, rank=rank, world_size=size, timeout=TIMEOUT
         )
     else:
         dist.init_process_group("shmbroker", timeout=TIMEOUT)
+
+
+def main():
+    scenario = sys.argv[1]
+    init()
     global GLOO
     GLOO = dist.new_group(backend="gloo") if scenario == "against_gloo" else None
-    {"against_gloo": against_gloo, "basic": basic, "death": death}[scenario]()
+    {"against_gloo": against_gloo, "basic": basic, "again": again, "death": death}[scenario]()
+    rank = dist.get_rank()
     dist.destroy_process_group()
-    print(f"OK {scenario} rank {rank if len(sys.argv) > 2 else os.environ['RANK']}", flush=True)
+    print(f"OK {scenario} rank {rank}", flush=True)
 
 
 if __name__ == "__main__":
