@@ -27,6 +27,13 @@ from ._errors import (
     ResourceError,
     Timeout,
 )
+from ._helpers import (
+    all_gather_object,
+    broadcast_object,
+    recv_any_async,
+    recv_object,
+    send_object,
+)
 from ._shmbroker import Group, Session, connect
 
 __all__ = [
@@ -43,5 +50,10 @@ __all__ = [
     "ResourceError",
     "Session",
     "Timeout",
+    "all_gather_object",
+    "broadcast_object",
     "connect",
+    "recv_any_async",
+    "recv_object",
+    "send_object",
 ]

@@ -226,6 +226,11 @@ class Session:
         """The next message from ``rank`` if one has started to arrive, else ``None``."""
     def try_recv_any(self) -> Optional[Tuple[int, bytes]]:
         """The next message from any peer if one has started to arrive, else ``None``."""
+    def readiness_fd(self) -> int:
+        """This rank's readiness file descriptor, for ``select``, ``epoll`` or an event loop:
+        readable when a message is waiting from any peer (or one died or left), once
+        :meth:`try_recv_any` has returned ``None``. Never read it; it stays open as long as the
+        session. :func:`shmbroker.recv_any_async` is this done for asyncio."""
     def probe(self, rank: int, *, timeout: Optional[float] = ...) -> int:
         """The length of the next message from ``rank``, waiting for it, without receiving
         it."""

@@ -1,6 +1,7 @@
-# torch's stubs give Backend's methods the overloads of its C++ binding, which a Python backend
-# overrides with the form torch calls; without torch installed, its imports are unresolved.
-# mypy: disable-error-code="override,import-not-found"
+# torch's stubs give ProcessGroup's and Backend's methods the overloads of their C++ binding,
+# which this module overrides with the form torch calls (and the two disagree with each other);
+# without torch installed, its imports are unresolved.
+# mypy: disable-error-code="override,misc,import-not-found"
 """A torch.distributed backend, ``"shmbroker"``, for CPU tensors.
 
 Importing this module registers it::

@@ -392,7 +392,7 @@ impl PySession {
     /// there is none (``connect(timeout=None)``).
     #[getter]
     fn timeout(&self) -> Option<f64> {
-        (self.timeout != Duration::MAX).then(|| self.timeout.as_secs_f64())
+        (self.timeout != Duration::MAX).then_some(self.timeout.as_secs_f64())
     }
 
     /// Whether :meth:`close` was called.
@@ -888,6 +888,21 @@ impl PySession {
     fn try_recv_any<'py>(&self, py: Python<'py>) -> PyResult<Option<(u32, Bound<'py, PyBytes>)>> {
         let received = self.blocking(py, Session::try_recv_any)?;
         Ok(received.map(|(rank, bytes)| (rank, PyBytes::new(py, &bytes))))
+    }
+
+    /// This rank's readiness file descriptor, for ``select``, ``epoll`` or an event loop: it
+    /// becomes readable when a message is waiting from any peer (or one has died or left), once
+    /// :meth:`try_recv_any` has returned ``None``. Take what is there with
+    /// :meth:`try_recv_any` until it returns ``None`` again, then wait on the fd; never read
+    /// it (the session does). It stays open as long as the session; :func:`recv_any_async` is
+    /// this done for asyncio.
+    fn readiness_fd(&self) -> PyResult<RawFd> {
+        let slot = self.lock()?;
+        let session = slot
+            .session
+            .as_ref()
+            .ok_or_else(|| errors::plain("session is closed"))?;
+        Ok(std::os::fd::AsRawFd::as_raw_fd(&session.readiness_fd()))
     }
 
     /// The length in bytes of the next message from ``rank``, waiting for it to arrive, without

@@ -144,3 +144,15 @@ def test_the_readme_program(tmp_path):
     job = run_job(3, path)
     assert job.returncode == 0, describe(job)
     assert "[0] rank 0 of 3" in job.stdout, describe(job)
+
+
+def test_objects_with_out_of_band_buffers_and_a_forged_header():
+    assert_ok(run_scenario(3, "objects"), 3, "objects")
+
+
+def test_recv_any_async_serves_an_event_loop_and_a_death_ends_it():
+    # 3 ranks: rank 2 is killed after its message; rank 0 reports the death and finishes.
+    job = run_scenario(3, "asyncio")
+    assert job.returncode == 137, describe(job)
+    assert "[0] ASYNC PEERLOST rank 2" in job.stdout, describe(job)
+    assert "[0] OK asyncio rank 0" in job.stdout, describe(job)

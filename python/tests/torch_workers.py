@@ -201,6 +201,7 @@ def against_gloo():
         check(senders == set(range(1, size)), f"recv from any: senders {senders}")
     else:
         dist.send(torch.full((3,), rank, dtype=torch.int32), 0)
+    dist.barrier()  # (else a rank's next message to rank 0 could be the one it takes from any)
 
     # Receives posted before the sends: irecv then send, and batch_isend_irecv in both orders.
     got = torch.zeros(100, dtype=torch.int64)

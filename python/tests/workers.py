@@ -7,7 +7,9 @@ the test then looks for. Every call has a deadline well inside the launcher's `-
 
 import array
 import os
+import pickle
 import signal
+import struct
 import sys
 import threading
 import time
@@ -647,6 +649,101 @@ def scenario_never_joined(_, args):
     session.close()
     with open(done, "w"):
         pass
+
+
+def scenario_objects(session, args):
+    """Objects: send/recv (NumPy arrays out of band, arriving writable), broadcast, all_gather,
+    on the world and on a group; a forged header is a ProtocolError naming the sender."""
+    rank, world = session.rank, session.world_size
+    try:
+        import numpy
+    except ImportError:
+        numpy = None
+    payload = {"rank": rank, "text": "x" * 1000, "blob": bytearray(pattern(rank, 300_000))}
+    if numpy is not None:
+        payload["array"] = numpy.arange(200_000, dtype=numpy.float64) * rank
+    peer, source = (rank + 1) % world, (rank - 1) % world
+    if rank % 2 == 0:
+        shmbroker.send_object(session, peer, payload)
+        got = shmbroker.recv_object(session, source, timeout=30)
+    else:
+        got = shmbroker.recv_object(session, source, timeout=30)
+        shmbroker.send_object(session, peer, payload)
+    check(got["rank"] == source and got["blob"] == pattern(source, 300_000), "recv_object")
+    if numpy is not None:
+        check(numpy.array_equal(got["array"], numpy.arange(200_000) * source), "array")
+        got["array"][0] = 7.0  # out of band, into a bytearray: writable
+    root = world - 1
+    settings = shmbroker.broadcast_object(session, root, {"lr": 0.1, "from": root, "big": payload}
+                                          if rank == root else None)
+    check(settings["from"] == root and settings["big"]["rank"] == root, "broadcast_object")
+    everyone = shmbroker.all_gather_object(session, ("rank", rank))
+    check(everyone == [("rank", r) for r in range(world)], f"all_gather_object: {everyone}")
+    evens = session.group(list(range(0, world, 2))) if rank % 2 == 0 else None
+    if evens is not None:
+        got = shmbroker.all_gather_object(session, rank * 10, group=evens)
+        check(got == [r * 10 for r in range(0, world, 2)], f"all_gather_object on a group {got}")
+        got = shmbroker.broadcast_object(session, 0, "even" if rank == 0 else None, group=evens)
+        check(got == "even", f"broadcast_object on a group: {got!r}")
+    # A header that names a buffer of another length than the one that follows.
+    if rank == 0:
+        forged = struct.pack("<QQ", 1, 1 << 40) + pickle.dumps(None, protocol=5)
+        session.send(1, forged)
+        session.send(1, b"short")
+    elif rank == 1:
+        error = raises(shmbroker.ProtocolError, lambda: shmbroker.recv_object(session, 0))
+        check(error.rank == 0 and "1099511627776" in str(error), str(error))
+    session.barrier()
+
+
+def scenario_asyncio(session, args):
+    """recv_any_async: rank 0 awaits messages from every peer while another task ticks; a
+    timeout; then a peer's death ends the wait, naming it."""
+    import asyncio
+
+    rank, world = session.rank, session.world_size
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's stop comes after the report
+    if rank != 0:
+        time.sleep(0.3 * rank)
+        session.send(0, b"hello from %d" % rank)
+        session.barrier()
+        if rank == world - 1:
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        session.recv(0, timeout=30)  # rank 0 says nothing: this ends when the job does
+        return
+
+    async def ticker(ticks):
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    async def serve():
+        ticks = []
+        task = asyncio.ensure_future(ticker(ticks))
+        senders = set()
+        for _ in range(world - 1):
+            sender, data = await shmbroker.recv_any_async(session, timeout=30)
+            check(data == b"hello from %d" % sender, f"{data!r} from {sender}")
+            senders.add(sender)
+        check(senders == set(range(1, world)), f"senders {senders}")
+        check(len(ticks) > 10, f"the loop ran other tasks meanwhile ({len(ticks)} ticks)")
+        error = None
+        try:
+            await shmbroker.recv_any_async(session, timeout=0.2)
+        except shmbroker.Timeout as timeout:
+            error = timeout
+        check(error is not None and error.op == "recv_any", f"timeout: {error!r}")
+        session.barrier()
+        try:
+            await shmbroker.recv_any_async(session)  # no deadline: the death ends it
+            check(False, "recv_any_async returned after the death")
+        except shmbroker.PeerLost as lost:
+            check(lost.rank == world - 1, f"PeerLost names {lost.rank}")
+            say(f"ASYNC PEERLOST rank {lost.rank}")
+        task.cancel()
+
+    asyncio.run(serve())
 
 
 def main():
