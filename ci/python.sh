@@ -5,8 +5,8 @@ set -euxo pipefail
 cd "$(dirname "$0")/.."
 
 # The Python package (python/, PyO3 + maturin, outside the workspace): its Rust formatted and
-# lint-free, then installed into a fresh virtualenv as a user would (pip fetches maturin from
-# PyPI), and its tests, which start real workers under `shmbroker run` and check the type stubs
+# lint-free, then built into a wheel and installed into a fresh virtualenv as a user would
+# (maturin from PyPI), and its tests, which start real workers under `shmbroker run` and check the type stubs
 # against the module (mypy's stubtest). NumPy too when a wheel is to be had (its tests skip
 # otherwise, saying so).
 cargo fmt --manifest-path python/Cargo.toml -- --check
@@ -22,7 +22,22 @@ if ! python3 -m venv "$py_scratch/venv"; then
 fi
 PYO3_PYTHON="$py_scratch/venv/bin/python" \
   cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
-"$py_scratch/venv/bin/pip" install --quiet ./python pytest mypy typing_extensions
+# The package as users get it: `maturin build --release` makes one abi3 manylinux wheel, which
+# installs with pip into the fresh virtualenv with no Rust toolchain on PATH (pip would need
+# cargo for anything but a ready wheel, so a wheel that is not one fails here).
+"$py_scratch/venv/bin/pip" install --quiet "maturin>=1.9,<2"
+"$py_scratch/venv/bin/maturin" build --release --manifest-path python/Cargo.toml \
+  --out "$py_scratch/dist"
+wheel=$(ls "$py_scratch"/dist/shmbroker-*.whl)
+case "$wheel" in
+  *-cp39-abi3-manylinux*_x86_64.whl) ;;
+  *) echo "not an abi3 manylinux wheel: $wheel" >&2; exit 1 ;;
+esac
+env PATH="$py_scratch/venv/bin:/usr/bin:/bin" "$py_scratch/venv/bin/pip" install --quiet \
+  --no-build-isolation "$wheel"
+env PATH="/usr/bin:/bin" "$py_scratch/venv/bin/python" -c \
+  'import shutil, shmbroker; assert shutil.which("cargo") is None; print("wheel", shmbroker.__file__)'
+"$py_scratch/venv/bin/pip" install --quiet pytest mypy typing_extensions
 "$py_scratch/venv/bin/pip" install --quiet --only-binary :all: numpy \
   || echo "skipped: numpy (no wheel for this Python); the NumPy tests skip"
 # torch, for the torch.distributed backend's tests against gloo (PyPI's wheel: about 5 GB with

@@ -77,6 +77,22 @@ macro_rules! on_comm {
     };
 }
 
+/// A collective from one buffer into another: `$method(input, output, timeout)` on the session,
+/// or on `$group` when one is given, with the GIL released.
+macro_rules! in_to_out {
+    ($self:ident, $py:ident, $input:ident, $output:ident, $timeout:ident, $group:ident, $method:ident) => {{
+        let input = Bytes::get($input)?;
+        let mut output = Bytes::get_mut($output)?;
+        let timeout = $self.deadline($timeout)?;
+        let group = $group.map(|group| group.group.clone());
+        let (input, output) = (input.as_slice(), output.as_mut_slice());
+        $self.blocking($py, |session| {
+            on_comm!(session, group.as_ref(), |c| c
+                .$method(input, output, timeout))
+        })
+    }};
+}
+
 /// A group of ranks, made by :meth:`Session.group` or :meth:`Session.shrink`. Pass it as
 /// ``group=`` to any collective (as with ``torch.distributed``) to run it among the members
 /// only: ranks, roots, blocks and counts are then group ranks.
@@ -487,15 +503,15 @@ impl PySession {
         timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
-        let data = Bytes::get(data)?;
-        let mut output = Bytes::get_mut(output)?;
-        let timeout = self.deadline(timeout)?;
-        let group = group.map(|group| group.group.clone());
-        let (data, output) = (data.as_slice(), output.as_mut_slice());
-        self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c
-                .all_gather_into_timeout(data, output, timeout))
-        })
+        in_to_out!(
+            self,
+            py,
+            data,
+            output,
+            timeout,
+            group,
+            all_gather_into_timeout
+        )
     }
 
     /// Every rank's ``data`` at ``root``, in rank order, as a list of ``bytes`` (ranks may give
@@ -665,15 +681,7 @@ impl PySession {
         timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
-        let input = Bytes::get(input)?;
-        let mut output = Bytes::get_mut(output)?;
-        let timeout = self.deadline(timeout)?;
-        let group = group.map(|group| group.group.clone());
-        let (input, output) = (input.as_slice(), output.as_mut_slice());
-        self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c
-                .all_to_all_timeout(input, output, timeout))
-        })
+        in_to_out!(self, py, input, output, timeout, group, all_to_all_timeout)
     }
 
     /// :meth:`all_to_all` with a byte count per rank: ``send_counts[q]`` bytes of ``input`` go
