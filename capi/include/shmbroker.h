@@ -150,6 +150,15 @@
 // session alive: free it first. Read-only once made, so any thread may use it.
 typedef struct shmbroker_group shmbroker_group;
 
+// A block of this rank's outbox, lent out by `shmbroker_loan_create`: opaque. It goes to a peer with
+// `shmbroker_send_loan` or `shmbroker_broadcast_loan`, or back with `shmbroker_loan_free`.
+typedef struct shmbroker_loan shmbroker_loan;
+
+// A read-only view of a buffer a peer lent this rank (`shmbroker_recv_loan`,
+// `shmbroker_broadcast_loan`): opaque. `shmbroker_loan_view_free` gives the buffer back to its
+// owner.
+typedef struct shmbroker_loan_view shmbroker_loan_view;
+
 // A worker's session: opaque, made by `shmbroker_connect` or `shmbroker_from_env`, ended by
 // `shmbroker_close`. Safe to call from several threads at once (see the header's thread rules).
 typedef struct shmbroker_session shmbroker_session;
@@ -570,6 +579,87 @@ int shmbroker_readiness_fd(const struct shmbroker_session *s);
 //
 // `s` is null or a live session; `len` points at a writable `size_t`.
 int shmbroker_probe(struct shmbroker_session *s, uint32_t rank, size_t *len);
+
+// Lends `len` bytes of this rank's outbox: `*data` is where to write them, and `*out` the loan,
+// which `shmbroker_send_loan` or `shmbroker_broadcast_loan` hands over (or
+// `shmbroker_loan_free` gives back). Waits, within the session's deadline, while peers still
+// hold earlier loans and the outbox is full. Threads: as [`shmbroker_barrier`].
+//
+// Errors: `SHMBROKER_E_IO` when `len` is more than the outbox can ever hold;
+// `SHMBROKER_E_TIMEOUT` naming the rank that holds the most of it.
+//
+// # Safety
+//
+// `s` is null or a live session; `out` and `data` point at a writable `shmbroker_loan *` and
+// `void *`.
+int shmbroker_loan_create(struct shmbroker_session *s,
+                          size_t len,
+                          struct shmbroker_loan **out,
+                          void **data);
+
+// Hands `loan` to `rank` by reference: `rank` reads it with `shmbroker_recv_loan` (or copies it
+// with `shmbroker_recv`). `loan` is consumed, whatever the result: on failure its block goes
+// back to the outbox. Do not write to the loan's bytes after this call. Threads: as
+// [`shmbroker_barrier`].
+//
+// # Safety
+//
+// `s` is null or a live session; `loan` is null or a loan `shmbroker_loan_create` made and nothing
+// has consumed or freed.
+int shmbroker_send_loan(struct shmbroker_session *s, uint32_t rank, struct shmbroker_loan *loan);
+
+// Gives `loan` back to the outbox unsent (NULL: nothing). Any thread.
+//
+// # Safety
+//
+// `loan` is null or a loan `shmbroker_loan_create` made and nothing has consumed or freed.
+void shmbroker_loan_free(struct shmbroker_loan *loan);
+
+// Receives the next message from `rank`, which must be a loan, as a read-only view of the
+// lender's buffer: `*data` and `*len` are its bytes, readable until `*out` is freed with
+// `shmbroker_loan_view_free`. Threads: as [`shmbroker_barrier`] (it holds the session while it
+// waits).
+//
+// The bytes are the lender's memory, which only the lender can write: an honest one does not
+// touch them until the view is freed; copy out what you must validate before trusting it.
+//
+// Errors: `SHMBROKER_E_MISUSE` when the next message from `rank` is not a loan (it stays
+// queued for `shmbroker_recv`); otherwise as `shmbroker_recv`.
+//
+// # Safety
+//
+// `s` is null or a live session; `out`, `data` and `len` point at a writable
+// `shmbroker_loan_view *`, `const void *` and `size_t`.
+int shmbroker_recv_loan(struct shmbroker_session *s,
+                        uint32_t rank,
+                        struct shmbroker_loan_view **out,
+                        const void **data,
+                        size_t *len);
+
+// `root`'s loan on every other rank, by reference: the root passes `loan` (consumed, whatever
+// the result) and gets `*out` = NULL; the others pass NULL and get a view, as from
+// `shmbroker_recv_loan`. Threads: as [`shmbroker_barrier`].
+//
+// # Safety
+//
+// `s` is null or a live session; on the root, `loan` is a loan `shmbroker_loan_create` made and
+// nothing has consumed or freed (elsewhere NULL); `out`, `data` and `len` as for
+// `shmbroker_recv_loan`.
+int shmbroker_broadcast_loan(struct shmbroker_session *s,
+                             uint32_t root,
+                             struct shmbroker_loan *loan,
+                             struct shmbroker_loan_view **out,
+                             const void **data,
+                             size_t *len);
+
+// Frees `view` (NULL: nothing), which gives the buffer back to its owner with the session's
+// next call. Any thread.
+//
+// # Safety
+//
+// `view` is null or a view `shmbroker_recv_loan` or `shmbroker_broadcast_loan` made and
+// nothing has freed; its bytes are not read after this call.
+void shmbroker_loan_view_free(struct shmbroker_loan_view *view);
 
 // Every rank's `fd`, in rank order, as new fds in `out_fds` (`world_size` entries) that the
 // caller owns and closes; this rank's own slot gets a duplicate of `fd`. Threads: as

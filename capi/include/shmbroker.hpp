@@ -126,6 +126,75 @@ class Fd {
     int fd_ = -1;
 };
 
+// A block of this rank's outbox, lent out (Session::loan): write its bytes, then hand it over
+// with Session::send_loan or Session::broadcast_loan. Given back unsent when it goes out of scope.
+class Loan {
+   public:
+    Loan() = default;
+    Loan(Loan &&other) noexcept
+        : loan_(std::exchange(other.loan_, nullptr)), data_(other.data_), size_(other.size_) {}
+    Loan &operator=(Loan &&other) noexcept {
+        if (this != &other) {
+            shmbroker_loan_free(loan_);
+            loan_ = std::exchange(other.loan_, nullptr);
+            data_ = other.data_;
+            size_ = other.size_;
+        }
+        return *this;
+    }
+    Loan(const Loan &) = delete;
+    Loan &operator=(const Loan &) = delete;
+    ~Loan() { shmbroker_loan_free(loan_); }
+
+    std::uint8_t *data() noexcept { return static_cast<std::uint8_t *>(data_); }
+    std::size_t size() const noexcept { return size_; }
+    // The C handle, given up (to shmbroker_send_loan, which consumes it).
+    shmbroker_loan *release() noexcept { return std::exchange(loan_, nullptr); }
+
+   private:
+    friend class Session;
+    Loan(shmbroker_loan *loan, void *data, std::size_t size) noexcept
+        : loan_(loan), data_(data), size_(size) {}
+    shmbroker_loan *loan_ = nullptr;
+    void *data_ = nullptr;
+    std::size_t size_ = 0;
+};
+
+// A read-only view of a buffer a peer lent this rank (Session::recv_loan,
+// Session::broadcast_loan): its bytes are the lender's memory, read in place, until it goes out
+// of scope, which gives the buffer back. Copy out what you must validate before trusting it.
+class LoanView {
+   public:
+    LoanView() = default;
+    LoanView(LoanView &&other) noexcept
+        : view_(std::exchange(other.view_, nullptr)), data_(other.data_), size_(other.size_) {}
+    LoanView &operator=(LoanView &&other) noexcept {
+        if (this != &other) {
+            shmbroker_loan_view_free(view_);
+            view_ = std::exchange(other.view_, nullptr);
+            data_ = other.data_;
+            size_ = other.size_;
+        }
+        return *this;
+    }
+    LoanView(const LoanView &) = delete;
+    LoanView &operator=(const LoanView &) = delete;
+    ~LoanView() { shmbroker_loan_view_free(view_); }
+
+    const std::uint8_t *data() const noexcept { return static_cast<const std::uint8_t *>(data_); }
+    std::size_t size() const noexcept { return size_; }
+    // Whether it views anything (the root of broadcast_loan gets an empty one).
+    explicit operator bool() const noexcept { return view_ != nullptr; }
+
+   private:
+    friend class Session;
+    LoanView(shmbroker_loan_view *view, const void *data, std::size_t size) noexcept
+        : view_(view), data_(data), size_(size) {}
+    shmbroker_loan_view *view_ = nullptr;
+    const void *data_ = nullptr;
+    std::size_t size_ = 0;
+};
+
 // Who sent a message, and how long it is.
 struct Received {
     std::uint32_t rank;
@@ -451,6 +520,39 @@ class Session : public Collectives {
         int out = -1;
         detail::check(shmbroker_broadcast_fd(s_, root, fd, &out));
         return Fd(out);
+    }
+
+    // `len` bytes of this rank's outbox, lent out: write them, then send_loan or
+    // broadcast_loan it.
+    Loan loan(std::size_t len) {
+        shmbroker_loan *loan = nullptr;
+        void *data = nullptr;
+        detail::check(shmbroker_loan_create(s_, len, &loan, &data));
+        return Loan(loan, data, len);
+    }
+
+    // Hands `loan` to `rank` by reference (it is consumed, whatever the result).
+    void send_loan(std::uint32_t rank, Loan loan) {
+        detail::check(shmbroker_send_loan(s_, rank, loan.release()));
+    }
+
+    // The next message from `rank`, which must be a loan, viewed in place.
+    LoanView recv_loan(std::uint32_t rank) {
+        shmbroker_loan_view *view = nullptr;
+        const void *data = nullptr;
+        std::size_t len = 0;
+        detail::check(shmbroker_recv_loan(s_, rank, &view, &data, &len));
+        return LoanView(view, data, len);
+    }
+
+    // `root`'s loan on every other rank, viewed in place; the root passes its loan and gets an
+    // empty view.
+    LoanView broadcast_loan(std::uint32_t root, Loan loan = Loan()) {
+        shmbroker_loan_view *view = nullptr;
+        const void *data = nullptr;
+        std::size_t len = 0;
+        detail::check(shmbroker_broadcast_loan(s_, root, loan.release(), &view, &data, &len));
+        return LoanView(view, data, len);
     }
 
     // Ends the current wait on any thread (SHMBROKER_E_INTERRUPTED there). Async-signal-safe.

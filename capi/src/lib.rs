@@ -51,6 +51,9 @@ mod groups;
 // shmbroker_send, shmbroker_recv, shmbroker_recv_any, shmbroker_try_recv*, shmbroker_probe,
 // shmbroker_readiness_fd
 mod point_to_point;
+// shmbroker_loan_create, shmbroker_send_loan, shmbroker_loan_free, shmbroker_recv_loan,
+// shmbroker_broadcast_loan, shmbroker_loan_view_free
+mod loans;
 // shmbroker_exchange_fds, shmbroker_broadcast_fd
 mod fds;
 // shmbroker_interrupt, shmbroker_clear_interrupt
@@ -75,6 +78,7 @@ pub use fds::{shmbroker_broadcast_fd, shmbroker_exchange_fds};
 pub use groups::*;
 pub use handle::{shmbroker_close, shmbroker_session};
 pub use interrupt::{shmbroker_clear_interrupt, shmbroker_interrupt};
+pub use loans::*;
 pub use point_to_point::{
     shmbroker_probe, shmbroker_readiness_fd, shmbroker_recv, shmbroker_recv_any, shmbroker_send,
     shmbroker_try_recv, shmbroker_try_recv_any,

@@ -711,3 +711,135 @@ fn groups_through_the_c_abi_and_a_member_that_disagrees_is_named() {
         join.join().unwrap();
     }
 }
+
+#[test]
+fn loans_go_by_reference_come_back_and_a_message_that_is_no_loan_stays_queued() {
+    let (_dir, sessions) = world(3);
+    let (a, b, c) = (sessions[0], sessions[1], sessions[2]);
+    let len = 1 << 20;
+    let pattern = |i: usize| (i % 251) as u8;
+    // Rank 0 lends 1 MiB to rank 1, twice (the block comes back between), from a thread.
+    let lender = std::thread::spawn(move || {
+        for round in 0..2usize {
+            let (mut loan, mut data) = (null_mut(), null_mut());
+            // SAFETY: rank 0's session, used by this thread alone; writable out pointers; the
+            // loan's `len` bytes are written before it is sent, and not after.
+            unsafe {
+                assert_eq!(
+                    shmbroker_loan_create(a as *mut _, len, &mut loan, &mut data),
+                    SHMBROKER_OK,
+                    "{}",
+                    last_error()
+                );
+                let bytes = std::slice::from_raw_parts_mut(data.cast::<u8>(), len);
+                for (i, byte) in bytes.iter_mut().enumerate() {
+                    *byte = pattern(i + round);
+                }
+                assert_eq!(shmbroker_send_loan(a as *mut _, 1, loan), SHMBROKER_OK);
+            }
+        }
+        // A plain message, where rank 1 asks for a loan next.
+        // SAFETY: as above; 5 readable bytes.
+        let rc = unsafe { shmbroker_send(a as *mut _, 1, b"plain".as_ptr().cast(), 5) };
+        assert_eq!(rc, SHMBROKER_OK);
+        // A loan given back unsent, and one too large for any outbox.
+        let (mut loan, mut data) = (null_mut(), null_mut());
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(
+                shmbroker_loan_create(a as *mut _, 64, &mut loan, &mut data),
+                SHMBROKER_OK
+            );
+            shmbroker_loan_free(loan);
+            assert_eq!(
+                shmbroker_loan_create(a as *mut _, usize::MAX / 2, &mut loan, &mut data),
+                SHMBROKER_E_IO
+            );
+        }
+    });
+    for round in 0..2usize {
+        let (mut view, mut data, mut got) = (null_mut(), null(), 0usize);
+        // SAFETY: rank 1's session, this thread's alone; writable out pointers; the view's
+        // bytes are read before it is freed.
+        unsafe {
+            assert_eq!(
+                shmbroker_recv_loan(b as *mut _, 0, &mut view, &mut data, &mut got),
+                SHMBROKER_OK,
+                "{}",
+                last_error()
+            );
+            assert_eq!(got, len);
+            let bytes = std::slice::from_raw_parts(data.cast::<u8>(), got);
+            assert!(
+                bytes
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &byte)| byte == pattern(i + round))
+            );
+            shmbroker_loan_view_free(view);
+        }
+    }
+    let (mut view, mut data, mut got) = (null_mut(), null(), 0usize);
+    // SAFETY: as above; then a plain receive into 8 writable bytes.
+    unsafe {
+        assert_eq!(
+            shmbroker_recv_loan(b as *mut _, 0, &mut view, &mut data, &mut got),
+            SHMBROKER_E_MISUSE
+        );
+        let mut buffer = [0u8; 8];
+        assert_eq!(
+            shmbroker_recv(b as *mut _, 0, buffer.as_mut_ptr().cast(), 8, &mut got),
+            SHMBROKER_OK,
+            "the message that was no loan stayed queued: {}",
+            last_error()
+        );
+        assert_eq!(&buffer[..got], b"plain");
+    }
+    lender.join().unwrap();
+    // A broadcast loan from rank 2 to ranks 0 and 1.
+    let joins: Vec<_> = [a, b, c]
+        .into_iter()
+        .enumerate()
+        .map(|(rank, s)| {
+            std::thread::spawn(move || {
+                let (mut view, mut data, mut got) = (null_mut(), null(), 0usize);
+                let mut loan = null_mut();
+                // SAFETY: each session is used by its own thread alone; writable out pointers;
+                // the root writes its loan before handing it over, the others read their view
+                // before freeing it.
+                unsafe {
+                    if rank == 2 {
+                        let mut start = null_mut();
+                        assert_eq!(
+                            shmbroker_loan_create(s as *mut _, 3, &mut loan, &mut start),
+                            0
+                        );
+                        std::ptr::copy_nonoverlapping(b"abc".as_ptr(), start.cast::<u8>(), 3);
+                    }
+                    let rc = shmbroker_broadcast_loan(
+                        s as *mut _,
+                        2,
+                        loan,
+                        &mut view,
+                        &mut data,
+                        &mut got,
+                    );
+                    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                    if rank == 2 {
+                        assert!(view.is_null());
+                    } else {
+                        assert_eq!(std::slice::from_raw_parts(data.cast::<u8>(), got), b"abc");
+                        shmbroker_loan_view_free(view);
+                    }
+                }
+            })
+        })
+        .collect();
+    for join in joins {
+        join.join().unwrap();
+    }
+    for s in sessions {
+        // SAFETY: live sessions, closed once, by this thread alone now.
+        assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
+    }
+}

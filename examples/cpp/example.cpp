@@ -128,6 +128,26 @@ int main() try {
     session.on(pp).broadcast(0, from_last);
     if (from_last != world - 1 || pp.rank() != world - 1 - rank)
         throw std::runtime_error("broadcast on the world numbered backwards");
+    // Loans: 1 MiB handed around a ring by reference, then broadcast from the last rank; each
+    // view is read in place and given back when it goes out of scope.
+    constexpr std::size_t kLoan = 1 << 20;
+    if (world > 1) {
+        const std::uint32_t next = (rank + 1) % world, prev = (rank + world - 1) % world;
+        shmbroker::Loan loan = session.loan(kLoan);
+        std::memset(loan.data(), static_cast<int>(rank + 7), kLoan);
+        session.send_loan(next, std::move(loan));
+        const shmbroker::LoanView view = session.recv_loan(prev);
+        if (view.size() != kLoan || view.data()[0] != prev + 7 || view.data()[kLoan - 1] != prev + 7)
+            throw std::runtime_error("recv_loan");
+    }
+    shmbroker::Loan news;
+    if (rank == world - 1) {
+        news = session.loan(5);
+        std::memcpy(news.data(), "news!", 5);
+    }
+    const shmbroker::LoanView seen = session.broadcast_loan(world - 1, std::move(news));
+    if (rank != world - 1 && (seen.size() != 5 || std::memcmp(seen.data(), "news!", 5) != 0))
+        throw std::runtime_error("broadcast_loan");
     session.barrier();
     munmap(mine, kBytes);
     std::printf("rank %u of %u: %zu handles and buffers checked\n", rank, session.world_size(),
