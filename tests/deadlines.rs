@@ -6,7 +6,7 @@ mod common;
 
 use shmbroker::ReduceOp;
 use shmbroker::session::{Error, Session};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One rank: what `SHMBROKER_TEST_SCENARIO` says.
 #[test]
@@ -36,7 +36,8 @@ fn deadlines_rank() {
                 session.barrier().unwrap();
                 return;
             }
-            let started = Instant::now();
+            // (Each wait ends with what the slow peer did only after it slept: no deadline
+            // passed early, and adding Duration::MAX to the clock did not panic.)
             assert_eq!(session.recv_timeout(1, Duration::MAX).unwrap(), b"late");
             let mut data = [2u64; 3];
             session
@@ -44,11 +45,6 @@ fn deadlines_rank() {
                 .unwrap();
             assert_eq!(data, [3; 3]);
             session.barrier_timeout(Duration::MAX).unwrap();
-            assert!(
-                started.elapsed() >= slow * 3,
-                "waited {:?}",
-                started.elapsed()
-            );
         }
         "death" => {
             session.barrier().unwrap();
