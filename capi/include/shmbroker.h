@@ -602,6 +602,9 @@ int shmbroker_loan_create(struct shmbroker_session *s,
 // back to the outbox. Do not write to the loan's bytes after this call. Threads: as
 // [`shmbroker_barrier`].
 //
+// Errors: `SHMBROKER_E_MISUSE` for a NULL loan or a rank out of range; `SHMBROKER_E_IO` for a
+// loan of another session; otherwise as `shmbroker_send`.
+//
 // # Safety
 //
 // `s` is null or a live session; `loan` is null or a loan `shmbroker_loan_create` made and nothing
@@ -617,8 +620,10 @@ void shmbroker_loan_free(struct shmbroker_loan *loan);
 
 // Receives the next message from `rank`, which must be a loan, as a read-only view of the
 // lender's buffer: `*data` and `*len` are its bytes, readable until `*out` is freed with
-// `shmbroker_loan_view_free`. Threads: as [`shmbroker_barrier`] (it holds the session while it
-// waits).
+// `shmbroker_loan_view_free` (and stable until this session closes). Threads: a receive, as
+// `shmbroker_recv` (`SHMBROKER_E_BUSY` beside another receive), that also holds the session
+// while it waits, as [`shmbroker_barrier`] does. On failure `*out`, `*data` and `*len` are
+// NULL, NULL and 0.
 //
 // The bytes are the lender's memory, which only the lender can write: an honest one does not
 // touch them until the view is freed; copy out what you must validate before trusting it.
@@ -639,6 +644,9 @@ int shmbroker_recv_loan(struct shmbroker_session *s,
 // `root`'s loan on every other rank, by reference: the root passes `loan` (consumed, whatever
 // the result) and gets `*out` = NULL; the others pass NULL and get a view, as from
 // `shmbroker_recv_loan`. Threads: as [`shmbroker_barrier`].
+//
+// Errors: `SHMBROKER_E_MISUSE` for a root without a loan (or another rank with one) or a root
+// out of range; otherwise as `shmbroker_broadcast`.
 //
 // # Safety
 //

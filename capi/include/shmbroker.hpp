@@ -132,13 +132,15 @@ class Loan {
    public:
     Loan() = default;
     Loan(Loan &&other) noexcept
-        : loan_(std::exchange(other.loan_, nullptr)), data_(other.data_), size_(other.size_) {}
+        : loan_(std::exchange(other.loan_, nullptr)),
+          data_(std::exchange(other.data_, nullptr)),
+          size_(std::exchange(other.size_, 0)) {}
     Loan &operator=(Loan &&other) noexcept {
         if (this != &other) {
             shmbroker_loan_free(loan_);
             loan_ = std::exchange(other.loan_, nullptr);
-            data_ = other.data_;
-            size_ = other.size_;
+            data_ = std::exchange(other.data_, nullptr);
+            size_ = std::exchange(other.size_, 0);
         }
         return *this;
     }
@@ -149,7 +151,11 @@ class Loan {
     std::uint8_t *data() noexcept { return static_cast<std::uint8_t *>(data_); }
     std::size_t size() const noexcept { return size_; }
     // The C handle, given up (to shmbroker_send_loan, which consumes it).
-    shmbroker_loan *release() noexcept { return std::exchange(loan_, nullptr); }
+    shmbroker_loan *release() noexcept {
+        data_ = nullptr;
+        size_ = 0;
+        return std::exchange(loan_, nullptr);
+    }
 
    private:
     friend class Session;
@@ -162,18 +168,21 @@ class Loan {
 
 // A read-only view of a buffer a peer lent this rank (Session::recv_loan,
 // Session::broadcast_loan): its bytes are the lender's memory, read in place, until it goes out
-// of scope, which gives the buffer back. Copy out what you must validate before trusting it.
+// of scope, which gives the buffer back (read it before the session closes: a lender may then
+// reuse the buffer). Copy out what you must validate before trusting it.
 class LoanView {
    public:
     LoanView() = default;
     LoanView(LoanView &&other) noexcept
-        : view_(std::exchange(other.view_, nullptr)), data_(other.data_), size_(other.size_) {}
+        : view_(std::exchange(other.view_, nullptr)),
+          data_(std::exchange(other.data_, nullptr)),
+          size_(std::exchange(other.size_, 0)) {}
     LoanView &operator=(LoanView &&other) noexcept {
         if (this != &other) {
             shmbroker_loan_view_free(view_);
             view_ = std::exchange(other.view_, nullptr);
-            data_ = other.data_;
-            size_ = other.size_;
+            data_ = std::exchange(other.data_, nullptr);
+            size_ = std::exchange(other.size_, 0);
         }
         return *this;
     }

@@ -4,7 +4,8 @@
 //! (`shmbroker_send_loan`, `shmbroker_broadcast_loan`); a receiver reads it in place through a
 //! view (`shmbroker_recv_loan`) and frees the view when done, which gives the block back to its
 //! owner. Loans and views are objects of their own: each is freed once, from any thread, before
-//! or after its session is closed.
+//! or after its session is closed (memory stays mapped as long as they live; but once this rank
+//! leaves, a lender may reuse the block a view shows, so read views before closing).
 
 use crate::error::{guard, misuse};
 use crate::handle::{enter, shmbroker_session};
@@ -52,6 +53,10 @@ pub unsafe extern "C" fn shmbroker_loan_create(
         if out.is_null() || data.is_null() {
             return Err(misuse("out or data is NULL"));
         }
+        // SAFETY: checked non-null above, writable per the contract: NULL until it succeeds.
+        unsafe { out.write(std::ptr::null_mut()) };
+        // SAFETY: as above.
+        unsafe { data.write(std::ptr::null_mut()) };
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
         let mut loan = entered.handle.sender.session().loan(len)?;
@@ -69,6 +74,9 @@ pub unsafe extern "C" fn shmbroker_loan_create(
 /// with `shmbroker_recv`). `loan` is consumed, whatever the result: on failure its block goes
 /// back to the outbox. Do not write to the loan's bytes after this call. Threads: as
 /// [`shmbroker_barrier`].
+///
+/// Errors: `SHMBROKER_E_MISUSE` for a NULL loan or a rank out of range; `SHMBROKER_E_IO` for a
+/// loan of another session; otherwise as `shmbroker_send`.
 ///
 /// # Safety
 ///
@@ -102,8 +110,10 @@ pub unsafe extern "C" fn shmbroker_loan_free(loan: *mut shmbroker_loan) {
 
 /// Receives the next message from `rank`, which must be a loan, as a read-only view of the
 /// lender's buffer: `*data` and `*len` are its bytes, readable until `*out` is freed with
-/// `shmbroker_loan_view_free`. Threads: as [`shmbroker_barrier`] (it holds the session while it
-/// waits).
+/// `shmbroker_loan_view_free` (and stable until this session closes). Threads: a receive, as
+/// `shmbroker_recv` (`SHMBROKER_E_BUSY` beside another receive), that also holds the session
+/// while it waits, as [`shmbroker_barrier`] does. On failure `*out`, `*data` and `*len` are
+/// NULL, NULL and 0.
 ///
 /// The bytes are the lender's memory, which only the lender can write: an honest one does not
 /// touch them until the view is freed; copy out what you must validate before trusting it.
@@ -124,11 +134,13 @@ pub unsafe extern "C" fn shmbroker_recv_loan(
     len: *mut usize,
 ) -> c_int {
     guard("shmbroker_recv_loan", || {
-        if out.is_null() || data.is_null() || len.is_null() {
-            return Err(misuse("out, data or len is NULL"));
-        }
+        // SAFETY: the three are null or writable, per the contract.
+        unsafe { clear(out, data, len) }?;
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
+        // A receive, as `shmbroker_recv`: one at a time (SHMBROKER_E_BUSY for a second), so it
+        // cannot take the message another thread's receive was woken for.
+        let _receiving = entered.handle.receiver()?;
         let view = entered.handle.sender.session().recv_loan(rank)?;
         // SAFETY: all three checked non-null above, writable per the contract.
         unsafe { give_view(view, out, data, len) };
@@ -139,6 +151,9 @@ pub unsafe extern "C" fn shmbroker_recv_loan(
 /// `root`'s loan on every other rank, by reference: the root passes `loan` (consumed, whatever
 /// the result) and gets `*out` = NULL; the others pass NULL and get a view, as from
 /// `shmbroker_recv_loan`. Threads: as [`shmbroker_barrier`].
+///
+/// Errors: `SHMBROKER_E_MISUSE` for a root without a loan (or another rank with one) or a root
+/// out of range; otherwise as `shmbroker_broadcast`.
 ///
 /// # Safety
 ///
@@ -157,9 +172,8 @@ pub unsafe extern "C" fn shmbroker_broadcast_loan(
     guard("shmbroker_broadcast_loan", || {
         // SAFETY: per the contract, a pointer from Box::into_raw that nothing has taken back.
         let loan = unsafe { take(loan) }.map(|loan| loan.loan);
-        if out.is_null() || data.is_null() || len.is_null() {
-            return Err(misuse("out, data or len is NULL"));
-        }
+        // SAFETY: the three are null or writable, per the contract.
+        unsafe { clear(out, data, len) }?;
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
         let view = entered.handle.sender.session().broadcast_loan(root, loan)?;
@@ -187,6 +201,28 @@ pub unsafe extern "C" fn shmbroker_loan_view_free(view: *mut shmbroker_loan_view
     }
     // SAFETY: per the contract, a pointer from Box::into_raw that nothing has taken back.
     drop(unsafe { Box::from_raw(view) });
+}
+
+/// Checks a view's out-pointers and sets them to NULL and 0, what a failed call leaves.
+///
+/// # Safety
+///
+/// Each is null or writable.
+unsafe fn clear(
+    out: *mut *mut shmbroker_loan_view,
+    data: *mut *const c_void,
+    len: *mut usize,
+) -> Result<(), crate::error::Failure> {
+    if out.is_null() || data.is_null() || len.is_null() {
+        return Err(misuse("out, data or len is NULL"));
+    }
+    // SAFETY: non-null (checked above), writable per the contract.
+    unsafe { out.write(std::ptr::null_mut()) };
+    // SAFETY: as above.
+    unsafe { data.write(std::ptr::null()) };
+    // SAFETY: as above.
+    unsafe { len.write(0) };
+    Ok(())
 }
 
 /// The loan behind `loan`, taken back from C (None for NULL).

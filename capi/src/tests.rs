@@ -843,3 +843,72 @@ fn loans_go_by_reference_come_back_and_a_message_that_is_no_loan_stays_queued() 
         assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
     }
 }
+
+#[test]
+fn a_loan_waiting_for_room_without_a_deadline_ends_on_an_interrupt_and_a_refused_one_comes_back() {
+    let (_dir, sessions) = world_with_timeout(2, SHMBROKER_TIMEOUT_FOREVER);
+    let (a, b) = (sessions[0], sessions[1]);
+    let big = 40 << 20; // more than half of a 64 MiB outbox
+    let (mut loan, mut data) = (null_mut(), null_mut());
+    // SAFETY: each session is used by one thread at a time here; writable out pointers.
+    unsafe {
+        // Refused (a rank out of range): the loan is consumed and its block comes back, so a
+        // second one as large fits at once.
+        assert_eq!(
+            shmbroker_loan_create(a as *mut _, big, &mut loan, &mut data),
+            0
+        );
+        assert_eq!(
+            shmbroker_send_loan(a as *mut _, 7, loan),
+            SHMBROKER_E_MISUSE
+        );
+        assert_eq!(
+            shmbroker_loan_create(a as *mut _, big, &mut loan, &mut data),
+            0
+        );
+        // Handed to rank 1, which holds it: no room for another.
+        assert_eq!(shmbroker_send_loan(a as *mut _, 1, loan), SHMBROKER_OK);
+    }
+    let waiter = std::thread::spawn(move || {
+        let (mut loan, mut data) = (null_mut(), null_mut());
+        // SAFETY: rank 0's session; this thread is its only caller meanwhile.
+        let rc = unsafe { shmbroker_loan_create(a as *mut _, big, &mut loan, &mut data) };
+        (rc, loan.is_null() && data.is_null(), last_error())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: interrupt takes a live session from any thread.
+    assert_eq!(unsafe { shmbroker_interrupt(a as *const _) }, SHMBROKER_OK);
+    let (rc, cleared, message) = waiter.join().unwrap();
+    assert_eq!(rc, SHMBROKER_E_INTERRUPTED, "{message}");
+    assert!(cleared, "a failed loan leaves NULL behind");
+    let (mut view, mut seen, mut len) = (null_mut(), null(), 0usize);
+    // SAFETY: rank 1's session, then rank 0's, each by this thread alone now; writable outs.
+    unsafe {
+        assert_eq!(
+            shmbroker_recv_loan(b as *mut _, 0, &mut view, &mut seen, &mut len),
+            0
+        );
+        assert_eq!(len, big);
+        shmbroker_loan_view_free(view);
+        // Rank 1 gives the block back with its next call; then rank 0 has room again.
+        assert_eq!(
+            shmbroker_send(b as *mut _, 0, b"done".as_ptr().cast(), 4),
+            0
+        );
+        assert_eq!(shmbroker_clear_interrupt(a as *mut _), 0);
+        let mut buffer = [0u8; 4];
+        assert_eq!(
+            shmbroker_recv(a as *mut _, 1, buffer.as_mut_ptr().cast(), 4, &mut len),
+            0
+        );
+        assert_eq!(
+            shmbroker_loan_create(a as *mut _, big, &mut loan, &mut data),
+            0
+        );
+        shmbroker_loan_free(loan);
+    }
+    for s in sessions {
+        // SAFETY: live sessions, closed once, by this thread alone now.
+        assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
+    }
+}

@@ -29,7 +29,17 @@ pub fn deadline_after(timeout: Duration) -> Instant {
 /// sum never overflows.
 pub fn deadline_from(start: Instant, timeout: Duration) -> Instant {
     const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    start.checked_add(timeout.min(CENTURY)).unwrap_or(start)
+    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    // (No clock on Linux overflows a century on; were one to, a year, then an hour: never a
+    // deadline already past.)
+    [
+        timeout.min(CENTURY),
+        timeout.min(YEAR),
+        timeout.min(Duration::from_secs(3600)),
+    ]
+    .into_iter()
+    .find_map(|timeout| start.checked_add(timeout))
+    .unwrap_or(start)
 }
 
 /// How long to wait between attempts while the broker's socket is missing or its backlog is full.

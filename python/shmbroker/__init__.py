@@ -27,13 +27,8 @@ from ._errors import (
     ResourceError,
     Timeout,
 )
-from ._helpers import (
-    all_gather_object,
-    broadcast_object,
-    recv_any_async,
-    recv_object,
-    send_object,
-)
+from ._event_loop import recv_any_async
+from ._objects import all_gather_object, broadcast_object, recv_object, send_object
 from ._shmbroker import Group, Session, connect
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import struct
 import subprocess
 import sys
 
@@ -94,3 +95,15 @@ def test_the_type_stubs_match_the_module(tmp_path):
         cwd=tmp_path,  # not python/, whose package source would hide the installed one
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_object_header_from_a_peer_is_checked_before_it_is_believed():
+    from shmbroker._objects import _lengths
+
+    good = struct.pack("<QQQ", 2, 5, 7) + b"pickle"
+    lengths, data = _lengths(good, 3)
+    assert lengths == [5, 7] and bytes(data) == b"pickle"
+    for forged in (b"", b"short", struct.pack("<Q", 1), struct.pack("<Q", 1 << 60) + b"x" * 64):
+        with pytest.raises(shmbroker.ProtocolError) as error:
+            _lengths(forged, 3)
+        assert error.value.rank == 3 and "rank 3" in str(error.value)

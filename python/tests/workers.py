@@ -737,9 +737,15 @@ def scenario_asyncio(session, args):
         except shmbroker.Timeout as timeout:
             error = timeout
         check(error is not None and error.op == "recv_any", f"timeout: {error!r}")
+        for bad in (0, -1.0, float("nan")):
+            try:
+                await shmbroker.recv_any_async(session, timeout=bad)
+                check(False, f"timeout={bad} was accepted")
+            except shmbroker.MisuseError:
+                pass
         session.barrier()
         try:
-            await shmbroker.recv_any_async(session)  # no deadline: the death ends it
+            await shmbroker.recv_any_async(session, timeout=None)  # the death ends it
             check(False, "recv_any_async returned after the death")
         except shmbroker.PeerLost as lost:
             check(lost.rank == world - 1, f"PeerLost names {lost.rank}")

@@ -82,11 +82,27 @@ impl Session {
 
     /// Queues the acknowledgements of loan views dropped since the last call.
     pub(super) fn flush_view_acks(&mut self) -> Result<(), Error> {
+        // Every acknowledgement is queued before any is sent, so a peer whose ring fails loses
+        // none of the others'.
+        let mut peers = Vec::new();
         for (peer, payload) in self.view_acks.take() {
             if peer < self.world_size() && peer != self.rank() {
-                self.queue_ack(peer, payload)?;
+                self.peers[peer as usize].acks_due.push_back(with_ref(
+                    kind::PAYLOAD_ACK,
+                    0,
+                    payload,
+                ));
+                if !peers.contains(&peer) {
+                    peers.push(peer);
+                }
             }
         }
-        Ok(())
+        let mut failed = None;
+        for peer in peers {
+            if let Err(error) = self.flush_acks(peer) {
+                failed.get_or_insert(error);
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 }

@@ -112,10 +112,12 @@ impl Session {
     /// [`Self::loan`] within `deadline` (a collective's, which names it).
     pub(super) fn loan_within(&mut self, len: usize, deadline: &Deadline) -> Result<Loan, Error> {
         self.flush_view_acks()?;
+        let mut full_since: Option<std::time::Instant> = None;
         loop {
             if let Some(loan) = self.outbox.try_loan(len).map_err(Error::OwnOutbox)? {
                 return Ok(loan);
             }
+            self.check_interrupted(deadline)?;
             if deadline.left().is_zero() {
                 let waiting = self
                     .peers()
@@ -124,7 +126,9 @@ impl Session {
                 return Err(self.timed_out(deadline, waiting));
             }
             self.poll_acks()?;
-            std::thread::yield_now();
+            // A long wait (with no deadline, it may be long) costs almost no CPU.
+            let now = std::time::Instant::now();
+            super::receive::idle_wait(now.duration_since(*full_since.get_or_insert(now)));
         }
     }
 
@@ -159,8 +163,15 @@ impl Session {
             .send_loan(loan, receivers)
             .map_err(Error::OwnOutbox)?;
         let header = with_ref(op | kind::LOAN, tag, lent);
-        for &peer in targets {
-            self.send_message(peer, header, deadline)?;
+        for (sent, &peer) in targets.iter().enumerate() {
+            if let Err(error) = self.send_message(peer, header, deadline) {
+                // The targets from this one on never got the loan, so none of them will give
+                // it back: they are let off, and the block returns once the others are done.
+                for &unreached in &targets[sent..] {
+                    let _ = self.outbox.ack(unreached, lent);
+                }
+                return Err(error);
+            }
         }
         Ok(())
     }

@@ -140,7 +140,7 @@ impl Listener {
             pid,
             uid,
             pidfd,
-            deadline: Instant::now() + self.config.logon_timeout,
+            deadline: crate::client::deadline_after(self.config.logon_timeout),
             frame: [0; LOGON_LEN],
             filled: 0,
         });

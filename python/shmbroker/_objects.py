@@ -1,4 +1,4 @@
-"""Python objects between ranks (pickle protocol 5), and receiving from any peer in asyncio.
+"""Python objects between ranks, pickled with protocol 5.
 
 Objects are pickled with protocol 5: large buffers that support it (NumPy arrays, ``bytearray``,
 ``pickle.PickleBuffer``) travel out of band, each as a message of its own read in place from the
@@ -12,21 +12,14 @@ only bytes from peers, and check them.)
 
 from __future__ import annotations
 
-import asyncio
 import pickle
 import struct
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Tuple
 
-from ._errors import ProtocolError, Timeout
+from ._errors import ProtocolError
 from ._shmbroker import Session
 
-__all__ = [
-    "all_gather_object",
-    "broadcast_object",
-    "recv_any_async",
-    "recv_object",
-    "send_object",
-]
+__all__ = ["all_gather_object", "broadcast_object", "recv_object", "send_object"]
 
 # The first message of an object: the number of out-of-band buffers, each one's length, then
 # the pickle itself.
@@ -116,42 +109,3 @@ def all_gather_object(session: Session, obj: Any, **kwargs: Any) -> List[Any]:
     :meth:`Session.all_gather`."""
     parts = session.all_gather(pickle.dumps(obj, protocol=5), **kwargs)
     return [pickle.loads(part) for part in parts]
-
-
-async def recv_any_async(
-    session: Session, *, timeout: Optional[float] = None
-) -> Tuple[int, bytes]:
-    """The next message from whichever peer has one, as ``(rank, bytes)``, awaited on the
-    session's readiness fd in the running asyncio loop: the loop goes on with other tasks
-    meanwhile. Peers that left are skipped, one that died is reported once
-    (:class:`PeerLost`), as with :meth:`Session.recv_any`.
-
-    ``timeout`` (seconds) bounds the wait; ``None`` (the default) waits as long as it takes,
-    since deaths and departures still end it. Raises :class:`Timeout` naming no rank when it
-    passes. One task at a time may wait on a session this way."""
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
-    fd = session.readiness_fd()
-    while True:
-        got = session.try_recv_any()
-        if got is not None:
-            return got
-        readable: asyncio.Future[None] = loop.create_future()
-
-        def ready(readable: asyncio.Future[None] = readable) -> None:
-            if not readable.done():
-                readable.set_result(None)
-
-        loop.add_reader(fd, ready)
-        try:
-            left = None if deadline is None else max(0.0, deadline - loop.time())
-            await asyncio.wait_for(readable, left)
-        except asyncio.TimeoutError:
-            raise Timeout(
-                f"recv_any_async timed out after {timeout}s waiting for any peer",
-                "recv_any",
-                [],
-                float(timeout or 0.0),
-            ) from None
-        finally:
-            loop.remove_reader(fd)
