@@ -18,8 +18,9 @@
 //!
 //! - sends and collectives run one at a time (a second waits for the first to finish touching
 //!   the rings);
-//! - one receive (`shmbroker_recv`, `shmbroker_recv_any`, `shmbroker_probe`) runs at a time; a
-//!   receive called while another thread's is in progress returns `SHMBROKER_E_BUSY` at once;
+//! - one receive (`shmbroker_recv`, `shmbroker_recv_any`, `shmbroker_probe`,
+//!   `shmbroker_recv_loan`) runs at a time; a receive called while another thread's is in
+//!   progress returns `SHMBROKER_E_BUSY` at once;
 //! - a receive that waits for a message holds nothing while it sleeps, so another thread's
 //!   sends and collectives go on meanwhile (a scheduler broadcasting while a response thread
 //!   waits in `shmbroker_recv_any`);
