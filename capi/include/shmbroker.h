@@ -145,6 +145,31 @@
 // The sum divided by the number of ranks (floats).
 #define SHMBROKER_OP_AVG 7
 
+// `cudaIpcMemHandle_t` (legacy CUDA IPC).
+#define SHMBROKER_GPU_CUDA_IPC_MEMORY 1
+
+// `cudaIpcEventHandle_t`.
+#define SHMBROKER_GPU_CUDA_IPC_EVENT 2
+
+// A CUDA VMM allocation exported as a POSIX fd (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`):
+// carries an fd.
+#define SHMBROKER_GPU_CUDA_VMM_POSIX_FD 3
+
+// A CUDA VMM fabric handle (`CU_MEM_HANDLE_TYPE_FABRIC`).
+#define SHMBROKER_GPU_CUDA_FABRIC 4
+
+// `hipIpcMemHandle_t`.
+#define SHMBROKER_GPU_HIP_IPC_MEMORY 5
+
+// A Level Zero IPC handle as an fd: carries an fd.
+#define SHMBROKER_GPU_LEVEL_ZERO_IPC_FD 6
+
+// A dma-buf fd: carries an fd.
+#define SHMBROKER_GPU_DMA_BUF 7
+
+// Host memory in a memfd (no GPU needed: tests, CPU fallbacks): carries an fd.
+#define SHMBROKER_GPU_HOST_MEMFD 8
+
 // A group of ranks: opaque, made by `shmbroker_group_create` or `shmbroker_shrink`, freed by
 // `shmbroker_group_free`. It belongs to the session that made it, and does not keep that
 // session alive: free it first. Read-only once made, so any thread may use it.
@@ -162,6 +187,24 @@ typedef struct shmbroker_loan_view shmbroker_loan_view;
 // A worker's session: opaque, made by `shmbroker_connect` or `shmbroker_from_env`, ended by
 // `shmbroker_close`. Safe to call from several threads at once (see the header's thread rules).
 typedef struct shmbroker_session shmbroker_session;
+
+// A GPU memory handle as it travels: 112 bytes, the same on every rank.
+typedef struct shmbroker_gpu_handle {
+  // A `SHMBROKER_GPU_*` kind.
+  uint32_t kind;
+  // Kind-specific flags; zero unless the kind defines some.
+  uint32_t flags;
+  // UUID of the device the memory lives on.
+  uint8_t device_uuid[16];
+  // The runtime's opaque handle bytes (zero for the kinds whose handle is their fd).
+  uint8_t handle[64];
+  // Bytes of the allocation.
+  uint64_t size;
+  // Offset of the shared range within the allocation.
+  uint64_t offset;
+  // An id the exporter chooses, to tell its buffers apart.
+  uint64_t buffer_id;
+} shmbroker_gpu_handle;
 
 #ifdef __cplusplus
 extern "C" {
@@ -686,6 +729,44 @@ int shmbroker_exchange_fds(struct shmbroker_session *s, int fd, int *out_fds);
 // `s` is null or a live session; on the root `fd` is an open fd; `out_fd` points at a writable
 // int.
 int shmbroker_broadcast_fd(struct shmbroker_session *s, uint32_t root, int fd, int *out_fd);
+
+// Every rank's GPU handle, in rank order, into `out_handles` (`world_size` entries), with the
+// fds of the kinds that carry one in `out_fds` (`world_size` ints: new fds the caller owns and
+// closes, -1 for a kind with none; this rank's own is a duplicate of `fd`). `fd` is this rank's
+// handle's fd, -1 for a kind that carries none. Threads: as [`shmbroker_barrier`].
+//
+// Errors: `SHMBROKER_E_MISUSE` for an unknown kind, or an fd given (or missing) against the
+// kind; `SHMBROKER_E_PROTOCOL` naming a peer whose kind is unknown; otherwise as
+// `shmbroker_exchange_fds`.
+//
+// # Safety
+//
+// `s` is null or a live session; `handle` points at a readable handle; `out_handles` and
+// `out_fds` have `world_size` writable entries.
+int shmbroker_all_gather_gpu_handles(struct shmbroker_session *s,
+                                     const struct shmbroker_gpu_handle *handle,
+                                     int fd,
+                                     struct shmbroker_gpu_handle *out_handles,
+                                     int *out_fds);
+
+// `root`'s GPU handle on every rank, into `*out` (the root's own too), with its fd in
+// `*out_fd` for the kinds that carry one (a new fd the caller owns; -1 otherwise). The root
+// passes `handle` and its `fd` (-1 for a kind with none); the other ranks pass NULL and -1.
+// Threads: as [`shmbroker_barrier`].
+//
+// Errors: as `shmbroker_all_gather_gpu_handles`, and `SHMBROKER_E_MISUSE` when the root passes
+// no handle or another rank one.
+//
+// # Safety
+//
+// `s` is null or a live session; `handle` is null or readable; `out` and `out_fd` point at a
+// writable handle and int.
+int shmbroker_broadcast_gpu_handle(struct shmbroker_session *s,
+                                   uint32_t root,
+                                   const struct shmbroker_gpu_handle *handle,
+                                   int fd,
+                                   struct shmbroker_gpu_handle *out,
+                                   int *out_fd);
 
 // Ends every wait in progress on the session, on whichever threads they are, with
 // `SHMBROKER_E_INTERRUPTED`; with no call waiting, the next wait ends at once (unless

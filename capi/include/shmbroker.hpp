@@ -531,6 +531,30 @@ class Session : public Collectives {
         return Fd(out);
     }
 
+    // Every rank's GPU handle (a shmbroker_gpu_handle), in rank order, each with its fd for
+    // the kinds that carry one (an empty Fd otherwise); `fd` is this rank's, -1 for none.
+    std::vector<std::pair<shmbroker_gpu_handle, Fd>> all_gather_gpu_handles(
+        const shmbroker_gpu_handle &handle, int fd = -1) {
+        std::vector<shmbroker_gpu_handle> handles(world_size());
+        std::vector<int> fds(world_size(), -1);
+        detail::check(
+            shmbroker_all_gather_gpu_handles(s_, &handle, fd, handles.data(), fds.data()));
+        std::vector<std::pair<shmbroker_gpu_handle, Fd>> out;
+        out.reserve(handles.size());
+        for (std::size_t r = 0; r < handles.size(); ++r) out.emplace_back(handles[r], Fd(fds[r]));
+        return out;
+    }
+
+    // `root`'s GPU handle on every rank, with its fd for the kinds that carry one; the root
+    // passes its handle (and fd), the others nothing.
+    std::pair<shmbroker_gpu_handle, Fd> broadcast_gpu_handle(
+        std::uint32_t root, const shmbroker_gpu_handle *handle = nullptr, int fd = -1) {
+        shmbroker_gpu_handle out{};
+        int out_fd = -1;
+        detail::check(shmbroker_broadcast_gpu_handle(s_, root, handle, fd, &out, &out_fd));
+        return {out, Fd(out_fd)};
+    }
+
     // `len` bytes of this rank's outbox, lent out: write them, then send_loan or
     // broadcast_loan it.
     Loan loan(std::size_t len) {

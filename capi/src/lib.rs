@@ -57,6 +57,8 @@ mod point_to_point;
 mod loans;
 // shmbroker_exchange_fds, shmbroker_broadcast_fd
 mod fds;
+// shmbroker_gpu_handle, shmbroker_all_gather_gpu_handles, shmbroker_broadcast_gpu_handle
+mod gpu;
 // shmbroker_interrupt, shmbroker_clear_interrupt
 mod interrupt;
 // shmbroker_last_error, shmbroker_last_error_rank; the guard every call runs in
@@ -76,6 +78,7 @@ mod tests;
 pub use collectives::*;
 pub use error::{shmbroker_last_error, shmbroker_last_error_rank};
 pub use fds::{shmbroker_broadcast_fd, shmbroker_exchange_fds};
+pub use gpu::*;
 pub use groups::*;
 pub use handle::{shmbroker_close, shmbroker_session};
 pub use interrupt::{shmbroker_clear_interrupt, shmbroker_interrupt};

@@ -912,3 +912,103 @@ fn a_loan_waiting_for_room_without_a_deadline_ends_on_an_interrupt_and_a_refused
         assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
     }
 }
+
+#[test]
+fn gpu_handles_with_their_fds_reach_every_rank_and_a_kind_that_disagrees_is_misuse() {
+    use std::io::{Read, Seek};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let (_dir, sessions) = world(3);
+    let joins: Vec<_> = sessions
+        .iter()
+        .copied()
+        .enumerate()
+        .map(|(rank, s)| {
+            std::thread::spawn(move || {
+                // Host memory in a memfd stands in for device memory (no GPU here).
+                let memfd = nix::sys::memfd::memfd_create(
+                    c"gpu-handle",
+                    nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+                )
+                .unwrap();
+                let mut file = std::fs::File::from(memfd);
+                std::io::Write::write_all(&mut file, format!("memory of rank {rank}").as_bytes())
+                    .unwrap();
+                let mut own = shmbroker_gpu_handle {
+                    kind: SHMBROKER_GPU_HOST_MEMFD,
+                    flags: 0,
+                    device_uuid: [rank as u8; 16],
+                    handle: [0; 64],
+                    size: 15,
+                    offset: 0,
+                    buffer_id: 100 + rank as u64,
+                };
+                let mut handles = [own; 3];
+                let mut fds = [-2; 3];
+                // SAFETY: this thread's session alone; a readable handle, 3 writable entries.
+                let rc = unsafe {
+                    shmbroker_all_gather_gpu_handles(
+                        s as *mut _,
+                        &own,
+                        file.as_raw_fd(),
+                        handles.as_mut_ptr(),
+                        fds.as_mut_ptr(),
+                    )
+                };
+                assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                for (peer, (handle, fd)) in handles.iter().zip(fds).enumerate() {
+                    assert_eq!(handle.buffer_id, 100 + peer as u64);
+                    assert_eq!(handle.device_uuid, [peer as u8; 16]);
+                    // SAFETY: a new fd the call handed over, owned here from now on.
+                    let mut theirs = unsafe { std::fs::File::from_raw_fd(fd) };
+                    theirs.rewind().unwrap();
+                    let mut text = String::new();
+                    theirs.read_to_string(&mut text).unwrap();
+                    assert_eq!(text, format!("memory of rank {peer}"));
+                }
+                // Rank 1's handle to every rank; then a legacy CUDA handle with an fd: misuse.
+                let (mut got, mut got_fd) = (own, -2);
+                let offered = if rank == 1 {
+                    &own as *const _
+                } else {
+                    std::ptr::null()
+                };
+                let fd = if rank == 1 { file.as_raw_fd() } else { -1 };
+                // SAFETY: as above; a writable handle and int.
+                let rc = unsafe {
+                    shmbroker_broadcast_gpu_handle(
+                        s as *mut _,
+                        1,
+                        offered,
+                        fd,
+                        &mut got,
+                        &mut got_fd,
+                    )
+                };
+                assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                assert_eq!(got.buffer_id, 101);
+                // SAFETY: a new fd the call handed over.
+                drop(unsafe { std::fs::File::from_raw_fd(got_fd) });
+                own.kind = SHMBROKER_GPU_CUDA_IPC_MEMORY;
+                // SAFETY: as above.
+                let rc = unsafe {
+                    shmbroker_all_gather_gpu_handles(
+                        s as *mut _,
+                        &own,
+                        file.as_raw_fd(),
+                        handles.as_mut_ptr(),
+                        fds.as_mut_ptr(),
+                    )
+                };
+                assert_eq!(rc, SHMBROKER_E_MISUSE);
+                assert!(last_error().contains("carries no fd"), "{}", last_error());
+            })
+        })
+        .collect();
+    for join in joins {
+        join.join().unwrap();
+    }
+    for s in sessions {
+        // SAFETY: live sessions, closed once, by this thread alone now.
+        assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
+    }
+}

@@ -128,6 +128,21 @@ int main() try {
     session.on(pp).broadcast(0, from_last);
     if (from_last != world - 1 || pp.rank() != world - 1 - rank)
         throw std::runtime_error("broadcast on the world numbered backwards");
+    // The same memory as a typed GPU handle (host memory in a memfd stands in for a device
+    // allocation): every rank's handle and fd, then rank 0's alone.
+    shmbroker_gpu_handle gpu{};
+    gpu.kind = SHMBROKER_GPU_HOST_MEMFD;
+    gpu.size = kBytes;
+    gpu.buffer_id = rank;
+    const auto gpus = session.all_gather_gpu_handles(gpu, memory.get());
+    for (std::uint32_t peer = 0; peer < gpus.size(); ++peer) {
+        if (gpus[peer].first.buffer_id != peer || gpus[peer].second.get() < 0)
+            throw std::runtime_error("all_gather_gpu_handles");
+    }
+    const auto first = session.broadcast_gpu_handle(0, rank == 0 ? &gpu : nullptr,
+                                                    rank == 0 ? memory.get() : -1);
+    if (first.first.buffer_id != 0 || first.second.get() < 0)
+        throw std::runtime_error("broadcast_gpu_handle");
     // Loans: 1 MiB handed around a ring by reference, then broadcast from the last rank; each
     // view is read in place and given back when it goes out of scope.
     constexpr std::size_t kLoan = 1 << 20;
