@@ -18,6 +18,7 @@
 
 mod buffer;
 mod errors;
+mod process;
 mod sigint;
 
 use buffer::Bytes;
@@ -44,7 +45,7 @@ struct Slot {
 
 impl Slot {
     fn forked(&self) -> bool {
-        std::process::id() != self.pid
+        process::pid() != self.pid
     }
 }
 
@@ -177,18 +178,18 @@ impl PySession {
             rank: session.rank(),
             world_size: session.world_size(),
             timeout,
-            pid: std::process::id(),
+            pid: process::pid(),
             interrupter: session.interrupter(),
             slot: Mutex::new(Slot {
                 session: Some(session),
-                pid: std::process::id(),
+                pid: process::pid(),
             }),
         }
     }
 
     /// Whether this process is a fork of the one that made the session.
     fn forked(&self) -> bool {
-        std::process::id() != self.pid
+        process::pid() != self.pid
     }
 
     /// The slot, if no other thread is in a call and this is the process that made it.
@@ -232,7 +233,7 @@ impl PySession {
         // Ctrl-C: Python runs signal handlers on the main thread only, so only its waits are
         // armed. An interrupt left over from a call that had ended before it came is dropped.
         session.clear_interrupt();
-        let armed = sigint::on_main_thread()
+        let armed = process::on_main_thread()
             .then(|| sigint::Armed::arm(&self.interrupter))
             .flatten();
         let result = py.detach(|| call(session));

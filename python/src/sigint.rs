@@ -35,15 +35,6 @@ static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS_SIGINFO: AtomicBool = AtomicBool::new(false);
 
-/// Whether this is the process's main thread (the one Python runs signal handlers on).
-pub fn on_main_thread() -> bool {
-    // SAFETY: gettid and getpid only read this thread's and process's ids.
-    let tid = unsafe { libc::gettid() };
-    // SAFETY: as above.
-    let pid = unsafe { libc::getpid() };
-    tid == pid
-}
-
 /// While alive, a SIGINT interrupts `interrupter`'s session (see the module docs).
 pub struct Armed(());
 
