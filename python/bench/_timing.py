@@ -1,7 +1,19 @@
-"""What the benchmarks in this folder share: percentiles, and timing calls one by one, each
-after a barrier, the same number of times on every rank."""
+"""What the benchmarks in this folder share: their sizes and arguments, percentiles, and timing
+calls one by one, each after a barrier, the same number of times on every rank."""
 
+import argparse
 import time
+
+# The all-reduce sizes, in bytes: 8 B to 16 MiB.
+SIZES = [8, 1 << 10, 4 << 10, 64 << 10, 1 << 20, 16 << 20]
+
+
+def arguments():
+    """`--rounds` and `--budget` (seconds per size and round)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--budget", type=float, default=0.3, help="seconds per size and round")
+    return parser.parse_args()
 
 
 def percentile(sorted_samples, p):

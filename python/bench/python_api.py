@@ -13,22 +13,15 @@ samples (microseconds) and the ratios ours/mpi4py (below 1: shmbroker faster).
 Nothing is asserted: a busy machine moves every figure.
 """
 
-import argparse
 
 import numpy
-from _timing import row, timed
+from _timing import SIZES, arguments, row, timed
 from mpi4py import MPI
 
 import shmbroker
 
-SIZES = [8, 1 << 10, 4 << 10, 64 << 10, 1 << 20, 16 << 20]
-
-
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--budget", type=float, default=0.3, help="seconds per size and round")
-    args = parser.parse_args()
+    args = arguments()
     comm = MPI.COMM_WORLD
     session = shmbroker.connect(timeout=60)
     rank, size = session.rank, session.world_size

@@ -14,23 +14,17 @@ The figures are what a program sees from Python through `torch.distributed`, dis
 Nothing is asserted: a busy machine moves every figure.
 """
 
-import argparse
 import sys
 
 import torch
 import torch.distributed as dist
-from _timing import row, timed
+from _timing import SIZES, arguments, row, timed
 
 import shmbroker.torch  # noqa: F401  (registers the backend)
 
-SIZES = [8, 1 << 10, 4 << 10, 64 << 10, 1 << 20, 16 << 20]
-
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--budget", type=float, default=0.3, help="seconds per size and round")
-    args = parser.parse_args()
+    args = arguments()
     dist.init_process_group("shmbroker")
     gloo = dist.new_group(backend="gloo")
     groups = {"shmbroker": dist.group.WORLD, "gloo": gloo}
