@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 import shmbroker
 
+
 def main():
     args = arguments()
     comm = MPI.COMM_WORLD
