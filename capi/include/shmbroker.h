@@ -249,6 +249,18 @@ uint32_t shmbroker_rank(const struct shmbroker_session *s);
 // `s` is null or a live session.
 uint32_t shmbroker_world_size(const struct shmbroker_session *s);
 
+// Sets the deadline of every later call on the session, from any thread: `timeout_ms`
+// milliseconds, or [`SHMBROKER_TIMEOUT_FOREVER`] for none. A call already waiting (on any
+// thread) keeps the deadline it started with. Threads: as [`shmbroker_barrier`] (it waits for
+// a send or collective in progress on another thread to finish).
+//
+// Errors: `SHMBROKER_E_MISUSE` for a NULL session or a `timeout_ms` of 0.
+//
+// # Safety
+//
+// `s` is null or a live session.
+int shmbroker_set_timeout(struct shmbroker_session *s, uint64_t timeout_ms);
+
 // Waits until every rank has called it. Threads: as a send (one collective or send at a time;
 // a receive on another thread goes on).
 //

@@ -588,6 +588,12 @@ class Session : public Collectives {
         return LoanView(view, data, len);
     }
 
+    // The deadline of every later call, on any thread (shmbroker::forever: none); a call
+    // already waiting keeps its own.
+    void set_timeout(std::chrono::milliseconds timeout) {
+        detail::check(shmbroker_set_timeout(s_, detail::milliseconds(timeout)));
+    }
+
     // Ends the current wait on any thread (SHMBROKER_E_INTERRUPTED there). Async-signal-safe.
     void interrupt() const noexcept { shmbroker_interrupt(s_); }
 

@@ -39,7 +39,8 @@
 
 // cbindgen writes the functions in the order it reads the modules, so they are declared in the
 // header's order; a comment above each keeps rustfmt from sorting them.
-// shmbroker_connect, shmbroker_from_env, shmbroker_rank, shmbroker_world_size
+// shmbroker_connect, shmbroker_from_env, shmbroker_rank, shmbroker_world_size,
+// shmbroker_set_timeout
 mod session;
 // shmbroker_barrier, shmbroker_all_gather, shmbroker_broadcast, shmbroker_gather
 mod collectives;
@@ -88,7 +89,10 @@ pub use point_to_point::{
     shmbroker_try_recv, shmbroker_try_recv_any,
 };
 pub use reductions::*;
-pub use session::{shmbroker_connect, shmbroker_from_env, shmbroker_rank, shmbroker_world_size};
+pub use session::{
+    shmbroker_connect, shmbroker_from_env, shmbroker_rank, shmbroker_set_timeout,
+    shmbroker_world_size,
+};
 
 #[cfg(doc)]
 use shmbroker::{Receiver, Sender};

@@ -1,9 +1,9 @@
 //! Making a session (`shmbroker_connect`, `shmbroker_from_env`) and asking what it is.
 
-#[cfg(doc)]
-use crate::SHMBROKER_TIMEOUT_FOREVER;
 use crate::error::{Failure, guard, misuse};
-use crate::handle::{give, peek, shmbroker_session};
+use crate::handle::{enter, give, peek, shmbroker_session};
+#[cfg(doc)]
+use crate::{SHMBROKER_TIMEOUT_FOREVER, shmbroker_barrier};
 use shmbroker::Session;
 use std::ffi::{CStr, c_char, c_int};
 use std::os::unix::ffi::OsStrExt;
@@ -104,4 +104,28 @@ pub unsafe extern "C" fn shmbroker_rank(s: *const shmbroker_session) -> u32 {
 pub unsafe extern "C" fn shmbroker_world_size(s: *const shmbroker_session) -> u32 {
     // SAFETY: null or a live session, per the contract.
     unsafe { peek(s, 0, |s| s.sender.world_size()) }
+}
+
+/// Sets the deadline of every later call on the session, from any thread: `timeout_ms`
+/// milliseconds, or [`SHMBROKER_TIMEOUT_FOREVER`] for none. A call already waiting (on any
+/// thread) keeps the deadline it started with. Threads: as [`shmbroker_barrier`] (it waits for
+/// a send or collective in progress on another thread to finish).
+///
+/// Errors: `SHMBROKER_E_MISUSE` for a NULL session or a `timeout_ms` of 0.
+///
+/// # Safety
+///
+/// `s` is null or a live session.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_set_timeout(
+    s: *mut shmbroker_session,
+    timeout_ms: u64,
+) -> c_int {
+    guard("shmbroker_set_timeout", || {
+        let timeout = timeout_of(timeout_ms)?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        entered.handle.sender.set_timeout(timeout);
+        Ok(())
+    })
 }

@@ -1012,3 +1012,39 @@ fn gpu_handles_with_their_fds_reach_every_rank_and_a_kind_that_disagrees_is_misu
         assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
     }
 }
+
+#[test]
+fn the_deadline_set_on_a_session_holds_for_later_calls_on_either_half() {
+    let (_dir, sessions) = world(2);
+    let (a, b) = (sessions[0], sessions[1]);
+    let mut buffer = [0u8; 8];
+    let mut len = 0usize;
+    // SAFETY: each session is used by this thread alone; 8 writable bytes and a length.
+    unsafe {
+        assert_eq!(shmbroker_set_timeout(a as *mut _, 0), SHMBROKER_E_MISUSE);
+        assert_eq!(shmbroker_set_timeout(a as *mut _, 50), SHMBROKER_OK);
+        let started = std::time::Instant::now();
+        let rc = shmbroker_recv(a as *mut _, 1, buffer.as_mut_ptr().cast(), 8, &mut len);
+        assert_eq!(rc, SHMBROKER_E_TIMEOUT, "{}", last_error());
+        assert!(last_error().contains("50ms"), "{}", last_error());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(
+            shmbroker_set_timeout(a as *mut _, SHMBROKER_TIMEOUT_FOREVER),
+            0
+        );
+    }
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: rank 1's session, this thread's alone; 4 readable bytes.
+        unsafe { shmbroker_send(b as *mut _, 0, b"late".as_ptr().cast(), 4) }
+    });
+    // SAFETY: as above.
+    let rc = unsafe { shmbroker_recv(a as *mut _, 1, buffer.as_mut_ptr().cast(), 8, &mut len) };
+    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+    assert_eq!(&buffer[..len], b"late");
+    assert_eq!(late.join().unwrap(), SHMBROKER_OK);
+    for s in sessions {
+        // SAFETY: live sessions, closed once, by this thread alone now.
+        assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
+    }
+}

@@ -44,6 +44,7 @@ constexpr std::uint32_t kMagic = 0x5348424b;
 int main() try {
     auto session = shmbroker::Session::from_env(std::chrono::seconds(30));
     const std::uint32_t rank = session.rank();
+    session.set_timeout(std::chrono::seconds(60));  // every later call's deadline
 
     Fd memory(memfd_create("example-buffer", MFD_CLOEXEC));
     if (memory.get() < 0 || ftruncate(memory.get(), kBytes) != 0) throw std::runtime_error("memfd");

@@ -30,6 +30,7 @@ use super::{Deadline, Error, Interrupter, Session};
 use shmbroker_queues::Notifier;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -41,10 +42,13 @@ struct Shared {
     readiness: Notifier,
     /// The session's interrupter: a receive notes its count before it may wait for the lock.
     interrupter: Interrupter,
-    /// The session's rank, world size and default deadline, read without the lock.
+    /// The session's rank and world size, read without the lock.
     rank: u32,
     world_size: u32,
-    timeout: Duration,
+    /// The default deadline, read without the lock: nanoseconds, `u64::MAX` for none
+    /// (`Duration::MAX`). A plain value that [`Shared::set_timeout`] replaces whole: no
+    /// ordering with anything else rests on it.
+    timeout: AtomicU64,
 }
 
 impl Shared {
@@ -53,6 +57,21 @@ impl Shared {
         // A thread that panicked mid-call leaves its link out of step, as any interrupted call
         // does (see the `receive` module); the next call reports what it finds.
         self.session.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The deadline of calls given none.
+    fn timeout(&self) -> Duration {
+        match self.timeout.load(Ordering::Relaxed) {
+            u64::MAX => Duration::MAX,
+            nanos => Duration::from_nanos(nanos),
+        }
+    }
+
+    /// Sets the deadline of the calls on either half that start from now on.
+    fn set_timeout(&self, timeout: Duration) {
+        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        self.lend().set_timeout(timeout);
+        self.timeout.store(nanos, Ordering::Relaxed);
     }
 
     /// The session, for the [`Sender`]: a receive may be asleep meanwhile.
@@ -125,7 +144,7 @@ impl Session {
             interrupter: self.interrupter(),
             rank: self.rank(),
             world_size: self.world_size(),
-            timeout: self.timeout,
+            timeout: AtomicU64::new(u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX)),
             session: Mutex::new(self),
         });
         (
@@ -156,7 +175,7 @@ impl Sender {
     ///
     /// As for [`Session::send`].
     pub fn send(&self, rank: u32, data: &[u8]) -> Result<(), Error> {
-        self.send_timeout(rank, data, self.shared.timeout)
+        self.send_timeout(rank, data, self.shared.timeout())
     }
 
     /// [`Session::send_timeout`].
@@ -166,6 +185,12 @@ impl Sender {
     /// As for [`Session::send`].
     pub fn send_timeout(&self, rank: u32, data: &[u8], timeout: Duration) -> Result<(), Error> {
         self.shared.lend().send_timeout(rank, data, timeout)
+    }
+
+    /// Sets the deadline of every call on either half given none, from the next call on
+    /// ([`Session::set_timeout`]; `Duration::MAX`: none). A call already waiting keeps its own.
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.shared.set_timeout(timeout);
     }
 
     /// The whole session, for a collective (or any [`Session`] call) while the halves are apart:
@@ -214,10 +239,11 @@ impl Receiver {
         self.shared.world_size
     }
 
-    /// The deadline its receives use when given none: the session's timeout when it was split.
+    /// The deadline its receives use when given none: the session's timeout (as
+    /// [`Sender::set_timeout`] last set it).
     #[must_use]
     pub fn timeout(&self) -> Duration {
-        self.shared.timeout
+        self.shared.timeout()
     }
 
     /// [`Session::recv`], waiting without holding the session (a [`Sender`] sends meanwhile).
@@ -226,7 +252,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv`].
     pub fn recv(&self, rank: u32) -> Result<Vec<u8>, Error> {
-        self.recv_timeout(rank, self.shared.timeout)
+        self.recv_timeout(rank, self.shared.timeout())
     }
 
     /// [`Self::recv`] with its own deadline.
@@ -265,7 +291,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv_any`].
     pub fn recv_any(&self) -> Result<(u32, Vec<u8>), Error> {
-        self.recv_any_timeout(self.shared.timeout)
+        self.recv_any_timeout(self.shared.timeout())
     }
 
     /// [`Self::recv_any`] with its own deadline.
@@ -285,7 +311,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv_into`]: a message too long for `buffer` is kept.
     pub fn recv_into(&self, rank: u32, buffer: &mut [u8]) -> Result<usize, Error> {
-        self.recv_into_timeout(rank, buffer, self.shared.timeout)
+        self.recv_into_timeout(rank, buffer, self.shared.timeout())
     }
 
     /// [`Self::recv_into`] with its own deadline.
@@ -310,7 +336,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv_any_into`]: a message too long for `buffer` is kept.
     pub fn recv_any_into(&self, buffer: &mut [u8]) -> Result<(u32, usize), Error> {
-        self.recv_any_into_timeout(buffer, self.shared.timeout)
+        self.recv_any_into_timeout(buffer, self.shared.timeout())
     }
 
     /// [`Self::recv_any_into`] with its own deadline.
@@ -334,7 +360,7 @@ impl Receiver {
     ///
     /// As for [`Session::probe`].
     pub fn probe(&self, rank: u32) -> Result<usize, Error> {
-        self.probe_timeout(rank, self.shared.timeout)
+        self.probe_timeout(rank, self.shared.timeout())
     }
 
     /// [`Self::probe`] with its own deadline.
