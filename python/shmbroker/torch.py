@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import ctypes
 import datetime
 import functools
@@ -60,7 +61,7 @@ import os
 import shutil
 import tempfile
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch._C._distributed_c10d as c10d
@@ -85,8 +86,9 @@ _OPS = {
     _R.BOR: "bit_or",
     _R.BXOR: "bit_xor",
 }
-# torch's element types the reductions combine, by shmbroker's name.
-_DTYPES = {
+# The element type each torch type is combined as, by shmbroker's name: complex as pairs of
+# floats, bool as bytes.
+_AS = {
     torch.uint8: "uint8",
     torch.int8: "int8",
     torch.int16: "int16",
@@ -96,12 +98,6 @@ _DTYPES = {
     torch.bfloat16: "bfloat16",
     torch.float32: "float32",
     torch.float64: "float64",
-}
-
-
-# The element type each torch type is combined as: complex as pairs of floats, bool as bytes.
-_AS = {
-    **_DTYPES,
     torch.complex64: "float32",
     torch.complex128: "float64",
     torch.bool: "uint8",
@@ -242,6 +238,15 @@ class _World:
                 "them in the same order)"
             )
 
+    @contextlib.contextmanager
+    def turn(self, timeout: float) -> Iterator[None]:
+        """This thread's turn on the session, taken within `timeout` seconds (see `take`)."""
+        self.take(timeout)
+        try:
+            yield
+        finally:
+            self.lock.release()
+
     def complete_through(self, receive: "_Receive") -> None:
         """Receives every posted receive up to `receive`, in the order they were posted (the
         caller holds the lock)."""
@@ -279,11 +284,8 @@ class _Receive(dist.Work):
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         if not self.done:
             world = self._calls._world
-            world.take(self._calls._timeout)
-            try:
+            with world.turn(self._calls._timeout):
                 world.complete_through(self)
-            finally:
-                world.lock.release()
         if self._error is not None:
             raise self._error
         return True
@@ -604,12 +606,8 @@ class _Calls:
 
     def _post(self, tensor: torch.Tensor, world_rank: int | None) -> "_Receive":
         receive = _Receive(self, tensor, world_rank)
-        world = self._world
-        world.take(self._timeout)
-        try:
-            world.posted.append(receive)
-        finally:
-            world.lock.release()
+        with self._world.turn(self._timeout):
+            self._world.posted.append(receive)
         return receive
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
@@ -729,11 +727,8 @@ def _create(options: Any, _backend_options: Any) -> ShmbrokerProcessGroup:
             "shmbroker backend: a group needs the shmbroker backend as the default group's "
             '(init_process_group("shmbroker")) first'
         )
-    world.take(seconds)
-    try:
+    with world.turn(seconds):
         group = world.session.group(ranks, timeout=seconds)
-    finally:
-        world.lock.release()
     return ShmbrokerProcessGroup(world, group, seconds)
 
 

@@ -262,6 +262,18 @@ def against_gloo():
     if rank == 0 and REFUSED:
         print("gloo refused (skipped on both):", ", ".join(sorted(REFUSED)), flush=True)
 
+    # A root whose tensor has another length than the others': each other rank raises, naming
+    # the root, and no data lands in its tensor; the ranks stay in step.
+    root = size - 1
+    data = torch.zeros(5 if rank == root else 4)
+    try:
+        dist.broadcast(data, root)
+        check(rank == root, "a broadcast of another length passed")
+    except ValueError as error:
+        check(rank != root and f"group rank {root}" in str(error), str(error))
+        check(torch.equal(data, torch.zeros(4)), "a short broadcast wrote into the tensor")
+    dist.barrier()
+
     # Lengths that differ between ranks fail on every rank and hang nobody: a rank that sees
     # the mismatch raises ProtocolError naming a peer; one still waiting when such a rank has
     # gone raises PeerLeft naming it. (Last: after a collective failed this way the ranks'
