@@ -915,8 +915,8 @@ fn a_loan_waiting_for_room_without_a_deadline_ends_on_an_interrupt_and_a_refused
 
 #[test]
 fn gpu_handles_with_their_fds_reach_every_rank_and_a_kind_that_disagrees_is_misuse() {
-    use std::io::{Read, Seek};
     use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::fs::FileExt;
     let (_dir, sessions) = world(3);
     let joins: Vec<_> = sessions
         .iter()
@@ -959,11 +959,12 @@ fn gpu_handles_with_their_fds_reach_every_rank_and_a_kind_that_disagrees_is_misu
                     assert_eq!(handle.buffer_id, 100 + peer as u64);
                     assert_eq!(handle.device_uuid, [peer as u8; 16]);
                     // SAFETY: a new fd the call handed over, owned here from now on.
-                    let mut theirs = unsafe { std::fs::File::from_raw_fd(fd) };
-                    theirs.rewind().unwrap();
-                    let mut text = String::new();
-                    theirs.read_to_string(&mut text).unwrap();
-                    assert_eq!(text, format!("memory of rank {peer}"));
+                    let theirs = unsafe { std::fs::File::from_raw_fd(fd) };
+                    // Every thread holds a dup of the same open file, so they share one
+                    // offset: read at an offset (pread), never seek-then-read.
+                    let mut text = [0u8; 64];
+                    let n = theirs.read_at(&mut text, 0).unwrap();
+                    assert_eq!(&text[..n], format!("memory of rank {peer}").as_bytes());
                 }
                 // Rank 1's handle to every rank; then a legacy CUDA handle with an fd: misuse.
                 let (mut got, mut got_fd) = (own, -2);
