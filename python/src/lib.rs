@@ -233,20 +233,36 @@ impl PySession {
         // Ctrl-C: Python runs signal handlers on the main thread only, so only its waits are
         // armed. An interrupt left over from a call that had ended before it came is dropped.
         session.clear_interrupt();
-        let armed = process::on_main_thread()
-            .then(|| sigint::Armed::arm(&self.interrupter))
-            .flatten();
+        let main = process::on_main_thread();
+        if main && sigint::take_deferred() {
+            // A Ctrl-C during an earlier call that succeeded (see the `sigint` module): it
+            // raises now, before this call does anything. A handler that raises nothing lets
+            // the call go on.
+            sigint::deliver();
+            py.check_signals()?;
+        }
+        let armed = main.then(|| sigint::Armed::arm(&self.interrupter)).flatten();
         let result = py.detach(|| call(session));
-        drop(armed);
+        let caught = armed.is_some_and(sigint::Armed::disarm);
         match result {
-            Ok(value) => Ok(value),
-            Err(Error::Interrupted) => {
-                // Runs Python's handler for the SIGINT that ended the wait (KeyboardInterrupt);
-                // if it raises nothing, the call still did not finish.
-                py.check_signals()?;
-                Err(errors::to_py(Error::Interrupted))
+            // The call's result is never thrown away for a Ctrl-C: that waits for the next call.
+            Ok(value) => {
+                if caught {
+                    sigint::defer();
+                }
+                Ok(value)
             }
-            Err(error) => Err(errors::to_py(error)),
+            Err(error) => {
+                if caught {
+                    sigint::deliver();
+                }
+                if matches!(error, Error::Interrupted) {
+                    // Runs Python's handler for the SIGINT that ended the wait
+                    // (KeyboardInterrupt); if it raises nothing, the call still did not finish.
+                    py.check_signals()?;
+                }
+                Err(errors::to_py(error))
+            }
         }
     }
 

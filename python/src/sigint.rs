@@ -1,13 +1,23 @@
 //! Ctrl-C during a wait: a SIGINT ends the main thread's pending call, and Python's own handler
-//! then runs (normally raising `KeyboardInterrupt`).
+//! then runs (normally raising `KeyboardInterrupt`), unless the call succeeded.
 //!
 //! Python handles a signal in two steps: its C handler only records it, and the Python-level
 //! handler runs later, on the main thread, between bytecodes. A call waiting in the library with
 //! the GIL released runs no bytecode, so on its own it would wait out its deadline. So while the
 //! main thread waits, this module's handler sits in front of Python's: it asks the session's
-//! [`Interrupter`] to end the wait (async-signal-safe: atomics, `futex` and `write`), then calls
-//! the handler it displaced, so Python records the signal as usual. The wait returns
-//! `Error::Interrupted`, and the caller runs `check_signals`, which runs the Python handler.
+//! [`Interrupter`] to end the wait (async-signal-safe: atomics, `futex` and `write`) and notes
+//! that a SIGINT came, but does not pass it on yet. When the wait is over the caller decides
+//! ([`Armed::disarm`] says whether one came):
+//!
+//! - the call failed (ended by the interrupt, or by anything else): the caller passes the SIGINT
+//!   on at once ([`deliver`], which calls the handler ours displaced, outside signal context),
+//!   and `check_signals` runs the Python handler;
+//! - the call succeeded (a receive that got its message just then, a large send that is reported
+//!   sent once under way, see `Session::interrupter`): passing the SIGINT on would make Python
+//!   raise as the call returns and throw its result away (a program that retried would send a
+//!   message twice). So it is kept ([`defer`]) and passed on at the start of the next call that
+//!   can wait, which raises `KeyboardInterrupt` before doing anything. A second Ctrl-C outside a
+//!   wait reaches Python's handler directly, as usual.
 //!
 //! The handler is (re)installed at the start of each main-thread wait, in front of whatever
 //! handler is there then, so a program that sets its own SIGINT handler with `signal.signal`
@@ -20,7 +30,8 @@
 //! over, takes it back and waits until no handler is between loading it and finishing with it
 //! ([`IN_HANDLER`], incremented before the load and decremented after the use, all `SeqCst`). A
 //! handler that loaded the pointer counted itself first, so the caller sees the count and waits;
-//! one that counted itself after the caller took the pointer back loads null.
+//! one that counted itself after the caller took the pointer back loads null, and passes the
+//! SIGINT straight on.
 
 use shmbroker::session::Interrupter;
 use std::ffi::c_int;
@@ -34,6 +45,10 @@ static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 /// three arguments (`SA_SIGINFO`).
 static PREVIOUS: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS_SIGINFO: AtomicBool = AtomicBool::new(false);
+/// A SIGINT ended (or came during) the pending wait and has not been passed on.
+static CAUGHT: AtomicBool = AtomicBool::new(false);
+/// A SIGINT that came during a call that succeeded, to pass on at the start of the next call.
+static DEFERRED: AtomicBool = AtomicBool::new(false);
 
 /// While alive, a SIGINT interrupts `interrupter`'s session (see the module docs).
 pub struct Armed(());
@@ -49,12 +64,60 @@ impl Armed {
     }
 }
 
+impl Armed {
+    /// Ends the arming: from now on a SIGINT goes straight to the displaced handler. Whether one
+    /// came while armed and was held back (the caller passes it on or defers it).
+    pub fn disarm(self) -> bool {
+        drop(self);
+        CAUGHT.swap(false, Ordering::SeqCst)
+    }
+}
+
 impl Drop for Armed {
     fn drop(&mut self) {
         CURRENT.store(std::ptr::null_mut(), Ordering::SeqCst);
         while IN_HANDLER.load(Ordering::SeqCst) != 0 {
             std::hint::spin_loop();
         }
+    }
+}
+
+/// Keeps a SIGINT that came during a call that succeeded, for [`take_deferred`].
+pub fn defer() {
+    DEFERRED.store(true, Ordering::SeqCst);
+}
+
+/// Whether a SIGINT was deferred by an earlier call (and forgets it): the caller then
+/// [`deliver`]s it before doing anything.
+pub fn take_deferred() -> bool {
+    DEFERRED.swap(false, Ordering::SeqCst)
+}
+
+/// Passes a held-back SIGINT on to the handler ours displaced (Python's records it, and runs the
+/// Python handler at the caller's next `check_signals`). Called outside signal context, on the
+/// main thread.
+pub fn deliver() {
+    // SAFETY: an all-zero siginfo is a valid value; only its signal number is filled in.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    info.si_signo = libc::SIGINT;
+    pass_on(libc::SIGINT, &raw mut info, std::ptr::null_mut());
+}
+
+/// Runs the handler ours displaced, if it is a function.
+fn pass_on(signal: c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    let previous = PREVIOUS.load(Ordering::SeqCst);
+    if previous == 0 || previous == libc::SIG_DFL || previous == libc::SIG_IGN {
+        return;
+    }
+    if PREVIOUS_SIGINFO.load(Ordering::SeqCst) {
+        // SAFETY: `previous` is the sa_sigaction of a handler installed with SA_SIGINFO.
+        let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(previous) };
+        handler(signal, info, context);
+    } else {
+        // SAFETY: `previous` is the sa_handler of a handler installed without SA_SIGINFO.
+        let handler: extern "C" fn(c_int) = unsafe { std::mem::transmute(previous) };
+        handler(signal);
     }
 }
 
@@ -85,9 +148,10 @@ fn install() -> Option<()> {
     (installed == 0).then_some(())
 }
 
-/// Interrupts the published wait, then runs the displaced handler. Async-signal-safe: atomics,
-/// the interrupter's `futex`/`write` calls, and the displaced handler (Python's, which is); errno
-/// is kept as it was.
+/// Interrupts the published wait and holds the SIGINT back for its caller (see the module docs);
+/// with no wait published, runs the displaced handler. Async-signal-safe: atomics, the
+/// interrupter's `futex`/`write` calls, and the displaced handler (Python's, which is); errno is
+/// kept as it was.
 extern "C" fn on_sigint(signal: c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     // SAFETY: __errno_location only returns the address of this thread's errno slot.
     let slot = unsafe { libc::__errno_location() };
@@ -97,22 +161,16 @@ extern "C" fn on_sigint(signal: c_int, info: *mut libc::siginfo_t, context: *mut
     let current = CURRENT.load(Ordering::SeqCst);
     // SAFETY: a non-null `CURRENT` points to the interrupter of a wait still in progress: its
     // `Armed` clears the pointer and waits for `IN_HANDLER` to drop to 0 before it ends.
-    if let Some(interrupter) = unsafe { current.as_ref() } {
+    let held = if let Some(interrupter) = unsafe { current.as_ref() } {
         interrupter.interrupt();
-    }
+        CAUGHT.store(true, Ordering::SeqCst);
+        true
+    } else {
+        false
+    };
     IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
-    let previous = PREVIOUS.load(Ordering::SeqCst);
-    if previous != 0 && previous != libc::SIG_DFL && previous != libc::SIG_IGN {
-        if PREVIOUS_SIGINFO.load(Ordering::SeqCst) {
-            // SAFETY: `previous` is the sa_sigaction of a handler installed with SA_SIGINFO.
-            let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                unsafe { std::mem::transmute(previous) };
-            handler(signal, info, context);
-        } else {
-            // SAFETY: `previous` is the sa_handler of a handler installed without SA_SIGINFO.
-            let handler: extern "C" fn(c_int) = unsafe { std::mem::transmute(previous) };
-            handler(signal);
-        }
+    if !held {
+        pass_on(signal, info, context);
     }
     // SAFETY: as above: the slot of this very thread.
     unsafe { *slot = errno };

@@ -124,6 +124,16 @@ def test_ctrl_c_interrupts_a_wait(tmp_path):
     assert "[1] RECEIVED after the interrupt" in job.stdout
 
 
+def test_ctrl_c_never_throws_away_a_call_that_succeeded(tmp_path):
+    # SIGINT lands while rank 1's 64 MiB send is under way: the send returns, the next call
+    # raises KeyboardInterrupt, and rank 0 receives the message once.
+    job = run_scenario(2, "interrupt_send", tmp_path)
+    assert_ok(job, 2, "interrupt_send")
+    assert "[1] SEND RETURNED" in job.stdout, describe(job)
+    assert "[1] NEXT CALL INTERRUPTED" in job.stdout, describe(job)
+    assert "[0] RECEIVED ONCE" in job.stdout, describe(job)
+
+
 def test_the_issue_one_liner_all_gathers():
     program = (
         "import shmbroker; s = shmbroker.connect(); "

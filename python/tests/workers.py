@@ -618,6 +618,49 @@ def scenario_interrupt(session, args):
         session.send(1, b"after")
 
 
+def scenario_interrupt_send(session, args):
+    """SIGINT while rank 1's large send is under way: the send returns (it is delivered, so a
+    KeyboardInterrupt would make a program that retries send it twice); rank 1's next call raises
+    KeyboardInterrupt before doing anything; the call after that finishes the message, which
+    rank 0 receives once, whole."""
+    rank = session.rank
+    size = 64 << 20
+    pids = [int(p) for p in session.all_gather(b"%d" % os.getpid())]
+    sending, returned = (os.path.join(args[0], name) for name in ("sending", "returned"))
+    if rank == 1:
+
+        def tell():
+            time.sleep(0.5)  # by then the main thread waits in send for rank 0 to read
+            with open(sending, "w"):
+                pass
+
+        threading.Thread(target=tell, daemon=True).start()
+        message = bytes(range(256)) * (size // 256)
+        try:
+            session.send(0, message, timeout=60)
+        except KeyboardInterrupt:
+            check(False, "the send that went out raised KeyboardInterrupt")
+        say("SEND RETURNED")
+        with open(returned, "w"):
+            pass
+        try:
+            session.barrier(timeout=60)
+            check(False, "the Ctrl-C was lost")
+        except KeyboardInterrupt:
+            say("NEXT CALL INTERRUPTED")
+        session.barrier(timeout=60)
+    else:
+        wait_for_file(sending, "rank 1 sending")
+        os.kill(pids[1], signal.SIGINT)
+        wait_for_file(returned, "rank 1's send returned")
+        got = session.recv(1, timeout=60)
+        check(len(got) == size and got[:512] == bytes(range(256)) * 2, "the message, whole")
+        check(got == bytes(range(256)) * (size // 256), "the message's bytes")
+        session.barrier(timeout=60)
+        check(session.try_recv(1) is None, "the message arrived twice")
+        say("RECEIVED ONCE")
+
+
 def wait_for_file(path, what):
     deadline = time.monotonic() + 20
     while not os.path.exists(path):
