@@ -156,9 +156,10 @@ pub struct Session {
     set_aside: Option<send::Outgoing<'static>>,
     /// Acknowledgements of dropped loan views.
     view_acks: ViewAcks,
-    /// How fds move, and whether the choice was reported yet.
+    /// How fds move (the choice), and how they have moved so far (see
+    /// [`Session::fd_transport_used`]).
     fd_transport: FdTransport,
-    fd_transport_reported: bool,
+    fd_transport_used: Option<FdTransport>,
     /// CPUs this process may run on (`sched_getaffinity`), at logon.
     cpus: usize,
     /// How every ring of this session waits.
@@ -468,7 +469,7 @@ impl Session {
             set_aside: None,
             view_acks: ViewAcks::default(),
             fd_transport: FdTransport::Auto,
-            fd_transport_reported: false,
+            fd_transport_used: None,
             cpus,
             waiting,
             any: any::Readiness::new(world),

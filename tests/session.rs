@@ -556,6 +556,7 @@ fn text_of(fd: &std::os::fd::OwnedFd) -> String {
 }
 
 fn exchange_and_broadcast_fds(name: &str, transport: shmbroker::session::FdTransport) {
+    use shmbroker::session::FdTransport;
     use std::os::fd::AsFd;
     let (_world, sessions) = World::start(name, 3);
     let handles: Vec<_> = sessions
@@ -563,9 +564,18 @@ fn exchange_and_broadcast_fds(name: &str, transport: shmbroker::session::FdTrans
         .map(|mut s| {
             std::thread::spawn(move || {
                 s.set_fd_transport(transport);
+                assert_eq!(s.fd_transport(), transport);
+                assert_eq!(s.fd_transport_used(), None, "before any exchange");
                 let rank = s.rank();
                 let mine = memfd_with(&format!("file of rank {rank}"));
                 let all = s.exchange_fds(mine.as_fd()).unwrap();
+                // Under `auto`, pidfd_getfd unless the kernel refuses it (Yama, a container).
+                let used = s.fd_transport_used();
+                match transport {
+                    FdTransport::Relay => assert_eq!(used, Some(FdTransport::Relay)),
+                    FdTransport::Pidfd => assert_eq!(used, Some(FdTransport::Pidfd)),
+                    FdTransport::Auto => assert!(used.is_some_and(|u| u != FdTransport::Auto)),
+                }
                 let texts: Vec<String> = all.iter().map(text_of).collect();
                 let root_fd = (rank == 2).then(|| memfd_with("broadcast by rank 2"));
                 let got = s

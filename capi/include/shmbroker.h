@@ -145,6 +145,18 @@
 // The sum divided by the number of ranks (floats).
 #define SHMBROKER_OP_AVG 7
 
+// `shmbroker_fd_transport`'s answers: no fd exchange yet (for `used` only).
+#define SHMBROKER_FD_TRANSPORT_NONE 0
+
+// `pidfd_getfd` where the kernel allows it, the broker relay where it does not (the choice).
+#define SHMBROKER_FD_TRANSPORT_AUTO 1
+
+// `pidfd_getfd` only (chosen), or every fd so far moved by it (used).
+#define SHMBROKER_FD_TRANSPORT_PIDFD 2
+
+// The broker relay only (chosen), or some fd has moved through it (used).
+#define SHMBROKER_FD_TRANSPORT_RELAY 3
+
 // `cudaIpcMemHandle_t` (legacy CUDA IPC).
 #define SHMBROKER_GPU_CUDA_IPC_MEMORY 1
 
@@ -741,6 +753,21 @@ int shmbroker_exchange_fds(struct shmbroker_session *s, int fd, int *out_fds);
 // `s` is null or a live session; on the root `fd` is an open fd; `out_fd` points at a writable
 // int.
 int shmbroker_broadcast_fd(struct shmbroker_session *s, uint32_t root, int fd, int *out_fd);
+
+// How this session moves fds: `*chosen` gets the choice (`SHMBROKER_FD_TRANSPORT_AUTO`,
+// `_PIDFD` or `_RELAY`, from `SHMBROKER_FD_TRANSPORT`), and `*used` how its exchanges (fds and
+// GPU handles) have moved them so far: `SHMBROKER_FD_TRANSPORT_NONE` before the first,
+// `_PIDFD` while every import was a `pidfd_getfd`, `_RELAY` from the first exchange that went
+// through the broker (chosen, or a `pidfd_getfd` the kernel refused under `auto`: inside a
+// container without `CAP_SYS_PTRACE`, say). Either pointer may be NULL. Threads: as
+// [`shmbroker_barrier`] (it waits for a collective in progress on another thread).
+//
+// Errors: `SHMBROKER_E_MISUSE` for a NULL session.
+//
+// # Safety
+//
+// `s` is null or a live session; `chosen` and `used` are each null or point at a writable int.
+int shmbroker_fd_transport(struct shmbroker_session *s, int *chosen, int *used);
 
 // Every rank's GPU handle, in rank order, into `out_handles` (`world_size` entries), with the
 // fds of the kinds that carry one in `out_fds` (`world_size` ints: new fds the caller owns and

@@ -594,6 +594,18 @@ class Session : public Collectives {
         detail::check(shmbroker_set_timeout(s_, detail::milliseconds(timeout)));
     }
 
+    // How fds move: the choice (SHMBROKER_FD_TRANSPORT_AUTO, _PIDFD, _RELAY) and how this
+    // session's exchanges have moved them so far (_NONE before the first, _PIDFD, _RELAY).
+    struct FdTransport {
+        int chosen;
+        int used;
+    };
+    FdTransport fd_transport() {
+        FdTransport transport{};
+        detail::check(shmbroker_fd_transport(s_, &transport.chosen, &transport.used));
+        return transport;
+    }
+
     // Ends the current wait on any thread (SHMBROKER_E_INTERRUPTED there). Async-signal-safe.
     void interrupt() const noexcept { shmbroker_interrupt(s_); }
 

@@ -79,3 +79,54 @@ pub(crate) fn borrowed<'a>(fd: RawFd) -> Result<BorrowedFd<'a>, Failure> {
     // SAFETY: open (checked above); the caller keeps it open for the call, per the contract.
     Ok(unsafe { BorrowedFd::borrow_raw(fd) })
 }
+
+/// `shmbroker_fd_transport`'s answers: no fd exchange yet (for `used` only).
+pub const SHMBROKER_FD_TRANSPORT_NONE: c_int = 0;
+/// `pidfd_getfd` where the kernel allows it, the broker relay where it does not (the choice).
+pub const SHMBROKER_FD_TRANSPORT_AUTO: c_int = 1;
+/// `pidfd_getfd` only (chosen), or every fd so far moved by it (used).
+pub const SHMBROKER_FD_TRANSPORT_PIDFD: c_int = 2;
+/// The broker relay only (chosen), or some fd has moved through it (used).
+pub const SHMBROKER_FD_TRANSPORT_RELAY: c_int = 3;
+
+/// How this session moves fds: `*chosen` gets the choice (`SHMBROKER_FD_TRANSPORT_AUTO`,
+/// `_PIDFD` or `_RELAY`, from `SHMBROKER_FD_TRANSPORT`), and `*used` how its exchanges (fds and
+/// GPU handles) have moved them so far: `SHMBROKER_FD_TRANSPORT_NONE` before the first,
+/// `_PIDFD` while every import was a `pidfd_getfd`, `_RELAY` from the first exchange that went
+/// through the broker (chosen, or a `pidfd_getfd` the kernel refused under `auto`: inside a
+/// container without `CAP_SYS_PTRACE`, say). Either pointer may be NULL. Threads: as
+/// [`shmbroker_barrier`] (it waits for a collective in progress on another thread).
+///
+/// Errors: `SHMBROKER_E_MISUSE` for a NULL session.
+///
+/// # Safety
+///
+/// `s` is null or a live session; `chosen` and `used` are each null or point at a writable int.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_fd_transport(
+    s: *mut shmbroker_session,
+    chosen: *mut c_int,
+    used: *mut c_int,
+) -> c_int {
+    use shmbroker::session::FdTransport;
+    let code = |transport: Option<FdTransport>| match transport {
+        None => SHMBROKER_FD_TRANSPORT_NONE,
+        Some(FdTransport::Auto) => SHMBROKER_FD_TRANSPORT_AUTO,
+        Some(FdTransport::Pidfd) => SHMBROKER_FD_TRANSPORT_PIDFD,
+        Some(FdTransport::Relay) => SHMBROKER_FD_TRANSPORT_RELAY,
+    };
+    guard("shmbroker_fd_transport", || {
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let session = entered.handle.sender.session();
+        // SAFETY: null or writable, per the contract.
+        if let Some(chosen) = unsafe { chosen.as_mut() } {
+            *chosen = code(Some(session.fd_transport()));
+        }
+        // SAFETY: null or writable, per the contract.
+        if let Some(used) = unsafe { used.as_mut() } {
+            *used = code(session.fd_transport_used());
+        }
+        Ok(())
+    })
+}

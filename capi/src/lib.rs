@@ -78,7 +78,7 @@ mod tests;
 
 pub use collectives::*;
 pub use error::{shmbroker_last_error, shmbroker_last_error_rank};
-pub use fds::{shmbroker_broadcast_fd, shmbroker_exchange_fds};
+pub use fds::*;
 pub use gpu::*;
 pub use groups::*;
 pub use handle::{shmbroker_close, shmbroker_session};

@@ -944,6 +944,14 @@ fn gpu_handles_with_their_fds_reach_every_rank_and_a_kind_that_disagrees_is_misu
                 };
                 let mut handles = [own; 3];
                 let mut fds = [-2; 3];
+                let (mut chosen, mut used) = (-1, -1);
+                // SAFETY: this thread's session alone; two writable ints.
+                let rc = unsafe { shmbroker_fd_transport(s as *mut _, &mut chosen, &mut used) };
+                assert_eq!(rc, SHMBROKER_OK);
+                assert_eq!(
+                    (chosen, used),
+                    (SHMBROKER_FD_TRANSPORT_AUTO, SHMBROKER_FD_TRANSPORT_NONE)
+                );
                 // SAFETY: this thread's session alone; a readable handle, 3 writable entries.
                 let rc = unsafe {
                     shmbroker_all_gather_gpu_handles(
@@ -955,6 +963,14 @@ fn gpu_handles_with_their_fds_reach_every_rank_and_a_kind_that_disagrees_is_misu
                     )
                 };
                 assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                // SAFETY: as above; `chosen` may be NULL.
+                let rc =
+                    unsafe { shmbroker_fd_transport(s as *mut _, std::ptr::null_mut(), &mut used) };
+                assert_eq!(rc, SHMBROKER_OK);
+                // pidfd_getfd unless the kernel refuses it (Yama, a container): then relay.
+                assert!(
+                    used == SHMBROKER_FD_TRANSPORT_PIDFD || used == SHMBROKER_FD_TRANSPORT_RELAY
+                );
                 for (peer, (handle, fd)) in handles.iter().zip(fds).enumerate() {
                     assert_eq!(handle.buffer_id, 100 + peer as u64);
                     assert_eq!(handle.device_uuid, [peer as u8; 16]);

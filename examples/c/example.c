@@ -70,6 +70,13 @@ int main(void) {
     int *fds = calloc(world, sizeof *fds);
     if (!fds) fail("calloc");
     CHECK(shmbroker_exchange_fds(s, fd, fds));
+    /* pidfd_getfd, or the broker's relay where the kernel refuses it (a container, say). */
+    int used = SHMBROKER_FD_TRANSPORT_NONE;
+    CHECK(shmbroker_fd_transport(s, NULL, &used));
+    if (used == SHMBROKER_FD_TRANSPORT_NONE) {
+        fprintf(stderr, "rank %u: fds moved, but by no transport\n", rank);
+        return 1;
+    }
     for (uint32_t peer = 0; peer < world; peer++) {
         if (all[peer].rank != peer || all[peer].magic != 0x5348424b) {
             fprintf(stderr, "rank %u: rank %u's handle is wrong\n", rank, peer);

@@ -58,6 +58,10 @@ int main() try {
     session.barrier();
 
     const auto fds = session.exchange_fds(memory.get());
+    // pidfd_getfd, or the broker's relay where the kernel refuses it (a container, say).
+    const auto transport = session.fd_transport();
+    if (transport.used != SHMBROKER_FD_TRANSPORT_PIDFD && transport.used != SHMBROKER_FD_TRANSPORT_RELAY)
+        throw std::runtime_error("fds moved, but by no transport");
     for (std::uint32_t peer = 0; peer < handles.size(); ++peer) {
         const Handle &h = handles[peer];
         if (h.rank != peer || h.magic != kMagic) throw std::runtime_error("a handle is wrong");

@@ -231,6 +231,10 @@ class Session:
         readable when a message is waiting from any peer (or one died or left), once
         :meth:`try_recv_any` has returned ``None``. Never read it; it stays open as long as the
         session. :func:`shmbroker.recv_any_async` is this done for asyncio."""
+    def fd_transport(self) -> Tuple[str, Optional[str]]:
+        """How fds move, as ``(chosen, used)``: ``chosen`` is ``"auto"``, ``"pidfd"`` or
+        ``"relay"``; ``used`` is ``None`` before the first exchange, then ``"pidfd"`` while every
+        import was a ``pidfd_getfd``, ``"relay"`` once one went through the broker."""
     def probe(self, rank: int, *, timeout: Optional[float] = ...) -> int:
         """The length of the next message from ``rank``, waiting for it, without receiving
         it."""

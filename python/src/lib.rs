@@ -930,6 +930,30 @@ impl PySession {
         Ok(std::os::fd::AsRawFd::as_raw_fd(&session.readiness_fd()))
     }
 
+    /// How this session moves fds, as ``(chosen, used)``: ``chosen`` is ``"auto"``,
+    /// ``"pidfd"`` or ``"relay"`` (``SHMBROKER_FD_TRANSPORT``); ``used`` is how its exchanges
+    /// (:meth:`exchange_fds`, :meth:`broadcast_fd`) have moved them so far: ``None`` before the
+    /// first, ``"pidfd"`` while every import was a ``pidfd_getfd``, ``"relay"`` from the first
+    /// that went through the broker (chosen, or refused by the kernel under ``"auto"``: inside a
+    /// container without ``CAP_SYS_PTRACE``, say).
+    fn fd_transport(&self) -> PyResult<(&'static str, Option<&'static str>)> {
+        use shmbroker::session::FdTransport;
+        let name = |transport| match transport {
+            FdTransport::Auto => "auto",
+            FdTransport::Pidfd => "pidfd",
+            FdTransport::Relay => "relay",
+        };
+        let slot = self.lock()?;
+        let session = slot
+            .session
+            .as_ref()
+            .ok_or_else(|| errors::plain("session is closed"))?;
+        Ok((
+            name(session.fd_transport()),
+            session.fd_transport_used().map(name),
+        ))
+    }
+
     /// The length in bytes of the next message from ``rank``, waiting for it to arrive, without
     /// receiving it: size a buffer for :meth:`recv_into`.
     ///

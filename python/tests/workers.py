@@ -345,8 +345,13 @@ def scenario_fds(session, args):
     content = lambda r: (b"rank %d " % r) * 1000  # noqa: E731
     fd = os.memfd_create(f"test-rank-{rank}")
     os.write(fd, content(rank))
+    chosen = os.environ.get("SHMBROKER_FD_TRANSPORT", "auto")
+    check(session.fd_transport() == (chosen, None), f"before: {session.fd_transport()}")
     fds = session.exchange_fds(fd)
     check(len(fds) == world and all(type(f) is int for f in fds), f"exchange_fds gave {fds}")
+    # Under "auto", pidfd_getfd unless the kernel refuses it (Yama, a container): then relay.
+    used = ("relay",) if chosen == "relay" else ("pidfd", "relay")
+    check(session.fd_transport()[1] in used, f"after: {session.fd_transport()}")
     for r, imported in enumerate(fds):
         check(os.pread(imported, 100_000, 0) == content(r), f"content of rank {r}'s memfd")
     check(fds[rank] != fd, "this rank's own entry is a new fd")

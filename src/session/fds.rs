@@ -28,8 +28,8 @@ use std::time::Duration;
 /// socket (by its watcher thread) before the departure is reported instead.
 const RELAYED_GRACE: Duration = Duration::from_millis(50);
 
-/// How file descriptors move between workers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How file descriptors move between workers. Ordered `Auto < Pidfd < Relay`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FdTransport {
     /// `pidfd_getfd` where the kernel allows it, the broker relay where it does not.
     Auto,
@@ -103,6 +103,24 @@ impl Session {
     /// Chooses how fds move from now on (the default comes from `SHMBROKER_FD_TRANSPORT`).
     pub fn set_fd_transport(&mut self, transport: FdTransport) {
         self.fd_transport = transport;
+    }
+
+    /// How fds are chosen to move: [`Self::set_fd_transport`]'s value, or
+    /// `SHMBROKER_FD_TRANSPORT`'s.
+    #[must_use]
+    pub fn fd_transport(&self) -> FdTransport {
+        self.fd_transport
+    }
+
+    /// How this rank's fd exchanges (fds and GPU handles) have moved fds so far: `None` before
+    /// the first, [`FdTransport::Pidfd`] while every import was a `pidfd_getfd`, and
+    /// [`FdTransport::Relay`] from the first exchange on that went through the broker (the choice
+    /// was `relay`, or the kernel refused a `pidfd_getfd` under `auto`: inside containers
+    /// without `CAP_SYS_PTRACE`, under Yama's `ptrace_scope` 2 or 3). Never [`FdTransport::Auto`].
+    /// Each change is also logged (`info`, or `warn` for a fallback from `pidfd_getfd`).
+    #[must_use]
+    pub fn fd_transport_used(&self) -> Option<FdTransport> {
+        self.fd_transport_used
     }
 
     /// Every rank's `fd`, indexed by rank (this rank's own as a duplicate).
@@ -408,13 +426,21 @@ impl Session {
             .map_err(|error| handshake_failed(exporter, error, deadline))
     }
 
-    /// Logs once which transport moved fds and why: a warning when a refused `pidfd_getfd`
-    /// sent fds through the broker, otherwise at `info`.
+    /// Records which transport moved this exchange's fds (see [`Self::fd_transport_used`]), and
+    /// logs it when that changes: a warning when a refused `pidfd_getfd` sent fds through the
+    /// broker, or made the exchange fail under `pidfd`; otherwise at `info`.
     fn report_fd_transport(&mut self, relayed: bool, refusal: Option<(u32, nix::errno::Errno)>) {
-        if self.fd_transport_reported {
+        let used = match (relayed, self.fd_transport) {
+            (false, _) => Some(FdTransport::Pidfd),
+            (true, FdTransport::Pidfd) => None,
+            (true, _) => Some(FdTransport::Relay),
+        };
+        if used.is_some() && used <= self.fd_transport_used {
             return;
         }
-        self.fd_transport_reported = true;
+        if let Some(used) = used {
+            self.fd_transport_used = Some(used);
+        }
         let rank = self.rank();
         let fell_back = relayed && self.fd_transport != FdTransport::Relay;
         let why = match (self.fd_transport, relayed, refusal) {
