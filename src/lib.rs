@@ -69,6 +69,7 @@
 //! |---|---|
 //! | [`session`] | [`Session`]: barrier, all-gather, broadcast, send/recv, fd and GPU-handle exchange, worker to worker |
 //! | [`launch`] | where a worker stands under Open MPI, MPICH, torchrun or Slurm, for [`Session::from_env`] |
+//! | [`logging`] | where log events go for a program with no `tracing` subscriber (the C ABI, Python) |
 //! | [`handshake`] | the broker's [`Listener`](handshake::Listener) and [`connect`](handshake::connect) |
 //! | [`queues`] | the lock-free SPSC ring in a sealed memfd, with spin-then-futex parking |
 //! | [`allocator`] | per-worker outboxes only their owner can write: private allocator and acknowledgement ledger, bounds-checked references, loans |
@@ -78,6 +79,7 @@
 #![warn(missing_docs)]
 
 pub mod launch;
+pub mod logging;
 pub mod reduce;
 pub mod session;
 

@@ -182,6 +182,25 @@
 // Host memory in a memfd (no GPU needed: tests, CPU fallbacks): carries an fd.
 #define SHMBROKER_GPU_HOST_MEMFD 8
 
+// No log events (the default: a C program hears nothing until it calls [`shmbroker_set_log`]).
+#define SHMBROKER_LOG_OFF 0
+
+// Something failed.
+#define SHMBROKER_LOG_ERROR 1
+
+// Something went wrong and was worked around (fds through the broker's relay because the
+// kernel refused `pidfd_getfd`, a refused logon or notice at the broker).
+#define SHMBROKER_LOG_WARN 2
+
+// What the broker and sessions did: logons, departures, deaths, the fd transport.
+#define SHMBROKER_LOG_INFO 3
+
+// Details for debugging shmbroker.
+#define SHMBROKER_LOG_DEBUG 4
+
+// More details.
+#define SHMBROKER_LOG_TRACE 5
+
 // A group of ranks: opaque, made by `shmbroker_group_create` or `shmbroker_shrink`, freed by
 // `shmbroker_group_free`. It belongs to the session that made it, and does not keep that
 // session alive: free it first. Read-only once made, so any thread may use it.
@@ -217,6 +236,11 @@ typedef struct shmbroker_gpu_handle {
   // An id the exporter chooses, to tell its buffers apart.
   uint64_t buffer_id;
 } shmbroker_gpu_handle;
+
+// A log callback: `level` is a `SHMBROKER_LOG_*` level, `target` the module that logged (such
+// as `shmbroker::session::fds`) and `message` one line; both strings are valid only during the
+// call.
+typedef void (*shmbroker_log_fn)(void *user, int level, const char *target, const char *message);
 
 #ifdef __cplusplus
 extern "C" {
@@ -825,6 +849,26 @@ int shmbroker_interrupt(const struct shmbroker_session *s);
 //
 // `s` is null or a live session.
 int shmbroker_clear_interrupt(struct shmbroker_session *s);
+
+// Sends the library's log events at `max_level` or more severe (`SHMBROKER_LOG_ERROR` ...
+// `SHMBROKER_LOG_TRACE`) to `log`, or as lines on stderr when `log` is NULL
+// (`shmbroker WARN shmbroker::session::fds: fd transport: ...`); `SHMBROKER_LOG_OFF` stops
+// them. Each call replaces what the last one set. Events are rare (none is on a message's
+// path): the fd transport a session uses (a warning when it falls back to the broker's relay),
+// and, in the process that hosts a broker, logons, departures, deaths and refusals.
+//
+// `log` is called on whichever thread logged (the caller's, a session's watcher thread, the
+// broker's threads), possibly on several at once, with `user`; it must be thread-safe, return
+// promptly (a broker thread waits for it) and call no shmbroker function. Threads: any.
+//
+// Errors: `SHMBROKER_E_MISUSE` for a level out of range, or when the process already has a
+// Rust `tracing` subscriber (the events go there).
+//
+// # Safety
+//
+// `log` is NULL or a function of this signature that stays callable, with `user`, until a later
+// call replaces it or the process ends.
+int shmbroker_set_log(int max_level, shmbroker_log_fn log, void *user);
 
 // The message of this thread's last failing call (empty if none failed yet). Valid until the
 // next shmbroker call on this thread. Each thread has its own.

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -70,6 +71,34 @@ inline std::uint64_t milliseconds(std::chrono::milliseconds timeout) {
 // A timeout that means no deadline (SHMBROKER_TIMEOUT_FOREVER): calls wait as long as it takes;
 // deaths, departures and interrupts still end a wait.
 inline constexpr std::chrono::milliseconds forever = std::chrono::milliseconds::max();
+
+// Where the library's log events go (see shmbroker_set_log): `log` gets each event at
+// `max_level` (a SHMBROKER_LOG_* level) or more severe, as (level, target, message); no `log`
+// writes them to stderr, SHMBROKER_LOG_OFF stops them. `log` is called on library threads,
+// maybe several at once: make it thread-safe and quick, and call no shmbroker function in it;
+// what it throws is dropped. Each function set stays allocated for the process's life (an event
+// may still be reaching it on another thread when the next one is set).
+using LogFunction = std::function<void(int level, const char *target, const char *message)>;
+
+inline void set_log(int max_level, LogFunction log = nullptr) {
+    if (!log) {
+        detail::check(shmbroker_set_log(max_level, nullptr, nullptr));
+        return;
+    }
+    auto *kept = new LogFunction(std::move(log));
+    auto trampoline = [](void *user, int level, const char *target, const char *message) {
+        try {
+            (*static_cast<LogFunction *>(user))(level, target, message);
+        } catch (...) {
+            // An exception must not cross into the library.
+        }
+    };
+    const int rc = shmbroker_set_log(max_level, trampoline, kept);
+    if (rc != SHMBROKER_OK) {
+        delete kept;
+        detail::check(rc);
+    }
+}
 
 // How a reduction combines contributions (SHMBROKER_OP_*).
 enum class Op : int {

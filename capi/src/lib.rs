@@ -62,6 +62,8 @@ mod fds;
 mod gpu;
 // shmbroker_interrupt, shmbroker_clear_interrupt
 mod interrupt;
+// shmbroker_set_log and its levels
+mod logs;
 // shmbroker_last_error, shmbroker_last_error_rank; the guard every call runs in
 mod error;
 // shmbroker_session and shmbroker_close
@@ -84,6 +86,7 @@ pub use groups::*;
 pub use handle::{shmbroker_close, shmbroker_session};
 pub use interrupt::{shmbroker_clear_interrupt, shmbroker_interrupt};
 pub use loans::*;
+pub use logs::*;
 pub use point_to_point::{
     shmbroker_probe, shmbroker_readiness_fd, shmbroker_recv, shmbroker_recv_any, shmbroker_send,
     shmbroker_try_recv, shmbroker_try_recv_any,

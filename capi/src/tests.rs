@@ -1065,3 +1065,88 @@ fn the_deadline_set_on_a_session_holds_for_later_calls_on_either_half() {
         assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
     }
 }
+
+/// Lines `record_log` was given: (the `user` pointer's value, level, target, message).
+static LOGGED: std::sync::Mutex<Vec<(usize, c_int, String, String)>> =
+    std::sync::Mutex::new(Vec::new());
+
+unsafe extern "C" fn record_log(
+    user: *mut std::ffi::c_void,
+    level: c_int,
+    target: *const std::ffi::c_char,
+    message: *const std::ffi::c_char,
+) {
+    // SAFETY: shmbroker_set_log passes NUL-terminated strings that live for this call.
+    let (target, message) = unsafe { (CStr::from_ptr(target), CStr::from_ptr(message)) };
+    LOGGED.lock().unwrap().push((
+        user as usize,
+        level,
+        target.to_string_lossy().into_owned(),
+        message.to_string_lossy().into_owned(),
+    ));
+}
+
+#[test]
+fn log_events_reach_the_callback_with_its_user_pointer_until_it_is_switched_off() {
+    let mut user = 0u8;
+    let user = (&raw mut user).cast::<std::ffi::c_void>();
+    // SAFETY: a level out of range changes nothing.
+    let rc = unsafe { shmbroker_set_log(9, Some(record_log), user) };
+    assert_eq!(rc, SHMBROKER_E_MISUSE);
+    assert!(last_error().contains("log level 9"), "{}", last_error());
+    // SAFETY: a thread-safe callback that stays callable for the whole test binary.
+    let rc = unsafe { shmbroker_set_log(SHMBROKER_LOG_INFO, Some(record_log), user) };
+    assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+    let (_dir, sessions) = world(2);
+    let joins: Vec<_> = sessions
+        .iter()
+        .map(|&s| {
+            std::thread::spawn(move || {
+                let file = std::fs::File::open("/proc/self/exe").unwrap();
+                let mut fds = [-1; 2];
+                // SAFETY: this thread's session alone; an open fd; two writable ints.
+                let rc = unsafe {
+                    shmbroker_exchange_fds(
+                        s as *mut _,
+                        std::os::fd::AsRawFd::as_raw_fd(&file),
+                        fds.as_mut_ptr(),
+                    )
+                };
+                assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+                for fd in fds {
+                    // SAFETY: fds the call handed over, closed once.
+                    unsafe { nix::libc::close(fd) };
+                }
+            })
+        })
+        .collect();
+    for join in joins {
+        join.join().unwrap();
+    }
+    for s in sessions {
+        // SAFETY: live sessions, closed once, by this thread alone now.
+        assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
+    }
+    // SAFETY: switching off needs no callback.
+    let rc = unsafe { shmbroker_set_log(SHMBROKER_LOG_OFF, None, std::ptr::null_mut()) };
+    assert_eq!(rc, SHMBROKER_OK);
+    let logged = std::mem::take(&mut *LOGGED.lock().unwrap());
+    // Each rank logs how its fds moved (other tests of this binary may log meanwhile too).
+    let transports: Vec<_> = logged
+        .iter()
+        .filter(|(_, _, _, message)| message.contains("fd transport: "))
+        .collect();
+    assert!(transports.len() >= 2, "{logged:?}");
+    for (got_user, level, target, message) in transports {
+        assert_eq!(*got_user, user as usize);
+        assert!(
+            *level == SHMBROKER_LOG_INFO || *level == SHMBROKER_LOG_WARN,
+            "{message}"
+        );
+        assert_eq!(target, "shmbroker::session::fds");
+        assert!(message.contains("rank="), "{message}");
+    }
+    // Nothing more once switched off.
+    tracing::warn!("after the log was switched off");
+    assert!(LOGGED.lock().unwrap().is_empty());
+}

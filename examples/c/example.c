@@ -48,6 +48,8 @@ static void fail(const char *what) {
 
 int main(void) {
     shmbroker_session *s = NULL;
+    /* The library's warnings (an fd transport that fell back to the broker's relay, say) on stderr. */
+    CHECK(shmbroker_set_log(SHMBROKER_LOG_WARN, NULL, NULL));
     CHECK(shmbroker_from_env(30000, &s));
     uint32_t rank = shmbroker_rank(s), world = shmbroker_world_size(s);
 

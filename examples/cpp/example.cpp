@@ -42,6 +42,11 @@ constexpr std::uint32_t kMagic = 0x5348424b;
 }  // namespace
 
 int main() try {
+    // The library's warnings (an fd transport that fell back to the broker's relay, say), as
+    // this program's own lines.
+    shmbroker::set_log(SHMBROKER_LOG_WARN, [](int, const char *, const char *message) {
+        std::fprintf(stderr, "example: shmbroker says: %s\n", message);
+    });
     auto session = shmbroker::Session::from_env(std::chrono::seconds(30));
     const std::uint32_t rank = session.rank();
     session.set_timeout(std::chrono::seconds(60));  // every later call's deadline
