@@ -27,6 +27,7 @@ from ._errors import (
     ResourceError,
     Timeout,
 )
+from . import _logs  # noqa: F401  (the library's log events into logging, logger "shmbroker")
 from ._event_loop import recv_any_async
 from ._objects import all_gather_object, broadcast_object, recv_object, send_object
 from ._shmbroker import Group, Session, connect

@@ -3,7 +3,21 @@
 import os
 import sys
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, Union, final
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+    final,
+)
+
+__all__ = ["Session", "Group", "connect", "_forward_logs"]
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer
@@ -289,3 +303,7 @@ def connect(
     Raises :class:`LogonError` when no broker answers in time, the broker refuses, or the
     environment does not say where this process stands; :class:`MisuseError` for a bad argument.
     """
+
+def _forward_logs(forward: Callable[[int, str, str], None]) -> None:
+    """Sends the library's log events to ``forward(levelno, target, message)`` on a thread of
+    its own (``shmbroker._logs`` calls it once, at import)."""

@@ -18,6 +18,7 @@
 
 mod buffer;
 mod errors;
+mod logs;
 mod process;
 mod sigint;
 
@@ -1136,5 +1137,6 @@ fn _shmbroker(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PySession>()?;
     module.add_class::<PyGroup>()?;
     module.add_function(wrap_pyfunction!(connect, module)?)?;
+    module.add_function(wrap_pyfunction!(logs::_forward_logs, module)?)?;
     Ok(())
 }

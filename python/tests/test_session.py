@@ -134,6 +134,12 @@ def test_ctrl_c_never_throws_away_a_call_that_succeeded(tmp_path):
     assert "[0] RECEIVED ONCE" in job.stdout, describe(job)
 
 
+def test_log_events_reach_pythons_logging():
+    job = run_scenario(2, "logs", env={"SHMBROKER_FD_TRANSPORT": "relay"})
+    assert_ok(job, 2, "logs")
+    assert "[1] LOGGED fd transport: relay through the broker" in job.stdout, describe(job)
+
+
 def test_the_issue_one_liner_all_gathers():
     program = (
         "import shmbroker; s = shmbroker.connect(); "

@@ -666,6 +666,36 @@ def scenario_interrupt_send(session, args):
         say("RECEIVED ONCE")
 
 
+def scenario_logs(session, _):
+    """The library's log events reach logging's logger "shmbroker" (here: how fds moved, under
+    SHMBROKER_FD_TRANSPORT=relay), with the module that logged them."""
+    import logging
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger = logging.getLogger("shmbroker")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    fd = os.memfd_create("logs")
+    for imported in session.exchange_fds(fd):
+        os.close(imported)
+    deadline = time.monotonic() + 10
+    wanted = [r for r in records if "fd transport: relay" in r.getMessage()]
+    while not wanted:
+        check(time.monotonic() < deadline, f"no fd transport record within 10 s: {records}")
+        time.sleep(0.01)
+        wanted = [r for r in records if "fd transport: relay" in r.getMessage()]
+    record = wanted[0]
+    check(record.levelno == logging.INFO, f"level {record.levelname}")
+    check(record.shmbroker_target == "shmbroker::session::fds", record.shmbroker_target)
+    check(f"rank={session.rank}" in record.getMessage(), record.getMessage())
+    say(f"LOGGED {record.getMessage()}")
+
+
 def wait_for_file(path, what):
     deadline = time.monotonic() + 20
     while not os.path.exists(path):
