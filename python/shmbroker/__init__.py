@@ -29,6 +29,7 @@ from ._errors import (
 )
 from . import _logs  # noqa: F401  (the library's log events into logging, logger "shmbroker")
 from ._event_loop import recv_any_async
+from ._gpu import GpuHandle
 from ._objects import all_gather_object, broadcast_object, recv_object, send_object
 from ._shmbroker import Group, Session, connect
 
@@ -36,6 +37,7 @@ __all__ = [
     "BrokerLost",
     "BufferTooSmall",
     "Error",
+    "GpuHandle",
     "Group",
     "LogonError",
     "MisuseError",

@@ -17,6 +17,8 @@ from typing import (
     final,
 )
 
+from ._gpu import GpuHandle
+
 __all__ = ["Session", "Group", "connect", "_forward_logs"]
 
 if sys.version_info >= (3, 12):
@@ -245,6 +247,21 @@ class Session:
         readable when a message is waiting from any peer (or one died or left), once
         :meth:`try_recv_any` has returned ``None``. Never read it; it stays open as long as the
         session. :func:`shmbroker.recv_any_async` is this done for asyncio."""
+    def all_gather_gpu_handles(
+        self, handle: GpuHandle, fd: Optional[_Fd] = None, *, timeout: Optional[float] = ...
+    ) -> List[Tuple[GpuHandle, Optional[int]]]:
+        """Every rank's GPU handle in rank order, each with a new fd this process owns for the
+        kinds whose handle is an fd (``None`` for the others). Give ``fd`` exactly when this
+        rank's kind carries one."""
+    def broadcast_gpu_handle(
+        self,
+        root: int,
+        handle: Optional[GpuHandle] = None,
+        fd: Optional[_Fd] = None,
+        *,
+        timeout: Optional[float] = ...,
+    ) -> Tuple[GpuHandle, Optional[int]]:
+        """``root``'s GPU handle on every rank, with a new fd for the kinds that carry one."""
     def fd_transport(self) -> Tuple[str, Optional[str]]:
         """How fds move, as ``(chosen, used)``: ``chosen`` is ``"auto"``, ``"pidfd"`` or
         ``"relay"``; ``used`` is ``None`` before the first exchange, then ``"pidfd"`` while every

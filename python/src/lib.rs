@@ -242,7 +242,9 @@ impl PySession {
             sigint::deliver();
             py.check_signals()?;
         }
-        let armed = main.then(|| sigint::Armed::arm(&self.interrupter)).flatten();
+        let armed = main
+            .then(|| sigint::Armed::arm(&self.interrupter))
+            .flatten();
         let result = py.detach(|| call(session));
         let caught = armed.is_some_and(sigint::Armed::disarm);
         match result {
@@ -360,7 +362,32 @@ fn borrowed<'fd>(number: RawFd) -> BorrowedFd<'fd> {
     unsafe { BorrowedFd::borrow_raw(number) }
 }
 
-/// The reduction named `name` (`"sum"`, `"max"`, `"bit_xor"`, `"avg"`, ...; any case).
+/// A `shmbroker.GpuHandle` (or anything with its `_pack`) as the wire struct.
+fn gpu_handle_arg(handle: &Bound<'_, PyAny>) -> PyResult<shmbroker::GpuHandle> {
+    let packed = handle
+        .call_method0("_pack")
+        .map_err(|_| errors::misuse(format!("{handle:?} is not a shmbroker.GpuHandle")))?;
+    let bytes: &[u8] = packed.extract()?;
+    bytemuck::try_pod_read_unaligned(bytes).map_err(|_| {
+        errors::misuse(format!(
+            "a packed GPU handle is {} bytes, not {}",
+            size_of::<shmbroker::GpuHandle>(),
+            bytes.len()
+        ))
+    })
+}
+
+/// A wire struct as a `shmbroker.GpuHandle` (its kind already checked by the library).
+fn gpu_handle_object<'py>(
+    py: Python<'py>,
+    handle: &shmbroker::GpuHandle,
+) -> PyResult<Bound<'py, PyAny>> {
+    py.import("shmbroker._gpu")?
+        .getattr("GpuHandle")?
+        .call_method1("_unpack", (PyBytes::new(py, bytemuck::bytes_of(handle)),))
+}
+
+/// The reduction named `name`/// The reduction named `name` (`"sum"`, `"max"`, `"bit_xor"`, `"avg"`, ...; any case).
 fn op_arg(name: &str) -> PyResult<ReduceOp> {
     let lower = name.to_ascii_lowercase();
     ReduceOp::ALL
@@ -1012,6 +1039,76 @@ impl PySession {
             session.broadcast_fd_timeout(root, fd, timeout)
         })?;
         Ok(received.into_raw_fd())
+    }
+
+    /// Every rank's GPU handle (a :class:`shmbroker.GpuHandle`), in rank order, as
+    /// ``(GpuHandle, fd)`` pairs: ``fd`` is a new file descriptor this process owns for the kinds
+    /// whose handle is an fd (``handle.carries_fd``), ``None`` for the others. Give ``fd``
+    /// exactly when this rank's kind carries one. The library never loads a GPU runtime: open
+    /// what arrives with the runtime that exported it.
+    ///
+    /// Raises :class:`MisuseError` for an fd given (or missing) against the kind;
+    /// :class:`ProtocolError` when a peer's kind is unknown; otherwise as :meth:`exchange_fds`.
+    #[pyo3(signature = (handle, fd=None, *, timeout=CallTimeout::Session))]
+    fn all_gather_gpu_handles<'py>(
+        &self,
+        py: Python<'py>,
+        handle: &Bound<'py, PyAny>,
+        fd: Option<&Bound<'py, PyAny>>,
+        timeout: CallTimeout,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let own = gpu_handle_arg(handle)?;
+        let fd = fd.map(fd_arg).transpose()?.map(borrowed);
+        let timeout = self.deadline(timeout)?;
+        let default = self.timeout;
+        let gathered = self.blocking(py, |session| {
+            session.set_timeout(timeout);
+            let gathered = session.all_gather_gpu_handles(&own, fd);
+            session.set_timeout(default);
+            gathered
+        })?;
+        let pairs = gathered
+            .into_iter()
+            .map(|(handle, fd)| {
+                Ok((
+                    gpu_handle_object(py, &handle)?,
+                    fd.map(IntoRawFd::into_raw_fd),
+                ))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, pairs)
+    }
+
+    /// ``root``'s GPU handle on every rank, as ``(GpuHandle, fd)`` (as in
+    /// :meth:`all_gather_gpu_handles`; on the root, ``fd`` is a duplicate of its own). The root
+    /// gives ``handle`` (and ``fd`` when its kind carries one); other ranks leave both out.
+    ///
+    /// Raises as :meth:`all_gather_gpu_handles` does, and :class:`MisuseError` when the root
+    /// gives no handle or another rank gives one.
+    #[pyo3(signature = (root, handle=None, fd=None, *, timeout=CallTimeout::Session))]
+    fn broadcast_gpu_handle<'py>(
+        &self,
+        py: Python<'py>,
+        root: i64,
+        handle: Option<&Bound<'py, PyAny>>,
+        fd: Option<&Bound<'py, PyAny>>,
+        timeout: CallTimeout,
+    ) -> PyResult<(Bound<'py, PyAny>, Option<RawFd>)> {
+        let root = rank_arg(root)?;
+        let own = handle.map(gpu_handle_arg).transpose()?;
+        let fd = fd.map(fd_arg).transpose()?.map(borrowed);
+        let timeout = self.deadline(timeout)?;
+        let default = self.timeout;
+        let (handle, fd) = self.blocking(py, |session| {
+            session.set_timeout(timeout);
+            let got = session.broadcast_gpu_handle(root, own.as_ref().map(|own| (own, fd)));
+            session.set_timeout(default);
+            got
+        })?;
+        Ok((
+            gpu_handle_object(py, &handle)?,
+            fd.map(IntoRawFd::into_raw_fd),
+        ))
     }
 
     /// Leaves the session: peers waiting on this rank are told it left (:class:`PeerLeft`).

@@ -140,6 +140,10 @@ def test_log_events_reach_pythons_logging():
     assert "[1] LOGGED fd transport: relay through the broker" in job.stdout, describe(job)
 
 
+def test_gpu_handles_with_their_fds():
+    assert_ok(run_scenario(3, "gpu_handles"), 3, "gpu_handles")
+
+
 def test_the_issue_one_liner_all_gathers():
     program = (
         "import shmbroker; s = shmbroker.connect(); "

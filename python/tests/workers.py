@@ -696,6 +696,41 @@ def scenario_logs(session, _):
     say(f"LOGGED {record.getMessage()}")
 
 
+def scenario_gpu_handles(session, _):
+    """GPU handles with their fds (host memfds stand in for device memory), a handle kind with
+    no fd (bytes only), a broadcast, and misuse: an fd against the kind, a missing fd."""
+    rank, world = session.rank, session.world_size
+    fd = os.memfd_create(f"gpu-{rank}")
+    os.write(fd, b"memory of rank %d" % rank)
+    own = shmbroker.GpuHandle(
+        "host_memfd", size=16, device_uuid=bytes([rank]) * 16, buffer_id=100 + rank
+    )
+    check(own.carries_fd, "a memfd handle carries its fd")
+    gathered = session.all_gather_gpu_handles(own, fd)
+    check(len(gathered) == world, f"{len(gathered)} handles")
+    for peer, (handle, theirs) in enumerate(gathered):
+        check(handle.kind == "host_memfd" and handle.buffer_id == 100 + peer, repr(handle))
+        check(handle.device_uuid == bytes([peer]) * 16, repr(handle))
+        check(os.pread(theirs, 64, 0) == b"memory of rank %d" % peer, f"rank {peer}'s memory")
+        os.close(theirs)
+    # Legacy CUDA IPC: 64 opaque bytes and no fd.
+    ipc = shmbroker.GpuHandle("cuda_ipc_memory", size=1 << 20, handle=bytes([rank + 1]) * 64)
+    gathered = session.all_gather_gpu_handles(ipc)
+    check([h.handle for h, _ in gathered] == [bytes([p + 1]) * 64 for p in range(world)], "ipc")
+    check(all(f is None for _, f in gathered), "no fds for cuda_ipc_memory")
+    got, got_fd = session.broadcast_gpu_handle(
+        1, own if rank == 1 else None, fd if rank == 1 else None
+    )
+    check(got.buffer_id == 101 and os.pread(got_fd, 64, 0) == b"memory of rank 1", repr(got))
+    os.close(got_fd)
+    raises(shmbroker.MisuseError, lambda: session.all_gather_gpu_handles(ipc, fd))
+    raises(shmbroker.MisuseError, lambda: session.all_gather_gpu_handles(own))
+    raises(shmbroker.MisuseError, lambda: session.all_gather_gpu_handles(b"not a handle"))
+    raises(ValueError, lambda: shmbroker.GpuHandle("cuda", size=1))
+    # Still in step with the peers after the misuse.
+    session.barrier()
+
+
 def wait_for_file(path, what):
     deadline = time.monotonic() + 20
     while not os.path.exists(path):
