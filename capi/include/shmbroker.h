@@ -305,6 +305,16 @@ int shmbroker_set_timeout(struct shmbroker_session *s, uint64_t timeout_ms);
 // `s` is null or a live session.
 int shmbroker_barrier(struct shmbroker_session *s);
 
+// [`shmbroker_barrier`] with a deadline of its own: `timeout_ms` milliseconds, or
+// `SHMBROKER_TIMEOUT_FOREVER` for none, instead of the session's (see
+// `shmbroker_set_timeout` for every other collective). Errors: as [`shmbroker_barrier`], and
+// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+//
+// # Safety
+//
+// `s` is null or a live session.
+int shmbroker_barrier_timeout(struct shmbroker_session *s, uint64_t timeout_ms);
+
 // As `shmbroker_barrier`, among the members of group `g` (NULL: the world).
 //
 // # Safety
@@ -598,6 +608,19 @@ void shmbroker_group_free(struct shmbroker_group *g);
 // `s` is null or a live session; `data` has `len` readable bytes.
 int shmbroker_send(struct shmbroker_session *s, uint32_t rank, const void *data, size_t len);
 
+// [`shmbroker_send`] with a deadline of its own: `timeout_ms` milliseconds, or
+// `SHMBROKER_TIMEOUT_FOREVER` for none, instead of the session's. Errors: as
+// [`shmbroker_send`], and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+//
+// # Safety
+//
+// As for [`shmbroker_send`].
+int shmbroker_send_timeout(struct shmbroker_session *s,
+                           uint32_t rank,
+                           const void *data,
+                           size_t len,
+                           uint64_t timeout_ms);
+
 // Receives the next message from `rank` into `buf` (`cap` bytes); `*len` is its length. A
 // message longer than `cap` is `SHMBROKER_E_TOO_SMALL` with `*len` set to its length; it is
 // kept, whole, for the next receive (see also [`shmbroker_probe`]). Threads: one receive at a
@@ -626,6 +649,35 @@ int shmbroker_recv_any(struct shmbroker_session *s,
                        void *buf,
                        size_t cap,
                        size_t *len);
+
+// [`shmbroker_recv`] with a deadline of its own: `timeout_ms` milliseconds, or
+// `SHMBROKER_TIMEOUT_FOREVER` for none (a response thread that waits as long as it takes while
+// the main thread's collectives keep the session's deadline). Errors: as [`shmbroker_recv`],
+// and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+//
+// # Safety
+//
+// As for [`shmbroker_recv`].
+int shmbroker_recv_timeout(struct shmbroker_session *s,
+                           uint32_t rank,
+                           void *buf,
+                           size_t cap,
+                           size_t *len,
+                           uint64_t timeout_ms);
+
+// [`shmbroker_recv_any`] with a deadline of its own: `timeout_ms` milliseconds, or
+// `SHMBROKER_TIMEOUT_FOREVER` for none. Errors: as [`shmbroker_recv_any`], and
+// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+//
+// # Safety
+//
+// As for [`shmbroker_recv_any`].
+int shmbroker_recv_any_timeout(struct shmbroker_session *s,
+                               uint32_t *rank,
+                               void *buf,
+                               size_t cap,
+                               size_t *len,
+                               uint64_t timeout_ms);
 
 // [`shmbroker_recv`] without waiting: `SHMBROKER_E_AGAIN` when nothing from `rank` has started
 // to arrive (a large message that has started is received whole). Threads: as
@@ -670,6 +722,18 @@ int shmbroker_readiness_fd(const struct shmbroker_session *s);
 //
 // `s` is null or a live session; `len` points at a writable `size_t`.
 int shmbroker_probe(struct shmbroker_session *s, uint32_t rank, size_t *len);
+
+// [`shmbroker_probe`] with a deadline of its own: `timeout_ms` milliseconds, or
+// `SHMBROKER_TIMEOUT_FOREVER` for none. Errors: as [`shmbroker_probe`], and
+// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+//
+// # Safety
+//
+// As for [`shmbroker_probe`].
+int shmbroker_probe_timeout(struct shmbroker_session *s,
+                            uint32_t rank,
+                            size_t *len,
+                            uint64_t timeout_ms);
 
 // Lends `len` bytes of this rank's outbox: `*data` is where to write them, and `*out` the loan,
 // which `shmbroker_send_loan` or `shmbroker_broadcast_loan` hands over (or

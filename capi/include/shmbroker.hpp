@@ -460,6 +460,12 @@ class Session : public Collectives {
         detail::check(shmbroker_send(s_, rank, data, len));
     }
 
+    // send with a deadline of its own (shmbroker::forever: none) instead of the session's.
+    void send(std::uint32_t rank, const void *data, std::size_t len,
+              std::chrono::milliseconds timeout) {
+        detail::check(shmbroker_send_timeout(s_, rank, data, len, detail::milliseconds(timeout)));
+    }
+
     template <typename T>
     void send(std::uint32_t rank, const std::vector<T> &data) {
         static_assert(std::is_trivially_copyable_v<T>, "send copies bytes");
@@ -474,6 +480,15 @@ class Session : public Collectives {
         return len;
     }
 
+    // recv with a deadline of its own (shmbroker::forever: none) instead of the session's.
+    std::size_t recv(std::uint32_t rank, void *buf, std::size_t cap,
+                     std::chrono::milliseconds timeout) {
+        std::size_t len = 0;
+        detail::check(
+            shmbroker_recv_timeout(s_, rank, buf, cap, &len, detail::milliseconds(timeout)));
+        return len;
+    }
+
     // The next message from `rank`, whatever its size.
     std::vector<unsigned char> recv(std::uint32_t rank) {
         std::vector<unsigned char> message(probe(rank));
@@ -485,6 +500,15 @@ class Session : public Collectives {
     Received recv_any(void *buf, std::size_t cap) {
         Received got{0, 0};
         detail::check(shmbroker_recv_any(s_, &got.rank, buf, cap, &got.size));
+        return got;
+    }
+
+    // recv_any with a deadline of its own (shmbroker::forever: a response thread that waits as
+    // long as it takes while the main thread's collectives keep the session's deadline).
+    Received recv_any(void *buf, std::size_t cap, std::chrono::milliseconds timeout) {
+        Received got{0, 0};
+        detail::check(shmbroker_recv_any_timeout(s_, &got.rank, buf, cap, &got.size,
+                                                 detail::milliseconds(timeout)));
         return got;
     }
 
@@ -528,6 +552,20 @@ class Session : public Collectives {
         std::size_t len = 0;
         detail::check(shmbroker_probe(s_, rank, &len));
         return len;
+    }
+
+    // probe with a deadline of its own (shmbroker::forever: none).
+    std::size_t probe(std::uint32_t rank, std::chrono::milliseconds timeout) {
+        std::size_t len = 0;
+        detail::check(shmbroker_probe_timeout(s_, rank, &len, detail::milliseconds(timeout)));
+        return len;
+    }
+
+    // barrier with a deadline of its own (shmbroker::forever: none); the other collectives take
+    // the session's (set_timeout).
+    using Collectives::barrier;
+    void barrier(std::chrono::milliseconds timeout) {
+        detail::check(shmbroker_barrier_timeout(s_, detail::milliseconds(timeout)));
     }
 
 #if __cplusplus >= 202002L

@@ -21,6 +21,27 @@ pub unsafe extern "C" fn shmbroker_barrier(s: *mut shmbroker_session) -> c_int {
     unsafe { barrier("shmbroker_barrier", s, std::ptr::null()) }
 }
 
+/// [`shmbroker_barrier`] with a deadline of its own: `timeout_ms` milliseconds, or
+/// `SHMBROKER_TIMEOUT_FOREVER` for none, instead of the session's (see
+/// `shmbroker_set_timeout` for every other collective). Errors: as [`shmbroker_barrier`], and
+/// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+///
+/// # Safety
+///
+/// `s` is null or a live session.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_barrier_timeout(
+    s: *mut shmbroker_session,
+    timeout_ms: u64,
+) -> c_int {
+    guard("shmbroker_barrier_timeout", || {
+        let timeout = crate::session::timeout_of(timeout_ms)?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        Ok(entered.handle.sender.session().barrier_timeout(timeout)?)
+    })
+}
+
 /// As `shmbroker_barrier`, among the members of group `g` (NULL: the world).
 ///
 /// # Safety

@@ -9,7 +9,11 @@
 //! - A null pointer where one is needed, a buffer shorter than the call needs, or a rank out of
 //!   range is `SHMBROKER_E_MISUSE` with a message, never a crash. (A pointer that is not null but
 //!   points at less memory than the length given cannot be detected: that is the caller's.)
-//! - Every blocking call has the deadline the session was opened with.
+//! - Every blocking call has a deadline: the session's (given at connect, changed by
+//!   `shmbroker_set_timeout`), or its own for the `_timeout` forms of the waits a server makes
+//!   (`shmbroker_send_timeout`, `shmbroker_recv_timeout`, `shmbroker_recv_any_timeout`,
+//!   `shmbroker_probe_timeout`, `shmbroker_barrier_timeout`). `SHMBROKER_TIMEOUT_FOREVER` is
+//!   none: deaths, departures and interrupts still end the wait.
 //!
 //! # Threads
 //!
@@ -50,7 +54,8 @@ mod reductions;
 // shmbroker_group_create, shmbroker_shrink, shmbroker_group_rank, shmbroker_group_size,
 // shmbroker_group_world_rank, shmbroker_group_free
 mod groups;
-// shmbroker_send, shmbroker_recv, shmbroker_recv_any, shmbroker_try_recv*, shmbroker_probe,
+// shmbroker_send(_timeout), shmbroker_recv(_timeout), shmbroker_recv_any(_timeout),
+// shmbroker_try_recv*, shmbroker_probe(_timeout),
 // shmbroker_readiness_fd
 mod point_to_point;
 // shmbroker_loan_create, shmbroker_send_loan, shmbroker_loan_free, shmbroker_recv_loan,
@@ -87,10 +92,7 @@ pub use handle::{shmbroker_close, shmbroker_session};
 pub use interrupt::{shmbroker_clear_interrupt, shmbroker_interrupt};
 pub use loans::*;
 pub use logs::*;
-pub use point_to_point::{
-    shmbroker_probe, shmbroker_readiness_fd, shmbroker_recv, shmbroker_recv_any, shmbroker_send,
-    shmbroker_try_recv, shmbroker_try_recv_any,
-};
+pub use point_to_point::*;
 pub use reductions::*;
 pub use session::{
     shmbroker_connect, shmbroker_from_env, shmbroker_rank, shmbroker_set_timeout,

@@ -4,6 +4,7 @@
 use crate::buffer::{bytes, bytes_mut};
 use crate::error::{Failure, guard, misuse};
 use crate::handle::{enter, peek, shmbroker_session};
+use crate::session::timeout_of;
 use crate::{SHMBROKER_E_AGAIN, SHMBROKER_E_TOO_SMALL};
 use shmbroker::{Error, Receiver};
 use std::ffi::{c_int, c_void};
@@ -27,6 +28,31 @@ pub unsafe extern "C" fn shmbroker_send(
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
         Ok(entered.handle.sender.send(rank, data)?)
+    })
+}
+
+/// [`shmbroker_send`] with a deadline of its own: `timeout_ms` milliseconds, or
+/// `SHMBROKER_TIMEOUT_FOREVER` for none, instead of the session's. Errors: as
+/// [`shmbroker_send`], and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+///
+/// # Safety
+///
+/// As for [`shmbroker_send`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_send_timeout(
+    s: *mut shmbroker_session,
+    rank: u32,
+    data: *const c_void,
+    len: usize,
+    timeout_ms: u64,
+) -> c_int {
+    guard("shmbroker_send_timeout", || {
+        let timeout = timeout_of(timeout_ms)?;
+        // SAFETY: `len` readable bytes at `data`, per the contract.
+        let data = unsafe { bytes(data, len, "data") }?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        Ok(entered.handle.sender.send_timeout(rank, data, timeout)?)
     })
 }
 
@@ -164,6 +190,70 @@ pub unsafe extern "C" fn shmbroker_recv_any(
     }
 }
 
+/// [`shmbroker_recv`] with a deadline of its own: `timeout_ms` milliseconds, or
+/// `SHMBROKER_TIMEOUT_FOREVER` for none (a response thread that waits as long as it takes while
+/// the main thread's collectives keep the session's deadline). Errors: as [`shmbroker_recv`],
+/// and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+///
+/// # Safety
+///
+/// As for [`shmbroker_recv`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_recv_timeout(
+    s: *mut shmbroker_session,
+    rank: u32,
+    buf: *mut c_void,
+    cap: usize,
+    len: *mut usize,
+    timeout_ms: u64,
+) -> c_int {
+    let name = "shmbroker_recv_timeout";
+    let timeout = match timeout_of(timeout_ms) {
+        Ok(timeout) => timeout,
+        Err(failure) => return guard(name, || Err(failure)),
+    };
+    // SAFETY: `s` is null or live, `buf` has `cap` writable bytes, `len` points at writable
+    // memory: this function's contract is `receive`'s.
+    unsafe {
+        receive(name, s, None, buf, cap, len, |receiver, buf| {
+            Ok(Some((
+                rank,
+                receiver.recv_into_timeout(rank, buf, timeout)?,
+            )))
+        })
+    }
+}
+
+/// [`shmbroker_recv_any`] with a deadline of its own: `timeout_ms` milliseconds, or
+/// `SHMBROKER_TIMEOUT_FOREVER` for none. Errors: as [`shmbroker_recv_any`], and
+/// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+///
+/// # Safety
+///
+/// As for [`shmbroker_recv_any`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_recv_any_timeout(
+    s: *mut shmbroker_session,
+    rank: *mut u32,
+    buf: *mut c_void,
+    cap: usize,
+    len: *mut usize,
+    timeout_ms: u64,
+) -> c_int {
+    let name = "shmbroker_recv_any_timeout";
+    let timeout = match timeout_of(timeout_ms) {
+        Ok(timeout) => timeout,
+        Err(failure) => return guard(name, || Err(failure)),
+    };
+    // SAFETY: `s` is null or live, `buf` has `cap` writable bytes, `len` and `rank` point at
+    // writable memory: this function's contract is `receive`'s.
+    unsafe {
+        receive(name, s, Some(rank), buf, cap, len, |receiver, buf| {
+            receiver.recv_any_into_timeout(buf, timeout).map(Some)
+        })
+    }
+}
+
 /// [`shmbroker_recv`] without waiting: `SHMBROKER_E_AGAIN` when nothing from `rank` has started
 /// to arrive (a large message that has started is received whole). Threads: as
 /// [`shmbroker_recv`].
@@ -261,6 +351,34 @@ pub unsafe extern "C" fn shmbroker_probe(
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
         let needed = entered.handle.receiver()?.probe(rank)?;
+        // SAFETY: checked non-null above; writable per the contract.
+        unsafe { len.write(needed) };
+        Ok(())
+    })
+}
+
+/// [`shmbroker_probe`] with a deadline of its own: `timeout_ms` milliseconds, or
+/// `SHMBROKER_TIMEOUT_FOREVER` for none. Errors: as [`shmbroker_probe`], and
+/// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+///
+/// # Safety
+///
+/// As for [`shmbroker_probe`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_probe_timeout(
+    s: *mut shmbroker_session,
+    rank: u32,
+    len: *mut usize,
+    timeout_ms: u64,
+) -> c_int {
+    guard("shmbroker_probe_timeout", || {
+        let timeout = timeout_of(timeout_ms)?;
+        if len.is_null() {
+            return Err(misuse("len is NULL"));
+        }
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let needed = entered.handle.receiver()?.probe_timeout(rank, timeout)?;
         // SAFETY: checked non-null above; writable per the contract.
         unsafe { len.write(needed) };
         Ok(())

@@ -88,6 +88,66 @@ fn with_timeout_forever_a_receive_waits_for_a_late_sender() {
 }
 
 #[test]
+fn a_per_call_timeout_overrides_the_sessions_both_ways() {
+    // The session's deadline is 10 s; each call below has its own.
+    let (_dir, sessions) = world(2);
+    let (zero, one) = (sessions[0], sessions[1]);
+    let late = std::thread::spawn(move || {
+        let s = one as *mut shmbroker_session;
+        // SAFETY: rank 1's session, used by this thread alone; readable bytes as long as said.
+        unsafe {
+            assert_eq!(shmbroker_barrier_timeout(s, 5_000), SHMBROKER_OK);
+            std::thread::sleep(Duration::from_millis(300));
+            let rc = shmbroker_send_timeout(s, 0, b"late".as_ptr().cast(), 4, 5_000);
+            assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+            assert_eq!(shmbroker_barrier_timeout(s, 0), SHMBROKER_E_MISUSE);
+            assert_eq!(
+                shmbroker_barrier_timeout(s, SHMBROKER_TIMEOUT_FOREVER),
+                SHMBROKER_OK
+            );
+        }
+    });
+    let s = zero as *mut shmbroker_session;
+    let (mut buffer, mut len, mut from) = ([0u8; 8], 0usize, u32::MAX);
+    // SAFETY: rank 0's session, used by this thread alone; writable buffers as long as said.
+    unsafe {
+        assert_eq!(shmbroker_barrier_timeout(s, 5_000), SHMBROKER_OK);
+        // 50 ms, not the session's 10 s: a timeout naming the rank it waited for.
+        let started = std::time::Instant::now();
+        assert_eq!(
+            shmbroker_probe_timeout(s, 1, &mut len, 50),
+            SHMBROKER_E_TIMEOUT
+        );
+        assert_eq!(shmbroker_last_error_rank(), 1);
+        let rc = shmbroker_recv_timeout(s, 1, buffer.as_mut_ptr().cast(), 8, &mut len, 50);
+        assert_eq!(rc, SHMBROKER_E_TIMEOUT, "{}", last_error());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(
+            shmbroker_recv_timeout(s, 1, buffer.as_mut_ptr().cast(), 8, &mut len, 0),
+            SHMBROKER_E_MISUSE
+        );
+        assert!(last_error().contains("timeout_ms is 0"), "{}", last_error());
+        // No deadline: the late message arrives.
+        let rc = shmbroker_recv_any_timeout(
+            s,
+            &mut from,
+            buffer.as_mut_ptr().cast(),
+            8,
+            &mut len,
+            SHMBROKER_TIMEOUT_FOREVER,
+        );
+        assert_eq!(rc, SHMBROKER_OK, "{}", last_error());
+        assert_eq!((from, &buffer[..len]), (1, &b"late"[..]));
+        assert_eq!(shmbroker_barrier_timeout(s, 5_000), SHMBROKER_OK);
+    }
+    late.join().unwrap();
+    for s in sessions {
+        // SAFETY: live sessions, closed once, by this thread alone now.
+        assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
+    }
+}
+
+#[test]
 fn null_pointers_and_bad_arguments_are_misuse_with_a_message() {
     let mut s = null_mut();
     // SAFETY: each call is given a null pointer on purpose; none is dereferenced.
