@@ -29,5 +29,7 @@ done
 # The Open MPI baselines ran beside ours (mpicc and mpirun are installed above).
 grep -q '"bench":"bulk_pingpong","impl":"open-mpi"' "$bench_out/results.jsonl"
 grep -q '"impl":"open-mpi","workers":2' "$bench_out/results.jsonl"
-# The C ABI's all-gather ran beside the Rust call (libshmbroker.so is built above).
+# The C ABI's all-gather, all-reduce and recv_any ran beside the Rust calls (libshmbroker.so is built above).
 grep -q '"bench":"capi_all_gather_64B","impl":"C ABI: shmbroker_all_gather"' "$bench_out/results.jsonl"
+grep -q '"bench":"capi_all_reduce_64B","impl":"C ABI: shmbroker_all_reduce (f32 sum)"' "$bench_out/results.jsonl"
+grep -q '"bench":"capi_recv_any_64B","impl":"C ABI: shmbroker_send + shmbroker_recv_any, round trip"' "$bench_out/results.jsonl"

@@ -1,13 +1,14 @@
-//! The C ABI against the Rust API it wraps: `shmbroker_all_gather` called from a C program, and
-//! the same loop written in Rust against `Session::all_gather_into`, each started as `WORLD`
-//! fresh processes by `shmbroker run -n WORLD` (this executable's hidden `run`, the same code),
-//! so that nothing but the language and the ABI differs between the two.
+//! The C ABI against the Rust API it wraps: `shmbroker_all_gather`, `shmbroker_all_reduce` and
+//! `shmbroker_recv_any` called from a C program, and the same loops written in Rust against
+//! `Session::all_gather_into`, `Session::all_reduce` and `Session::recv_any_into`, each started
+//! as `WORLD` fresh processes by `shmbroker run -n WORLD` (this executable's hidden `run`, the
+//! same code), so that nothing but the language and the ABI differs between the two.
 //!
-//! - [`ALLGATHER_C`] (`bench run -n WORLD capi_allgather ROUNDS WARMUP SIZE`): the C side.
-//! - [`rank`] (`bench run -n WORLD bench gather-rank ROUNDS WARMUP SIZE`, a hidden
+//! - [`CALLS_C`] (`bench run -n WORLD capi_calls CALL ROUNDS WARMUP SIZE`): the C side.
+//! - [`rank`] (`bench run -n WORLD bench capi-rank CALL ROUNDS WARMUP SIZE`, a hidden
 //!   subcommand): the Rust side, line for line the C program's loop.
 //!
-//! Both print `capi_allgather_sample NS` per timed call on rank 0.
+//! Both print `capi_sample NS` per timed round on rank 0.
 //!
 //! The C program is compiled with `cc -O2 -Wall` against the header this executable was built
 //! with (`capi/include/shmbroker.h`, written beside the source), linked with `-lshmbroker` and an
@@ -24,8 +25,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Source of `capi_allgather`: `shmbroker_all_gather` latency at any world size.
-pub const ALLGATHER_C: &str = concat!(include_str!("c/bench.h"), include_str!("capi/all_gather.c"));
+/// Source of `capi_calls`: the C ABI's all-gather, all-reduce and recv_any, timed.
+pub const CALLS_C: &str = concat!(include_str!("c/bench.h"), include_str!("capi/calls.c"));
 
 /// The header the program is built against: the one committed beside the C ABI this
 /// executable's source belongs to (CI checks it is what cbindgen makes of `capi/src/lib.rs`).
@@ -71,7 +72,7 @@ pub fn available() -> Result<PathBuf, String> {
     Ok(dir.to_path_buf())
 }
 
-/// `capi_allgather` built with `cc` against the `libshmbroker.so` in `lib` (see [`available`]).
+/// `capi_calls` built with `cc` against the `libshmbroker.so` in `lib` (see [`available`]).
 ///
 /// # Errors
 ///
@@ -91,8 +92,8 @@ pub fn build(lib: &std::path::Path) -> Result<Program, String> {
     ];
     compile(
         "cc",
-        "capi_allgather",
-        ALLGATHER_C,
+        "capi_calls",
+        CALLS_C,
         &[("shmbroker.h", HEADER)],
         &args,
     )
@@ -101,23 +102,47 @@ pub fn build(lib: &std::path::Path) -> Result<Program, String> {
 /// Which side of the comparison runs.
 #[derive(Clone, Copy, Debug)]
 pub enum Side {
-    /// The C program, calling `shmbroker_all_gather`.
+    /// The C program, calling the C ABI.
     C,
-    /// This executable's `gather-rank`, calling `Session::all_gather_into`.
+    /// This executable's `capi-rank`, calling the Rust API.
     Rust,
 }
 
-/// Rank 0's nanoseconds per all-gather of `bytes` bytes among `workers` ranks, each a process of
-/// `side` started by `bench run -n <workers>`, after `warmup` untimed calls. `program` is
-/// the C side; its directory holds the run's output either way.
+/// Which call both sides time (see `capi/calls.c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum Call {
+    /// Every rank's bytes to every rank.
+    AllGather,
+    /// A sum of f32, in place.
+    AllReduce,
+    /// A ping-pong between ranks 0 and 1, each receiving from any peer.
+    RecvAny,
+}
+
+impl Call {
+    /// The name both programs take on their command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AllGather => "all_gather",
+            Self::AllReduce => "all_reduce",
+            Self::RecvAny => "recv_any",
+        }
+    }
+}
+
+/// Rank 0's nanoseconds per round of `call` on `bytes` bytes among `workers` ranks, each a
+/// process of `side` started by `bench run -n <workers>`, after `warmup` untimed rounds.
+/// `program` is the C side; its directory holds the run's output either way.
 ///
 /// # Errors
 ///
 /// This executable not found; the launcher failing, timing out or exiting unsuccessfully (a
 /// failing call's message is in its stderr); fewer samples printed than `rounds`.
-pub fn all_gather(
+pub fn time(
     program: &Program,
     side: Side,
+    call: Call,
     workers: u32,
     rounds: usize,
     warmup: usize,
@@ -136,17 +161,18 @@ pub fn all_gather(
     let what = match side {
         Side::C => {
             launcher.arg(program.exe());
-            format!("bench run -n {workers} capi_allgather")
+            format!("bench run -n {workers} capi_calls {}", call.name())
         }
         Side::Rust => {
-            launcher.arg(&exe).arg("gather-rank");
-            format!("bench run -n {workers} bench gather-rank")
+            launcher.arg(&exe).arg("capi-rank");
+            format!("bench run -n {workers} bench capi-rank {}", call.name())
         }
     };
+    launcher.arg(call.name());
     launcher.args([rounds, warmup, bytes].map(|n| n.to_string()));
     // The launcher's own --timeout stops the copies first; this deadline is the backstop.
     let stdout = program.run_under(&mut launcher, &what, RUN_DEADLINE + Duration::from_secs(10))?;
-    let samples: Vec<u64> = parse_lines(&stdout, "capi_allgather_sample")
+    let samples: Vec<u64> = parse_lines(&stdout, "capi_sample")
         .into_iter()
         .filter_map(|fields| fields.first().copied())
         .collect();
@@ -160,27 +186,29 @@ pub fn all_gather(
     }
 }
 
-/// `bench gather-rank`: one rank of the Rust side of `capi_all_gather`.
+/// `bench capi-rank`: one rank of the Rust side of the `capi_*` benches.
 #[derive(Debug, clap::Args)]
 pub struct RankArgs {
-    /// Timed all-gathers.
+    /// The call to time.
+    call: Call,
+    /// Timed rounds.
     #[arg(value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     rounds: u64,
-    /// Untimed all-gathers before them.
+    /// Untimed rounds before them.
     #[arg(value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
     warmup: u64,
-    /// Bytes each rank contributes.
+    /// Bytes each rank contributes (or sends).
     #[arg(value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     bytes: u64,
 }
 
-/// The loop of `capi/all_gather.c`, in Rust: joins from the environment with a 20 s deadline
-/// (also every call's), then all-gathers from and into buffers made once, checks the first byte
-/// of every rank's part inside the timed region, and prints rank 0's samples.
+/// The loop of `capi/calls.c`, in Rust: joins from the environment with a 20 s deadline (also
+/// every call's), then runs the call on buffers made once, with the same checks inside the timed
+/// region, and prints rank 0's samples.
 ///
 /// # Errors
 ///
-/// Joining or an all-gather failing, or a rank's part holding the wrong byte.
+/// Joining or a call failing, or a check finding the wrong data.
 pub fn rank(args: &RankArgs) -> Result<(), String> {
     let timeout = Duration::from_secs(20);
     let mut session = shmbroker::Session::from_env(timeout).map_err(|e| format!("joining: {e}"))?;
@@ -191,18 +219,55 @@ pub fn rank(args: &RankArgs) -> Result<(), String> {
         args.warmup as usize,
         args.bytes as usize,
     );
+    if args.call == Call::AllReduce && bytes % 4 != 0 {
+        return Err(format!("all_reduce of {bytes} bytes: not a number of f32"));
+    }
     let data = vec![rank as u8; bytes];
     let mut out = vec![0xffu8; bytes * world];
+    let mut floats = vec![0f32; bytes / 4];
+    let sum = (world * (world + 1) / 2) as f32;
     let mut samples = Vec::with_capacity(rounds);
     for round in 0..warmup + rounds {
+        if args.call == Call::AllReduce {
+            floats.fill((rank + 1) as f32);
+        }
         let start = Instant::now();
-        session
-            .all_gather_into(&data, &mut out)
-            .map_err(|e| format!("all_gather_into: {e}"))?;
-        for (peer, part) in out.chunks(bytes).enumerate() {
-            if part[0] != peer as u8 {
-                return Err(format!("rank {rank}: rank {peer}'s part holds {}", part[0]));
+        match args.call {
+            Call::AllGather => {
+                session
+                    .all_gather_into(&data, &mut out)
+                    .map_err(|e| format!("all_gather_into: {e}"))?;
+                for (peer, part) in out.chunks(bytes).enumerate() {
+                    if part[0] != peer as u8 {
+                        return Err(format!("rank {rank}: rank {peer}'s part holds {}", part[0]));
+                    }
+                }
             }
+            Call::AllReduce => {
+                session
+                    .all_reduce(&mut floats, shmbroker::ReduceOp::Sum)
+                    .map_err(|e| format!("all_reduce: {e}"))?;
+                if floats[0] != sum {
+                    return Err(format!("rank {rank}: the sum is {}, not {sum}", floats[0]));
+                }
+            }
+            Call::RecvAny if rank < 2 => {
+                if rank == 0 {
+                    session.send(1, &data).map_err(|e| format!("send: {e}"))?;
+                }
+                let (from, len) = session
+                    .recv_any_into(&mut out[..bytes])
+                    .map_err(|e| format!("recv_any_into: {e}"))?;
+                if from != 1 - rank || len != bytes {
+                    return Err(format!("rank {rank}: {len} bytes from rank {from}"));
+                }
+                if rank == 1 {
+                    session
+                        .send(0, &out[..len])
+                        .map_err(|e| format!("send: {e}"))?;
+                }
+            }
+            Call::RecvAny => {}
         }
         let elapsed = start.elapsed().as_nanos() as u64;
         if round >= warmup {
@@ -212,9 +277,10 @@ pub fn rank(args: &RankArgs) -> Result<(), String> {
     if rank == 0 {
         let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
         for sample in samples {
-            writeln!(stdout, "capi_allgather_sample {sample}").map_err(|e| e.to_string())?;
+            writeln!(stdout, "capi_sample {sample}").map_err(|e| e.to_string())?;
         }
         stdout.flush().map_err(|e| e.to_string())?;
     }
-    Ok(())
+    // Nobody leaves before everyone is done (a ping-pong's other ranks only join).
+    session.barrier().map_err(|e| format!("barrier: {e}"))
 }

@@ -44,9 +44,10 @@ enum Helper {
     /// `shmbroker run`: the launcher the C ABI's all-gather and its Rust twin run under.
     #[command(hide = true)]
     Run(shmbroker_cli::run::Args),
-    /// One rank of `bench collectives`' capi_all_gather, in Rust.
+    /// One rank of `bench collectives`' capi_all_gather, capi_all_reduce or capi_recv_any, in
+    /// Rust.
     #[command(hide = true)]
-    GatherRank(capi::RankArgs),
+    CapiRank(capi::RankArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,7 +57,7 @@ fn main() -> ExitCode {
             shmbroker_cli::Command::Run(args),
             shmbroker_cli::logging::Format::Text,
         ),
-        Some(Helper::GatherRank(args)) => shmbroker_cli::run_tool("bench", || capi::rank(&args)),
+        Some(Helper::CapiRank(args)) => shmbroker_cli::run_tool("bench", || capi::rank(&args)),
         None => shmbroker_cli::run_tool("bench", || run(&cli.args)),
     }
 }
@@ -100,9 +101,10 @@ enum Suite {
     /// Barriers, send/recv, all-gathers, reductions, fd exchange and kill -9 detection against
     /// MPI_Barrier, the raw ring, usleep-polling and futex barriers, a star relay over UNIX
     /// sockets, Open MPI's all-reduce, reduce-scatter and all-to-all, raw pidfd_getfd and
-    /// SCM_RIGHTS; the C ABI's all-gather against the Rust call (barrier, sendrecv_pingpong,
-    /// barrier_hot, barrier_parked, all_gather, all_reduce, reduce_scatter, all_to_all,
-    /// capi_all_gather, fd_exchange, dead_peer).
+    /// SCM_RIGHTS; the C ABI's all-gather, all-reduce and recv_any against the Rust calls
+    /// (barrier, sendrecv_pingpong, barrier_hot, barrier_parked, all_gather, all_reduce,
+    /// reduce_scatter, all_to_all, capi_all_gather, capi_all_reduce, capi_recv_any,
+    /// fd_exchange, dead_peer).
     Collectives,
     /// Large messages between two processes, 4 KiB to 64 MiB, with send/recv and with loans,
     /// against a UNIX socket and Open MPI; the loan hand-off; outbox allocation against
@@ -782,8 +784,9 @@ mod tests {
         assert!(error.to_string().contains("--rounds <N>"), "{error}");
         let suite = Cli::try_parse_from(["bench", "queue", "--quick"]).unwrap();
         assert!(suite.helper.is_none() && suite.args.suite == Some(Suite::Queue));
-        let rank = Cli::try_parse_from(["bench", "gather-rank", "1", "0", "8"]).unwrap();
-        assert!(matches!(rank.helper, Some(Helper::GatherRank(_))));
+        let rank =
+            Cli::try_parse_from(["bench", "capi-rank", "all_reduce", "1", "0", "8"]).unwrap();
+        assert!(matches!(rank.helper, Some(Helper::CapiRank(_))));
     }
 
     #[test]
