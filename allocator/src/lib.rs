@@ -63,6 +63,8 @@ pub mod ranges;
 
 pub use error::Error;
 pub use ledger::{AckFault, Ledger};
-pub use outbox::{Block, DEFAULT_OUTBOX_BYTES, Loan, MAX_OUTBOX_BYTES, MIN_OUTBOX_BYTES, Outbox};
+pub use outbox::{
+    Block, DEFAULT_OUTBOX_BYTES, Loan, MAX_OUTBOX_BYTES, MIN_OUTBOX_BYTES, Outbox, Pin,
+};
 pub use peer::{PeerOutbox, View, check_ref};
 pub use ranges::Ranges;

@@ -363,6 +363,27 @@ impl std::ops::DerefMut for Loan {
     }
 }
 
+impl Loan {
+    /// A [`Pin`] on the mapping this loan's bytes lie in.
+    #[must_use]
+    pub fn pin(&self) -> Pin {
+        Pin(Arc::clone(&self.map))
+    }
+}
+
+/// Keeps the mapping a [`Loan`] or a [`View`](crate::View) lies in mapped after the loan is sent
+/// or the view dropped, for a language binding that hands out raw addresses into it (Python's
+/// buffer objects, which may outlive both): reading or writing at such an address then never
+/// faults, though the bytes may by then belong to another message. It gives no access itself.
+#[derive(Clone, Debug)]
+pub struct Pin(
+    #[expect(
+        dead_code,
+        reason = "held, never read: the mapping goes with the last holder"
+    )]
+    pub(crate) Arc<Mapping>,
+);
+
 impl Drop for Loan {
     fn drop(&mut self) {
         if self.sent {

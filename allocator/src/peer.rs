@@ -177,6 +177,14 @@ pub struct View {
     len: usize,
 }
 
+impl View {
+    /// A [`Pin`](crate::Pin) on the mapping this view reads.
+    #[must_use]
+    pub fn pin(&self) -> crate::Pin {
+        crate::Pin(Arc::clone(&self.map))
+    }
+}
+
 // SAFETY: a view only reads a mapping its `Arc` keeps alive.
 unsafe impl Send for View {}
 // SAFETY: as for `Send`: shared access is read-only.

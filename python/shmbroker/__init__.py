@@ -31,7 +31,7 @@ from . import _logs  # noqa: F401  (the library's log events into logging, logge
 from ._event_loop import recv_any_async
 from ._gpu import GpuHandle
 from ._objects import all_gather_object, broadcast_object, recv_object, send_object
-from ._shmbroker import Group, Session, connect
+from ._shmbroker import Group, Loan, LoanView, Session, connect
 
 __all__ = [
     "BrokerLost",
@@ -39,6 +39,8 @@ __all__ = [
     "Error",
     "GpuHandle",
     "Group",
+    "Loan",
+    "LoanView",
     "LogonError",
     "MisuseError",
     "PeerLeft",

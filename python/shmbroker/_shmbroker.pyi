@@ -19,7 +19,7 @@ from typing import (
 
 from ._gpu import GpuHandle
 
-__all__ = ["Session", "Group", "connect", "_forward_logs"]
+__all__ = ["Session", "Group", "Loan", "LoanView", "connect", "_forward_logs"]
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer
@@ -42,6 +42,39 @@ __all__ = ["Group", "Session", "connect"]
 
 _Fd = Union[int, _HasFileno]
 _Path = Union[str, os.PathLike[str]]
+
+@final
+class Loan:
+    """A writable buffer in this rank's outbox (:meth:`Session.loan`), handed to peers by
+    reference with :meth:`Session.send_loan` or :meth:`Session.broadcast_loan`. Its ``with``
+    block (or :meth:`release`) gives it back unsent. Once sent or released, ``buffer`` raises and
+    nothing made from it may be used."""
+
+    @property
+    def buffer(self) -> memoryview:
+        """The loan's bytes, writable (format ``B``)."""
+    def __len__(self) -> int: ...
+    def release(self) -> None:
+        """Gives the loan back to the outbox unsent (nothing if sent or released already)."""
+    def __enter__(self) -> "Loan": ...
+    def __exit__(self, *exc: object) -> bool: ...
+
+@final
+class LoanView:
+    """A read-only view of a buffer rank ``owner`` lent this rank, read in place. Its ``with``
+    block (or :meth:`release`) gives the buffer back to its lender; ``buffer`` then raises."""
+
+    @property
+    def buffer(self) -> memoryview:
+        """The lent bytes, read-only (format ``B``)."""
+    @property
+    def owner(self) -> int:
+        """The rank that lent the buffer."""
+    def __len__(self) -> int: ...
+    def release(self) -> None:
+        """Gives the buffer back to its lender (nothing if released already)."""
+    def __enter__(self) -> "LoanView": ...
+    def __exit__(self, *exc: object) -> bool: ...
 
 @final
 class Group:
@@ -247,6 +280,17 @@ class Session:
         readable when a message is waiting from any peer (or one died or left), once
         :meth:`try_recv_any` has returned ``None``. Never read it; it stays open as long as the
         session. :func:`shmbroker.recv_any_async` is this done for asyncio."""
+    def loan(self, size: int, *, timeout: Optional[float] = ...) -> Loan:
+        """A writable buffer of ``size`` bytes in this rank's outbox, to fill and hand to peers
+        by reference."""
+    def send_loan(self, rank: int, loan: Loan, *, timeout: Optional[float] = ...) -> None:
+        """Hands ``loan`` to ``rank`` by reference (it is sent whether or not this raises)."""
+    def recv_loan(self, rank: int, *, timeout: Optional[float] = ...) -> LoanView:
+        """The next message from ``rank``, which must be a loan, as a view read in place."""
+    def broadcast_loan(
+        self, root: int, loan: Optional[Loan] = None, *, timeout: Optional[float] = ...
+    ) -> Optional[LoanView]:
+        """``root``'s loan on every other rank by reference; ``None`` on the root."""
     def all_gather_gpu_handles(
         self, handle: GpuHandle, fd: Optional[_Fd] = None, *, timeout: Optional[float] = ...
     ) -> List[Tuple[GpuHandle, Optional[int]]]:

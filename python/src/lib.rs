@@ -18,6 +18,7 @@
 
 mod buffer;
 mod errors;
+mod loans;
 mod logs;
 mod process;
 mod sigint;
@@ -267,6 +268,23 @@ impl PySession {
                 Err(errors::to_py(error))
             }
         }
+    }
+
+    /// [`Self::blocking`] for the library calls that take no deadline of their own: the
+    /// session's deadline is `timeout` for this call, then its default again.
+    fn blocking_within<T: Send>(
+        &self,
+        py: Python<'_>,
+        timeout: Duration,
+        call: impl FnOnce(&mut Session) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
+        let default = self.timeout;
+        self.blocking(py, |session| {
+            session.set_timeout(timeout);
+            let result = call(session);
+            session.set_timeout(default);
+            result
+        })
     }
 
     /// This rank's rank among the ranks a collective runs on: in `group`, or in the world.
@@ -1041,6 +1059,79 @@ impl PySession {
         Ok(received.into_raw_fd())
     }
 
+    /// A writable buffer of ``size`` bytes in this rank's outbox, as a :class:`Loan`: fill
+    /// ``loan.buffer`` and hand it to peers by reference with :meth:`send_loan` or
+    /// :meth:`broadcast_loan`. Waits while the outbox is full of buffers peers still hold.
+    ///
+    /// Raises :class:`ResourceError` when ``size`` is more than the outbox can ever hold;
+    /// :class:`Timeout`.
+    #[pyo3(signature = (size, *, timeout=CallTimeout::Session))]
+    fn loan(&self, py: Python<'_>, size: usize, timeout: CallTimeout) -> PyResult<loans::PyLoan> {
+        let timeout = self.deadline(timeout)?;
+        let loan = self.blocking_within(py, timeout, |session| session.loan(size))?;
+        loans::PyLoan::new(py, loan)
+    }
+
+    /// Hands ``loan`` to ``rank`` by reference: it takes it with :meth:`recv_loan` (or copies it
+    /// with :meth:`recv`). The loan is sent whether or not this raises; its buffer comes back to
+    /// the outbox when ``rank`` is done with it.
+    ///
+    /// Raises :class:`MisuseError` for a loan already sent or released; otherwise as
+    /// :meth:`send` does.
+    #[pyo3(signature = (rank, loan, *, timeout=CallTimeout::Session))]
+    fn send_loan(
+        &self,
+        py: Python<'_>,
+        rank: i64,
+        loan: &loans::PyLoan,
+        timeout: CallTimeout,
+    ) -> PyResult<()> {
+        let rank = rank_arg(rank)?;
+        let timeout = self.deadline(timeout)?;
+        let loan = loan.take(py)?;
+        self.blocking_within(py, timeout, |session| session.send_loan(rank, loan))
+    }
+
+    /// The next message from ``rank``, which must be a loan, as a :class:`LoanView` of the
+    /// lender's buffer, read in place.
+    ///
+    /// Raises :class:`MisuseError` when the next message from ``rank`` is not a loan (it stays
+    /// queued for :meth:`recv`); otherwise as :meth:`recv` does.
+    #[pyo3(signature = (rank, *, timeout=CallTimeout::Session))]
+    fn recv_loan(
+        &self,
+        py: Python<'_>,
+        rank: i64,
+        timeout: CallTimeout,
+    ) -> PyResult<loans::PyLoanView> {
+        let rank = rank_arg(rank)?;
+        let timeout = self.deadline(timeout)?;
+        let view = self.blocking_within(py, timeout, |session| session.recv_loan(rank))?;
+        loans::PyLoanView::new(py, view)
+    }
+
+    /// ``root``'s loan on every other rank, by reference: the root passes ``loan`` and gets
+    /// ``None``; the others pass nothing and get a :class:`LoanView` of the root's buffer.
+    ///
+    /// Raises :class:`MisuseError` when the root passes no loan or another rank passes one;
+    /// otherwise as :meth:`broadcast` does.
+    #[pyo3(signature = (root, loan=None, *, timeout=CallTimeout::Session))]
+    fn broadcast_loan(
+        &self,
+        py: Python<'_>,
+        root: i64,
+        loan: Option<&loans::PyLoan>,
+        timeout: CallTimeout,
+    ) -> PyResult<Option<loans::PyLoanView>> {
+        let root = rank_arg(root)?;
+        let timeout = self.deadline(timeout)?;
+        let loan = loan.map(|loan| loan.take(py)).transpose()?;
+        let view =
+            self.blocking_within(py, timeout, |session| session.broadcast_loan(root, loan))?;
+        view.map(|view| loans::PyLoanView::new(py, view))
+            .transpose()
+    }
+
     /// Every rank's GPU handle (a :class:`shmbroker.GpuHandle`), in rank order, as
     /// ``(GpuHandle, fd)`` pairs: ``fd`` is a new file descriptor this process owns for the kinds
     /// whose handle is an fd (``handle.carries_fd``), ``None`` for the others. Give ``fd``
@@ -1060,12 +1151,8 @@ impl PySession {
         let own = gpu_handle_arg(handle)?;
         let fd = fd.map(fd_arg).transpose()?.map(borrowed);
         let timeout = self.deadline(timeout)?;
-        let default = self.timeout;
-        let gathered = self.blocking(py, |session| {
-            session.set_timeout(timeout);
-            let gathered = session.all_gather_gpu_handles(&own, fd);
-            session.set_timeout(default);
-            gathered
+        let gathered = self.blocking_within(py, timeout, |session| {
+            session.all_gather_gpu_handles(&own, fd)
         })?;
         let pairs = gathered
             .into_iter()
@@ -1098,12 +1185,8 @@ impl PySession {
         let own = handle.map(gpu_handle_arg).transpose()?;
         let fd = fd.map(fd_arg).transpose()?.map(borrowed);
         let timeout = self.deadline(timeout)?;
-        let default = self.timeout;
-        let (handle, fd) = self.blocking(py, |session| {
-            session.set_timeout(timeout);
-            let got = session.broadcast_gpu_handle(root, own.as_ref().map(|own| (own, fd)));
-            session.set_timeout(default);
-            got
+        let (handle, fd) = self.blocking_within(py, timeout, |session| {
+            session.broadcast_gpu_handle(root, own.as_ref().map(|own| (own, fd)))
         })?;
         Ok((
             gpu_handle_object(py, &handle)?,
@@ -1233,6 +1316,8 @@ fn connect(
 fn _shmbroker(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PySession>()?;
     module.add_class::<PyGroup>()?;
+    module.add_class::<loans::PyLoan>()?;
+    module.add_class::<loans::PyLoanView>()?;
     module.add_function(wrap_pyfunction!(connect, module)?)?;
     module.add_function(wrap_pyfunction!(logs::_forward_logs, module)?)?;
     Ok(())

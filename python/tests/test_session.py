@@ -144,6 +144,12 @@ def test_gpu_handles_with_their_fds():
     assert_ok(run_scenario(3, "gpu_handles"), 3, "gpu_handles")
 
 
+def test_loans_by_reference_and_slices_that_outlive_them():
+    job = run_scenario(3, "loans")
+    assert_ok(job, 3, "loans")
+    assert "[0] PINNED slice read after close" in job.stdout, describe(job)
+
+
 def test_the_issue_one_liner_all_gathers():
     program = (
         "import shmbroker; s = shmbroker.connect(); "

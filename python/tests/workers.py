@@ -731,6 +731,56 @@ def scenario_gpu_handles(session, _):
     session.barrier()
 
 
+def scenario_loans(session, _):
+    """Loans by reference: send_loan/recv_loan in a loop (the buffers come back, or the outbox
+    would fill), broadcast_loan, misuse, and a slice kept past its view and its session, which
+    must read without faulting (the mapping is pinned)."""
+    rank = session.rank
+    pattern = lambda i: bytes((i + j) % 251 for j in range(256)) * 4096  # noqa: E731 (1 MiB)
+    for i in range(40):
+        if rank == 0:
+            with session.loan(len(pattern(i))) as loan:
+                buffer = loan.buffer
+                check(not buffer.readonly and buffer.format == "B", "a writable byte buffer")
+                buffer[:] = pattern(i)
+                session.send_loan(1, loan)
+                raises(shmbroker.MisuseError, lambda: loan.buffer)
+                raises(ValueError, lambda: buffer[0])  # released with the loan
+                raises(shmbroker.MisuseError, lambda: session.send_loan(1, loan))
+        elif rank == 1:
+            with session.recv_loan(0) as view:
+                check(view.owner == 0 and len(view) == len(pattern(i)), repr(view))
+                check(view.buffer.readonly, "a view is read-only")
+                check(view.buffer == pattern(i), f"loan {i}'s bytes")
+            raises(shmbroker.MisuseError, lambda: view.buffer)
+    # A plain message where a loan is expected stays queued for recv.
+    if rank == 0:
+        session.send(1, b"plain")
+    elif rank == 1:
+        raises(shmbroker.MisuseError, lambda: session.recv_loan(0))
+        check(session.recv(0) == b"plain", "the plain message stayed queued")
+    # Rank 2 lends to every other rank.
+    if rank == 2:
+        loan = session.loan(4096)
+        loan.buffer[:] = b"x" * 4096
+        check(session.broadcast_loan(2, loan) is None, "the root gets no view")
+        kept = None
+    else:
+        view = session.broadcast_loan(2)
+        check(view.owner == 2 and view.buffer == b"x" * 4096, "the broadcast loan")
+        kept = view.buffer[0:16]  # a slice outlives its view
+        view.release()
+    if rank == 2:
+        raises(shmbroker.MisuseError, lambda: session.broadcast_loan(2))  # the root's loan
+    else:
+        raises(shmbroker.MisuseError, lambda: session.broadcast_loan(2, session.loan(8)))
+    session.barrier()
+    session.close()
+    if kept is not None:
+        len(bytes(kept))  # reads pinned memory: never a fault, whatever it holds now
+        say("PINNED slice read after close")
+
+
 def wait_for_file(path, what):
     deadline = time.monotonic() + 20
     while not os.path.exists(path):

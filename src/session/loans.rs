@@ -36,6 +36,13 @@ impl LoanView {
     pub fn owner(&self) -> u32 {
         self.owner
     }
+
+    /// Keeps the lender's outbox mapped in this process after the view is dropped (see
+    /// [`shmbroker_allocator::Pin`]).
+    #[must_use]
+    pub fn pin(&self) -> shmbroker_allocator::Pin {
+        self.view.pin()
+    }
 }
 
 impl std::ops::Deref for LoanView {
