@@ -84,6 +84,7 @@ mod reductions;
 mod rooted;
 mod send;
 mod split;
+mod status;
 #[cfg(feature = "tokio")]
 mod tokio_receiver;
 
@@ -149,6 +150,8 @@ pub struct Session {
     peers: Vec<Peer>,
     /// This rank's outbox: large data and loans go out through it.
     outbox: Outbox,
+    /// What this rank says it is doing, in its outbox's status words (see `status`).
+    publisher: std::sync::Arc<status::Publisher>,
     /// Offsets of outbox blocks holding chunks of pipelined transfers, not yet acknowledged.
     chunk_blocks: HashSet<u64>,
     /// A point-to-point send an interrupt ended after part of it went out, to be finished by the
@@ -200,6 +203,11 @@ struct Deadline {
     /// The interrupt count at the call's first look for an interrupt (see
     /// `Session::check_interrupted`).
     interrupts_at: std::cell::Cell<Option<u64>>,
+    /// Where the call is published and in which slot, when it is (see `status`).
+    published: Option<(std::ptr::NonNull<status::Publisher>, usize)>,
+    /// With no deadline: when the wait started and when its watchdog next speaks (see
+    /// `status::Session::watchdog`).
+    watch: std::cell::Cell<Option<(Instant, Duration)>>,
 }
 
 impl Deadline {
@@ -210,6 +218,8 @@ impl Deadline {
             timeout,
             collective: false,
             interrupts_at: std::cell::Cell::new(None),
+            published: None,
+            watch: std::cell::Cell::new(None),
         }
     }
 
@@ -223,10 +233,9 @@ impl Deadline {
 
     /// The deadline of a collective: its waits also end when any rank dies.
     fn collective(op: &'static str, timeout: Duration) -> Self {
-        Self {
-            collective: true,
-            ..Self::new(op, timeout)
-        }
+        let mut deadline = Self::new(op, timeout);
+        deadline.collective = true;
+        deadline
     }
 
     fn left(&self) -> Duration {
@@ -243,11 +252,60 @@ impl Deadline {
     /// has not started, what is left otherwise. A wait given the whole timeout must hand its own
     /// clock's start to [`Self::started_at`].
     fn budget(&self) -> Duration {
+        if self.forever() {
+            return self.watch_slice();
+        }
         if self.at.get().is_none() {
             self.timeout
         } else {
             self.left()
         }
+    }
+
+    /// Whether the call has no deadline (`Duration::MAX`): its waits are cut into slices that
+    /// end when its watchdog is due.
+    fn forever(&self) -> bool {
+        self.timeout == Duration::MAX
+    }
+
+    /// `slice`, cut to end when the watchdog of a call with no deadline is next due.
+    fn watched(&self, slice: Duration) -> Duration {
+        if self.forever() {
+            slice.min(self.watch_slice())
+        } else {
+            slice
+        }
+    }
+
+    /// The time until the watchdog is next due (starting it on the first call).
+    fn watch_slice(&self) -> Duration {
+        let now = Instant::now();
+        let (since, next) = self.watch.get().unwrap_or_else(|| {
+            let start = (now, status::warn_after());
+            self.watch.set(Some(start));
+            start
+        });
+        (since + next)
+            .saturating_duration_since(now)
+            .max(Duration::from_millis(1))
+    }
+
+    /// How long the call has waited, when its watchdog is due (then due again after twice as
+    /// long); `None` otherwise, and always for a call with a deadline.
+    fn watchdog_due(&self) -> Option<Duration> {
+        if !self.forever() {
+            return None;
+        }
+        let (since, next) = self.watch.get().unwrap_or_else(|| {
+            let start = (Instant::now(), status::warn_after());
+            self.watch.set(Some(start));
+            start
+        });
+        let waited = since.elapsed();
+        (waited >= next).then(|| {
+            self.watch.set(Some((since, next.saturating_mul(2))));
+            waited
+        })
     }
 
     /// Starts the deadline at `start`, when a wait given [`Self::budget`] started its clock
@@ -268,6 +326,7 @@ impl Deadline {
             op: self.op,
             waiting_for,
             timeout: self.timeout,
+            diagnosis: Vec::new(),
         }
     }
 }
@@ -464,6 +523,7 @@ impl Session {
             groups: groups::Groups::default(),
             closed_for: 0,
             peers: (0..world as u32).map(Peer::new).collect(),
+            publisher: std::sync::Arc::new(status::Publisher::new(outbox.status())),
             outbox,
             chunk_blocks: HashSet::new(),
             set_aside: None,
@@ -685,6 +745,8 @@ impl Session {
     /// The tag of the next collective of the current team: its stream and its sequence number
     /// (see `groups`).
     fn next_seq(&mut self) -> u64 {
+        let (stream, seq) = (self.team.stream(), self.team.seq());
+        self.publisher.collective(stream, seq);
         self.team.next_tag()
     }
 }

@@ -391,8 +391,12 @@ fn a_collective_timeout_names_every_rank_still_missing() {
                     (op, &[2, 3][..]),
                     "{error}"
                 );
+                // Both are idle (never called anything): the diagnosis says so.
                 assert!(
-                    error.to_string().ends_with("waiting for ranks 2 and 3"),
+                    error.to_string().ends_with(
+                        "waiting for ranks 2 and 3: rank 2 is in no call (it has finished none \
+                         yet); rank 3 is in no call (it has finished none yet)"
+                    ),
                     "{error}"
                 );
             }
@@ -418,7 +422,8 @@ fn waiting_for_peers_that_never_log_on_names_every_one() {
     match zero.await_peers(Duration::from_millis(200)) {
         Err(error @ Error::Timeout { .. }) => assert_eq!(
             error.to_string(),
-            "await_peers timed out after 200ms waiting for ranks 2 and 3"
+            "await_peers timed out after 200ms waiting for ranks 2 and 3: rank 2 has not \
+             logged on; rank 3 has not logged on"
         ),
         other => panic!("unexpected {other:?}"),
     }

@@ -60,6 +60,7 @@ pub mod ledger;
 mod outbox;
 mod peer;
 pub mod ranges;
+pub mod status;
 
 pub use error::Error;
 pub use ledger::{AckFault, Ledger};
@@ -68,3 +69,4 @@ pub use outbox::{
 };
 pub use peer::{PeerOutbox, View, check_ref};
 pub use ranges::Ranges;
+pub use status::{Snapshot, StatusWords};

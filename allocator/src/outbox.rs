@@ -106,6 +106,13 @@ impl Outbox {
         })
     }
 
+    /// This outbox's status words, which only this process can write (see
+    /// `shmbroker_bindings::status_word`).
+    #[must_use]
+    pub fn status(&self) -> crate::StatusWords {
+        crate::StatusWords(Arc::clone(&self.map))
+    }
+
     /// The memfd, to hand to peers (it is already sealed).
     #[must_use]
     pub fn fd(&self) -> BorrowedFd<'_> {

@@ -177,6 +177,15 @@ pub struct View {
     len: usize,
 }
 
+impl PeerOutbox {
+    /// A copy of the owner's status words (see `shmbroker_bindings::status_word`): whatever the
+    /// owner wrote there, to be checked before it is believed.
+    #[must_use]
+    pub fn status(&self) -> crate::Snapshot {
+        crate::status::read_slots(&self.map)
+    }
+}
+
 impl View {
     /// A [`Pin`](crate::Pin) on the mapping this view reads.
     #[must_use]

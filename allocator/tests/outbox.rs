@@ -2,7 +2,7 @@
 //! can trigger.
 
 use shmbroker_allocator::{AckFault, Error, MIN_OUTBOX_BYTES, Outbox, PeerOutbox, check_ref};
-use shmbroker_bindings::{OUTBOX_HEADER_BYTES, PayloadRef};
+use shmbroker_bindings::{OUTBOX_HEADER_BYTES, OUTBOX_STATUS_OFFSET, PayloadRef};
 use shmbroker_queues::memfd::{OWNER_ONLY_SEALS, create_sealed, create_sized, seal_with};
 use std::os::fd::AsFd;
 
@@ -83,12 +83,13 @@ fn references_outside_the_blocks_or_with_padding_are_refused() {
     let cases = [
         reference(0, 1),                       // the header
         reference(OUTBOX_HEADER_BYTES - 1, 2), // reaches into the header
+        reference(OUTBOX_STATUS_OFFSET, 8),    // the owner's status words
         reference(size, 1),                    // past the end
         reference(size - 10, 11),              // runs past the end
         reference(u64::MAX - 5, 10),           // overflows
         PayloadRef {
             _pad0: 1,
-            ..reference(64, 1)
+            ..reference(OUTBOX_HEADER_BYTES, 1)
         }, // padding
     ];
     for case in cases {
@@ -104,7 +105,10 @@ fn references_outside_the_blocks_or_with_padding_are_refused() {
             other => panic!("{case:?}: {other:?}"),
         }
     }
-    assert_eq!(check_ref(4, reference(64, 10), size).unwrap(), (64, 10));
+    assert_eq!(
+        check_ref(4, reference(OUTBOX_HEADER_BYTES, 10), size).unwrap(),
+        (OUTBOX_HEADER_BYTES as usize, 10)
+    );
     assert_eq!(
         check_ref(4, reference(size - 1, 1), size).unwrap(),
         ((size - 1) as usize, 1)
@@ -113,7 +117,7 @@ fn references_outside_the_blocks_or_with_padding_are_refused() {
     let peer = PeerOutbox::join(outbox.fd(), 4).unwrap();
     let mut wrong_length = [0u8; 9];
     assert!(matches!(
-        peer.read_into(reference(64, 10), &mut wrong_length),
+        peer.read_into(reference(OUTBOX_HEADER_BYTES, 10), &mut wrong_length),
         Err(Error::LengthMismatch {
             expected: 9,
             found: 10

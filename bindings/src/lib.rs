@@ -40,5 +40,8 @@ pub use logon::{
     job_id,
 };
 pub use message::{FdTicket, INLINE_BYTES, Message, PayloadRef, kind};
-pub use outbox::{OUTBOX_HEADER_BYTES, OUTBOX_LAYOUT_VERSION, OUTBOX_MAGIC, OutboxHeader};
+pub use outbox::{
+    OUTBOX_HEADER_BYTES, OUTBOX_LAYOUT_VERSION, OUTBOX_MAGIC, OUTBOX_STATUS_OFFSET, OutboxHeader,
+    STATUS_SLOT_WORDS, STATUS_SLOTS, status_word,
+};
 pub use ring::{RING_LAYOUT_VERSION, RING_MAGIC, RingLayout};

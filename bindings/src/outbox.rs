@@ -5,11 +5,50 @@ use bytemuck::{Pod, Zeroable};
 /// First eight bytes of every outbox: `SHMBOUTB`.
 pub const OUTBOX_MAGIC: u64 = u64::from_le_bytes(*b"SHMBOUTB");
 
-/// Version of the outbox layout (this header, then blocks named by [`crate::PayloadRef`]).
-pub const OUTBOX_LAYOUT_VERSION: u32 = 1;
+/// Version of the outbox layout (this header, the owner's status, then blocks named by
+/// [`crate::PayloadRef`]).
+pub const OUTBOX_LAYOUT_VERSION: u32 = 2;
 
-/// Bytes before the first block of an outbox: this header, padded to a cache line.
-pub const OUTBOX_HEADER_BYTES: u64 = 64;
+/// Where the owner's status starts: right after the [`OutboxHeader`].
+pub const OUTBOX_STATUS_OFFSET: u64 = 64;
+
+/// Bytes before the first block of an outbox: the header's cache line, then the owner's status
+/// ([`STATUS_SLOTS`] slots of [`STATUS_SLOT_WORDS`] 8-byte words).
+pub const OUTBOX_HEADER_BYTES: u64 =
+    OUTBOX_STATUS_OFFSET + (STATUS_SLOTS * STATUS_SLOT_WORDS * 8) as u64;
+
+/// Slots of an outbox's status: one for the calls that send (collectives included), one for
+/// the receives, so that a split session's two threads each say what they are doing.
+pub const STATUS_SLOTS: usize = 2;
+
+/// 8-byte words in one status slot.
+pub const STATUS_SLOT_WORDS: usize = 16;
+
+/// Which word of a status slot holds what. Every word is written by the outbox's owner alone,
+/// with plain (relaxed atomic) stores, and read by peers and the broker for diagnosis only: a
+/// reader copies the slot until two copies agree and trusts nothing in it (a hostile owner can
+/// write anything there, as anywhere in its outbox).
+pub mod status_word {
+    /// Two words: the name of the call in progress, ASCII, zero-padded (both zero: in no call).
+    pub const CALL: usize = 0;
+    /// A collective's number in its group (`u64::MAX`: not a collective, or not known yet).
+    pub const SEQ: usize = 2;
+    /// The group's stream (0: the world), in the low 32 bits; the peer of a point-to-point call
+    /// in the high 32 (`u32::MAX`: none).
+    pub const GROUP_PEER: usize = 3;
+    /// When the call started: `CLOCK_MONOTONIC_COARSE` nanoseconds.
+    pub const SINCE: usize = 4;
+    /// Two words: the name of the last call that finished (zero: none yet).
+    pub const LAST_CALL: usize = 5;
+    /// Its [`SEQ`].
+    pub const LAST_SEQ: usize = 7;
+    /// Its [`GROUP_PEER`].
+    pub const LAST_GROUP_PEER: usize = 8;
+    /// When it finished: `CLOCK_MONOTONIC_COARSE` nanoseconds.
+    pub const LAST_DONE: usize = 9;
+    /// Whom the call waits for, once it has waited long enough to park: a rank, or `u64::MAX`.
+    pub const WAITING_FOR: usize = 10;
+}
 
 /// Written once by an outbox's owner before it seals the file; read (copied out) and checked by
 /// every peer that maps it. 64 bytes.
@@ -28,7 +67,8 @@ pub struct OutboxHeader {
     pub _pad: [u64; 5],
 }
 
-const _: () = assert!(size_of::<OutboxHeader>() as u64 == OUTBOX_HEADER_BYTES);
+const _: () = assert!(size_of::<OutboxHeader>() as u64 == OUTBOX_STATUS_OFFSET);
+const _: () = assert!(OUTBOX_HEADER_BYTES.is_multiple_of(64));
 
 impl OutboxHeader {
     /// The header of an outbox of `file_size` bytes owned by `owner_rank`.

@@ -81,18 +81,30 @@ class Timeout(Error):
     """The call's deadline passed.
 
     ``op`` is the call (``"recv"``, ``"barrier"``, ...), ``waiting_for`` the ranks it was still
-    waiting for, in rank order, and ``timeout`` the deadline in seconds.
+    waiting for, in rank order, ``timeout`` the deadline in seconds, and ``diagnosis`` what each
+    of those ranks was doing then, one sentence each in the same order (``"rank 2 is in no call
+    (its last, all_reduce #11, finished 9.8 s ago)"``), from what they publish; empty when
+    nothing could be read.
     """
 
     op: str
     waiting_for: List[int]
     timeout: float
+    diagnosis: List[str]
 
-    def __init__(self, message: str, op: str, waiting_for: List[int], timeout: float) -> None:
-        super().__init__(message, op, waiting_for, timeout)
+    def __init__(
+        self,
+        message: str,
+        op: str,
+        waiting_for: List[int],
+        timeout: float,
+        diagnosis: Optional[List[str]] = None,
+    ) -> None:
+        super().__init__(message, op, waiting_for, timeout, diagnosis)
         self.op = op
         self.waiting_for = list(waiting_for)
         self.timeout = timeout
+        self.diagnosis = list(diagnosis or [])
 
     def __str__(self) -> str:
         return str(self.args[0])

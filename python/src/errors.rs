@@ -9,7 +9,7 @@
 //! | `PeerLost { rank }`, a logon or fd relay that saw a peer die | `PeerLost` (`.rank`) |
 //! | `PeerLeft { rank, after }` | `PeerLeft` (`.rank`, `.after`, `.after_died`) |
 //! | `PeerNeverJoined { rank, after, after_left }`, a logon or fd relay that waited for it | `PeerNeverJoined` (`.rank`, `.after`, `.after_left`) |
-//! | `Timeout { op, waiting_for, timeout }` | `Timeout` (`.op`, `.waiting_for`, `.timeout`) |
+//! | `Timeout { op, waiting_for, timeout, diagnosis }` | `Timeout` (`.op`, `.waiting_for`, `.timeout`, `.diagnosis`) |
 //! | `Protocol`, `Corrupted`, `CollectiveMismatch`, `GroupMismatch`, `Outbox`, `StaleFdTicket` (each names a peer) | `ProtocolError` (`.rank`) |
 //! | `BrokerLost`, a logon or fd relay that found the broker gone | `BrokerLost` |
 //! | `Logon`, `Launch` | `LogonError` |
@@ -90,7 +90,14 @@ pub fn to_py(error: Error) -> PyErr {
             op,
             waiting_for,
             timeout,
-        } => py::Timeout::new_err((message, op, waiting_for, timeout.as_secs_f64())),
+            diagnosis,
+        } => py::Timeout::new_err((
+            message,
+            op,
+            waiting_for,
+            timeout.as_secs_f64(),
+            diagnosis,
+        )),
         Error::Protocol { peer, .. }
         | Error::Corrupted { peer, .. }
         | Error::CollectiveMismatch { peer, .. }

@@ -860,11 +860,13 @@ impl PySession {
                     Error::Timeout {
                         waiting_for,
                         timeout,
+                        diagnosis,
                         ..
                     } => Error::Timeout {
                         op: "recv",
                         waiting_for,
                         timeout,
+                        diagnosis,
                     },
                     other => other,
                 })

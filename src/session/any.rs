@@ -129,7 +129,7 @@ impl Session {
     ///
     /// As for [`Self::recv_any`].
     pub fn recv_any_timeout(&mut self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
-        let deadline = Deadline::new("recv_any", timeout);
+        let deadline = self.track(Deadline::new("recv_any", timeout));
         let peer = self.wait_any(&deadline)?;
         Ok((peer, self.recv_timeout(peer, deadline.left())?))
     }
@@ -156,7 +156,7 @@ impl Session {
         buffer: &mut [u8],
         timeout: Duration,
     ) -> Result<(u32, usize), Error> {
-        let deadline = Deadline::new("recv_any", timeout);
+        let deadline = self.track(Deadline::new("recv_any", timeout));
         let peer = self.wait_any(&deadline)?;
         Ok((peer, self.recv_into_timeout(peer, buffer, deadline.left())?))
     }
@@ -482,22 +482,27 @@ pub(super) fn wait_for_sender(
             // Peers may be waiting for acknowledgements before they can send more.
             session.flush_all_acks()?;
             let left = deadline.left();
-            if left.is_zero() {
-                session.disarm();
-                let waiting_for = match only {
+            let waited = deadline.watchdog_due();
+            if left.is_zero() || waited.is_some() {
+                let waiting_for: Vec<u32> = match only {
                     Some(peer) => vec![peer],
                     None => session
                         .peers()
                         .filter(|&peer| session.any.gone[peer as usize].is_none())
                         .collect(),
                 };
-                return Err(session.timed_out_waiting(deadline, waiting_for));
+                if let Some(waited) = waited {
+                    session.warn_waiting(deadline, waited, &waiting_for);
+                } else {
+                    session.disarm();
+                    return Err(session.timed_out_waiting(deadline, waiting_for));
+                }
             }
-            Ok(Ok(if session.owes_acks() {
+            Ok(Ok(deadline.watched(if session.owes_acks() {
                 left.min(super::receive::SEND_SLICE)
             } else {
                 left
-            }))
+            })))
         })?;
         let slice = match slice {
             Err(peer) => return Ok(peer),

@@ -71,7 +71,7 @@ impl Session {
     ///
     /// As for [`Self::barrier`].
     pub fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
-        let deadline = Deadline::collective("barrier", timeout);
+        let deadline = self.track(Deadline::collective("barrier", timeout));
         let seq = self.next_seq();
         let world = self.size();
         if world <= FLAT_BARRIER_MAX {
@@ -140,7 +140,10 @@ impl Session {
         data: &[u8],
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        self.all_gather_with(data, &Deadline::collective("all_gather", timeout))
+        self.all_gather_with(
+            data,
+            &self.track(Deadline::collective("all_gather", timeout)),
+        )
     }
 
     /// [`Self::all_gather`] within an existing deadline, whose name a timeout gives (for
@@ -216,7 +219,7 @@ impl Session {
                 out.len()
             )));
         }
-        let deadline = Deadline::collective("all_gather", timeout);
+        let deadline = self.track(Deadline::collective("all_gather", timeout));
         let seq = self.next_seq();
         self.gather_parts_into(kind::ALL_GATHER, seq, data, out, &deadline)
     }
@@ -325,7 +328,7 @@ impl Session {
     ///
     /// As for [`Self::all_gather`], and [`Error::Protocol`] if a peer's value has another size.
     pub fn all_gather_pod<T: bytemuck::Pod>(&mut self, value: &T) -> Result<Vec<T>, Error> {
-        let deadline = Deadline::collective("all_gather", self.timeout);
+        let deadline = self.track(Deadline::collective("all_gather", self.timeout));
         self.all_gather_pod_with(value, &deadline)
     }
 

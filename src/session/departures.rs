@@ -179,19 +179,32 @@ impl Session {
 
     /// The error for a call whose deadline passed waiting for `peer`: who is gone if someone is
     /// (a departure that raced the deadline), otherwise the timeout.
-    pub(super) fn timed_out(&self, deadline: &Deadline, peer: u32) -> Error {
+    pub(super) fn timed_out(&mut self, deadline: &Deadline, peer: u32) -> Error {
         self.timed_out_waiting(deadline, vec![peer])
     }
 
-    /// [`Self::timed_out`] for a call still waiting for every rank of `waiting_for`.
-    pub(super) fn timed_out_waiting(&self, deadline: &Deadline, waiting_for: Vec<u32>) -> Error {
+    /// [`Self::timed_out`] for a call still waiting for every rank of `waiting_for`, saying what
+    /// each of them is doing (see `status`).
+    pub(super) fn timed_out_waiting(
+        &mut self,
+        deadline: &Deadline,
+        waiting_for: Vec<u32>,
+    ) -> Error {
         match waiting_for
             .iter()
             .find_map(|&peer| self.inner.departure(peer))
         {
             Some(departure) => departure_error(departure),
             None => {
-                let error = deadline.timed_out(waiting_for);
+                let mut error = deadline.timed_out(waiting_for);
+                if let Error::Timeout {
+                    waiting_for,
+                    diagnosis,
+                    ..
+                } = &mut error
+                {
+                    *diagnosis = self.diagnose(waiting_for);
+                }
                 // Cited if this worker now leaves: the peers still waiting on it then learn
                 // whom it gave up on, not only that it left.
                 if let Some(rank) = error.rank() {

@@ -62,8 +62,9 @@ pub enum Error {
     Interrupted,
     /// The deadline passed.
     #[error(
-        "{op} timed out after {timeout:?} waiting for {}",
-        ranks_text(waiting_for)
+        "{op} timed out after {timeout:?} waiting for {}{}",
+        ranks_text(waiting_for),
+        diagnosis_text(diagnosis)
     )]
     Timeout {
         /// The call (`barrier`, `all_gather`, `recv`, ...).
@@ -73,6 +74,11 @@ pub enum Error {
         waiting_for: Vec<u32>,
         /// The call's timeout.
         timeout: Duration,
+        /// What each rank of `waiting_for` was doing then, one sentence each, in the same order,
+        /// from what it publishes: `rank 2 is in no call (its last, all_reduce #11, finished
+        /// 9.8 s ago)`, `rank 3 is in recv from rank 1 for 3.1 s` (see `Session`'s "Who is
+        /// where"). Empty when nothing could be read.
+        diagnosis: Vec<String>,
     },
     /// A rank argument outside the world.
     #[error("rank {rank} is out of range for a world of {world_size}")]
@@ -259,7 +265,16 @@ pub(super) fn op_text(op: u32) -> String {
 }
 
 /// "rank 3", or "ranks 1, 2 and 5".
-fn ranks_text(ranks: &[u32]) -> String {
+/// `: ` and the diagnosis sentences, or nothing.
+fn diagnosis_text(diagnosis: &[String]) -> String {
+    if diagnosis.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", diagnosis.join("; "))
+    }
+}
+
+pub(super) fn ranks_text(ranks: &[u32]) -> String {
     match ranks {
         [] => "no rank".into(),
         [rank] => format!("rank {rank}"),

@@ -46,7 +46,7 @@ impl Session {
     ) -> Result<(), Error> {
         self.check_root(root, input.is_some(), "scatter")?;
         let block = output.len();
-        let deadline = Deadline::collective("scatter", timeout);
+        let deadline = self.track(Deadline::collective("scatter", timeout));
         let seq = self.next_seq();
         let Some(input) = input else {
             let expect = Expect::Collective {
@@ -110,7 +110,7 @@ impl Session {
                 output.len()
             )));
         }
-        let deadline = Deadline::collective("all_to_all", timeout);
+        let deadline = self.track(Deadline::collective("all_to_all", timeout));
         let seq = self.next_seq();
         self.exchange_blocks(kind::ALL_TO_ALL, seq, input, output, &deadline)
     }
@@ -174,7 +174,7 @@ impl Session {
                 send_counts[me], recv_counts[me]
             )));
         }
-        let deadline = Deadline::collective("all_to_all_v", timeout);
+        let deadline = self.track(Deadline::collective("all_to_all_v", timeout));
         let seq = self.next_seq();
         let offsets = |counts: &[usize]| -> Vec<usize> {
             counts

@@ -143,7 +143,7 @@ impl Session {
         fd: BorrowedFd<'_>,
         timeout: Duration,
     ) -> Result<Vec<OwnedFd>, Error> {
-        let deadline = Deadline::collective("exchange_fds", timeout);
+        let deadline = self.track(Deadline::collective("exchange_fds", timeout));
         let exporters: Vec<u32> = (0..self.world_size()).collect();
         let mut imported = self.move_fds(&exporters, Some(fd), &deadline)?;
         let own = fd.try_clone_to_owned().map_err(|source| Error::Io {
@@ -199,7 +199,7 @@ impl Session {
             }
             _ => {}
         }
-        let deadline = Deadline::collective("broadcast_fd", timeout);
+        let deadline = self.track(Deadline::collective("broadcast_fd", timeout));
         let mut imported = self.move_fds(&[root], fd, &deadline)?;
         match fd {
             Some(fd) => fd.try_clone_to_owned().map_err(|source| Error::Io {

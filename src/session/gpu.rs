@@ -52,7 +52,10 @@ impl Session {
         let mut fds: Vec<Option<OwnedFd>> = if exporters.is_empty() {
             handles.iter().map(|_| None).collect()
         } else {
-            let deadline = super::Deadline::collective("all_gather_gpu_handles", self.timeout);
+            let deadline = self.track(super::Deadline::collective(
+                "all_gather_gpu_handles",
+                self.timeout,
+            ));
             let mine = fd.filter(|_| exporters.contains(&self.rank()));
             self.move_fds(&exporters, mine, &deadline)?
         };

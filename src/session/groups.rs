@@ -165,6 +165,11 @@ impl Team {
             .is_none_or(|members| members.contains(&rank))
     }
 
+    /// The number of this team's next collective.
+    pub(super) fn seq(&self) -> u64 {
+        self.seq
+    }
+
     /// The tag of this team's next collective.
     pub(super) fn next_tag(&mut self) -> u64 {
         let tag = (u64::from(self.stream) << SEQ_BITS) | (self.seq & SEQ_MASK);
@@ -386,7 +391,7 @@ impl Session {
     /// As for [`Self::group`].
     pub fn group_timeout(&mut self, ranks: &[u32], timeout: Duration) -> Result<Group, Error> {
         let me = self.check_group(ranks)?;
-        let deadline = Deadline::new("group", timeout);
+        let deadline = self.track(Deadline::new("group", timeout));
         // What collectives cut short by a departure left in the links goes first.
         self.close_departed_streams();
         let proposal = self.groups.highest + 1;
@@ -527,7 +532,7 @@ impl Session {
     ///
     /// As for [`Self::shrink`].
     pub fn shrink_timeout(&mut self, timeout: Duration) -> Result<Group, Error> {
-        let deadline = Deadline::new("shrink", timeout);
+        let deadline = self.track(Deadline::new("shrink", timeout));
         let (me, world) = (self.rank(), self.world_size());
         self.close_departed_streams();
         let departed = |session: &Self, rank: u32| session.inner.departure(rank).is_some();

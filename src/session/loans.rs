@@ -112,7 +112,7 @@ impl Session {
     /// ([`Self::max_loan_bytes`]); [`Error::Timeout`]; [`Error::Protocol`] or
     /// [`Error::Corrupted`] from what peers sent meanwhile.
     pub fn loan(&mut self, len: usize) -> Result<Loan, Error> {
-        let deadline = Deadline::new("loan", self.timeout);
+        let deadline = self.track(Deadline::new("loan", self.timeout));
         self.loan_within(len, &deadline)
     }
 
@@ -132,6 +132,13 @@ impl Session {
                     .unwrap_or(self.rank());
                 return Err(self.timed_out(deadline, waiting));
             }
+            if let Some(waited) = deadline.watchdog_due() {
+                let owing: Vec<u32> = self
+                    .peers()
+                    .filter(|&peer| self.outbox.owed_by(peer) > 0)
+                    .collect();
+                self.warn_waiting(deadline, waited, &owing);
+            }
             self.poll_acks()?;
             // A long wait (with no deadline, it may be long) costs almost no CPU.
             let now = std::time::Instant::now();
@@ -147,7 +154,8 @@ impl Session {
     /// [`Error::OwnOutbox`] for a loan of another session; otherwise as for [`Self::send`].
     pub fn send_loan(&mut self, rank: u32, loan: Loan) -> Result<(), Error> {
         self.check_peer(rank)?;
-        let deadline = Deadline::new("send_loan", self.timeout);
+        let deadline = self.track(Deadline::new("send_loan", self.timeout));
+        self.publisher.peer("send_loan", rank);
         let tag = self.peers[rank as usize].send_tag;
         self.lend(kind::SEND, tag, loan, &[rank], &deadline)?;
         self.peers[rank as usize].send_tag += 1;
@@ -192,7 +200,8 @@ impl Session {
     /// [`Self::recv`] takes it); otherwise as for [`Self::recv`].
     pub fn recv_loan(&mut self, rank: u32) -> Result<LoanView, Error> {
         self.check_peer(rank)?;
-        let deadline = Deadline::new("recv_loan", self.timeout);
+        let deadline = self.track(Deadline::new("recv_loan", self.timeout));
+        self.publisher.peer("recv_loan", rank);
         let expect = Expect::Send {
             tag: self.peers[rank as usize].recv_tag,
         };
@@ -213,7 +222,7 @@ impl Session {
         loan: Option<Loan>,
     ) -> Result<Option<LoanView>, Error> {
         self.check_root(root, loan.is_some(), "broadcast_loan")?;
-        let deadline = Deadline::collective("broadcast_loan", self.timeout);
+        let deadline = self.track(Deadline::collective("broadcast_loan", self.timeout));
         let seq = self.next_seq();
         if let Some(loan) = loan {
             let targets: Vec<u32> = self.peers().collect();

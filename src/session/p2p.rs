@@ -31,7 +31,8 @@ impl Session {
             self.peers[rank as usize].send_tag += 1;
             return Ok(());
         }
-        let deadline = Deadline::new("send", timeout);
+        let deadline = self.track(Deadline::new("send", timeout));
+        self.publisher.peer("send", rank);
         self.send_to(kind::SEND, tag, data, Targets::One(rank), &deadline)?;
         self.peers[rank as usize].send_tag += 1;
         Ok(())
@@ -101,7 +102,8 @@ impl Session {
     /// As for [`Self::recv`].
     pub fn probe_timeout(&mut self, rank: u32, timeout: Duration) -> Result<usize, Error> {
         self.check_peer(rank)?;
-        let deadline = Deadline::new("probe", timeout);
+        let deadline = self.track(Deadline::new("probe", timeout));
+        self.publisher.peer("probe", rank);
         self.flush_view_acks()?;
         let len = self.probe_send(rank, &deadline)?;
         usize::try_from(len).map_err(|_| Error::Protocol {
@@ -119,7 +121,8 @@ impl Session {
         timeout: Duration,
     ) -> Result<(u64, Sink<'a>), Error> {
         self.check_peer(rank)?;
-        let deadline = Deadline::new("recv", timeout);
+        let deadline = self.track(Deadline::new("recv", timeout));
+        self.publisher.peer("recv", rank);
         let expect = Expect::Send {
             tag: self.peers[rank as usize].recv_tag,
         };

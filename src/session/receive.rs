@@ -150,6 +150,7 @@ impl Session {
         // system call.
         let seen = self.inner.interrupt_generation();
         self.check_interrupted(deadline)?;
+        self.publisher.waiting_for(deadline.op, peer);
         let from = &mut self.link(peer)?.from;
         let received = from.recv_batch_interruptible(buffer, slice, seen);
         deadline.started_at(from.clock_started());
@@ -163,6 +164,14 @@ impl Session {
             // must).
             Err(RecvTimeoutError::Interrupted) => {
                 self.check_interrupted(deadline)?;
+                Ok(0)
+            }
+            // With no deadline, the slice ended for the watchdog: it speaks if due, and the
+            // caller waits again.
+            Err(RecvTimeoutError::Timeout) if deadline.forever() => {
+                if let Some(waited) = deadline.watchdog_due() {
+                    self.warn_waiting(deadline, waited, &[peer]);
+                }
                 Ok(0)
             }
             Err(RecvTimeoutError::Timeout) => Err(self.timed_out(deadline, peer)),

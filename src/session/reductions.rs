@@ -202,7 +202,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<(), Error> {
         check_op::<T>(op)?;
-        let deadline = Deadline::collective("all_reduce", timeout);
+        let deadline = self.track(Deadline::collective("all_reduce", timeout));
         let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
         self.reduce_with(
             kind::ALL_REDUCE,
@@ -248,7 +248,7 @@ impl Session {
         data: &mut [T],
         mut op: impl FnMut(&mut [T], &[T]),
     ) -> Result<(), Error> {
-        let deadline = Deadline::collective("all_reduce", self.timeout);
+        let deadline = self.track(Deadline::collective("all_reduce", self.timeout));
         let mut combiner = |inputs: &[&[T]], out: &mut [T]| {
             combine_with(&mut op, inputs, out);
             Ok(())
@@ -321,7 +321,7 @@ impl Session {
     ) -> Result<(), Error> {
         self.check_team_rank(root)?;
         check_op::<T>(op)?;
-        let deadline = Deadline::collective("reduce", timeout);
+        let deadline = self.track(Deadline::collective("reduce", timeout));
         let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
         self.reduce_with(
             kind::REDUCE,
@@ -402,7 +402,7 @@ impl Session {
                 input.len()
             )));
         }
-        let deadline = Deadline::collective("reduce_scatter", timeout);
+        let deadline = self.track(Deadline::collective("reduce_scatter", timeout));
         let combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
         if world == 1 {
             output.copy_from_slice(input);

@@ -255,7 +255,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<Vec<u8>, Error> {
         self.check_root(root, data.is_some(), "broadcast")?;
-        let deadline = Deadline::collective("broadcast", timeout);
+        let deadline = self.track(Deadline::collective("broadcast", timeout));
         let seq = self.next_seq();
         if self.size() > FLAT_BROADCAST_MAX {
             return self.tree_broadcast(root, data, seq, &deadline);
@@ -372,7 +372,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
         self.check_team_rank(root)?;
-        let deadline = Deadline::collective("gather", timeout);
+        let deadline = self.track(Deadline::collective("gather", timeout));
         let seq = self.next_seq();
         if self.size() > FLAT_GATHER_MAX {
             return self.tree_gather(root, data, seq, &deadline);

@@ -314,6 +314,9 @@ impl Session {
             if deadline.left().is_zero() {
                 return Err(self.timed_out(deadline, peer));
             }
+            if let Some(waited) = deadline.watchdog_due() {
+                self.warn_waiting(deadline, waited, &[peer]);
+            }
             // As in `send_slots`: every peer, the one this waits for may wait on a third.
             for other in self.peers() {
                 self.drain_from(other)?;
@@ -538,6 +541,10 @@ impl Session {
                 return Err(
                     self.timed_out_waiting(deadline, waiting(outgoing, incoming, &self.peers))
                 );
+            }
+            if let Some(waited) = deadline.watchdog_due() {
+                let waiting_for = waiting(outgoing, incoming, &self.peers);
+                self.warn_waiting(deadline, waited, &waiting_for);
             }
             let since = *stalled_since.get_or_insert(now);
             if now.duration_since(since) >= STALL {

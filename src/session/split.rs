@@ -49,6 +49,8 @@ struct Shared {
     /// (`Duration::MAX`). A plain value that [`Shared::set_timeout`] replaces whole: no
     /// ordering with anything else rests on it.
     timeout: AtomicU64,
+    /// The session's publisher of what it is doing, for waits that hold no lock.
+    publisher: Arc<super::status::Publisher>,
 }
 
 impl Shared {
@@ -145,6 +147,7 @@ impl Session {
             rank: self.rank(),
             world_size: self.world_size(),
             timeout: AtomicU64::new(u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX)),
+            publisher: Arc::clone(&self.publisher),
             session: Mutex::new(self),
         });
         (
@@ -276,8 +279,12 @@ impl Receiver {
         timeout: Duration,
         take: impl FnOnce(&mut Session, u32, Duration) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let deadline =
-            Deadline::new(op, timeout).noting_interrupts(self.shared.interrupter.count());
+        let deadline = Deadline::new(op, timeout)
+            .noting_interrupts(self.shared.interrupter.count())
+            .tracked_by(&self.shared.publisher);
+        if let Some(rank) = only {
+            self.shared.publisher.peer(op, rank);
+        }
         if let Some(rank) = only {
             self.shared.lock().check_peer(rank)?;
         }

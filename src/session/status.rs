@@ -1,0 +1,414 @@
+//! Who is where: each rank publishes what it is doing in its outbox's status words, which only
+//! it can write and its peers (and the broker) can read, and a timeout reads them back to say
+//! what each rank it waited for is doing.
+//!
+//! # Publishing (the hot path)
+//!
+//! Every call makes a [`Deadline`]; [`Session::track`] ties it to this rank's [`Publisher`], and
+//! the deadline says "in `op` since now" when it is made and "last: `op`, finished now" when it
+//! is dropped. Only the outermost deadline of a slot publishes (a call made of calls reports
+//! the outer one). The collective number and group come from `Session::next_seq`, the peer of a
+//! point-to-point call from the call. Each is a handful of relaxed stores, which are plain
+//! moves, and one `CLOCK_MONOTONIC_COARSE` read (vDSO, no system call) each way: no fences, no
+//! read-modify-write.
+//!
+//! Two slots: receives publish in slot 1, everything else in slot 0, so that the two threads of
+//! a split session each say what they are doing. A slot's nesting depth is this process's own
+//! (an atomic used with plain loads and stores, by the one thread that uses the slot).
+//!
+//! # Reading (diagnosis)
+//!
+//! [`describe`] turns a peer's status words into `rank R is in <call> ...` or `rank R is in no
+//! call ...`. The words are whatever the peer wrote: names must be ASCII words, times must not
+//! lie in the future; anything else reads as an unreadable state. Nothing is trusted beyond the
+//! text it makes.
+
+use super::{Deadline, Session};
+use shmbroker_allocator::{Snapshot, StatusWords};
+use shmbroker_bindings::{STATUS_SLOTS, status_word as w};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// The slot receives publish in.
+const RECEIVE_SLOT: usize = 1;
+
+/// No sequence number, group or peer.
+const NONE: u64 = u64::MAX;
+
+/// This rank's side of its status words, shared by the session and (for a split session) its
+/// receiving half.
+#[derive(Debug)]
+pub(super) struct Publisher {
+    words: StatusWords,
+    /// Calls in progress per slot, outermost first (see the module docs).
+    depth: [AtomicU32; STATUS_SLOTS],
+    /// Whether to publish at all (`SHMBROKER_STATUS=0` turns it off, for measuring its cost).
+    on: bool,
+}
+
+impl Publisher {
+    pub(super) fn new(words: StatusWords) -> Self {
+        let on = std::env::var("SHMBROKER_STATUS").map_or(true, |value| value != "0");
+        for slot in 0..STATUS_SLOTS {
+            let words = words.slot(slot);
+            for at in [
+                w::SEQ,
+                w::GROUP_PEER,
+                w::LAST_SEQ,
+                w::LAST_GROUP_PEER,
+                w::WAITING_FOR,
+            ] {
+                words[at].store(NONE, Ordering::Relaxed);
+            }
+        }
+        Self {
+            words,
+            depth: Default::default(),
+            on,
+        }
+    }
+
+    /// The slot `op` publishes in.
+    fn slot_of(op: &str) -> usize {
+        match op {
+            "recv" | "recv_any" | "probe" | "recv_loan" => RECEIVE_SLOT,
+            _ => 0,
+        }
+    }
+
+    /// `op` starts (see [`Deadline::tracked_by`]); whether this is the outermost call of its slot.
+    pub(super) fn enter(&self, op: &'static str) -> usize {
+        let slot = Self::slot_of(op);
+        let depth = self.depth[slot].load(Ordering::Relaxed);
+        self.depth[slot].store(depth + 1, Ordering::Relaxed);
+        if depth == 0 && self.on {
+            let words = self.words.slot(slot);
+            let [first, second] = name_words(op);
+            words[w::CALL].store(first, Ordering::Relaxed);
+            words[w::CALL + 1].store(second, Ordering::Relaxed);
+            words[w::SEQ].store(NONE, Ordering::Relaxed);
+            words[w::GROUP_PEER].store(NONE, Ordering::Relaxed);
+            words[w::WAITING_FOR].store(NONE, Ordering::Relaxed);
+            words[w::SINCE].store(coarse_now(), Ordering::Relaxed);
+        }
+        slot
+    }
+
+    /// The call of `slot` that [`Self::enter`] started ends.
+    pub(super) fn leave(&self, slot: usize) {
+        let depth = self.depth[slot].load(Ordering::Relaxed).saturating_sub(1);
+        self.depth[slot].store(depth, Ordering::Relaxed);
+        if depth == 0 && self.on {
+            let words = self.words.slot(slot);
+            for (from, to) in [
+                (w::CALL, w::LAST_CALL),
+                (w::CALL + 1, w::LAST_CALL + 1),
+                (w::SEQ, w::LAST_SEQ),
+                (w::GROUP_PEER, w::LAST_GROUP_PEER),
+            ] {
+                words[to].store(words[from].load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            words[w::LAST_DONE].store(coarse_now(), Ordering::Relaxed);
+            words[w::CALL].store(0, Ordering::Relaxed);
+            words[w::CALL + 1].store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The collective in progress in slot 0 is number `seq` of group `stream`.
+    pub(super) fn collective(&self, stream: u32, seq: u64) {
+        if self.on && self.depth[0].load(Ordering::Relaxed) == 1 {
+            let words = self.words.slot(0);
+            words[w::SEQ].store(seq, Ordering::Relaxed);
+            words[w::GROUP_PEER].store(
+                u64::from(u32::MAX) << 32 | u64::from(stream),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// The point-to-point call `op` in progress is with `peer`.
+    pub(super) fn peer(&self, op: &str, peer: u32) {
+        let slot = Self::slot_of(op);
+        if self.on && self.depth[slot].load(Ordering::Relaxed) == 1 {
+            self.words.slot(slot)[w::GROUP_PEER].store(u64::from(peer) << 32, Ordering::Relaxed);
+        }
+    }
+
+    /// The call in progress in the slot of `op` waits for `rank` (said once the wait has gone on
+    /// long enough to park).
+    pub(super) fn waiting_for(&self, op: &str, rank: u32) {
+        let slot = Self::slot_of(op);
+        if self.on {
+            self.words.slot(slot)[w::WAITING_FOR].store(u64::from(rank), Ordering::Relaxed);
+        }
+    }
+}
+
+/// `op`'s name as two words of ASCII, zero-padded (cut at 16 bytes).
+fn name_words(op: &str) -> [u64; 2] {
+    let mut bytes = [0u8; 16];
+    let len = op.len().min(16);
+    bytes[..len].copy_from_slice(&op.as_bytes()[..len]);
+    let (first, second) = bytes.split_at(8);
+    [first, second].map(|half| u64::from_le_bytes(half.try_into().unwrap_or_default()))
+}
+
+/// The name two words hold, if it is one (lowercase ASCII letters, digits and `_`).
+fn name_of(first: u64, second: u64) -> Option<String> {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&first.to_le_bytes());
+    bytes[8..].copy_from_slice(&second.to_le_bytes());
+    let len = bytes.iter().position(|&b| b == 0).unwrap_or(16);
+    let name = &bytes[..len];
+    let word = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_';
+    (!name.is_empty() && name.iter().all(word) && bytes[len..].iter().all(|&b| b == 0))
+        .then(|| String::from_utf8_lossy(name).into_owned())
+}
+
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: system-wide (every process and PID namespace of a
+/// machine reads the same clock), a few milliseconds coarse, and read without a system call.
+pub(super) fn coarse_now() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE).map_or(0, |time| {
+        u64::try_from(Duration::from(time).as_nanos()).unwrap_or(u64::MAX)
+    })
+}
+
+/// `seconds` as the diagnosis writes it: `3.1 s`, `850 ms`.
+fn ago(nanos: u64) -> String {
+    let duration = Duration::from_nanos(nanos);
+    if duration >= Duration::from_secs(1) {
+        format!("{:.1} s", duration.as_secs_f64())
+    } else {
+        format!("{} ms", duration.as_millis())
+    }
+}
+
+/// A call as the diagnosis names it: `all_reduce #11 (group 2)`, `recv from rank 1`.
+fn call_text(name: &str, seq: u64, group_peer: u64, receive: bool) -> String {
+    let mut text = name.to_owned();
+    if seq != NONE {
+        text.push_str(&format!(" #{seq}"));
+    }
+    let (group, peer) = (group_peer & 0xffff_ffff, group_peer >> 32);
+    if group_peer != NONE {
+        if peer != u64::from(u32::MAX) {
+            let direction = if receive { "from" } else { "to" };
+            text.push_str(&format!(" {direction} rank {peer}"));
+        } else if group != 0 {
+            text.push_str(&format!(" (group {group})"));
+        }
+    }
+    text
+}
+
+/// What rank `rank`'s status words say it is doing, at `now` (coarse nanoseconds):
+/// `rank R is in <call> for <time>` (one clause per slot in a call, waiting for a rank when it
+/// said so), or `rank R is in no call (its last, <call>, finished <time> ago)`.
+pub(super) fn describe(rank: u32, status: &Snapshot, now: u64) -> String {
+    let unreadable = || format!("rank {rank} has published an unreadable state");
+    let mut calls = Vec::new();
+    let mut last: Option<(u64, String)> = None;
+    for (slot, words) in status.iter().enumerate() {
+        let receive = slot == RECEIVE_SLOT;
+        if words[w::CALL] != 0 || words[w::CALL + 1] != 0 {
+            let Some(name) = name_of(words[w::CALL], words[w::CALL + 1]) else {
+                return unreadable();
+            };
+            let since = words[w::SINCE];
+            if since > now.saturating_add(1_000_000_000) {
+                return unreadable();
+            }
+            let mut text = format!(
+                "{} for {}",
+                call_text(&name, words[w::SEQ], words[w::GROUP_PEER], receive),
+                ago(now.saturating_sub(since))
+            );
+            let waiting = words[w::WAITING_FOR];
+            if waiting != NONE && waiting <= u64::from(u32::MAX) {
+                text.push_str(&format!(", waiting for rank {waiting}"));
+            }
+            calls.push(text);
+        }
+        if words[w::LAST_CALL] != 0 || words[w::LAST_CALL + 1] != 0 {
+            let Some(name) = name_of(words[w::LAST_CALL], words[w::LAST_CALL + 1]) else {
+                return unreadable();
+            };
+            let done = words[w::LAST_DONE];
+            if done > now.saturating_add(1_000_000_000) {
+                return unreadable();
+            }
+            let text = call_text(
+                &name,
+                words[w::LAST_SEQ],
+                words[w::LAST_GROUP_PEER],
+                receive,
+            );
+            if last.as_ref().is_none_or(|(when, _)| done > *when) {
+                last = Some((done, text));
+            }
+        }
+    }
+    if !calls.is_empty() {
+        return format!("rank {rank} is in {}", calls.join(" and in "));
+    }
+    match last {
+        Some((done, text)) => format!(
+            "rank {rank} is in no call (its last, {text}, finished {} ago)",
+            ago(now.saturating_sub(done))
+        ),
+        None => format!("rank {rank} is in no call (it has finished none yet)"),
+    }
+}
+
+impl Deadline {
+    /// This deadline, publishing its call in `publisher` until it is dropped.
+    pub(super) fn tracked_by(mut self, publisher: &Publisher) -> Self {
+        let slot = publisher.enter(self.op);
+        self.published = Some((std::ptr::NonNull::from(publisher), slot));
+        self
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        if let Some((publisher, slot)) = self.published {
+            // SAFETY: the publisher is the session's, in an `Arc` the session (or its receiving
+            // half) holds for its whole life; a deadline is a local of one call on that session
+            // and is dropped before the call returns, so the publisher outlives it.
+            unsafe { publisher.as_ref() }.leave(slot);
+        }
+    }
+}
+
+/// How long a wait with no deadline goes before its watchdog first logs a warning:
+/// `SHMBROKER_WARN_AFTER` seconds (default 60), then twice as long each time.
+pub(super) fn warn_after() -> Duration {
+    static AFTER: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *AFTER.get_or_init(|| {
+        std::env::var("SHMBROKER_WARN_AFTER")
+            .ok()
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .filter(|secs| secs.is_finite() && *secs > 0.0)
+            .map_or(Duration::from_secs(60), Duration::from_secs_f64)
+    })
+}
+
+impl Session {
+    /// The watchdog of a call with no deadline that has waited `waited` (its
+    /// `Deadline::watchdog_due`) and still waits for `waiting_for`: one warning with what each
+    /// of them is doing (again at doubling intervals); the call goes on waiting.
+    pub(super) fn warn_waiting(
+        &mut self,
+        deadline: &Deadline,
+        waited: Duration,
+        waiting_for: &[u32],
+    ) {
+        {
+            let diagnosis = self.diagnose(waiting_for);
+            tracing::warn!(
+                rank = self.rank(),
+                "{} has waited {} with no deadline for {}: {}; still waiting",
+                deadline.op,
+                ago(u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX)),
+                super::error::ranks_text(waiting_for),
+                diagnosis.join("; ")
+            );
+        }
+    }
+
+    /// `deadline`, publishing its call as this rank's (see the module docs).
+    pub(super) fn track(&self, deadline: Deadline) -> Deadline {
+        deadline.tracked_by(&self.publisher)
+    }
+
+    /// What each rank of `ranks` is doing, read from its status words (mapping its outbox first
+    /// if this rank has not yet, waiting at most a few milliseconds for it).
+    pub(super) fn diagnose(&mut self, ranks: &[u32]) -> Vec<String> {
+        let now = coarse_now();
+        ranks
+            .iter()
+            .map(|&rank| {
+                if rank != self.rank() && self.inner.peer_process(rank, Duration::ZERO).is_err() {
+                    return format!("rank {rank} has not logged on");
+                }
+                let quick = Deadline::new("diagnosis", Duration::from_millis(20));
+                match self.peer_outbox(rank, &quick) {
+                    Ok(outbox) => describe(rank, &outbox.status(), now),
+                    Err(_) => format!("rank {rank}'s state is not known here"),
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shmbroker_bindings::STATUS_SLOT_WORDS;
+
+    fn slot(call: &str, seq: u64, group_peer: u64, since: u64) -> [u64; STATUS_SLOT_WORDS] {
+        let mut words = [NONE; STATUS_SLOT_WORDS];
+        let [first, second] = name_words(call);
+        (words[w::CALL], words[w::CALL + 1]) = (first, second);
+        (words[w::SEQ], words[w::GROUP_PEER], words[w::SINCE]) = (seq, group_peer, since);
+        (words[w::LAST_CALL], words[w::LAST_CALL + 1]) = (0, 0);
+        words
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_rank_in_a_call_and_one_in_none_are_described_so() {
+        let idle = [[0; STATUS_SLOT_WORDS]; 2];
+        assert_eq!(
+            describe(2, &idle, 5 * S),
+            "rank 2 is in no call (it has finished none yet)"
+        );
+        let mut done = idle;
+        let [first, second] = name_words("all_reduce");
+        (done[0][w::LAST_CALL], done[0][w::LAST_CALL + 1]) = (first, second);
+        (done[0][w::LAST_SEQ], done[0][w::LAST_GROUP_PEER]) = (11, u64::from(u32::MAX) << 32);
+        done[0][w::LAST_DONE] = S / 5;
+        assert_eq!(
+            describe(2, &done, 10 * S),
+            "rank 2 is in no call (its last, all_reduce #11, finished 9.8 s ago)"
+        );
+        let receiving = [[0; STATUS_SLOT_WORDS], slot("recv", NONE, 1 << 32, 2 * S)];
+        assert_eq!(
+            describe(3, &receiving, 5 * S + S / 10),
+            "rank 3 is in recv from rank 1 for 3.1 s"
+        );
+        let mut grouped = [
+            slot("barrier", 4, u64::from(u32::MAX) << 32 | 2, S),
+            idle[1],
+        ];
+        grouped[0][w::WAITING_FOR] = 0;
+        assert_eq!(
+            describe(1, &grouped, S + S / 2),
+            "rank 1 is in barrier #4 (group 2) for 500 ms, waiting for rank 0"
+        );
+    }
+
+    #[test]
+    fn forged_words_read_as_an_unreadable_state() {
+        let mut forged = [[0; STATUS_SLOT_WORDS]; 2];
+        forged[0][w::CALL] = u64::from_le_bytes(*b"\x1b[2Jevil");
+        assert_eq!(
+            describe(4, &forged, S),
+            "rank 4 has published an unreadable state"
+        );
+        let future = [slot("barrier", 1, NONE, 100 * S), [0; STATUS_SLOT_WORDS]];
+        assert_eq!(
+            describe(4, &future, S),
+            "rank 4 has published an unreadable state"
+        );
+    }
+
+    #[test]
+    fn names_round_trip_and_long_ones_are_cut() {
+        let [a, b] = name_words("reduce_scatter");
+        assert_eq!(name_of(a, b).as_deref(), Some("reduce_scatter"));
+        let [a, b] = name_words("all_gather_gpu_handles");
+        assert_eq!(name_of(a, b).as_deref(), Some("all_gather_gpu_h"));
+    }
+}
