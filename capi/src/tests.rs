@@ -121,6 +121,12 @@ fn a_per_call_timeout_overrides_the_sessions_both_ways() {
         assert_eq!(shmbroker_last_error_rank(), 1);
         let rc = shmbroker_recv_timeout(s, 1, buffer.as_mut_ptr().cast(), 8, &mut len, 50);
         assert_eq!(rc, SHMBROKER_E_TIMEOUT, "{}", last_error());
+        // What rank 1 is doing meanwhile (sleeping after its barrier), from what it publishes.
+        assert!(
+            last_error().contains("rank 1 is in no call (its last, barrier #0, finished"),
+            "{}",
+            last_error()
+        );
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(
             shmbroker_recv_timeout(s, 1, buffer.as_mut_ptr().cast(), 8, &mut len, 0),

@@ -91,13 +91,7 @@ pub fn to_py(error: Error) -> PyErr {
             waiting_for,
             timeout,
             diagnosis,
-        } => py::Timeout::new_err((
-            message,
-            op,
-            waiting_for,
-            timeout.as_secs_f64(),
-            diagnosis,
-        )),
+        } => py::Timeout::new_err((message, op, waiting_for, timeout.as_secs_f64(), diagnosis)),
         Error::Protocol { peer, .. }
         | Error::Corrupted { peer, .. }
         | Error::CollectiveMismatch { peer, .. }

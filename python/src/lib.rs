@@ -852,25 +852,8 @@ impl PySession {
         // buffer whose fresh pages would each fault in (a 4 MiB message took 6.5 ms through a
         // `Vec`, against 0.3 ms into a reused buffer; fresh pages are what is left here).
         let started = std::time::Instant::now();
-        let len = self.blocking(py, |session| {
-            // The call the user made is a recv: its deadline says so.
-            session
-                .probe_timeout(rank, timeout)
-                .map_err(|error| match error {
-                    Error::Timeout {
-                        waiting_for,
-                        timeout,
-                        diagnosis,
-                        ..
-                    } => Error::Timeout {
-                        op: "recv",
-                        waiting_for,
-                        timeout,
-                        diagnosis,
-                    },
-                    other => other,
-                })
-        })?;
+        // The call the user made is a recv: peers and its deadline say so.
+        let len = self.blocking(py, |session| session.probe_for_recv(rank, timeout))?;
         let left = timeout
             .saturating_sub(started.elapsed())
             .max(Duration::from_millis(1));

@@ -150,6 +150,24 @@ def test_loans_by_reference_and_slices_that_outlive_them():
     assert "[0] PINNED slice read after close" in job.stdout, describe(job)
 
 
+def test_a_timeout_says_what_the_rank_it_waited_for_is_doing():
+    pytest.importorskip("numpy")
+    idle = run_scenario(3, "stuck_idle")
+    assert_ok(idle, 3, "stuck_idle")
+    busy = run_scenario(3, "stuck_recv")
+    assert_ok(busy, 3, "stuck_recv")
+    for rank in (0, 1):
+        said = f"[{rank}] IDLE rank 2 is in no call (its last, all_reduce #0, finished "
+        assert said in idle.stdout, describe(idle)
+        assert f"[{rank}] BUSY rank 2 is in recv from rank 1 for " in busy.stdout, describe(busy)
+
+
+def test_a_wait_with_no_deadline_has_a_watchdog():
+    job = run_scenario(2, "watchdog", env={"SHMBROKER_WARN_AFTER": "0.5"})
+    assert_ok(job, 2, "watchdog")
+    assert "[0] WARNED recv has waited" in job.stdout, describe(job)
+
+
 def test_the_issue_one_liner_all_gathers():
     program = (
         "import shmbroker; s = shmbroker.connect(); "

@@ -781,6 +781,74 @@ def scenario_loans(session, _):
         say("PINNED slice read after close")
 
 
+def scenario_stuck_idle(session, _):
+    """Who is where: rank 2 idles outside any call while ranks 0 and 1 wait in a barrier; their
+    timeouts say so, from what rank 2 publishes."""
+    import numpy as np
+
+    session.all_reduce(np.ones(4, np.float32))
+    if session.rank == 2:
+        time.sleep(2.0)  # in no call
+        session.barrier(timeout=30)  # the others' parts are there: it completes
+        for peer in (0, 1):
+            session.send(peer, b"done")
+        return
+    error = raises(shmbroker.Timeout, lambda: session.barrier(timeout=1))
+    check(error.waiting_for == [2], f"waiting for {error.waiting_for}")
+    check(len(error.diagnosis) == 1, f"diagnosis {error.diagnosis}")
+    idle = error.diagnosis[0]
+    check(idle.startswith("rank 2 is in no call (its last, all_reduce #0, finished "), idle)
+    check(idle in str(error), str(error))
+    say(f"IDLE {idle}")
+    # Stay until rank 2 is through its barrier (a rank that left would end it).
+    check(session.recv(2, timeout=30) == b"done", "rank 2 done")
+
+
+def scenario_stuck_recv(session, _):
+    """Rank 2 waits in a recv from rank 1 while ranks 0 and 1 wait in a barrier for rank 2: their
+    timeouts say rank 2 is in recv from rank 1."""
+    if session.rank == 2:
+        check(session.recv(1, timeout=30) == b"go", "rank 1's word")
+        return
+    error = raises(shmbroker.Timeout, lambda: session.barrier(timeout=1.5))
+    busy = error.diagnosis[0]
+    check(busy.startswith("rank 2 is in recv from rank 1 for "), busy)
+    say(f"BUSY {busy}")
+    if session.rank == 1:
+        session.send(2, b"go")
+
+
+def scenario_watchdog(session, _):
+    """A wait with no deadline (SHMBROKER_WARN_AFTER=0.5): rank 0 waits in recv from rank 1,
+    which sleeps 2.3 s first; the watchdog warns at 0.5, 1 and 2 s with what rank 1 is doing,
+    and the wait goes on until the message comes."""
+    import logging
+
+    if session.rank == 1:
+        time.sleep(2.3)
+        session.send(0, b"late")
+        return
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logging.getLogger("shmbroker").addHandler(Keep())
+    check(session.recv(1, timeout=None) == b"late", "the late message")
+    deadline = time.monotonic() + 5  # records come from the forwarding thread
+    while len([r for r in records if "no deadline" in r.getMessage()]) < 3:
+        check(time.monotonic() < deadline, f"3 warnings: {[r.getMessage() for r in records]}")
+        time.sleep(0.01)
+    warnings = [r for r in records if "no deadline" in r.getMessage()]
+    for record in warnings:
+        check(record.levelname == "WARNING", record.levelname)
+        message = record.getMessage()
+        check("recv has waited" in message and "for rank 1: rank 1 is in no call" in message, message)
+        check("still waiting" in message, message)
+    say(f"WARNED {warnings[0].getMessage()}")
+
+
 def wait_for_file(path, what):
     deadline = time.monotonic() + 20
     while not os.path.exists(path):

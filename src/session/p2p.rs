@@ -101,9 +101,25 @@ impl Session {
     ///
     /// As for [`Self::recv`].
     pub fn probe_timeout(&mut self, rank: u32, timeout: Duration) -> Result<usize, Error> {
+        self.probe_as("probe", rank, timeout)
+    }
+
+    /// [`Self::probe_timeout`] as the first half of a receive: published, and timed out, as a
+    /// `recv` from `rank`. For a binding that sizes a new buffer for the message before it
+    /// receives it with [`Self::recv_into_timeout`] (Python's `recv` does), so that what its
+    /// peers read about it, and its timeout, name the call its user made.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::recv`].
+    pub fn probe_for_recv(&mut self, rank: u32, timeout: Duration) -> Result<usize, Error> {
+        self.probe_as("recv", rank, timeout)
+    }
+
+    fn probe_as(&mut self, op: &'static str, rank: u32, timeout: Duration) -> Result<usize, Error> {
         self.check_peer(rank)?;
-        let deadline = self.track(Deadline::new("probe", timeout));
-        self.publisher.peer("probe", rank);
+        let deadline = self.track(Deadline::new(op, timeout));
+        self.publisher.peer(op, rank);
         self.flush_view_acks()?;
         let len = self.probe_send(rank, &deadline)?;
         usize::try_from(len).map_err(|_| Error::Protocol {
