@@ -60,6 +60,20 @@
 //! back. Blocks that *live* peers owed for a collective cut short by a death come back too: each
 //! peer closes the streams the dead rank was in and acknowledges what it drops of them (see the
 //! `groups` module).
+//!
+//! # Who is where
+//!
+//! Every rank publishes what it is doing in status words at the start of its outbox, which only
+//! it can write and its peers map read-only: the call in progress (with its collective number
+//! and group, or its peer), since when, whom it waits for, and the last call it finished and
+//! when (see the `status` module). A [`Error::Timeout`] reads them for every rank it waited for
+//! and says what each is doing (`rank 2 is in no call (its last, all_reduce #11, finished 9.8 s
+//! ago)`, `rank 3 is in recv from rank 1 for 3.1 s, waiting for rank 1`); a wait with no
+//! deadline (`Duration::MAX`) logs the same as a warning after `SHMBROKER_WARN_AFTER` seconds
+//! (60), then at doubling intervals, and keeps waiting. Publishing costs a few relaxed stores
+//! per call and no clock read (calls stamp themselves with a coarse clock that each session's
+//! watcher thread refreshes every 100 ms); [`Session::set_publishing`] and `SHMBROKER_STATUS=0`
+//! turn it off.
 
 mod acks;
 mod any;

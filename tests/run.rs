@@ -294,3 +294,115 @@ fn copies_die_with_a_launcher_killed_by_sigkill() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A generator of small random numbers for the kill test (seeded from the clock, and printed, so
+/// that a failing run can be repeated with `SHMBROKER_KILL_SEED`).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % below
+    }
+}
+
+#[test]
+fn a_killed_rank_is_named_with_its_signal_never_a_survivor() {
+    let seed = std::env::var("SHMBROKER_KILL_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("SHMBROKER_KILL_SEED={seed}");
+    let mut random = Lcg(seed);
+    let tmp = TempDir::new("run-kill-rank").unwrap();
+    // Each copy prints its rank and pid, then loops barriers until a peer dies (then it exits 1,
+    // naming the dead rank).
+    let script = format!(
+        "echo \"$SHMBROKER_RANK $$\"; exec {} worker --from-env --selftest --only barrier \
+         --repeat 100000000",
+        common::SHMBROKER
+    );
+    for attempt in 0..50 {
+        let mut command = run(tmp.path(), &["-n", "3", "--", "sh", "-c", &script]);
+        let mut launcher = common::spawn(&mut command);
+        let mut stdout = std::io::BufReader::new(launcher.take_stdout().unwrap());
+        let mut pids = [0i32; 3];
+        for _ in 0..3 {
+            let mut line = String::new();
+            assert!(std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0);
+            let mut fields = line.split_whitespace().map(|f| f.parse::<i32>().unwrap());
+            let (rank, pid) = (fields.next().unwrap(), fields.next().unwrap());
+            pids[rank as usize] = pid;
+        }
+        // Somewhere in the job's barriers (or still logging on).
+        std::thread::sleep(Duration::from_millis(20 + random.next(200)));
+        let victim = random.next(3) as usize;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pids[victim]),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let (status, _, stderr) = common::finish_status(launcher);
+        let what = format!("attempt {attempt}, seed {seed}, rank {victim} killed:\n{stderr}");
+        assert_eq!(status.code(), Some(137), "{what}");
+        assert!(
+            stderr.contains(&format!(
+                "shmbroker run: rank {victim} was killed by SIGKILL; stopping the others"
+            )),
+            "{what}"
+        );
+        // The survivors the launcher stopped are not reported as deaths.
+        for survivor in (0..3).filter(|&rank| rank != victim) {
+            assert!(
+                !stderr.contains(&format!("died without saying goodbye rank={survivor} ")),
+                "{what}"
+            );
+        }
+    }
+    assert_eq!(left_in(tmp.path()), [] as [String; 0]);
+}
+
+#[test]
+fn with_on_failure_continue_the_others_run_to_their_end() {
+    let tmp = TempDir::new("run-continue").unwrap();
+    let done = tmp.path().join("done");
+    std::fs::create_dir(&done).unwrap();
+    let script = format!(
+        "if [ \"$SHMBROKER_RANK\" = 1 ]; then exit 7; fi; sleep 0.5; touch {}/$SHMBROKER_RANK",
+        done.display()
+    );
+    let (code, _, stderr) = finish(run(
+        tmp.path(),
+        &[
+            "-n",
+            "3",
+            "--on-failure",
+            "continue",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    assert_eq!(code, Some(7), "{stderr}");
+    assert!(
+        stderr.contains("rank 1 exited with 7; the others go on"),
+        "{stderr}"
+    );
+    for rank in ["0", "2"] {
+        assert!(
+            done.join(rank).exists(),
+            "rank {rank} was stopped: {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&done).unwrap();
+    assert_eq!(left_in(tmp.path()), [] as [String; 0]);
+}

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `barrier` (2, 4, 8; 16 outside `--quick`) | `Session::barrier` with its own (adaptive) waiting; also spinning where the CPUs hold the world | `MPI_Barrier` (`mpi/barrier.c`), `--oversubscribe` |
 //! | `sendrecv_pingpong` (8 B) | `send` + `recv_into` round trip | the raw ring the session sends on (one 64-byte slot each way, spinning); `MPI_Send`/`MPI_Recv` (`mpi/bulk.c`) |
+//! | `status_cost_barrier`, `status_cost_sendrecv` (2 workers) | `Session::barrier`, and an 8 B `send` + `recv_into` round trip, spinning, each rank publishing what it is doing | the same with publishing switched off (`Session::set_publishing(false)`) |
 //! | `barrier_hot` (2 workers) | `Session::barrier`, spinning | a shared-memory sense-reversing barrier that polls with `usleep(1)` (as KittensBroker's does); the same with waiters parked in `FUTEX_WAIT`; a star relay over UNIX sockets |
 //! | `barrier_parked` (2, 4, 8 workers) | `Session::barrier`, parking at once | the same two |
 //! | `all_gather_{hot,parked,crowded}_{8,64,1024}B` (2 hot; 2, 4, 8 parked; 16 crowded outside `--quick`, against Open MPI only) | `Session::all_gather_into` | each rank writes a slot in shared memory between two futex barriers; a star relay over UNIX sockets |
@@ -47,6 +48,9 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
     }
     if plan.wants("barrier") {
         barrier_against_mpi(plan, report, dir.path())?;
+    }
+    if plan.wants("status_cost") {
+        status_cost(plan, report, dir.path())?;
     }
     if plan.wants("sendrecv_pingpong") {
         sendrecv_pingpong(plan, report, dir.path())?;
@@ -330,6 +334,70 @@ fn ours_sendrecv(socket: &Path, rounds: usize) -> Result<Vec<u64>, String> {
         let _ = nix::sched::sched_setaffinity(Pid::from_raw(0), &original);
     }
     samples
+}
+
+/// What publishing each rank's status costs (issue 29's budget: 5 %): the 2-rank spinning
+/// barrier and the 8 B send/recv round trip with publishing on and off
+/// (`Session::set_publishing`), alternating over the plan's rounds.
+fn status_cost(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<(), String> {
+    let rounds = plan.size(20_000, 2_000);
+    let runs = std::cell::Cell::new(0u32);
+    let socket = || {
+        runs.set(runs.get() + 1);
+        dir.join(format!("status-{}.sock", runs.get()))
+    };
+    let error = |e: Error| e.to_string();
+    let barrier = |on: bool| {
+        ours_timed(&socket(), 2, rounds, Some(u32::MAX), |session| {
+            session.set_publishing(on);
+            session.barrier().map_err(error)
+        })
+        .map(Measure::latency)
+    };
+    let pingpong = |on: bool| {
+        ours_timed(&socket(), 2, rounds, Some(u32::MAX), |session| {
+            session.set_publishing(on);
+            let (peer, mut buffer) = (1 - session.rank(), [0u8; 8]);
+            if session.rank() == 0 {
+                session.send(peer, &[7; 8]).map_err(error)?;
+                session.recv_into(peer, &mut buffer).map_err(error)?;
+            } else {
+                session.recv_into(peer, &mut buffer).map_err(error)?;
+                session.send(peer, &buffer).map_err(error)?;
+            }
+            Ok(())
+        })
+        .map(Measure::latency)
+    };
+    report.progress("status_cost, barrier, 2 workers");
+    let (on, off) = (|| barrier(true), || barrier(false));
+    let contenders: Vec<(&'static str, Run<'_>)> = vec![
+        ("barrier, publishing", &on),
+        ("barrier, not publishing", &off),
+    ];
+    report.add(Comparison {
+        bench: "status_cost_barrier".into(),
+        size: Size::Workers(2),
+        contenders: alternate(plan, &contenders)?,
+    });
+    report.progress("status_cost, send/recv 8 B");
+    let (on, off) = (|| pingpong(true), || pingpong(false));
+    let contenders: Vec<(&'static str, Run<'_>)> = vec![
+        ("send/recv 8 B, publishing", &on),
+        ("send/recv 8 B, not publishing", &off),
+    ];
+    report.add(Comparison {
+        bench: "status_cost_sendrecv".into(),
+        size: Size::Bytes(8),
+        contenders: alternate(plan, &contenders)?,
+    });
+    report.note(
+        "status_cost",
+        "each rank publishes what it is doing in its outbox's status words (a few relaxed stores \
+         and a coarse clock read per call); the baseline is the same loop with publishing \
+         switched off (Session::set_publishing), alternating in one run; issue 29's budget is 5%",
+    );
+    Ok(())
 }
 
 /// Ours and both hand-written barriers, alternating over the plan's rounds.

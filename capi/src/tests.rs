@@ -1212,7 +1212,14 @@ fn log_events_reach_the_callback_with_its_user_pointer_until_it_is_switched_off(
         assert_eq!(target, "shmbroker::session::fds");
         assert!(message.contains("rank="), "{message}");
     }
-    // Nothing more once switched off.
+    // Nothing more once switched off (an event other threads were logging as it was switched
+    // off may still land: only this one, logged after, is checked).
     tracing::warn!("after the log was switched off");
-    assert!(LOGGED.lock().unwrap().is_empty());
+    assert!(
+        !LOGGED
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, _, _, message)| message.contains("after the log was switched off"))
+    );
 }

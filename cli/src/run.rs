@@ -19,13 +19,25 @@
 //! - SIGINT and SIGTERM sent to this process are sent on to every copy still running, once each
 //!   (a Ctrl-C reaches the copies only this way, since they are not in the terminal's group).
 //! - When a copy fails (a non-zero exit, or a signal), the others get SIGTERM, and SIGKILL
-//!   [`GRACE`] later (only the SIGKILL when a signal was passed on to them already).
-//!   `--timeout` does the same to all of them when it runs out.
+//!   [`GRACE`] later (only the SIGKILL when a signal was passed on to them already); with
+//!   `--on-failure continue` they are left to run to their end instead. `--timeout` stops all
+//!   of them when it runs out. The broker is told these departures are expected, so it logs the
+//!   copies it stops as stopped, not as deaths.
+//!
+//! # Which failure is reported
+//!
+//! The first copy that failed, by its real cause: `rank 2 was killed by SIGKILL`. Copies fail
+//! in a cascade (a peer's death makes the survivors' calls fail, and they exit too), and
+//! several may be found ended at one look, so the launcher does not go by rank order: of the
+//! copies found failed together, it blames the first its broker saw die (gone without a
+//! goodbye; a survivor says goodbye as it exits), then the first it saw leave, then one ended
+//! by a signal (a survivor exits with a code), then the lowest rank.
 //!
 //! # Exit status
 //!
-//! The first failing copy's: its exit code, or 128 + the signal that ended it. 0 when every copy
-//! succeeds; 124 when `--timeout` ran out first; 127 when the program cannot be started.
+//! The first failing copy's (as above): its exit code, or 128 + the signal that ended it. 0 when
+//! every copy succeeds; 124 when `--timeout` ran out first; 127 when the program cannot be
+//! started.
 //!
 //! # What is left behind
 //!
@@ -36,7 +48,7 @@ use crate::process::{ChildGuard, spawn_with_fds};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, pthread_sigmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
-use shmbroker::handshake::{Config, Listener};
+use shmbroker::handshake::{Config, Event, Listener};
 use shmbroker::launch::BROKER_VAR;
 use shmbroker_sys::TempDir;
 use std::ffi::OsString;
@@ -72,6 +84,10 @@ pub struct Args {
     /// Stop every copy after SECS seconds and exit with 124.
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     timeout: Option<Duration>,
+    /// What a failing copy does to the others: `stop` them (SIGTERM, then SIGKILL), or let them
+    /// `continue` to their end; the exit status is the first failure's either way.
+    #[arg(long, value_enum, default_value_t = OnFailure::Stop)]
+    on_failure: OnFailure,
     /// The program and its arguments, after `--`.
     #[arg(
         required = true,
@@ -80,6 +96,15 @@ pub struct Args {
         value_name = "PROGRAM ARGS"
     )]
     command: Vec<OsString>,
+}
+
+/// `--on-failure`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum OnFailure {
+    /// Stop the other copies.
+    Stop,
+    /// Let them run to their end.
+    Continue,
 }
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {
@@ -117,7 +142,7 @@ struct Copy {
 /// Runs the job; the exit status is the job's (see the module docs).
 pub fn run(args: &Args) -> ExitCode {
     match Job::start(args) {
-        Ok(job) => job.wait(args.timeout),
+        Ok(job) => job.wait(args.timeout, args.on_failure),
         Err((code, error)) => {
             eprintln!("shmbroker run: {error}");
             ExitCode::from(code)
@@ -135,6 +160,9 @@ struct Job {
     /// One message per output stream when it reaches its end (`--tag-output`).
     output_done: mpsc::Receiver<()>,
     output_streams: usize,
+    /// Ranks in the order the broker saw them go, and whether each said goodbye (left) or not
+    /// (died).
+    departures: std::sync::Arc<std::sync::Mutex<Vec<(u32, bool)>>>,
 }
 
 impl Job {
@@ -157,10 +185,20 @@ impl Job {
         let mut listener =
             Listener::bind(&socket, config).map_err(|e| failed("starting the broker")(&e))?;
         let broker_stop = listener.stop_handle();
+        let departures: std::sync::Arc<std::sync::Mutex<Vec<(u32, bool)>>> =
+            std::sync::Arc::default();
+        let seen = std::sync::Arc::clone(&departures);
         let broker = std::thread::Builder::new()
             .name("shmbroker-broker".into())
             .spawn(move || {
-                if let Err(error) = listener.serve(|_| {}) {
+                let on_event = |event: &Event| {
+                    if let Event::WorkerLeft { rank, clean, .. } = event {
+                        seen.lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push((*rank, *clean));
+                    }
+                };
+                if let Err(error) = listener.serve(on_event) {
                     eprintln!("shmbroker run: the broker stopped: {error}");
                 }
             })
@@ -174,6 +212,7 @@ impl Job {
             signals,
             output_done,
             output_streams: 0,
+            departures,
         };
         let torch = TorchEnv::new();
         for rank in 0..args.copies {
@@ -204,9 +243,10 @@ impl Job {
         Ok(job)
     }
 
-    /// Waits for every copy, stopping the others at the first failure, a forwarded signal's
-    /// aftermath or the timeout; returns the job's exit status.
-    fn wait(mut self, timeout: Option<Duration>) -> ExitCode {
+    /// Waits for every copy, stopping the others at the first failure (unless `on_failure` says
+    /// to let them run), a forwarded signal's aftermath or the timeout; returns the job's exit
+    /// status.
+    fn wait(mut self, timeout: Option<Duration>, on_failure: OnFailure) -> ExitCode {
         let started = Instant::now();
         let mut first_failure: Option<u8> = None;
         let mut timed_out = false;
@@ -218,26 +258,21 @@ impl Job {
         loop {
             while let Ok(Some(info)) = self.signals.read_signal() {
                 let signal = Signal::try_from(info.ssi_signo as i32).unwrap_or(Signal::SIGTERM);
+                self.broker_stop.expect_departures();
                 self.signal_running(signal);
                 forwarded = true;
             }
-            for copy in &mut self.copies {
+            // Every copy that ended since the last look, then which failure came first.
+            let mut failed = Vec::new();
+            for (at, copy) in self.copies.iter_mut().enumerate() {
                 if copy.status.is_some() {
                     continue;
                 }
                 match copy.child.wait_timeout(Duration::ZERO) {
                     Ok(Some(status)) => {
                         copy.status = Some(status);
-                        if let Some(code) = failure_code(status)
-                            && first_failure.is_none()
-                            && !timed_out
-                        {
-                            first_failure = Some(code);
-                            eprintln!(
-                                "shmbroker run: rank {} {}; stopping the others",
-                                copy.rank,
-                                describe(status)
-                            );
+                        if failure_code(status).is_some() {
+                            failed.push(at);
                         }
                     }
                     Ok(None) => {}
@@ -248,6 +283,19 @@ impl Job {
                         first_failure.get_or_insert(1);
                     }
                 }
+            }
+            if first_failure.is_none()
+                && !timed_out
+                && let Some(at) = self.first_of(&failed)
+            {
+                let (rank, status) = (self.copies[at].rank, self.copies[at].status);
+                let status = status.unwrap_or_else(|| ExitStatus::from_raw(0));
+                first_failure = failure_code(status);
+                let then = match on_failure {
+                    OnFailure::Stop => "stopping the others",
+                    OnFailure::Continue => "the others go on",
+                };
+                eprintln!("shmbroker run: rank {rank} {}; {then}", describe(status));
             }
             if self.copies.iter().all(|copy| copy.status.is_some()) {
                 break;
@@ -261,7 +309,9 @@ impl Job {
                     self.running_ranks()
                 );
             }
-            if (first_failure.is_some() || timed_out) && stopping.is_none() {
+            let stop = timed_out || first_failure.is_some() && on_failure == OnFailure::Stop;
+            if stop && stopping.is_none() {
+                self.broker_stop.expect_departures();
                 if !forwarded || timed_out {
                     self.signal_running(Signal::SIGTERM);
                 }
@@ -293,6 +343,35 @@ impl Job {
         } else {
             ExitCode::from(first_failure.unwrap_or(0))
         }
+    }
+
+    /// Of the copies at `failed` (indices, found ended at one look), the one that failed first
+    /// (see "Which failure is reported" in the module docs).
+    fn first_of(&self, failed: &[usize]) -> Option<usize> {
+        let departures = self
+            .departures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        // Deaths (no goodbye) before departures: a survivor a death made fail says goodbye as
+        // it goes, and the broker may see the two at one look, in any order.
+        let gone_at = |at: &usize| {
+            departures
+                .iter()
+                .position(|&(rank, _)| rank == self.copies[*at].rank)
+                .map_or((2, usize::MAX), |position| {
+                    (usize::from(departures[position].1), position)
+                })
+        };
+        let by_signal = |at: &usize| {
+            self.copies[*at]
+                .status
+                .is_none_or(|status| status.signal().is_none())
+        };
+        failed
+            .iter()
+            .copied()
+            .min_by_key(|at| (gone_at(at), by_signal(at), self.copies[*at].rank))
     }
 
     /// Sends `signal` to every copy not yet reaped (a reaped one's pid may belong to another

@@ -56,6 +56,8 @@ mod broker;
 #[cfg(not(loom))]
 mod client;
 #[cfg(not(loom))]
+pub mod clock;
+#[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
 mod liveness;

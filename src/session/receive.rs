@@ -150,7 +150,7 @@ impl Session {
         // system call.
         let seen = self.inner.interrupt_generation();
         self.check_interrupted(deadline)?;
-        self.publisher.waiting_for(deadline.op, peer);
+        deadline.waits_for(peer);
         let from = &mut self.link(peer)?.from;
         let received = from.recv_batch_interruptible(buffer, slice, seen);
         deadline.started_at(from.clock_started());

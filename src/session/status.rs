@@ -26,7 +26,7 @@
 use super::{Deadline, Session};
 use shmbroker_allocator::{Snapshot, StatusWords};
 use shmbroker_bindings::{STATUS_SLOTS, status_word as w};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 /// The slot receives publish in.
@@ -42,8 +42,9 @@ pub(super) struct Publisher {
     words: StatusWords,
     /// Calls in progress per slot, outermost first (see the module docs).
     depth: [AtomicU32; STATUS_SLOTS],
-    /// Whether to publish at all (`SHMBROKER_STATUS=0` turns it off, for measuring its cost).
-    on: bool,
+    /// Whether to publish at all (`SHMBROKER_STATUS=0` or `Session::set_publishing` turns it
+    /// off, to measure what it costs).
+    on: AtomicBool,
 }
 
 impl Publisher {
@@ -64,8 +65,13 @@ impl Publisher {
         Self {
             words,
             depth: Default::default(),
-            on,
+            on: AtomicBool::new(on),
         }
+    }
+
+    /// Whether calls are published.
+    fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
     }
 
     /// The slot `op` publishes in.
@@ -81,7 +87,7 @@ impl Publisher {
         let slot = Self::slot_of(op);
         let depth = self.depth[slot].load(Ordering::Relaxed);
         self.depth[slot].store(depth + 1, Ordering::Relaxed);
-        if depth == 0 && self.on {
+        if depth == 0 && self.on() {
             let words = self.words.slot(slot);
             let [first, second] = name_words(op);
             words[w::CALL].store(first, Ordering::Relaxed);
@@ -89,7 +95,7 @@ impl Publisher {
             words[w::SEQ].store(NONE, Ordering::Relaxed);
             words[w::GROUP_PEER].store(NONE, Ordering::Relaxed);
             words[w::WAITING_FOR].store(NONE, Ordering::Relaxed);
-            words[w::SINCE].store(coarse_now(), Ordering::Relaxed);
+            words[w::SINCE].store(shmbroker_handshake::clock::now(), Ordering::Relaxed);
         }
         slot
     }
@@ -98,7 +104,7 @@ impl Publisher {
     pub(super) fn leave(&self, slot: usize) {
         let depth = self.depth[slot].load(Ordering::Relaxed).saturating_sub(1);
         self.depth[slot].store(depth, Ordering::Relaxed);
-        if depth == 0 && self.on {
+        if depth == 0 && self.on() {
             let words = self.words.slot(slot);
             for (from, to) in [
                 (w::CALL, w::LAST_CALL),
@@ -108,7 +114,7 @@ impl Publisher {
             ] {
                 words[to].store(words[from].load(Ordering::Relaxed), Ordering::Relaxed);
             }
-            words[w::LAST_DONE].store(coarse_now(), Ordering::Relaxed);
+            words[w::LAST_DONE].store(shmbroker_handshake::clock::now(), Ordering::Relaxed);
             words[w::CALL].store(0, Ordering::Relaxed);
             words[w::CALL + 1].store(0, Ordering::Relaxed);
         }
@@ -116,7 +122,7 @@ impl Publisher {
 
     /// The collective in progress in slot 0 is number `seq` of group `stream`.
     pub(super) fn collective(&self, stream: u32, seq: u64) {
-        if self.on && self.depth[0].load(Ordering::Relaxed) == 1 {
+        if self.on() && self.depth[0].load(Ordering::Relaxed) == 1 {
             let words = self.words.slot(0);
             words[w::SEQ].store(seq, Ordering::Relaxed);
             words[w::GROUP_PEER].store(
@@ -129,17 +135,8 @@ impl Publisher {
     /// The point-to-point call `op` in progress is with `peer`.
     pub(super) fn peer(&self, op: &str, peer: u32) {
         let slot = Self::slot_of(op);
-        if self.on && self.depth[slot].load(Ordering::Relaxed) == 1 {
+        if self.on() && self.depth[slot].load(Ordering::Relaxed) == 1 {
             self.words.slot(slot)[w::GROUP_PEER].store(u64::from(peer) << 32, Ordering::Relaxed);
-        }
-    }
-
-    /// The call in progress in the slot of `op` waits for `rank` (said once the wait has gone on
-    /// long enough to park).
-    pub(super) fn waiting_for(&self, op: &str, rank: u32) {
-        let slot = Self::slot_of(op);
-        if self.on {
-            self.words.slot(slot)[w::WAITING_FOR].store(u64::from(rank), Ordering::Relaxed);
         }
     }
 }
@@ -168,9 +165,7 @@ fn name_of(first: u64, second: u64) -> Option<String> {
 /// `CLOCK_MONOTONIC_COARSE` in nanoseconds: system-wide (every process and PID namespace of a
 /// machine reads the same clock), a few milliseconds coarse, and read without a system call.
 pub(super) fn coarse_now() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE).map_or(0, |time| {
-        u64::try_from(Duration::from(time).as_nanos()).unwrap_or(u64::MAX)
-    })
+    shmbroker_handshake::clock::read()
 }
 
 /// `seconds` as the diagnosis writes it: `3.1 s`, `850 ms`.
@@ -267,6 +262,18 @@ impl Deadline {
         self.published = Some((std::ptr::NonNull::from(publisher), slot));
         self
     }
+
+    /// Publishes that this deadline's call waits for `rank` (one store: the slot is known).
+    pub(super) fn waits_for(&self, rank: u32) {
+        if let Some((publisher, slot)) = self.published {
+            // SAFETY: as in `drop`: the publisher outlives every deadline of its session.
+            let publisher = unsafe { publisher.as_ref() };
+            if publisher.on() {
+                publisher.words.slot(slot)[w::WAITING_FOR]
+                    .store(u64::from(rank), Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 impl Drop for Deadline {
@@ -314,6 +321,14 @@ impl Session {
                 diagnosis.join("; ")
             );
         }
+    }
+
+    /// Stops (or resumes) publishing what this rank is doing (see "Who is where" in the
+    /// `Session` docs): its peers' timeouts and `shmbroker status` then say nothing about it.
+    /// Publishing costs a few stores per call; this exists to measure them (as
+    /// `SHMBROKER_STATUS=0` does for a whole process).
+    pub fn set_publishing(&self, on: bool) {
+        self.publisher.on.store(on, Ordering::Relaxed);
     }
 
     /// `deadline`, publishing its call as this rank's (see the module docs).

@@ -40,7 +40,11 @@ impl Listener {
         } else {
             self.lost.get_or_insert(rank);
             if let Some(suppressed) = logged {
-                tracing::warn!(rank, pid, uid, suppressed, "died without saying goodbye");
+                if self.expected.load(crate::sync::Ordering::Relaxed) {
+                    tracing::info!(rank, pid, uid, suppressed, "stopped");
+                } else {
+                    tracing::warn!(rank, pid, uid, suppressed, "died without saying goodbye");
+                }
             }
         }
         // Tell everyone still there: their own pidfd of this worker names the process that

@@ -224,12 +224,19 @@ pub enum Event {
 
 /// Stops a [`Listener`] from another thread (or a signal-handling thread).
 #[derive(Clone, Debug)]
-pub struct StopHandle(Arc<EventFd>);
+pub struct StopHandle(Arc<EventFd>, Arc<crate::sync::AtomicBool>);
 
 impl StopHandle {
     /// Makes the listener's `serve` return, and its next `poll_once` report [`Event::Stopped`].
     pub fn stop(&self) {
         let _ = self.0.write(1);
+    }
+
+    /// Says that the workers still there are being stopped on purpose (a launcher ending the job
+    /// after a failure or its timeout): their departures without a goodbye are logged as
+    /// stopped, at `info`, not as deaths. Events are reported as before.
+    pub fn expect_departures(&self) {
+        self.1.store(true, crate::sync::Ordering::Relaxed);
     }
 }
 
@@ -318,6 +325,8 @@ pub struct Listener {
     /// until the job ends.
     readiness: HashMap<u32, OwnedFd>,
     stop: Arc<EventFd>,
+    /// Set by [`StopHandle::expect_departures`]: departures are stops, not deaths.
+    expected: Arc<crate::sync::AtomicBool>,
     /// The first rank of the current job that died, and the first that left.
     lost: Option<u32>,
     left: Option<u32>,
@@ -456,6 +465,7 @@ impl Listener {
             rings: HashMap::new(),
             readiness: HashMap::new(),
             stop: Arc::new(stop),
+            expected: Arc::new(crate::sync::AtomicBool::new(false)),
             lost: None,
             left: None,
             jobs: 0,
@@ -482,7 +492,7 @@ impl Listener {
     /// A handle that stops [`Self::serve`] from another thread.
     #[must_use]
     pub fn stop_handle(&self) -> StopHandle {
-        StopHandle(Arc::clone(&self.stop))
+        StopHandle(Arc::clone(&self.stop), Arc::clone(&self.expected))
     }
 
     /// Ranks of the current job that have logged on (including any whose worker has left

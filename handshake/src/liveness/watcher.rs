@@ -1,5 +1,6 @@
 //! The watcher thread: sleeps in `poll(2)` on every peer's pidfd, the broker's socket and a stop
 //! eventfd, files what the broker sends and records the exits it sees (see the liveness module).
+//! It also wakes every `clock::TICK` to refresh the coarse clock calls stamp themselves with.
 
 use super::{PeerProcess, RelayAnswer, Shared};
 use crate::error::{Error, ProtocolError};
@@ -68,6 +69,8 @@ struct Reader {
 impl Reader {
     fn run(mut self, stop: &EventFd) {
         loop {
+            // The coarse clock every call of this process stamps itself with (see `clock`).
+            crate::clock::tick();
             let reading = !self.shared.broker_lost() && self.shared.lock().fault.is_none();
             let dead = self.shared.state.gone();
             let peers: Vec<(u32, Arc<OwnedFd>)> = self
@@ -90,7 +93,8 @@ impl Reader {
                     .iter()
                     .map(|(_, pidfd)| PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)),
             );
-            match poll(&mut fds, PollTimeout::NONE) {
+            let tick = PollTimeout::try_from(crate::clock::TICK).unwrap_or(PollTimeout::MAX);
+            match poll(&mut fds, tick) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 // Only ENOMEM is possible with valid fds: try again in a moment, never give up
                 // watching (nor spin).
