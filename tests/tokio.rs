@@ -132,7 +132,7 @@ fn a_deadline_names_the_peers_and_the_thread_runs_other_tasks_meanwhile() {
         error
     });
     assert!(
-        matches!(&error, Error::Timeout { op: "recv_any", waiting_for, timeout }
+        matches!(&error, Error::Timeout { op: "recv_any", waiting_for, timeout, .. }
             if waiting_for == &[1, 2] && *timeout == Duration::from_millis(300)),
         "{error}"
     );

@@ -126,11 +126,15 @@ impl AsyncReceiver {
             // One last look, which also names the peers still there, as the blocking call does.
             Err(_elapsed) => match self.receiver.recv_any_timeout(Duration::ZERO) {
                 Err(Error::Timeout {
-                    op, waiting_for, ..
+                    op,
+                    waiting_for,
+                    diagnosis,
+                    ..
                 }) => Err(Error::Timeout {
                     op,
                     waiting_for,
                     timeout,
+                    diagnosis,
                 }),
                 other => other,
             },
