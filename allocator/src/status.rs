@@ -4,7 +4,7 @@
 //! Both sides reach the words only through `AtomicU64`s, relaxed: the owner stores one word at a
 //! time and a reader loads them, in another process, through its own mapping. Nothing is
 //! synchronised by them; a reader that wants a consistent picture copies a slot until two copies
-//! agree ([`read_slots`]). The owner's stores are plain moves on the targets this runs on, and
+//! agree (`PeerOutbox::status` does). The owner's stores are plain moves on the targets this runs on, and
 //! loads of a read-only mapping never write it.
 
 use shmbroker_bindings::{OUTBOX_STATUS_OFFSET, STATUS_SLOT_WORDS, STATUS_SLOTS};
