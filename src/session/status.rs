@@ -213,11 +213,11 @@ pub(super) fn describe(rank: u32, status: &Snapshot, now: u64) -> String {
             if since > now.saturating_add(1_000_000_000) {
                 return unreadable();
             }
-            let mut text = format!(
-                "{} for {}",
-                call_text(&name, words[w::SEQ], words[w::GROUP_PEER], receive),
-                ago(now.saturating_sub(since))
-            );
+            let mut text = call_text(&name, words[w::SEQ], words[w::GROUP_PEER], receive);
+            // 0: no watcher had ticked the coarse clock yet (a world of one), so no time.
+            if since != 0 {
+                text.push_str(&format!(" for {}", ago(now.saturating_sub(since))));
+            }
             let waiting = words[w::WAITING_FOR];
             if waiting != NONE && waiting <= u64::from(u32::MAX) {
                 text.push_str(&format!(", waiting for rank {waiting}"));
@@ -247,6 +247,7 @@ pub(super) fn describe(rank: u32, status: &Snapshot, now: u64) -> String {
         return format!("rank {rank} is in {}", calls.join(" and in "));
     }
     match last {
+        Some((0, text)) => format!("rank {rank} is in no call (its last, {text})"),
         Some((done, text)) => format!(
             "rank {rank} is in no call (its last, {text}, finished {} ago)",
             ago(now.saturating_sub(done))
@@ -402,6 +403,12 @@ mod tests {
             describe(1, &grouped, S + S / 2),
             "rank 1 is in barrier #4 (group 2) for 500 ms, waiting for rank 0"
         );
+    }
+
+    #[test]
+    fn an_unknown_time_is_left_out_rather_than_read_as_the_clocks_epoch() {
+        let unticked = [slot("barrier", 3, NONE, 0), [0; STATUS_SLOT_WORDS]];
+        assert_eq!(describe(1, &unticked, 50 * S), "rank 1 is in barrier #3");
     }
 
     #[test]
