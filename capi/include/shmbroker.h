@@ -308,7 +308,7 @@ int shmbroker_barrier(struct shmbroker_session *s);
 // [`shmbroker_barrier`] with a deadline of its own: `timeout_ms` milliseconds, or
 // `SHMBROKER_TIMEOUT_FOREVER` for none, instead of the session's (see
 // `shmbroker_set_timeout` for every other collective). Errors: as [`shmbroker_barrier`], and
-// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0. Threads: as [`shmbroker_barrier`].
 //
 // # Safety
 //
@@ -610,7 +610,7 @@ int shmbroker_send(struct shmbroker_session *s, uint32_t rank, const void *data,
 
 // [`shmbroker_send`] with a deadline of its own: `timeout_ms` milliseconds, or
 // `SHMBROKER_TIMEOUT_FOREVER` for none, instead of the session's. Errors: as
-// [`shmbroker_send`], and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+// [`shmbroker_send`], and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0. Threads: as [`shmbroker_send`].
 //
 // # Safety
 //
@@ -653,7 +653,7 @@ int shmbroker_recv_any(struct shmbroker_session *s,
 // [`shmbroker_recv`] with a deadline of its own: `timeout_ms` milliseconds, or
 // `SHMBROKER_TIMEOUT_FOREVER` for none (a response thread that waits as long as it takes while
 // the main thread's collectives keep the session's deadline). Errors: as [`shmbroker_recv`],
-// and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+// and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0. Threads: as [`shmbroker_recv`].
 //
 // # Safety
 //
@@ -667,7 +667,7 @@ int shmbroker_recv_timeout(struct shmbroker_session *s,
 
 // [`shmbroker_recv_any`] with a deadline of its own: `timeout_ms` milliseconds, or
 // `SHMBROKER_TIMEOUT_FOREVER` for none. Errors: as [`shmbroker_recv_any`], and
-// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0. Threads: as [`shmbroker_recv_any`].
 //
 // # Safety
 //
@@ -725,7 +725,7 @@ int shmbroker_probe(struct shmbroker_session *s, uint32_t rank, size_t *len);
 
 // [`shmbroker_probe`] with a deadline of its own: `timeout_ms` milliseconds, or
 // `SHMBROKER_TIMEOUT_FOREVER` for none. Errors: as [`shmbroker_probe`], and
-// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0. Threads: as [`shmbroker_probe`].
 //
 // # Safety
 //

@@ -24,7 +24,7 @@ pub unsafe extern "C" fn shmbroker_barrier(s: *mut shmbroker_session) -> c_int {
 /// [`shmbroker_barrier`] with a deadline of its own: `timeout_ms` milliseconds, or
 /// `SHMBROKER_TIMEOUT_FOREVER` for none, instead of the session's (see
 /// `shmbroker_set_timeout` for every other collective). Errors: as [`shmbroker_barrier`], and
-/// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+/// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0. Threads: as [`shmbroker_barrier`].
 ///
 /// # Safety
 ///

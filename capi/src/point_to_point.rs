@@ -33,7 +33,7 @@ pub unsafe extern "C" fn shmbroker_send(
 
 /// [`shmbroker_send`] with a deadline of its own: `timeout_ms` milliseconds, or
 /// `SHMBROKER_TIMEOUT_FOREVER` for none, instead of the session's. Errors: as
-/// [`shmbroker_send`], and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+/// [`shmbroker_send`], and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0. Threads: as [`shmbroker_send`].
 ///
 /// # Safety
 ///
@@ -193,7 +193,7 @@ pub unsafe extern "C" fn shmbroker_recv_any(
 /// [`shmbroker_recv`] with a deadline of its own: `timeout_ms` milliseconds, or
 /// `SHMBROKER_TIMEOUT_FOREVER` for none (a response thread that waits as long as it takes while
 /// the main thread's collectives keep the session's deadline). Errors: as [`shmbroker_recv`],
-/// and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+/// and `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0. Threads: as [`shmbroker_recv`].
 ///
 /// # Safety
 ///
@@ -226,7 +226,7 @@ pub unsafe extern "C" fn shmbroker_recv_timeout(
 
 /// [`shmbroker_recv_any`] with a deadline of its own: `timeout_ms` milliseconds, or
 /// `SHMBROKER_TIMEOUT_FOREVER` for none. Errors: as [`shmbroker_recv_any`], and
-/// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+/// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0. Threads: as [`shmbroker_recv_any`].
 ///
 /// # Safety
 ///
@@ -359,7 +359,7 @@ pub unsafe extern "C" fn shmbroker_probe(
 
 /// [`shmbroker_probe`] with a deadline of its own: `timeout_ms` milliseconds, or
 /// `SHMBROKER_TIMEOUT_FOREVER` for none. Errors: as [`shmbroker_probe`], and
-/// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0.
+/// `SHMBROKER_E_MISUSE` for a `timeout_ms` of 0. Threads: as [`shmbroker_probe`].
 ///
 /// # Safety
 ///
