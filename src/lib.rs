@@ -82,6 +82,7 @@ pub mod launch;
 pub mod logging;
 pub mod reduce;
 pub mod session;
+pub mod status;
 
 /// Half-precision floats the reductions combine ([`half::f16`], [`half::bf16`]).
 pub use half;

@@ -145,10 +145,18 @@ impl Outbox {
             });
         }
         self.take_returns();
-        Ok(self
+        let block = self
             .ranges
             .alloc(len)
-            .map(|(offset, len)| Block { offset, len }))
+            .map(|(offset, len)| Block { offset, len });
+        self.publish_use();
+        Ok(block)
+    }
+
+    /// Stores the bytes in blocks in the status words (`status_word::OUTBOX_USED`), for
+    /// `shmbroker status`: one relaxed store.
+    fn publish_use(&self) {
+        crate::status::publish_use(&self.map, self.ranges.used_bytes());
     }
 
     fn take_returns(&mut self) {
@@ -219,6 +227,7 @@ impl Outbox {
     /// Returns a block that was never sent.
     pub fn release(&mut self, block: Block) {
         self.ranges.free(block.offset, block.len);
+        self.publish_use();
     }
 
     /// Takes rank `rank`'s acknowledgement of `acked`, freeing the block when it was the last
@@ -232,6 +241,7 @@ impl Outbox {
         match self.ledger.ack(rank, acked) {
             Ok(Some((offset, len))) => {
                 self.ranges.free(offset, len);
+                self.publish_use();
                 Ok(true)
             }
             Ok(None) => Ok(false),
@@ -251,6 +261,7 @@ impl Outbox {
         for &(offset, len) in &freed {
             self.ranges.free(offset, len);
         }
+        self.publish_use();
         freed.into_iter().map(|(offset, _)| offset).collect()
     }
 

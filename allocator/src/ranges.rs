@@ -18,6 +18,8 @@ pub struct Ranges {
     free: BTreeMap<u64, u64>,
     start: u64,
     end: u64,
+    /// Bytes in blocks handed out and not yet freed.
+    used: u64,
 }
 
 impl Ranges {
@@ -29,7 +31,12 @@ impl Ranges {
         if end > start {
             free.insert(start, end - start);
         }
-        Self { free, start, end }
+        Self {
+            free,
+            start,
+            end,
+            used: 0,
+        }
     }
 
     /// The block length `len` bytes take: rounded up to [`ALIGN`], at least [`ALIGN`].
@@ -53,6 +60,7 @@ impl Ranges {
         if hole > want {
             self.free.insert(offset + want, hole - want);
         }
+        self.used += want;
         Some((offset, want))
     }
 
@@ -60,6 +68,7 @@ impl Ranges {
     /// free neighbours. The caller's own records say the block is allocated: this is never called
     /// with anything a peer sent.
     pub fn free(&mut self, offset: u64, len: u64) {
+        self.used = self.used.saturating_sub(len);
         let (mut start, mut end) = (offset, offset + len);
         if let Some((&before, &before_len)) = self.free.range(..start).next_back()
             && before + before_len == start
@@ -71,6 +80,12 @@ impl Ranges {
             end += after_len;
         }
         self.free.insert(start, end - start);
+    }
+
+    /// Bytes in blocks handed out and not yet freed.
+    #[must_use]
+    pub fn used_bytes(&self) -> u64 {
+        self.used
     }
 
     /// Bytes free in all.

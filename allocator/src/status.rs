@@ -7,7 +7,7 @@
 //! agree (`PeerOutbox::status` does). The owner's stores are plain moves on the targets this runs on, and
 //! loads of a read-only mapping never write it.
 
-use shmbroker_bindings::{OUTBOX_STATUS_OFFSET, STATUS_SLOT_WORDS, STATUS_SLOTS};
+use shmbroker_bindings::{OUTBOX_STATUS_OFFSET, STATUS_SLOT_WORDS, STATUS_SLOTS, status_word};
 use shmbroker_queues::memfd::Mapping;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +39,11 @@ impl StatusWords {
     pub fn slot(&self, slot: usize) -> &Slot {
         &slots(&self.0)[slot.min(STATUS_SLOTS - 1)]
     }
+}
+
+/// Stores `used` in `map`'s `status_word::OUTBOX_USED` (slot 0).
+pub(crate) fn publish_use(map: &Mapping, used: u64) {
+    slots(map)[0][status_word::OUTBOX_USED].store(used, Ordering::Relaxed);
 }
 
 /// Copies every slot of `map`'s status until two copies in a row agree (at most a few tries; the

@@ -31,6 +31,7 @@ mod gpu;
 mod logon;
 mod message;
 mod outbox;
+mod report;
 mod ring;
 
 pub use gpu::{GPU_HANDLE_BYTES, GpuHandle, GpuHandleKind};
@@ -43,5 +44,9 @@ pub use message::{FdTicket, INLINE_BYTES, Message, PayloadRef, kind};
 pub use outbox::{
     OUTBOX_HEADER_BYTES, OUTBOX_LAYOUT_VERSION, OUTBOX_MAGIC, OUTBOX_STATUS_OFFSET, OutboxHeader,
     STATUS_SLOT_WORDS, STATUS_SLOTS, status_word,
+};
+pub use report::{
+    FILL_UNKNOWN, RankState, RankStatus, STATUS_MAGIC, STATUS_MAX_PEERS, STATUS_REPLY_MAGIC,
+    StatusReplyHeader,
 };
 pub use ring::{RING_LAYOUT_VERSION, RING_MAGIC, RingLayout};

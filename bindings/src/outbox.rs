@@ -48,6 +48,9 @@ pub mod status_word {
     pub const LAST_DONE: usize = 9;
     /// Whom the call waits for, once it has waited long enough to park: a rank, or `u64::MAX`.
     pub const WAITING_FOR: usize = 10;
+    /// Bytes of the outbox in blocks (sent and not yet given back, loaned, or being filled), in
+    /// slot 0 only; stored by the owner's allocator whenever it changes.
+    pub const OUTBOX_USED: usize = 11;
 }
 
 /// Written once by an outbox's owner before it seals the file; read (copied out) and checked by

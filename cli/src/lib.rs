@@ -13,6 +13,7 @@ pub mod process;
 pub mod run;
 pub mod selftest;
 pub mod serve;
+pub mod status;
 mod worker;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -48,6 +49,8 @@ pub enum Command {
     Run(run::Args),
     /// Run a broker in the foreground, job after job, until SIGINT or SIGTERM.
     Serve(serve::Args),
+    /// Show what a running job's ranks are doing, asked of its broker.
+    Status(status::Args),
     /// Log on to a broker and greet every peer (or run every collective with --selftest).
     Worker(worker::Args),
     /// Print a completion script for SHELL to standard output.
@@ -74,7 +77,7 @@ pub fn main() -> ExitCode {
 /// Runs `command` as `shmbroker` would, logging as `log_format` says, to its exit status.
 #[must_use]
 pub fn execute(command: Command, log_format: logging::Format) -> ExitCode {
-    // `run` takes SIGINT and SIGTERM from a signalfd: blocked before the log thread exists, which
+    // `run` takes SIGINT, SIGTERM and SIGQUIT from a signalfd: blocked before the log thread exists, which
     // would otherwise take them (and die of them).
     if matches!(command, Command::Run(_))
         && let Err(error) = run::block_stop_signals()
@@ -96,6 +99,7 @@ pub fn execute(command: Command, log_format: logging::Format) -> ExitCode {
         Command::Run(args) => return run::run(&args),
         Command::Serve(args) => serve::run(args, log_format),
         Command::Worker(args) => worker::run(&args),
+        Command::Status(args) => status::run(&args),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -14,10 +14,12 @@
 //!   was free when the job started (both kept as they are when the launcher's environment
 //!   already sets them).
 //! - Each copy runs in a process group of its own, with standard input from `/dev/null` and no
-//!   signal blocked (the launcher blocks SIGINT and SIGTERM for its signalfd), and is
+//!   signal blocked (the launcher blocks SIGINT, SIGTERM and SIGQUIT for its signalfd), and is
 //!   killed by the kernel if this process dies (`PR_SET_PDEATHSIG`), even by `SIGKILL`.
 //! - SIGINT and SIGTERM sent to this process are sent on to every copy still running, once each
 //!   (a Ctrl-C reaches the copies only this way, since they are not in the terminal's group).
+//! - SIGQUIT (Ctrl-\\) prints the `shmbroker status` table of the job on standard error, and the
+//!   job goes on; so does `--timeout` running out, before it stops the copies.
 //! - When a copy fails (a non-zero exit, or a signal), the others get SIGTERM, and SIGKILL
 //!   [`GRACE`] later (only the SIGKILL when a signal was passed on to them already); with
 //!   `--on-failure continue` they are left to run to their end instead. `--timeout` stops all
@@ -107,7 +109,7 @@ enum OnFailure {
     Continue,
 }
 
-fn parse_seconds(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_seconds(text: &str) -> Result<Duration, String> {
     text.parse::<f64>()
         .ok()
         .filter(|secs| secs.is_finite() && *secs > 0.0 && *secs < 1e9)
@@ -115,7 +117,7 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{text:?} is not a number of seconds above 0"))
 }
 
-/// Blocks SIGINT and SIGTERM in this thread, and returns them. The launcher takes them from a
+/// Blocks SIGINT, SIGTERM and SIGQUIT in this thread, and returns them. The launcher takes them from a
 /// signalfd, so they must be blocked in every thread: `main` calls this before any thread
 /// exists (the log writer's included), and threads started later inherit the mask. Each copy
 /// unblocks them before it runs the program.
@@ -127,10 +129,14 @@ pub fn block_stop_signals() -> Result<SigSet, String> {
     let mut stop_signals = SigSet::empty();
     stop_signals.add(Signal::SIGINT);
     stop_signals.add(Signal::SIGTERM);
+    stop_signals.add(Signal::SIGQUIT);
     pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&stop_signals), None)
-        .map_err(|e| format!("blocking SIGINT and SIGTERM: {e}"))?;
+        .map_err(|e| format!("blocking SIGINT, SIGTERM and SIGQUIT: {e}"))?;
     Ok(stop_signals)
 }
+
+/// How long the launcher waits for its own broker's status answer.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// One copy of the program.
 struct Copy {
@@ -153,6 +159,8 @@ pub fn run(args: &Args) -> ExitCode {
 /// A running job: the broker, the copies and what their output goes through.
 struct Job {
     _dir: TempDir,
+    /// The broker's socket, for the status table (`--timeout`, SIGQUIT).
+    socket: std::path::PathBuf,
     broker_stop: shmbroker::handshake::StopHandle,
     broker: Option<std::thread::JoinHandle<()>>,
     copies: Vec<Copy>,
@@ -205,6 +213,7 @@ impl Job {
             .map_err(|e| failed("starting the broker thread")(&e))?;
         let (done_tx, output_done) = mpsc::channel();
         let mut job = Job {
+            socket: socket.clone(),
             _dir: dir,
             broker_stop,
             broker: Some(broker),
@@ -243,6 +252,14 @@ impl Job {
         Ok(job)
     }
 
+    /// Prints the `shmbroker status` table of this job on standard error.
+    fn print_status(&self) {
+        match crate::status::ask(&self.socket, STATUS_TIMEOUT) {
+            Ok(report) => eprint!("{}", crate::status::table(&report)),
+            Err(error) => eprintln!("shmbroker run: no status: {error}"),
+        }
+    }
+
     /// Waits for every copy, stopping the others at the first failure (unless `on_failure` says
     /// to let them run), a forwarded signal's aftermath or the timeout; returns the job's exit
     /// status.
@@ -258,6 +275,11 @@ impl Job {
         loop {
             while let Ok(Some(info)) = self.signals.read_signal() {
                 let signal = Signal::try_from(info.ssi_signo as i32).unwrap_or(Signal::SIGTERM);
+                if signal == Signal::SIGQUIT {
+                    // Ctrl-\: who is where, and the job goes on.
+                    self.print_status();
+                    continue;
+                }
                 self.broker_stop.expect_departures();
                 self.signal_running(signal);
                 forwarded = true;
@@ -303,6 +325,7 @@ impl Job {
             let now = Instant::now();
             if !timed_out && timeout.is_some_and(|limit| now.duration_since(started) >= limit) {
                 timed_out = true;
+                self.print_status();
                 eprintln!(
                     "shmbroker run: timed out after {:?}; stopping ranks {}",
                     timeout.unwrap_or_default(),
@@ -484,6 +507,7 @@ fn spawn_copy(
     let mut blocked = SigSet::empty();
     blocked.add(Signal::SIGINT);
     blocked.add(Signal::SIGTERM);
+    blocked.add(Signal::SIGQUIT);
     let prepare = move || {
         // The launcher blocks these to read them from its signalfd; a copy must not inherit that.
         pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&blocked), None)?;

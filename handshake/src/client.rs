@@ -12,7 +12,7 @@ use shmbroker_bindings::{
 };
 use shmbroker_queues::{Consumer, Interrupt, Notifier, Producer, Role};
 use shmbroker_sys::fdpass::{recv_with_fds, send_with_fds};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -502,6 +502,68 @@ fn log_on(
     let (header, manifest, fds) = receive_reply(&stream, deadline, timeout)?;
     // The socket stays non-blocking: every wait on it is a poll with a deadline.
     Connection::from_reply(stream, &header, &manifest, fds)
+}
+
+/// Asks the broker at `path` what its job's ranks are doing (`shmbroker status`). One deadline,
+/// `timeout` from now, covers connecting, asking and reading the whole answer.
+///
+/// # Errors
+///
+/// As for [`connect`]: [`Error::Unreachable`], [`Error::Timeout`], [`Error::Connect`],
+/// [`Error::Rejected`] (a uid the broker does not admit, say) and [`Error::Protocol`] for an
+/// answer that is cut or malformed.
+pub fn status(
+    path: impl AsRef<Path>,
+    timeout: Duration,
+) -> Result<crate::wire::StatusReport, Error> {
+    let path = path.as_ref();
+    let deadline = deadline_after(timeout);
+    let mut stream = connect_until(path, deadline).map_err(|e| match e {
+        Retried::GaveUp(last) => Error::Unreachable {
+            path: path.to_path_buf(),
+            timeout,
+            last,
+        },
+        Retried::Failed(Errno::ENOTSOCK) => Error::NotASocket {
+            path: path.to_path_buf(),
+        },
+        Retried::Failed(source) => Error::Connect {
+            path: path.to_path_buf(),
+            source,
+        },
+    })?;
+    let request = crate::wire::status_request();
+    let timed_out = |stage| Error::Timeout { stage, timeout };
+    // A refusal at accept comes before the request is read; it is read below all the same.
+    match send_until(&mut stream, bytemuck::bytes_of(&request), deadline) {
+        Ok(()) | Err(Some(Error::Sys { .. })) => {}
+        Err(error) => return Err(error.unwrap_or(timed_out("sending the status request"))),
+    }
+    // The answer, up to the broker's close: never more than its largest world's.
+    let most = crate::wire::status_reply_len(crate::wire::MAX_WORLD_SIZE);
+    let mut answer = Vec::with_capacity(4096);
+    let mut buffer = [0u8; 16384];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => {
+                answer.extend_from_slice(&buffer[..n]);
+                if answer.len() > most {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if !wait_for(&stream, PollFlags::POLLIN, deadline).map_err(Error::sys("poll"))? {
+                    return Err(timed_out("reading the status answer"));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // A reset after the whole answer arrived (the broker closed with the request unread).
+            Err(_) if !answer.is_empty() => break,
+            Err(e) => return Err(Error::sys("read")(io_errno(&e))),
+        }
+    }
+    crate::wire::decode_status_reply(&answer)
 }
 
 /// Why connecting stopped.

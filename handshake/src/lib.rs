@@ -74,7 +74,9 @@ pub mod wire;
 #[cfg(not(loom))]
 pub use broker::{Config, Event, Listener, MAX_UNCLAIMED_RELAYS, StopHandle};
 #[cfg(not(loom))]
-pub use client::{Connection, Link, connect, connect_stream, deadline_after, deadline_from};
+pub use client::{
+    Connection, Link, connect, connect_stream, deadline_after, deadline_from, status,
+};
 #[cfg(not(loom))]
 pub use error::{Error, ProtocolError};
 #[cfg(not(loom))]

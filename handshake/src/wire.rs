@@ -4,7 +4,8 @@ use crate::error::{Error, ProtocolError};
 use bytemuck::Zeroable;
 use shmbroker_bindings::{
     FdRole, LOGON_MAGIC, LogonFrame, MAX_REPLY_FDS, ManifestEntry, PROTOCOL_VERSION, REPLY_MAGIC,
-    RejectReason, ReplyHeader,
+    RankState, RankStatus, RejectReason, ReplyHeader, STATUS_MAGIC, STATUS_REPLY_MAGIC,
+    StatusReplyHeader,
 };
 
 /// Bytes in a logon frame.
@@ -380,4 +381,167 @@ mod tests {
             Err(ProtocolError::FdCount { .. })
         ));
     }
+}
+
+/// What a broker answered a status request ([`crate::status`]): its header and one record per
+/// rank, checked for shape. What the ranks published in them (status words, fill levels) is
+/// still theirs to vouch for: readers check it before they believe it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusReport {
+    /// The broker's header.
+    pub header: StatusReplyHeader,
+    /// Every rank of the world, in rank order.
+    pub ranks: Vec<RankStatus>,
+}
+
+impl StatusReport {
+    /// The state of `record` (its code was checked when the report was decoded).
+    #[must_use]
+    pub fn state(record: &RankStatus) -> RankState {
+        RankState::from_code(record.state).unwrap_or(RankState::NeverJoined)
+    }
+}
+
+/// A status request: a logon frame with [`STATUS_MAGIC`] and no other field set.
+#[must_use]
+pub fn status_request() -> LogonFrame {
+    let mut frame = LogonFrame::zeroed();
+    frame.magic = STATUS_MAGIC;
+    frame.version = PROTOCOL_VERSION;
+    frame
+}
+
+/// Checks a status request (a logon frame with [`STATUS_MAGIC`]): the version, and every other
+/// field zero.
+///
+/// # Errors
+///
+/// What was wrong, with the code to refuse it with.
+pub fn decode_status_request(bytes: &[u8]) -> Result<(), (RejectReason, ProtocolError)> {
+    let Some(frame) = bytes.get(..LOGON_LEN) else {
+        let found = bytes.len();
+        let error = ProtocolError::Truncated {
+            expected: LOGON_LEN,
+            found,
+        };
+        return Err((RejectReason::Truncated, error));
+    };
+    let frame: LogonFrame = bytemuck::pod_read_unaligned(frame);
+    if frame.version != PROTOCOL_VERSION {
+        let error = ProtocolError::BadVersion {
+            expected: PROTOCOL_VERSION,
+            found: frame.version,
+        };
+        return Err((RejectReason::BadVersion, error));
+    }
+    for (field, found) in [
+        (
+            "status request requested_rank",
+            u64::from(frame.requested_rank),
+        ),
+        (
+            "status request min_ring_capacity",
+            u64::from(frame.min_ring_capacity),
+        ),
+        ("status request _pad0", u64::from(frame._pad0)),
+        ("status request job", frame.job),
+    ] {
+        if found != 0 {
+            return Err((
+                RejectReason::BadPadding,
+                ProtocolError::BadPadding { field, found },
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Bytes in the status answer of a world of `world_size`.
+#[must_use]
+pub const fn status_reply_len(world_size: u32) -> usize {
+    size_of::<StatusReplyHeader>() + world_size as usize * size_of::<RankStatus>()
+}
+
+/// Decodes a broker's whole answer to a status request: a refusal becomes [`Error::Rejected`].
+///
+/// # Errors
+///
+/// [`Error::Rejected`]; [`Error::Protocol`] for an answer cut short or too long, bad magic or
+/// version, a world out of range, or a record out of order or with an unknown state.
+pub fn decode_status_reply(bytes: &[u8]) -> Result<StatusReport, Error> {
+    if bytes.len() >= 8 && bytes[..8] == REPLY_MAGIC.to_le_bytes() {
+        // A refusal (a uid it does not admit, say) is a logon reply header.
+        decode_reply_header(bytes)?;
+        return Err(ProtocolError::BadMagic {
+            expected: STATUS_REPLY_MAGIC,
+            found: REPLY_MAGIC,
+        }
+        .into());
+    }
+    let header_len = size_of::<StatusReplyHeader>();
+    let Some(header) = bytes.get(..header_len) else {
+        let found = bytes.len();
+        return Err(ProtocolError::Truncated {
+            expected: header_len,
+            found,
+        }
+        .into());
+    };
+    let header: StatusReplyHeader = bytemuck::pod_read_unaligned(header);
+    if header.magic != STATUS_REPLY_MAGIC {
+        let found = header.magic;
+        let expected = STATUS_REPLY_MAGIC;
+        return Err(ProtocolError::BadMagic { expected, found }.into());
+    }
+    if header.version != PROTOCOL_VERSION {
+        let found = header.version;
+        let expected = PROTOCOL_VERSION;
+        return Err(ProtocolError::BadVersion { expected, found }.into());
+    }
+    let world = header.world_size;
+    if world == 0 || world > MAX_WORLD_SIZE {
+        return Err(ProtocolError::Field {
+            field: "status world_size",
+            expected: format!("1 to {MAX_WORLD_SIZE}"),
+            found: u64::from(world),
+        }
+        .into());
+    }
+    let expected = status_reply_len(world);
+    if bytes.len() != expected {
+        let found = bytes.len();
+        return Err(if found < expected {
+            ProtocolError::Truncated { expected, found }
+        } else {
+            ProtocolError::Field {
+                field: "status answer length",
+                expected: format!("{expected} bytes"),
+                found: found as u64,
+            }
+        }
+        .into());
+    }
+    let mut ranks = Vec::with_capacity(world as usize);
+    for (rank, record) in (0..world).zip(bytes[header_len..].chunks_exact(size_of::<RankStatus>()))
+    {
+        let record: RankStatus = bytemuck::pod_read_unaligned(record);
+        if record.rank != rank {
+            return Err(ProtocolError::Field {
+                field: "status record rank",
+                expected: format!("rank {rank}"),
+                found: u64::from(record.rank),
+            }
+            .into());
+        }
+        if RankState::from_code(record.state).is_none() {
+            return Err(ProtocolError::Field {
+                field: "status record state",
+                expected: "0 to 3".into(),
+                found: u64::from(record.state),
+            }
+            .into());
+        }
+        ranks.push(record);
+    }
+    Ok(StatusReport { header, ranks })
 }

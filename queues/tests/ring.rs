@@ -521,3 +521,27 @@ fn closing_on_behalf_of_a_dead_peer_wakes_and_disconnects_both_ends() {
         Err(Error::ElementSize { .. })
     ));
 }
+
+#[test]
+fn a_third_process_reads_how_full_a_ring_is_without_taking_an_end() {
+    let fd = create::<u64>(8).unwrap();
+    assert_eq!(shmbroker_queues::fill::<u64>(fd.as_fd()).unwrap(), 0);
+    let mut tx = Producer::<u64>::join(fd.as_fd()).unwrap();
+    let mut rx = Consumer::<u64>::join(fd.as_fd()).unwrap();
+    for i in 0..5 {
+        tx.try_send(i).unwrap();
+    }
+    assert_eq!(shmbroker_queues::fill::<u64>(fd.as_fd()).unwrap(), 5);
+    assert_eq!(rx.try_recv(), Ok(0));
+    assert_eq!(rx.try_recv(), Ok(1));
+    assert_eq!(shmbroker_queues::fill::<u64>(fd.as_fd()).unwrap(), 3);
+    for i in 5..10 {
+        tx.try_send(i).unwrap();
+    }
+    assert_eq!(shmbroker_queues::fill::<u64>(fd.as_fd()).unwrap(), 8);
+    // A head pushed anywhere by a hostile consumer reads as some count up to the capacity.
+    poke(&fd, OFFSET_HEAD, &u64::MAX.to_le_bytes());
+    assert!(shmbroker_queues::fill::<u64>(fd.as_fd()).unwrap() <= 8);
+    // Not a ring of this message type: an error, as for joining.
+    assert!(shmbroker_queues::fill::<u32>(fd.as_fd()).is_err());
+}

@@ -18,22 +18,18 @@
 //!
 //! # Reading (diagnosis)
 //!
-//! [`describe`] turns a peer's status words into `rank R is in <call> ...` or `rank R is in no
+//! `crate::status::describe` turns a peer's status words into `rank R is in <call> ...` or `rank R is in no
 //! call ...`. The words are whatever the peer wrote: names must be ASCII words, times must not
 //! lie in the future; anything else reads as an unreadable state. Nothing is trusted beyond the
 //! text it makes.
 
 use super::{Deadline, Session};
-use shmbroker_allocator::{Snapshot, StatusWords};
+use shmbroker_allocator::StatusWords;
 use shmbroker_bindings::{STATUS_SLOTS, status_word as w};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-/// The slot receives publish in.
-const RECEIVE_SLOT: usize = 1;
-
-/// No sequence number, group or peer.
-const NONE: u64 = u64::MAX;
+use crate::status::{NONE, RECEIVE_SLOT, seconds_text};
 
 /// This rank's side of its status words, shared by the session and (for a split session) its
 /// receiving half.
@@ -150,110 +146,10 @@ fn name_words(op: &str) -> [u64; 2] {
     [first, second].map(|half| u64::from_le_bytes(half.try_into().unwrap_or_default()))
 }
 
-/// The name two words hold, if it is one (lowercase ASCII letters, digits and `_`).
-fn name_of(first: u64, second: u64) -> Option<String> {
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&first.to_le_bytes());
-    bytes[8..].copy_from_slice(&second.to_le_bytes());
-    let len = bytes.iter().position(|&b| b == 0).unwrap_or(16);
-    let name = &bytes[..len];
-    let word = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_';
-    (!name.is_empty() && name.iter().all(word) && bytes[len..].iter().all(|&b| b == 0))
-        .then(|| String::from_utf8_lossy(name).into_owned())
-}
-
 /// `CLOCK_MONOTONIC_COARSE` in nanoseconds: system-wide (every process and PID namespace of a
 /// machine reads the same clock), a few milliseconds coarse, and read without a system call.
 pub(super) fn coarse_now() -> u64 {
     shmbroker_handshake::clock::read()
-}
-
-/// `seconds` as the diagnosis writes it: `3.1 s`, `850 ms`.
-fn ago(nanos: u64) -> String {
-    let duration = Duration::from_nanos(nanos);
-    if duration >= Duration::from_secs(1) {
-        format!("{:.1} s", duration.as_secs_f64())
-    } else {
-        format!("{} ms", duration.as_millis())
-    }
-}
-
-/// A call as the diagnosis names it: `all_reduce #11 (group 2)`, `recv from rank 1`.
-fn call_text(name: &str, seq: u64, group_peer: u64, receive: bool) -> String {
-    let mut text = name.to_owned();
-    if seq != NONE {
-        text.push_str(&format!(" #{seq}"));
-    }
-    let (group, peer) = (group_peer & 0xffff_ffff, group_peer >> 32);
-    if group_peer != NONE {
-        if peer != u64::from(u32::MAX) {
-            let direction = if receive { "from" } else { "to" };
-            text.push_str(&format!(" {direction} rank {peer}"));
-        } else if group != 0 {
-            text.push_str(&format!(" (group {group})"));
-        }
-    }
-    text
-}
-
-/// What rank `rank`'s status words say it is doing, at `now` (coarse nanoseconds):
-/// `rank R is in <call> for <time>` (one clause per slot in a call, waiting for a rank when it
-/// said so), or `rank R is in no call (its last, <call>, finished <time> ago)`.
-pub(super) fn describe(rank: u32, status: &Snapshot, now: u64) -> String {
-    let unreadable = || format!("rank {rank} has published an unreadable state");
-    let mut calls = Vec::new();
-    let mut last: Option<(u64, String)> = None;
-    for (slot, words) in status.iter().enumerate() {
-        let receive = slot == RECEIVE_SLOT;
-        if words[w::CALL] != 0 || words[w::CALL + 1] != 0 {
-            let Some(name) = name_of(words[w::CALL], words[w::CALL + 1]) else {
-                return unreadable();
-            };
-            let since = words[w::SINCE];
-            if since > now.saturating_add(1_000_000_000) {
-                return unreadable();
-            }
-            let mut text = call_text(&name, words[w::SEQ], words[w::GROUP_PEER], receive);
-            // 0: no watcher had ticked the coarse clock yet (a world of one), so no time.
-            if since != 0 {
-                text.push_str(&format!(" for {}", ago(now.saturating_sub(since))));
-            }
-            let waiting = words[w::WAITING_FOR];
-            if waiting != NONE && waiting <= u64::from(u32::MAX) {
-                text.push_str(&format!(", waiting for rank {waiting}"));
-            }
-            calls.push(text);
-        }
-        if words[w::LAST_CALL] != 0 || words[w::LAST_CALL + 1] != 0 {
-            let Some(name) = name_of(words[w::LAST_CALL], words[w::LAST_CALL + 1]) else {
-                return unreadable();
-            };
-            let done = words[w::LAST_DONE];
-            if done > now.saturating_add(1_000_000_000) {
-                return unreadable();
-            }
-            let text = call_text(
-                &name,
-                words[w::LAST_SEQ],
-                words[w::LAST_GROUP_PEER],
-                receive,
-            );
-            if last.as_ref().is_none_or(|(when, _)| done > *when) {
-                last = Some((done, text));
-            }
-        }
-    }
-    if !calls.is_empty() {
-        return format!("rank {rank} is in {}", calls.join(" and in "));
-    }
-    match last {
-        Some((0, text)) => format!("rank {rank} is in no call (its last, {text})"),
-        Some((done, text)) => format!(
-            "rank {rank} is in no call (its last, {text}, finished {} ago)",
-            ago(now.saturating_sub(done))
-        ),
-        None => format!("rank {rank} is in no call (it has finished none yet)"),
-    }
 }
 
 impl Deadline {
@@ -317,7 +213,7 @@ impl Session {
                 rank = self.rank(),
                 "{} has waited {} with no deadline for {}: {}; still waiting",
                 deadline.op,
-                ago(u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX)),
+                seconds_text(waited),
                 super::error::ranks_text(waiting_for),
                 diagnosis.join("; ")
             );
@@ -349,7 +245,7 @@ impl Session {
                 }
                 let quick = Deadline::new("diagnosis", Duration::from_millis(20));
                 match self.peer_outbox(rank, &quick) {
-                    Ok(outbox) => describe(rank, &outbox.status(), now),
+                    Ok(outbox) => crate::status::describe(rank, &outbox.status(), now),
                     Err(_) => format!("rank {rank}'s state is not known here"),
                 }
             })
@@ -360,6 +256,7 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::{describe, name_of};
     use shmbroker_bindings::STATUS_SLOT_WORDS;
 
     fn slot(call: &str, seq: u64, group_peer: u64, since: u64) -> [u64; STATUS_SLOT_WORDS] {

@@ -2,10 +2,10 @@
 
 use super::{Event, Listener, Pending, RateLimit, Worker};
 use crate::error::Error;
-use crate::wire::{decode_logon, manifest_order};
+use crate::wire::{decode_logon, decode_status_request, manifest_order};
 use shmbroker_bindings::{
     ANY_RANK, FdRole, ManifestEntry, Message, NoticeKind, PROTOCOL_VERSION, REPLY_MAGIC,
-    RING_LAYOUT_VERSION, RejectReason, ReplyHeader, WorkerNotice,
+    RING_LAYOUT_VERSION, RejectReason, ReplyHeader, STATUS_MAGIC, WorkerNotice,
 };
 use shmbroker_sys::fdpass::send_with_fds;
 use std::collections::VecDeque;
@@ -25,6 +25,14 @@ impl Listener {
     /// Validates a whole logon frame and answers it.
     pub(super) fn log_on(&mut self, pending: Pending, events: &mut Vec<Event>) {
         let who = (pending.pid, pending.uid);
+        if pending.frame[..8] == STATUS_MAGIC.to_le_bytes() {
+            return match decode_status_request(&pending.frame) {
+                Ok(()) => self.answer_status(pending),
+                Err((reason, detail)) => {
+                    self.refuse(&pending.stream, reason, who, detail.to_string(), events);
+                }
+            };
+        }
         let frame = match decode_logon(&pending.frame) {
             Ok(frame) => frame,
             Err((reason, detail)) => {

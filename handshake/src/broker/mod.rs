@@ -57,6 +57,7 @@ mod accept;
 mod liveness;
 mod logon;
 mod relay;
+mod status;
 
 use crate::error::{Error, io_errno};
 use crate::wire::{LOGON_LEN, MAX_WORLD_SIZE};

@@ -77,6 +77,29 @@ pub fn close<T: Pod>(fd: BorrowedFd<'_>, cause: u32) -> Result<(), Error> {
     Ok(())
 }
 
+/// How many messages wait in the ring of `T` in `fd`, for a third process that holds the file
+/// (the broker, for `shmbroker status`): it claims no role and writes nothing. It counts the slots
+/// ready from the consumer's cursor on, so the answer is at most the capacity whatever either end
+/// wrote; it is a picture for people, not a number to act on.
+///
+/// # Errors
+///
+/// As for [`close`]: the file must be a ring of `T`.
+#[cfg(not(loom))]
+pub fn fill<T: Pod>(fd: BorrowedFd<'_>) -> Result<u64, Error> {
+    let ring = map_ring::<T>(fd)?;
+    let head = ring.header().consumer.0.head.load(Ordering::Acquire);
+    let mut count = 0;
+    while count < ring.capacity {
+        let position = head.wrapping_add(count);
+        if ring.slot(position).seq.load(Ordering::Acquire) != position.wrapping_add(1) {
+            break;
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
 /// Checks a layout read from a peer's file of `file_size` bytes against what `T` needs.
 #[cfg(not(loom))]
 fn validate_layout<T: Pod>(found: &RingLayout, file_size: u64) -> Result<RingLayout, Error> {

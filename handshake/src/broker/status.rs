@@ -1,0 +1,88 @@
+//! `shmbroker status`: answering a client that asks what the job's ranks are doing (see
+//! `shmbroker_bindings::StatusReplyHeader`).
+//!
+//! The answer is built from the broker's records (state, pid, uid), each live rank's outbox
+//! status words (copied through a read-only mapping of the outbox it published) and the fill of
+//! every ring (counted through the broker's own fd of it, claiming no end). All of it is what the
+//! ranks wrote, copied and passed on as found: the client validates it. The broker writes the
+//! reply once, without waiting: a client that has not room for it gets a short reply, and the
+//! job is never held up by a status client.
+
+use super::{Listener, Pending};
+use shmbroker_allocator::PeerOutbox;
+use shmbroker_bindings::{
+    FILL_UNKNOWN, Message, NO_PEER, PROTOCOL_VERSION, RankState, RankStatus, STATUS_MAX_PEERS,
+    STATUS_REPLY_MAGIC, StatusReplyHeader,
+};
+use std::io::Write;
+use std::os::fd::AsFd;
+
+impl Listener {
+    /// Answers a status request from `pending` (its uid was checked at accept) and closes it.
+    pub(super) fn answer_status(&mut self, mut pending: Pending) {
+        let world = self.config.world_size;
+        let header = StatusReplyHeader {
+            magic: STATUS_REPLY_MAGIC,
+            version: PROTOCOL_VERSION,
+            world_size: world,
+            jobs_ended: self.jobs,
+            job_id: self.job_id.unwrap_or(0),
+            broker_pid: std::process::id() as i32,
+            ring_capacity: self.config.ring_capacity,
+            first_dead: self.lost.unwrap_or(NO_PEER),
+            first_left: self.left.unwrap_or(NO_PEER),
+        };
+        let mut reply = bytemuck::bytes_of(&header).to_vec();
+        for rank in 0..world {
+            reply.extend_from_slice(bytemuck::bytes_of(&self.rank_status(rank)));
+        }
+        // The socket is non-blocking: what does not fit now is not sent.
+        let sent = pending.stream.write(&reply).unwrap_or(0);
+        if let Some(suppressed) = self.allow_coming(pending.uid) {
+            tracing::debug!(
+                pid = pending.pid,
+                uid = pending.uid,
+                sent,
+                len = reply.len(),
+                suppressed,
+                "answered a status request"
+            );
+        }
+    }
+
+    /// What the broker knows of `rank`, and what it publishes.
+    fn rank_status(&self, rank: u32) -> RankStatus {
+        let mut status = RankStatus {
+            rank,
+            state: RankState::NeverJoined as u32,
+            pid: 0,
+            uid: 0,
+            outbox_bytes: 0,
+            status: Default::default(),
+            ring_fill: [FILL_UNKNOWN; STATUS_MAX_PEERS],
+        };
+        for (peer, fill) in (0..self.config.world_size).zip(&mut status.ring_fill) {
+            if let Some(ring) = self.rings.get(&(rank, peer)) {
+                *fill = shmbroker_queues::fill::<Message>(ring.as_fd())
+                    .map_or(FILL_UNKNOWN, |n| u32::try_from(n).unwrap_or(FILL_UNKNOWN));
+            }
+        }
+        let Some(worker) = &self.workers[rank as usize] else {
+            return status;
+        };
+        (status.pid, status.uid) = (worker.pid, worker.uid);
+        status.state = match (&worker.stream, worker.said_goodbye) {
+            (Some(_), _) => RankState::Running,
+            (None, true) => RankState::Left,
+            (None, false) => RankState::Dead,
+        } as u32;
+        // The broker checked the outbox's seals when it took it; joining checks its header.
+        if let Some(outbox) = &worker.outbox
+            && let Ok(outbox) = PeerOutbox::join(outbox.as_fd(), rank)
+        {
+            status.outbox_bytes = outbox.size();
+            status.status = outbox.status();
+        }
+        status
+    }
+}
