@@ -243,6 +243,62 @@ fn a_timeout_ends_the_job_with_124() {
     assert_eq!(left_in(tmp.path()), [] as [String; 0]);
 }
 
+/// A copy that runs one barrier as its rank, after `rank_1_first` (a shell command) if it is
+/// rank 1 (`sh -c` script).
+fn barrier_script(rank_1_first: &str) -> String {
+    format!(
+        "if [ \"$SHMBROKER_RANK\" = 1 ]; then {rank_1_first}; fi; exec {} worker --from-env \
+         --selftest --only barrier --timeout-ms 60000",
+        common::SHMBROKER
+    )
+}
+
+#[test]
+fn a_timeout_prints_who_is_where_before_it_stops_the_job() {
+    let tmp = TempDir::new("run-timeout-status").unwrap();
+    // Rank 0 waits in its barrier for rank 1, which sleeps past the timeout before logging on.
+    let script = barrier_script("exec sleep 60");
+    let (code, _, stderr) = finish(run(
+        tmp.path(),
+        &["-n", "2", "--timeout", "1.5", "--", "sh", "-c", &script],
+    ));
+    assert_eq!(code, Some(124), "{stderr}");
+    let table = stderr
+        .find("RANK  PID")
+        .map(|at| &stderr[at..])
+        .unwrap_or_else(|| panic!("no status table: {stderr}"));
+    let row = |rank: &str| {
+        table
+            .lines()
+            .find(|line| line.split_whitespace().next() == Some(rank))
+            .unwrap_or_else(|| panic!("no row for rank {rank}: {stderr}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(row("0")[2..4], ["running", "barrier"], "{stderr}");
+    assert_eq!(row("1")[1..4], ["-", "never", "joined"], "{stderr}");
+    assert!(
+        stderr.find("RANK  PID") < stderr.find("timed out"),
+        "the table comes first: {stderr}"
+    );
+    assert_eq!(left_in(tmp.path()), [] as [String; 0]);
+}
+
+#[test]
+fn sigquit_prints_who_is_where_and_the_job_goes_on() {
+    let tmp = TempDir::new("run-sigquit").unwrap();
+    let script = barrier_script("sleep 1.5");
+    let mut command = run(tmp.path(), &["-n", "2", "--", "sh", "-c", &script]);
+    let launcher = common::spawn(&mut command);
+    std::thread::sleep(Duration::from_millis(700));
+    let pid = nix::unistd::Pid::from_raw(launcher.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGQUIT).unwrap();
+    let (status, stdout, stderr) = common::finish_status(launcher);
+    assert_eq!(status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stderr.contains("RANK  PID"), "no status table: {stderr}");
+    assert_eq!(left_in(tmp.path()), [] as [String; 0]);
+}
+
 #[test]
 fn a_program_that_cannot_start_is_127_and_starts_nothing_else() {
     let tmp = TempDir::new("run-missing").unwrap();

@@ -5,7 +5,8 @@
 //! reads a call needs; the ticked value is at most a tick (and the coarse clock's own few
 //! milliseconds) behind, which is nothing for saying that a rank has waited 3.1 s.
 //!
-//! A process with no watcher running (no session, or a world of one) reads 0: unknown.
+//! Until a watcher has ticked (a session's first calls, before its watcher thread has run; a
+//! world of one, which has no watcher), [`now`] reads the clock itself.
 
 use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -29,8 +30,13 @@ pub fn tick() {
     NOW.store(read(), Ordering::Relaxed);
 }
 
-/// The coarse clock as of the last tick, in nanoseconds (0: unknown, no watcher has ticked).
+/// The coarse clock as of the last tick, in nanoseconds; read from the clock itself while no
+/// watcher has ticked (0 only if it cannot be read).
 #[must_use]
+#[inline]
 pub fn now() -> u64 {
-    NOW.load(Ordering::Relaxed)
+    match NOW.load(Ordering::Relaxed) {
+        0 => read(),
+        now => now,
+    }
 }

@@ -15,6 +15,10 @@
 //!   never takes; prints `delivered D refused R` and the first refusal, then waits to be killed.
 //! * `notice-flood`: sends `--count` notices the broker must refuse, as fast as its socket takes
 //!   them; prints `sent N`, then waits to be killed.
+//! * `status-forge`: publishes an outbox and writes forged status words into it, again and
+//!   again until killed: names with terminal escapes and bytes that are no ASCII word, times in
+//!   the future, every word `u64::MAX`, random words, torn slots. Prints `forging` once it has
+//!   published its outbox.
 
 use nix::fcntl::{FallocateFlags, OFlag, fallocate, open};
 use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags, madvise, mmap, mprotect, munmap};
@@ -58,6 +62,7 @@ enum Attack {
     Scribble,
     RelayFlood,
     NoticeFlood,
+    StatusForge,
 }
 
 pub fn run(args: &Args) -> Result<(), String> {
@@ -72,6 +77,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         ),
         Attack::RelayFlood => relay_flood(socket, rank, args.to, args.count),
         Attack::NoticeFlood => notice_flood(socket, rank, args.count),
+        Attack::StatusForge => status_forge(socket, rank),
     }
 }
 
@@ -127,6 +133,56 @@ fn notice_flood(socket: &str, rank: Option<u32>, count: u64) -> Result<(), Strin
     println!("sent {}", sent / 24);
     std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
     linger()
+}
+
+fn status_forge(socket: &str, rank: Option<u32>) -> Result<(), String> {
+    use shmbroker::bindings::{STATUS_SLOT_WORDS, STATUS_SLOTS, status_word as w};
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut raw = log_on(socket, rank)?;
+    let own = Outbox::create(raw.rank(), 1 << 20).map_err(|e| e.to_string())?;
+    raw.publish_outbox(own.fd(), TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    let words = own.status();
+    println!("forging");
+    std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
+    let mut random = 0x9e37_79b9_7f4a_7c15_u64;
+    let forgeries: [fn(&mut [u64; STATUS_SLOT_WORDS], u64); 5] = [
+        // A terminal escape for a name.
+        |slot, _| slot[w::CALL] = u64::from_le_bytes(*b"\x1b[2J\x1b[H!"),
+        // A good name, started in the future.
+        |slot, _| {
+            slot[w::CALL] = u64::from_le_bytes(*b"barrier\0");
+            slot[w::SINCE] = u64::MAX - 1;
+        },
+        // Every word set.
+        |slot, _| *slot = [u64::MAX; STATUS_SLOT_WORDS],
+        // Random words.
+        |slot, random| {
+            for (at, word) in slot.iter_mut().enumerate() {
+                *word = random.rotate_left(at as u32 * 7) ^ at as u64;
+            }
+        },
+        // A last call with bytes past its terminating zero.
+        |slot, _| {
+            slot[w::LAST_CALL] = u64::from_le_bytes(*b"recv\0zzz");
+            slot[w::OUTBOX_USED] = u64::MAX;
+        },
+    ];
+    let mut round = 0usize;
+    loop {
+        round = round.wrapping_add(1);
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        let mut forged = [0u64; STATUS_SLOT_WORDS];
+        forgeries[round % forgeries.len()](&mut forged, random);
+        for slot in 0..STATUS_SLOTS {
+            for (word, value) in words.slot(slot).iter().zip(forged) {
+                word.store(value, Relaxed);
+            }
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }
 
 fn reopen(socket: &str, rank: Option<u32>) -> Result<(), String> {

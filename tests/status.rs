@@ -1,0 +1,161 @@
+//! `shmbroker status`: a running broker says what every rank of its job is doing, while the job
+//! is stuck, and a rank that forges its status words changes nothing but its own row.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::TempDir;
+use shmbroker_test_support::process::ChildGuard;
+
+/// A worker of `socket` as rank `rank` that runs one barrier (which waits for every rank).
+fn barrier_worker(socket: &str, rank: u32) -> ChildGuard {
+    let rank = rank.to_string();
+    common::spawn(&mut common::shmbroker(&[
+        "worker",
+        "--socket",
+        socket,
+        "--rank",
+        &rank,
+        "--selftest",
+        "--only",
+        "barrier",
+        "--timeout-ms",
+        "120000",
+    ]))
+}
+
+/// `shmbroker status --socket SOCKET ARGS...` to its end: stdout, after checking it succeeded.
+fn status(socket: &str, args: &[&str]) -> String {
+    let mut command: Command = common::shmbroker(&["status", "--socket", socket]);
+    command.args(args);
+    let (ok, stdout, stderr) = common::finish(common::spawn(&mut command));
+    assert!(ok, "shmbroker status failed: {stderr}");
+    stdout
+}
+
+/// The `--json` line of rank `rank`.
+fn json_of(lines: &str, rank: u32) -> &str {
+    let key = format!(",\"rank\":{rank},");
+    lines
+        .lines()
+        .find(|line| line.contains(&key))
+        .unwrap_or_else(|| panic!("no line for rank {rank} in {lines}"))
+}
+
+/// Asks until `done` holds for the `--json` answer (within the tests' deadline).
+fn status_until(socket: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + common::CHILD_DEADLINE;
+    loop {
+        let lines = status(socket, &["--json"]);
+        if done(&lines) {
+            return lines;
+        }
+        assert!(Instant::now() < deadline, "never {what}: {lines}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_stuck_16_rank_job_shows_every_rank_and_who_never_came() {
+    let tmp = TempDir::new("status-16").unwrap();
+    let socket = tmp.path().join("broker.sock");
+    let _broker = common::serve(&socket, &["--workers", "16"]);
+    let socket = socket.to_str().unwrap();
+    // Ranks 0 to 14 wait in a barrier for rank 15, which never logs on.
+    let _workers: Vec<ChildGuard> = (0..15).map(|rank| barrier_worker(socket, rank)).collect();
+    let lines = status_until(socket, "saw 15 ranks in their barrier", |lines| {
+        (0..15).all(|rank| {
+            lines.lines().any(|line| {
+                line.contains(&format!(",\"rank\":{rank},"))
+                    && line.contains("\"state\":\"running\"")
+                    && line.contains("\"call\":\"barrier #")
+            })
+        })
+    });
+    assert_eq!(lines.lines().count(), 16, "{lines}");
+    let never = json_of(&lines, 15);
+    assert!(
+        never.contains("\"pid\":null,\"state\":\"never joined\",\"call\":null"),
+        "{never}"
+    );
+    for rank in 0..15 {
+        let line = json_of(&lines, rank);
+        assert!(line.contains("\"seconds\":"), "{line}");
+        assert!(!line.contains("\"seconds\":null"), "{line}");
+        assert!(line.contains("\"readable\":true"), "{line}");
+        assert!(line.contains("\"outbox_bytes\":"), "{line}");
+    }
+    // How long one answer takes while the job is stuck (the issue's target is 100 ms; timing
+    // is reported, not asserted).
+    let started = Instant::now();
+    let report = shmbroker::status::query(socket, Duration::from_secs(5)).unwrap();
+    eprintln!(
+        "status of 16 stuck ranks answered in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(report.ranks.len(), 16);
+    let table = status(socket, &[]);
+    let rows: Vec<&str> = table.lines().collect();
+    assert!(rows[0].starts_with("broker pid "), "{table}");
+    assert!(rows[1].starts_with("RANK  PID"), "{table}");
+    assert_eq!(rows.len(), 2 + 16, "{table}");
+    assert!(
+        rows[2 + 15].starts_with("15  ") && rows[2 + 15].contains("never joined"),
+        "{table}"
+    );
+    for rank in 0..15 {
+        let row = rows[2 + rank];
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[0], rank.to_string(), "{table}");
+        assert_eq!(cells[2..4], ["running", "barrier"], "{table}");
+    }
+}
+
+#[test]
+fn a_rank_that_forges_its_status_words_spoils_only_its_own_row() {
+    let tmp = TempDir::new("status-forge").unwrap();
+    let socket = tmp.path().join("broker.sock");
+    let _broker = common::serve(&socket, &["--workers", "3"]);
+    let socket = socket.to_str().unwrap();
+    let _workers: Vec<ChildGuard> = (0..2).map(|rank| barrier_worker(socket, rank)).collect();
+    let mut forger = common::spawn(&mut common::hostile(&[
+        "status-forge",
+        "--socket",
+        socket,
+        "--rank",
+        "2",
+    ]));
+    let said = common::read_line_within(forger.take_stdout().unwrap(), common::CHILD_DEADLINE);
+    assert_eq!(said.trim(), "forging");
+    let mut unreadable = 0;
+    for _ in 0..20 {
+        let lines = status(socket, &["--json"]);
+        let forged = json_of(&lines, 2);
+        if forged.contains("\"readable\":false") {
+            unreadable += 1;
+            assert!(forged.contains("\"call\":null"), "{forged}");
+        }
+        assert!(
+            !lines.contains('\x1b'),
+            "a forged name reached the output: {lines:?}"
+        );
+        let table = status(socket, &[]);
+        assert!(
+            !table.contains('\x1b'),
+            "a forged name reached the output: {table:?}"
+        );
+        assert!(table.lines().count() == 5, "{table}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Torn copies may read as a rank in no call now and then; forgeries, mostly.
+    assert!(
+        unreadable > 0,
+        "the forgeries were never seen as unreadable"
+    );
+    // The honest ranks are shown as they are, and the broker still answers.
+    status_until(socket, "saw ranks 0 and 1 in their barrier", |lines| {
+        (0..2).all(|rank| json_of(lines, rank).contains("\"call\":\"barrier #"))
+    });
+}
