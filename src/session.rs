@@ -222,6 +222,9 @@ struct Deadline {
     /// With no deadline: when the wait started and when its watchdog next speaks (see
     /// `status::Session::watchdog`).
     watch: std::cell::Cell<Option<(Instant, Duration)>>,
+    /// A peer seen in another collective at this call's number: `(peer, its kind, its number,
+    /// when first seen)`, to be seen again a while later before the call fails (see `status::Session::look_for_mismatch`).
+    mismatch_seen: std::cell::Cell<Option<(u32, u64, u64, Instant)>>,
 }
 
 impl Deadline {
@@ -234,6 +237,7 @@ impl Deadline {
             interrupts_at: std::cell::Cell::new(None),
             published: None,
             watch: std::cell::Cell::new(None),
+            mismatch_seen: std::cell::Cell::new(None),
         }
     }
 
@@ -757,10 +761,11 @@ impl Session {
     }
 
     /// The tag of the next collective of the current team: its stream and its sequence number
-    /// (see `groups`).
-    fn next_seq(&mut self) -> u64 {
+    /// (see `groups`). `kind` is the message kind of the collective, published with its number so that a
+    /// peer waiting in a collective of another kind at the same number sees the mismatch.
+    fn next_seq(&mut self, kind: u32) -> u64 {
         let (stream, seq) = (self.team.stream(), self.team.seq());
-        self.publisher.collective(stream, seq);
+        self.publisher.collective(stream, seq, kind);
         self.team.next_tag()
     }
 }

@@ -57,6 +57,53 @@ fn deadlines_rank() {
             let error = session.recv_timeout(1, Duration::MAX).unwrap_err();
             assert!(matches!(error, Error::PeerLost { rank: 1 }), "{error}");
         }
+        // Rank 0 calls broadcast (root 1) and rank 1 gather (root 1): each waits for the other,
+        // forever, unless the mismatch is seen. With no deadline (`forever-mismatch`) or a long
+        // one (`mismatch`), both fail at once, naming both calls.
+        "mismatch" | "forever-mismatch" => {
+            if scenario == "mismatch" {
+                session.set_timeout(Duration::from_secs(60));
+            }
+            session.barrier().unwrap();
+            let started = std::time::Instant::now();
+            let error = if rank == 0 {
+                session.broadcast(1, None).unwrap_err()
+            } else {
+                session.gather(1, b"mine").unwrap_err()
+            };
+            let (mine, theirs) = if rank == 0 {
+                ("broadcast #1", "gather #1")
+            } else {
+                ("gather #1", "broadcast #1")
+            };
+            let peer = 1 - rank;
+            assert_eq!(
+                error.to_string(),
+                format!("rank {peer} called {theirs} while this rank called {mine}")
+            );
+            assert!(
+                matches!(error, Error::CollectiveMismatch { .. }),
+                "{error:?}"
+            );
+            // Far sooner than any deadline (the look comes every 100 ms).
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{:?}",
+                started.elapsed()
+            );
+            // Both stay, making no other call (which would replace the failed call's record that
+            // the other rank may still need to see), until both have seen it.
+            let dir = std::path::Path::new(&socket).parent().unwrap();
+            std::fs::write(dir.join(format!("{scenario}-seen-{rank}")), b"").unwrap();
+            let other = dir.join(format!("{scenario}-seen-{peer}"));
+            while !other.exists() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "rank {peer} never saw it"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         other => panic!("no scenario {other}"),
     }
 }
@@ -69,6 +116,15 @@ fn run(name: &str, scenario: &str) -> Vec<(bool, String)> {
 fn with_no_deadline_a_wait_lasts_until_the_peer_comes() {
     for (rank, (ok, stderr)) in run("forever-slow", "slow-peer").into_iter().enumerate() {
         assert!(ok, "rank {rank}: {stderr}");
+    }
+}
+
+#[test]
+fn mismatched_collectives_fail_at_once_naming_both_calls() {
+    for scenario in ["mismatch", "forever-mismatch"] {
+        for (rank, (ok, stderr)) in run(scenario, scenario).into_iter().enumerate() {
+            assert!(ok, "{scenario}, rank {rank}: {stderr}");
+        }
     }
 }
 

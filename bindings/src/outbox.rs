@@ -51,6 +51,12 @@ pub mod status_word {
     /// Bytes of the outbox in blocks (sent and not yet given back, loaned, or being filled), in
     /// slot 0 only; stored by the owner's allocator whenever it changes.
     pub const OUTBOX_USED: usize = 11;
+    /// The message kind of the collective in progress (`shmbroker_bindings::kind`), set with
+    /// [`SEQ`] (`u64::MAX`: none). Two ranks in the same collective number of the same group
+    /// with different kinds called different collectives.
+    pub const KIND: usize = 12;
+    /// The [`KIND`] of the last call that finished (or failed).
+    pub const LAST_KIND: usize = 13;
 }
 
 /// Written once by an outbox's owner before it seals the file; read (copied out) and checked by

@@ -41,6 +41,10 @@ const PARK_MAX: Duration = Duration::from_millis(2);
 /// send on a full ring before taking in what the peer sent meanwhile.
 pub(super) const SEND_SLICE: Duration = Duration::from_millis(1);
 
+/// How often a collective's wait looks at the peer it waits for (see
+/// `status::Session::look_for_mismatch`).
+const MISMATCH_LOOK: Duration = Duration::from_millis(100);
+
 /// Gives the core away while a transfer has made no progress for `stalled`: yields at first;
 /// past [`PARK_AFTER`], sleeps an eighth of the time waited so far (at most [`PARK_MAX`]), so a
 /// long stall costs almost no CPU and a short one little latency.
@@ -144,6 +148,13 @@ impl Session {
         } else {
             deadline.budget()
         };
+        // A collective's long wait looks at the peer's published call now and then: a
+        // collective of another kind at the same number will never send what this one waits for.
+        let slice = if collective {
+            slice.min(MISMATCH_LOOK)
+        } else {
+            slice
+        };
         // Every wait ends on an `Interrupter`'s request, and a collective's when any rank dies:
         // the generation is read before looking for either, so one made after the look
         // interrupts the wait (see the queues crate's `interrupt` module). Atomic loads, no
@@ -158,6 +169,16 @@ impl Session {
             Ok(got) => Ok(got),
             Err(RecvTimeoutError::Timeout) if owing && !deadline.left().is_zero() => {
                 self.flush_all_acks()?;
+                if collective {
+                    self.look_for_mismatch(peer, deadline)?;
+                }
+                Ok(0)
+            }
+            Err(RecvTimeoutError::Timeout) if collective && !deadline.left().is_zero() => {
+                self.look_for_mismatch(peer, deadline)?;
+                if let Some(waited) = deadline.watchdog_due() {
+                    self.warn_waiting(deadline, waited, &[peer]);
+                }
                 Ok(0)
             }
             // A death or an interrupt was recorded: the next call looks again (and fails if it

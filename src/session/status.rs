@@ -23,7 +23,7 @@
 //! lie in the future; anything else reads as an unreadable state. Nothing is trusted beyond the
 //! text it makes.
 
-use super::{Deadline, Session};
+use super::{Deadline, Error, Session};
 use shmbroker_allocator::StatusWords;
 use shmbroker_bindings::{STATUS_SLOTS, status_word as w};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -54,6 +54,8 @@ impl Publisher {
                 w::LAST_SEQ,
                 w::LAST_GROUP_PEER,
                 w::WAITING_FOR,
+                w::KIND,
+                w::LAST_KIND,
             ] {
                 words[at].store(NONE, Ordering::Relaxed);
             }
@@ -91,6 +93,7 @@ impl Publisher {
             words[w::SEQ].store(NONE, Ordering::Relaxed);
             words[w::GROUP_PEER].store(NONE, Ordering::Relaxed);
             words[w::WAITING_FOR].store(NONE, Ordering::Relaxed);
+            words[w::KIND].store(NONE, Ordering::Relaxed);
             words[w::SINCE].store(shmbroker_handshake::clock::now(), Ordering::Relaxed);
         }
         slot
@@ -107,6 +110,7 @@ impl Publisher {
                 (w::CALL + 1, w::LAST_CALL + 1),
                 (w::SEQ, w::LAST_SEQ),
                 (w::GROUP_PEER, w::LAST_GROUP_PEER),
+                (w::KIND, w::LAST_KIND),
             ] {
                 words[to].store(words[from].load(Ordering::Relaxed), Ordering::Relaxed);
             }
@@ -116,10 +120,12 @@ impl Publisher {
         }
     }
 
-    /// The collective in progress in slot 0 is number `seq` of group `stream`.
-    pub(super) fn collective(&self, stream: u32, seq: u64) {
+    /// The collective in progress in slot 0 is number `seq` of group `stream`, of message kind
+    /// `kind`.
+    pub(super) fn collective(&self, stream: u32, seq: u64, kind: u32) {
         if self.on() && self.depth[0].load(Ordering::Relaxed) == 1 {
             let words = self.words.slot(0);
+            words[w::KIND].store(u64::from(kind), Ordering::Relaxed);
             words[w::SEQ].store(seq, Ordering::Relaxed);
             words[w::GROUP_PEER].store(
                 u64::from(u32::MAX) << 32 | u64::from(stream),
@@ -184,6 +190,10 @@ impl Drop for Deadline {
     }
 }
 
+/// How long a peer must be seen in another collective at the same number before the wait fails
+/// (see `Session::look_for_mismatch`).
+const MISMATCH_SURE: Duration = Duration::from_millis(50);
+
 /// How long a wait with no deadline goes before its watchdog first logs a warning:
 /// `SHMBROKER_WARN_AFTER` seconds (default 60), then twice as long each time.
 pub(super) fn warn_after() -> Duration {
@@ -231,6 +241,76 @@ impl Session {
     /// `deadline`, publishing its call as this rank's (see the module docs).
     pub(super) fn track(&self, deadline: Deadline) -> Deadline {
         deadline.tracked_by(&self.publisher)
+    }
+
+    /// Fails a collective whose wait for `peer` can never end because `peer` called another
+    /// collective: both are in the same group at the same collective number, and `peer`
+    /// published another message kind for it (in the call it is in, or in the one it last
+    /// finished or failed: the first of two mismatched ranks to see it leaves its call). Matching calls use one kind per number, so this
+    /// is never a slow peer; it must be seen twice, [`MISMATCH_SURE`] apart, because the words
+    /// are read without ordering (a peer between two calls may show the new number with the old
+    /// kind for a moment on a weakly ordered machine). A peer behind or ahead by some numbers is
+    /// left to the deadline, whose diagnosis shows both numbers.
+    pub(super) fn look_for_mismatch(
+        &mut self,
+        peer: u32,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        if !self.publisher.on() {
+            return Ok(());
+        }
+        let mine = self.publisher.words.slot(0);
+        let [seq, group, kind] =
+            [w::SEQ, w::GROUP_PEER, w::KIND].map(|at| mine[at].load(Ordering::Relaxed));
+        if seq == NONE || group == NONE || kind == NONE {
+            return Ok(());
+        }
+        // Only a peer already mapped: this look never waits.
+        let quick = Deadline::new("mismatch", Duration::ZERO);
+        let Ok(outbox) = self.peer_outbox(peer, &quick) else {
+            return Ok(());
+        };
+        let theirs = outbox.status()[0];
+        let in_call = theirs[w::CALL] != 0 || theirs[w::CALL + 1] != 0;
+        // The peer's call now, or the one it last finished (a peer that saw the mismatch first
+        // has failed its call and left it).
+        let other = |(at, in_group, of_kind): (usize, usize, usize)| {
+            (theirs[at] == seq && theirs[in_group] == group && theirs[of_kind] != kind)
+                .then_some(theirs[of_kind])
+                .filter(|&found| u32::try_from(found).is_ok())
+        };
+        let now_or_last = in_call
+            .then(|| other((w::SEQ, w::GROUP_PEER, w::KIND)))
+            .flatten()
+            .or_else(|| other((w::LAST_SEQ, w::LAST_GROUP_PEER, w::LAST_KIND)));
+        let Some(found) = now_or_last else {
+            deadline.mismatch_seen.set(None);
+            return Ok(());
+        };
+        let now = std::time::Instant::now();
+        match deadline.mismatch_seen.get() {
+            Some((seen, kind_seen, at, since))
+                if seen == peer && kind_seen == found && at == seq =>
+            {
+                if now.duration_since(since) < MISMATCH_SURE {
+                    return Ok(());
+                }
+                // The tag the collective's messages carry: its group's stream and its number.
+                let bits = super::demux::SEQ_BITS;
+                let tag = (u64::from(group as u32) << bits) | (seq & ((1 << bits) - 1));
+                Err(Error::CollectiveMismatch {
+                    peer,
+                    expected_kind: kind as u32,
+                    expected_seq: tag,
+                    found_kind: found as u32,
+                    found_seq: tag,
+                })
+            }
+            _ => {
+                deadline.mismatch_seen.set(Some((peer, found, seq, now)));
+                Ok(())
+            }
+        }
     }
 
     /// What each rank of `ranks` is doing, read from its status words (mapping its outbox first
