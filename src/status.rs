@@ -8,6 +8,7 @@
 
 use shmbroker_allocator::Snapshot;
 use shmbroker_bindings::{STATUS_SLOTS, status_word as w};
+use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
@@ -224,4 +225,210 @@ pub fn describe(rank: u32, status: &Snapshot, now: u64) -> String {
         },
         None => format!("rank {rank} is in no call (it has finished none yet)"),
     }
+}
+
+/// The job's id as text: `0x…`, or `-` when none was given.
+fn job_text(report: &StatusReport) -> String {
+    match report.header.job_id {
+        0 => "-".into(),
+        id => format!("{id:#x}"),
+    }
+}
+
+/// The table `shmbroker status` prints.
+#[must_use]
+pub fn table(report: &StatusReport) -> String {
+    let header = &report.header;
+    let now = now();
+    let mut text = format!(
+        "broker pid {}, job {} ({} ended before it), {} ranks, rings of {} slots",
+        header.broker_pid,
+        job_text(report),
+        header.jobs_ended,
+        header.world_size,
+        header.ring_capacity
+    );
+    let first = |rank: u32, what| (rank != u32::MAX).then(|| format!(", rank {rank} {what} first"));
+    text.extend(first(header.first_dead, "died"));
+    text.extend(first(header.first_left, "left"));
+    text.push('\n');
+    let mut rows = vec![
+        [
+            "RANK",
+            "PID",
+            "STATE",
+            "CALL",
+            "FOR",
+            "WAITING FOR",
+            "LAST CALL",
+            "RINGS",
+            "OUTBOX",
+        ]
+        .map(String::from),
+    ];
+    for record in &report.ranks {
+        let state = StatusReport::state(record);
+        let pid = if state == RankState::NeverJoined {
+            "-".into()
+        } else {
+            record.pid.to_string()
+        };
+        let mut row = [
+            record.rank.to_string(),
+            pid,
+            state.name().into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            rings_text(
+                record
+                    .ring_fill
+                    .get(..header.world_size as usize)
+                    .unwrap_or(&[]),
+            ),
+            "-".into(),
+        ];
+        if record.outbox_bytes != 0 {
+            match Activity::read(&record.status, now) {
+                None => row[3] = "unreadable".into(),
+                Some(activity) => {
+                    if !activity.calls.is_empty() {
+                        let calls: Vec<String> = activity.calls.iter().map(|c| c.text()).collect();
+                        row[3] = calls.join(" + ");
+                        let ages: Vec<String> = activity
+                            .calls
+                            .iter()
+                            .map(|c| c.age.map_or("?".into(), seconds_text))
+                            .collect();
+                        row[4] = ages.join(" + ");
+                        let waits: Vec<String> = activity
+                            .calls
+                            .iter()
+                            .filter_map(|c| c.waiting_for.map(|r| format!("rank {r}")))
+                            .collect();
+                        if !waits.is_empty() {
+                            row[5] = waits.join(", ");
+                        }
+                    }
+                    if let Some(last) = &activity.last {
+                        row[6] = match last.age {
+                            Some(age) => format!("{}, {} ago", last.text(), seconds_text(age)),
+                            None => last.text(),
+                        };
+                    }
+                    row[8] = format!(
+                        "{} / {}",
+                        bytes_text(activity.outbox_used),
+                        bytes_text(record.outbox_bytes)
+                    );
+                }
+            }
+        }
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|column| rows.iter().map(|row| row[column].len()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (cell, width) in row.iter().zip(&widths) {
+            let _ = write!(line, "{cell:width$}  ");
+        }
+        text.push_str(line.trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+/// The rings that are not empty: `->1:3 ->2:1024`, or `-`.
+fn rings_text(fill: &[u32]) -> String {
+    let waiting: Vec<String> = (0..)
+        .zip(fill)
+        .filter(|&(_, &n)| n != 0 && n != FILL_UNKNOWN)
+        .map(|(peer, n)| format!("->{peer}:{n}"))
+        .collect();
+    if waiting.is_empty() {
+        "-".into()
+    } else {
+        waiting.join(" ")
+    }
+}
+
+/// `bytes` in B, KiB, MiB or GiB.
+fn bytes_text(bytes: u64) -> String {
+    let units = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (unit, size) in units {
+        if bytes >= size {
+            return format!("{:.1} {unit}", bytes as f64 / size as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// `shmbroker status --json`: one object per rank, one per line.
+#[must_use]
+pub fn json_lines(report: &StatusReport) -> String {
+    let now = now();
+    let world = report.header.world_size as usize;
+    let mut text = String::new();
+    let null = || "null".to_string();
+    let string = |s: &str| format!("\"{}\"", s.escape_default());
+    let seconds =
+        |age: Option<Duration>| age.map_or_else(null, |a| format!("{:.3}", a.as_secs_f64()));
+    for record in &report.ranks {
+        let state = StatusReport::state(record);
+        let activity = (record.outbox_bytes != 0)
+            .then(|| Activity::read(&record.status, now))
+            .flatten();
+        let unreadable = record.outbox_bytes != 0 && activity.is_none();
+        let activity = activity.unwrap_or_default();
+        let first = activity.calls.first();
+        let calls: Vec<String> = activity.calls.iter().map(|c| string(&c.text())).collect();
+        let fill: Vec<String> = record.ring_fill[..world.min(record.ring_fill.len())]
+            .iter()
+            .map(|&n| {
+                if n == FILL_UNKNOWN {
+                    null()
+                } else {
+                    n.to_string()
+                }
+            })
+            .collect();
+        let job = match report.header.job_id {
+            0 => null(),
+            id => string(&format!("{id:#x}")),
+        };
+        let _ = writeln!(
+            text,
+            "{{\"job\":{job},\"rank\":{},\"pid\":{},\"state\":{},\"call\":{},\"seconds\":{},\
+             \"waiting_for\":{},\"calls\":[{}],\"last_call\":{},\"last_seconds_ago\":{},\
+             \"outbox_bytes\":{},\"outbox_used\":{},\"ring_fill\":[{}],\"readable\":{}}}",
+            record.rank,
+            if state == RankState::NeverJoined {
+                null()
+            } else {
+                record.pid.to_string()
+            },
+            string(state.name()),
+            first.map_or_else(null, |c| string(&c.text())),
+            seconds(first.and_then(|c| c.age)),
+            activity
+                .calls
+                .iter()
+                .find_map(|c| c.waiting_for)
+                .map_or_else(null, |r| r.to_string()),
+            calls.join(","),
+            activity
+                .last
+                .as_ref()
+                .map_or_else(null, |c| string(&c.text())),
+            seconds(activity.last.as_ref().and_then(|c| c.age)),
+            record.outbox_bytes,
+            activity.outbox_used,
+            fill.join(","),
+            !unreadable,
+        );
+    }
+    text
 }

@@ -934,6 +934,23 @@ int shmbroker_clear_interrupt(struct shmbroker_session *s);
 // call replaces it or the process ends.
 int shmbroker_set_log(int max_level, shmbroker_log_fn log, void *user);
 
+// Asks the broker listening at `socket` what every rank of its job is doing, within
+// `timeout_ms` milliseconds, and writes the answer into `buf` (`cap` bytes) as
+// `shmbroker status --json` prints it: one JSON object per rank, one per line (`job`, `rank`,
+// `pid`, `state`, `call`, `seconds`, `waiting_for`, ...), then a NUL. `*len` is the text's
+// length without the NUL. A `buf` too small is `SHMBROKER_E_TOO_SMALL` with `*len` set to the
+// length needed (ask again with more than that). Only the broker's uid and the uids it admits
+// may ask. Threads: any; it uses no session.
+//
+// Errors: `SHMBROKER_E_LOGON` when no broker answers or it refuses; `SHMBROKER_E_MISUSE` for
+// NULL pointers or a timeout of 0.
+//
+// # Safety
+//
+// `socket` is a NUL-terminated path; `buf` has `cap` writable bytes (or is NULL with `cap` 0);
+// `len` points at a writable `size_t`.
+int shmbroker_status(const char *socket, uint64_t timeout_ms, char *buf, size_t cap, size_t *len);
+
 // The message of this thread's last failing call (empty if none failed yet). Valid until the
 // next shmbroker call on this thread. Each thread has its own.
 const char *shmbroker_last_error(void);

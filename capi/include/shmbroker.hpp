@@ -100,6 +100,26 @@ inline void set_log(int max_level, LogFunction log = nullptr) {
     }
 }
 
+// What every rank of the job served at `socket` is doing, asked of its broker (see
+// shmbroker_status): one JSON object per rank, one per line, as `shmbroker status --json`
+// prints it.
+inline std::string status(const std::string &socket,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(2)) {
+    const std::uint64_t ms = detail::milliseconds(timeout);
+    std::string text(16384, '\0');
+    for (;;) {
+        std::size_t len = 0;
+        const int rc = shmbroker_status(socket.c_str(), ms, text.data(), text.size(), &len);
+        if (rc == SHMBROKER_E_TOO_SMALL) {
+            text.resize(len + 1);
+            continue;
+        }
+        detail::check(rc);
+        text.resize(len);
+        return text;
+    }
+}
+
 // How a reduction combines contributions (SHMBROKER_OP_*).
 enum class Op : int {
     sum = SHMBROKER_OP_SUM,

@@ -69,6 +69,8 @@ mod gpu;
 mod interrupt;
 // shmbroker_set_log and its levels
 mod logs;
+// shmbroker_status
+mod status;
 // shmbroker_last_error, shmbroker_last_error_rank; the guard every call runs in
 mod error;
 // shmbroker_session and shmbroker_close
@@ -98,6 +100,7 @@ pub use session::{
     shmbroker_connect, shmbroker_from_env, shmbroker_rank, shmbroker_set_timeout,
     shmbroker_world_size,
 };
+pub use status::shmbroker_status;
 
 #[cfg(doc)]
 use shmbroker::{Receiver, Sender};

@@ -255,7 +255,7 @@ impl Job {
     /// Prints the `shmbroker status` table of this job on standard error.
     fn print_status(&self) {
         match crate::status::ask(&self.socket, STATUS_TIMEOUT) {
-            Ok(report) => eprint!("{}", crate::status::table(&report)),
+            Ok(report) => eprint!("{}", shmbroker::status::table(&report)),
             Err(error) => eprintln!("shmbroker run: no status: {error}"),
         }
     }

@@ -110,6 +110,31 @@ int main(void) {
             return 1;
         }
     }
+    /* Who is where, asked of the broker as `shmbroker status --json` would (rank 0, when the
+     * job came from `shmbroker run`): one line per rank, each running. */
+    const char *socket_path = getenv("SHMBROKER_SOCKET");
+    if (rank == 0 && socket_path != NULL) {
+        size_t cap = 0, len = 0;
+        char *text = NULL;
+        int rc;
+        while ((rc = shmbroker_status(socket_path, 5000, text, cap, &len)) == SHMBROKER_E_TOO_SMALL) {
+            cap = len + 256; /* times may have grown a digit by the next answer */
+            free(text);
+            text = malloc(cap);
+            if (text == NULL) fail("malloc");
+        }
+        CHECK(rc);
+        uint32_t running = 0;
+        for (const char *at = text; (at = strstr(at, "\"state\":\"running\"")) != NULL; at++) running++;
+        if (running != world) {
+            fprintf(stderr, "rank 0: shmbroker_status shows %u running ranks of %u:\n%s", running,
+                    world, text);
+            return 1;
+        }
+        free(text);
+    }
+    CHECK(shmbroker_barrier(s));
+
     /* 4. Every rank's numbers summed on every rank, the same bits everywhere. */
     double sums[3] = {1.0, (double)rank, 0.5};
     CHECK(shmbroker_all_reduce(s, sums, 3, SHMBROKER_DTYPE_F64, SHMBROKER_OP_SUM));

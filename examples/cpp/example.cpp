@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -173,6 +174,16 @@ int main() try {
     const shmbroker::LoanView seen = session.broadcast_loan(world - 1, std::move(news));
     if (rank != world - 1 && (seen.size() != 5 || std::memcmp(seen.data(), "news!", 5) != 0))
         throw std::runtime_error("broadcast_loan");
+    // Who is where, as `shmbroker status --json` prints it (rank 0, when the job came from
+    // `shmbroker run`): one line per rank, each running.
+    if (const char *socket = std::getenv("SHMBROKER_SOCKET"); rank == 0 && socket != nullptr) {
+        const std::string status = shmbroker::status(socket);
+        std::uint32_t running = 0;
+        for (auto at = status.find("\"state\":\"running\""); at != std::string::npos;
+             at = status.find("\"state\":\"running\"", at + 1))
+            ++running;
+        if (running != world) throw std::runtime_error("shmbroker::status: " + status);
+    }
     session.barrier();
     munmap(mine, kBytes);
     std::printf("rank %u of %u: %zu handles and buffers checked\n", rank, session.world_size(),

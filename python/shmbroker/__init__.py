@@ -32,6 +32,7 @@ from ._event_loop import recv_any_async
 from ._gpu import GpuHandle
 from ._objects import all_gather_object, broadcast_object, recv_object, send_object
 from ._shmbroker import Group, Loan, LoanView, Session, connect
+from ._status import status
 
 __all__ = [
     "BrokerLost",
@@ -56,4 +57,5 @@ __all__ = [
     "recv_any_async",
     "recv_object",
     "send_object",
+    "status",
 ]

@@ -19,7 +19,7 @@ from typing import (
 
 from ._gpu import GpuHandle
 
-__all__ = ["Session", "Group", "Loan", "LoanView", "connect", "_forward_logs"]
+__all__ = ["Session", "Group", "Loan", "LoanView", "connect", "_forward_logs", "_status_json"]
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer
@@ -37,8 +37,6 @@ else:
 
 class _HasFileno(Protocol):
     def fileno(self) -> int: ...
-
-__all__ = ["Group", "Session", "connect"]
 
 _Fd = Union[int, _HasFileno]
 _Path = Union[str, os.PathLike[str]]
@@ -368,3 +366,8 @@ def connect(
 def _forward_logs(forward: Callable[[int, str, str], None]) -> None:
     """Sends the library's log events to ``forward(levelno, target, message)`` on a thread of
     its own (``shmbroker._logs`` calls it once, at import)."""
+
+def _status_json(socket: _Path, timeout: float) -> str:
+    """What every rank of the job served at ``socket`` is doing, asked of its broker within
+    ``timeout`` seconds: the lines of ``shmbroker status --json`` (:func:`shmbroker.status`
+    parses them)."""

@@ -1296,6 +1296,17 @@ fn connect(
     Ok(PySession::new(session, timeout))
 }
 
+/// What every rank of the job served at `socket` is doing, asked of its broker within
+/// `timeout` seconds: the lines of `shmbroker status --json` (`shmbroker.status` parses them).
+#[pyfunction]
+fn _status_json(py: Python<'_>, socket: PathBuf, timeout: f64) -> PyResult<String> {
+    let timeout = seconds(timeout)?;
+    let report = py
+        .detach(|| shmbroker::status::query(&socket, timeout))
+        .map_err(|error| errors::to_py(shmbroker::session::Error::Logon(error)))?;
+    Ok(shmbroker::status::json_lines(&report))
+}
+
 /// The native module; the `shmbroker` package re-exports it.
 #[pymodule]
 fn _shmbroker(module: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -1305,5 +1316,6 @@ fn _shmbroker(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<loans::PyLoanView>()?;
     module.add_function(wrap_pyfunction!(connect, module)?)?;
     module.add_function(wrap_pyfunction!(logs::_forward_logs, module)?)?;
+    module.add_function(wrap_pyfunction!(_status_json, module)?)?;
     Ok(())
 }

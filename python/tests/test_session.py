@@ -162,6 +162,12 @@ def test_a_timeout_says_what_the_rank_it_waited_for_is_doing():
         assert f"[{rank}] BUSY rank 2 is in recv from rank 1 for " in busy.stdout, describe(busy)
 
 
+def test_status_says_who_is_where():
+    job = run_scenario(3, "status")
+    assert_ok(job, 3, "status")
+    assert "[0] STATUS barrier #1 running" in job.stdout, describe(job)
+
+
 def test_a_wait_with_no_deadline_has_a_watchdog():
     job = run_scenario(2, "watchdog", env={"SHMBROKER_WARN_AFTER": "0.5"})
     assert_ok(job, 2, "watchdog")

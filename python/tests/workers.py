@@ -823,6 +823,28 @@ def scenario_stuck_recv(session, _):
         session.send(2, b"go")
 
 
+def scenario_status(session, _):
+    """shmbroker.status(): rank 0 asks the broker while ranks 1 and 2 wait for it in a barrier."""
+    session.barrier()
+    if session.rank == 0:
+        deadline = time.monotonic() + 20
+        while True:
+            ranks = shmbroker.status()
+            check(len(ranks) == 3 and [r["rank"] for r in ranks] == [0, 1, 2], str(ranks))
+            waiting = [r for r in ranks[1:] if r["call"] == "barrier #1"]
+            if len(waiting) == 2:
+                break
+            check(time.monotonic() < deadline, f"ranks 1 and 2 in barrier #1: {ranks}")
+            time.sleep(0.01)
+        for r in ranks:
+            check(r["state"] == "running" and r["readable"] and r["outbox_bytes"] > 0, str(r))
+            check(r["last_call"] == "barrier #0", str(r))
+        check(ranks[1]["seconds"] >= 0 and ranks[0]["call"] is None, str(ranks))
+        raises(shmbroker.LogonError, lambda: shmbroker.status("/nonexistent/socket", timeout=0.2))
+        say(f"STATUS {ranks[1]['call']} {ranks[1]['state']}")
+    session.barrier()
+
+
 def scenario_watchdog(session, _):
     """A wait with no deadline (SHMBROKER_WARN_AFTER=0.5): rank 0 waits in recv from rank 1,
     which sleeps 2.3 s first; the watchdog warns at 0.5, 1 and 2 s with what rank 1 is doing,
