@@ -135,6 +135,20 @@ pub fn block_stop_signals() -> Result<SigSet, String> {
     Ok(stop_signals)
 }
 
+/// Writes `text` on standard error in one `write` (stderr is unbuffered, and `eprintln!` writes
+/// each piece of its format on its own): the copies share the launcher's standard error, and a
+/// line of theirs must never land inside one of the launcher's.
+fn say(text: &str) {
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// [`say`] of a formatted line.
+macro_rules! say_line {
+    ($($arg:tt)*) => {
+        say(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 /// How long the launcher waits for its own broker's status answer.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -150,7 +164,7 @@ pub fn run(args: &Args) -> ExitCode {
     match Job::start(args) {
         Ok(job) => job.wait(args.timeout, args.on_failure),
         Err((code, error)) => {
-            eprintln!("shmbroker run: {error}");
+            say_line!("shmbroker run: {error}");
             ExitCode::from(code)
         }
     }
@@ -207,7 +221,7 @@ impl Job {
                     }
                 };
                 if let Err(error) = listener.serve(on_event) {
-                    eprintln!("shmbroker run: the broker stopped: {error}");
+                    say_line!("shmbroker run: the broker stopped: {error}");
                 }
             })
             .map_err(|e| failed("starting the broker thread")(&e))?;
@@ -255,8 +269,8 @@ impl Job {
     /// Prints the `shmbroker status` table of this job on standard error.
     fn print_status(&self) {
         match crate::status::ask(&self.socket, STATUS_TIMEOUT) {
-            Ok(report) => eprint!("{}", shmbroker::status::table(&report)),
-            Err(error) => eprintln!("shmbroker run: no status: {error}"),
+            Ok(report) => say(&shmbroker::status::table(&report)),
+            Err(error) => say_line!("shmbroker run: no status: {error}"),
         }
     }
 
@@ -299,7 +313,7 @@ impl Job {
                     }
                     Ok(None) => {}
                     Err(error) => {
-                        eprintln!("shmbroker run: waiting for rank {}: {error}", copy.rank);
+                        say_line!("shmbroker run: waiting for rank {}: {error}", copy.rank);
                         copy.child.kill();
                         copy.status = Some(ExitStatus::from_raw(Signal::SIGKILL as i32));
                         first_failure.get_or_insert(1);
@@ -317,7 +331,7 @@ impl Job {
                     OnFailure::Stop => "stopping the others",
                     OnFailure::Continue => "the others go on",
                 };
-                eprintln!("shmbroker run: rank {rank} {}; {then}", describe(status));
+                say_line!("shmbroker run: rank {rank} {}; {then}", describe(status));
             }
             if self.copies.iter().all(|copy| copy.status.is_some()) {
                 break;
@@ -326,7 +340,7 @@ impl Job {
             if !timed_out && timeout.is_some_and(|limit| now.duration_since(started) >= limit) {
                 timed_out = true;
                 self.print_status();
-                eprintln!(
+                say_line!(
                     "shmbroker run: timed out after {:?}; stopping ranks {}",
                     timeout.unwrap_or_default(),
                     self.running_ranks()
@@ -341,7 +355,7 @@ impl Job {
                 stopping = Some(now);
             }
             if stopping.is_some_and(|since| now.duration_since(since) >= GRACE) {
-                eprintln!(
+                say_line!(
                     "shmbroker run: ranks {} still running {GRACE:?} after SIGTERM; killing them",
                     self.running_ranks()
                 );
@@ -461,7 +475,7 @@ impl TorchEnv {
                 master: Some(("127.0.0.1".into(), port.to_string())),
             },
             Err(error) => {
-                eprintln!(
+                say_line!(
                     "shmbroker run: no free TCP port on 127.0.0.1 ({error}); MASTER_ADDR and \
                      MASTER_PORT are not set"
                 );
@@ -567,7 +581,7 @@ fn tag_lines<W: Write + 'static>(
             let _ = done.send(());
         });
     if let Err(error) = spawned {
-        eprintln!("shmbroker run: no thread for rank {rank}'s output: {error}");
+        say_line!("shmbroker run: no thread for rank {rank}'s output: {error}");
     }
 }
 
