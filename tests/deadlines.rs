@@ -53,9 +53,17 @@ fn deadlines_rank() {
                 nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
             }
             let error = session.barrier_timeout(Duration::MAX).unwrap_err();
-            assert!(matches!(error, Error::PeerLost { rank: 1 }), "{error}");
+            assert!(matches!(error, Error::PeerLost { rank: 1, .. }), "{error}");
+            // What rank 1 last published: the barrier it finished before it slept and died.
+            assert!(
+                error.to_string().contains(
+                    "was lost (its process exited without leaving): rank 1 was in no call \
+                     (its last, barrier #0, finished "
+                ),
+                "{error}"
+            );
             let error = session.recv_timeout(1, Duration::MAX).unwrap_err();
-            assert!(matches!(error, Error::PeerLost { rank: 1 }), "{error}");
+            assert!(matches!(error, Error::PeerLost { rank: 1, .. }), "{error}");
         }
         // Rank 0 calls broadcast (root 1) and rank 1 gather (root 1): each waits for the other,
         // forever, unless the mismatch is seen. With no deadline (`forever-mismatch`) or a long

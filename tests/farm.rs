@@ -218,7 +218,7 @@ fn a_worker_killed_mid_farm_is_named_after_its_last_messages_and_the_farm_goes_o
     }
     let error = error.unwrap();
     assert!(
-        matches!(error, Error::PeerLost { rank: 2 }),
+        matches!(error, Error::PeerLost { rank: 2, .. }),
         "expected rank 2 named as lost, got {error}"
     );
     assert_eq!(
@@ -237,15 +237,15 @@ fn a_worker_killed_mid_farm_is_named_after_its_last_messages_and_the_farm_goes_o
     // Whatever needs rank 2 names it, and so does every collective (they need every rank).
     assert!(matches!(
         reader.try_recv(2),
-        Err(Error::PeerLost { rank: 2 })
+        Err(Error::PeerLost { rank: 2, .. })
     ));
     assert!(matches!(
         reader.send(2, b"more"),
-        Err(Error::PeerLost { rank: 2 })
+        Err(Error::PeerLost { rank: 2, .. })
     ));
     assert!(matches!(
         reader.barrier_timeout(Duration::from_secs(5)),
-        Err(Error::PeerLost { rank: 2 })
+        Err(Error::PeerLost { rank: 2, .. })
     ));
 
     // The reader carries on with the workers still there: small and large tasks, every answer
@@ -300,11 +300,11 @@ fn a_rank_that_never_came_before_a_death_is_named_at_once_and_the_farm_goes_on_w
     // death; the farm goes on with rank 3.
     assert!(matches!(
         reader.recv_any(),
-        Err(Error::PeerLost { rank: 2 })
+        Err(Error::PeerLost { rank: 2, .. })
     ));
     assert!(matches!(
         reader.barrier_timeout(Duration::from_secs(5)),
-        Err(Error::PeerLost { rank: 2 })
+        Err(Error::PeerLost { rank: 2, .. })
     ));
     let tasks: Vec<Vec<u8>> = (0..100).map(|id| task(id, 64)).collect();
     let done = run_farm(&mut reader, &[3], &tasks);
@@ -364,13 +364,13 @@ fn a_collective_waiting_on_a_live_peer_ends_when_a_third_rank_dies_and_messages_
     let error = reader
         .broadcast_timeout(1, None, Duration::from_secs(60))
         .unwrap_err();
-    assert!(matches!(error, Error::PeerLost { rank: 2 }), "{error}");
+    assert!(matches!(error, Error::PeerLost { rank: 2, .. }), "{error}");
     killer.join().unwrap();
     // `recv_any` reports the death once too (rank 2 could have sent something first), then
     // serves rank 1, which is still there, and so are the rings to it.
     assert!(matches!(
         reader.recv_any(),
-        Err(Error::PeerLost { rank: 2 })
+        Err(Error::PeerLost { rank: 2, .. })
     ));
     let tasks: Vec<Vec<u8>> = (0..200).map(|id| task(id, 64)).collect();
     let done = run_farm(&mut reader, &[1], &tasks);
@@ -476,7 +476,7 @@ fn forged_leave(name: &str, cause: u32, after: Option<shmbroker::session::LeftAf
 /// Whether `error` names `rank` as the one gone or at fault.
 fn names(error: &Error, rank: u32) -> bool {
     match *error {
-        Error::PeerLost { rank: r } | Error::PeerLeft { rank: r, .. } => r == rank,
+        Error::PeerLost { rank: r, .. } | Error::PeerLeft { rank: r, .. } => r == rank,
         Error::Corrupted { peer, .. }
         | Error::Protocol { peer, .. }
         | Error::Outbox { peer, .. } => peer == rank,

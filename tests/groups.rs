@@ -234,7 +234,7 @@ fn groups_rank() {
                 let mut data = input(rank, 0, 1000);
                 let error = session.on(&group).all_reduce(&mut data, ReduceOp::Sum);
                 assert!(
-                    matches!(error, Err(Error::PeerLost { rank: 3 })),
+                    matches!(error, Err(Error::PeerLost { rank: 3, .. })),
                     "{error:?}"
                 );
                 for to in [0, 1] {
@@ -262,7 +262,7 @@ fn groups_rank() {
                     assert_eq!(data, sum_of(&[0, 1], call, 1000));
                 }
                 let error = session.barrier().unwrap_err();
-                assert!(matches!(error, Error::PeerLost { rank: 3 }), "{error}");
+                assert!(matches!(error, Error::PeerLost { rank: 3, .. }), "{error}");
             }
         }
         "shrink" | "shrink-large" => {
@@ -278,7 +278,7 @@ fn groups_rank() {
             let started = Instant::now();
             let error = session.all_reduce(&mut data, ReduceOp::Sum).unwrap_err();
             assert!(
-                matches!(error, Error::PeerLost { rank } if rank == dead),
+                matches!(error, Error::PeerLost { rank, .. } if rank == dead),
                 "{error}"
             );
             eprintln!("rank {rank}: told in {:?}", started.elapsed());
@@ -313,7 +313,7 @@ fn groups_rank() {
             }
             let error = session.all_gather(&part).unwrap_err();
             assert!(
-                matches!(error, Error::PeerLost { rank } if rank == dead),
+                matches!(error, Error::PeerLost { rank, .. } if rank == dead),
                 "{error}"
             );
             let survivors = session.shrink().unwrap();
@@ -384,7 +384,7 @@ fn groups_rank() {
             let group = loop {
                 match outcome {
                     Ok(group) if !group.ranks().iter().any(|q| dead.contains(q)) => break group,
-                    Ok(_) | Err(Error::PeerLost { rank: 1 | 4 }) => {
+                    Ok(_) | Err(Error::PeerLost { rank: 1 | 4, .. }) => {
                         shrinks += 1;
                         assert!(shrinks <= 3, "rank {rank}: {shrinks} shrinks");
                         outcome = session.shrink();

@@ -133,7 +133,7 @@ fn death_mid_transfer(trial: u32, after: Duration) {
     let killed_at = killed_at.expect("rank 0 failed before the kill");
     let detection = killed_at.elapsed();
     assert!(
-        matches!(error, Error::PeerLost { rank: 1 }),
+        matches!(error, Error::PeerLost { rank: 1, .. }),
         "trial {trial}: {error}"
     );
     assert!(

@@ -96,7 +96,7 @@ fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_i
     kill(Pid::from_raw(rank2.id() as i32), Signal::SIGKILL).unwrap();
     let waiter = std::thread::spawn(move || one.recv_timeout(2, TIMEOUT));
     match waiter.join().unwrap() {
-        Err(Error::PeerLost { rank: 2 }) => {}
+        Err(Error::PeerLost { rank: 2, .. }) => {}
         other => panic!("expected rank 2 lost, got {other:?}"),
     }
     assert_eq!(zero.raw().lost_rank(), Some(2));
@@ -295,7 +295,7 @@ fn a_worker_on_an_inherited_socket_is_seen_dying_though_the_process_that_connect
     kill(Pid::from_raw(zero.id() as i32), Signal::SIGKILL).unwrap();
     for wait in waits {
         match wait.join().unwrap() {
-            Error::PeerLost { rank: 0 } => {}
+            Error::PeerLost { rank: 0, .. } => {}
             other => panic!("expected rank 0 lost, got {other:?}"),
         }
     }

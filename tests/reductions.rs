@@ -327,7 +327,7 @@ fn reductions_rank() {
             }
             let error = session.all_reduce(&mut data, ReduceOp::Sum).unwrap_err();
             assert!(
-                matches!(error, Error::PeerLost { rank: 2 }),
+                matches!(error, Error::PeerLost { rank: 2, .. }),
                 "rank {rank}: {error}"
             );
         }

@@ -98,7 +98,7 @@ fn a_killed_worker_is_named_after_its_last_answers() {
             }
         }
     });
-    assert!(matches!(error, Error::PeerLost { rank: 2 }), "{error}");
+    assert!(matches!(error, Error::PeerLost { rank: 2, .. }), "{error}");
     assert_eq!(answers, (0..5).map(|k| u64::MAX - k).collect::<Vec<_>>());
     steady.kill();
     let _ = steady.wait_timeout(Duration::from_secs(10));

@@ -712,7 +712,7 @@ fn dead_peer(socket: &Path) -> Result<u64, String> {
             if let Err(error) = session.barrier() {
                 // Rank 1 survives; rank 2 is killed before it gets here.
                 return match error {
-                    Error::PeerLost { rank: 2 } => Ok(()),
+                    Error::PeerLost { rank: 2, .. } => Ok(()),
                     other => Err(other.to_string()),
                 };
             }
@@ -730,7 +730,9 @@ fn dead_peer(socket: &Path) -> Result<u64, String> {
         loop {
             match session.barrier() {
                 Ok(()) => {}
-                Err(Error::PeerLost { rank: 2 }) => return Ok(killed.elapsed().as_nanos() as u64),
+                Err(Error::PeerLost { rank: 2, .. }) => {
+                    return Ok(killed.elapsed().as_nanos() as u64);
+                }
                 Err(other) => return Err(other.to_string()),
             }
         }

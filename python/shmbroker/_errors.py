@@ -33,7 +33,17 @@ class _RankError(Error):
 class PeerLost(_RankError):
     """A peer's process died without leaving the session (killed, crashed, or exited without
     closing it). The session is over: every pending and later call that needs a peer raises this,
-    naming the first rank that died (``rank``)."""
+    naming the first rank that died (``rank``).
+
+    ``diagnosis`` is what that rank was doing when it died, read from what it last published
+    (``["rank 2 was in all_reduce #5 for 1.2 s"]``); empty when that could not be read."""
+
+    diagnosis: List[str]
+
+    def __init__(self, message: str, rank: int, diagnosis: Optional[List[str]] = None) -> None:
+        Error.__init__(self, message, rank, diagnosis)
+        self.rank = rank
+        self.diagnosis = list(diagnosis or [])
 
 
 class PeerLeft(_RankError):

@@ -56,7 +56,7 @@ pub fn misuse(message: impl Into<String>) -> PyErr {
 pub fn to_py(error: Error) -> PyErr {
     let message = error.to_string();
     match error {
-        Error::PeerLost { rank } => py::PeerLost::new_err((message, rank)),
+        Error::PeerLost { rank, diagnosis } => py::PeerLost::new_err((message, rank, diagnosis)),
         Error::PeerLeft { rank, after } => {
             let (after, after_died) = match after {
                 Some(LeftAfter::Died(cause)) => (Some(cause), true),

@@ -397,6 +397,10 @@ def scenario_peer_lost(session, args):
         time.sleep(0.2)
         error = raises(shmbroker.PeerLost, lambda: session.barrier(timeout=30))
     check(isinstance(error, shmbroker.Error), "PeerLost is an Error")
+    # What rank 2 last published: the barrier it finished before it was killed.
+    check(error.diagnosis and error.diagnosis[0].startswith("rank 2 was in no call (its last, barrier #0"),
+          f"diagnosis {error.diagnosis}")
+    check(error.diagnosis[0] in str(error), str(error))
     say(f"PEERLOST rank {error.rank}: {error}")
     # A collective needs every rank: every later one names rank 2 too. Messages between the
     # survivors go on.

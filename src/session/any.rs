@@ -79,7 +79,10 @@ impl Gone {
     fn error(self, rank: u32) -> Error {
         match self {
             Self::Left(after) => Error::PeerLeft { rank, after },
-            Self::Lost => Error::PeerLost { rank },
+            Self::Lost => Error::PeerLost {
+                rank,
+                diagnosis: Vec::new(),
+            },
             Self::BrokerLost => Error::BrokerLost,
             Self::NeverJoined { after, after_left } => Error::PeerNeverJoined {
                 rank,
@@ -258,7 +261,7 @@ impl Session {
                 Err(error) => {
                     let gone = match error {
                         Error::PeerLeft { rank, after } if rank == peer => Some(Gone::Left(after)),
-                        Error::PeerLost { rank } if rank == peer => Some(Gone::Lost),
+                        Error::PeerLost { rank, .. } if rank == peer => Some(Gone::Lost),
                         Error::BrokerLost => Some(Gone::BrokerLost),
                         Error::PeerNeverJoined {
                             rank,

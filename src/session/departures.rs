@@ -31,12 +31,28 @@ impl Session {
     /// established it. Blocks `peer` owed acknowledgements for are freed: none can arrive any
     /// more.
     pub(super) fn lost_from(&mut self, peer: u32) -> Error {
-        let error = match self.inner.departure(peer) {
+        let mut error = match self.inner.departure(peer) {
             Some(departure) => departure_error(departure),
-            None => Error::PeerLost { rank: peer },
+            None => lost(peer),
         };
+        self.with_last_words(&mut error);
         self.forget_peer(peer);
         error
+    }
+
+    /// Adds to a [`Error::PeerLost`] what the lost rank last published: what it was doing when
+    /// it died (only from a mapping this rank already has: this never waits).
+    fn with_last_words(&mut self, error: &mut Error) {
+        if let Error::PeerLost { rank, diagnosis } = error
+            && diagnosis.is_empty()
+        {
+            let quick = Deadline::new("diagnosis", std::time::Duration::ZERO);
+            if let Ok(outbox) = self.peer_outbox(*rank, &quick) {
+                let now = crate::status::now();
+                let said = crate::status::describe(*rank, &outbox.status(), now);
+                diagnosis.push(said.replacen(" is in ", " was in ", 1));
+            }
+        }
     }
 
     /// [`Self::lost_from`] for a ring with `peer` found closed by a call, which in a collective
@@ -53,7 +69,7 @@ impl Session {
     /// meanwhile (a dying peer may scribble on its way out), its death; otherwise the corruption.
     pub(super) fn corrupted(&self, peer: u32, corruption: Corruption) -> Error {
         match self.inner.departure(peer) {
-            Some(Departure::Lost { rank }) => Error::PeerLost { rank },
+            Some(Departure::Lost { rank }) => lost(rank),
             _ => Error::Corrupted { peer, corruption },
         }
     }
@@ -86,7 +102,9 @@ impl Session {
             self.forget_peer(dead);
         }
         self.close_departed_streams();
-        Error::PeerLost { rank }
+        let mut error = lost(rank);
+        self.with_last_words(&mut error);
+        error
     }
 
     /// Closes, in every inbox, the streams whose collectives are over because a member has
@@ -224,7 +242,7 @@ pub(super) fn handshake_failed(
 ) -> Error {
     match error {
         shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(vec![peer]),
-        shmbroker_handshake::Error::PeerLost { rank, .. } => Error::PeerLost { rank },
+        shmbroker_handshake::Error::PeerLost { rank, .. } => lost(rank),
         shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
         shmbroker_handshake::Error::PeerNeverJoined {
             rank,
@@ -243,7 +261,7 @@ pub(super) fn handshake_failed(
 /// The error for a peer that is gone, as the handshake's watcher established it.
 pub(super) fn departure_error(departure: Departure) -> Error {
     match departure {
-        Departure::Lost { rank } => Error::PeerLost { rank },
+        Departure::Lost { rank } => lost(rank),
         Departure::Left { rank, after } => Error::PeerLeft { rank, after },
         Departure::BrokerLost => Error::BrokerLost,
         Departure::NeverJoined {
@@ -255,5 +273,13 @@ pub(super) fn departure_error(departure: Departure) -> Error {
             after,
             after_left,
         },
+    }
+}
+
+/// [`Error::PeerLost`] naming `rank`, with no diagnosis yet.
+fn lost(rank: u32) -> Error {
+    Error::PeerLost {
+        rank,
+        diagnosis: Vec::new(),
     }
 }

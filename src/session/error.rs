@@ -15,10 +15,19 @@ pub enum Error {
     /// that need it fail naming it, once what it sent before dying has been received; every
     /// collective, pending or later, fails naming the first rank that died (a collective needs
     /// every rank). Point-to-point calls with the ranks still there go on.
-    #[error("peer rank {rank} was lost (its process exited without leaving)")]
+    ///
+    /// Renders as "peer rank 2 was lost (its process exited without leaving): rank 2 was in
+    /// all_reduce #5 for 1.2 s" when what it last published could be read.
+    #[error(
+        "peer rank {rank} was lost (its process exited without leaving){}",
+        lost_text(diagnosis)
+    )]
     PeerLost {
         /// The rank that was lost.
         rank: u32,
+        /// What it was doing when it died, read from what it last published (see "Who is
+        /// where" in the `Session` docs): one sentence, or none when that could not be read.
+        diagnosis: Vec<String>,
     },
     /// A worker this call needs dropped its session (on purpose). Calls that do not need it go on.
     /// Renders as "peer rank 0 left the session after rank 2 died" or "... after timing out
@@ -213,7 +222,7 @@ impl Error {
     #[must_use]
     pub fn rank(&self) -> Option<u32> {
         match self {
-            Self::PeerLost { rank }
+            Self::PeerLost { rank, .. }
             | Self::PeerLeft { rank, .. }
             | Self::PeerNeverJoined { rank, .. }
             | Self::RankOutOfRange { rank, .. } => Some(*rank),
@@ -240,6 +249,14 @@ impl Error {
 
 /// A collective's tag as people read it: "#3" for the world's third collective, "#3 of group
 /// stream 2" for a group's (see `session::groups`).
+fn lost_text(diagnosis: &[String]) -> String {
+    if diagnosis.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", diagnosis.join("; "))
+    }
+}
+
 fn seq_text(tag: u64) -> String {
     let (stream, seq) = (
         super::demux::stream_of(tag),

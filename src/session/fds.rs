@@ -410,7 +410,10 @@ impl Session {
         }
         match error {
             shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
-            shmbroker_handshake::Error::PeerLost { rank, .. } => Error::PeerLost { rank },
+            shmbroker_handshake::Error::PeerLost { rank, .. } => Error::PeerLost {
+                rank,
+                diagnosis: Vec::new(),
+            },
             source => Error::Relay { peer, source },
         }
     }

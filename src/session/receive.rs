@@ -266,7 +266,7 @@ impl Session {
                 {
                     break;
                 }
-                Err(Error::PeerLost { rank }) if rank == peer => break,
+                Err(Error::PeerLost { rank, .. }) if rank == peer => break,
                 Err(other) => return Err(other),
             }
         }

@@ -311,7 +311,7 @@ fn carry_on(session: &mut Session, op: &str) -> String {
 fn named(error: &shmbroker::Error) -> (&'static str, String) {
     use shmbroker::Error as E;
     match error {
-        E::PeerLost { rank } => ("lost", rank.to_string()),
+        E::PeerLost { rank, .. } => ("lost", rank.to_string()),
         // A peer that left because it saw a death: the death is the cause.
         E::PeerLeft {
             after: Some(shmbroker::session::LeftAfter::Died(dead)),
