@@ -435,22 +435,8 @@ pub fn connect(
     logon: LogonFrame,
     timeout: Duration,
 ) -> Result<Connection, Error> {
-    let path = path.as_ref();
     let deadline = deadline_after(timeout);
-    let stream = connect_until(path, deadline).map_err(|e| match e {
-        Retried::GaveUp(last) => Error::Unreachable {
-            path: path.to_path_buf(),
-            timeout,
-            last,
-        },
-        Retried::Failed(Errno::ENOTSOCK) => Error::NotASocket {
-            path: path.to_path_buf(),
-        },
-        Retried::Failed(source) => Error::Connect {
-            path: path.to_path_buf(),
-            source,
-        },
-    })?;
+    let stream = reach(path.as_ref(), deadline, timeout)?;
     log_on(stream, logon, deadline, timeout)
 }
 
@@ -516,22 +502,8 @@ pub fn status(
     path: impl AsRef<Path>,
     timeout: Duration,
 ) -> Result<crate::wire::StatusReport, Error> {
-    let path = path.as_ref();
     let deadline = deadline_after(timeout);
-    let mut stream = connect_until(path, deadline).map_err(|e| match e {
-        Retried::GaveUp(last) => Error::Unreachable {
-            path: path.to_path_buf(),
-            timeout,
-            last,
-        },
-        Retried::Failed(Errno::ENOTSOCK) => Error::NotASocket {
-            path: path.to_path_buf(),
-        },
-        Retried::Failed(source) => Error::Connect {
-            path: path.to_path_buf(),
-            source,
-        },
-    })?;
+    let mut stream = reach(path.as_ref(), deadline, timeout)?;
     let request = crate::wire::status_request();
     let timed_out = |stage| Error::Timeout { stage, timeout };
     // A refusal at accept comes before the request is read; it is read below all the same.
@@ -564,6 +536,25 @@ pub fn status(
         }
     }
     crate::wire::decode_status_reply(&answer)
+}
+
+/// Connects to the broker at `path` by `deadline` (`timeout` from the call's start), with the
+/// error a caller reports.
+fn reach(path: &Path, deadline: Instant, timeout: Duration) -> Result<UnixStream, Error> {
+    connect_until(path, deadline).map_err(|e| match e {
+        Retried::GaveUp(last) => Error::Unreachable {
+            path: path.to_path_buf(),
+            timeout,
+            last,
+        },
+        Retried::Failed(Errno::ENOTSOCK) => Error::NotASocket {
+            path: path.to_path_buf(),
+        },
+        Retried::Failed(source) => Error::Connect {
+            path: path.to_path_buf(),
+            source,
+        },
+    })
 }
 
 /// Why connecting stopped.
