@@ -305,7 +305,7 @@ fn a_worker_on_an_inherited_socket_is_seen_dying_though_the_process_that_connect
 }
 
 #[test]
-fn a_late_worker_of_a_job_that_already_ended_is_refused_at_once() {
+fn a_worker_of_a_job_that_already_ended_or_of_another_job_is_refused_at_once() {
     use shmbroker::handshake::Event;
     let dir = TempDir::new("job-ended").unwrap();
     let socket = dir.join("broker.sock");
@@ -352,7 +352,17 @@ fn a_late_worker_of_a_job_that_already_ended_is_refused_at_once() {
     // Another job's worker is welcome.
     let mut other = worker("1", "b");
     wait_for(&|e| matches!(e, Event::LoggedOn { rank: 1, .. }));
+    // While job "b" runs, a worker of job "c" is refused at once rather than taken as its rank
+    // 0, which "b" is waiting for.
+    let (ok, _, stderr) = finish(worker("0", "c"));
+    assert!(!ok);
+    assert!(stderr.contains("OtherJob"), "{stderr}");
+    assert!(stderr.contains("this worker is of job"), "{stderr}");
+    // Its own rank 0 still gets in.
+    let mut own = worker("0", "b");
+    wait_for(&|e| matches!(e, Event::LoggedOn { rank: 0, .. }));
     other.kill();
+    own.kill();
     stop.stop();
     broker.join().unwrap().unwrap();
 }

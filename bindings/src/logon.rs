@@ -208,6 +208,9 @@ pub enum RejectReason {
     Internal = 11,
     /// A worker of this session died; the session is over.
     SessionLost = 12,
+    /// The worker belongs to another job than the one the broker serves now (their
+    /// [`LogonFrame::job`] ids differ).
+    OtherJob = 13,
 }
 
 impl RejectReason {
@@ -227,6 +230,7 @@ impl RejectReason {
             10 => Self::BadPadding,
             11 => Self::Internal,
             12 => Self::SessionLost,
+            13 => Self::OtherJob,
             _ => return None,
         })
     }

@@ -30,6 +30,65 @@ pub fn getfd(pidfd: BorrowedFd<'_>, fd: RawFd) -> io::Result<OwnedFd> {
     owned(fd)
 }
 
+/// Who a pidfd names, from `/proc/self/fdinfo`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Named {
+    /// A process: its pid in each PID namespace from the one of this process's `/proc` down to
+    /// its own (the `NSpid:` line; one entry where namespaces are not nested). The first is the
+    /// number this process would use, the last the one the process itself sees from `getpid`.
+    Process(Vec<i32>),
+    /// A process in a PID namespace this `/proc` cannot see into (a sibling container's): the
+    /// kernel shows its pid as 0. The pidfd still names it, and shows its exit.
+    Elsewhere,
+    /// A process that has exited and been reaped (`Pid: -1`).
+    Reaped,
+}
+
+/// What `fd` names if it is a pidfd (`None`: not a pidfd, or no `/proc` to ask).
+#[must_use]
+pub fn named(fd: BorrowedFd<'_>) -> Option<Named> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map(|value| {
+                value
+                    .split_whitespace()
+                    .map(str::parse::<i32>)
+                    .collect::<Result<Vec<_>, _>>()
+            })
+    };
+    let pid = field("Pid:")?.ok()?;
+    Some(match pid.as_slice() {
+        [-1] => Named::Reaped,
+        [0] => Named::Elsewhere,
+        [_] => match field("NSpid:") {
+            Some(Ok(nspid)) if !nspid.is_empty() => Named::Process(nspid),
+            _ => Named::Process(pid),
+        },
+        _ => return None,
+    })
+}
+
+/// Whether process `pid` (a number in this process's PID namespace, as `SO_PEERCRED` gives it;
+/// 0 for a process this namespace cannot see) is in this process's PID namespace: then pid
+/// numbers it reports mean the same here. `false` when that cannot be read.
+#[must_use]
+pub fn same_pid_namespace(pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if pid <= 0 {
+        return false;
+    }
+    let inode = |path: String| std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
+    match (
+        inode("/proc/self/ns/pid".into()),
+        inode(format!("/proc/{pid}/ns/pid")),
+    ) {
+        (Some(mine), Some(theirs)) => mine == theirs,
+        _ => false,
+    }
+}
+
 /// The fd a system call returned, owned; or its error.
 fn owned(fd: libc::c_long) -> io::Result<OwnedFd> {
     if fd < 0 {

@@ -64,6 +64,20 @@ impl Listener {
                 events,
             );
         }
+        // A worker of another job than the one served now: taking it would give that job a
+        // stranger as one of its ranks (both ids must be known; a launcher that gives none
+        // claims nothing).
+        if let Some(current) = self.job_id
+            && frame.job != 0
+            && frame.job != current
+        {
+            let text = format!(
+                "this broker serves job {current:#x}, and this worker is of job {:#x}; the next \
+                 job starts once every worker of this one is gone",
+                frame.job
+            );
+            return self.refuse(&pending.stream, RejectReason::OtherJob, who, text, events);
+        }
         let rank = if frame.requested_rank == ANY_RANK {
             match self.workers.iter().position(Option::is_none) {
                 Some(rank) => rank as u32,

@@ -29,8 +29,14 @@ impl Watcher {
             EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
                 .map_err(Error::sys("eventfd"))?,
         );
+        // The broker's pid numbers mean the same here only in its PID namespace (see
+        // `check_pidfd`); a broker outside this one shows as pid 0.
+        let broker =
+            nix::sys::socket::getsockopt(&socket, nix::sys::socket::sockopt::PeerCredentials)
+                .map_or(0, |credentials| credentials.pid());
         let reader = Reader {
             shared,
+            broker_in_my_namespace: shmbroker_sys::pidfd::same_pid_namespace(broker),
             socket,
             world_size,
             frame: Vec::with_capacity(size_of::<WorkerNotice>()),
@@ -60,6 +66,8 @@ impl Drop for Watcher {
 /// The watcher thread's state: the socket and the part of a notice read so far.
 struct Reader {
     shared: Arc<Shared>,
+    /// Whether the broker is in this process's PID namespace.
+    broker_in_my_namespace: bool,
     socket: UnixStream,
     world_size: u32,
     frame: Vec<u8>,
@@ -188,7 +196,11 @@ impl Reader {
     /// checked that one came exactly when the kind carries one).
     fn file(&self, notice: BrokerNotice, fd: Option<OwnedFd>) -> Result<(), ProtocolError> {
         if let (NoticeKind::Peer, Some(pidfd)) = (notice.kind, &fd) {
-            check_pidfd(pidfd.as_fd(), notice.token as i32)?;
+            check_pidfd(
+                pidfd.as_fd(),
+                notice.token as i32,
+                self.broker_in_my_namespace,
+            )?;
         }
         let mut inbox = self.shared.lock();
         let key = (notice.peer, notice.token);
@@ -234,23 +246,25 @@ impl Reader {
     }
 }
 
-/// Checks that an fd the broker says is a pidfd of `pid` is one (its `/proc/self/fdinfo` has a
-/// `Pid:` line naming `pid`, or -1 for a process that has already been reaped): anything else
-/// could never become readable, and the watcher would miss that death.
-fn check_pidfd(fd: BorrowedFd<'_>, pid: i32) -> Result<(), ProtocolError> {
+/// Checks that an fd the broker says is a pidfd of `pid` (a pid in the broker's PID namespace)
+/// is one: anything else could never become readable, and the watcher would miss that death.
+/// Where this process sees the same pid numbers as the broker, the pidfd must name `pid` (or a
+/// process already reaped); across PID namespaces (containers) the numbers differ or are not
+/// visible at all, and the pidfd itself is what names the process.
+fn check_pidfd(
+    fd: BorrowedFd<'_>,
+    pid: i32,
+    broker_in_my_namespace: bool,
+) -> Result<(), ProtocolError> {
+    use shmbroker_sys::pidfd::{Named, named};
     use std::os::fd::AsRawFd;
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
-        .unwrap_or_default();
-    let named = info
-        .lines()
-        .find_map(|line| line.strip_prefix("Pid:"))
-        .and_then(|value| value.trim().parse::<i64>().ok());
-    match named {
-        Some(found) if found == i64::from(pid) || found == -1 => Ok(()),
-        Some(found) => Err(ProtocolError::Field {
+    match named(fd) {
+        Some(Named::Reaped | Named::Elsewhere) => Ok(()),
+        Some(Named::Process(pids)) if pids.contains(&pid) || !broker_in_my_namespace => Ok(()),
+        Some(Named::Process(pids)) => Err(ProtocolError::Field {
             field: "peer notice pidfd's process",
             expected: format!("process {pid}"),
-            found: found as u64,
+            found: pids.first().copied().unwrap_or(0) as u64,
         }),
         None => Err(ProtocolError::Field {
             field: "peer notice fd",
