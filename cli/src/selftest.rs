@@ -11,7 +11,8 @@ pub enum Only {
     #[value(name = "all_gather")]
     AllGather,
     Fds,
-    /// Every operation at every size of [`SIZES`] up to `--max-bytes`, every root.
+    /// Every operation at every size of [`SIZES`] up to `--max-bytes`, every root (the all-reduce
+    /// to 4 MiB).
     Sizes,
     /// Ranks other than 0 send back every message rank 0 sends them, `--repeat` times.
     Echo,
@@ -20,6 +21,9 @@ pub enum Only {
 /// The sizes `--only sizes` checks: around the inline slot (48), around the eager limit (4 KiB),
 /// one and many chunks.
 pub const SIZES: [usize; 9] = [0, 1, 47, 48, 49, 4096, 4097, 1 << 20, 64 << 20];
+
+/// The largest all-reduce `--only sizes` checks.
+const ALL_REDUCE_MAX: usize = 4 << 20;
 
 /// A sealed memfd holding `bytes`.
 pub fn memfd_with(bytes: &[u8]) -> Result<std::os::fd::OwnedFd, String> {
@@ -218,6 +222,31 @@ fn every_operation_at(session: &mut Session, i: u64, len: usize) -> Result<u64, 
         check("all_gather_into", peer, part, &pattern(peer, i, len))?;
     }
     drop(flat);
+    // Every rank's bytes summed (wrapping), element by element, to 4 MiB (`tests/reductions.rs`
+    // has 64 MiB; a test build combines 64 MiB of bytes slowly). Every pattern repeats every
+    // 251 bytes, and so does the sum.
+    if len <= ALL_REDUCE_MAX {
+        let mut sum = mine.clone();
+        session
+            .all_reduce(&mut sum, shmbroker::ReduceOp::Sum)
+            .map_err(|e| fail("all_reduce", e))?;
+        let mut period = vec![0u8; len.min(251)];
+        for peer in 0..world {
+            for (total, byte) in period.iter_mut().zip(pattern(peer, i, len)) {
+                *total = total.wrapping_add(byte);
+            }
+        }
+        let mut want = period.repeat(len / 251 + 1);
+        want.truncate(len);
+        if sum != want {
+            let at = sum.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(format!(
+                "all_reduce of {len} bytes: byte {at} is {}, the sum of every rank's is {}",
+                sum[at], want[at]
+            ));
+        }
+        checks += 1;
+    }
     checks += 2;
     for root in 0..world {
         let theirs = pattern(root, i, len);
