@@ -264,6 +264,18 @@ impl Connection {
         )
     }
 
+    /// The pid `peer`'s process sees itself as (`getpid`, in its own PID namespace), once the
+    /// broker has passed its process on ([`Self::peer_process`]) and if this process can see
+    /// into that namespace; `None` otherwise (a sibling container's process). Never waits.
+    #[must_use]
+    pub fn peer_own_pid(&self, peer: u32) -> Option<i32> {
+        self.shared
+            .lock()
+            .peers
+            .get(&peer)
+            .and_then(|process| process.own_pid)
+    }
+
     /// Sends one notice (with an fd, or none) to the broker, waiting up to `timeout` for room.
     fn send_notice(
         &mut self,

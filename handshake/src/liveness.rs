@@ -161,6 +161,9 @@ const _: () = assert!(crate::wire::MAX_WORLD_SIZE <= 64);
 pub(crate) struct PeerProcess {
     pub pid: i32,
     pub pidfd: Arc<OwnedFd>,
+    /// The pid it sees itself as (`getpid` in its own PID namespace), when this process can
+    /// see it (read once, from the pidfd's `NSpid`).
+    pub own_pid: Option<i32>,
 }
 
 /// What the broker sent, filed for the session's thread.

@@ -21,7 +21,6 @@
 use super::demux::message;
 use super::{Deadline, Error, Session, departure_error, handshake_failed};
 use shmbroker_bindings::{FdTicket, INLINE_BYTES, kind};
-use shmbroker_sys::pidfd::{Named, named};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
@@ -267,18 +266,15 @@ impl Session {
             // namespace): the last of the pidfd's `NSpid` numbers. A process in a namespace
             // this one cannot see into (a sibling container) shows no number; its pidfd still
             // names it, and the import reads the fd through that pidfd alone.
-            if let Some(Named::Process(pids)) = named(pidfd.as_fd())
-                && pids
-                    .last()
-                    .is_some_and(|&own| i64::from(own) != i64::from(ticket.pid))
+            if let Some(own) = self.inner.peer_own_pid(exporter)
+                && i64::from(own) != i64::from(ticket.pid)
             {
                 return Err(Error::Protocol {
                     peer: exporter,
                     detail: format!(
-                        "fd ticket names pid {}; rank {exporter} logged on as pid {pid} (pid {} \
-                         in its own PID namespace)",
-                        ticket.pid,
-                        pids.last().copied().unwrap_or_default()
+                        "fd ticket names pid {}; rank {exporter} logged on as pid {pid} (pid \
+                         {own} in its own PID namespace)",
+                        ticket.pid
                     ),
                 });
             }

@@ -195,20 +195,28 @@ impl Reader {
     /// Files one decoded notice from the broker with the fd that came with it (the decoder
     /// checked that one came exactly when the kind carries one).
     fn file(&self, notice: BrokerNotice, fd: Option<OwnedFd>) -> Result<(), ProtocolError> {
-        if let (NoticeKind::Peer, Some(pidfd)) = (notice.kind, &fd) {
-            check_pidfd(
+        let own_pid = match (notice.kind, &fd) {
+            (NoticeKind::Peer, Some(pidfd)) => check_pidfd(
                 pidfd.as_fd(),
                 notice.token as i32,
                 self.broker_in_my_namespace,
-            )?;
-        }
+            )?,
+            _ => None,
+        };
         let mut inbox = self.shared.lock();
         let key = (notice.peer, notice.token);
         match (notice.kind, fd) {
             (NoticeKind::Peer, Some(pidfd)) => {
                 let pid = notice.token as i32;
                 let pidfd = Arc::new(pidfd);
-                inbox.peers.insert(notice.peer, PeerProcess { pid, pidfd });
+                inbox.peers.insert(
+                    notice.peer,
+                    PeerProcess {
+                        pid,
+                        pidfd,
+                        own_pid,
+                    },
+                );
             }
             (NoticeKind::PeerOutbox, Some(fd)) => {
                 inbox.outboxes.insert(notice.peer, fd);
@@ -250,17 +258,20 @@ impl Reader {
 /// is one: anything else could never become readable, and the watcher would miss that death.
 /// Where this process sees the same pid numbers as the broker, the pidfd must name `pid` (or a
 /// process already reaped); across PID namespaces (containers) the numbers differ or are not
-/// visible at all, and the pidfd itself is what names the process.
+/// visible at all, and the pidfd itself is what names the process. Returns the pid the process
+/// sees itself as (its own namespace's, the last of the pidfd's `NSpid`), when it can be seen.
 fn check_pidfd(
     fd: BorrowedFd<'_>,
     pid: i32,
     broker_in_my_namespace: bool,
-) -> Result<(), ProtocolError> {
+) -> Result<Option<i32>, ProtocolError> {
     use shmbroker_sys::pidfd::{Named, named};
     use std::os::fd::AsRawFd;
     match named(fd) {
-        Some(Named::Reaped | Named::Elsewhere) => Ok(()),
-        Some(Named::Process(pids)) if pids.contains(&pid) || !broker_in_my_namespace => Ok(()),
+        Some(Named::Reaped | Named::Elsewhere) => Ok(None),
+        Some(Named::Process(pids)) if pids.contains(&pid) || !broker_in_my_namespace => {
+            Ok(pids.last().copied())
+        }
         Some(Named::Process(pids)) => Err(ProtocolError::Field {
             field: "peer notice pidfd's process",
             expected: format!("process {pid}"),
