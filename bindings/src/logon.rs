@@ -18,7 +18,7 @@ pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"SHMBRPLY");
 /// 3: the broker passes every worker a pidfd of every peer ([`NoticeKind::Peer`]), answers every
 /// relay ([`NoticeKind::RelayDelivered`] or a refusal), and workers say which relayed fds they
 /// took ([`NoticeKind::Claimed`]).
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// `requested_rank` meaning "any free rank".
 pub const ANY_RANK: u32 = u32::MAX;
 /// `peer` in a notice that concerns no other rank.

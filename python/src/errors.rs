@@ -6,7 +6,7 @@
 //!
 //! | Rust error | Python exception |
 //! |---|---|
-//! | `PeerLost { rank }`, a logon or fd relay that saw a peer die | `PeerLost` (`.rank`) |
+//! | `PeerLost { rank, diagnosis }`, a logon or fd relay that saw a peer die | `PeerLost` (`.rank`, `.diagnosis`) |
 //! | `PeerLeft { rank, after }` | `PeerLeft` (`.rank`, `.after`, `.after_died`) |
 //! | `PeerNeverJoined { rank, after, after_left }`, a logon or fd relay that waited for it | `PeerNeverJoined` (`.rank`, `.after`, `.after_left`) |
 //! | `Timeout { op, waiting_for, timeout, diagnosis }` | `Timeout` (`.op`, `.waiting_for`, `.timeout`, `.diagnosis`) |

@@ -41,7 +41,8 @@ impl Session {
     }
 
     /// Adds to a [`Error::PeerLost`] what the lost rank last published: what it was doing when
-    /// it died (only from a mapping this rank already has: this never waits).
+    /// it died, with ages as of now (from its outbox, mapped now if its fd has arrived: this
+    /// never waits).
     fn with_last_words(&mut self, error: &mut Error) {
         if let Error::PeerLost { rank, diagnosis } = error
             && diagnosis.is_empty()

@@ -247,8 +247,7 @@ impl Error {
     }
 }
 
-/// A collective's tag as people read it: "#3" for the world's third collective, "#3 of group
-/// stream 2" for a group's (see `session::groups`).
+/// What a [`Error::PeerLost`] adds to its message: ": " and its diagnosis, if it has one.
 fn lost_text(diagnosis: &[String]) -> String {
     if diagnosis.is_empty() {
         String::new()
@@ -257,6 +256,8 @@ fn lost_text(diagnosis: &[String]) -> String {
     }
 }
 
+/// A collective's tag as people read it: "#3" for the world's third collective, "#3 of group
+/// stream 2" for a group's (see `session::groups`).
 fn seq_text(tag: u64) -> String {
     let (stream, seq) = (
         super::demux::stream_of(tag),

@@ -13,7 +13,9 @@
 //!   moves once into an outbox and once out of one, with no staging copy of what peers read. A
 //!   reduce-scatter is the first shot alone; a reduce sends the results to the root only. Data
 //!   larger than [`PIECE_MAX_BYTES`] goes piece by piece, so that pieces stay in cache between
-//!   the owner's copy and the peers' reads, and any size fits the outbox.
+//!   the owner's copy and the peers' reads, and any size fits the outbox (an outbox under four
+//!   pieces makes its pieces a quarter of its size; the ranks' outboxes must then be the same
+//!   size).
 //!
 //! Both are deterministic: every result slice is combined by one rank in rank order and copied
 //! bit for bit by the others (see [`crate::reduce`]).
@@ -426,7 +428,7 @@ impl Session {
         // to back, so that any input goes through the outbox.
         let rank = self.me() as usize;
         let len = output.len();
-        let pieces = size_of_val(input).div_ceil(PIECE_MAX_BYTES);
+        let pieces = size_of_val(input).div_ceil(self.piece_bytes());
         for piece in 0..pieces {
             let range = slice_of(len, pieces, piece);
             let parts: Vec<&[T]> = (0..world)
@@ -532,9 +534,9 @@ impl Session {
             }
             return Ok(());
         }
-        // Pieces of about equal length, each at most `PIECE_MAX_BYTES` (and, as the data is
+        // Pieces of about equal length, each at most `piece_bytes` (and, as the data is
         // larger than one shot takes, each with elements for every rank).
-        let pieces = size_of_val(data).div_ceil(PIECE_MAX_BYTES);
+        let pieces = size_of_val(data).div_ceil(self.piece_bytes());
         let len = data.len();
         let mut rest = data;
         for piece in 0..pieces {
@@ -544,6 +546,14 @@ impl Session {
             self.two_shots(op, results, this, combiner, deadline)?;
         }
         Ok(())
+    }
+
+    /// The most bytes one piece of a large reduction lends: [`PIECE_MAX_BYTES`], or a quarter of
+    /// an outbox smaller than four of them (a piece, its result slice and the previous piece's
+    /// blocks not yet given back must fit together). Every rank of a reduction must then have
+    /// the same outbox size, or their pieces differ and the call fails naming the rank.
+    fn piece_bytes(&self) -> usize {
+        PIECE_MAX_BYTES.min(self.max_loan_bytes() / 4).max(64)
     }
 
     /// One piece of a two-shot reduction.

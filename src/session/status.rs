@@ -277,7 +277,8 @@ impl Session {
         let other = |(at, in_group, of_kind): (usize, usize, usize)| {
             (theirs[at] == seq && theirs[in_group] == group && theirs[of_kind] != kind)
                 .then_some(theirs[of_kind])
-                .filter(|&found| u32::try_from(found).is_ok())
+                // 0: a peer that publishes no kind (never a collective's).
+                .filter(|&found| found != 0 && u32::try_from(found).is_ok())
         };
         let now_or_last = in_call
             .then(|| other((w::SEQ, w::GROUP_PEER, w::KIND)))

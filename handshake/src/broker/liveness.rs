@@ -96,6 +96,8 @@ impl Listener {
             return;
         }
         let workers = self.workers.iter().flatten().count() as u32;
+        // A status answer kept from this job must not be given about the next one.
+        self.status_answer = None;
         let event = Event::JobEnded {
             job: self.jobs,
             workers,

@@ -342,6 +342,11 @@ pub struct Listener {
     /// Log lines about logons and departures, by uid: a process logging on and off in a loop
     /// must not fill the log either.
     comings: HashMap<u32, RateLimit>,
+    /// The last status answer built, and when (see `status`); and the log budget of status
+    /// requests, their own, so that a status client in a loop never uses up the one that
+    /// reports deaths.
+    status_answer: Option<(Instant, Vec<u8>)>,
+    status_log: RateLimit,
     /// After `accept` failed for want of fds or memory, the listening socket stays readable;
     /// it is left out of the poll until this instant instead of spinning on it.
     accept_paused_until: Option<Instant>,
@@ -474,6 +479,8 @@ impl Listener {
             ended: VecDeque::new(),
             rejections: HashMap::new(),
             comings: HashMap::new(),
+            status_answer: None,
+            status_log: RateLimit::default(),
             accept_paused_until: None,
         })
     }

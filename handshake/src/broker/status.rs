@@ -6,7 +6,10 @@
 //! every ring (counted through the broker's own fd of it, claiming no end). All of it is what the
 //! ranks wrote, copied and passed on as found: the client validates it. The broker writes the
 //! reply once, without waiting: a client that has not room for it gets a short reply, and the
-//! job is never held up by a status client.
+//! job is never held up by a status client. Building an answer maps every ring and outbox
+//! (milliseconds for a large world), so an answer is kept for [`STATUS_FRESH`] and given again
+//! to whoever asks meanwhile: clients polling in a loop cost the broker a bounded share of its
+//! time, whatever their number.
 
 use super::{Listener, Pending};
 use shmbroker_allocator::PeerOutbox;
@@ -16,10 +19,36 @@ use shmbroker_bindings::{
 };
 use std::io::Write;
 use std::os::fd::AsFd;
+use std::time::Duration;
+
+/// How long a status answer is given again instead of built anew.
+pub(super) const STATUS_FRESH: Duration = Duration::from_millis(100);
 
 impl Listener {
     /// Answers a status request from `pending` (its uid was checked at accept) and closes it.
     pub(super) fn answer_status(&mut self, mut pending: Pending) {
+        let now = std::time::Instant::now();
+        let (built, reply) = match self.status_answer.take() {
+            Some((built, reply)) if now.duration_since(built) < STATUS_FRESH => (built, reply),
+            _ => (now, self.build_status()),
+        };
+        // The socket is non-blocking: what does not fit now is not sent.
+        let sent = pending.stream.write(&reply).unwrap_or(0);
+        if let Some(suppressed) = self.status_log.allow(now) {
+            tracing::debug!(
+                pid = pending.pid,
+                uid = pending.uid,
+                sent,
+                len = reply.len(),
+                suppressed,
+                "answered a status request"
+            );
+        }
+        self.status_answer = Some((built, reply));
+    }
+
+    /// A fresh answer: the header and every rank's record.
+    fn build_status(&self) -> Vec<u8> {
         let world = self.config.world_size;
         let header = StatusReplyHeader {
             magic: STATUS_REPLY_MAGIC,
@@ -36,18 +65,7 @@ impl Listener {
         for rank in 0..world {
             reply.extend_from_slice(bytemuck::bytes_of(&self.rank_status(rank)));
         }
-        // The socket is non-blocking: what does not fit now is not sent.
-        let sent = pending.stream.write(&reply).unwrap_or(0);
-        if let Some(suppressed) = self.allow_coming(pending.uid) {
-            tracing::debug!(
-                pid = pending.pid,
-                uid = pending.uid,
-                sent,
-                len = reply.len(),
-                suppressed,
-                "answered a status request"
-            );
-        }
+        reply
     }
 
     /// What the broker knows of `rank`, and what it publishes.

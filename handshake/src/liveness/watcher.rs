@@ -269,7 +269,8 @@ fn check_pidfd(
     use std::os::fd::AsRawFd;
     match named(fd) {
         Some(Named::Reaped | Named::Elsewhere) => Ok(None),
-        Some(Named::Process(pids)) if pids.contains(&pid) || !broker_in_my_namespace => {
+        // The first number is this namespace's, the broker's when it shares it.
+        Some(Named::Process(pids)) if pids.first() == Some(&pid) || !broker_in_my_namespace => {
             Ok(pids.last().copied())
         }
         Some(Named::Process(pids)) => Err(ProtocolError::Field {
