@@ -1223,3 +1223,48 @@ fn log_events_reach_the_callback_with_its_user_pointer_until_it_is_switched_off(
             .any(|(_, _, _, message)| message.contains("after the log was switched off"))
     );
 }
+
+#[test]
+fn mismatched_collectives_fail_at_once_naming_both_calls() {
+    // No deadline: rank 0 in a broadcast from rank 1 and rank 1 gathering at itself each wait
+    // for the other, until each sees what the other published.
+    let (_dir, sessions) = world_with_timeout(2, SHMBROKER_TIMEOUT_FOREVER);
+    let (zero, one) = (sessions[0], sessions[1]);
+    let seen = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let seen_by_one = std::sync::Arc::clone(&seen);
+    let gatherer = std::thread::spawn(move || {
+        let s = one as *mut shmbroker_session;
+        let mut out = [0u8; 8];
+        // SAFETY: rank 1's session, used by this thread alone; 4 readable and 8 writable bytes.
+        let rc =
+            unsafe { shmbroker_gather(s, 1, b"mine".as_ptr().cast(), 4, out.as_mut_ptr().cast()) };
+        let said = (rc, shmbroker_last_error_rank(), last_error());
+        // Both stay in no other call until both have seen it.
+        seen_by_one.wait();
+        said
+    });
+    let s = zero as *mut shmbroker_session;
+    let mut buffer = [0u8; 4];
+    let started = std::time::Instant::now();
+    // SAFETY: rank 0's session, used by this thread alone; 4 writable bytes.
+    let rc = unsafe { shmbroker_broadcast(s, 1, buffer.as_mut_ptr().cast(), 4) };
+    assert_eq!(rc, SHMBROKER_E_PROTOCOL, "{}", last_error());
+    assert_eq!(shmbroker_last_error_rank(), 1);
+    assert!(
+        last_error().contains("rank 1 called gather #0 while this rank called broadcast #0"),
+        "{}",
+        last_error()
+    );
+    seen.wait();
+    let (rc, rank, text) = gatherer.join().unwrap();
+    assert_eq!((rc, rank), (SHMBROKER_E_PROTOCOL, 0), "{text}");
+    assert!(
+        text.contains("rank 0 called broadcast #0 while this rank called gather #0"),
+        "{text}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+    for s in sessions {
+        // SAFETY: live sessions, closed once, by this thread alone now.
+        assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
+    }
+}

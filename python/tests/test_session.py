@@ -168,6 +168,13 @@ def test_status_says_who_is_where():
     assert "[0] STATUS barrier #1 running" in job.stdout, describe(job)
 
 
+def test_mismatched_collectives_fail_at_once_naming_both_calls(tmp_path):
+    job = run_scenario(2, "mismatch", str(tmp_path))
+    assert_ok(job, 2, "mismatch")
+    assert "[0] MISMATCH rank 1 called gather #1 while this rank called broadcast #1" in job.stdout
+    assert "[1] MISMATCH rank 0 called broadcast #1 while this rank called gather #1" in job.stdout
+
+
 def test_a_wait_with_no_deadline_has_a_watchdog():
     job = run_scenario(2, "watchdog", env={"SHMBROKER_WARN_AFTER": "0.5"})
     assert_ok(job, 2, "watchdog")

@@ -849,6 +849,26 @@ def scenario_status(session, _):
     session.barrier()
 
 
+def scenario_mismatch(session, args):
+    """Rank 0 calls broadcast (root 1) and rank 1 gather (root 1), with no deadline: each waits
+    for the other, and both raise ProtocolError naming both calls well before any deadline."""
+    session.barrier()
+    started = time.monotonic()
+    if session.rank == 0:
+        error = raises(shmbroker.ProtocolError, lambda: session.broadcast(1, timeout=None))
+        expected = "rank 1 called gather #1 while this rank called broadcast #1"
+    else:
+        error = raises(shmbroker.ProtocolError, lambda: session.gather(1, b"mine", timeout=None))
+        expected = "rank 0 called broadcast #1 while this rank called gather #1"
+    check(str(error) == expected and error.rank == 1 - session.rank, f"{error!r}")
+    check(time.monotonic() - started < 20, "seen long after it happened")
+    say(f"MISMATCH {error}")
+    # Stay, making no other call, until both have seen it (see the guide's liveness chapter).
+    mine, other = (os.path.join(args[0], f"seen-{r}") for r in (session.rank, 1 - session.rank))
+    open(mine, "w").close()
+    wait_for_file(other, "the other rank saw it")
+
+
 def scenario_watchdog(session, _):
     """A wait with no deadline (SHMBROKER_WARN_AFTER=0.5): rank 0 waits in recv from rank 1,
     which sleeps 2.3 s first; the watchdog warns at 0.5, 1 and 2 s with what rank 1 is doing,
