@@ -169,8 +169,8 @@ def test_status_says_who_is_where():
 
 
 def test_mismatched_collectives_fail_at_once_naming_both_calls(tmp_path):
-    job = run_scenario(2, "mismatch", str(tmp_path))
-    assert_ok(job, 2, "mismatch")
+    job = run_scenario(2, "mismatch_waiting", str(tmp_path))
+    assert_ok(job, 2, "mismatch_waiting")
     assert "[0] MISMATCH rank 1 called gather #1 while this rank called broadcast #1" in job.stdout
     assert "[1] MISMATCH rank 0 called broadcast #1 while this rank called gather #1" in job.stdout
 

@@ -849,7 +849,7 @@ def scenario_status(session, _):
     session.barrier()
 
 
-def scenario_mismatch(session, args):
+def scenario_mismatch_waiting(session, args):
     """Rank 0 calls broadcast (root 1) and rank 1 gather (root 1), with no deadline: each waits
     for the other, and both raise ProtocolError naming both calls well before any deadline."""
     session.barrier()
