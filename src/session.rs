@@ -95,6 +95,7 @@ mod p2p;
 mod peer;
 mod receive;
 mod reductions;
+mod rejoin;
 mod rooted;
 mod send;
 mod split;
@@ -183,6 +184,11 @@ pub struct Session {
     waiting: Waiting,
     /// Receiving from any peer: the readiness eventfd's state and the round-robin position.
     any: any::Readiness,
+    /// Dead ranks' replacements this session has taken on (1 from the start for a process that
+    /// is itself a replacement), and per rank the count when it was last taken on (see
+    /// `rejoin`).
+    adoptions: u64,
+    adopted_at: Vec<u64>,
     /// The broker this worker hosts (local rank 0 under a launcher). Last, so that it stops
     /// only after this session has said goodbye to it.
     embedded: Option<EmbeddedBroker>,
@@ -551,8 +557,16 @@ impl Session {
             cpus,
             waiting,
             any: any::Readiness::new(world),
+            adoptions: 0,
+            adopted_at: vec![0; world],
             embedded: None,
         };
+        // A replacement's world is over from the start (see `rejoin`).
+        if session.inner.rejoins() > 0 {
+            session.adoptions = 1;
+            let me = session.rank() as usize;
+            session.adopted_at[me] = 1;
+        }
         session.set_waiting(waiting);
         Ok(session)
     }
@@ -763,10 +777,18 @@ impl Session {
     /// The tag of the next collective of the current team: its stream and its sequence number
     /// (see `groups`). `kind` is the message kind of the collective, published with its number so that a
     /// peer waiting in a collective of another kind at the same number sees the mismatch.
-    fn next_seq(&mut self, kind: u32) -> u64 {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PeerLost`] when a member was replaced after the team was formed: its
+    /// collectives are over (see `rejoin`), and nothing is sent.
+    fn next_seq(&mut self, kind: u32) -> Result<u64, Error> {
+        if let Some(rank) = self.team_replaced() {
+            return Err(self.replaced_error(rank));
+        }
         let (stream, seq) = (self.team.stream(), self.team.seq());
         self.publisher.collective(stream, seq, kind);
-        self.team.next_tag()
+        Ok(self.team.next_tag())
     }
 }
 

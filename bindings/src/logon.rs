@@ -18,7 +18,8 @@ pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"SHMBRPLY");
 /// 3: the broker passes every worker a pidfd of every peer ([`NoticeKind::Peer`]), answers every
 /// relay ([`NoticeKind::RelayDelivered`] or a refusal), and workers say which relayed fds they
 /// took ([`NoticeKind::Claimed`]).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: a dead rank's replacement may rejoin ([`ReplyHeader::rejoins`], the `Rejoin*` notices).
+pub const PROTOCOL_VERSION: u32 = 6;
 /// `requested_rank` meaning "any free rank".
 pub const ANY_RANK: u32 = u32::MAX;
 /// `peer` in a notice that concerns no other rank.
@@ -93,8 +94,11 @@ pub struct ReplyHeader {
     pub fd_count: u32,
     /// Slots in every ring.
     pub ring_capacity: u32,
+    /// How many processes held this rank before this one in the job (accepted replies): 0 for
+    /// the first, `n` for the `n`th replacement of a rank that died (a rejoin).
+    pub rejoins: u32,
     /// Reserved; must be zero.
-    pub _pad1: u64,
+    pub _pad1: u32,
     /// Why, for rejections: UTF-8 text, zero-padded.
     pub reason: [u8; REASON_LEN],
 }
@@ -211,7 +215,18 @@ pub enum RejectReason {
     /// The worker belongs to another job than the one the broker serves now (their
     /// [`LogonFrame::job`] ids differ).
     OtherJob = 13,
+    /// A rejoin asked for a rank that left on purpose: only a rank that died is replaced.
+    RankLeft = 14,
+    /// A rejoin named no job, or a job whose id the broker does not know: a rejoin must name the
+    /// job it rejoins ([`LogonFrame::job`]).
+    JobUnnamed = 15,
+    /// The rank has been replaced as many times as a job allows ([`MAX_REJOINS`]).
+    RejoinsExhausted = 16,
 }
+
+/// How many times one rank may be replaced in one job: each replacement costs every survivor a
+/// new pair of rings and a little memory until its session ends.
+pub const MAX_REJOINS: u32 = 1000;
 
 impl RejectReason {
     /// The reason for a wire code, if it is one.
@@ -231,6 +246,9 @@ impl RejectReason {
             11 => Self::Internal,
             12 => Self::SessionLost,
             13 => Self::OtherJob,
+            14 => Self::RankLeft,
+            15 => Self::JobUnnamed,
+            16 => Self::RejoinsExhausted,
             _ => return None,
         })
     }
@@ -320,6 +338,21 @@ pub enum NoticeKind {
     /// it said goodbye first (it left) or clear (it died). Workers close their rings to `peer`,
     /// so that nothing waits for a rank that will never come.
     NeverJoins = 13,
+    /// Broker to worker: rank `peer` died and a new process rejoined in its place; the attached
+    /// fd is the fresh ring from this worker to it (this worker produces). `token` is how many
+    /// times `peer` has been replaced in this job. The first of four notices of one rejoin,
+    /// always sent together and in this order: this, [`Self::RejoinRingFrom`],
+    /// [`Self::RejoinReadiness`], [`Self::Rejoined`].
+    RejoinRingTo = 14,
+    /// Broker to worker: the fresh ring from the rejoined rank `peer` to this worker (this worker
+    /// consumes); `token` as for [`Self::RejoinRingTo`].
+    RejoinRingFrom = 15,
+    /// Broker to worker: the rejoined rank `peer`'s readiness eventfd, which this worker's
+    /// producer signals; `token` as for [`Self::RejoinRingTo`].
+    RejoinReadiness = 16,
+    /// Broker to worker: the last notice of a rejoin: the attached fd is a pidfd of the new
+    /// process of rank `peer`, and `token` its pid (as for [`Self::Peer`]).
+    Rejoined = 17,
 }
 
 impl NoticeKind {
@@ -349,6 +382,10 @@ impl NoticeKind {
             11 => Some(Self::RelayFailed),
             12 => Some(Self::PeerGone),
             13 => Some(Self::NeverJoins),
+            14 => Some(Self::RejoinRingTo),
+            15 => Some(Self::RejoinRingFrom),
+            16 => Some(Self::RejoinReadiness),
+            17 => Some(Self::Rejoined),
             _ => None,
         }
     }

@@ -98,9 +98,21 @@ fn resolve_group(group: &str) -> Result<u32, String> {
 
 pub fn describe(event: &Event) -> String {
     match event {
-        Event::LoggedOn { rank, pid, uid } => {
-            format!("rank {rank} logged on (pid {pid}, uid {uid})")
-        }
+        Event::LoggedOn {
+            rank,
+            pid,
+            uid,
+            rejoins: 0,
+        } => format!("rank {rank} logged on (pid {pid}, uid {uid})"),
+        Event::LoggedOn {
+            rank,
+            pid,
+            uid,
+            rejoins,
+        } => format!(
+            "rank {rank} rejoined (pid {pid}, uid {uid}) in place of its process that died \
+             (replacement {rejoins})"
+        ),
         Event::Rejected {
             reason,
             pid,

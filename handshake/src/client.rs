@@ -61,6 +61,8 @@ pub struct Connection {
     rank: u32,
     world_size: u32,
     ring_capacity: u32,
+    /// How many processes held this rank before this one (see [`Self::rejoins`]).
+    rejoins: u32,
     socket: UnixStream,
     links: Vec<Option<Link>>,
     /// This worker's readiness eventfd (see [`Self::readiness_fd`]).
@@ -183,6 +185,90 @@ impl Connection {
     /// for had ended).
     pub fn clear_interrupt(&self) {
         let _ = self.shared.take_interrupt();
+    }
+
+    /// How many processes held this rank before this one in the job: 0 for a worker of the
+    /// job's first start, `n` for the `n`th replacement of the rank after deaths (a rejoin: the
+    /// broker admits a logon with a dead rank's number while the job has survivors).
+    #[must_use]
+    pub fn rejoins(&self) -> u32 {
+        self.rejoins
+    }
+
+    /// The peers whose replacement has rejoined and waits for [`Self::adopt`] (bit `rank`): one
+    /// atomic load.
+    #[must_use]
+    pub fn rejoins_pending(&self) -> u64 {
+        self.shared.rejoins_pending()
+    }
+
+    /// Takes `peer`'s replacement in place of its dead process, if one has rejoined: joins the
+    /// fresh rings the broker made between them (dropping the old ones, and whatever the dead
+    /// process sent that was not taken), watches the new process, and counts `peer` as there
+    /// again. Returns how many times `peer` has been replaced, or `None` when no replacement
+    /// waits. The caller starts afresh with it: numbering, outbox, what each owes the other.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Ring`] or [`Error::Protocol`] when a file the broker passed is not what it
+    /// should be; the replacement is then dropped, and `peer` stays gone.
+    pub fn adopt(&mut self, peer: u32) -> Result<Option<u32>, Error> {
+        let rejoin = {
+            let mut inbox = self.shared.lock();
+            if !inbox.rejoins.get(&peer).is_some_and(|r| r.complete()) {
+                return Ok(None);
+            }
+            inbox.rejoins.remove(&peer)
+        };
+        let Some(crate::liveness::Rejoin {
+            times,
+            to: Some(to),
+            from: Some(from),
+            readiness: Some(readiness),
+            process: Some(process),
+            gone,
+        }) = rejoin
+        else {
+            unreachable!("a complete rejoin has all of its notices (see `file_rejoin`)");
+        };
+        let joined = (|| {
+            let ring = |role| move |source| Error::Ring { role, peer, source };
+            let mut to = Producer::join(to.as_fd()).map_err(ring("to"))?;
+            let mut from = Consumer::join(from.as_fd()).map_err(ring("from"))?;
+            if !shmbroker_sys::eventfd::is_eventfd(readiness.as_fd()) {
+                return Err(Error::from(ProtocolError::NotAnEventFd { index: 0, peer }));
+            }
+            to.set_notify(Arc::new(readiness));
+            from.set_notify(self.readiness.clone());
+            from.set_interrupt(self.shared.interrupt());
+            Ok(Link { to, from })
+        })();
+        let link = match joined {
+            Ok(link) => link,
+            Err(error) => {
+                self.shared.drop_rejoin(peer);
+                return Err(error);
+            }
+        };
+        let closers = (link.to.closer(), link.from.closer());
+        self.links[peer as usize] = Some(link);
+        self.shared.adopt(peer, process, closers);
+        if let Some(said_goodbye) = gone {
+            self.shared.peer_gone(peer, said_goodbye);
+        }
+        Ok(Some(times))
+    }
+
+    /// Waits up to `timeout` for `peer`'s replacement to rejoin (for [`Self::adopt`]), or for
+    /// the broker to be lost. Returns whether one waits now.
+    pub fn wait_for_rejoin(&self, peer: u32, timeout: Duration) -> bool {
+        self.shared.wait_for_rejoin(peer, timeout)
+    }
+
+    /// Whether `rank`'s death is recorded (one atomic load).
+    #[must_use]
+    pub fn is_dead(&self, rank: u32) -> bool {
+        self.shared.is_dead(rank)
     }
 
     /// Every rank this worker has recorded dead.
@@ -845,7 +931,7 @@ impl Connection {
                     .map(|link| (link.to.closer(), link.from.closer()))
             })
             .collect();
-        let shared = Arc::new(Shared::new(header.rank, closers, interrupt));
+        let shared = Arc::new(Shared::new(header.rank, closers, interrupt, own.clone()));
         let reader = socket
             .try_clone()
             .map_err(|e| Error::sys("dup of the broker socket")(io_errno(&e)))?;
@@ -854,6 +940,7 @@ impl Connection {
             rank: header.rank,
             world_size: header.world_size,
             ring_capacity: header.ring_capacity,
+            rejoins: header.rejoins,
             socket,
             links,
             readiness: own,

@@ -65,6 +65,8 @@ mod liveness;
 mod liveness {
     // Most of it serves the code a loom build leaves out.
     #[allow(dead_code)]
+    pub(crate) mod slots;
+    #[allow(dead_code)]
     pub(crate) mod state;
 }
 mod sync;

@@ -71,6 +71,7 @@
 //!
 //! [`Connection`]: crate::Connection
 
+mod slots;
 mod state;
 mod watcher;
 
@@ -79,7 +80,8 @@ pub(crate) use watcher::Watcher;
 use crate::error::{Error, ProtocolError};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use shmbroker_bindings::{Message, NoticeKind};
-use shmbroker_queues::{Closer, Interrupt, Role};
+use shmbroker_queues::{Closer, Interrupt, Notifier, Role};
+use slots::Slots;
 use state::State;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -156,6 +158,10 @@ const CLAIM_GRACE: Duration = Duration::from_millis(20);
 // Ranks are bits of a u64.
 const _: () = assert!(crate::wire::MAX_WORLD_SIZE <= 64);
 
+/// A rank whose process was seen to exit, with the pidfd that showed it (`None`: the broker
+/// said so, about whichever process holds the rank now).
+pub(crate) type Exit = (u32, Option<Arc<OwnedFd>>);
+
 /// One peer's process, as the broker passed it on.
 #[derive(Debug, Clone)]
 pub(crate) struct PeerProcess {
@@ -177,8 +183,33 @@ pub(crate) struct Inbox {
     pub peers: HashMap<u32, PeerProcess>,
     /// The broker's answers to this worker's relays, by (receiver, token): delivered or not.
     pub relay_answers: HashMap<(u32, u64), RelayAnswer>,
+    /// Peers that died and whose replacement rejoined, not yet adopted by the session (see
+    /// [`Shared::adopt`]), by rank.
+    pub rejoins: HashMap<u32, Rejoin>,
     /// The first notice from the broker that broke the protocol; the socket is not read after it.
     pub fault: Option<ProtocolError>,
+}
+
+/// A dead peer's replacement, as the broker announced it (its `Rejoin*` notices, in order).
+#[derive(Debug, Default)]
+pub(crate) struct Rejoin {
+    /// How many times the rank has been replaced, this one included.
+    pub times: u32,
+    /// The fresh ring to it, the fresh ring from it, its readiness eventfd.
+    pub to: Option<OwnedFd>,
+    pub from: Option<OwnedFd>,
+    pub readiness: Option<OwnedFd>,
+    /// Its process: the last notice, after which the rejoin is complete.
+    pub process: Option<PeerProcess>,
+    /// The broker said it is gone already (and whether it said goodbye).
+    pub gone: Option<bool>,
+}
+
+impl Rejoin {
+    /// Whether every notice of the rejoin has arrived.
+    pub fn complete(&self) -> bool {
+        self.process.is_some()
+    }
 }
 
 /// What the broker did with a relayed fd.
@@ -194,8 +225,12 @@ pub(crate) struct Shared {
     rank: u32,
     pub inbox: Mutex<Inbox>,
     pub arrived: Condvar,
-    /// Per peer, the closers of the ring to it and the ring from it (`None` for this rank).
-    closers: Vec<Option<(Closer<Message>, Closer<Message>)>>,
+    /// Per peer, the closers of the ring to it and the ring from it (none for this rank),
+    /// replaced when the peer rejoins.
+    closers: Slots<(Closer<Message>, Closer<Message>)>,
+    /// This worker's readiness eventfd: written when a rejoin is complete, so that a receive
+    /// from any peer asleep on it wakes to report it.
+    readiness: Notifier,
     /// Who is gone, the interrupt fired after every death, and an [`Interrupter`]'s requests;
     /// the last timed-out call's rank, cited when this worker leaves (see [`Connection`]'s
     /// drop).
@@ -231,7 +266,10 @@ impl Interrupter {
 
     /// Ends the session's current waits (or its next one).
     pub fn interrupt(&self) {
-        self.shared.state.request_interrupt(self.shared.wakes());
+        let closers = self.shared.closers.read();
+        self.shared
+            .state
+            .request_interrupt(closers.iter().map(|(_, from)| from));
     }
 }
 
@@ -240,19 +278,79 @@ impl Shared {
         rank: u32,
         closers: Vec<Option<(Closer<Message>, Closer<Message>)>>,
         interrupt: Arc<Interrupt>,
+        readiness: Notifier,
     ) -> Self {
         Self {
             rank,
             inbox: Mutex::new(Inbox::default()),
             arrived: Condvar::new(),
-            closers,
+            closers: Slots::new(closers),
+            readiness,
             state: State::new(interrupt),
         }
     }
 
-    /// The consumer end of every ring from a peer: what an interrupt wakes.
-    fn wakes(&self) -> impl Iterator<Item = &Closer<Message>> {
-        self.closers.iter().flatten().map(|(_, from)| from)
+    /// The interrupt every consumer end of this worker's rings holds.
+    pub fn interrupt(&self) -> Arc<Interrupt> {
+        self.state.interrupt()
+    }
+
+    /// The ranks whose replacement has rejoined and waits to be adopted (bit `rank`).
+    pub fn rejoins_pending(&self) -> u64 {
+        self.state.rejoins_pending()
+    }
+
+    /// Waits up to `timeout` for a complete rejoin of `rank` in the inbox, or the broker's loss.
+    pub fn wait_for_rejoin(&self, rank: u32, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut inbox = self.lock();
+        loop {
+            if inbox.rejoins.get(&rank).is_some_and(Rejoin::complete) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.broker_lost() || inbox.fault.is_some() {
+                return false;
+            }
+            inbox = self
+                .arrived
+                .wait_timeout(inbox, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// A rejoin of `rank` that could not be adopted is dropped: `rank` stays gone.
+    pub fn drop_rejoin(&self, rank: u32) {
+        self.state.drop_rejoin(rank);
+    }
+
+    /// A rejoin of `rank` is complete in the inbox: the session is told, and a receive asleep on
+    /// the readiness eventfd wakes to report it.
+    fn rejoin_complete(&self, rank: u32) {
+        self.state.note_rejoin(rank);
+        shmbroker_sys::eventfd::signal(self.readiness.as_fd());
+    }
+
+    /// Puts rank `rank`'s replacement in place of its dead process: the closers of the fresh
+    /// rings (`closers`), its process, and "not gone" in the state; all under the inbox lock,
+    /// as every exit is recorded (see [`Self::exited`]), so that an exit of the old process
+    /// found just before is either recorded before (and forgotten here) or found stale.
+    pub fn adopt(
+        &self,
+        rank: u32,
+        process: PeerProcess,
+        closers: (Closer<Message>, Closer<Message>),
+    ) {
+        let mut inbox = self.lock();
+        self.closers.replace(rank as usize, closers);
+        inbox.peers.insert(rank, process);
+        self.state.forget(rank);
+        drop(inbox);
+        // The new process may have exited already: looked at now, and by the watcher, which
+        // polls the pidfds of every rank not gone.
+        self.check_now();
+        self.wake_waiters();
     }
 
     /// The inbox, even if a thread panicked holding it (its maps stay consistent).
@@ -413,7 +511,8 @@ impl Shared {
     /// `Some(Some(cause))` when a watcher closed them with one.
     #[allow(clippy::option_option)]
     fn ends_closed_by(&self, peer: u32) -> Option<Option<u32>> {
-        let (to, from) = self.closers.get(peer as usize)?.as_ref()?;
+        let closers = self.closers.read();
+        let (to, from) = closers.get(peer as usize)?;
         if !(from.is_closed(Role::Producer) || to.is_closed(Role::Consumer)) {
             return None;
         }
@@ -426,8 +525,9 @@ impl Shared {
         self.record_exits(&exited);
     }
 
-    /// The known peers (or only `only`) whose processes have exited, polled now.
-    fn exited_among(&self, only: Option<u32>) -> Vec<u32> {
+    /// The known peers (or only `only`) whose processes have exited, polled now, each with the
+    /// pidfd that showed it.
+    fn exited_among(&self, only: Option<u32>) -> Vec<Exit> {
         let peers: Vec<(u32, Arc<OwnedFd>)> = self
             .lock()
             .peers
@@ -446,19 +546,19 @@ impl Shared {
             .iter()
             .zip(&fds)
             .filter(|(_, fd)| fd.revents().is_some_and(|r| !r.is_empty()))
-            .map(|((rank, _), _)| *rank)
+            .map(|((rank, pidfd), _)| (*rank, Some(Arc::clone(pidfd))))
             .collect()
     }
 
     /// Records the exits of `ranks`: first those that left their rings untouched (the deaths),
     /// then those that had closed them, so that a peer that gave up and exited in the wake of a
     /// death is never named for it, in whatever order the exits were found.
-    pub fn record_exits(&self, ranks: &[u32]) {
-        let (untouched, closed): (Vec<u32>, Vec<u32>) = ranks
+    pub fn record_exits(&self, exits: &[Exit]) {
+        let (untouched, closed): (Vec<&Exit>, Vec<&Exit>) = exits
             .iter()
-            .partition(|&&rank| self.ends_closed_by(rank).is_none());
-        for rank in untouched.into_iter().chain(closed) {
-            self.exited(rank);
+            .partition(|(rank, _)| self.ends_closed_by(*rank).is_none());
+        for (rank, pidfd) in untouched.into_iter().chain(closed) {
+            self.exited(*rank, pidfd.as_ref());
         }
     }
 
@@ -466,7 +566,11 @@ impl Shared {
     /// (it dropped its session), or with a cause that holds: it dropped its session after it saw
     /// that rank die (and said so, see [`Connection`]'s drop), or this watcher closed the rings
     /// to it because the broker went before it logged on. Otherwise it died.
-    fn exited(&self, rank: u32) {
+    ///
+    /// `pidfd` is the pidfd that showed the exit (`None`: the broker's word, about whichever
+    /// process holds the rank now). An exit shown by a pidfd the rank no longer has (its process
+    /// was replaced meanwhile, see [`Self::adopt`]) is stale and changes nothing.
+    fn exited(&self, rank: u32, pidfd: Option<&Arc<OwnedFd>>) {
         if self.recorded(rank) {
             return;
         }
@@ -477,12 +581,22 @@ impl Shared {
             Some(Some(cause)) if timed_out_on(cause).is_some() => true,
             Some(Some(cause)) => cause != rank && self.confirm_exit(cause),
         };
+        let inbox = self.lock();
+        if let Some(pidfd) = pidfd
+            && !inbox
+                .peers
+                .get(&rank)
+                .is_some_and(|process| Arc::ptr_eq(&process.pidfd, pidfd))
+        {
+            return;
+        }
         if left {
             self.state.record_left(rank);
-            self.wake_waiters();
         } else {
-            self.record_death(rank);
+            self.record_death_locked(rank);
         }
+        drop(inbox);
+        self.wake_waiters();
     }
 
     /// Whether `rank`'s exit has been recorded (as a death or a departure).
@@ -494,15 +608,19 @@ impl Shared {
     /// on them; then the interrupt fires, ending every interruptible wait on the other rings
     /// (collectives, which cannot finish without `rank`), which stay open for what does not need
     /// it.
-    fn record_death(&self, rank: u32) {
+    ///
+    /// Called with the inbox lock held (see [`Self::exited`]); the caller wakes the waiters
+    /// once it lets go.
+    fn record_death_locked(&self, rank: u32) {
+        let closers = self.closers.read();
         let close = || {
-            if let Some(Some((to, from))) = self.closers.get(rank as usize) {
+            if let Some((to, from)) = closers.get(rank as usize) {
                 to.close(rank);
                 from.close(rank);
             }
         };
-        self.state.record_death(rank, close, self.wakes());
-        self.wake_waiters();
+        self.state
+            .record_death(rank, close, closers.iter().map(|(_, from)| from));
     }
 
     /// Whether a peer's claim that `rank` died holds: its exit is recorded, or its pidfd shows
@@ -519,9 +637,20 @@ impl Shared {
             if self.recorded(rank) {
                 return true;
             }
-            if !self.exited_among(Some(rank)).is_empty() {
+            if let Some((_, pidfd)) = self.exited_among(Some(rank)).pop() {
                 if self.ends_closed_by(rank).is_none() {
-                    self.record_death(rank);
+                    // As `exited` would, for the pidfd that showed it.
+                    let inbox = self.lock();
+                    let current = inbox.peers.get(&rank).is_some_and(|process| {
+                        pidfd
+                            .as_ref()
+                            .is_some_and(|fd| Arc::ptr_eq(&process.pidfd, fd))
+                    });
+                    if current && !self.recorded(rank) {
+                        self.record_death_locked(rank);
+                    }
+                    drop(inbox);
+                    self.wake_waiters();
                 }
                 return true;
             }
@@ -550,14 +679,16 @@ impl Shared {
     fn lose_broker(&self) {
         // The rings first, then the flag: whoever sees the broker lost finds them closed too.
         let known: Vec<u32> = self.lock().peers.keys().copied().collect();
-        for (peer, closers) in (0u32..).zip(&self.closers) {
-            if let Some((to, from)) = closers
+        let closers = self.closers.read();
+        for peer in 0..self.closers.len() as u32 {
+            if let Some((to, from)) = closers.get(peer as usize)
                 && !known.contains(&peer)
             {
                 to.close(BROKER_LOST);
                 from.close(BROKER_LOST);
             }
         }
+        drop(closers);
         self.state.record_broker_lost();
         self.wake_waiters();
     }
@@ -567,11 +698,37 @@ impl Shared {
     /// whatever waits on them), so whoever finds them closed finds the record too.
     fn never_joins(&self, peer: u32, token: u64) {
         self.state.record_never_joins(peer, token);
-        if let Some(Some((to, from))) = self.closers.get(peer as usize) {
+        if let Some((to, from)) = self.closers.read().get(peer as usize) {
             to.close(NEVER_JOINED);
             from.close(NEVER_JOINED);
         }
         self.wake_waiters();
+    }
+
+    /// The broker says `peer` is gone (`said_goodbye`: it left). A replacement of it that has
+    /// not been adopted yet is the one gone (the broker's word about the old process came
+    /// before the rejoin); a rank whose process this worker never had (a replacement hears of
+    /// ranks gone before it came) is closed as it went, with no cause if it left (ends closed
+    /// without a cause read as left) and with itself as cause if it died; otherwise it is
+    /// weighed like this worker's own pidfd.
+    pub fn peer_gone(&self, peer: u32, said_goodbye: bool) {
+        let mut inbox = self.lock();
+        if let Some(rejoin) = inbox.rejoins.get_mut(&peer)
+            && rejoin.complete()
+        {
+            rejoin.gone = Some(said_goodbye);
+            return;
+        }
+        let known = inbox.peers.contains_key(&peer);
+        drop(inbox);
+        if !known
+            && said_goodbye
+            && let Some((to, from)) = self.closers.read().get(peer as usize)
+        {
+            to.close_end(Role::Consumer);
+            from.close_end(Role::Producer);
+        }
+        self.record_exits(&[(peer, None)]);
     }
 
     /// Waits until `take` finds what it looks for in the inbox, the deadline passes, the broker

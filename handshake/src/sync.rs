@@ -9,7 +9,7 @@
 #![allow(clippy::disallowed_types)]
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 
 pub(crate) use core::sync::atomic::Ordering;
 
@@ -73,6 +73,16 @@ macro_rules! integer {
             pub(crate) fn fetch_or(&self, value: $int, order: Ordering) -> $int {
                 self.0.fetch_or(value, order)
             }
+
+            #[inline(always)]
+            pub(crate) fn fetch_and(&self, value: $int, order: Ordering) -> $int {
+                self.0.fetch_and(value, order)
+            }
+
+            #[inline(always)]
+            pub(crate) fn fetch_sub(&self, value: $int, order: Ordering) -> $int {
+                self.0.fetch_sub(value, order)
+            }
         }
     };
 }
@@ -83,3 +93,28 @@ atomic!(AtomicBool, bool);
 integer!(AtomicU32, u32);
 #[cfg(not(loom))]
 integer!(AtomicU64, u64);
+#[cfg(not(loom))]
+integer!(AtomicUsize, usize);
+
+/// A pointer wrapper exposing only the operations this crate uses.
+#[cfg(not(loom))]
+#[derive(Debug)]
+#[repr(transparent)]
+pub(crate) struct AtomicPtr<T>(core::sync::atomic::AtomicPtr<T>);
+
+#[cfg(not(loom))]
+impl<T> AtomicPtr<T> {
+    pub(crate) const fn new(value: *mut T) -> Self {
+        Self(core::sync::atomic::AtomicPtr::new(value))
+    }
+
+    #[inline(always)]
+    pub(crate) fn load(&self, order: Ordering) -> *mut T {
+        self.0.load(order)
+    }
+
+    #[inline(always)]
+    pub(crate) fn swap(&self, value: *mut T, order: Ordering) -> *mut T {
+        self.0.swap(value, order)
+    }
+}

@@ -169,8 +169,16 @@ pub fn decode_reply_header(bytes: &[u8]) -> Result<ReplyHeader, Error> {
     if header._pad1 != 0 {
         return Err(ProtocolError::BadPadding {
             field: "reply _pad1",
-            found: header._pad1,
+            found: u64::from(header._pad1),
         }
+        .into());
+    }
+    if header.rejoins > shmbroker_bindings::MAX_REJOINS {
+        return Err(field(
+            "rejoins",
+            format!("0 to {}", shmbroker_bindings::MAX_REJOINS),
+            header.rejoins,
+        )
         .into());
     }
     if header.reason != ReplyHeader::zeroed().reason {
@@ -285,7 +293,7 @@ pub fn decode_broker_notice(
         _ => {
             return Err(ProtocolError::Field {
                 field: "notice kind",
-                expected: "one the broker sends (3, 5 to 9, 11 to 13)".into(),
+                expected: "one the broker sends (3, 5 to 9, 11 to 17)".into(),
                 found: u64::from(notice.kind),
             });
         }
@@ -299,7 +307,13 @@ pub fn decode_broker_notice(
     }
     let carries_fd = matches!(
         kind,
-        NoticeKind::RelayedFd | NoticeKind::PeerOutbox | NoticeKind::Peer
+        NoticeKind::RelayedFd
+            | NoticeKind::PeerOutbox
+            | NoticeKind::Peer
+            | NoticeKind::RejoinRingTo
+            | NoticeKind::RejoinRingFrom
+            | NoticeKind::RejoinReadiness
+            | NoticeKind::Rejoined
     );
     if carries_fd != fd_attached {
         return Err(ProtocolError::FdCount {
@@ -307,7 +321,21 @@ pub fn decode_broker_notice(
             found: usize::from(fd_attached),
         });
     }
-    let token_is_pid = matches!(kind, NoticeKind::PeerOutbox | NoticeKind::Peer);
+    let token_is_pid = matches!(
+        kind,
+        NoticeKind::PeerOutbox | NoticeKind::Peer | NoticeKind::Rejoined
+    );
+    let rejoin_ring = matches!(
+        kind,
+        NoticeKind::RejoinRingTo | NoticeKind::RejoinRingFrom | NoticeKind::RejoinReadiness
+    );
+    if rejoin_ring && !(1..=u64::from(shmbroker_bindings::MAX_REJOINS)).contains(&notice.token) {
+        return Err(ProtocolError::Field {
+            field: "rejoin notice token (how many times the rank was replaced)",
+            expected: format!("1 to {}", shmbroker_bindings::MAX_REJOINS),
+            found: notice.token,
+        });
+    }
     if token_is_pid && !(1..=i64::from(i32::MAX)).contains(&(notice.token as i64)) {
         return Err(ProtocolError::Field {
             field: "notice token (a peer's pid)",
@@ -324,12 +352,12 @@ pub fn decode_broker_notice(
     }
     if kind == NoticeKind::NeverJoins {
         let cause = notice.token & u64::from(u32::MAX);
-        if notice.token >> 33 != 0 || cause >= u64::from(world_size) || cause == u64::from(rank) {
+        // The cause may be this very rank: a replacement of the rank whose death wound the job
+        // down hears of the ranks that never came.
+        if notice.token >> 33 != 0 || cause >= u64::from(world_size) {
             return Err(ProtocolError::Field {
                 field: "never-joins token (the rank that wound the job down, bit 32: it left)",
-                expected: format!(
-                    "a rank below {world_size} other than {rank}, with no bit above 32 set"
-                ),
+                expected: format!("a rank below {world_size}, with no bit above 32 set"),
                 found: notice.token,
             });
         }

@@ -58,12 +58,12 @@ pub(super) struct Readiness {
     /// Where the next look for a ready peer starts.
     next: u32,
     /// Per peer: gone (and already reported, for a death), so nothing more can come from it.
-    gone: Vec<Option<Gone>>,
+    pub(super) gone: Vec<Option<Gone>>,
 }
 
 /// How a peer left [`Readiness`]'s round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Gone {
+pub(super) enum Gone {
     Left(Option<LeftAfter>),
     Lost,
     /// It never logged on, and the broker is gone.
@@ -312,6 +312,8 @@ impl Session {
                 "a world of one rank has nobody to receive from".into(),
             ));
         }
+        // A dead peer's replacement, once the death was reported (see `rejoin`).
+        self.report_rejoin()?;
         let start = self.any.next % world;
         for step in 0..world {
             let peer = (start + step) % world;

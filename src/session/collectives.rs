@@ -72,7 +72,7 @@ impl Session {
     /// As for [`Self::barrier`].
     pub fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("barrier", timeout));
-        let seq = self.next_seq(kind::BARRIER);
+        let seq = self.next_seq(kind::BARRIER)?;
         let world = self.size();
         if world <= FLAT_BARRIER_MAX {
             let arrival = message(kind::BARRIER, seq, 0, [0; shmbroker_bindings::INLINE_BYTES]);
@@ -153,7 +153,7 @@ impl Session {
         data: &[u8],
         deadline: &Deadline,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        let seq = self.next_seq(kind::ALL_GATHER);
+        let seq = self.next_seq(kind::ALL_GATHER)?;
         let mut incoming = self.receive_from_every_peer(kind::ALL_GATHER, seq);
         self.send_while_receiving(
             kind::ALL_GATHER,
@@ -220,7 +220,7 @@ impl Session {
             )));
         }
         let deadline = self.track(Deadline::collective("all_gather", timeout));
-        let seq = self.next_seq(kind::ALL_GATHER);
+        let seq = self.next_seq(kind::ALL_GATHER)?;
         self.gather_parts_into(kind::ALL_GATHER, seq, data, out, &deadline)
     }
 

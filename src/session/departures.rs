@@ -78,15 +78,18 @@ impl Session {
     /// The first rank recorded dead that the current team needs: the first to die of all when
     /// it is a member (always, for the world), otherwise the lowest dead member. One atomic load
     /// while nobody has died.
+    ///
+    /// A member replaced after the team was formed counts as dead for it (see `rejoin`).
     pub(super) fn team_lost_rank(&self) -> Option<u32> {
         let first = self.inner.recorded_lost_rank()?;
-        if self.team.contains(first) {
+        if self.team.contains(first) && self.gone_for_team(first) {
             return Some(first);
         }
         self.inner
             .dead_ranks()
             .into_iter()
             .find(|&rank| self.team.contains(rank))
+            .or_else(|| self.team_replaced())
     }
 
     /// The error for a collective that cannot finish because `rank` (the first rank recorded

@@ -29,6 +29,21 @@ pub enum Error {
         /// where" in the `Session` docs): one sentence, or none when that could not be read.
         diagnosis: Vec<String>,
     },
+    /// Rank `rank` died and a new process took its place (it rejoined the job): reported once
+    /// by [`Session::recv_any`](crate::Session::recv_any) and its kin, after the
+    /// [`Error::PeerLost`] for the dead process, when this session takes the replacement on.
+    /// Point-to-point with `rank` works again from then on, numbered afresh; what the dead
+    /// process never read is gone. Collectives of groups it was in stay over: make a new group
+    /// (see [`Session::wait_for_rank`](crate::Session::wait_for_rank)).
+    #[error(
+        "peer rank {rank} rejoined: a new process took the place of the one that died (replacement {times})"
+    )]
+    PeerRejoined {
+        /// The rank.
+        rank: u32,
+        /// How many times it has been replaced in this job.
+        times: u32,
+    },
     /// A worker this call needs dropped its session (on purpose). Calls that do not need it go on.
     /// Renders as "peer rank 0 left the session after rank 2 died" or "... after timing out
     /// waiting for rank 2" when it said what it gave up on.
@@ -223,6 +238,7 @@ impl Error {
     pub fn rank(&self) -> Option<u32> {
         match self {
             Self::PeerLost { rank, .. }
+            | Self::PeerRejoined { rank, .. }
             | Self::PeerLeft { rank, .. }
             | Self::PeerNeverJoined { rank, .. }
             | Self::RankOutOfRange { rank, .. } => Some(*rank),

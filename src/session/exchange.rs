@@ -47,7 +47,7 @@ impl Session {
         self.check_root(root, input.is_some(), "scatter")?;
         let block = output.len();
         let deadline = self.track(Deadline::collective("scatter", timeout));
-        let seq = self.next_seq(kind::SCATTER);
+        let seq = self.next_seq(kind::SCATTER)?;
         let Some(input) = input else {
             let expect = Expect::Collective {
                 op: kind::SCATTER,
@@ -111,7 +111,7 @@ impl Session {
             )));
         }
         let deadline = self.track(Deadline::collective("all_to_all", timeout));
-        let seq = self.next_seq(kind::ALL_TO_ALL);
+        let seq = self.next_seq(kind::ALL_TO_ALL)?;
         self.exchange_blocks(kind::ALL_TO_ALL, seq, input, output, &deadline)
     }
 
@@ -175,7 +175,7 @@ impl Session {
             )));
         }
         let deadline = self.track(Deadline::collective("all_to_all_v", timeout));
-        let seq = self.next_seq(kind::ALL_TO_ALL);
+        let seq = self.next_seq(kind::ALL_TO_ALL)?;
         let offsets = |counts: &[usize]| -> Vec<usize> {
             counts
                 .iter()

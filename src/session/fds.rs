@@ -220,7 +220,7 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<Vec<Option<OwnedFd>>, Error> {
         let (rank, world) = (self.rank(), self.world_size());
-        let seq = self.next_seq(kind::FD_TICKET);
+        let seq = self.next_seq(kind::FD_TICKET)?;
         let exporting = exporters.contains(&rank);
         if exporting {
             let fd = mine.ok_or_else(|| Error::Misuse("an exporter without an fd".into()))?;

@@ -102,6 +102,8 @@ pub(super) struct Team {
     me: u32,
     size: u32,
     seq: u64,
+    /// How many replacements the session had taken on when the team was formed (see `rejoin`).
+    formed: u64,
 }
 
 impl Team {
@@ -113,6 +115,7 @@ impl Team {
             me: rank,
             size,
             seq: 0,
+            formed: 0,
         }
     }
 
@@ -125,7 +128,19 @@ impl Team {
             members: Some(members),
             me,
             seq: 0,
+            formed: 0,
         }
+    }
+
+    /// This team, formed when the session had taken on `adoptions` replacements.
+    pub(super) fn formed_at(mut self, adoptions: u64) -> Self {
+        self.formed = adoptions;
+        self
+    }
+
+    /// How many replacements the session had taken on when the team was formed.
+    pub(super) fn formed(&self) -> u64 {
+        self.formed
     }
 
     pub(super) fn stream(&self) -> u32 {
@@ -392,6 +407,12 @@ impl Session {
     pub fn group_timeout(&mut self, ranks: &[u32], timeout: Duration) -> Result<Group, Error> {
         let me = self.check_group(ranks)?;
         let deadline = self.track(Deadline::new("group", timeout));
+        // Replacements of members that have rejoined are taken on first (see `rejoin`).
+        for &rank in ranks {
+            if rank != self.rank() {
+                self.adopt_rejoin(rank)?;
+            }
+        }
         // What collectives cut short by a departure left in the links goes first.
         self.close_departed_streams();
         let proposal = self.groups.highest + 1;
@@ -405,16 +426,17 @@ impl Session {
         payload.extend(ranks.iter().flat_map(|rank| rank.to_le_bytes()));
         let members: Arc<[u32]> = ranks.into();
         // Among the members only: a death elsewhere is none of this call's business.
-        let setup = Team::of(SETUP_STREAM, members.clone(), me);
+        let setup = Team::of(SETUP_STREAM, members.clone(), me).formed_at(self.adoptions);
         let stream = {
             let on = OnTeam::new(self, setup, false);
             on.session
                 .agree_on_stream(&members, proposal, &payload, &deadline)?
         };
         self.groups.highest = stream;
-        self.groups
-            .teams
-            .insert(stream, Team::of(stream, members.clone(), me));
+        self.groups.teams.insert(
+            stream,
+            Team::of(stream, members.clone(), me).formed_at(self.adoptions),
+        );
         Ok(Group {
             stream,
             ranks: members,

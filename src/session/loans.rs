@@ -223,7 +223,7 @@ impl Session {
     ) -> Result<Option<LoanView>, Error> {
         self.check_root(root, loan.is_some(), "broadcast_loan")?;
         let deadline = self.track(Deadline::collective("broadcast_loan", self.timeout));
-        let seq = self.next_seq(kind::BROADCAST);
+        let seq = self.next_seq(kind::BROADCAST)?;
         if let Some(loan) = loan {
             let targets: Vec<u32> = self.peers().collect();
             self.lend(kind::BROADCAST, seq, loan, &targets, &deadline)?;

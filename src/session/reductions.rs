@@ -413,7 +413,7 @@ impl Session {
         if size_of_val(input) <= ONE_SHOT_MAX_BYTES {
             // Block r of every contribution comes to rank r, which combines them.
             let mut blocks = vec![T::zeroed(); input.len()];
-            let seq = self.next_seq(kind::REDUCE_SCATTER);
+            let seq = self.next_seq(kind::REDUCE_SCATTER)?;
             self.exchange_blocks(
                 kind::REDUCE_SCATTER,
                 seq,
@@ -434,7 +434,7 @@ impl Session {
             let parts: Vec<&[T]> = (0..world)
                 .map(|q| &input[q * len + range.start..q * len + range.end])
                 .collect();
-            let seq = self.next_seq(kind::REDUCE_SCATTER);
+            let seq = self.next_seq(kind::REDUCE_SCATTER)?;
             let views = self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, &parts, &deadline)?;
             // Block `rank`'s piece of every rank's lent parts: this rank's own from `input`.
             let size = size_of::<T>();
@@ -503,7 +503,7 @@ impl Session {
             return combiner(&[&input], data);
         }
         if size_of_val(data) <= ONE_SHOT_MAX_BYTES {
-            let seq = self.next_seq(op);
+            let seq = self.next_seq(op)?;
             // Small contributions are gathered on the stack: no allocation on the hot path.
             let mut stack = [0u64; STACK_BYTES / 8];
             let mut heap = Vec::new();
@@ -568,7 +568,7 @@ impl Session {
         let (rank, world) = (self.me(), self.size() as usize);
         let mine = slice_of(data.len(), world, rank as usize);
         // First shot: lend this contribution; combine this rank's slice of every one.
-        let seq = self.next_seq(op);
+        let seq = self.next_seq(op)?;
         let views = self.lend_to_every_peer(op, seq, &[&*data], deadline)?;
         let mut result = self.loan_within(size_of_val(&data[mine.clone()]), deadline)?;
         {
@@ -588,7 +588,7 @@ impl Session {
             bytemuck::cast_slice_mut(&mut data[mine]).copy_from_slice(&result);
         }
         // Second shot: the result slices, to every rank or to the root.
-        let seq = self.next_seq(op);
+        let seq = self.next_seq(op)?;
         let targets: Vec<u32> = match root {
             None => self.team_peers().collect(),
             Some(root) if root == rank => Vec::new(),

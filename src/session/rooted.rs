@@ -256,7 +256,7 @@ impl Session {
     ) -> Result<Vec<u8>, Error> {
         self.check_root(root, data.is_some(), "broadcast")?;
         let deadline = self.track(Deadline::collective("broadcast", timeout));
-        let seq = self.next_seq(kind::BROADCAST);
+        let seq = self.next_seq(kind::BROADCAST)?;
         if self.size() > FLAT_BROADCAST_MAX {
             return self.tree_broadcast(root, data, seq, &deadline);
         }
@@ -373,7 +373,7 @@ impl Session {
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
         self.check_team_rank(root)?;
         let deadline = self.track(Deadline::collective("gather", timeout));
-        let seq = self.next_seq(kind::GATHER);
+        let seq = self.next_seq(kind::GATHER)?;
         if self.size() > FLAT_GATHER_MAX {
             return self.tree_gather(root, data, seq, &deadline);
         }

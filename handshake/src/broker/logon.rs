@@ -4,8 +4,8 @@ use super::{Event, Listener, Pending, RateLimit, Worker};
 use crate::error::Error;
 use crate::wire::{decode_logon, decode_status_request, manifest_order};
 use shmbroker_bindings::{
-    ANY_RANK, FdRole, ManifestEntry, Message, NoticeKind, PROTOCOL_VERSION, REPLY_MAGIC,
-    RING_LAYOUT_VERSION, RejectReason, ReplyHeader, STATUS_MAGIC, WorkerNotice,
+    ANY_RANK, FdRole, MAX_REJOINS, ManifestEntry, Message, NoticeKind, PROTOCOL_VERSION,
+    REPLY_MAGIC, RING_LAYOUT_VERSION, RejectReason, ReplyHeader, STATUS_MAGIC, WorkerNotice,
 };
 use shmbroker_sys::fdpass::send_with_fds;
 use std::collections::VecDeque;
@@ -40,6 +40,100 @@ impl Listener {
             }
         };
         let world = self.config.world_size;
+        // The rank's process may have exited a moment ago without this broker having seen it
+        // yet (a launcher restarting a crashed rank at once): looked at now, so that the logon
+        // is answered for what is true, not refused as taken.
+        let asked = frame.requested_rank as usize;
+        if let Some(worker) = self.workers.get(asked).and_then(Option::as_ref)
+            && worker.stream.is_some()
+            && !worker.exited
+            && exited_now(&worker.pidfd)
+        {
+            self.process_exited(asked, events);
+        }
+        // A replacement for a rank that died, while the job goes on (see `rejoin`).
+        if let Some(worker) = self
+            .workers
+            .get(frame.requested_rank as usize)
+            .and_then(Option::as_ref)
+            .filter(|worker| worker.stream.is_none())
+            && self.workers.iter().flatten().any(|w| w.stream.is_some())
+        {
+            let rank = frame.requested_rank;
+            let refusal = if worker.said_goodbye {
+                Some((
+                    RejectReason::RankLeft,
+                    format!(
+                        "rank {rank} left (its process {} said goodbye): only a rank that died \
+                         can be replaced",
+                        worker.pid
+                    ),
+                ))
+            } else if worker.rejoins >= MAX_REJOINS {
+                Some((
+                    RejectReason::RejoinsExhausted,
+                    format!("rank {rank} has been replaced {MAX_REJOINS} times in this job"),
+                ))
+            } else {
+                match self.job_id {
+                    Some(current) if frame.job == current => None,
+                    Some(current) if frame.job != 0 => Some((
+                        RejectReason::OtherJob,
+                        format!(
+                            "this broker serves job {current:#x}, and this replacement for rank \
+                             {rank} is of job {:#x}",
+                            frame.job
+                        ),
+                    )),
+                    current => Some((
+                        RejectReason::JobUnnamed,
+                        format!(
+                            "rank {rank} died, and a replacement must name the job it rejoins \
+                             (SHMBROKER_JOB); {}",
+                            current.map_or_else(
+                                || "this job has no id".to_string(),
+                                |id| format!("this job is {id:#x}")
+                            )
+                        ),
+                    )),
+                }
+            };
+            if let Some((reason, text)) = refusal {
+                return self.refuse(&pending.stream, reason, who, text, events);
+            }
+            if frame.min_ring_capacity > self.config.ring_capacity {
+                let text = format!(
+                    "needs at least {} ring slots; this broker's rings have {}",
+                    frame.min_ring_capacity, self.config.ring_capacity
+                );
+                let reason = RejectReason::CapacityOutOfLimits;
+                return self.refuse(&pending.stream, reason, who, text, events);
+            }
+            return self.rejoin(pending, rank, events);
+        }
+        // A rank alive now: the same answer whether or not the job is winding down.
+        if let Some(holder) = self
+            .workers
+            .get(frame.requested_rank as usize)
+            .and_then(Option::as_ref)
+            .filter(|worker| worker.stream.is_some())
+            && self.winding_down().is_some()
+        {
+            let rank = frame.requested_rank;
+            let text = if holder.rejoins == 0 {
+                format!(
+                    "rank {rank} is alive (pid {}): only a rank that died can be replaced",
+                    holder.pid
+                )
+            } else {
+                format!(
+                    "rank {rank} is alive: pid {} replaced the process that died (one \
+                     replacement per death)",
+                    holder.pid
+                )
+            };
+            return self.refuse(&pending.stream, RejectReason::RankTaken, who, text, events);
+        }
         // A worker of a job that already ended, or of the job winding down now.
         let ended = self
             .ended
@@ -103,7 +197,15 @@ impl Listener {
                 return self.refuse(&pending.stream, reason, who, text, events);
             }
             if let Some(holder) = &self.workers[rank as usize] {
-                let text = format!("rank {rank} is taken by pid {}", holder.pid);
+                let text = if holder.rejoins == 0 {
+                    format!("rank {rank} is taken by pid {}", holder.pid)
+                } else {
+                    format!(
+                        "rank {rank} is taken by pid {}, which replaced the process that died \
+                         (one replacement per death)",
+                        holder.pid
+                    )
+                };
                 return self.refuse(&pending.stream, RejectReason::RankTaken, who, text, events);
             }
             rank
@@ -116,54 +218,196 @@ impl Listener {
             let reason = RejectReason::CapacityOutOfLimits;
             return self.refuse(&pending.stream, reason, who, text, events);
         }
-        match self.reply(&pending, rank) {
+        match self.reply(&pending, rank, 0) {
             Ok((pidfd, introductions)) => {
-                self.workers[rank as usize] = Some(Worker {
-                    stream: Some(pending.stream),
-                    pid: pending.pid,
-                    uid: pending.uid,
-                    notice: [0; size_of::<WorkerNotice>()],
-                    filled: 0,
-                    fds: VecDeque::new(),
-                    said_goodbye: false,
-                    outbox: None,
-                    pidfd,
-                    exited: false,
-                    outgoing: VecDeque::new(),
-                    unclaimed: std::collections::HashSet::new(),
-                    complaints: RateLimit::default(),
-                });
                 if frame.job != 0 {
                     self.job_id.get_or_insert(frame.job);
                 }
-                for (to, notice, fd) in introductions {
-                    self.send(to, notice, Some(fd));
-                }
-                for owner in 0..world {
-                    if owner != rank {
-                        self.pass_outbox(owner, rank);
-                    }
-                }
-                if let Some(suppressed) = self.allow_coming(pending.uid) {
-                    tracing::info!(
-                        rank,
-                        pid = pending.pid,
-                        uid = pending.uid,
-                        suppressed,
-                        "logged on"
-                    );
-                }
-                events.push(Event::LoggedOn {
-                    rank,
-                    pid: pending.pid,
-                    uid: pending.uid,
-                });
+                self.welcome(pending, rank, 0, pidfd, introductions, events);
             }
             Err(error) => {
                 let text = format!("could not serve rank {rank}: {error}");
                 self.refuse(&pending.stream, RejectReason::Internal, who, text, events);
             }
         }
+    }
+
+    /// Records a worker whose reply went out, introduces it, passes it every outbox there is,
+    /// and reports it.
+    fn welcome(
+        &mut self,
+        pending: Pending,
+        rank: u32,
+        rejoins: u32,
+        pidfd: OwnedFd,
+        introductions: Vec<(u32, WorkerNotice, OwnedFd)>,
+        events: &mut Vec<Event>,
+    ) {
+        let (pid, uid) = (pending.pid, pending.uid);
+        self.workers[rank as usize] = Some(Worker {
+            stream: Some(pending.stream),
+            pid,
+            uid,
+            notice: [0; size_of::<WorkerNotice>()],
+            filled: 0,
+            fds: VecDeque::new(),
+            said_goodbye: false,
+            outbox: None,
+            pidfd,
+            exited: false,
+            outgoing: VecDeque::new(),
+            unclaimed: std::collections::HashSet::new(),
+            complaints: RateLimit::default(),
+            rejoins,
+        });
+        for (to, notice, fd) in introductions {
+            self.send(to, notice, Some(fd));
+        }
+        for owner in 0..self.config.world_size {
+            if owner != rank {
+                self.pass_outbox(owner, rank);
+            }
+        }
+        if let Some(suppressed) = self.allow_coming(uid) {
+            if rejoins == 0 {
+                tracing::info!(rank, pid, uid, suppressed, "logged on");
+            } else {
+                tracing::info!(
+                    rank,
+                    pid,
+                    uid,
+                    rejoins,
+                    suppressed,
+                    "rejoined in place of the rank's process that died"
+                );
+            }
+        }
+        events.push(Event::LoggedOn {
+            rank,
+            pid,
+            uid,
+            rejoins,
+        });
+    }
+
+    /// Admits `pending` as rank `rank`, whose process died while the job goes on (`log_on` has
+    /// checked that it died, that the logon names this job, and the limits).
+    ///
+    /// The rings of the dead process are dropped here (each survivor closed and keeps its own
+    /// mapping of them), and fresh ones made between `rank` and every other rank, with a fresh
+    /// readiness eventfd for it: nothing the dead process left in them can reach the newcomer,
+    /// and nothing sent to it reaches the newcomer as if it were for it. The newcomer gets the
+    /// usual reply (saying how many processes held the rank before), the survivors' pidfds and
+    /// outboxes, and a word about every rank that is gone or never came. Every survivor gets
+    /// its two new rings, the newcomer's eventfd and its pidfd, in four notices in a row
+    /// (`RejoinRingTo`, `RejoinRingFrom`, `RejoinReadiness`, `Rejoined`); its outbox follows
+    /// once the newcomer publishes it, as for any worker. Everything is made before the reply
+    /// goes out, so a rejoin that cannot be finished is refused whole.
+    fn rejoin(&mut self, pending: Pending, rank: u32, events: &mut Vec<Event>) {
+        let who = (pending.pid, pending.uid);
+        let rejoins = self.workers[rank as usize]
+            .as_ref()
+            .map_or(0, |worker| worker.rejoins)
+            + 1;
+        self.rings
+            .retain(|&(from, to), _| from != rank && to != rank);
+        self.readiness.remove(&rank);
+        let prepared = self.make_rings(rank).and_then(|()| {
+            let survivors: Vec<u32> = (0u32..)
+                .zip(&self.workers)
+                .filter(|(peer, worker)| {
+                    *peer != rank && worker.as_ref().is_some_and(|w| w.stream.is_some())
+                })
+                .map(|(peer, _)| peer)
+                .collect();
+            let dup = |fd: &OwnedFd| fd.try_clone().map_err(Error::io("dup"));
+            let mut notices = Vec::new();
+            for peer in survivors {
+                for (kind, fd) in [
+                    (NoticeKind::RejoinRingTo, &self.rings[&(peer, rank)]),
+                    (NoticeKind::RejoinRingFrom, &self.rings[&(rank, peer)]),
+                    (NoticeKind::RejoinReadiness, &self.readiness[&rank]),
+                    (NoticeKind::Rejoined, &pending.pidfd),
+                ] {
+                    let token = if kind == NoticeKind::Rejoined {
+                        pending.pid as u64
+                    } else {
+                        u64::from(rejoins)
+                    };
+                    notices.push((peer, WorkerNotice::new(kind, rank, token), dup(fd)?));
+                }
+            }
+            Ok(notices)
+        });
+        let replied =
+            prepared.and_then(|notices| Ok((self.reply(&pending, rank, rejoins)?, notices)));
+        let ((pidfd, introductions), notices) = match replied {
+            Ok(done) => done,
+            Err(error) => {
+                let text = format!("could not serve rank {rank}'s replacement: {error}");
+                return self.refuse(&pending.stream, RejectReason::Internal, who, text, events);
+            }
+        };
+        // The newcomer meets the survivors; the survivors meet it through the rejoin notices.
+        let introductions = introductions
+            .into_iter()
+            .filter(|(to, _, _)| *to == rank)
+            .collect();
+        let cause = self.lost.or(self.left);
+        let gone: Vec<WorkerNotice> = (0u32..)
+            .zip(&self.workers)
+            .filter(|(peer, _)| *peer != rank)
+            .filter_map(|(peer, worker)| match worker {
+                Some(worker) if worker.stream.is_none() => Some(WorkerNotice::new(
+                    NoticeKind::PeerGone,
+                    peer,
+                    u64::from(worker.said_goodbye),
+                )),
+                Some(_) => None,
+                None => cause.map(|cause| {
+                    let clean = self.lost.is_none();
+                    WorkerNotice::new(
+                        NoticeKind::NeverJoins,
+                        peer,
+                        u64::from(cause) | u64::from(clean) << 32,
+                    )
+                }),
+            })
+            .collect();
+        self.welcome(pending, rank, rejoins, pidfd, introductions, events);
+        for notice in gone {
+            self.send(rank, notice, None);
+        }
+        for (to, notice, fd) in notices {
+            self.send(to, notice, Some(fd));
+        }
+    }
+
+    /// Makes the rings `rank` needs and lacks, and its readiness eventfd and its peers'.
+    fn make_rings(&mut self, rank: u32) -> Result<(), Error> {
+        for (role, peer) in manifest_order(rank, self.config.world_size) {
+            let key = match (role, peer) {
+                (FdRole::RingToPeer, Some(peer)) => (rank, peer),
+                (FdRole::RingFromPeer, Some(peer)) => (peer, rank),
+                (FdRole::Readiness, Some(peer)) => {
+                    if let std::collections::hash_map::Entry::Vacant(entry) =
+                        self.readiness.entry(peer)
+                    {
+                        entry.insert(
+                            shmbroker_sys::eventfd::create().map_err(Error::io("eventfd"))?,
+                        );
+                    }
+                    continue;
+                }
+                (_, None) => continue,
+            };
+            if !self.rings.contains_key(&key) {
+                let ring = shmbroker_queues::create::<Message>(self.config.ring_capacity as usize)
+                    .map_err(Error::CreateRing)?;
+                self.rings.insert(key, ring);
+            }
+        }
+        Ok(())
     }
 
     /// Creates what rank `rank` still lacks and sends it everything in one message. Returns its
@@ -174,6 +418,7 @@ impl Listener {
         &mut self,
         pending: &Pending,
         rank: u32,
+        rejoins: u32,
     ) -> Result<(OwnedFd, Vec<(u32, WorkerNotice, OwnedFd)>), Error> {
         let world = self.config.world_size;
         let pidfd = pending
@@ -197,28 +442,7 @@ impl Listener {
                 dup(&worker.pidfd)?,
             ));
         }
-        for (role, peer) in manifest_order(rank, world) {
-            let key = match (role, peer) {
-                (FdRole::RingToPeer, Some(peer)) => (rank, peer),
-                (FdRole::RingFromPeer, Some(peer)) => (peer, rank),
-                (FdRole::Readiness, Some(peer)) => {
-                    if let std::collections::hash_map::Entry::Vacant(entry) =
-                        self.readiness.entry(peer)
-                    {
-                        entry.insert(
-                            shmbroker_sys::eventfd::create().map_err(Error::io("eventfd"))?,
-                        );
-                    }
-                    continue;
-                }
-                (_, None) => continue,
-            };
-            if !self.rings.contains_key(&key) {
-                let ring = shmbroker_queues::create::<Message>(self.config.ring_capacity as usize)
-                    .map_err(Error::CreateRing)?;
-                self.rings.insert(key, ring);
-            }
-        }
+        self.make_rings(rank)?;
         let mut manifest = Vec::new();
         let mut fds = Vec::new();
         for (role, peer) in manifest_order(rank, world) {
@@ -246,6 +470,7 @@ impl Listener {
             world_size: world,
             fd_count: manifest.len() as u32,
             ring_capacity: self.config.ring_capacity,
+            rejoins,
             _pad1: 0,
             reason: [0; shmbroker_bindings::REASON_LEN],
         };
@@ -265,4 +490,13 @@ impl Listener {
         }
         Ok((pidfd, introductions))
     }
+}
+
+/// Whether the process of `pidfd` has exited (it is readable), looked at without waiting.
+fn exited_now(pidfd: &OwnedFd) -> bool {
+    let mut fds = [nix::poll::PollFd::new(
+        pidfd.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).is_ok_and(|ready| ready > 0)
 }

@@ -179,6 +179,9 @@ pub enum Event {
         pid: i32,
         /// Its uid.
         uid: u32,
+        /// How many processes held its rank before it in this job: more than 0 for a process
+        /// that replaced one that died.
+        rejoins: u32,
     },
     /// A connection was refused.
     Rejected {
@@ -275,6 +278,8 @@ struct Worker {
     unclaimed: std::collections::HashSet<(u32, u64)>,
     /// Complaints about this worker.
     complaints: RateLimit,
+    /// How many processes held its rank before it in this job (see `logon::rejoin`).
+    rejoins: u32,
 }
 
 /// A burst of `BURST` reports, then one a second; counts what it holds back.

@@ -9,8 +9,17 @@
 //! # The words
 //!
 //! * `dead`, `left`, `never_joined`: sets of ranks (bit `rank % 64` of a `u64`; a world has at
-//!   most 64 ranks). Bits are only ever set (`fetch_or`), never cleared, so a rank once seen
-//!   gone is seen gone by every later load in any thread that read the set.
+//!   most 64 ranks). Bits are set (`fetch_or`) and cleared only when the session adopts a dead
+//!   rank's replacement ([`State::forget`]), so until then a rank once seen gone is seen gone by
+//!   every later load in any thread that read the set. The session's thread clears them under
+//!   the inbox lock, after putting the new process and rings in place; every exit is recorded
+//!   under that lock too, and only for the pidfd the rank has then (`Shared::exited`), so an exit
+//!   of the old process is either recorded before the adoption (and forgotten by it) or found
+//!   stale after it: the mutex, not an ordering of these words, makes that right.
+//! * `rejoins`: ranks whose replacement rejoined and waits for the session to adopt it: set by
+//!   the watcher once the last notice of the rejoin is filed (under the inbox lock, which the
+//!   adoption takes to read the notices), cleared by the adoption. A session looks at it with
+//!   one load per receive from any peer.
 //! * `first_dead`: goes once from `NONE` to a rank, by compare-exchange.
 //! * `never_joined_after`: goes once from 0 to the broker's token (bit 40 set, so that a token of
 //!   0 is told apart), by compare-exchange, *before* the rank's `never_joined` bit is set.
@@ -92,6 +101,8 @@ pub(crate) struct State {
     /// How many times an `Interrupter` has asked: a call that saw one number at its first look
     /// and another later was interrupted meanwhile, whichever other call took the flag.
     interrupts: AtomicU64,
+    /// Ranks whose replacement rejoined and is not yet adopted.
+    rejoins: AtomicU64,
 }
 
 impl State {
@@ -108,7 +119,37 @@ impl State {
             interrupt,
             interrupted: AtomicBool::new(false),
             interrupts: AtomicU64::new(0),
+            rejoins: AtomicU64::new(0),
         }
+    }
+
+    /// The interrupt fired after every death.
+    pub(crate) fn interrupt(&self) -> Arc<Interrupt> {
+        Arc::clone(&self.interrupt)
+    }
+
+    /// `rank`'s replacement rejoined (its notices are filed): the session adopts it when next
+    /// asked to.
+    pub(crate) fn note_rejoin(&self, rank: u32) {
+        self.rejoins.fetch_or(bit(rank), Ordering::AcqRel);
+    }
+
+    /// The ranks whose replacement waits to be adopted (bit `rank`).
+    pub(crate) fn rejoins_pending(&self) -> u64 {
+        self.rejoins.load(Ordering::Acquire)
+    }
+
+    /// `rank`'s replacement will not be adopted (its files were not what they should be).
+    pub(crate) fn drop_rejoin(&self, rank: u32) {
+        self.rejoins.fetch_and(!bit(rank), Ordering::AcqRel);
+    }
+
+    /// `rank`'s replacement is adopted: it is no longer gone, and no longer pending (see the
+    /// module docs for why clearing is safe here).
+    pub(crate) fn forget(&self, rank: u32) {
+        self.dead.fetch_and(!bit(rank), Ordering::AcqRel);
+        self.left.fetch_and(!bit(rank), Ordering::AcqRel);
+        self.rejoins.fetch_and(!bit(rank), Ordering::AcqRel);
     }
 
     /// Records that `rank` died (its bit, and `rank` as the first death unless one was recorded

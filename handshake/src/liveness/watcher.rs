@@ -117,11 +117,11 @@ impl Reader {
                 return;
             }
             let socket_ready = reading && woke(&fds[1]);
-            let exited: Vec<u32> = peers
+            let exited: Vec<super::Exit> = peers
                 .iter()
                 .zip(&fds[first_pidfd..])
                 .filter(|(_, fd)| woke(fd))
-                .map(|((rank, _), _)| *rank)
+                .map(|((rank, pidfd), _)| (*rank, Some(Arc::clone(pidfd))))
                 .collect();
             drop(fds);
             // Notices first: a peer that logged on and died at once has its pidfd filed here.
@@ -196,7 +196,7 @@ impl Reader {
     /// checked that one came exactly when the kind carries one).
     fn file(&self, notice: BrokerNotice, fd: Option<OwnedFd>) -> Result<(), ProtocolError> {
         let own_pid = match (notice.kind, &fd) {
-            (NoticeKind::Peer, Some(pidfd)) => check_pidfd(
+            (NoticeKind::Peer | NoticeKind::Rejoined, Some(pidfd)) => check_pidfd(
                 pidfd.as_fd(),
                 notice.token as i32,
                 self.broker_in_my_namespace,
@@ -240,7 +240,21 @@ impl Reader {
                 // Weighed like this worker's own pidfd: the ring ends it left say whether it
                 // left or died.
                 drop(inbox);
-                self.shared.record_exits(&[notice.peer]);
+                self.shared.peer_gone(notice.peer, notice.token == 1);
+            }
+            (
+                kind @ (NoticeKind::RejoinRingTo
+                | NoticeKind::RejoinRingFrom
+                | NoticeKind::RejoinReadiness
+                | NoticeKind::Rejoined),
+                Some(fd),
+            ) => {
+                let complete =
+                    file_rejoin(&mut inbox, kind, notice.peer, notice.token, fd, own_pid)?;
+                drop(inbox);
+                if complete {
+                    self.shared.rejoin_complete(notice.peer);
+                }
             }
             (NoticeKind::RelayDelivered, None) => {
                 inbox.relay_answers.insert(key, RelayAnswer::Delivered);
@@ -252,6 +266,80 @@ impl Reader {
         }
         Ok(())
     }
+}
+
+/// Files one of the four notices of a rejoin of rank `peer` (see [`NoticeKind::RejoinRingTo`]):
+/// they come in order, and the first starts a new rejoin, in place of one of the same rank not
+/// yet adopted (that replacement died and another came). Returns whether the rejoin is now
+/// complete. What the dead process left in the inbox (its outbox, fds it relayed, answers about
+/// fds relayed to it) is dropped when its first notice comes: everything about the old process
+/// came before it.
+fn file_rejoin(
+    inbox: &mut super::Inbox,
+    kind: NoticeKind,
+    peer: u32,
+    token: u64,
+    fd: OwnedFd,
+    own_pid: Option<i32>,
+) -> Result<bool, ProtocolError> {
+    let out_of_order = |expected: &str| ProtocolError::Field {
+        field: "rejoin notice",
+        expected: format!("{expected} for rank {peer}"),
+        found: kind as u64,
+    };
+    if kind == NoticeKind::RejoinRingTo {
+        let times = token as u32;
+        if let Some(pending) = inbox.rejoins.get(&peer)
+            && (!pending.complete() || pending.times >= times)
+        {
+            return Err(ProtocolError::Field {
+                field: "rejoin notice token (times replaced)",
+                expected: format!("more than {} for rank {peer}", pending.times),
+                found: token,
+            });
+        }
+        inbox.outboxes.remove(&peer);
+        inbox.relayed.retain(|(from, _), _| *from != peer);
+        inbox.relay_answers.retain(|(to, _), _| *to != peer);
+        inbox.rejoins.insert(
+            peer,
+            super::Rejoin {
+                times,
+                to: Some(fd),
+                ..super::Rejoin::default()
+            },
+        );
+        return Ok(false);
+    }
+    let Some(rejoin) = inbox.rejoins.get_mut(&peer).filter(|r| !r.complete()) else {
+        return Err(out_of_order("a rejoin-ring-to notice first"));
+    };
+    match kind {
+        NoticeKind::RejoinRingFrom if rejoin.from.is_none() && u64::from(rejoin.times) == token => {
+            rejoin.from = Some(fd);
+        }
+        NoticeKind::RejoinReadiness
+            if rejoin.from.is_some()
+                && rejoin.readiness.is_none()
+                && u64::from(rejoin.times) == token =>
+        {
+            rejoin.readiness = Some(fd);
+        }
+        NoticeKind::Rejoined if rejoin.readiness.is_some() => {
+            rejoin.process = Some(PeerProcess {
+                pid: token as i32,
+                pidfd: Arc::new(fd),
+                own_pid,
+            });
+            return Ok(true);
+        }
+        _ => {
+            return Err(out_of_order(
+                "rejoin-ring-from, rejoin-readiness, then rejoined, with the same token",
+            ));
+        }
+    }
+    Ok(false)
 }
 
 /// Checks that an fd the broker says is a pidfd of `pid` (a pid in the broker's PID namespace)
