@@ -237,10 +237,11 @@ fn a_death_closes_the_dead_ranks_rings_and_interrupts_waits_on_live_peers() {
         41
     );
 
-    // The session is over: nobody new gets in.
+    // Nobody new gets in: a replacement of rank 2 must name the job it rejoins (this one has
+    // no id), and nobody else may come.
     match connect(&socket, LogonFrame::new(2), DEADLINE) {
         Err(Error::Rejected {
-            reason: RejectReason::SessionLost,
+            reason: RejectReason::JobUnnamed,
             text,
         }) => assert!(text.contains("rank 2 died"), "{text}"),
         other => panic!("unexpected {other:?}"),

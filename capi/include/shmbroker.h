@@ -75,6 +75,12 @@
 // A `shmbroker_try_*` call found nothing waiting. Nothing was taken; not an error.
 #define SHMBROKER_E_AGAIN -14
 
+// A receive from any peer: the peer `shmbroker_last_error_rank` names died and a new process
+// took its place (it rejoined the job). Reported once, after the `SHMBROKER_E_PEER_LOST` for
+// the dead process; messages with it work again from now on, numbered afresh. Collectives of
+// groups it was in are over: make a new group (see `shmbroker_wait_for_rank`).
+#define SHMBROKER_E_PEER_REJOINED -15
+
 // The version of this library and header, major part (`shmbroker_version` gives the library's
 // at run time).
 #define SHMBROKER_VERSION_MAJOR 0
@@ -284,6 +290,30 @@ uint32_t shmbroker_rank(const struct shmbroker_session *s);
 //
 // `s` is null or a live session.
 uint32_t shmbroker_world_size(const struct shmbroker_session *s);
+
+// How many processes held this session's rank before it in the job: 0 for the job's first,
+// `n` for the `n`th replacement of a rank that died (a process that rejoined; its world's
+// collectives are over: make a group). 0 for a NULL session. Any thread, any time.
+//
+// # Safety
+//
+// `s` is null or a live session.
+uint32_t shmbroker_rejoins(const struct shmbroker_session *s);
+
+// Waits until rank `rank` is there, up to `timeout_ms` milliseconds
+// (`SHMBROKER_TIMEOUT_FOREVER`: no deadline): at once if its process is alive; if it died,
+// until a replacement rejoins the job, which this session then takes on. Messages with it
+// work afterwards; make a new group for collectives.
+//
+// Errors: `SHMBROKER_E_TIMEOUT` when no replacement came in time; `SHMBROKER_E_PEER_LEFT` or
+// `SHMBROKER_E_PEER_NEVER_JOINED` for a rank nobody replaces; `SHMBROKER_E_BROKER_LOST`;
+// `SHMBROKER_E_MISUSE` for a rank out of range, this session's own, or a `timeout_ms` of 0.
+// Threads: as [`shmbroker_barrier`](crate::shmbroker_barrier).
+//
+// # Safety
+//
+// `s` is null or a live session.
+int shmbroker_wait_for_rank(struct shmbroker_session *s, uint32_t rank, uint64_t timeout_ms);
 
 // Sets the deadline of every later call on the session, from any thread: `timeout_ms`
 // milliseconds, or [`SHMBROKER_TIMEOUT_FOREVER`] for none. A call already waiting (on any

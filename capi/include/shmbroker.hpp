@@ -456,6 +456,18 @@ class Session : public Collectives {
 
     std::uint32_t world_size() const noexcept { return shmbroker_world_size(s_); }
 
+    // How many processes held this rank before this one (0: the job's first). A replacement's
+    // world collectives are over: make a group.
+    std::uint32_t rejoins() const noexcept { return shmbroker_rejoins(s_); }
+    bool rejoined() const noexcept { return rejoins() > 0; }
+
+    // Waits until `rank` is there: at once if alive; if it died, until a replacement rejoins
+    // (then messages with it work again; make a new group for collectives). A receive from any
+    // peer reports the same replacement once as Error with SHMBROKER_E_PEER_REJOINED.
+    void wait_for_rank(std::uint32_t rank, std::chrono::milliseconds timeout) {
+        detail::check(shmbroker_wait_for_rank(s_, rank, detail::milliseconds(timeout)));
+    }
+
     // A group of `ranks` (world ranks; their order numbers them in the group), made by every
     // member with the same ranks.
     Group group(const std::vector<std::uint32_t> &ranks) {

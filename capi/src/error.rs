@@ -4,8 +4,8 @@
 use crate::{
     SHMBROKER_E_BROKER_LOST, SHMBROKER_E_INTERNAL, SHMBROKER_E_INTERRUPTED, SHMBROKER_E_IO,
     SHMBROKER_E_LOGON, SHMBROKER_E_MISUSE, SHMBROKER_E_PEER_LEFT, SHMBROKER_E_PEER_LOST,
-    SHMBROKER_E_PEER_NEVER_JOINED, SHMBROKER_E_PROTOCOL, SHMBROKER_E_TIMEOUT,
-    SHMBROKER_E_TOO_SMALL, SHMBROKER_OK,
+    SHMBROKER_E_PEER_NEVER_JOINED, SHMBROKER_E_PEER_REJOINED, SHMBROKER_E_PROTOCOL,
+    SHMBROKER_E_TIMEOUT, SHMBROKER_E_TOO_SMALL, SHMBROKER_OK,
 };
 use shmbroker::Error;
 use std::cell::RefCell;
@@ -25,6 +25,7 @@ impl From<Error> for Failure {
     fn from(error: Error) -> Self {
         let code = match &error {
             Error::PeerLost { .. } => SHMBROKER_E_PEER_LOST,
+            Error::PeerRejoined { .. } => SHMBROKER_E_PEER_REJOINED,
             Error::PeerLeft { .. } => SHMBROKER_E_PEER_LEFT,
             Error::PeerNeverJoined { .. } => SHMBROKER_E_PEER_NEVER_JOINED,
             Error::Timeout { .. } => SHMBROKER_E_TIMEOUT,

@@ -149,6 +149,12 @@ pub const SHMBROKER_E_TOO_SMALL: c_int = -13;
 /// A `shmbroker_try_*` call found nothing waiting. Nothing was taken; not an error.
 pub const SHMBROKER_E_AGAIN: c_int = -14;
 
+/// A receive from any peer: the peer `shmbroker_last_error_rank` names died and a new process
+/// took its place (it rejoined the job). Reported once, after the `SHMBROKER_E_PEER_LOST` for
+/// the dead process; messages with it work again from now on, numbered afresh. Collectives of
+/// groups it was in are over: make a new group (see `shmbroker_wait_for_rank`).
+pub const SHMBROKER_E_PEER_REJOINED: c_int = -15;
+
 /// The version of this library and header, major part (`shmbroker_version` gives the library's
 /// at run time).
 pub const SHMBROKER_VERSION_MAJOR: c_int = 0;

@@ -106,6 +106,50 @@ pub unsafe extern "C" fn shmbroker_world_size(s: *const shmbroker_session) -> u3
     unsafe { peek(s, 0, |s| s.sender.world_size()) }
 }
 
+/// How many processes held this session's rank before it in the job: 0 for the job's first,
+/// `n` for the `n`th replacement of a rank that died (a process that rejoined; its world's
+/// collectives are over: make a group). 0 for a NULL session. Any thread, any time.
+///
+/// # Safety
+///
+/// `s` is null or a live session.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_rejoins(s: *const shmbroker_session) -> u32 {
+    // SAFETY: null or a live session, per the contract.
+    unsafe { peek(s, 0, |s| s.sender.rejoins()) }
+}
+
+/// Waits until rank `rank` is there, up to `timeout_ms` milliseconds
+/// (`SHMBROKER_TIMEOUT_FOREVER`: no deadline): at once if its process is alive; if it died,
+/// until a replacement rejoins the job, which this session then takes on. Messages with it
+/// work afterwards; make a new group for collectives.
+///
+/// Errors: `SHMBROKER_E_TIMEOUT` when no replacement came in time; `SHMBROKER_E_PEER_LEFT` or
+/// `SHMBROKER_E_PEER_NEVER_JOINED` for a rank nobody replaces; `SHMBROKER_E_BROKER_LOST`;
+/// `SHMBROKER_E_MISUSE` for a rank out of range, this session's own, or a `timeout_ms` of 0.
+/// Threads: as [`shmbroker_barrier`](crate::shmbroker_barrier).
+///
+/// # Safety
+///
+/// `s` is null or a live session.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_wait_for_rank(
+    s: *mut shmbroker_session,
+    rank: u32,
+    timeout_ms: u64,
+) -> c_int {
+    guard("shmbroker_wait_for_rank", || {
+        let timeout = timeout_of(timeout_ms)?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        Ok(entered
+            .handle
+            .sender
+            .session()
+            .wait_for_rank_timeout(rank, timeout)?)
+    })
+}
+
 /// Sets the deadline of every later call on the session, from any thread: `timeout_ms`
 /// milliseconds, or [`SHMBROKER_TIMEOUT_FOREVER`] for none. A call already waiting (on any
 /// thread) keeps the deadline it started with. Threads: as [`shmbroker_barrier`] (it waits for

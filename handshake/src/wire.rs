@@ -391,9 +391,10 @@ mod tests {
         // Rank 1 never came; rank 2 died (bit 32 clear) or left (set).
         assert_eq!(never_joins(1, 2).unwrap().token, 2);
         assert_eq!(never_joins(1, 2 | 1 << 32).unwrap().token, 2 | 1 << 32);
+        // The receiver itself: a replacement of the rank whose death wound the job down.
+        assert_eq!(never_joins(1, 0).unwrap().token, 0);
         for (token, why) in [
             (4, "a rank outside the world"),
-            (0, "the receiver itself"),
             (1, "the newcomer itself"),
             (2 | 1 << 33, "a bit above 32"),
         ] {

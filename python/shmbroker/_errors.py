@@ -81,6 +81,21 @@ class PeerNeverJoined(_RankError):
         self.after_left = after_left
 
 
+class PeerRejoined(_RankError):
+    """Peer ``rank`` died and a new process took its place (it rejoined the job). Raised once
+    by :meth:`Session.recv_any` and its kin, after the :class:`PeerLost` for the dead process;
+    messages with ``rank`` work again from then on. Collectives of groups it was in are over:
+    make a new group (see :meth:`Session.wait_for_rank`). ``times`` is how many times the rank
+    has been replaced in this job."""
+
+    times: int
+
+    def __init__(self, message: str, rank: int, times: int = 1) -> None:
+        Error.__init__(self, message, rank, times)
+        self.rank = rank
+        self.times = times
+
+
 class ProtocolError(_RankError):
     """Peer ``rank`` sent bytes no correct peer sends, corrupted a ring or its outbox, handed over
     a stale fd, or called another collective than this rank (``barrier`` against

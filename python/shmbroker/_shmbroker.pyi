@@ -115,6 +115,12 @@ class Session:
     def world_size(self) -> int:
         """The number of ranks in the session (still readable after close)."""
     @property
+    def rejoins(self) -> int:
+        """How many processes held this rank before this one in the job (0: the job's first)."""
+    def wait_for_rank(self, rank: int, *, timeout: Optional[float] = ...) -> None:
+        """Waits until ``rank`` is there: at once if alive; if it died, until a replacement
+        rejoins (then messages with it work again; make a new group for collectives)."""
+    @property
     def timeout(self) -> Optional[float]:
         """The deadline, in seconds, of every call not given its own ``timeout=``; ``None``
         when there is none."""

@@ -33,6 +33,7 @@ mod py {
     pyo3::import_exception!(shmbroker._errors, PeerLost);
     pyo3::import_exception!(shmbroker._errors, PeerLeft);
     pyo3::import_exception!(shmbroker._errors, PeerNeverJoined);
+    pyo3::import_exception!(shmbroker._errors, PeerRejoined);
     pyo3::import_exception!(shmbroker._errors, ProtocolError);
     pyo3::import_exception!(shmbroker._errors, Timeout);
     pyo3::import_exception!(shmbroker._errors, BrokerLost);
@@ -57,6 +58,7 @@ pub fn to_py(error: Error) -> PyErr {
     let message = error.to_string();
     match error {
         Error::PeerLost { rank, diagnosis } => py::PeerLost::new_err((message, rank, diagnosis)),
+        Error::PeerRejoined { rank, times } => py::PeerRejoined::new_err((message, rank, times)),
         Error::PeerLeft { rank, after } => {
             let (after, after_died) = match after {
                 Some(LeftAfter::Died(cause)) => (Some(cause), true),

@@ -166,6 +166,7 @@ impl PyGroup {
 struct PySession {
     rank: u32,
     world_size: u32,
+    rejoins: u32,
     timeout: Duration,
     /// The process that made the session (as `Slot::pid`, readable without the lock).
     pid: u32,
@@ -179,6 +180,7 @@ impl PySession {
         Self {
             rank: session.rank(),
             world_size: session.world_size(),
+            rejoins: session.rejoins(),
             timeout,
             pid: process::pid(),
             interrupter: session.interrupter(),
@@ -465,6 +467,27 @@ impl PySession {
     #[getter]
     fn world_size(&self) -> u32 {
         self.world_size
+    }
+
+    /// How many processes held this rank before this one in the job: 0 for the job's first, more
+    /// for a process that replaced one that died (it rejoined; its world's collectives are
+    /// over: make a group).
+    #[getter]
+    fn rejoins(&self) -> u32 {
+        self.rejoins
+    }
+
+    /// Waits until rank ``rank`` is there: at once if its process is alive; if it died, until a
+    /// replacement rejoins the job, which this session then takes on. Messages with it work
+    /// afterwards; make a new group for collectives.
+    ///
+    /// Raises :class:`Timeout` when no replacement came in time; :class:`PeerLeft` or
+    /// :class:`PeerNeverJoined` for a rank nobody replaces; :class:`BrokerLost`.
+    #[pyo3(signature = (rank, *, timeout=CallTimeout::Session))]
+    fn wait_for_rank(&self, py: Python<'_>, rank: i64, timeout: CallTimeout) -> PyResult<()> {
+        let rank = rank_arg(rank)?;
+        let timeout = self.deadline(timeout)?;
+        self.blocking(py, |session| session.wait_for_rank_timeout(rank, timeout))
     }
 
     /// The deadline, in seconds, of every call not given its own ``timeout=``; ``None`` when

@@ -1,9 +1,13 @@
 """Several real processes under `shmbroker run`, each running a scenario of workers.py."""
 
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
-from conftest import REPO, assert_ok, describe, run_job, run_scenario
+from conftest import REPO, WORKERS, assert_ok, clean_env, describe, launcher, run_job, run_scenario
 
 
 def test_collectives_and_messages_at_every_size_with_every_buffer_type():
@@ -213,3 +217,39 @@ def test_recv_any_async_serves_an_event_loop_and_a_death_ends_it():
     assert job.returncode == 137, describe(job)
     assert "[0] ASYNC PEERLOST rank 2" in job.stdout, describe(job)
     assert "[0] OK asyncio rank 0" in job.stdout, describe(job)
+
+
+def test_a_dead_ranks_replacement_rejoins(tmp_path):
+    # A broker of its own (`shmbroker serve`), no launcher: rank 1 dies, a new process rejoins
+    # as rank 1 naming the job, and rank 0 hears PeerLost, then PeerRejoined, then its hello.
+    socket = tmp_path / "broker.sock"
+    env = clean_env({"SHMBROKER_JOB": "python-rejoin"})
+    broker = subprocess.Popen(
+        [str(launcher()), "serve", "--socket", str(socket), "--workers", "2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    survivor = None
+    try:
+        deadline = time.monotonic() + 30
+        while not socket.exists():
+            assert time.monotonic() < deadline, "the broker never made its socket"
+            time.sleep(0.01)
+        part = lambda name: [sys.executable, str(WORKERS), "rejoin", name, str(socket)]
+        survivor = subprocess.Popen(
+            part("survivor"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        victim = subprocess.run(part("victim"), env=env, capture_output=True, text=True, timeout=60)
+        assert victim.returncode == -signal.SIGKILL, victim.stderr
+        newcomer = subprocess.run(
+            part("newcomer"), env=env, capture_output=True, text=True, timeout=60
+        )
+        assert newcomer.returncode == 0, newcomer.stdout + newcomer.stderr
+        out, err = survivor.communicate(timeout=60)
+        assert survivor.returncode == 0 and "REJOINED" in out, out + err
+    finally:
+        for process in (survivor, broker):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()

@@ -1037,9 +1037,58 @@ def scenario_asyncio(session, args):
     asyncio.run(serve())
 
 
+def scenario_rejoin(_session, args):
+    """A broker of 2 ranks at ``args[1]``, no launcher; ``args[0]`` says which part to play:
+    ``survivor`` (rank 0: the dead rank's messages, PeerLost, PeerRejoined, then its
+    replacement's hello and an all-reduce on a group of both), ``victim`` (rank 1: says
+    something, meets rank 0, dies) or ``newcomer`` (rank 1 again, after the death)."""
+    part, path = args
+    rank = 0 if part == "survivor" else 1
+    session = shmbroker.connect(path, rank, timeout=30)
+    if part == "victim":
+        session.send(0, b"old")
+        session.barrier()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if part == "newcomer":
+        check(session.rejoins == 1, f"rejoins is {session.rejoins}")
+        try:
+            session.barrier()
+            check(False, "a replacement's world barrier returned")
+        except shmbroker.PeerLost as lost:
+            check(lost.rank == 1, f"the world barrier names {lost.rank}")
+        session.send(0, b"hello")
+    if part == "survivor":
+        session.barrier()
+        check(session.recv_any() == (1, b"old"), "the victim's message comes first")
+        seen = []
+        while True:
+            try:
+                sender, data = session.recv_any(timeout=30)
+                break
+            except shmbroker.PeerLost as lost:
+                if not seen or seen[-1] != "lost":
+                    seen.append("lost")
+                time.sleep(0.002)
+            except shmbroker.PeerRejoined as rejoined:
+                check(rejoined.rank == 1 and rejoined.times == 1, str(rejoined))
+                seen.append("rejoined")
+        check(seen == ["lost", "rejoined"], f"seen {seen}")
+        check((sender, data) == (1, b"hello"), f"got {sender} {data!r}")
+        say("REJOINED")
+    group = session.group([0, 1])
+    total = array.array("i", [session.rank + 1] * 4)
+    session.all_reduce(total, group=group)
+    check(list(total) == [3] * 4, f"sum {total!r}")
+    session.close()
+
+
 def main():
     scenario, args = sys.argv[1], sys.argv[2:]
     run = globals()[f"scenario_{scenario}"]
+    if scenario == "rejoin":  # no launcher: it connects itself
+        run(None, args)
+        say(f"OK {scenario} {args[0]}")
+        return
     if scenario in ("context", "never_joined"):  # they connect themselves
         run(None, args)
         say(f"OK {scenario} rank {os.environ['SHMBROKER_RANK']}")

@@ -45,6 +45,8 @@ struct Shared {
     /// The session's rank and world size, read without the lock.
     rank: u32,
     world_size: u32,
+    /// [`Session::rejoins`], read without the lock.
+    rejoins: u32,
     /// The default deadline, read without the lock: nanoseconds, `u64::MAX` for none
     /// (`Duration::MAX`). A plain value that [`Shared::set_timeout`] replaces whole: no
     /// ordering with anything else rests on it.
@@ -146,6 +148,7 @@ impl Session {
             interrupter: self.interrupter(),
             rank: self.rank(),
             world_size: self.world_size(),
+            rejoins: self.rejoins(),
             timeout: AtomicU64::new(u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX)),
             publisher: Arc::clone(&self.publisher),
             session: Mutex::new(self),
@@ -164,6 +167,12 @@ impl Sender {
     #[must_use]
     pub fn rank(&self) -> u32 {
         self.shared.rank
+    }
+
+    /// [`Session::rejoins`].
+    #[must_use]
+    pub fn rejoins(&self) -> u32 {
+        self.shared.rejoins
     }
 
     /// Ranks in the world.
@@ -234,6 +243,12 @@ impl Receiver {
     #[must_use]
     pub fn rank(&self) -> u32 {
         self.shared.rank
+    }
+
+    /// [`Session::rejoins`].
+    #[must_use]
+    pub fn rejoins(&self) -> u32 {
+        self.shared.rejoins
     }
 
     /// Ranks in the world.
