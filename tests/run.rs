@@ -462,3 +462,128 @@ fn with_on_failure_continue_the_others_run_to_their_end() {
     std::fs::remove_dir_all(&done).unwrap();
     assert_eq!(left_in(tmp.path()), [] as [String; 0]);
 }
+
+/// `farm-worker --job` under `run -n 4 --restart 1`: rank 2 kills itself after 150 tasks; the
+/// launcher starts it again (with `SHMBROKER_RESTART_COUNT`), the new process rejoins, and the
+/// reader, which never stops, gives it tasks again. Every task is answered once, rightly; the
+/// one the dead rank held is reported lost, naming it, and given again.
+#[test]
+fn a_killed_copy_is_started_again_and_rejoins_the_job() {
+    let tmp = TempDir::new("run-restart").unwrap();
+    let farm = env!("CARGO_BIN_EXE_farm-worker");
+    let (code, stdout, stderr) = finish(run(
+        tmp.path(),
+        &["-n", "4", "--restart", "1", "--", farm, "--job", "2000"],
+    ));
+    let failed = |what: &str| format!("{what}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(code, Some(0), "{}", failed("no clean exit"));
+    let (code, stdout, stderr) = finish(run(
+        tmp.path(),
+        &[
+            "-n",
+            "4",
+            "--restart",
+            "1",
+            "--",
+            farm,
+            "--job",
+            "2000",
+            "--die-rank",
+            "2",
+            "--die-after",
+            "150",
+        ],
+    ));
+    let failed = |what: &str| format!("{what}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(code, Some(0), "{}", failed("the job failed"));
+    for expected in [
+        "farm done: 2000 tasks answered once each; 1 lost with a dead rank and given again; 1 \
+         replacements",
+        "lost with rank 2, which died; given again",
+        "rank 2 rejoined (replacement 1)",
+        "rank 2 (restart 1) answered its first task",
+    ] {
+        assert!(stdout.contains(expected), "{}", failed(expected));
+    }
+    assert!(
+        stderr.contains("rank 2 was killed by SIGKILL; starting it again (1 of 1)"),
+        "{}",
+        failed("no restart said")
+    );
+    assert!(left_in(tmp.path()).is_empty(), "{:?}", left_in(tmp.path()));
+}
+
+/// A rank that dies in every process runs out of restarts: then it fails the job as any copy
+/// does, with its own status, saying so.
+#[test]
+fn a_rank_out_of_restarts_fails_the_job() {
+    let tmp = TempDir::new("run-restarts-spent").unwrap();
+    let farm = env!("CARGO_BIN_EXE_farm-worker");
+    let (code, stdout, stderr) = finish(run(
+        tmp.path(),
+        &[
+            "-n",
+            "3",
+            "--restart",
+            "2",
+            "--",
+            farm,
+            "--job",
+            "100000",
+            "--die-rank",
+            "1",
+            "--die-after",
+            "50",
+            "--die-always",
+        ],
+    ));
+    let failed = |what: &str| format!("{what}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        code,
+        Some(128 + 9),
+        "{}",
+        failed("not the dead rank's status")
+    );
+    for expected in [
+        "rank 1 was killed by SIGKILL; starting it again (1 of 2)",
+        "rank 1 was killed by SIGKILL; starting it again (2 of 2)",
+        "rank 1 was killed by SIGKILL (started again 2 times: no restarts left); stopping the \
+         others",
+    ] {
+        assert!(stderr.contains(expected), "{}", failed(expected));
+    }
+}
+
+/// A copy that exits with an error is started again only with `--restart-on-error`.
+#[test]
+fn an_error_exit_is_restarted_only_when_asked() {
+    let tmp = TempDir::new("run-restart-on-error").unwrap();
+    // Rank 1's first process exits with 3; rank 0 is still running then.
+    let script = r#"if [ "$SHMBROKER_RANK" = 1 ] && [ -z "$SHMBROKER_RESTART_COUNT" ]; then exit 3; fi
+echo "rank $SHMBROKER_RANK restart ${SHMBROKER_RESTART_COUNT:-0}"; sleep 0.3"#;
+    let (code, stdout, stderr) = finish(run(
+        tmp.path(),
+        &[
+            "-n",
+            "2",
+            "--restart",
+            "1",
+            "--restart-on-error",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    ));
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("rank 1 restart 1"), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("rank 1 exited with 3; starting it again (1 of 1)"),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) = finish(run(
+        tmp.path(),
+        &["-n", "2", "--restart", "1", "--", "sh", "-c", script],
+    ));
+    assert_eq!(code, Some(3), "{stdout}{stderr}");
+}

@@ -20,11 +20,26 @@
 //!   (a Ctrl-C reaches the copies only this way, since they are not in the terminal's group).
 //! - SIGQUIT (Ctrl-\\) prints the `shmbroker status` table of the job on standard error, and the
 //!   job goes on; so does `--timeout` running out, before it stops the copies.
+//! - Every copy gets `SHMBROKER_JOB`, an id of this job no other shares, so that a copy started
+//!   again can rejoin it (a rejoin must name its job).
 //! - When a copy fails (a non-zero exit, or a signal), the others get SIGTERM, and SIGKILL
 //!   [`GRACE`] later (only the SIGKILL when a signal was passed on to them already); with
 //!   `--on-failure continue` they are left to run to their end instead. `--timeout` stops all
 //!   of them when it runs out. The broker is told these departures are expected, so it logs the
 //!   copies it stops as stopped, not as deaths.
+//!
+//! # Restarts
+//!
+//! With `--restart N`, a copy killed by a signal (or, with `--restart-on-error`, one that exits
+//! with a non-zero status) is started again with the same rank, up to N times per rank, with
+//! `SHMBROKER_RESTART_COUNT` set to how many times that rank has been restarted. The new process
+//! rejoins the job in the dead one's place (see `Session::rejoined`): the survivors hear
+//! `PeerLost` and then `PeerRejoined`, and carry on. While its rank has restarts left, a death is
+//! no failure: the others are not stopped and the exit status does not count it. A copy is
+//! restarted only while another copy is still running (a job with nobody left has nobody to
+//! rejoin), never once the job is being stopped (a failure, a signal, `--timeout`), and never
+//! for a clean exit (status 0: it left). A rank out of restarts fails as any copy fails:
+//! `--on-failure` then decides whether the others are stopped, and the exit status is its.
 //!
 //! # Which failure is reported
 //!
@@ -60,6 +75,9 @@ use std::process::{Command, ExitCode, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// Set for a copy started again (see "Restarts"): how many times its rank has been.
+pub const RESTART_COUNT_VAR: &str = "SHMBROKER_RESTART_COUNT";
+
 /// How long copies told to stop (SIGTERM) have before they get SIGKILL.
 pub const GRACE: Duration = Duration::from_secs(3);
 
@@ -90,6 +108,14 @@ pub struct Args {
     /// `continue` to their end; the exit status is the first failure's either way.
     #[arg(long, value_enum, default_value_t = OnFailure::Stop)]
     on_failure: OnFailure,
+    /// Start a copy killed by a signal again, with the same rank, up to N times per rank: it
+    /// rejoins the job in the dead one's place, and the others go on (see "Restarts" in the
+    /// docs). A rank out of restarts fails as `--on-failure` says.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    restart: u32,
+    /// With `--restart`: also start again a copy that exits with a non-zero status.
+    #[arg(long, requires = "restart")]
+    restart_on_error: bool,
     /// The program and its arguments, after `--`.
     #[arg(
         required = true,
@@ -157,12 +183,14 @@ struct Copy {
     rank: u32,
     child: ChildGuard,
     status: Option<ExitStatus>,
+    /// How many times this rank has been started again (see "Restarts").
+    restarts: u32,
 }
 
 /// Runs the job; the exit status is the job's (see the module docs).
 pub fn run(args: &Args) -> ExitCode {
     match Job::start(args) {
-        Ok(job) => job.wait(args.timeout, args.on_failure),
+        Ok(job) => job.wait(args),
         Err((code, error)) => {
             say_line!("shmbroker run: {error}");
             ExitCode::from(code)
@@ -185,6 +213,11 @@ struct Job {
     /// Ranks in the order the broker saw them go, and whether each said goodbye (left) or not
     /// (died).
     departures: std::sync::Arc<std::sync::Mutex<Vec<(u32, bool)>>>,
+    /// What starting a copy again needs: torch's rendezvous, this job's id, and where tagged
+    /// output reports its end.
+    torch: TorchEnv,
+    job: String,
+    done_tx: mpsc::Sender<()>,
 }
 
 impl Job {
@@ -226,8 +259,12 @@ impl Job {
             })
             .map_err(|e| failed("starting the broker thread")(&e))?;
         let (done_tx, output_done) = mpsc::channel();
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
         let mut job = Job {
-            socket: socket.clone(),
+            socket,
             _dir: dir,
             broker_stop,
             broker: Some(broker),
@@ -236,34 +273,73 @@ impl Job {
             output_done,
             output_streams: 0,
             departures,
+            torch: TorchEnv::new(),
+            job: format!("run-{}-{started}", std::process::id()),
+            done_tx,
         };
-        let torch = TorchEnv::new();
         for rank in 0..args.copies {
-            let child = spawn_copy(args, &socket, &torch, rank).map_err(|error| {
+            let copy = job.start_copy(args, rank, 0).map_err(|error| {
                 let program = args.command[0].to_string_lossy();
                 (
                     CANNOT_START,
                     format!("cannot start {program:?} as rank {rank}: {error}"),
                 )
             })?;
-            let mut copy = Copy {
-                rank,
-                child,
-                status: None,
-            };
-            if args.tag_output {
-                if let Some(stdout) = copy.child.take_stdout() {
-                    tag_lines(rank, stdout, std::io::stdout, done_tx.clone());
-                    job.output_streams += 1;
-                }
-                if let Some(stderr) = copy.child.take_stderr() {
-                    tag_lines(rank, stderr, std::io::stderr, done_tx.clone());
-                    job.output_streams += 1;
-                }
-            }
             job.copies.push(copy);
         }
         Ok(job)
+    }
+
+    /// Starts copy `rank` (for the `restarts`th time again), its output tagged if asked.
+    fn start_copy(&mut self, args: &Args, rank: u32, restarts: u32) -> std::io::Result<Copy> {
+        let child = spawn_copy(args, &self.socket, &self.torch, &self.job, rank, restarts)?;
+        let mut copy = Copy {
+            rank,
+            child,
+            status: None,
+            restarts,
+        };
+        if args.tag_output {
+            if let Some(stdout) = copy.child.take_stdout() {
+                tag_lines(rank, stdout, std::io::stdout, self.done_tx.clone());
+                self.output_streams += 1;
+            }
+            if let Some(stderr) = copy.child.take_stderr() {
+                tag_lines(rank, stderr, std::io::stderr, self.done_tx.clone());
+                self.output_streams += 1;
+            }
+        }
+        Ok(copy)
+    }
+
+    /// Starts the copy at `at` again if it may be (see "Restarts"): whether it was.
+    fn restart(&mut self, args: &Args, at: usize, status: ExitStatus) -> bool {
+        let copy = &self.copies[at];
+        let others_running = self
+            .copies
+            .iter()
+            .enumerate()
+            .any(|(other, copy)| other != at && copy.status.is_none());
+        let restartable = status.signal().is_some() || args.restart_on_error;
+        if !restartable || copy.restarts >= args.restart || !others_running {
+            return false;
+        }
+        let (rank, restarts) = (copy.rank, copy.restarts + 1);
+        match self.start_copy(args, rank, restarts) {
+            Ok(new) => {
+                say_line!(
+                    "shmbroker run: rank {rank} {}; starting it again ({restarts} of {})",
+                    describe(status),
+                    args.restart
+                );
+                self.copies[at] = new;
+                true
+            }
+            Err(error) => {
+                say_line!("shmbroker run: cannot start rank {rank} again: {error}");
+                false
+            }
+        }
     }
 
     /// Prints the `shmbroker status` table of this job on standard error.
@@ -277,7 +353,8 @@ impl Job {
     /// Waits for every copy, stopping the others at the first failure (unless `on_failure` says
     /// to let them run), a forwarded signal's aftermath or the timeout; returns the job's exit
     /// status.
-    fn wait(mut self, timeout: Option<Duration>, on_failure: OnFailure) -> ExitCode {
+    fn wait(mut self, args: &Args) -> ExitCode {
+        let (timeout, on_failure) = (args.timeout, args.on_failure);
         let started = Instant::now();
         let mut first_failure: Option<u8> = None;
         let mut timed_out = false;
@@ -320,18 +397,36 @@ impl Job {
                     }
                 }
             }
+            // A copy with restarts left is started again, and is no failure (see "Restarts").
+            if stopping.is_none() && !timed_out && !forwarded {
+                failed.retain(|&at| {
+                    let status = self.copies[at]
+                        .status
+                        .unwrap_or_else(|| ExitStatus::from_raw(0));
+                    !self.restart(args, at, status)
+                });
+            }
             if first_failure.is_none()
                 && !timed_out
                 && let Some(at) = self.first_of(&failed)
             {
-                let (rank, status) = (self.copies[at].rank, self.copies[at].status);
+                let copy = &self.copies[at];
+                let (rank, status, restarts) = (copy.rank, copy.status, copy.restarts);
                 let status = status.unwrap_or_else(|| ExitStatus::from_raw(0));
                 first_failure = failure_code(status);
                 let then = match on_failure {
                     OnFailure::Stop => "stopping the others",
                     OnFailure::Continue => "the others go on",
                 };
-                say_line!("shmbroker run: rank {rank} {}; {then}", describe(status));
+                let spent = if args.restart > 0 && restarts >= args.restart {
+                    format!(" (started again {restarts} times: no restarts left)")
+                } else {
+                    String::new()
+                };
+                say_line!(
+                    "shmbroker run: rank {rank} {}{spent}; {then}",
+                    describe(status)
+                );
             }
             if self.copies.iter().all(|copy| copy.status.is_some()) {
                 break;
@@ -502,7 +597,9 @@ fn spawn_copy(
     args: &Args,
     socket: &std::path::Path,
     torch: &TorchEnv,
+    job: &str,
     rank: u32,
+    restarts: u32,
 ) -> std::io::Result<ChildGuard> {
     let mut command = Command::new(&args.command[0]);
     command
@@ -510,9 +607,15 @@ fn spawn_copy(
         .env("SHMBROKER_SOCKET", socket)
         .env("SHMBROKER_RANK", rank.to_string())
         .env("SHMBROKER_WORLD_SIZE", args.copies.to_string())
+        .env(shmbroker::session::JOB_VAR, job)
         .env(BROKER_VAR, "external")
         .stdin(Stdio::null())
         .process_group(0);
+    if restarts > 0 {
+        command.env(RESTART_COUNT_VAR, restarts.to_string());
+    } else {
+        command.env_remove(RESTART_COUNT_VAR);
+    }
     torch.apply(&mut command, rank, args.copies);
     if args.tag_output {
         command.stdout(Stdio::piped()).stderr(Stdio::piped());

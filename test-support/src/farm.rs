@@ -1,6 +1,13 @@
 //! `farm-worker`: a task farm's worker: takes tasks from rank 0, answers each with its id and a
 //! checksum. For the farm tests (`tests/farm.rs`).
 //!
+//! With `--job TASKS` it is a whole farm under a launcher (`shmbroker run -n N --restart 1 --
+//! farm-worker --job 2000 ...`): rank 0 reads, the others work, and a worker may die on
+//! purpose (`--die-rank`, `--die-after`). The reader keeps every worker busy with one task at a
+//! time, takes answers from any of them, and never stops: a task whose worker died is reported
+//! lost, naming that rank, and given to another; a worker's replacement (`PeerRejoined`) is given
+//! tasks again at once. At the end every task must have been answered exactly once, rightly.
+//!
 //! A task is its id (8 bytes, little-endian) followed by any bytes; the answer is the id and the
 //! FNV-1a hash of the whole task. An empty task means "stop".
 
@@ -10,12 +17,25 @@ use std::time::Duration;
 /// `farm-worker`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Log on to the broker at PATH.
-    #[arg(long, value_name = "PATH")]
-    socket: String,
-    /// The rank to ask for.
+    /// Log on to the broker at PATH (without `--job`).
+    #[arg(long, value_name = "PATH", required_unless_present = "job")]
+    socket: Option<String>,
+    /// The rank to ask for (without `--job`).
+    #[arg(long, required_unless_present = "job")]
+    rank: Option<u32>,
+    /// A whole farm of TASKS tasks under a launcher (see the module docs).
+    #[arg(long, value_name = "TASKS")]
+    job: Option<u64>,
+    /// With `--job`: this rank kills itself (SIGKILL) after `--die-after` tasks, in its first
+    /// process only (no `SHMBROKER_RESTART_COUNT`), or in every one with `--die-always`.
+    #[arg(long, value_name = "RANK")]
+    die_rank: Option<u32>,
+    /// With `--die-rank`: tasks answered before dying.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    die_after: u64,
+    /// With `--die-rank`: die in every process of that rank, restarted or not.
     #[arg(long)]
-    rank: u32,
+    die_always: bool,
     /// Deadline of the logon and of every call.
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     timeout_ms: u64,
@@ -53,10 +73,140 @@ pub fn answer(task: &[u8]) -> [u8; 16] {
 
 pub fn run(args: &Args) -> Result<(), String> {
     let timeout = Duration::from_millis(args.timeout_ms);
-    let mut session = Session::connect(&args.socket, Some(args.rank), timeout)
-        .map_err(|error| format!("logon: {error}"))?;
+    if let Some(tasks) = args.job {
+        return job(args, tasks, timeout);
+    }
+    let (Some(socket), Some(rank)) = (&args.socket, args.rank) else {
+        return Err("--socket and --rank are needed without --job".into());
+    };
+    let mut session =
+        Session::connect(socket, Some(rank), timeout).map_err(|error| format!("logon: {error}"))?;
     session.set_timeout(timeout);
-    serve(&mut session, args).map_err(|error| format!("rank {}: {error}", args.rank))
+    serve(&mut session, args).map_err(|error| format!("rank {rank}: {error}"))
+}
+
+/// `--job`: the whole farm, this process being the rank its launcher says.
+fn job(args: &Args, tasks: u64, timeout: Duration) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    let mut session = Session::from_env(timeout).map_err(|error| format!("logon: {error}"))?;
+    session.set_timeout(timeout);
+    let rank = session.rank();
+    if rank == 0 {
+        return read(&mut session, tasks).map_err(|error| format!("reader: {error}"));
+    }
+    let restarted = std::env::var_os("SHMBROKER_RESTART_COUNT").is_some();
+    if restarted != session.rejoined() {
+        return Err(format!(
+            "rank {rank}: restarted by the launcher: {restarted}; rejoined: {}",
+            session.rejoined()
+        ));
+    }
+    let dies = args.die_rank == Some(rank) && (args.die_always || !restarted);
+    let mut answered = 0u64;
+    loop {
+        let task = session
+            .recv(0)
+            .map_err(|error| format!("rank {rank}: {error}"))?;
+        if task.is_empty() {
+            return Ok(());
+        }
+        session
+            .send(0, &answer(&task))
+            .map_err(|error| format!("rank {rank}: {error}"))?;
+        answered += 1;
+        if answered == 1 && restarted {
+            say(&format!(
+                "rank {rank} (restart {}) answered its first task {:.1} ms after it started",
+                session.rejoins(),
+                started.elapsed().as_secs_f64() * 1e3
+            ));
+        }
+        if dies && answered == args.die_after {
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// The reader of `--job`: `tasks` tasks, one at a time per worker, answers from any worker.
+fn read(session: &mut Session, tasks: u64) -> Result<(), shmbroker::Error> {
+    use std::collections::{BTreeMap, HashSet, VecDeque};
+    let world = session.world_size();
+    let mut queue: VecDeque<u64> = (0..tasks).collect();
+    // The task each worker holds, and the workers free for one.
+    let mut holding: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut free: VecDeque<u32> = (1..world).collect();
+    let mut answered: HashSet<u64> = HashSet::new();
+    let (mut lost, mut rejoined) = (0u64, 0u64);
+    let task = |id: u64| {
+        let mut bytes = id.to_le_bytes().to_vec();
+        bytes.extend((0..56u64).map(|i| (i ^ id.wrapping_mul(31)) as u8));
+        bytes
+    };
+    while (answered.len() as u64) < tasks {
+        while let (Some(&worker), Some(&id)) = (free.front(), queue.front()) {
+            free.pop_front();
+            match session.send(worker, &task(id)) {
+                Ok(()) => {
+                    queue.pop_front();
+                    holding.insert(worker, id);
+                }
+                // It died since its last answer: `recv_any` reports it (once) and its
+                // replacement; the task goes to another worker.
+                Err(shmbroker::Error::PeerLost { rank, .. }) if rank == worker => {}
+                Err(other) => return Err(other),
+            }
+        }
+        match session.recv_any() {
+            Ok((worker, reply)) => {
+                let Some(id) = holding.remove(&worker) else {
+                    return Err(shmbroker::Error::Misuse(format!(
+                        "rank {worker} answered a task it was not given"
+                    )));
+                };
+                if reply[..] != answer(&task(id)) {
+                    return Err(shmbroker::Error::Misuse(format!(
+                        "rank {worker} answered task {id} wrongly"
+                    )));
+                }
+                if !answered.insert(id) {
+                    return Err(shmbroker::Error::Misuse(format!(
+                        "task {id} answered twice (by rank {worker})"
+                    )));
+                }
+                free.push_back(worker);
+            }
+            Err(shmbroker::Error::PeerLost { rank, .. }) => {
+                if let Some(id) = holding.remove(&rank) {
+                    say(&format!(
+                        "task {id} lost with rank {rank}, which died; given again"
+                    ));
+                    queue.push_front(id);
+                    lost += 1;
+                }
+                free.retain(|&worker| worker != rank);
+                // With every worker dead, each look says so until one comes back.
+                if holding.is_empty() && free.is_empty() {
+                    session.wait_for_rank(rank)?;
+                    free.push_back(rank);
+                    rejoined += 1;
+                }
+            }
+            Err(shmbroker::Error::PeerRejoined { rank, times }) => {
+                say(&format!("rank {rank} rejoined (replacement {times})"));
+                free.push_back(rank);
+                rejoined += 1;
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    for worker in 1..world {
+        session.send(worker, &[])?;
+    }
+    say(&format!(
+        "farm done: {tasks} tasks answered once each; {lost} lost with a dead rank and given \
+         again; {rejoined} replacements"
+    ));
+    Ok(())
 }
 
 fn serve(session: &mut Session, args: &Args) -> Result<(), shmbroker::Error> {
