@@ -21,6 +21,23 @@ fn ten_workers_past_the_flat_algorithms_hang_leak_and_misname_nothing() {
     chaos_finds_nothing(10, 10);
 }
 
+/// `chaos --soak 10`: one job of 4 ranks for 10 s, every operation at random sizes, workers
+/// killed and started again at random moments, each replacement rejoining: no wrong result, no
+/// hang, and the long-lived processes' memory and fds within the soak's bounds (CI runs 5
+/// minutes of it, `ci/chaos.sh`).
+#[test]
+fn a_ten_second_soak_with_kills_and_rejoins_finds_nothing() {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_chaos"));
+    command
+        .args(["--soak", "10", "--workers", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (ok, stdout, stderr) = finish(spawn(&mut command));
+    eprintln!("{stderr}");
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stderr.contains("kills and rejoins"), "{stderr}");
+}
+
 /// `trials` chaos trials of `workers` workers, every scenario: no hang, no leaked fd, no
 /// misnamed rank, no stray signal, and every survivor reporting.
 fn chaos_finds_nothing(workers: u32, trials: u32) {

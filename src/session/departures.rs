@@ -139,8 +139,14 @@ impl Session {
         if hit(&self.team) {
             streams.push(self.team.stream());
         }
+        self.close_streams(&streams);
+    }
+
+    /// Closes `streams` in every inbox (see `demux::Inbox::close_stream`), acknowledging the
+    /// blocks of the messages dropped.
+    pub(super) fn close_streams(&mut self, streams: &[u32]) {
         for peer in self.peers() {
-            for &stream in &streams {
+            for &stream in streams {
                 self.peers[peer as usize].inbox.close_stream(stream);
             }
             // An acknowledgement that cannot go (the peer is gone too) is nobody's loss.

@@ -407,12 +407,6 @@ impl Session {
     pub fn group_timeout(&mut self, ranks: &[u32], timeout: Duration) -> Result<Group, Error> {
         let me = self.check_group(ranks)?;
         let deadline = self.track(Deadline::new("group", timeout));
-        // Replacements of members that have rejoined are taken on first (see `rejoin`).
-        for &rank in ranks {
-            if rank != self.rank() {
-                self.adopt_rejoin(rank)?;
-            }
-        }
         // What collectives cut short by a departure left in the links goes first.
         self.close_departed_streams();
         let proposal = self.groups.highest + 1;

@@ -6,14 +6,18 @@
 //! names the job (see the handshake's broker, `logon::rejoin`). It makes fresh rings between the
 //! newcomer and every survivor and passes each survivor its two rings, the newcomer's readiness
 //! eventfd and pidfd; the survivor's watcher files them (the handshake's `liveness` module). The
-//! session takes them on (*adopts* the replacement) at one of three moments, never in the middle
+//! session takes them on (*adopts* the replacement) at one of two moments, never in the middle
 //! of another call:
 //!
 //! - [`Session::recv_any`] and its kin, once they have reported the dead process's
 //!   [`Error::PeerLost`] (after everything it sent), report [`Error::PeerRejoined`] once, having
 //!   adopted it. A farm's reader learns of its new worker where it learns of the death;
-//! - [`Session::wait_for_rank`] waits for it and adopts it;
-//! - [`Session::group`] adopts the replacements of its members that have arrived.
+//! - [`Session::wait_for_rank`] waits for it and adopts it.
+//!
+//! [`Session::group`] does not: making a group is an exchange every member must make in the
+//! same order, and a rank that took a replacement on in the middle of one would send it a
+//! setup message the replacement never asked for. Every member waits for the ranks it needs
+//! first (`wait_for_rank`), then makes the group.
 //!
 //! Adopting forgets everything about the dead process: its rings (and what it sent that nobody
 //! took), the point-to-point numbers both ways, its outbox, the blocks it owed. Messages to and
@@ -116,6 +120,15 @@ impl Session {
         self.closed_for &= !(1 << rank);
         self.adoptions += 1;
         self.adopted_at[rank as usize] = self.adoptions;
+        // The collectives of every team it was in are over (see "Collectives"): what their
+        // messages leave in the links, from any peer, is dropped and acknowledged now and as it
+        // comes, as after a departure, so that no sender's outbox blocks stay held by them.
+        let mut streams = vec![0];
+        streams.extend(self.groups.streams_where(|team| team.contains(rank)));
+        if self.team.contains(rank) {
+            streams.push(self.team.stream());
+        }
+        self.close_streams(&streams);
         Ok(Some(times))
     }
 

@@ -60,6 +60,17 @@ pub struct Args {
     /// Print every trial as JSON before the summary.
     #[arg(long)]
     json: bool,
+    /// Instead of trials: one job for SECONDS, every operation at random sizes, with kills and
+    /// rejoins at random moments, failing on a wrong result, a hang, or memory or fds growing
+    /// beyond the bounds below (see the `soak` module).
+    #[arg(long, value_name = "SECONDS")]
+    soak: Option<u64>,
+    /// The soak's bound on a process's private memory (RssAnon) growth after its warm-up.
+    #[arg(long, value_name = "KIB", default_value_t = 8192)]
+    soak_rss_kib: u64,
+    /// The soak's bound on a process's fd count growth after its warm-up.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    soak_fds: i64,
 }
 
 const AFTER_HELP: &str = "\
@@ -117,7 +128,7 @@ const OPS: [&str; 7] = [
 const SCENARIOS: [&str; 6] = ["kill", "broker", "scribble", "fork", "leave", "shrink"];
 
 /// Nanoseconds on `CLOCK_MONOTONIC`, the same clock in every process.
-fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
         t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
     });
@@ -125,7 +136,7 @@ fn monotonic_ns() -> u64 {
 }
 
 /// Open fds of process `pid` (`None`: this one).
-fn fd_count(pid: Option<u32>) -> Option<usize> {
+pub(crate) fn fd_count(pid: Option<u32>) -> Option<usize> {
     let dir = pid.map_or("/proc/self/fd".to_string(), |pid| format!("/proc/{pid}/fd"));
     // Reading the directory opens one fd of our own, listed too when reading our own.
     let count = std::fs::read_dir(dir).ok()?.count();
@@ -133,17 +144,17 @@ fn fd_count(pid: Option<u32>) -> Option<usize> {
 }
 
 /// A small xorshift generator: trials are reproducible from `--seed`.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 }
@@ -450,6 +461,17 @@ struct Report {
 pub fn run(args: &Args) -> Result<(), String> {
     let (trials, workers, json) = (args.trials, args.workers, args.json);
     let seed = args.seed.unwrap_or_else(monotonic_ns);
+    if let Some(seconds) = args.soak {
+        let exe = std::env::current_exe().map_err(|e| format!("finding my own binary: {e}"))?;
+        let soak = crate::soak::Soak {
+            seconds,
+            workers,
+            seed,
+            rss_kib: args.soak_rss_kib,
+            fds: args.soak_fds,
+        };
+        return crate::soak::run(&exe, soak);
+    }
     // clap checked the names; these are the 'static ones.
     let pick = |names: &[&'static str], only: &Option<String>| -> Vec<&'static str> {
         names

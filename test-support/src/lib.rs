@@ -25,3 +25,4 @@ pub mod chaos;
 pub mod cuda;
 pub mod farm;
 pub mod hostile;
+pub mod soak;

@@ -20,6 +20,9 @@ enum Part {
     /// One worker of a trial.
     #[command(hide = true)]
     Worker(chaos::WorkerArgs),
+    /// One rank of the soak's job.
+    #[command(hide = true)]
+    SoakWorker(shmbroker_test_support::soak::WorkerArgs),
     /// `shmbroker serve`: the broker of the trials.
     #[command(hide = true)]
     Serve(shmbroker_cli::serve::Args),
@@ -32,6 +35,9 @@ fn main() -> ExitCode {
         Some(Part::Worker(args)) => {
             shmbroker_cli::run_tool("chaos worker", || chaos::worker(&args))
         }
+        Some(Part::SoakWorker(args)) => shmbroker_cli::run_tool("chaos soak-worker", || {
+            shmbroker_test_support::soak::worker(&args)
+        }),
         Some(Part::Serve(args)) => shmbroker_cli::execute(
             shmbroker_cli::Command::Serve(args),
             shmbroker_cli::logging::Format::Text,
