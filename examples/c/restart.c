@@ -1,0 +1,136 @@
+/*
+ * A task farm that heals, in C: rank 0 hands out tasks and takes answers from any worker; the
+ * last rank dies on purpose (SIGKILL) after a few tasks in its first process, the launcher starts
+ * it again (`--restart 1`), and the new process rejoins the job in its place. Rank 0 hears
+ * SHMBROKER_E_PEER_LOST for the dead process, then SHMBROKER_E_PEER_REJOINED, and gives the
+ * newcomer tasks again; the task the dead process held is given to another. Then every rank
+ * waits for the others (shmbroker_wait_for_rank takes the newcomer on where it has not been yet),
+ * makes a group of the whole world and sums on it.
+ *
+ *     cargo build --release -p shmbroker-capi -p shmbroker-cli
+ *     cc examples/c/restart.c -Icapi/include -Ltarget/release -lshmbroker \
+ *        -Wl,-rpath,"$PWD/target/release" -o restart
+ *     target/release/shmbroker run -n 3 --restart 1 ./restart
+ */
+#include <shmbroker.h>
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TASKS 200
+#define DIE_AFTER 20
+
+#define CHECK(call)                                                                            \
+    do {                                                                                       \
+        int rc_ = (call);                                                                      \
+        if (rc_ != SHMBROKER_OK) {                                                             \
+            fprintf(stderr, "%s failed (%d): %s\n", #call, rc_, shmbroker_last_error());       \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static uint64_t answer_of(uint64_t task) { return task * 2654435761u + 7; }
+
+/* Rank 0: every task answered exactly once, whatever dies. */
+static void read_tasks(struct shmbroker_session *s) {
+    uint32_t world = shmbroker_world_size(s);
+    int64_t holding[64];           /* the task each worker holds, or -1 */
+    int answered[TASKS] = {0};
+    uint64_t next = 0, done = 0, lost = 0, rejoined = 0;
+    int64_t requeued = -1;         /* a task to give again first */
+    for (uint32_t w = 0; w < world; w++) holding[w] = -1;
+    /* Until every task is answered and the dead worker's replacement has come back. */
+    while (done < TASKS || rejoined == 0) {
+        for (uint32_t w = 1; w < world; w++) {
+            if (holding[w] != -1 || (requeued < 0 && next == TASKS)) continue;
+            uint64_t task = requeued >= 0 ? (uint64_t)requeued : next;
+            int rc = shmbroker_send(s, w, &task, sizeof task);
+            if (rc == SHMBROKER_E_PEER_LOST) continue; /* recv_any reports it, then its return */
+            CHECK(rc);
+            holding[w] = (int64_t)task;
+            if (requeued >= 0) requeued = -1; else next++;
+        }
+        uint32_t from = 0;
+        uint64_t reply[2];
+        size_t len = 0;
+        int rc = shmbroker_recv_any(s, &from, reply, sizeof reply, &len);
+        if (rc == SHMBROKER_E_PEER_LOST) {
+            int64_t rank = shmbroker_last_error_rank();
+            printf("rank %lld died: %s\n", (long long)rank, shmbroker_last_error());
+            if (rank > 0 && holding[rank] != -1) {
+                requeued = holding[rank];
+                holding[rank] = -1;
+                lost++;
+            }
+            continue;
+        }
+        if (rc == SHMBROKER_E_PEER_REJOINED) {
+            printf("rank %lld rejoined\n", (long long)shmbroker_last_error_rank());
+            rejoined++;
+            continue;
+        }
+        CHECK(rc);
+        if (len != sizeof reply || (int64_t)reply[0] != holding[from] ||
+            reply[1] != answer_of(reply[0]) || answered[reply[0]]) {
+            fprintf(stderr, "a wrong or repeated answer from rank %u\n", from);
+            exit(1);
+        }
+        answered[reply[0]] = 1;
+        holding[from] = -1;
+        done++;
+    }
+    for (uint32_t w = 1; w < world; w++) CHECK(shmbroker_send(s, w, NULL, 0));
+    printf("farm done: %d tasks answered once each, %llu lost and given again, %llu rejoined\n",
+           TASKS, (unsigned long long)lost, (unsigned long long)rejoined);
+    if (rejoined != 1) {
+        fprintf(stderr, "expected one rejoin, saw %llu\n", (unsigned long long)rejoined);
+        exit(1);
+    }
+}
+
+int main(void) {
+    struct shmbroker_session *s = NULL;
+    CHECK(shmbroker_from_env(30000, &s));
+    uint32_t rank = shmbroker_rank(s), world = shmbroker_world_size(s);
+    const char *restarted = getenv("SHMBROKER_RESTART_COUNT");
+    if ((restarted != NULL) != (shmbroker_rejoins(s) > 0)) {
+        fprintf(stderr, "rank %u: restarted %s, rejoins %u\n", rank, restarted ? "yes" : "no",
+                shmbroker_rejoins(s));
+        return 1;
+    }
+    if (rank == 0) {
+        read_tasks(s);
+    } else {
+        int answered = 0;
+        for (;;) {
+            uint64_t task, reply[2];
+            size_t len = 0;
+            CHECK(shmbroker_recv(s, 0, &task, sizeof task, &len));
+            if (len == 0) break;
+            reply[0] = task;
+            reply[1] = answer_of(task);
+            CHECK(shmbroker_send(s, 0, reply, sizeof reply));
+            if (rank == world - 1 && restarted == NULL && ++answered == DIE_AFTER) raise(SIGKILL);
+        }
+    }
+    /* Every rank there (the replacement taken on), a group of the whole world, a sum. */
+    for (uint32_t r = 0; r < world; r++)
+        if (r != rank) CHECK(shmbroker_wait_for_rank(s, r, 30000));
+    uint32_t ranks[64];
+    for (uint32_t r = 0; r < world; r++) ranks[r] = r;
+    struct shmbroker_group *g = NULL;
+    CHECK(shmbroker_group_create(s, ranks, world, &g));
+    uint32_t sum = rank + 1;
+    CHECK(shmbroker_group_all_reduce(s, g, &sum, 1, SHMBROKER_DTYPE_U32, SHMBROKER_OP_SUM));
+    if (sum != world * (world + 1) / 2) {
+        fprintf(stderr, "rank %u: the sum is %u\n", rank, sum);
+        return 1;
+    }
+    printf("rank %u%s: OK\n", rank, restarted ? " (restarted)" : "");
+    shmbroker_group_free(g);
+    CHECK(shmbroker_close(s));
+    return 0;
+}
