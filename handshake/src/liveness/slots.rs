@@ -14,23 +14,34 @@
 //! `readers` for as long as it holds a [`Guard`]:
 //!
 //! ```text
-//! reader:   readers.fetch_add(1, SeqCst); p = slot.load(SeqCst); ... use *p ...; readers.fetch_sub(1, Release)
-//! replacer: old = slot.swap(new, SeqCst); retire old;  if readers.load(SeqCst) == 0 { free every retired value }
+//! reader:   I: readers.fetch_add(1, AcqRel); L: p = slot.load(Acquire); ... use *p ...;
+//!           D: readers.fetch_sub(1, Release)
+//! replacer: S: old = slot.swap(new, AcqRel); retire old;
+//!           C: if readers.fetch_add(0, AcqRel) == 0 { free every retired value }
 //! ```
+//!
+//! The replacer's look at `readers` is a read-modify-write (adding 0), not a load: that is what
+//! makes acquire and release enough (a plain load would need `SeqCst` on all four, the
+//! store-buffering pattern, which loom does not model).
 //!
 //! # Why no value is freed while a reader uses it
 //!
-//! Say a reader's load returned the old pointer `p`. All four `SeqCst` operations (the reader's
-//! increment and load, the replacer's swap and its load of `readers`) sit in one total order
-//! consistent with each thread's program order. The load returned `p`, so it precedes the swap
-//! that replaced `p`; the increment precedes the load; the replacer's load of `readers` follows
-//! the swap. So the increment precedes that load, which therefore reads the increment or a later
-//! value in `readers`' modification order. Every decrement follows its own reader's increment, so
-//! a value of 0 there means this reader's decrement is in that prefix too: the replacer's load
-//! reads from it or from a later read-modify-write (which continues its release sequence), so
-//! the decrement (Release) synchronises with the load, and everything the reader did with `p`
-//! happens before the free. A count above 0 keeps the retired values for the next replacement,
-//! or for the drop of the whole set.
+//! Every operation on `readers` is a read-modify-write, so each reads the value just before it
+//! in `readers`' modification order, and each continues the release sequence of those before
+//! it. Every `D` comes after its own `I` in that order. Say `C` read 0; take any reader whose
+//! `L` returned the old pointer `p`. The value `C` read counts the increments before `C` less
+//! the decrements before it, so the reader's `I` and `D` are either both before `C` or both
+//! after it:
+//!
+//! - both before: `C` reads from `D` or from a later read-modify-write, so `D` (Release)
+//!   synchronises with `C` (Acquire), and everything the reader did with `p` happens before the
+//!   free;
+//! - both after: `I` reads from `C` or a later read-modify-write, so `C` (Release) synchronises
+//!   with `I` (Acquire); the swap `S`, before `C`, then happens before `L`, which cannot read a
+//!   value older than `S`'s: it read the new pointer, not `p`. So this case has no such reader.
+//!
+//! A count above 0 keeps the retired values for the next replacement, or for the drop of the
+//! whole set.
 //!
 //! A signal handler that reads on the replacer's own thread runs to its end before the replacer
 //! goes on: if it ran before the swap it is done; if after, it loads only the new pointer.
@@ -85,7 +96,7 @@ impl<T> Slots<T> {
 
     /// Counts a reader in until the guard drops. Lock-free and async-signal-safe.
     pub(crate) fn read(&self) -> Guard<'_, T> {
-        self.readers.fetch_add(1, Ordering::SeqCst);
+        self.readers.fetch_add(1, Ordering::AcqRel);
         Guard { slots: self }
     }
 
@@ -95,13 +106,14 @@ impl<T> Slots<T> {
         let Some(slot) = self.slots.get(index) else {
             return;
         };
-        let old = slot.swap(into_raw(item), Ordering::SeqCst);
+        let old = slot.swap(into_raw(item), Ordering::AcqRel);
         let mut retired = self
             .retired
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         retired.0.extend(NonNull::new(old));
-        if self.readers.load(Ordering::SeqCst) == 0 {
+        // A read-modify-write, not a load (see the module docs).
+        if self.readers.fetch_add(0, Ordering::AcqRel) == 0 {
             for value in retired.0.drain(..) {
                 // SAFETY: `value` came from `Box::into_raw`, no slot points to it any more (it
                 // was swapped out before the count was read), and no reader that loaded it is
@@ -153,7 +165,7 @@ pub(crate) struct Guard<'a, T> {
 impl<'a, T> Guard<'a, T> {
     /// The value in slot `index`, if there is one.
     pub(crate) fn get(&self, index: usize) -> Option<&T> {
-        let pointer = self.slots.slots.get(index)?.load(Ordering::SeqCst);
+        let pointer = self.slots.slots.get(index)?.load(Ordering::Acquire);
         // SAFETY: a non-null pointer in a slot is a live box, and this guard is counted in
         // `readers`, so it is not freed before the guard drops (module docs); `&T` is all
         // anyone gets.
