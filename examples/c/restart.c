@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TASKS 200
-#define DIE_AFTER 20
+#define TASKS 400
+#define DIE_AFTER 5
 
 #define CHECK(call)                                                                            \
     do {                                                                                       \
@@ -39,11 +39,11 @@ static void read_tasks(struct shmbroker_session *s) {
     uint32_t world = shmbroker_world_size(s);
     int64_t holding[64];           /* the task each worker holds, or -1 */
     int answered[TASKS] = {0};
-    uint64_t next = 0, done = 0, lost = 0, rejoined = 0;
+    uint64_t next = 0, done = 0, lost = 0, died = 0, rejoined = 0;
     int64_t requeued = -1;         /* a task to give again first */
     for (uint32_t w = 0; w < world; w++) holding[w] = -1;
-    /* Until every task is answered and the dead worker's replacement has come back. */
-    while (done < TASKS || rejoined == 0) {
+    /* Until every task is answered and a dead worker's replacement has come back. */
+    while (done < TASKS || died > rejoined) {
         for (uint32_t w = 1; w < world; w++) {
             if (holding[w] != -1 || (requeued < 0 && next == TASKS)) continue;
             uint64_t task = requeued >= 0 ? (uint64_t)requeued : next;
@@ -60,6 +60,7 @@ static void read_tasks(struct shmbroker_session *s) {
         if (rc == SHMBROKER_E_PEER_LOST) {
             int64_t rank = shmbroker_last_error_rank();
             printf("rank %lld died: %s\n", (long long)rank, shmbroker_last_error());
+            died++;
             if (rank > 0 && holding[rank] != -1) {
                 requeued = holding[rank];
                 holding[rank] = -1;
@@ -85,8 +86,9 @@ static void read_tasks(struct shmbroker_session *s) {
     for (uint32_t w = 1; w < world; w++) CHECK(shmbroker_send(s, w, NULL, 0));
     printf("farm done: %d tasks answered once each, %llu lost and given again, %llu rejoined\n",
            TASKS, (unsigned long long)lost, (unsigned long long)rejoined);
-    if (rejoined != 1) {
-        fprintf(stderr, "expected one rejoin, saw %llu\n", (unsigned long long)rejoined);
+    if (died != 1 || rejoined != 1) {
+        fprintf(stderr, "expected one death and one rejoin, saw %llu and %llu\n",
+                (unsigned long long)died, (unsigned long long)rejoined);
         exit(1);
     }
 }
