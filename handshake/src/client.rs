@@ -213,23 +213,19 @@ impl Connection {
     /// [`Error::Ring`] or [`Error::Protocol`] when a file the broker passed is not what it
     /// should be; the replacement is then dropped, and `peer` stays gone.
     pub fn adopt(&mut self, peer: u32) -> Result<Option<u32>, Error> {
-        let rejoin = {
+        // The files are taken out; the rest stays in the inbox until the replacement is in place,
+        // so that the broker's word that it is gone, if it comes meanwhile, is kept on it.
+        let (times, to, from, readiness) = {
             let mut inbox = self.shared.lock();
-            if !inbox.rejoins.get(&peer).is_some_and(|r| r.complete()) {
+            let Some(rejoin) = inbox.rejoins.get_mut(&peer).filter(|r| r.complete()) else {
                 return Ok(None);
-            }
-            inbox.rejoins.remove(&peer)
-        };
-        let Some(crate::liveness::Rejoin {
-            times,
-            to: Some(to),
-            from: Some(from),
-            readiness: Some(readiness),
-            process: Some(process),
-            gone,
-        }) = rejoin
-        else {
-            unreachable!("a complete rejoin has all of its notices (see `file_rejoin`)");
+            };
+            let files = (rejoin.to.take(), rejoin.from.take(), rejoin.readiness.take());
+            let (Some(to), Some(from), Some(readiness)) = files else {
+                // Only this connection's owner adopts, one call at a time: never half taken.
+                return Ok(None);
+            };
+            (rejoin.times, to, from, readiness)
         };
         let joined = (|| {
             let ring = |role| move |source| Error::Ring { role, peer, source };
@@ -246,13 +242,16 @@ impl Connection {
         let link = match joined {
             Ok(link) => link,
             Err(error) => {
-                self.shared.drop_rejoin(peer);
+                self.shared.drop_rejoin(peer, times);
                 return Err(error);
             }
         };
         let closers = (link.to.closer(), link.from.closer());
+        // `None`: a newer replacement came meanwhile (this one died); it is adopted next time.
+        let Some(gone) = self.shared.adopt(peer, times, closers) else {
+            return Ok(None);
+        };
         self.links[peer as usize] = Some(link);
-        self.shared.adopt(peer, process, closers);
         if let Some(said_goodbye) = gone {
             self.shared.peer_gone(peer, said_goodbye);
         }

@@ -320,9 +320,14 @@ impl Shared {
         }
     }
 
-    /// A rejoin of `rank` that could not be adopted is dropped: `rank` stays gone.
-    pub fn drop_rejoin(&self, rank: u32) {
-        self.state.drop_rejoin(rank);
+    /// A rejoin of `rank` (replaced `times` times) that could not be adopted is dropped: `rank`
+    /// stays gone (unless a newer replacement waits already).
+    pub fn drop_rejoin(&self, rank: u32, times: u32) {
+        let mut inbox = self.lock();
+        if inbox.rejoins.get(&rank).is_some_and(|rejoin| rejoin.times == times) {
+            inbox.rejoins.remove(&rank);
+            self.state.drop_rejoin(rank);
+        }
     }
 
     /// A rejoin of `rank` is complete in the inbox: the session is told, and a receive asleep on
@@ -332,17 +337,25 @@ impl Shared {
         shmbroker_sys::eventfd::signal(self.readiness.as_fd());
     }
 
-    /// Puts rank `rank`'s replacement in place of its dead process: the closers of the fresh
-    /// rings (`closers`), its process, and "not gone" in the state; all under the inbox lock,
-    /// as every exit is recorded (see [`Self::exited`]), so that an exit of the old process
-    /// found just before is either recorded before (and forgotten here) or found stale.
+    /// Puts rank `rank`'s replacement (the one replaced `times` times) in place of its dead
+    /// process: the closers of the fresh rings (`closers`), its process, and "not gone" in the
+    /// state; all under the inbox lock, as every exit is recorded (see [`Self::exited`]), so that
+    /// an exit of the old process found just before is either recorded before (and forgotten
+    /// here) or found stale. Returns the broker's word that the replacement is gone too, if it
+    /// came meanwhile (`Some(said_goodbye)`), or `None`, changing nothing, when a newer
+    /// replacement has taken its place in the inbox.
     pub fn adopt(
         &self,
         rank: u32,
-        process: PeerProcess,
+        times: u32,
         closers: (Closer<Message>, Closer<Message>),
-    ) {
+    ) -> Option<Option<bool>> {
         let mut inbox = self.lock();
+        if inbox.rejoins.get(&rank).is_none_or(|rejoin| rejoin.times != times) {
+            return None;
+        }
+        let rejoin = inbox.rejoins.remove(&rank)?;
+        let process = rejoin.process?;
         self.closers.replace(rank as usize, closers);
         inbox.peers.insert(rank, process);
         self.state.forget(rank);
@@ -351,6 +364,7 @@ impl Shared {
         // polls the pidfds of every rank not gone.
         self.check_now();
         self.wake_waiters();
+        Some(rejoin.gone)
     }
 
     /// The inbox, even if a thread panicked holding it (its maps stay consistent).
