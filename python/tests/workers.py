@@ -1051,6 +1051,7 @@ def scenario_rejoin(_session, args):
         os.kill(os.getpid(), signal.SIGKILL)
     if part == "newcomer":
         check(session.rejoins == 1, f"rejoins is {session.rejoins}")
+        session.wait_for_rank(0, timeout=5)
         try:
             session.barrier()
             check(False, "a replacement's world barrier returned")
@@ -1074,6 +1075,7 @@ def scenario_rejoin(_session, args):
                 seen.append("rejoined")
         check(seen == ["lost", "rejoined"], f"seen {seen}")
         check((sender, data) == (1, b"hello"), f"got {sender} {data!r}")
+        session.wait_for_rank(1, timeout=5)  # there already: returns at once
         say("REJOINED")
     group = session.group([0, 1])
     total = array.array("i", [session.rank + 1] * 4)

@@ -205,6 +205,16 @@ impl Sender {
         self.shared.set_timeout(timeout);
     }
 
+    /// [`Session::wait_for_rank_timeout`]: waits until `rank` is there, taking on a
+    /// replacement of it (the session is held meanwhile, as for [`Self::session`]).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::wait_for_rank`].
+    pub fn wait_for_rank_timeout(&self, rank: u32, timeout: Duration) -> Result<(), Error> {
+        self.session().wait_for_rank_timeout(rank, timeout)
+    }
+
     /// The whole session, for a collective (or any [`Session`] call) while the halves are apart:
     /// waits for the [`Receiver`] to finish looking at the rings (never for a receive asleep
     /// waiting for a message), and holds it off until the guard is dropped. Do not call the
