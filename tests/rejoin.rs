@@ -92,15 +92,10 @@ fn group_sum(session: &mut Session, ranks: &[u32]) -> Vec<u32> {
 #[test]
 #[ignore = "a rank of another test of this file"]
 fn rejoin_rank() {
-    let Ok(scenario) = std::env::var("SHMBROKER_TEST_SCENARIO") else {
+    let Some((scenario, mut session)) = common::rank_session() else {
         return;
     };
-    let socket = std::env::var("SHMBROKER_TEST_SOCKET").unwrap();
-    let rank: u32 = std::env::var("SHMBROKER_TEST_RANK")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut session = Session::connect(&socket, Some(rank), TIMEOUT).unwrap();
+    let rank = session.rank();
     session.set_timeout(TIMEOUT);
     match scenario.as_str() {
         // Says something to every peer, meets them, and dies with their messages unread.

@@ -101,11 +101,7 @@ impl Listener {
             if let Some((reason, text)) = refusal {
                 return self.refuse(&pending.stream, reason, who, text, events);
             }
-            if frame.min_ring_capacity > self.config.ring_capacity {
-                let text = format!(
-                    "needs at least {} ring slots; this broker's rings have {}",
-                    frame.min_ring_capacity, self.config.ring_capacity
-                );
+            if let Some(text) = self.too_small(&frame) {
                 let reason = RejectReason::CapacityOutOfLimits;
                 return self.refuse(&pending.stream, reason, who, text, events);
             }
@@ -210,11 +206,7 @@ impl Listener {
             }
             rank
         };
-        if frame.min_ring_capacity > self.config.ring_capacity {
-            let text = format!(
-                "needs at least {} ring slots; this broker's rings have {}",
-                frame.min_ring_capacity, self.config.ring_capacity
-            );
+        if let Some(text) = self.too_small(&frame) {
             let reason = RejectReason::CapacityOutOfLimits;
             return self.refuse(&pending.stream, reason, who, text, events);
         }
@@ -230,6 +222,16 @@ impl Listener {
                 self.refuse(&pending.stream, RejectReason::Internal, who, text, events);
             }
         }
+    }
+
+    /// Why this broker's rings are too small for `frame`, if they are.
+    fn too_small(&self, frame: &shmbroker_bindings::LogonFrame) -> Option<String> {
+        (frame.min_ring_capacity > self.config.ring_capacity).then(|| {
+            format!(
+                "needs at least {} ring slots; this broker's rings have {}",
+                frame.min_ring_capacity, self.config.ring_capacity
+            )
+        })
     }
 
     /// Records a worker whose reply went out, introduces it, passes it every outbox there is,
