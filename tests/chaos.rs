@@ -35,7 +35,18 @@ fn a_ten_second_soak_with_kills_and_rejoins_finds_nothing() {
     let (ok, stdout, stderr) = finish(spawn(&mut command));
     eprintln!("{stderr}");
     assert!(ok, "{stdout}\n{stderr}");
-    assert!(stderr.contains("kills and rejoins"), "{stderr}");
+    // "soak: 10 s, 4 ranks, seed S: R rounds checked, K kills and rejoins": both above 0.
+    let (checked, kills) = stderr
+        .lines()
+        .find_map(|line| line.rsplit_once(": ")?.1.strip_suffix(" kills and rejoins"))
+        .and_then(|counts| counts.split_once(" rounds checked, "))
+        .map_or((0, 0), |(rounds, kills)| {
+            (
+                rounds.parse::<u64>().unwrap_or(0),
+                kills.parse::<u64>().unwrap_or(0),
+            )
+        });
+    assert!(checked > 0 && kills > 0, "{stderr}");
 }
 
 /// `trials` chaos trials of `workers` workers, every scenario: no hang, no leaked fd, no

@@ -38,6 +38,7 @@ static uint64_t answer_of(uint64_t task) { return task * 2654435761u + 7; }
 static void read_tasks(struct shmbroker_session *s) {
     uint32_t world = shmbroker_world_size(s);
     int64_t holding[64];           /* the task each worker holds, or -1 */
+    int dead[64] = {0};            /* dead, and no replacement yet */
     int answered[TASKS] = {0};
     uint64_t next = 0, done = 0, lost = 0, died = 0, rejoined = 0;
     int64_t requeued = -1;         /* a task to give again first */
@@ -59,8 +60,12 @@ static void read_tasks(struct shmbroker_session *s) {
         int rc = shmbroker_recv_any(s, &from, reply, sizeof reply, &len);
         if (rc == SHMBROKER_E_PEER_LOST) {
             int64_t rank = shmbroker_last_error_rank();
-            printf("rank %lld died: %s\n", (long long)rank, shmbroker_last_error());
-            died++;
+            /* With every worker dead, each call says so again until a replacement comes. */
+            if (rank >= 0 && rank < 64 && !dead[rank]) {
+                printf("rank %lld died: %s\n", (long long)rank, shmbroker_last_error());
+                dead[rank] = 1;
+                died++;
+            }
             if (rank > 0 && holding[rank] != -1) {
                 requeued = holding[rank];
                 holding[rank] = -1;
@@ -69,7 +74,9 @@ static void read_tasks(struct shmbroker_session *s) {
             continue;
         }
         if (rc == SHMBROKER_E_PEER_REJOINED) {
-            printf("rank %lld rejoined\n", (long long)shmbroker_last_error_rank());
+            int64_t rank = shmbroker_last_error_rank();
+            printf("rank %lld rejoined\n", (long long)rank);
+            if (rank >= 0 && rank < 64) dead[rank] = 0;
             rejoined++;
             continue;
         }

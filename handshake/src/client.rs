@@ -220,7 +220,11 @@ impl Connection {
             let Some(rejoin) = inbox.rejoins.get_mut(&peer).filter(|r| r.complete()) else {
                 return Ok(None);
             };
-            let files = (rejoin.to.take(), rejoin.from.take(), rejoin.readiness.take());
+            let files = (
+                rejoin.to.take(),
+                rejoin.from.take(),
+                rejoin.readiness.take(),
+            );
             let (Some(to), Some(from), Some(readiness)) = files else {
                 // Only this connection's owner adopts, one call at a time: never half taken.
                 return Ok(None);
@@ -247,15 +251,25 @@ impl Connection {
             }
         };
         let closers = (link.to.closer(), link.from.closer());
-        // `None`: a newer replacement came meanwhile (this one died); it is adopted next time.
-        let Some(gone) = self.shared.adopt(peer, times, closers) else {
+        // Not adopted: a newer replacement came meanwhile (this one died); it is adopted next.
+        if !self.shared.adopt(peer, times, closers) {
             return Ok(None);
-        };
-        self.links[peer as usize] = Some(link);
-        if let Some(said_goodbye) = gone {
-            self.shared.peer_gone(peer, said_goodbye);
         }
+        self.links[peer as usize] = Some(link);
         Ok(Some(times))
+    }
+
+    /// Whether a complete rejoin of `peer` waits to be adopted (takes the inbox lock).
+    #[must_use]
+    pub fn rejoin_ready(&self, peer: u32) -> bool {
+        self.shared.rejoin_ready(peer)
+    }
+
+    /// The writes to this worker's readiness eventfd made for rejoins since the last call: the
+    /// session counts them as owed, so that its next look resets the eventfd.
+    #[must_use]
+    pub fn take_rejoin_signals(&self) -> u64 {
+        self.shared.take_rejoin_signals()
     }
 
     /// Waits up to `timeout` for `peer`'s replacement to rejoin (for [`Self::adopt`]), or for
@@ -934,7 +948,12 @@ impl Connection {
         let reader = socket
             .try_clone()
             .map_err(|e| Error::sys("dup of the broker socket")(io_errno(&e)))?;
-        let watcher = Watcher::start(Arc::clone(&shared), reader, header.world_size)?;
+        let watcher = Watcher::start(
+            Arc::clone(&shared),
+            reader,
+            header.world_size,
+            header.rejoins > 0,
+        )?;
         Ok(Self {
             rank: header.rank,
             world_size: header.world_size,

@@ -324,17 +324,40 @@ impl Shared {
     /// stays gone (unless a newer replacement waits already).
     pub fn drop_rejoin(&self, rank: u32, times: u32) {
         let mut inbox = self.lock();
-        if inbox.rejoins.get(&rank).is_some_and(|rejoin| rejoin.times == times) {
+        if inbox
+            .rejoins
+            .get(&rank)
+            .is_some_and(|rejoin| rejoin.times == times)
+        {
             inbox.rejoins.remove(&rank);
             self.state.drop_rejoin(rank);
         }
     }
 
-    /// A rejoin of `rank` is complete in the inbox: the session is told, and a receive asleep on
-    /// the readiness eventfd wakes to report it.
-    fn rejoin_complete(&self, rank: u32) {
+    /// A rejoin of `rank` is complete in the inbox (the caller holds its lock): the session is
+    /// told, by the state's pending bit.
+    fn note_rejoin(&self, rank: u32) {
         self.state.note_rejoin(rank);
+    }
+
+    /// After [`Self::note_rejoin`], with the lock let go: a receive asleep on the readiness
+    /// eventfd wakes to report it. The write is counted ([`Self::take_rejoin_signals`]), so the
+    /// session's next look that finds nothing resets the eventfd and an event loop does not
+    /// spin on it.
+    fn signal_rejoin(&self) {
+        self.state.count_rejoin_signal();
         shmbroker_sys::eventfd::signal(self.readiness.as_fd());
+    }
+
+    /// The writes to the readiness eventfd made for rejoins since the last call (the session
+    /// counts them as owed, see the session's `any` module).
+    pub fn take_rejoin_signals(&self) -> u64 {
+        self.state.take_rejoin_signals()
+    }
+
+    /// Whether a complete rejoin of `rank` waits in the inbox.
+    pub fn rejoin_ready(&self, rank: u32) -> bool {
+        self.lock().rejoins.get(&rank).is_some_and(Rejoin::complete)
     }
 
     /// Puts rank `rank`'s replacement (the one replaced `times` times) in place of its dead
@@ -349,22 +372,36 @@ impl Shared {
         rank: u32,
         times: u32,
         closers: (Closer<Message>, Closer<Message>),
-    ) -> Option<Option<bool>> {
+    ) -> bool {
         let mut inbox = self.lock();
-        if inbox.rejoins.get(&rank).is_none_or(|rejoin| rejoin.times != times) {
-            return None;
+        if inbox
+            .rejoins
+            .get(&rank)
+            .is_none_or(|rejoin| rejoin.times != times)
+        {
+            return false;
         }
-        let rejoin = inbox.rejoins.remove(&rank)?;
-        let process = rejoin.process?;
+        let Some(rejoin) = inbox.rejoins.remove(&rank) else {
+            return false;
+        };
+        let Some(process) = rejoin.process else {
+            return false;
+        };
+        let pidfd = Arc::clone(&process.pidfd);
         self.closers.replace(rank as usize, closers);
         inbox.peers.insert(rank, process);
         self.state.forget(rank);
         drop(inbox);
+        // The broker said this very process is gone (before it was adopted): recorded against
+        // its own pidfd, so that a newer replacement filed meanwhile is never taken for it.
+        if rejoin.gone.is_some() {
+            self.record_exits(&[(rank, Some(pidfd))]);
+        }
         // The new process may have exited already: looked at now, and by the watcher, which
         // polls the pidfds of every rank not gone.
         self.check_now();
         self.wake_waiters();
-        Some(rejoin.gone)
+        true
     }
 
     /// The inbox, even if a thread panicked holding it (its maps stay consistent).

@@ -256,7 +256,8 @@ pub struct BrokerNotice {
 /// Decodes a whole notice the broker sent a worker of rank `rank` in a world of `world_size`,
 /// with `fd_attached` saying whether an fd came with it: magic, zero padding, a kind the broker
 /// sends, another rank of the world, an fd exactly for the kinds that carry one, and a process id
-/// for the kinds whose token is one.
+/// for the kinds whose token is one. `replacement` says the worker replaced a rank that died (a
+/// rejoin): only such a worker may hear that its own rank wound the job down.
 ///
 /// # Errors
 ///
@@ -266,6 +267,7 @@ pub fn decode_broker_notice(
     world_size: u32,
     rank: u32,
     fd_attached: bool,
+    replacement: bool,
 ) -> Result<BrokerNotice, ProtocolError> {
     use shmbroker_bindings::{NOTICE_MAGIC, NoticeKind, WorkerNotice};
     let len = size_of::<WorkerNotice>();
@@ -352,12 +354,20 @@ pub fn decode_broker_notice(
     }
     if kind == NoticeKind::NeverJoins {
         let cause = notice.token & u64::from(u32::MAX);
-        // The cause may be this very rank: a replacement of the rank whose death wound the job
-        // down hears of the ranks that never came.
-        if notice.token >> 33 != 0 || cause >= u64::from(world_size) {
+        // The cause may be this very rank only for a replacement of the rank whose death wound
+        // the job down: it hears of the ranks that never came.
+        let own = cause == u64::from(rank) && !replacement;
+        if notice.token >> 33 != 0 || cause >= u64::from(world_size) || own {
             return Err(ProtocolError::Field {
                 field: "never-joins token (the rank that wound the job down, bit 32: it left)",
-                expected: format!("a rank below {world_size}, with no bit above 32 set"),
+                expected: format!(
+                    "a rank below {world_size}{}, with no bit above 32 set",
+                    if replacement {
+                        ""
+                    } else {
+                        " other than this one"
+                    }
+                ),
                 found: notice.token,
             });
         }
@@ -383,7 +393,52 @@ mod tests {
 
     fn never_joins(peer: u32, token: u64) -> Result<BrokerNotice, ProtocolError> {
         let notice = WorkerNotice::new(NoticeKind::NeverJoins, peer, token);
-        decode_broker_notice(bytemuck::bytes_of(&notice), 4, 0, false)
+        decode_broker_notice(bytemuck::bytes_of(&notice), 4, 0, false, false)
+    }
+
+    fn notice(
+        kind: NoticeKind,
+        peer: u32,
+        token: u64,
+        fd: bool,
+    ) -> Result<BrokerNotice, ProtocolError> {
+        let notice = WorkerNotice::new(kind, peer, token);
+        decode_broker_notice(bytemuck::bytes_of(&notice), 4, 0, fd, false)
+    }
+
+    #[test]
+    fn rejoin_notices_carry_an_fd_and_a_count_of_replacements_or_a_pid() {
+        for kind in [
+            NoticeKind::RejoinRingTo,
+            NoticeKind::RejoinRingFrom,
+            NoticeKind::RejoinReadiness,
+        ] {
+            assert_eq!(notice(kind, 2, 1, true).unwrap().token, 1);
+            let most = u64::from(shmbroker_bindings::MAX_REJOINS);
+            assert_eq!(notice(kind, 2, most, true).unwrap().token, most);
+            for bad in [0, most + 1, u64::MAX] {
+                assert!(
+                    matches!(notice(kind, 2, bad, true), Err(ProtocolError::Field { found, .. }) if found == bad),
+                    "{kind:?} with token {bad}"
+                );
+            }
+            assert!(matches!(
+                notice(kind, 2, 1, false),
+                Err(ProtocolError::FdCount { .. })
+            ));
+        }
+        assert_eq!(
+            notice(NoticeKind::Rejoined, 2, 4242, true).unwrap().token,
+            4242
+        );
+        assert!(notice(NoticeKind::Rejoined, 2, 0, true).is_err());
+        assert!(notice(NoticeKind::Rejoined, 2, 1 << 40, true).is_err());
+        assert!(matches!(
+            notice(NoticeKind::Rejoined, 2, 4242, false),
+            Err(ProtocolError::FdCount { .. })
+        ));
+        // About this rank itself: never.
+        assert!(notice(NoticeKind::RejoinRingTo, 0, 1, true).is_err());
     }
 
     #[test]
@@ -391,9 +446,16 @@ mod tests {
         // Rank 1 never came; rank 2 died (bit 32 clear) or left (set).
         assert_eq!(never_joins(1, 2).unwrap().token, 2);
         assert_eq!(never_joins(1, 2 | 1 << 32).unwrap().token, 2 | 1 << 32);
-        // The receiver itself: a replacement of the rank whose death wound the job down.
-        assert_eq!(never_joins(1, 0).unwrap().token, 0);
+        // The receiver itself: only for a replacement of the rank whose death wound the job down.
+        let own = WorkerNotice::new(NoticeKind::NeverJoins, 1, 0);
+        let own = bytemuck::bytes_of(&own);
+        assert_eq!(
+            decode_broker_notice(own, 4, 0, false, true).unwrap().token,
+            0
+        );
+        assert!(decode_broker_notice(own, 4, 0, false, false).is_err());
         for (token, why) in [
+            (0, "the receiver itself"),
             (4, "a rank outside the world"),
             (1, "the newcomer itself"),
             (2 | 1 << 33, "a bit above 32"),
@@ -406,7 +468,7 @@ mod tests {
         }
         let with_fd = WorkerNotice::new(NoticeKind::NeverJoins, 1, 2);
         assert!(matches!(
-            decode_broker_notice(bytemuck::bytes_of(&with_fd), 4, 0, true),
+            decode_broker_notice(bytemuck::bytes_of(&with_fd), 4, 0, true, false),
             Err(ProtocolError::FdCount { .. })
         ));
     }

@@ -117,6 +117,9 @@ class Session:
     @property
     def rejoins(self) -> int:
         """How many processes held this rank before this one in the job (0: the job's first)."""
+    @property
+    def rejoined(self) -> bool:
+        """Whether this process replaced a rank that died (``rejoins > 0``)."""
     def wait_for_rank(self, rank: int, *, timeout: Optional[float] = ...) -> None:
         """Waits until ``rank`` is there: at once if alive; if it died, until a replacement
         rejoins (then messages with it work again; make a new group for collectives)."""

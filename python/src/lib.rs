@@ -477,6 +477,12 @@ impl PySession {
         self.rejoins
     }
 
+    /// Whether this process replaced a rank that died (``rejoins > 0``).
+    #[getter]
+    fn rejoined(&self) -> bool {
+        self.rejoins > 0
+    }
+
     /// Waits until rank ``rank`` is there: at once if its process is alive; if it died, until a
     /// replacement rejoins the job, which this session then takes on. Messages with it work
     /// afterwards; make a new group for collectives.

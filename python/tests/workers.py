@@ -1050,7 +1050,7 @@ def scenario_rejoin(_session, args):
         session.barrier()
         os.kill(os.getpid(), signal.SIGKILL)
     if part == "newcomer":
-        check(session.rejoins == 1, f"rejoins is {session.rejoins}")
+        check(session.rejoins == 1 and session.rejoined, f"rejoins is {session.rejoins}")
         session.wait_for_rank(0, timeout=5)
         try:
             session.barrier()

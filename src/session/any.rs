@@ -54,7 +54,7 @@ use std::time::Duration;
 #[derive(Debug, Default)]
 pub(super) struct Readiness {
     /// The rings from live peers armed, and the writes wakers owe the eventfd.
-    rings: ReadySet,
+    pub(super) rings: ReadySet,
     /// Where the next look for a ready peer starts.
     next: u32,
     /// Per peer: gone (and already reported, for a death), so nothing more can come from it.
@@ -292,6 +292,9 @@ impl Session {
     /// misses_a_message` model checks this order; without either step after the reset it finds
     /// the lost wake-up, which `examples/tokio_server` hit about one run in five.)
     pub(super) fn next_sender(&mut self) -> Result<Option<u32>, Error> {
+        // Before the shortcut of a quiet set (every live ring armed and empty), which would
+        // never look: a replacement that rejoined is reported (see `rejoin`).
+        self.report_rejoin()?;
         ReadySet::try_next(&mut self.rings(None))
     }
 

@@ -18,6 +18,11 @@ pub enum Error {
     ///
     /// Renders as "peer rank 2 was lost (its process exited without leaving): rank 2 was in
     /// all_reduce #5 for 1.2 s" when what it last published could be read.
+    ///
+    /// Also for a collective of a team (the world, or a group) formed before one of its members
+    /// was replaced (see [`Error::PeerRejoined`]): the process that was that member died. The
+    /// rank may be alive again, or be this very rank in the replacement itself; `diagnosis` says
+    /// so, and that a new group is what to make.
     #[error(
         "peer rank {rank} was lost (its process exited without leaving){}",
         lost_text(diagnosis)

@@ -105,7 +105,7 @@ impl Session {
     /// Takes on `rank`'s replacement if one has rejoined (see the module docs): how many times
     /// `rank` has been replaced, or `None` when none waits.
     pub(super) fn adopt_rejoin(&mut self, rank: u32) -> Result<Option<u32>, Error> {
-        if self.inner.rejoins_pending() & 1 << rank == 0 {
+        if self.inner.rejoins_pending() & 1 << rank == 0 || !self.inner.rejoin_ready(rank) {
             return Ok(None);
         }
         // Registrations on the old ring are taken back while it is still there to count them.
@@ -113,6 +113,10 @@ impl Session {
         let Some(times) = self.inner.adopt(rank)? else {
             return Ok(None);
         };
+        // The watcher's writes to the readiness eventfd for rejoins are owed like any waker's.
+        for _ in 0..self.inner.take_rejoin_signals() {
+            self.any.rings.count_signal();
+        }
         // The blocks it owed come back; then everything about it starts afresh.
         self.forget_peer(rank);
         self.peers[rank as usize] = Peer::new(rank);

@@ -205,6 +205,15 @@ impl Sender {
         self.shared.set_timeout(timeout);
     }
 
+    /// [`Session::wait_for_rank`], with the session's deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::wait_for_rank`].
+    pub fn wait_for_rank(&self, rank: u32) -> Result<(), Error> {
+        self.wait_for_rank_timeout(rank, self.shared.timeout())
+    }
+
     /// [`Session::wait_for_rank_timeout`]: waits until `rank` is there, taking on a
     /// replacement of it (the session is held meanwhile, as for [`Self::session`]).
     ///

@@ -62,7 +62,7 @@ pub struct WorkerArgs {
 /// The deadline of every call of a soak worker: a hang shows long before it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// No round for this long is a hang.
+/// No round for this long is a hang (a third of a shorter soak).
 const STALL: Duration = Duration::from_secs(10);
 
 /// The bounds, and what the soak runs.
@@ -502,9 +502,10 @@ pub fn run(exe: &Path, soak: Soak) -> Result<(), String> {
                 last_round = Instant::now();
             }
         }
-        if last_round.elapsed() > STALL {
+        let stall = STALL.min(Duration::from_secs(soak.seconds) / 3);
+        if last_round.elapsed() > stall {
             failure = Some(format!(
-                "no round finished for {STALL:?} (a hang), after {rounds} rounds"
+                "no round finished for {stall:?} (a hang), after {rounds} rounds"
             ));
             break;
         }
@@ -624,6 +625,9 @@ pub fn run(exe: &Path, soak: Soak) -> Result<(), String> {
     }
     if rounds == 0 {
         return Err("soak failed: no round finished".into());
+    }
+    if kills == 0 && soak.workers > 1 && soak.seconds >= 2 {
+        return Err("soak failed: nobody was killed (nothing rejoined)".into());
     }
     Ok(())
 }

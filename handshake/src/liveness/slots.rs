@@ -5,8 +5,9 @@
 //! reading must take no lock and allocate nothing; the watcher closes a dead peer's rings from
 //! its own thread. When a peer rejoins, the session's thread puts the closers of the fresh rings
 //! in its place, and the old ones (which keep the old rings mapped and the old eventfd open)
-//! must be freed once nobody can be reading them, not at the end of the session: a job that
-//! replaces a rank again and again must not grow.
+//! must not wait for the end of the session to be freed: a job that replaces a rank again and
+//! again must not grow. They are freed by the next replacement that finds no reader counted
+//! (or when the set drops), so at most the values of the last replacements are kept.
 //!
 //! # The protocol
 //!

@@ -20,7 +20,10 @@
 //!   the watcher once the last notice of the rejoin is filed (under the inbox lock, which the
 //!   adoption takes to read the notices), cleared by the adoption. A session looks at it with
 //!   one load per receive from any peer.
-//! * `first_dead`: goes once from `NONE` to a rank, by compare-exchange.
+//! * `first_dead`: goes once from `NONE` to a rank, by compare-exchange; an adoption of that
+//!   rank's replacement ([`State::forget`], under the inbox lock) passes it to the lowest rank
+//!   still dead, or back to `NONE`, so that no error names a rank that is there again. "Exactly
+//!   once" below is per death between adoptions.
 //! * `never_joined_after`: goes once from 0 to the broker's token (bit 40 set, so that a token of
 //!   0 is told apart), by compare-exchange, *before* the rank's `never_joined` bit is set.
 //! * `broker_lost`: goes once from false to true (the watcher closes the rings first).
@@ -103,6 +106,8 @@ pub(crate) struct State {
     interrupts: AtomicU64,
     /// Ranks whose replacement rejoined and is not yet adopted.
     rejoins: AtomicU64,
+    /// Writes to the readiness eventfd made for rejoins, not yet counted by the session.
+    rejoin_signals: AtomicU64,
 }
 
 impl State {
@@ -120,7 +125,18 @@ impl State {
             interrupted: AtomicBool::new(false),
             interrupts: AtomicU64::new(0),
             rejoins: AtomicU64::new(0),
+            rejoin_signals: AtomicU64::new(0),
         }
+    }
+
+    /// One more write to the readiness eventfd for a rejoin.
+    pub(crate) fn count_rejoin_signal(&self) {
+        self.rejoin_signals.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The rejoin writes since the last call (swapped to 0).
+    pub(crate) fn take_rejoin_signals(&self) -> u64 {
+        self.rejoin_signals.swap(0, Ordering::AcqRel)
     }
 
     /// The interrupt fired after every death.
@@ -147,9 +163,19 @@ impl State {
     /// `rank`'s replacement is adopted: it is no longer gone, and no longer pending (see the
     /// module docs for why clearing is safe here).
     pub(crate) fn forget(&self, rank: u32) {
-        self.dead.fetch_and(!bit(rank), Ordering::AcqRel);
+        let dead = self.dead.fetch_and(!bit(rank), Ordering::AcqRel) & !bit(rank);
         self.left.fetch_and(!bit(rank), Ordering::AcqRel);
         self.rejoins.fetch_and(!bit(rank), Ordering::AcqRel);
+        // The first death, if it was this rank's, passes to the lowest rank still dead (or to
+        // none): errors must not name a rank that is there again.
+        let next = if dead == 0 {
+            NONE
+        } else {
+            dead.trailing_zeros()
+        };
+        let _ = self
+            .first_dead
+            .compare_exchange(rank, next, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Records that `rank` died (its bit, and `rank` as the first death unless one was recorded

@@ -24,7 +24,12 @@ pub(crate) struct Watcher {
 
 impl Watcher {
     /// Starts watching, reading notices from `socket` (a duplicate of the session's).
-    pub fn start(shared: Arc<Shared>, socket: UnixStream, world_size: u32) -> Result<Self, Error> {
+    pub fn start(
+        shared: Arc<Shared>,
+        socket: UnixStream,
+        world_size: u32,
+        replacement: bool,
+    ) -> Result<Self, Error> {
         let stop = Arc::new(
             EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
                 .map_err(Error::sys("eventfd"))?,
@@ -39,6 +44,7 @@ impl Watcher {
             broker_in_my_namespace: shmbroker_sys::pidfd::same_pid_namespace(broker),
             socket,
             world_size,
+            replacement,
             frame: Vec::with_capacity(size_of::<WorkerNotice>()),
             fds: std::collections::VecDeque::new(),
         };
@@ -70,6 +76,8 @@ struct Reader {
     broker_in_my_namespace: bool,
     socket: UnixStream,
     world_size: u32,
+    /// Whether this worker replaced a rank that died (see `decode_broker_notice`).
+    replacement: bool,
     frame: Vec<u8>,
     fds: std::collections::VecDeque<OwnedFd>,
 }
@@ -164,6 +172,7 @@ impl Reader {
                             self.world_size,
                             self.shared.rank,
                             fd.is_some(),
+                            self.replacement,
                         )
                         .and_then(|notice| self.file(notice, fd));
                         self.frame.clear();
@@ -251,9 +260,13 @@ impl Reader {
             ) => {
                 let complete =
                     file_rejoin(&mut inbox, kind, notice.peer, notice.token, fd, own_pid)?;
+                // The pending bit under the lock, as the adoption reads and clears it.
+                if complete {
+                    self.shared.note_rejoin(notice.peer);
+                }
                 drop(inbox);
                 if complete {
-                    self.shared.rejoin_complete(notice.peer);
+                    self.shared.signal_rejoin();
                 }
             }
             (NoticeKind::RelayDelivered, None) => {
@@ -371,5 +384,75 @@ fn check_pidfd(
             expected: format!("a pidfd of process {pid} (an fd whose fdinfo has a Pid line)"),
             found: fd.as_raw_fd() as u64,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::liveness::Inbox;
+
+    fn fd() -> OwnedFd {
+        shmbroker_sys::eventfd::create().unwrap()
+    }
+
+    /// Files `kind` about rank 2 with `token`.
+    fn file(inbox: &mut Inbox, kind: NoticeKind, token: u64) -> Result<bool, ProtocolError> {
+        file_rejoin(inbox, kind, 2, token, fd(), None)
+    }
+
+    /// The four notices of a rejoin of rank 2, replaced `times` times.
+    fn rejoin(inbox: &mut Inbox, times: u64) -> Result<bool, ProtocolError> {
+        assert!(!file(inbox, NoticeKind::RejoinRingTo, times)?);
+        assert!(!file(inbox, NoticeKind::RejoinRingFrom, times)?);
+        assert!(!file(inbox, NoticeKind::RejoinReadiness, times)?);
+        file(inbox, NoticeKind::Rejoined, 4242)
+    }
+
+    #[test]
+    fn a_rejoin_is_complete_after_its_four_notices_in_order() {
+        let mut inbox = Inbox::default();
+        // What the dead process left goes when its replacement's first notice comes.
+        inbox.outboxes.insert(2, fd());
+        inbox.relayed.insert((2, 7), fd());
+        inbox.relayed.insert((1, 7), fd());
+        assert!(rejoin(&mut inbox, 1).unwrap());
+        assert!(!inbox.outboxes.contains_key(&2));
+        assert_eq!(inbox.relayed.len(), 1);
+        let filed = &inbox.rejoins[&2];
+        assert_eq!(filed.times, 1);
+        assert_eq!(filed.process.as_ref().map(|p| p.pid), Some(4242));
+        // A newer replacement (the first died before it was taken on) takes its place.
+        assert!(rejoin(&mut inbox, 2).unwrap());
+        assert_eq!(inbox.rejoins[&2].times, 2);
+    }
+
+    #[test]
+    fn rejoin_notices_out_of_order_or_out_of_step_are_refused() {
+        for kind in [
+            NoticeKind::RejoinRingFrom,
+            NoticeKind::RejoinReadiness,
+            NoticeKind::Rejoined,
+        ] {
+            let mut inbox = Inbox::default();
+            assert!(file(&mut inbox, kind, 1).is_err(), "{kind:?} first");
+        }
+        // Another token than the first notice's.
+        let mut inbox = Inbox::default();
+        file(&mut inbox, NoticeKind::RejoinRingTo, 1).unwrap();
+        assert!(file(&mut inbox, NoticeKind::RejoinRingFrom, 2).is_err());
+        // Twice the same notice.
+        let mut inbox = Inbox::default();
+        file(&mut inbox, NoticeKind::RejoinRingTo, 1).unwrap();
+        file(&mut inbox, NoticeKind::RejoinRingFrom, 1).unwrap();
+        assert!(file(&mut inbox, NoticeKind::RejoinRingFrom, 1).is_err());
+        // A new rejoin while one is half filed, or one not newer than the one filed.
+        let mut inbox = Inbox::default();
+        file(&mut inbox, NoticeKind::RejoinRingTo, 1).unwrap();
+        assert!(file(&mut inbox, NoticeKind::RejoinRingTo, 2).is_err());
+        let mut inbox = Inbox::default();
+        assert!(rejoin(&mut inbox, 3).unwrap());
+        assert!(file(&mut inbox, NoticeKind::RejoinRingTo, 3).is_err());
+        assert!(file(&mut inbox, NoticeKind::RejoinRingTo, 2).is_err());
     }
 }
