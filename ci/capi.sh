@@ -33,7 +33,7 @@ cc -pthread -Wall -Wextra -Werror examples/c/threads.c -Icapi/include -Ltarget/r
   -lshmbroker -Wl,-rpath,"$PWD/target/release" -o "$examples_out/threads-c"
 target/release/shmbroker run -n 2 --timeout 60 "$examples_out/threads-c"
 target/release/shmbroker run -n 4 --timeout 60 "$examples_out/threads-c"
-# A farm that heals: the last rank dies after 5 tasks, `run --restart 1` starts it again, it
+# A farm that heals: the last rank dies after its first task, `run --restart 1` starts it again, it
 # rejoins; rank 0 hears SHMBROKER_E_PEER_LOST then SHMBROKER_E_PEER_REJOINED, every task is
 # answered once, and a group of the whole world sums.
 cc -Wall -Wextra -Werror examples/c/restart.c -Icapi/include -Ltarget/release -lshmbroker \

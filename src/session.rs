@@ -784,6 +784,11 @@ impl Session {
     /// collectives are over (see `rejoin`), and nothing is sent.
     fn next_seq(&mut self, kind: u32) -> Result<u64, Error> {
         if let Some(rank) = self.team_replaced() {
+            // A member dead now is the better name: the team's first reason to be over.
+            let dead = self.inner.dead_ranks().into_iter();
+            if let Some(dead) = dead.filter(|&r| self.team.contains(r)).next() {
+                return Err(self.collective_lost(dead));
+            }
             return Err(self.replaced_error(rank));
         }
         let (stream, seq) = (self.team.stream(), self.team.seq());

@@ -165,6 +165,12 @@ fn rejoin_rank() {
             assert_eq!(group_sum(&mut session, &[0, 1, 2]), vec![6; 4]);
             println!("newcomer done");
         }
+        // Comes late, after the job lost a worker: no replacement, yet taken on the same way.
+        "late" => {
+            assert!(!session.rejoined());
+            session.send(0, b"late").unwrap();
+            assert_eq!(group_sum(&mut session, &[0, 2]), vec![4; 4]);
+        }
         // Replaces a rank, then says hello to rank 0 and runs a group with the ranks in
         // SHMBROKER_TEST_GROUP.
         "hello" => {
@@ -212,7 +218,7 @@ fn a_dead_ranks_replacement_rejoins_the_job() {
         session.wait_for_rank(2).unwrap();
         match session.barrier() {
             Err(Error::PeerLost { rank: 2, diagnosis }) => {
-                assert!(diagnosis[0].contains("took its place"), "{diagnosis:?}");
+                assert!(diagnosis[0].contains("was replaced"), "{diagnosis:?}");
             }
             other => panic!("the world's barrier after a rejoin: {other:?}"),
         }
@@ -468,4 +474,41 @@ fn an_event_loop_hears_the_death_then_the_rejoin_then_the_newcomer() {
     let (ok, stdout, stderr) = finish(newcomer);
     assert!(ok, "{stdout}{stderr}");
     quiet.kill();
+}
+
+/// Rank 2 has not logged on yet when rank 1 dies (a slow starter beside an early crash, as
+/// `run --restart` meets it): it comes late all the same, naming the job, and rank 0 takes it on
+/// as a replacement (`PeerRejoined` with `times` 0), hears from it and sums with it.
+#[test]
+fn a_rank_that_comes_after_a_death_is_taken_on_late() {
+    let broker = Broker::start("rejoin-late", 3);
+    let job = "late";
+    let socket = broker.socket();
+    let mut zero = log_on(&socket, 0, Some(job)).unwrap();
+    zero.set_timeout(TIMEOUT);
+    let early = child(&broker, 1, job, "die_at_once");
+    killed(early);
+    let late = child(&broker, 2, job, "late");
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    let message = loop {
+        assert!(started.elapsed() < TIMEOUT, "still waiting after {seen:?}");
+        match zero.recv_any() {
+            Ok(message) => break message,
+            // With every peer gone, each call says so until one comes.
+            Err(Error::PeerLost { rank: 1, .. }) => {
+                if seen.last() != Some(&"lost") {
+                    seen.push("lost");
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(Error::PeerRejoined { rank: 2, times: 0 }) => seen.push("came late"),
+            Err(other) => panic!("{other} after {seen:?}"),
+        }
+    };
+    assert_eq!(seen, ["lost", "came late"]);
+    assert_eq!(message, (2, b"late".to_vec()));
+    assert_eq!(group_sum(&mut zero, &[0, 2]), vec![4; 4]);
+    let (ok, stdout, stderr) = finish(late);
+    assert!(ok, "{stdout}{stderr}");
 }

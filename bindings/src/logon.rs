@@ -340,7 +340,8 @@ pub enum NoticeKind {
     NeverJoins = 13,
     /// Broker to worker: rank `peer` died and a new process rejoined in its place; the attached
     /// fd is the fresh ring from this worker to it (this worker produces). `token` is how many
-    /// times `peer` has been replaced in this job. The first of four notices of one rejoin,
+    /// times `peer` has been replaced in this job (0: it had not logged on before the job lost a
+    /// worker, and comes late; the same path). The first of four notices of one rejoin,
     /// always sent together and in this order: this, [`Self::RejoinRingFrom`],
     /// [`Self::RejoinReadiness`], [`Self::Rejoined`].
     RejoinRingTo = 14,

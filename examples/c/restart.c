@@ -21,7 +21,7 @@
 #include <string.h>
 
 #define TASKS 400
-#define DIE_AFTER 5
+#define DIE_AFTER 1
 
 #define CHECK(call)                                                                            \
     do {                                                                                       \
@@ -41,18 +41,22 @@ static void read_tasks(struct shmbroker_session *s) {
     int dead[64] = {0};            /* dead, and no replacement yet */
     int answered[TASKS] = {0};
     uint64_t next = 0, done = 0, lost = 0, died = 0, rejoined = 0;
-    int64_t requeued = -1;         /* a task to give again first */
+    int64_t requeued[64];          /* tasks to give again first */
+    int nrequeued = 0;
     for (uint32_t w = 0; w < world; w++) holding[w] = -1;
-    /* Until every task is answered and a dead worker's replacement has come back. */
-    while (done < TASKS || died > rejoined) {
+    /* Until every task is answered and every dead worker's replacement has come back. */
+    for (;;) {
+        int waiting_for_one = 0;
+        for (uint32_t w = 1; w < world; w++) waiting_for_one |= dead[w];
+        if (done == TASKS && !waiting_for_one) break;
         for (uint32_t w = 1; w < world; w++) {
-            if (holding[w] != -1 || (requeued < 0 && next == TASKS)) continue;
-            uint64_t task = requeued >= 0 ? (uint64_t)requeued : next;
+            if (holding[w] != -1 || (nrequeued == 0 && next == TASKS)) continue;
+            uint64_t task = nrequeued > 0 ? (uint64_t)requeued[nrequeued - 1] : next;
             int rc = shmbroker_send(s, w, &task, sizeof task);
             if (rc == SHMBROKER_E_PEER_LOST) continue; /* recv_any reports it, then its return */
             CHECK(rc);
             holding[w] = (int64_t)task;
-            if (requeued >= 0) requeued = -1; else next++;
+            if (nrequeued > 0) nrequeued--; else next++;
         }
         uint32_t from = 0;
         uint64_t reply[2];
@@ -66,8 +70,8 @@ static void read_tasks(struct shmbroker_session *s) {
                 dead[rank] = 1;
                 died++;
             }
-            if (rank > 0 && holding[rank] != -1) {
-                requeued = holding[rank];
+            if (rank > 0 && rank < 64 && holding[rank] != -1) {
+                requeued[nrequeued++] = holding[rank];
                 holding[rank] = -1;
                 lost++;
             }
@@ -76,7 +80,15 @@ static void read_tasks(struct shmbroker_session *s) {
         if (rc == SHMBROKER_E_PEER_REJOINED) {
             int64_t rank = shmbroker_last_error_rank();
             printf("rank %lld rejoined\n", (long long)rank);
-            if (rank >= 0 && rank < 64) dead[rank] = 0;
+            if (rank > 0 && rank < 64) {
+                dead[rank] = 0;
+                /* A task given to its last process (dead, or one that never came) is gone. */
+                if (holding[rank] != -1) {
+                    requeued[nrequeued++] = holding[rank];
+                    holding[rank] = -1;
+                    lost++;
+                }
+            }
             rejoined++;
             continue;
         }
@@ -93,8 +105,9 @@ static void read_tasks(struct shmbroker_session *s) {
     for (uint32_t w = 1; w < world; w++) CHECK(shmbroker_send(s, w, NULL, 0));
     printf("farm done: %d tasks answered once each, %llu lost and given again, %llu rejoined\n",
            TASKS, (unsigned long long)lost, (unsigned long long)rejoined);
-    if (died != 1 || rejoined != 1) {
-        fprintf(stderr, "expected one death and one rejoin, saw %llu and %llu\n",
+    /* A rank that had not logged on when the other died comes late: also a "rejoin". */
+    if (died != 1 || rejoined < 1) {
+        fprintf(stderr, "expected one death and its rejoin, saw %llu and %llu\n",
                 (unsigned long long)died, (unsigned long long)rejoined);
         exit(1);
     }

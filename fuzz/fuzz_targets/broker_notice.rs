@@ -43,8 +43,8 @@ fuzz_target!(|data: &[u8]| {
             assert!(decoded.token > 0 && decoded.token <= i32::MAX as u64);
         }
         if rejoin_ring {
-            // How many times the rank was replaced: 1 to the broker's limit.
-            assert!((1..=u64::from(MAX_REJOINS)).contains(&decoded.token));
+            // How many times the rank was replaced: 0 (it comes late) to the broker's limit.
+            assert!(decoded.token <= u64::from(MAX_REJOINS));
         }
         if decoded.kind == NoticeKind::NeverJoins {
             // The rank that wound the job down: another rank of the world than the newcomer,

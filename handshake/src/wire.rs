@@ -331,10 +331,10 @@ pub fn decode_broker_notice(
         kind,
         NoticeKind::RejoinRingTo | NoticeKind::RejoinRingFrom | NoticeKind::RejoinReadiness
     );
-    if rejoin_ring && !(1..=u64::from(shmbroker_bindings::MAX_REJOINS)).contains(&notice.token) {
+    if rejoin_ring && notice.token > u64::from(shmbroker_bindings::MAX_REJOINS) {
         return Err(ProtocolError::Field {
             field: "rejoin notice token (how many times the rank was replaced)",
-            expected: format!("1 to {}", shmbroker_bindings::MAX_REJOINS),
+            expected: format!("0 to {}", shmbroker_bindings::MAX_REJOINS),
             found: notice.token,
         });
     }
@@ -413,10 +413,11 @@ mod tests {
             NoticeKind::RejoinRingFrom,
             NoticeKind::RejoinReadiness,
         ] {
-            assert_eq!(notice(kind, 2, 1, true).unwrap().token, 1);
+            // 0: a rank that comes late, after the job lost a worker.
+            assert_eq!(notice(kind, 2, 0, true).unwrap().token, 0);
             let most = u64::from(shmbroker_bindings::MAX_REJOINS);
             assert_eq!(notice(kind, 2, most, true).unwrap().token, most);
-            for bad in [0, most + 1, u64::MAX] {
+            for bad in [most + 1, u64::MAX] {
                 assert!(
                     matches!(notice(kind, 2, bad, true), Err(ProtocolError::Field { found, .. }) if found == bad),
                     "{kind:?} with token {bad}"

@@ -40,13 +40,12 @@ pub enum Error {
     /// Point-to-point with `rank` works again from then on, numbered afresh; what the dead
     /// process never read is gone. Collectives of groups it was in stay over: make a new group
     /// (see [`Session::wait_for_rank`](crate::Session::wait_for_rank)).
-    #[error(
-        "peer rank {rank} rejoined: a new process took the place of the one that died (replacement {times})"
-    )]
+    #[error("peer rank {rank} rejoined{}", rejoined_text(*times))]
     PeerRejoined {
         /// The rank.
         rank: u32,
-        /// How many times it has been replaced in this job.
+        /// How many times it has been replaced in this job: 0 for a rank that had not logged on
+        /// when the job lost a worker, and came late (it is taken on the same way).
         times: u32,
     },
     /// A worker this call needs dropped its session (on purpose). Calls that do not need it go on.
@@ -321,5 +320,14 @@ pub(super) fn ranks_text(ranks: &[u32]) -> String {
             let init: Vec<String> = init.iter().map(u32::to_string).collect();
             format!("ranks {} and {last}", init.join(", "))
         }
+    }
+}
+
+/// What [`Error::PeerRejoined`] says of how the rank came back.
+fn rejoined_text(times: u32) -> String {
+    if times == 0 {
+        ": it had not logged on when the job lost a worker, and came late".into()
+    } else {
+        format!(": a new process took the place of the one that died (replacement {times})")
     }
 }

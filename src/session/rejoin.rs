@@ -3,7 +3,10 @@
 //! # The survivor's side
 //!
 //! When a rank dies while the job goes on, the broker admits a new process with its number that
-//! names the job (see the handshake's broker, `logon::rejoin`). It makes fresh rings between the
+//! names the job (see the handshake's broker, `logon::rejoin`). A rank that had not logged on
+//! yet when the job lost a worker (a slow starter beside an early crash) comes late the same
+//! way: the survivors had closed their rings to it, and take it on as they take on a
+//! replacement (`PeerRejoined` with `times` 0). It makes fresh rings between the
 //! newcomer and every survivor and passes each survivor its two rings, the newcomer's readiness
 //! eventfd and pidfd; the survivor's watcher files them (the handshake's `liveness` module). The
 //! session takes them on (*adopts* the replacement) at one of two moments, never in the middle
@@ -63,9 +66,10 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`] naming `rank` when no replacement came in time; [`Error::PeerLeft`]
-    /// or [`Error::PeerNeverJoined`] for a rank that left or never came (nobody replaces those);
-    /// [`Error::BrokerLost`] when the broker is gone (nobody can rejoin);
+    /// [`Error::Timeout`] naming `rank` when no replacement came in time (or, for a rank that
+    /// had not logged on when the job lost a worker, when it did not come late);
+    /// [`Error::PeerLeft`] for a rank that left (nobody replaces it); [`Error::BrokerLost`] when
+    /// the broker is gone (nobody can rejoin);
     /// [`Error::RankOutOfRange`]; [`Error::Misuse`] for this session's own rank.
     pub fn wait_for_rank(&mut self, rank: u32) -> Result<(), Error> {
         self.wait_for_rank_timeout(rank, self.timeout)
@@ -85,7 +89,11 @@ impl Session {
             }
             match self.inner.departure(rank) {
                 None => return Ok(()),
-                Some(shmbroker_handshake::Departure::Lost { .. }) => {}
+                // Dead, or never come: either may come (see the module docs).
+                Some(
+                    shmbroker_handshake::Departure::Lost { .. }
+                    | shmbroker_handshake::Departure::NeverJoined { .. },
+                ) => {}
                 Some(other) => return Err(super::departures::departure_error(other)),
             }
             if self.inner.broker_lost() {
@@ -177,8 +185,8 @@ impl Session {
             )
         } else {
             format!(
-                "rank {rank} died and a new process took its place: the collectives of teams \
-                 formed before are over; make a group (Session::group) of the ranks there now"
+                "rank {rank} was replaced (or came late) after this team was formed: its \
+                 collectives are over; make a group (Session::group) of the ranks there now"
             )
         };
         Error::PeerLost {

@@ -192,15 +192,37 @@ fn read(session: &mut Session, tasks: u64) -> Result<(), shmbroker::Error> {
                 }
             }
             Err(shmbroker::Error::PeerRejoined { rank, times }) => {
+                // A task given to the rank before it came back went to a process that never
+                // took it (one that died, or one that never logged on): it is given again.
+                if let Some(id) = holding.remove(&rank) {
+                    say(&format!(
+                        "task {id} lost with rank {rank}'s last process; given again"
+                    ));
+                    queue.push_front(id);
+                    lost += 1;
+                }
                 say(&format!("rank {rank} rejoined (replacement {times})"));
+                free.retain(|&worker| worker != rank);
                 free.push_back(rank);
-                rejoined += 1;
+                if times > 0 {
+                    rejoined += 1;
+                }
             }
             Err(other) => return Err(other),
         }
     }
+    // Every worker is told to stop, a replacement that has not rejoined yet included.
     for worker in 1..world {
-        session.send(worker, &[])?;
+        loop {
+            match session.send(worker, &[]) {
+                Ok(()) => break,
+                Err(shmbroker::Error::PeerLost { rank, .. }) if rank == worker => {
+                    session.wait_for_rank(worker)?;
+                    rejoined += 1;
+                }
+                Err(other) => return Err(other),
+            }
+        }
     }
     say(&format!(
         "farm done: {tasks} tasks answered once each; {lost} lost with a dead rank and given \

@@ -62,7 +62,7 @@ pub struct WorkerArgs {
 /// The deadline of every call of a soak worker: a hang shows long before it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// No round for this long is a hang (a third of a shorter soak).
+/// No progress for this long is a hang (half of a shorter soak).
 const STALL: Duration = Duration::from_secs(10);
 
 /// The bounds, and what the soak runs.
@@ -283,6 +283,8 @@ fn coordinate(session: &mut Session, all: &[u32]) -> Result<(), String> {
     loop {
         everyone(session)?;
         epoch += 1;
+        // Progress too: an epoch begins once every rank is there.
+        println!("EPOCH {epoch} ROUNDS {rounds}");
         // Every worker must say it is ready for this epoch; a death meanwhile starts another.
         let mut ready = true;
         for rank in 1..world {
@@ -349,7 +351,7 @@ fn coordinate(session: &mut Session, all: &[u32]) -> Result<(), String> {
                 break;
             }
             rounds += 1;
-            if rounds % 100 == 0 {
+            if rounds % 10 == 0 {
                 println!("ROUNDS {rounds} EPOCH {epoch}");
             }
         }
@@ -493,19 +495,23 @@ pub fn run(exe: &Path, soak: Soak) -> Result<(), String> {
     let (mut kills, mut rounds, mut last_round) = (0u64, 0u64, Instant::now());
     let mut failure = None;
     while began.elapsed() < Duration::from_secs(soak.seconds) {
+        // Rank 0 says "ROUNDS n EPOCH e" every 10 rounds and "EPOCH e ROUNDS n" as an epoch
+        // begins: either is progress.
         while let Ok(line) = lines.try_recv() {
-            if let Some(count) = line
+            let count = line
                 .strip_prefix("ROUNDS ")
                 .and_then(|rest| rest.split(' ').next())
-            {
-                rounds = count.parse().unwrap_or(rounds);
+                .or_else(|| line.rsplit_once("ROUNDS ").map(|(_, n)| n));
+            if let Some(count) = count {
+                rounds = count.trim().parse().unwrap_or(rounds);
                 last_round = Instant::now();
             }
         }
-        let stall = STALL.min(Duration::from_secs(soak.seconds) / 3);
+        let stall = STALL.min(Duration::from_secs(soak.seconds) / 2);
         if last_round.elapsed() > stall {
             failure = Some(format!(
-                "no round finished for {stall:?} (a hang), after {rounds} rounds"
+                "no round finished and no epoch began for {stall:?} (a hang), after {rounds} \
+                 rounds"
             ));
             break;
         }

@@ -51,25 +51,27 @@ impl Listener {
         {
             self.process_exited(asked, events);
         }
-        // A replacement for a rank that died, while the job goes on (see `rejoin`).
-        if let Some(worker) = self
-            .workers
-            .get(frame.requested_rank as usize)
+        // A replacement for a rank that died, or a rank that had not logged on yet when the job
+        // lost a worker (it comes late), while the job goes on (see `rejoin`).
+        let asked = self.workers.get(frame.requested_rank as usize);
+        let gone = asked
             .and_then(Option::as_ref)
-            .filter(|worker| worker.stream.is_none())
-            && self.workers.iter().flatten().any(|w| w.stream.is_some())
-        {
+            .filter(|w| w.stream.is_none());
+        let late = asked.is_some_and(Option::is_none) && self.winding_down().is_some();
+        if (gone.is_some() || late) && self.workers.iter().flatten().any(|w| w.stream.is_some()) {
             let rank = frame.requested_rank;
-            let refusal = if worker.said_goodbye {
+            let said_goodbye = gone.is_some_and(|worker| worker.said_goodbye);
+            let rejoins = gone.map_or(0, |worker| worker.rejoins);
+            let refusal = if said_goodbye {
                 Some((
                     RejectReason::RankLeft,
                     format!(
                         "rank {rank} left (its process {} said goodbye): only a rank that died \
                          can be replaced",
-                        worker.pid
+                        gone.map_or(0, |worker| worker.pid)
                     ),
                 ))
-            } else if worker.rejoins >= MAX_REJOINS {
+            } else if rejoins >= MAX_REJOINS {
                 Some((
                     RejectReason::RejoinsExhausted,
                     format!("rank {rank} has been replaced {MAX_REJOINS} times in this job"),
@@ -80,7 +82,7 @@ impl Listener {
                     Some(current) if frame.job != 0 => Some((
                         RejectReason::OtherJob,
                         format!(
-                            "this broker serves job {current:#x}, and this replacement for rank \
+                            "this broker serves job {current:#x}, and this process for rank \
                              {rank} is of job {:#x}",
                             frame.job
                         ),
@@ -88,8 +90,13 @@ impl Listener {
                     current => Some((
                         RejectReason::JobUnnamed,
                         format!(
-                            "rank {rank} died, and a replacement must name the job it rejoins \
-                             (SHMBROKER_JOB); {}",
+                            "{}, and a process that joins a job after it lost a worker must \
+                             name the job (SHMBROKER_JOB); {}",
+                            if late {
+                                self.winding_down().unwrap_or_default()
+                            } else {
+                                format!("rank {rank} died")
+                            },
                             current.map_or_else(
                                 || "this job has no id".to_string(),
                                 |id| format!("this job is {id:#x}")
@@ -292,8 +299,10 @@ impl Listener {
         });
     }
 
-    /// Admits `pending` as rank `rank`, whose process died while the job goes on (`log_on` has
-    /// checked that it died, that the logon names this job, and the limits).
+    /// Admits `pending` as rank `rank`, whose process died while the job goes on, or which had
+    /// not logged on yet when the job lost a worker (`log_on` has checked which, that the logon
+    /// names this job, and the limits). The two are one path: the survivors closed their rings
+    /// to such a rank either way, and take the newcomer on the same way.
     ///
     /// The rings of the dead process are dropped here (each survivor closed and keeps its own
     /// mapping of them), and fresh ones made between `rank` and every other rank, with a fresh
@@ -307,10 +316,10 @@ impl Listener {
     /// goes out, so a rejoin that cannot be finished is refused whole.
     fn rejoin(&mut self, pending: Pending, rank: u32, events: &mut Vec<Event>) {
         let who = (pending.pid, pending.uid);
+        // A rank that had not logged on before comes as its first process (0 before it).
         let rejoins = self.workers[rank as usize]
             .as_ref()
-            .map_or(0, |worker| worker.rejoins)
-            + 1;
+            .map_or(0, |worker| worker.rejoins + 1);
         self.rings
             .retain(|&(from, to), _| from != rank && to != rank);
         self.readiness.remove(&rank);

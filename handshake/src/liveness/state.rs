@@ -165,6 +165,8 @@ impl State {
     pub(crate) fn forget(&self, rank: u32) {
         let dead = self.dead.fetch_and(!bit(rank), Ordering::AcqRel) & !bit(rank);
         self.left.fetch_and(!bit(rank), Ordering::AcqRel);
+        // A rank that had not logged on comes late (the job's token stays for the others).
+        self.never_joined.fetch_and(!bit(rank), Ordering::AcqRel);
         self.rejoins.fetch_and(!bit(rank), Ordering::AcqRel);
         // The first death, if it was this rank's, passes to the lowest rank still dead (or to
         // none): errors must not name a rank that is there again.
