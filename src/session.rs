@@ -785,8 +785,8 @@ impl Session {
     fn next_seq(&mut self, kind: u32) -> Result<u64, Error> {
         if let Some(rank) = self.team_replaced() {
             // A member dead now is the better name: the team's first reason to be over.
-            let dead = self.inner.dead_ranks().into_iter();
-            if let Some(dead) = dead.filter(|&r| self.team.contains(r)).next() {
+            let mut dead = self.inner.dead_ranks().into_iter();
+            if let Some(dead) = dead.find(|&r| self.team.contains(r)) {
                 return Err(self.collective_lost(dead));
             }
             return Err(self.replaced_error(rank));
