@@ -576,15 +576,18 @@ pub fn run(exe: &Path, soak: Soak) -> Result<(), String> {
     // The verdict on every process that lived long enough to be measured.
     let mut grew = Vec::new();
     let mut lines_out = Vec::new();
-    let end = Instant::now();
     for process in watched.values() {
+        // Up to its last sample: a process that ended (a failure) is judged on what it lived.
+        let Some(&(end, _)) = process.samples.last() else {
+            continue;
+        };
         let from = process.started + warm_up;
         if end.saturating_duration_since(from) < 2 * window {
             continue;
         }
         let (Some(first), Some(last)) = (
             process.least(from, from + window),
-            process.least(end - window, end),
+            process.least(end - window, end + Duration::from_millis(1)),
         ) else {
             continue;
         };

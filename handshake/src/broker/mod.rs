@@ -384,6 +384,10 @@ struct Ready {
 
 #[derive(Default)]
 struct WorkerReady {
+    /// Which process of the rank was polled (its pid and how many held the rank before it):
+    /// a logon handled first in the same round may have replaced it, and what was found then
+    /// is about the old one.
+    process: Option<(i32, u32)>,
     readable: bool,
     writable: bool,
     exited: bool,
@@ -577,6 +581,12 @@ impl Listener {
             }
         }
         for (rank, worker) in ready.workers.into_iter().enumerate() {
+            // Found about a process that a rejoin handled above replaced: nothing to do with
+            // the new one (it is polled next round).
+            let now = self.workers[rank].as_ref().map(|w| (w.pid, w.rejoins));
+            if now != worker.process {
+                continue;
+            }
             if worker.writable {
                 self.flush(rank);
             }
@@ -622,7 +632,7 @@ impl Listener {
         let mut watched = Vec::with_capacity(self.workers.len());
         for worker in &self.workers {
             let Some(worker) = worker else {
-                watched.push((false, false));
+                watched.push((None, false, false));
                 continue;
             };
             let stream = worker.stream.as_ref().map(|stream| {
@@ -636,7 +646,11 @@ impl Listener {
                 PollFd::new(stream.as_fd(), flags)
             });
             let pidfd = (!worker.exited).then(|| PollFd::new(worker.pidfd.as_fd(), readable));
-            watched.push((stream.is_some(), pidfd.is_some()));
+            watched.push((
+                Some((worker.pid, worker.rejoins)),
+                stream.is_some(),
+                pidfd.is_some(),
+            ));
             fds.extend(stream);
             fds.extend(pidfd);
         }
@@ -651,11 +665,12 @@ impl Listener {
         let mut rest = fds[2 + self.pending.len()..].iter();
         let workers = watched
             .into_iter()
-            .map(|(has_stream, has_pidfd)| {
+            .map(|(process, has_stream, has_pidfd)| {
                 let stream = if has_stream { rest.next() } else { None };
                 let pidfd = if has_pidfd { rest.next() } else { None };
                 let stream = stream.map_or(PollFlags::empty(), revents);
                 WorkerReady {
+                    process,
                     readable: stream
                         .intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR),
                     writable: stream.contains(PollFlags::POLLOUT),
