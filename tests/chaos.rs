@@ -23,8 +23,7 @@ fn ten_workers_past_the_flat_algorithms_hang_leak_and_misname_nothing() {
 
 /// `chaos --soak 12`: one job of 4 ranks for 12 s, every operation at random sizes, workers
 /// killed and started again at random moments, each replacement rejoining: no wrong result, no
-/// hang, and the long-lived processes' memory and fds within the soak's bounds (CI runs 5
-/// minutes of it, `ci/chaos.sh`).
+/// hang, and the long-lived processes' memory and fds within the soak's bounds.
 #[test]
 fn a_short_soak_with_kills_and_rejoins_finds_nothing() {
     let mut command = Command::new(env!("CARGO_BIN_EXE_chaos"));
