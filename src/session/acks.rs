@@ -85,8 +85,12 @@ impl Session {
         // Every acknowledgement is queued before any is sent, so a peer whose ring fails loses
         // none of the others'.
         let mut peers = Vec::new();
-        for (peer, payload) in self.view_acks.take() {
-            if peer < self.world_size() && peer != self.rank() {
+        for (peer, process, payload) in self.view_acks.take() {
+            // A view of a process since replaced: its blocks went with it (see `rejoin`).
+            if peer < self.world_size()
+                && peer != self.rank()
+                && process == self.adopted_at[peer as usize]
+            {
                 self.peers[peer as usize].acks_due.push_back(with_ref(
                     kind::PAYLOAD_ACK,
                     0,

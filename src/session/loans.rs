@@ -28,6 +28,10 @@ pub struct LoanView {
     pub(super) owner: u32,
     pub(super) payload: PayloadRef,
     pub(super) acks: ViewAcks,
+    /// Which process of `owner` lent it: the session's count when it last took a replacement of
+    /// that rank on (see `rejoin`). An acknowledgement for a process since replaced is dropped,
+    /// never sent to its replacement.
+    pub(super) process: u64,
 }
 
 impl LoanView {
@@ -54,7 +58,7 @@ impl std::ops::Deref for LoanView {
 
 impl Drop for LoanView {
     fn drop(&mut self) {
-        self.acks.push(self.owner, self.payload);
+        self.acks.push(self.owner, self.process, self.payload);
     }
 }
 
@@ -68,21 +72,21 @@ impl Drop for LoanView {
 /// the outboxes add none (their ledger is private, and acknowledgements travel on the rings).
 #[derive(Debug, Default, Clone)]
 pub(super) struct ViewAcks {
-    queue: std::sync::Arc<std::sync::Mutex<VecDeque<(u32, PayloadRef)>>>,
+    queue: std::sync::Arc<std::sync::Mutex<VecDeque<(u32, u64, PayloadRef)>>>,
     waiting: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ViewAcks {
-    pub(super) fn push(&self, peer: u32, payload: PayloadRef) {
+    pub(super) fn push(&self, peer: u32, process: u64, payload: PayloadRef) {
         self.queue
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push_back((peer, payload));
+            .push_back((peer, process, payload));
         self.waiting
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
-    pub(super) fn take(&self) -> VecDeque<(u32, PayloadRef)> {
+    pub(super) fn take(&self) -> VecDeque<(u32, u64, PayloadRef)> {
         // A plain load first: the common case (no view dropped) costs no read-modify-write.
         if !self.waiting.load(std::sync::atomic::Ordering::Relaxed)
             || !self
@@ -270,6 +274,7 @@ impl Session {
             owner: peer,
             payload: lent,
             acks: self.view_acks.clone(),
+            process: self.adopted_at[peer as usize],
         })
     }
 }
