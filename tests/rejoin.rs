@@ -33,6 +33,11 @@ fn log_on(socket: &str, rank: u32, job: Option<&str>) -> Result<Session, Error> 
 
 /// This test binary as rank `rank` of job `job`, playing `scenario` (see `rejoin_rank`).
 fn child(broker: &Broker, rank: u32, job: &str, scenario: &str) -> ChildGuard {
+    spawn(&mut rank_command(broker, rank, job, scenario))
+}
+
+/// The command that starts [`child`].
+fn rank_command(broker: &Broker, rank: u32, job: &str, scenario: &str) -> Command {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
         .args(["--ignored", "--exact", "rejoin_rank", "--nocapture"])
@@ -42,22 +47,14 @@ fn child(broker: &Broker, rank: u32, job: &str, scenario: &str) -> ChildGuard {
         .env("SHMBROKER_JOB", job)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    spawn(&mut command)
+    command
 }
 
 /// This test binary replacing rank `rank` of job `job`: it says hello to rank 0, runs an
 /// all-reduce on a group of `group`, and then dies if `then_die`.
 fn hello(broker: &Broker, rank: u32, job: &str, group: &str, then_die: bool) -> ChildGuard {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args(["--ignored", "--exact", "rejoin_rank", "--nocapture"])
-        .env("SHMBROKER_TEST_SCENARIO", "hello")
-        .env("SHMBROKER_TEST_SOCKET", broker.socket())
-        .env("SHMBROKER_TEST_RANK", rank.to_string())
-        .env("SHMBROKER_TEST_GROUP", group)
-        .env("SHMBROKER_JOB", job)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut command = rank_command(broker, rank, job, "hello");
+    command.env("SHMBROKER_TEST_GROUP", group);
     if then_die {
         command.env("SHMBROKER_TEST_DIE", "1");
     }
