@@ -6,6 +6,10 @@
 //! that owes none for it (a second acknowledgement, or one from a rank the block never went to) is
 //! refused with an [`AckFault`] and changes nothing. A rank that dies or leaves is
 //! [`Ledger::forget`]-ed: dropped from every set.
+//!
+//! A range lent *in place* ([`Ledger::insert_kept`]: bytes of a buffer its owner keeps, such as a
+//! symmetric buffer an all-reduce reads where it lies) is recorded the same way, but frees
+//! nothing when its last acknowledgement comes: the buffer was never the ledger's.
 
 use shmbroker_bindings::PayloadRef;
 use std::collections::HashMap;
@@ -46,8 +50,16 @@ impl std::fmt::Display for AckFault {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     sent: PayloadRef,
-    block_len: u64,
+    /// The block freed with the last acknowledgement; `None` for a range lent in place.
+    block_len: Option<u64>,
     owed: u64,
+}
+
+impl Entry {
+    /// The bytes the entry covers: its block, or the range lent in place.
+    fn end(&self) -> u64 {
+        self.sent.offset + self.block_len.unwrap_or(u64::from(self.sent.len))
+    }
 }
 
 /// Blocks sent and not yet acknowledged by every receiver.
@@ -71,6 +83,22 @@ impl Ledger {
     /// When a block at that offset is already recorded: the owner's allocator handed out one block
     /// twice, which is a bug in this process, not something a peer can cause.
     pub fn insert(&mut self, sent: PayloadRef, block_len: u64, owed: u64) -> bool {
+        self.record(sent, Some(block_len), owed)
+    }
+
+    /// Records that `sent`, a range of a buffer its owner keeps, was lent in place to every rank
+    /// in `owed`: acknowledged as a block is, it frees nothing. Returns `false`, recording
+    /// nothing, when `owed` is empty.
+    ///
+    /// # Panics
+    ///
+    /// When an entry at that offset is already recorded (see [`Self::insert`]); callers check
+    /// [`Self::overlaps`] first.
+    pub fn insert_kept(&mut self, sent: PayloadRef, owed: u64) -> bool {
+        self.record(sent, None, owed)
+    }
+
+    fn record(&mut self, sent: PayloadRef, block_len: Option<u64>, owed: u64) -> bool {
         if owed == 0 {
             return false;
         }
@@ -86,8 +114,18 @@ impl Ledger {
         true
     }
 
+    /// Whether any entry (a block sent, or a range lent in place) covers a byte of
+    /// `offset..offset + len`.
+    #[must_use]
+    pub fn overlaps(&self, offset: u64, len: u64) -> bool {
+        let end = offset.saturating_add(len);
+        self.entries
+            .values()
+            .any(|entry| entry.sent.offset < end && offset < entry.end())
+    }
+
     /// Takes `rank`'s acknowledgement of `acked`. Returns the block `(offset, block_len)` once
-    /// nobody owes one any more.
+    /// nobody owes one any more (never for a range lent in place, which frees nothing).
     ///
     /// # Errors
     ///
@@ -112,7 +150,7 @@ impl Ledger {
         }
         let block_len = entry.block_len;
         self.entries.remove(&acked.offset);
-        Ok(Some((acked.offset, block_len)))
+        Ok(block_len.map(|block_len| (acked.offset, block_len)))
     }
 
     /// Drops `rank` from every owed set; returns the blocks nobody owes for any more.
@@ -122,7 +160,9 @@ impl Ledger {
         self.entries.retain(|&offset, entry| {
             entry.owed &= !bit;
             if entry.owed == 0 {
-                freed.push((offset, entry.block_len));
+                if let Some(block_len) = entry.block_len {
+                    freed.push((offset, block_len));
+                }
                 false
             } else {
                 true
@@ -193,5 +233,20 @@ mod tests {
             !ledger.insert(sent(192, 1), 64, 0),
             "owed by nobody: not recorded"
         );
+    }
+
+    #[test]
+    fn a_range_lent_in_place_is_acknowledged_as_a_block_and_frees_nothing() {
+        let mut ledger = Ledger::default();
+        assert!(ledger.insert_kept(sent(1000, 100), 0b110));
+        assert!(ledger.overlaps(1099, 1) && ledger.overlaps(900, 101));
+        assert!(!ledger.overlaps(1100, 64) && !ledger.overlaps(900, 100));
+        assert_eq!(ledger.ack(1, sent(1000, 100)), Ok(None));
+        assert_eq!(ledger.ack(1, sent(1000, 100)), Err(AckFault::NotOwed));
+        assert_eq!(ledger.ack(2, sent(1000, 100)), Ok(None));
+        assert!(ledger.is_empty());
+        ledger.insert_kept(sent(1000, 100), 0b10);
+        assert_eq!(ledger.forget(1), vec![], "nothing to free");
+        assert!(ledger.is_empty());
     }
 }

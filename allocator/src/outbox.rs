@@ -31,6 +31,9 @@ pub struct Outbox {
     ranges: Ranges,
     ledger: Ledger,
     returns: Returns,
+    /// Blocks given back (by a dropped [`Loan`]) while ranges of them were still lent in place:
+    /// they are freed once those ranges are acknowledged.
+    deferred: Vec<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -103,6 +106,7 @@ impl Outbox {
             ranges: Ranges::new(OUTBOX_HEADER_BYTES, bytes),
             ledger: Ledger::default(),
             returns: Arc::default(),
+            deferred: Vec::new(),
         })
     }
 
@@ -160,10 +164,76 @@ impl Outbox {
     }
 
     fn take_returns(&mut self) {
-        let mut returns = self.returns.lock().unwrap_or_else(PoisonError::into_inner);
-        for (offset, len) in returns.drain(..) {
+        let returned: Vec<(u64, u64)> = self
+            .returns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        for (offset, len) in returned {
+            if self.ledger.overlaps(offset, len) {
+                self.deferred.push((offset, len));
+            } else {
+                self.ranges.free(offset, len);
+            }
+        }
+    }
+
+    /// Frees the deferred blocks no range lent in place holds any more.
+    fn free_deferred(&mut self) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        let (held, free): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|&(offset, len)| self.ledger.overlaps(offset, len));
+        for (offset, len) in free {
             self.ranges.free(offset, len);
         }
+        self.deferred = held;
+        self.publish_use();
+    }
+
+    /// Lends `bytes`, which must lie in a block of this outbox that this process holds (a
+    /// [`Loan`] not sent, such as a symmetric buffer), *in place* to the ranks in `receivers`:
+    /// they read it where it lies, and acknowledge it as a block sent, but the block stays the
+    /// holder's. Returns the reference to send them, or `None` (nothing recorded) when `bytes`
+    /// is empty, lies outside the blocks held, or overlaps a range still lent. The holder must
+    /// not write a byte a receiver reads until that receiver is done with it: the caller's
+    /// protocol says when (an all-reduce's result slices do).
+    pub fn lend_in_place(&mut self, bytes: &[u8], receivers: u64) -> Option<PayloadRef> {
+        let base = self.map.as_ptr().as_ptr() as usize;
+        let offset = (bytes.as_ptr() as usize).checked_sub(base)? as u64;
+        let len = bytes.len() as u64;
+        let end = offset.checked_add(len)?;
+        if bytes.is_empty() || offset < OUTBOX_HEADER_BYTES || end > self.size() {
+            return None;
+        }
+        // Loans dropped meanwhile: their blocks are free, or deferred.
+        self.take_returns();
+        let held = self.ranges.is_held(offset, len)
+            && !self.ledger.overlaps(offset, len)
+            && !self
+                .deferred
+                .iter()
+                .any(|&(start, block)| start < end && offset < start + block);
+        if !held {
+            return None;
+        }
+        let sent = PayloadRef {
+            offset,
+            len: u32::try_from(len).ok()?,
+            _pad0: 0,
+        };
+        self.ledger.insert_kept(sent, receivers);
+        Some(sent)
+    }
+
+    /// Whether a range of `loan`'s block is still lent in place (it cannot be sent until every
+    /// receiver has acknowledged it).
+    #[must_use]
+    pub fn lent_in_place(&self, loan: &Loan) -> bool {
+        self.ledger.overlaps(loan.offset, loan.block_len)
     }
 
     /// Copies `data` into `block` from byte `at` on.
@@ -244,7 +314,10 @@ impl Outbox {
                 self.publish_use();
                 Ok(true)
             }
-            Ok(None) => Ok(false),
+            Ok(None) => {
+                self.free_deferred();
+                Ok(false)
+            }
             Err(fault) => Err(Error::Ack {
                 rank,
                 offset: acked.offset,
@@ -261,6 +334,7 @@ impl Outbox {
         for &(offset, len) in &freed {
             self.ranges.free(offset, len);
         }
+        self.free_deferred();
         self.publish_use();
         freed.into_iter().map(|(offset, _)| offset).collect()
     }

@@ -82,6 +82,23 @@ impl Ranges {
         self.free.insert(start, end - start);
     }
 
+    /// Whether `offset..offset + len` lies in `[start, end)` with no byte of it free (so in blocks
+    /// handed out).
+    #[must_use]
+    pub fn is_held(&self, offset: u64, len: u64) -> bool {
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        if offset < self.start || end > self.end {
+            return false;
+        }
+        // Free ranges never overlap: only the last one starting before `end` can reach into it.
+        self.free
+            .range(..end)
+            .next_back()
+            .is_none_or(|(&start, &hole)| start + hole <= offset)
+    }
+
     /// Bytes in blocks handed out and not yet freed.
     #[must_use]
     pub fn used_bytes(&self) -> u64 {

@@ -64,6 +64,51 @@ fn a_loan_dropped_unsent_comes_back_and_a_foreign_one_is_refused() {
 }
 
 #[test]
+fn a_held_buffer_lent_in_place_is_read_where_it_lies_and_stays_its_holders() {
+    let mut outbox = Outbox::create(0, 1 << 20).unwrap();
+    let peer = PeerOutbox::join(outbox.fd(), 0).unwrap();
+    let free = outbox.free_bytes();
+    let mut loan = outbox.try_loan(4096).unwrap().unwrap();
+    for (i, byte) in loan.iter_mut().enumerate() {
+        *byte = i as u8;
+    }
+    let sent = outbox
+        .lend_in_place(&loan[1024..3072], Outbox::receivers([1, 2]))
+        .expect("a range of a held loan");
+    assert_eq!(sent.len, 2048);
+    assert_eq!(&*peer.view(sent).unwrap(), &loan[1024..3072]);
+    // Still lent: not again, and the loan cannot be sent.
+    assert!(outbox.lend_in_place(&loan[2000..2001], 2).is_none());
+    assert!(outbox.lent_in_place(&loan));
+    assert!(!outbox.ack(1, sent).unwrap());
+    assert!(
+        !outbox.ack(2, sent).unwrap(),
+        "the last acknowledgement frees nothing"
+    );
+    assert!(!outbox.lent_in_place(&loan));
+    assert!(outbox.lend_in_place(&loan[2000..2001], 2).is_some());
+    // Dropped while still lent: the block comes back only with the acknowledgement.
+    drop(loan);
+    let held = outbox.free_bytes();
+    assert!(
+        held < free,
+        "the block is not free while rank 1 may read it"
+    );
+    assert!(!outbox.ack(1, reference(sent.offset + 976, 1)).unwrap());
+    assert_eq!(outbox.free_bytes(), free);
+    // Bytes that are no held block: outside the outbox, or a free range.
+    assert!(outbox.lend_in_place(&[0u8; 64], 2).is_none());
+    let loan = outbox.try_loan(64).unwrap().unwrap();
+    let stale = loan.as_ptr() as usize;
+    drop(loan);
+    assert_eq!(outbox.free_bytes(), free, "the dropped loan is free again");
+    // SAFETY: the address is in the outbox's mapping, which `outbox` keeps mapped, and nothing
+    // writes those 64 bytes while the slice lives.
+    let freed = unsafe { std::slice::from_raw_parts(stale as *const u8, 64) };
+    assert!(outbox.lend_in_place(freed, 2).is_none(), "a freed block");
+}
+
+#[test]
 fn a_write_past_its_block_is_refused() {
     let mut outbox = Outbox::create(0, MIN_OUTBOX_BYTES).unwrap();
     let block = outbox.try_alloc(64).unwrap().unwrap();
