@@ -100,6 +100,7 @@ mod rooted;
 mod send;
 mod split;
 mod status;
+mod symmetric;
 #[cfg(feature = "tokio")]
 mod tokio_receiver;
 
@@ -111,6 +112,7 @@ pub use reductions::{ONE_SHOT_MAX_BYTES, PIECE_MAX_BYTES};
 pub use rooted::{FLAT_BROADCAST_MAX, TREE_PART_MAX};
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
 pub use split::{Receiver, Sender, SessionGuard};
+pub use symmetric::Symmetric;
 #[cfg(feature = "tokio")]
 pub use tokio_receiver::AsyncReceiver;
 
@@ -189,6 +191,9 @@ pub struct Session {
     /// `rejoin`).
     adoptions: u64,
     adopted_at: Vec<u64>,
+    /// Pieces of all-reduces whose contribution peers read where it lay (see
+    /// [`Self::symmetric`]).
+    read_in_place: u64,
     /// The broker this worker hosts (local rank 0 under a launcher). Last, so that it stops
     /// only after this session has said goodbye to it.
     embedded: Option<EmbeddedBroker>,
@@ -559,6 +564,7 @@ impl Session {
             any: any::Readiness::new(world),
             adoptions: 0,
             adopted_at: vec![0; world],
+            read_in_place: 0,
             embedded: None,
         };
         // A replacement's world is over from the start (see `rejoin`).

@@ -315,6 +315,38 @@ fn reductions_rank() {
             let right = (0..len).all(|i| block[i] == ((rank * len + i) % 1000) as i32 * factor);
             assert!(right, "large reduce_scatter: rank {rank}");
         }
+        "symmetric" => check_symmetric(&mut session),
+        "symmetric-killed" => {
+            // Rank 2 dies before it contributes to an all-reduce of symmetric buffers; the
+            // survivors name it, shrink, and sum on the same buffers.
+            let mut data = session.symmetric::<i32>(1 << 20).unwrap();
+            data.fill(rank as i32 + 1);
+            session.barrier().unwrap();
+            if rank == 2 {
+                std::thread::sleep(Duration::from_millis(50));
+                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
+            }
+            let error = session.all_reduce(&mut data, ReduceOp::Sum).unwrap_err();
+            assert!(
+                matches!(error, Error::PeerLost { rank: 2, .. }),
+                "rank {rank}: {error}"
+            );
+            let survivors = session.shrink().unwrap();
+            let world = session.world_size() as i32;
+            for round in 0..3 {
+                data.fill(rank as i32 + 1 + round);
+                session
+                    .on(&survivors)
+                    .all_reduce(&mut data, ReduceOp::Sum)
+                    .unwrap();
+                let want = world * (world + 1) / 2 - 3 + round * (world - 1);
+                assert!(
+                    data.iter().all(|&x| x == want),
+                    "rank {rank}, round {round}: {} where {want} was due",
+                    data[0]
+                );
+            }
+        }
         "killed" => {
             // Rank 2 dies before it contributes; every other rank's all-reduce names it.
             let mut data = vec![1.0f32; 1 << 20];
@@ -359,6 +391,89 @@ fn reductions_rank() {
             );
         }
         other => panic!("no scenario {other}"),
+    }
+}
+
+/// Symmetric buffers: ranks with and without them in one call, sizes from none to many pieces,
+/// rounds that rewrite the buffer at once, a group, and every piece read in place.
+fn check_symmetric(session: &mut Session) {
+    let (rank, world) = (session.rank() as usize, session.world_size() as usize);
+    // Rank 1 (and every third from it) keeps its data in a Vec; the others in symmetric
+    // buffers. Then every rank does.
+    for mixed in [true, false] {
+        let symmetric = !mixed || rank % 3 != 1;
+        for len in [0, 1, 1000, (3 << 18) + 5] {
+            // A world of one sends nothing.
+            let pieces = if world == 1 || len * 4 <= shmbroker::session::ONE_SHOT_MAX_BYTES {
+                0
+            } else {
+                (len * 4).div_ceil(shmbroker::session::PIECE_MAX_BYTES) as u64
+            };
+            let mut sym = session.symmetric::<i32>(len).unwrap();
+            let mut plain = vec![0i32; len];
+            for round in 0..5 {
+                let data: &mut [i32] = if symmetric { &mut sym } else { &mut plain };
+                let value = |q: usize, i: usize| ((i * 7 + round) % 1000) as i32 * (q as i32 + 1);
+                for (i, x) in data.iter_mut().enumerate() {
+                    *x = value(rank, i);
+                }
+                let before = session.reductions_read_in_place();
+                session.all_reduce(data, ReduceOp::Sum).unwrap();
+                let factor = (world * (world + 1) / 2) as i32;
+                let wrong = (0..len).find(|&i| data[i] != value(0, i) * factor);
+                assert!(
+                    wrong.is_none(),
+                    "mixed {mixed}, {len} elements, round {round}: rank {rank} element {wrong:?}"
+                );
+                let read = session.reductions_read_in_place() - before;
+                let due = if symmetric { pieces } else { 0 };
+                assert_eq!(
+                    read, due,
+                    "{len} elements, round {round}: pieces read in place"
+                );
+            }
+        }
+    }
+    // f32 and bf16 against the reference, bit for bit on every rank, on a group of all ranks.
+    let everyone: Vec<u32> = (0..world as u32).collect();
+    let group = session.group(&everyone).unwrap();
+    for (len, op) in [(1 << 18, ReduceOp::Sum), ((1 << 18) + 3, ReduceOp::Max)] {
+        let inputs: Vec<Vec<f32>> = (0..world).map(|q| input::<f32>(q, len, 5)).collect();
+        let mut sym = session.symmetric::<f32>(len).unwrap();
+        sym.copy_from_slice(&inputs[rank]);
+        session.on(&group).all_reduce(&mut sym, op).unwrap();
+        let expected: Vec<f32> = (0..len)
+            .map(|i| {
+                let column: Vec<f32> = inputs.iter().map(|input| input[i]).collect();
+                f32::fold(op, &column)
+            })
+            .collect();
+        assert!(
+            bits(&sym) == bits(&expected),
+            "{op:?} of {len} f32: rank {rank}"
+        );
+        same_everywhere(session, bits(&sym), "symmetric f32");
+    }
+    let inputs: Vec<Vec<bf16>> = (0..world).map(|q| input::<bf16>(q, 1 << 19, 6)).collect();
+    let mut sym = session.symmetric::<bf16>(1 << 19).unwrap();
+    sym.copy_from_slice(&inputs[rank]);
+    session.all_reduce(&mut sym, ReduceOp::Avg).unwrap();
+    let expected: Vec<bf16> = (0..1 << 19)
+        .map(|i| {
+            let column: Vec<bf16> = inputs.iter().map(|input| input[i]).collect();
+            bf16::fold(ReduceOp::Avg, &column)
+        })
+        .collect();
+    assert!(bits(&sym) == bits(&expected), "Avg of bf16: rank {rank}");
+    // A symmetric buffer sent by reference afterwards: its bytes as they are.
+    let sum = sym.to_vec();
+    if world > 1 {
+        if rank == 0 {
+            session.send_loan(1, sym.into_loan()).unwrap();
+        } else if rank == 1 {
+            let view = session.recv_loan(0).unwrap();
+            assert!(&*view == bits(&sum), "the loan's bytes");
+        }
     }
 }
 
@@ -423,6 +538,21 @@ fn every_type_and_operation_in_worlds_of_one_to_nine_and_sixteen() {
 fn large_reductions_in_worlds_of_two_and_four() {
     for world in [2, 4] {
         all_pass(&format!("reduce-large-{world}"), world, "large");
+    }
+}
+
+#[test]
+fn symmetric_buffers_are_read_in_place_beside_ranks_without_them() {
+    for world in [1, 2, 3, 4] {
+        all_pass(&format!("reduce-symmetric-{world}"), world, "symmetric");
+    }
+}
+
+#[test]
+fn a_death_during_a_symmetric_all_reduce_is_named_and_the_survivors_sum_on() {
+    let results = run_world("reduce-symmetric-killed", 4, "symmetric-killed");
+    for (rank, (ok, stderr)) in results.into_iter().enumerate() {
+        assert_eq!(ok, rank != 2, "rank {rank}: {stderr}");
     }
 }
 

@@ -123,31 +123,43 @@ impl Session {
     /// [`Self::loan`] within `deadline` (a collective's, which names it).
     pub(super) fn loan_within(&mut self, len: usize, deadline: &Deadline) -> Result<Loan, Error> {
         self.flush_view_acks()?;
-        let mut full_since: Option<std::time::Instant> = None;
+        let mut since = None;
         loop {
             if let Some(loan) = self.outbox.try_loan(len).map_err(Error::OwnOutbox)? {
                 return Ok(loan);
             }
-            self.check_interrupted(deadline)?;
-            if deadline.left().is_zero() {
-                let waiting = self
-                    .peers()
-                    .max_by_key(|&peer| self.outbox.owed_by(peer))
-                    .unwrap_or(self.rank());
-                return Err(self.timed_out(deadline, waiting));
-            }
-            if let Some(waited) = deadline.watchdog_due() {
-                let owing: Vec<u32> = self
-                    .peers()
-                    .filter(|&peer| self.outbox.owed_by(peer) > 0)
-                    .collect();
-                self.warn_waiting(deadline, waited, &owing);
-            }
-            self.poll_acks()?;
-            // A long wait (with no deadline, it may be long) costs almost no CPU.
-            let now = std::time::Instant::now();
-            super::receive::idle_wait(now.duration_since(*full_since.get_or_insert(now)));
+            self.await_acks(deadline, &mut since)?;
         }
+    }
+
+    /// One turn of a wait for peers' acknowledgements (room in the outbox, a buffer lent in
+    /// place given back): fails on an interrupt or at the deadline, naming the peer that owes
+    /// most; otherwise takes in what arrived, after a pause that grows from `since` on.
+    fn await_acks(
+        &mut self,
+        deadline: &Deadline,
+        since: &mut Option<std::time::Instant>,
+    ) -> Result<(), Error> {
+        self.check_interrupted(deadline)?;
+        if deadline.left().is_zero() {
+            let waiting = self
+                .peers()
+                .max_by_key(|&peer| self.outbox.owed_by(peer))
+                .unwrap_or(self.rank());
+            return Err(self.timed_out(deadline, waiting));
+        }
+        if let Some(waited) = deadline.watchdog_due() {
+            let owing: Vec<u32> = self
+                .peers()
+                .filter(|&peer| self.outbox.owed_by(peer) > 0)
+                .collect();
+            self.warn_waiting(deadline, waited, &owing);
+        }
+        self.poll_acks()?;
+        // A long wait (with no deadline, it may be long) costs almost no CPU.
+        let now = std::time::Instant::now();
+        super::receive::idle_wait(now.duration_since(*since.get_or_insert(now)));
+        Ok(())
     }
 
     /// Hands `loan` to `rank` by reference: it receives it with [`Self::recv_loan`] (or copies it
@@ -176,11 +188,30 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         self.flush_view_acks()?;
+        // A loan that was a symmetric buffer may still be read in place after a failed
+        // all-reduce: it goes only once those readers are done.
+        let mut since = None;
+        while self.outbox.lent_in_place(&loan) {
+            self.await_acks(deadline, &mut since)?;
+        }
         let receivers = Outbox::receivers(targets.iter().copied());
         let lent = self
             .outbox
             .send_loan(loan, receivers)
             .map_err(Error::OwnOutbox)?;
+        self.send_ref(op, tag, lent, targets, deadline)
+    }
+
+    /// Sends `lent`, a reference into this rank's outbox recorded as owed by `targets`, to
+    /// `targets` as operation `op` number `tag`.
+    pub(super) fn send_ref(
+        &mut self,
+        op: u32,
+        tag: u64,
+        lent: PayloadRef,
+        targets: &[u32],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         let header = with_ref(op | kind::LOAN, tag, lent);
         for (sent, &peer) in targets.iter().enumerate() {
             if let Err(error) = self.send_message(peer, header, deadline) {

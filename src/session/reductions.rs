@@ -17,6 +17,14 @@
 //!   pieces makes its pieces a quarter of its size; the ranks' outboxes must then be the same
 //!   size).
 //!
+//! - **Symmetric buffers**: an all-reduce whose data already lies in this rank's outbox (a
+//!   [`Symmetric`](super::Symmetric) buffer, or a loan) skips the copy in: each piece is lent
+//!   where it lies, and the peers read it there. The messages are the same, so ranks with and
+//!   without symmetric buffers can meet in one call. The rank writes a byte its peers read only
+//!   after they are done with it: slice `q` of a piece once rank `q`'s result slice for it has
+//!   come (rank `q` combines only after reading), its own slice after combining it (only it
+//!   reads that one), and the call returns once every result slice has come.
+//!
 //! Both are deterministic: every result slice is combined by one rank in rank order and copied
 //! bit for bit by the others (see [`crate::reduce`]).
 //!
@@ -40,6 +48,7 @@ use super::demux::Expect;
 use super::{Deadline, Error, LoanView, Session};
 use crate::reduce::{DType, Element, ReduceOp, check_op, combine, combine_with};
 use bytemuck::Pod;
+use shmbroker_allocator::Outbox;
 use shmbroker_bindings::kind;
 use std::time::Duration;
 
@@ -567,9 +576,17 @@ impl Session {
     ) -> Result<(), Error> {
         let (rank, world) = (self.me(), self.size() as usize);
         let mine = slice_of(data.len(), world, rank as usize);
-        // First shot: lend this contribution; combine this rank's slice of every one.
+        // First shot: lend this contribution (where it lies, when it is a symmetric buffer);
+        // combine this rank's slice of every one.
         let seq = self.next_seq(op)?;
-        let views = self.lend_to_every_peer(op, seq, &[&*data], deadline)?;
+        let in_place = match results {
+            Results::All => self.lend_where_it_lies(op, seq, data, deadline)?,
+            Results::Root(_) => None,
+        };
+        let views = match in_place {
+            Some(views) => views,
+            None => self.lend_to_every_peer(op, seq, &[&*data], deadline)?,
+        };
         let mut result = self.loan_within(size_of_val(&data[mine.clone()]), deadline)?;
         {
             let inputs = self.inputs(data, &views, mine.clone())?;
@@ -633,6 +650,49 @@ impl Session {
         let bytes_len = loan.len();
         let peers: Vec<u32> = self.team_peers().collect();
         self.lend(op, seq, loan, &peers, deadline)?;
+        self.views_of_every_peer(op, seq, bytes_len, deadline)
+    }
+
+    /// [`Self::lend_to_every_peer`] of `data` where it lies, with no copy, when it is in a block
+    /// of this rank's outbox that this rank holds (a [`Symmetric`](super::Symmetric) buffer or a
+    /// loan); `None` otherwise, having sent nothing.
+    ///
+    /// Only an all-reduce may: it writes slice `q` of `data` only once rank `q`'s result slice
+    /// has come, so after rank `q` has read it, and returns only once every result slice has
+    /// come, so every peer is done reading when the caller may write `data` again. A reduce's
+    /// ranks other than the root, and a reduce-scatter, return without such a word from every
+    /// peer, so they lend a copy.
+    fn lend_where_it_lies<T: Pod>(
+        &mut self,
+        op: u32,
+        seq: u64,
+        data: &[T],
+        deadline: &Deadline,
+    ) -> Result<Option<Vec<Option<LoanView>>>, Error> {
+        let peers: Vec<u32> = self.team_peers().collect();
+        let receivers = Outbox::receivers(peers.iter().copied());
+        self.flush_view_acks()?;
+        let Some(lent) = self
+            .outbox
+            .lend_in_place(bytemuck::cast_slice(data), receivers)
+        else {
+            return Ok(None);
+        };
+        self.read_in_place += 1;
+        self.send_ref(op, seq, lent, &peers, deadline)?;
+        self.views_of_every_peer(op, seq, lent.len as usize, deadline)
+            .map(Some)
+    }
+
+    /// A view of every peer's loan of collective `op` number `seq`, in rank order (`None` for
+    /// this rank), each checked to be `bytes_len` long.
+    fn views_of_every_peer(
+        &mut self,
+        op: u32,
+        seq: u64,
+        bytes_len: usize,
+        deadline: &Deadline,
+    ) -> Result<Vec<Option<LoanView>>, Error> {
         let expect = Expect::Collective { op, seq };
         let mut views = Vec::with_capacity(self.size() as usize);
         for rank in 0..self.size() {
