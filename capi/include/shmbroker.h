@@ -423,7 +423,9 @@ int shmbroker_group_gather(struct shmbroker_session *s,
 
 // Combines every rank's `count` elements of `dtype` at `data` with `op`, in rank order, into
 // every rank's `data` (in place). Every rank passes the same `count`, `dtype` and `op`; every
-// rank gets the same bits. Threads: as `shmbroker_barrier`.
+// rank gets the same bits. When `data` is the bytes of a loan this rank holds
+// (`shmbroker_loan_create`), the peers read it where it lies, with no copy in (a symmetric
+// buffer: see `shmbroker_reductions_read_in_place`). Threads: as `shmbroker_barrier`.
 //
 // # Safety
 //
@@ -441,6 +443,19 @@ int shmbroker_group_all_reduce(struct shmbroker_session *s,
                                size_t count,
                                int dtype,
                                int op);
+
+// How many pieces of this session's all-reduces were read by the peers where they lay, with no
+// copy in: those whose `data` was the bytes of a loan (`shmbroker_loan_create`) this rank still
+// holds, a *symmetric buffer*. An all-reduce of up to 2 KiB has none; a larger one has one per
+// MiB or part of it. A program checks with it that its buffers are on that path. `*out` gets
+// the count. Threads: as [`shmbroker_barrier`].
+//
+// Errors: `SHMBROKER_E_MISUSE` for a NULL session or `out`.
+//
+// # Safety
+//
+// `s` is null or a live session; `out` is null or points at a writable `uint64_t`.
+int shmbroker_reductions_read_in_place(struct shmbroker_session *s, uint64_t *out);
 
 // As `shmbroker_all_reduce`, the result into the root's `data` only; the other ranks'
 // `data` is unchanged. Threads: as `shmbroker_barrier`.

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <stdexcept>
@@ -215,6 +216,33 @@ class Loan {
     std::size_t size_ = 0;
 };
 
+// An array of `T` in this rank's outbox (Session::symmetric), zeroed: an all_reduce on it is
+// read by the peers where it lies, with no copy in (a symmetric buffer). It holds its block of
+// the outbox until it goes out of scope, or into_loan() hands it over.
+template <typename T>
+class Symmetric {
+    static_assert(std::is_trivially_copyable_v<T>, "a symmetric buffer holds plain values");
+
+   public:
+    Symmetric() = default;
+    T *data() noexcept { return reinterpret_cast<T *>(loan_.data()); }
+    std::size_t size() const noexcept { return count_; }
+    T &operator[](std::size_t i) noexcept { return data()[i]; }
+    T *begin() noexcept { return data(); }
+    T *end() noexcept { return data() + count_; }
+    // The loan holding it, to send by reference.
+    Loan into_loan() && noexcept {
+        count_ = 0;
+        return std::move(loan_);
+    }
+
+   private:
+    friend class Session;
+    Symmetric(Loan loan, std::size_t count) noexcept : loan_(std::move(loan)), count_(count) {}
+    Loan loan_;
+    std::size_t count_ = 0;
+};
+
 // A read-only view of a buffer a peer lent this rank (Session::recv_loan,
 // Session::broadcast_loan): its bytes are the lender's memory, read in place, until it goes out
 // of scope, which gives the buffer back (read it before the session closes: a lender may then
@@ -309,6 +337,11 @@ class Collectives {
     }
     template <typename T>
     void all_reduce(std::vector<T> &data, Op op) {
+        all_reduce(data.data(), data.size(), dtype_of<T>::value, op);
+    }
+    // On a symmetric buffer (Session::symmetric): the peers read it in place.
+    template <typename T>
+    void all_reduce(Symmetric<T> &data, Op op) {
         all_reduce(data.data(), data.size(), dtype_of<T>::value, op);
     }
 
@@ -661,6 +694,24 @@ class Session : public Collectives {
         void *data = nullptr;
         detail::check(shmbroker_loan_create(s_, len, &loan, &data));
         return Loan(loan, data, len);
+    }
+
+    // `count` zeroed elements of `T` in this rank's outbox: all_reduce(symmetric, op) reads
+    // them in place on every peer.
+    template <typename T>
+    Symmetric<T> symmetric(std::size_t count) {
+        if (count > SIZE_MAX / sizeof(T)) throw std::length_error("shmbroker: symmetric buffer too large");
+        Loan held = loan(count * sizeof(T));
+        std::memset(held.data(), 0, held.size());
+        return Symmetric<T>(std::move(held), count);
+    }
+
+    // Pieces of this session's all-reduces read in place (on symmetric buffers), to check a
+    // program's buffers are on that path.
+    std::uint64_t reductions_read_in_place() {
+        std::uint64_t count = 0;
+        detail::check(shmbroker_reductions_read_in_place(s_, &count));
+        return count;
     }
 
     // Hands `loan` to `rank` by reference (it is consumed, whatever the result).

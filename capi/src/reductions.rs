@@ -75,7 +75,9 @@ fn size(count: usize, dtype: DType) -> Result<usize, Failure> {
 
 /// Combines every rank's `count` elements of `dtype` at `data` with `op`, in rank order, into
 /// every rank's `data` (in place). Every rank passes the same `count`, `dtype` and `op`; every
-/// rank gets the same bits. Threads: as `shmbroker_barrier`.
+/// rank gets the same bits. When `data` is the bytes of a loan this rank holds
+/// (`shmbroker_loan_create`), the peers read it where it lies, with no copy in (a symmetric
+/// buffer: see `shmbroker_reductions_read_in_place`). Threads: as `shmbroker_barrier`.
 ///
 /// # Safety
 ///
@@ -118,6 +120,32 @@ pub unsafe extern "C" fn shmbroker_group_all_reduce(
 ) -> c_int {
     // SAFETY: as this function's contract.
     unsafe { all_reduce("shmbroker_group_all_reduce", s, g, data, count, dtype, op) }
+}
+
+/// How many pieces of this session's all-reduces were read by the peers where they lay, with no
+/// copy in: those whose `data` was the bytes of a loan (`shmbroker_loan_create`) this rank still
+/// holds, a *symmetric buffer*. An all-reduce of up to 2 KiB has none; a larger one has one per
+/// MiB or part of it. A program checks with it that its buffers are on that path. `*out` gets
+/// the count. Threads: as [`shmbroker_barrier`].
+///
+/// Errors: `SHMBROKER_E_MISUSE` for a NULL session or `out`.
+///
+/// # Safety
+///
+/// `s` is null or a live session; `out` is null or points at a writable `uint64_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_reductions_read_in_place(
+    s: *mut shmbroker_session,
+    out: *mut u64,
+) -> c_int {
+    guard("shmbroker_reductions_read_in_place", || {
+        // SAFETY: null or writable, per the contract.
+        let out = unsafe { out.as_mut() }.ok_or_else(|| misuse("out is NULL"))?;
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        *out = entered.handle.sender.session().reductions_read_in_place();
+        Ok(())
+    })
 }
 
 /// The body of `shmbroker_all_reduce` and `shmbroker_group_all_reduce`, whose errors say which one

@@ -142,6 +142,34 @@ int main(void) {
         fprintf(stderr, "rank %u: all_reduce gave %g %g %g\n", rank, sums[0], sums[1], sums[2]);
         return 1;
     }
+    /* 4b. A symmetric buffer: the bytes of a loan this rank holds. An all-reduce on it is read
+     *     by the peers where it lies, with no copy in; the loan stays this rank's. */
+    enum { SYMMETRIC_COUNT = 1 << 18 };
+    shmbroker_loan *held = NULL;
+    void *held_bytes = NULL;
+    CHECK(shmbroker_loan_create(s, SYMMETRIC_COUNT * sizeof(float), &held, &held_bytes));
+    float *symmetric = held_bytes;
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < SYMMETRIC_COUNT; i++) symmetric[i] = (float)(i % 5 + rank + round);
+        CHECK(shmbroker_all_reduce(s, symmetric, SYMMETRIC_COUNT, SHMBROKER_DTYPE_F32,
+                                   SHMBROKER_OP_SUM));
+        for (size_t i = 0; i < SYMMETRIC_COUNT; i++) {
+            float want = (float)(world * (i % 5 + round) + world * (world - 1) / 2);
+            if (symmetric[i] != want) {
+                fprintf(stderr, "rank %u: symmetric all_reduce gave %g at %zu, not %g\n", rank,
+                        symmetric[i], i, want);
+                return 1;
+            }
+        }
+    }
+    uint64_t read_in_place = 0;
+    CHECK(shmbroker_reductions_read_in_place(s, &read_in_place));
+    if (world > 1 && read_in_place != 3) {
+        fprintf(stderr, "rank %u: %llu pieces read in place, not 3\n", rank,
+                (unsigned long long)read_in_place);
+        return 1;
+    }
+    shmbroker_loan_free(held);
     /* 5. A group of the even ranks and one of the odd ones, each numbered from 0: the same
      *    sum among each group's members only. */
     uint32_t members[64], count = 0;

@@ -95,6 +95,17 @@ int main() try {
         const float want = float(world * (i % 7) + world * (world - 1) / 2);
         if (activations[i] != want) throw std::runtime_error("all_reduce: wrong sum");
     }
+    // The same on a symmetric buffer, which lives in this rank's outbox: the peers read it in
+    // place, with no copy in.
+    auto symmetric = session.symmetric<float>(1 << 18);
+    for (std::size_t i = 0; i < symmetric.size(); ++i) symmetric[i] = float(i % 7 + rank);
+    session.all_reduce(symmetric, shmbroker::Op::sum);
+    for (std::size_t i = 0; i < symmetric.size(); ++i) {
+        const float want = float(world * (i % 7) + world * (world - 1) / 2);
+        if (symmetric[i] != want) throw std::runtime_error("symmetric all_reduce: wrong sum");
+    }
+    if (world > 1 && session.reductions_read_in_place() == 0)
+        throw std::runtime_error("the symmetric buffer was copied, not read in place");
     std::vector<std::int32_t> blocks(world * 3, std::int32_t(rank + 1));
     const auto block = session.reduce_scatter(blocks, shmbroker::Op::max);
     if (block.size() != 3 || block[0] != std::int32_t(world)) throw std::runtime_error("reduce_scatter");
