@@ -290,6 +290,13 @@ class Session:
     def loan(self, size: int, *, timeout: Optional[float] = ...) -> Loan:
         """A writable buffer of ``size`` bytes in this rank's outbox, to fill and hand to peers
         by reference."""
+    def symmetric(self, size: int, *, timeout: Optional[float] = ...) -> Loan:
+        """A zeroed buffer of ``size`` bytes in this rank's outbox that this rank keeps: an
+        :meth:`all_reduce` of ``loan.buffer`` (or an array over it) is read by the peers in place,
+        with no copy in."""
+    def reductions_read_in_place(self) -> int:
+        """How many pieces of this session's all-reduces the peers read in place (symmetric
+        buffers)."""
     def send_loan(self, rank: int, loan: Loan, *, timeout: Optional[float] = ...) -> None:
         """Hands ``loan`` to ``rank`` by reference (it is sent whether or not this raises)."""
     def recv_loan(self, rank: int, *, timeout: Optional[float] = ...) -> LoanView:

@@ -1086,6 +1086,37 @@ impl PySession {
         loans::PyLoan::new(py, loan)
     }
 
+    /// A zeroed buffer of ``size`` bytes in this rank's outbox, as a :class:`Loan` this rank
+    /// keeps: a *symmetric buffer*. :meth:`all_reduce` of ``loan.buffer``, or of a NumPy array
+    /// or a cast memoryview over it, is read by the peers where it lies, with no copy in (see
+    /// :meth:`reductions_read_in_place`). The other ranks need not use one. It holds its part of
+    /// the outbox until released (its ``with`` block) or sent.
+    ///
+    /// Raises as :meth:`loan` does.
+    #[pyo3(signature = (size, *, timeout=CallTimeout::Session))]
+    fn symmetric(
+        &self,
+        py: Python<'_>,
+        size: usize,
+        timeout: CallTimeout,
+    ) -> PyResult<loans::PyLoan> {
+        let timeout = self.deadline(timeout)?;
+        let loan = self.blocking_within(py, timeout, |session| {
+            session
+                .symmetric::<u8>(size)
+                .map(shmbroker::Symmetric::into_loan)
+        })?;
+        loans::PyLoan::new(py, loan)
+    }
+
+    /// How many pieces of this session's all-reduces the peers read where they lay, with no copy
+    /// in (those of symmetric buffers: :meth:`symmetric`). An all-reduce of up to 2 KiB has
+    /// none; a larger one has one per MiB or part of it. A program checks with it that its
+    /// buffers are on that path.
+    fn reductions_read_in_place(&self, py: Python<'_>) -> PyResult<u64> {
+        self.blocking(py, |session| Ok(session.reductions_read_in_place()))
+    }
+
     /// Hands ``loan`` to ``rank`` by reference: it takes it with :meth:`recv_loan` (or copies it
     /// with :meth:`recv`). The loan is sent whether or not this raises; its buffer comes back to
     /// the outbox when ``rank`` is done with it.

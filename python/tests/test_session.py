@@ -154,6 +154,12 @@ def test_loans_by_reference_and_slices_that_outlive_them():
     assert "[0] PINNED slice read after close" in job.stdout, describe(job)
 
 
+def test_symmetric_buffers_are_read_in_place():
+    job = run_scenario(3, "symmetric")
+    assert_ok(job, 3, "symmetric")
+    assert "[0] SYMMETRIC 15" in job.stdout, describe(job)
+
+
 def test_a_timeout_says_what_the_rank_it_waited_for_is_doing():
     pytest.importorskip("numpy")
     idle = run_scenario(3, "stuck_idle")

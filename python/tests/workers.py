@@ -785,6 +785,32 @@ def scenario_loans(session, _):
         say("PINNED slice read after close")
 
 
+def scenario_symmetric(session, _):
+    """Symmetric buffers: an all-reduce of a float view of session.symmetric()'s buffer is read
+    in place by the peers (every piece counted), beside rank 1, which sums from a bytearray; the
+    results are checked every round, after the buffer is rewritten at once."""
+    import struct
+
+    rank, world = session.rank, session.world_size
+    count = (1 << 20) + 3  # 4 MiB and 12 bytes of f32: five pieces of at most 1 MiB
+    with session.symmetric(4 * count) as loan:
+        check(bytes(loan.buffer[:64]) == bytes(64), "a symmetric buffer starts zeroed")
+        plain = bytearray(4 * count)
+        data = memoryview(plain).cast("f") if rank == 1 else loan.buffer.cast("f")
+        for round in range(3):
+            values = [float((i + round) % 9 + rank) for i in range(count)]
+            struct.pack_into(f"{count}f", data.cast("B"), 0, *values)
+            before = session.reductions_read_in_place()
+            session.all_reduce(data, "sum")
+            read = session.reductions_read_in_place() - before
+            check(read == (0 if rank == 1 else 5), f"round {round}: {read} pieces read in place")
+            ranks = world * (world - 1) // 2
+            want = [float(world * ((i + round) % 9) + ranks) for i in range(count)]
+            check(data.tolist() == want, f"round {round}: the sums")
+        data.release()
+    say("SYMMETRIC", session.reductions_read_in_place())
+
+
 def scenario_stuck_idle(session, _):
     """Who is where: rank 2 idles outside any call while ranks 0 and 1 wait in a barrier; their
     timeouts say so, from what rank 2 publishes."""
