@@ -564,6 +564,18 @@ pub(super) fn connect(
     Ok(session)
 }
 
+/// [`connect`] with an outbox of `outbox` bytes, and the default waiting.
+pub(super) fn connect_with_outbox(
+    socket: &Path,
+    rank: u32,
+    outbox: u64,
+) -> Result<Session, String> {
+    let mut session = Session::connect_with_outbox(socket, Some(rank), TIMEOUT, outbox)
+        .map_err(|e| e.to_string())?;
+    session.set_timeout(TIMEOUT);
+    Ok(session)
+}
+
 /// Warm-up calls before the timed ones, on every side of a measurement.
 pub(super) fn warmup(rounds: usize) -> usize {
     rounds / 10 + 10

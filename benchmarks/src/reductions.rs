@@ -8,7 +8,7 @@
 //! (untimed), the call is timed on rank 0, and every element of the result is checked (untimed).
 //! The values are small integers, so every sum is exact whatever order anyone adds in.
 
-use super::collectives::{connect, open_mpi, warmup, with_broker};
+use super::collectives::{connect, connect_with_outbox, open_mpi, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Size};
 use shmbroker::{ReduceOp, Session};
 use std::path::Path;
@@ -29,7 +29,9 @@ impl Call {
             Self::AllReduce => {
                 "f32 sum, in place; each round new data, a barrier, the timed call on rank 0, \
                  every element checked (both sides). algbw = bytes / p50; busbw = algbw * 2 \
-                 (n - 1) / n. The memcpy row is one core copying the same bytes in the same run"
+                 (n - 1) / n. \"shmbroker symmetric\": the data is a symmetric buffer \
+                 (Session::symmetric), read by the peers in place. The memcpy row is one core \
+                 copying the same bytes in the same run"
             }
             Self::ReduceScatter => {
                 "f32 sum of BYTES of input per rank into BYTES / n on each \
@@ -106,10 +108,12 @@ fn one_round(
     Ok(took)
 }
 
-/// Rank 0's nanoseconds per `call` of `bytes` bytes of input among `workers` forked ranks.
+/// Rank 0's nanoseconds per `call` of `bytes` bytes of input among `workers` forked ranks; with
+/// `symmetric`, every rank's input is a symmetric buffer (`Session::symmetric`), and each checks
+/// that its all-reduces were read in place.
 fn ours(
     socket: &Path,
-    call: Call,
+    (call, symmetric): (Call, bool),
     workers: u32,
     rounds: usize,
     bytes: usize,
@@ -117,14 +121,36 @@ fn ours(
     let total = warmup(rounds) + rounds;
     let count = bytes / 4;
     let run = move |rank: u32, keep: bool| -> Result<Vec<u64>, String> {
-        let mut session = connect(socket, rank, None)?;
-        let (mut input, mut output) = (vec![0f32; count], vec![0f32; count]);
+        let mut session = if symmetric {
+            // Room for the buffer beside the call's own loans (64 MiB fills the default).
+            let outbox = shmbroker::session::DEFAULT_OUTBOX_BYTES.max(2 * bytes as u64);
+            connect_with_outbox(socket, rank, outbox)?
+        } else {
+            connect(socket, rank, None)?
+        };
+        let (mut plain, mut output) = (vec![0f32; count], vec![0f32; count]);
+        let mut held = if symmetric {
+            Some(session.symmetric::<f32>(count).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
         let mut samples = Vec::with_capacity(rounds);
         for round in 0..total {
-            let took = one_round(&mut session, call, (&mut input, &mut output), round)?;
+            let input: &mut [f32] = match held.as_mut() {
+                Some(buffer) => buffer,
+                None => &mut plain,
+            };
+            let took = one_round(&mut session, call, (input, &mut output), round)?;
             if keep && round >= total - rounds {
                 samples.push(took);
             }
+        }
+        let one_shot = bytes <= shmbroker::session::ONE_SHOT_MAX_BYTES;
+        if symmetric && !one_shot && session.reductions_read_in_place() < total as u64 {
+            return Err(format!(
+                "rank {rank}: {} of {total} symmetric all-reduces were read in place",
+                session.reductions_read_in_place()
+            ));
         }
         // Nobody leaves while another rank is still in the last call: a rank that finished a
         // pipelined all-to-all and left made a peer still in it fail with PeerLeft (about half
@@ -222,7 +248,11 @@ fn measure(
         65_537..=1_048_576 => plan.size(300, 50),
         _ => plan.size(30, 8),
     };
+    // The all-reduce also runs on symmetric buffers, from 8 B up (below the one-shot limit it
+    // takes the same path as without).
+    let symmetric = call == Call::AllReduce;
     let (mut ours_ns, mut mpi_ns, mut copy_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let mut symmetric_ns = Vec::new();
     for round in 0..plan.rounds {
         let socket = dir.join(format!("{name}-{workers}-{bytes}-{round}.sock"));
         // Alternate who goes first.
@@ -230,13 +260,20 @@ fn measure(
         if mpi_first && let Some(program) = mpi {
             mpi_ns.extend(open_mpi_samples(program, call, workers, rounds, bytes)?);
         }
-        ours_ns.extend(ours(&socket, call, workers, rounds, bytes)?);
+        ours_ns.extend(ours(&socket, (call, false), workers, rounds, bytes)?);
+        if symmetric {
+            let socket = dir.join(format!("{name}-{workers}-{bytes}-{round}-symmetric.sock"));
+            symmetric_ns.extend(ours(&socket, (call, true), workers, rounds, bytes)?);
+        }
         if !mpi_first && let Some(program) = mpi {
             mpi_ns.extend(open_mpi_samples(program, call, workers, rounds, bytes)?);
         }
         copy_ns.extend(memcpy_samples(rounds, bytes));
     }
     let mut contenders = vec![("shmbroker", Measure::latency(ours_ns))];
+    if symmetric {
+        contenders.push(("shmbroker symmetric", Measure::latency(symmetric_ns)));
+    }
     if mpi.is_some() {
         contenders.push(("open-mpi", Measure::latency(mpi_ns)));
     }
