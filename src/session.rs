@@ -105,6 +105,7 @@ mod symmetric;
 mod tokio_receiver;
 
 pub use collectives::{BRUCK_MAX_BYTES, FLAT_BARRIER_MAX, FLAT_GATHER_MAX};
+pub use exchange::{LEND_MAX_BLOCK_BYTES, LEND_MIN_BLOCK_BYTES};
 pub use fds::FdTransport;
 pub use groups::{Group, GroupView};
 pub use loans::LoanView;

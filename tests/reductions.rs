@@ -57,6 +57,16 @@ trait Reference: Element {
     fn fold(op: ReduceOp, values: &[Self]) -> Self;
 }
 
+/// Every rank's `inputs` combined by `op`, element by element, as the reference computes it.
+fn reference<T: Reference>(op: ReduceOp, inputs: &[Vec<T>]) -> Vec<T> {
+    (0..inputs[0].len())
+        .map(|i| {
+            let column: Vec<T> = inputs.iter().map(|input| input[i]).collect();
+            T::fold(op, &column)
+        })
+        .collect()
+}
+
 macro_rules! integer_reference {
     ($($t:ty),*) => {$(
         impl Reference for $t {
@@ -145,12 +155,7 @@ fn check_type<T: Reference>(session: &mut Session, len: usize, seed: u64) {
             continue;
         }
         supported.unwrap();
-        let expected: Vec<T> = (0..len)
-            .map(|i| {
-                let column: Vec<T> = inputs.iter().map(|input| input[i]).collect();
-                T::fold(op, &column)
-            })
-            .collect();
+        let expected = reference(op, &inputs);
         assert!(
             bits(&data) == bits(&expected),
             "{what}: wrong result on rank {rank}"
@@ -208,7 +213,9 @@ fn block_of(from: usize, to: usize, len: usize) -> Vec<u8> {
 
 fn check_moves(session: &mut Session) {
     let (rank, world) = (session.rank() as usize, session.world_size() as usize);
-    for len in [0, 1, 100, 5000, 300_000] {
+    // all_to_all: 1023 and 300 000 go pairwise; 1024 to 256 KiB are lent (LEND_MIN_BLOCK_BYTES,
+    // LEND_MAX_BLOCK_BYTES), in several pieces from 6 ranks up.
+    for len in [0, 1, 100, 1023, 1024, 5000, 262_144, 300_000] {
         let input: Vec<u8> = (0..world).flat_map(|to| block_of(rank, to, len)).collect();
         let mut output = vec![0u8; input.len()];
         session.all_to_all(&input, &mut output).unwrap();
@@ -314,6 +321,14 @@ fn reductions_rank() {
             let factor = (world * (world + 1) / 2) as i32;
             let right = (0..len).all(|i| block[i] == ((rank * len + i) % 1000) as i32 * factor);
             assert!(right, "large reduce_scatter: rank {rank}");
+            // An all-to-all of 3 MiB blocks (and an odd length): pairwise, in chunks.
+            let len = (3 << 20) + 13;
+            let input: Vec<u8> = (0..world).flat_map(|to| block_of(rank, to, len)).collect();
+            let mut output = vec![0u8; input.len()];
+            session.all_to_all(&input, &mut output).unwrap();
+            let right =
+                (0..world).all(|from| output[from * len..][..len] == block_of(from, rank, len));
+            assert!(right, "large all_to_all: rank {rank}");
         }
         "symmetric" => check_symmetric(&mut session),
         "symmetric-killed" => {
@@ -376,6 +391,15 @@ fn reductions_rank() {
             // still logging on is another story (see the closing note of this stop).
             session.barrier().unwrap();
             report(rank, &session.all_reduce(&mut data, ReduceOp::Sum));
+        }
+        "mismatch-lent-blocks" => {
+            // all_to_all of lent blocks: rank 1's blocks are one byte longer.
+            let world = session.world_size() as usize;
+            let block = shmbroker::session::LEND_MIN_BLOCK_BYTES * 4 + usize::from(rank == 1);
+            let input = vec![7u8; block * world];
+            let mut output = vec![0u8; block * world];
+            session.barrier().unwrap();
+            report(rank, &session.all_to_all(&input, &mut output));
         }
         "mismatch-blocks" => {
             // all_to_all_v: rank 1 sends 3 bytes where every other rank expects 2.
@@ -442,12 +466,7 @@ fn check_symmetric(session: &mut Session) {
         let mut sym = session.symmetric::<f32>(len).unwrap();
         sym.copy_from_slice(&inputs[rank]);
         session.on(&group).all_reduce(&mut sym, op).unwrap();
-        let expected: Vec<f32> = (0..len)
-            .map(|i| {
-                let column: Vec<f32> = inputs.iter().map(|input| input[i]).collect();
-                f32::fold(op, &column)
-            })
-            .collect();
+        let expected = reference(op, &inputs);
         assert!(
             bits(&sym) == bits(&expected),
             "{op:?} of {len} f32: rank {rank}"
@@ -458,12 +477,7 @@ fn check_symmetric(session: &mut Session) {
     let mut sym = session.symmetric::<bf16>(1 << 19).unwrap();
     sym.copy_from_slice(&inputs[rank]);
     session.all_reduce(&mut sym, ReduceOp::Avg).unwrap();
-    let expected: Vec<bf16> = (0..1 << 19)
-        .map(|i| {
-            let column: Vec<bf16> = inputs.iter().map(|input| input[i]).collect();
-            bf16::fold(ReduceOp::Avg, &column)
-        })
-        .collect();
+    let expected = reference(ReduceOp::Avg, &inputs);
     assert!(bits(&sym) == bits(&expected), "Avg of bf16: rank {rank}");
     // A symmetric buffer sent by reference afterwards: its bytes as they are.
     let sum = sym.to_vec();
@@ -491,12 +505,7 @@ fn check_type_op<T: Reference>(session: &mut Session, len: usize, op: ReduceOp) 
     let inputs: Vec<Vec<T>> = (0..world).map(|q| input::<T>(q, len, 77)).collect();
     let mut data = inputs[rank].clone();
     session.all_reduce(&mut data, op).unwrap();
-    let expected: Vec<T> = (0..len)
-        .map(|i| {
-            let column: Vec<T> = inputs.iter().map(|input| input[i]).collect();
-            T::fold(op, &column)
-        })
-        .collect();
+    let expected = reference(op, &inputs);
     assert!(
         bits(&data) == bits(&expected),
         "{op:?} of {len}: rank {rank}"
@@ -576,7 +585,12 @@ fn a_rank_that_passes_another_length_is_named_by_every_other() {
     // departure), or naming an honest rank that left because its own call failed so: following
     // who named whom always leads to rank 1. (`PeerLeft` cites a death or a timeout behind a
     // departure, not a refusal: see the closing note.)
-    for scenario in ["mismatch-small", "mismatch-large", "mismatch-blocks"] {
+    for scenario in [
+        "mismatch-small",
+        "mismatch-large",
+        "mismatch-blocks",
+        "mismatch-lent-blocks",
+    ] {
         let results = run_world(&format!("reduce-{scenario}"), 3, scenario);
         let ended: Vec<String> = results
             .iter()

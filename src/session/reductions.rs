@@ -68,7 +68,7 @@ const STACK_BYTES: usize = 2048;
 
 /// Rank `q`'s slice of `count` elements split over `world` ranks, as element indices: the first
 /// `count % world` ranks get one more.
-fn slice_of(count: usize, world: usize, q: usize) -> std::ops::Range<usize> {
+pub(super) fn slice_of(count: usize, world: usize, q: usize) -> std::ops::Range<usize> {
     count * q / world..count * (q + 1) / world
 }
 
@@ -561,7 +561,7 @@ impl Session {
     /// an outbox smaller than four of them (a piece, its result slice and the previous piece's
     /// blocks not yet given back must fit together). Every rank of a reduction must then have
     /// the same outbox size, or their pieces differ and the call fails naming the rank.
-    fn piece_bytes(&self) -> usize {
+    pub(super) fn piece_bytes(&self) -> usize {
         PIECE_MAX_BYTES.min(self.max_loan_bytes() / 4).max(64)
     }
 
@@ -632,7 +632,7 @@ impl Session {
     /// Copies `parts`, back to back, into this rank's outbox and lends them to every peer as
     /// collective `op` number `seq`; returns a view of each peer's, in rank order (`None` for
     /// this rank), each checked to be as long as this rank's.
-    fn lend_to_every_peer<T: Pod>(
+    pub(super) fn lend_to_every_peer<T: Pod>(
         &mut self,
         op: u32,
         seq: u64,
