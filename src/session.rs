@@ -109,7 +109,7 @@ pub use exchange::{LEND_MAX_BLOCK_BYTES, LEND_MIN_BLOCK_BYTES};
 pub use fds::FdTransport;
 pub use groups::{Group, GroupView};
 pub use loans::LoanView;
-pub use reductions::{ONE_SHOT_MAX_BYTES, PIECE_MAX_BYTES};
+pub use reductions::{LENT_ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES, PIECE_MAX_BYTES};
 pub use rooted::{FLAT_BROADCAST_MAX, TREE_PART_MAX};
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
 pub use split::{Receiver, Sender, SessionGuard};

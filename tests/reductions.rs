@@ -426,9 +426,13 @@ fn check_symmetric(session: &mut Session) {
     // buffers. Then every rank does.
     for mixed in [true, false] {
         let symmetric = !mixed || rank % 3 != 1;
-        for len in [0, 1, 1000, (3 << 18) + 5] {
+        for len in [0, 1, 1000, 20_000, (3 << 18) + 5] {
             // A world of one sends nothing.
-            let pieces = if world == 1 || len * 4 <= shmbroker::session::ONE_SHOT_MAX_BYTES {
+            // Up to LENT_ONE_SHOT_MAX_BYTES of all contributions, one shot copies them.
+            let pieces = if world == 1
+                || len * 4 <= shmbroker::session::ONE_SHOT_MAX_BYTES
+                || len * 4 * world <= shmbroker::session::LENT_ONE_SHOT_MAX_BYTES
+            {
                 0
             } else {
                 (len * 4).div_ceil(shmbroker::session::PIECE_MAX_BYTES) as u64

@@ -124,9 +124,10 @@ pub unsafe extern "C" fn shmbroker_group_all_reduce(
 
 /// How many pieces of this session's all-reduces were read by the peers where they lay, with no
 /// copy in: those whose `data` was the bytes of a loan (`shmbroker_loan_create`) this rank still
-/// holds, a *symmetric buffer*. An all-reduce of up to 2 KiB has none; a larger one has one per
-/// MiB or part of it. A program checks with it that its buffers are on that path. `*out` gets
-/// the count. Threads: as [`shmbroker_barrier`].
+/// holds, a *symmetric buffer*. An all-reduce in one shot (up to 2 KiB, or 128 KiB of all
+/// ranks' contributions together) has none; a larger one has one per MiB or part of it. A
+/// program checks with it that its buffers are on that path. `*out` gets the count. Threads: as
+/// [`shmbroker_barrier`].
 ///
 /// Errors: `SHMBROKER_E_MISUSE` for a NULL session or `out`.
 ///

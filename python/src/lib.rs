@@ -1110,9 +1110,9 @@ impl PySession {
     }
 
     /// How many pieces of this session's all-reduces the peers read where they lay, with no copy
-    /// in (those of symmetric buffers: :meth:`symmetric`). An all-reduce of up to 2 KiB has
-    /// none; a larger one has one per MiB or part of it. A program checks with it that its
-    /// buffers are on that path.
+    /// in (those of symmetric buffers: :meth:`symmetric`). An all-reduce in one shot (up to 2
+    /// KiB, or 128 KiB of all ranks' contributions together) has none; a larger one has one per
+    /// MiB or part of it. A program checks with it that its buffers are on that path.
     fn reductions_read_in_place(&self, py: Python<'_>) -> PyResult<u64> {
         self.blocking(py, |session| Ok(session.reductions_read_in_place()))
     }
