@@ -1,7 +1,7 @@
 /*
  * A task farm that heals, in C: rank 0 hands out tasks and takes answers from any worker; the
- * last rank dies on purpose (SIGKILL) after a few tasks in its first process, the launcher starts
- * it again (`--restart 1`), and the new process rejoins the job in its place. Rank 0 hears
+ * last rank dies on purpose (SIGKILL) in its first process, holding its first task unanswered, the
+ * launcher starts it again (`--restart 1`), and the new process rejoins the job in its place. Rank 0 hears
  * SHMBROKER_E_PEER_LOST for the dead process, then SHMBROKER_E_PEER_REJOINED, and gives the
  * newcomer tasks again; the task the dead process held is given to another. Then every rank
  * waits for the others (shmbroker_wait_for_rank takes the newcomer on where it has not been yet),
@@ -21,7 +21,6 @@
 #include <string.h>
 
 #define TASKS 400
-#define DIE_AFTER 1
 
 #define CHECK(call)                                                                            \
     do {                                                                                       \
@@ -126,16 +125,17 @@ int main(void) {
     if (rank == 0) {
         read_tasks(s);
     } else {
-        int answered = 0;
         for (;;) {
             uint64_t task, reply[2];
             size_t len = 0;
             CHECK(shmbroker_recv(s, 0, &task, sizeof task, &len));
             if (len == 0) break;
+            /* Holding a task, never answered: the farm cannot end before rank 0 sees the death
+             * (dying after an answer, a late starter's death could come after the last task). */
+            if (rank == world - 1 && restarted == NULL) raise(SIGKILL);
             reply[0] = task;
             reply[1] = answer_of(task);
             CHECK(shmbroker_send(s, 0, reply, sizeof reply));
-            if (rank == world - 1 && restarted == NULL && ++answered == DIE_AFTER) raise(SIGKILL);
         }
     }
     /* Every rank there (the replacement taken on), a group of the whole world, a sum. */
