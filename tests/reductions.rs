@@ -336,16 +336,7 @@ fn reductions_rank() {
             // survivors name it, shrink, and sum on the same buffers.
             let mut data = session.symmetric::<i32>(1 << 20).unwrap();
             data.fill(rank as i32 + 1);
-            session.barrier().unwrap();
-            if rank == 2 {
-                std::thread::sleep(Duration::from_millis(50));
-                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
-            }
-            let error = session.all_reduce(&mut data, ReduceOp::Sum).unwrap_err();
-            assert!(
-                matches!(error, Error::PeerLost { rank: 2, .. }),
-                "rank {rank}: {error}"
-            );
+            rank_2_dies_before_it_contributes(&mut session, &mut data);
             let survivors = session.shrink().unwrap();
             let world = session.world_size() as i32;
             for round in 0..3 {
@@ -364,27 +355,16 @@ fn reductions_rank() {
         }
         "killed" => {
             // Rank 2 dies before it contributes; every other rank's all-reduce names it.
-            let mut data = vec![1.0f32; 1 << 20];
-            session.barrier().unwrap();
-            if rank == 2 {
-                // Not at once: a rank still taking the barrier's last arrivals when the death
-                // is recorded rightly fails the barrier instead (seen once in 146 s of tests).
-                std::thread::sleep(Duration::from_millis(50));
-                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
-            }
-            let error = session.all_reduce(&mut data, ReduceOp::Sum).unwrap_err();
-            assert!(
-                matches!(error, Error::PeerLost { rank: 2, .. }),
-                "rank {rank}: {error}"
-            );
+            rank_2_dies_before_it_contributes(&mut session, &mut vec![1.0f32; 1 << 20]);
         }
         // Rank 1 passes one element more than the others; each rank reports how its call ended
         // (see `a_rank_that_passes_another_length_is_named_by_every_other`).
-        "mismatch-small" | "mismatch-large" => {
-            let len = if scenario == "mismatch-small" {
-                4
-            } else {
-                1 << 18
+        "mismatch-small" | "mismatch-lent" | "mismatch-large" => {
+            // One shot through the rings, one shot read in place, two shots.
+            let len = match scenario.as_str() {
+                "mismatch-small" => 4,
+                "mismatch-lent" => 1024,
+                _ => 1 << 18,
             };
             let mut data = vec![1.0f32; len + usize::from(rank == 1)];
             // Everyone is in before the call: a rank that fails and exits while a slower one is
@@ -495,6 +475,24 @@ fn check_symmetric(session: &mut Session) {
     }
 }
 
+/// Rank 2 dies after a barrier, before it contributes to an all-reduce of `data`; every other
+/// rank's all-reduce fails naming it.
+fn rank_2_dies_before_it_contributes<T: Element>(session: &mut Session, data: &mut [T]) {
+    let rank = session.rank();
+    session.barrier().unwrap();
+    if rank == 2 {
+        // Not at once: a rank still taking the barrier's last arrivals when the death is
+        // recorded rightly fails the barrier instead (seen once in 146 s of tests).
+        std::thread::sleep(Duration::from_millis(50));
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
+    }
+    let error = session.all_reduce(data, ReduceOp::Sum).unwrap_err();
+    assert!(
+        matches!(error, Error::PeerLost { rank: 2, .. }),
+        "rank {rank}: {error}"
+    );
+}
+
 /// Says on stderr how this rank's call ended: `ENDED protocol R`, `ENDED left R` or `ENDED other`.
 fn report<T: std::fmt::Debug>(rank: u32, outcome: &Result<T, Error>) {
     match outcome {
@@ -591,6 +589,7 @@ fn a_rank_that_passes_another_length_is_named_by_every_other() {
     // departure, not a refusal: see the closing note.)
     for scenario in [
         "mismatch-small",
+        "mismatch-lent",
         "mismatch-large",
         "mismatch-blocks",
         "mismatch-lent-blocks",
