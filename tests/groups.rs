@@ -226,7 +226,7 @@ fn groups_rank() {
             let group = session
                 .group(if rank < 2 { &[0, 1] } else { &[2, 3] })
                 .unwrap();
-            session.barrier().unwrap();
+            common::barrier_before_deaths(&mut session, &[3]);
             if rank == 3 {
                 nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
             }
@@ -271,7 +271,7 @@ fn groups_rank() {
             let len = if scenario == "shrink" { 300 } else { 1 << 20 };
             let dead = world - 1;
             let mut data = input(rank, 0, len);
-            session.barrier().unwrap();
+            common::barrier_before_deaths(&mut session, &[dead]);
             if rank == dead {
                 nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
             }
@@ -306,7 +306,7 @@ fn groups_rank() {
                 .unwrap();
             let dead = world - 1;
             let part = vec![rank as u8; 8 << 20];
-            session.barrier().unwrap();
+            common::barrier_before_deaths(&mut session, &[dead]);
             if rank == dead {
                 std::thread::sleep(Duration::from_micros(delay));
                 nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
@@ -356,7 +356,7 @@ fn groups_rank() {
                 .unwrap()
                 .parse()
                 .unwrap();
-            session.barrier().unwrap();
+            common::barrier_before_deaths(&mut session, &[1, world - 1]);
             if rank == world - 1 {
                 nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
             }
@@ -521,11 +521,12 @@ fn a_death_during_shrink_still_leaves_every_survivor_the_same_group() {
             &[("SHMBROKER_TEST_DELAY_US", &delay_text)],
         );
         let mut groups = Vec::new();
+        let all: Vec<&str> = results.iter().map(|(_, stderr)| stderr.as_str()).collect();
         for (rank, (ok, stderr)) in results.iter().enumerate() {
             assert_eq!(
                 *ok,
                 rank != 1 && rank != 4,
-                "delay {delay}, rank {rank}: {stderr}"
+                "delay {delay}, rank {rank}: {all:#?}"
             );
             if *ok {
                 let line = stderr

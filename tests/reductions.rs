@@ -479,11 +479,8 @@ fn check_symmetric(session: &mut Session) {
 /// rank's all-reduce fails naming it.
 fn rank_2_dies_before_it_contributes<T: Element>(session: &mut Session, data: &mut [T]) {
     let rank = session.rank();
-    session.barrier().unwrap();
+    common::barrier_before_deaths(session, &[2]);
     if rank == 2 {
-        // Not at once: a rank still taking the barrier's last arrivals when the death is
-        // recorded rightly fails the barrier instead (seen once in 146 s of tests).
-        std::thread::sleep(Duration::from_millis(50));
         nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
     }
     let error = session.all_reduce(data, ReduceOp::Sum).unwrap_err();

@@ -379,3 +379,16 @@ pub fn farm_worker_with(broker: &Broker, rank: u32, extra: &[&str], stdout: Stdi
         .stderr(Stdio::piped());
     spawn(&mut command)
 }
+
+/// A barrier right before `dying` (ranks that kill themselves once it returns) die: a rank of
+/// `dying` may return from it, and die, while a slower survivor is still waiting for a live
+/// rank's arrival, and that survivor's barrier then rightly fails naming the death (a
+/// collective that races a death may end differently at different ranks, as in ULFM). Either
+/// outcome is taken; any other error panics.
+pub fn barrier_before_deaths(session: &mut Session, dying: &[u32]) {
+    match session.barrier() {
+        Ok(()) => {}
+        Err(shmbroker::session::Error::PeerLost { rank, .. }) if dying.contains(&rank) => {}
+        Err(error) => panic!("rank {}: barrier: {error}", session.rank()),
+    }
+}
