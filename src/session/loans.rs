@@ -141,11 +141,14 @@ impl Session {
         since: &mut Option<std::time::Instant>,
     ) -> Result<(), Error> {
         self.check_interrupted(deadline)?;
+        let waiting = self
+            .peers()
+            .max_by_key(|&peer| self.outbox.owed_by(peer))
+            .unwrap_or(self.rank());
+        // Published, so that a peer whose own wait on this rank times out can say that this
+        // rank waits for `waiting` (see `status`).
+        deadline.waits_for(waiting);
         if deadline.left().is_zero() {
-            let waiting = self
-                .peers()
-                .max_by_key(|&peer| self.outbox.owed_by(peer))
-                .unwrap_or(self.rank());
             return Err(self.timed_out(deadline, waiting));
         }
         if let Some(waited) = deadline.watchdog_due() {

@@ -311,6 +311,7 @@ impl Session {
                 }
             }
             self.check_interrupted(deadline)?;
+            deadline.waits_for(peer);
             if deadline.left().is_zero() {
                 return Err(self.timed_out(deadline, peer));
             }
@@ -545,6 +546,18 @@ impl Session {
             if let Some(waited) = deadline.watchdog_due() {
                 let waiting_for = waiting(outgoing, incoming, &self.peers);
                 self.warn_waiting(deadline, waited, &waiting_for);
+            }
+            if idle_since.is_none() {
+                // Published, so that a peer whose own wait on this rank times out can say whom
+                // this rank waits for (see `status`): of the ranks it still waits for, the one
+                // holding most of its outbox.
+                let waiting_for = waiting(outgoing, incoming, &self.peers);
+                if let Some(&most) = waiting_for
+                    .iter()
+                    .max_by_key(|&&peer| self.outbox.owed_by(peer))
+                {
+                    deadline.waits_for(most);
+                }
             }
             let since = *stalled_since.get_or_insert(now);
             if now.duration_since(since) >= STALL {
