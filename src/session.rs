@@ -195,6 +195,13 @@ pub struct Session {
     /// Pieces of all-reduces whose contribution peers read where it lay (see
     /// [`Self::symmetric`]).
     read_in_place: u64,
+    /// Scratch space of small reductions (every rank's contribution, or a copy of this rank's):
+    /// kept between calls, so that their hot paths neither allocate nor zero (see
+    /// `reductions::Session::with_scratch`).
+    gathered: Vec<u64>,
+    /// Where an eager message's continuation slots land when taken straight from the ring
+    /// (see `receive::Session::take_eager_direct`): kept between calls.
+    direct_slots: Vec<shmbroker_bindings::Message>,
     /// The broker this worker hosts (local rank 0 under a launcher). Last, so that it stops
     /// only after this session has said goodbye to it.
     embedded: Option<EmbeddedBroker>,
@@ -565,6 +572,8 @@ impl Session {
             any: any::Readiness::new(world),
             adoptions: 0,
             adopted_at: vec![0; world],
+            gathered: Vec::new(),
+            direct_slots: Vec::new(),
             read_in_place: 0,
             embedded: None,
         };

@@ -37,6 +37,43 @@ fn collectives_work_between_threads_too() {
     }
 }
 
+/// An element aligned to 16 bytes, more than the words small reductions gather into.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(16))]
+struct Wide([u64; 2]);
+
+#[test]
+fn user_reductions_of_elements_aligned_to_sixteen_bytes_work_at_every_size() {
+    // One shot through the rings (1 and 100 elements), one shot read in place (2,000: 32 KiB
+    // of all contributions at 3 ranks), two shots (10,000).
+    let (_world, sessions) = World::start("wide", 3);
+    let handles: Vec<_> = sessions
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                let rank = u64::from(s.rank());
+                for len in [1usize, 100, 2_000, 10_000] {
+                    let mut data: Vec<Wide> =
+                        (0..len as u64).map(|i| Wide([i + rank, rank])).collect();
+                    s.all_reduce_with(&mut data, |acc: &mut [Wide], next: &[Wide]| {
+                        for (a, b) in acc.iter_mut().zip(next) {
+                            *a = Wide([a.0[0] + b.0[0], a.0[1] * 10 + b.0[1]]);
+                        }
+                    })
+                    .unwrap();
+                    // Ranks 0, 1, 2 in order: sums 3i + 3 and digits 0, 1, 2 (12).
+                    let expected: Vec<Wide> =
+                        (0..len as u64).map(|i| Wide([3 * i + 3, 12])).collect();
+                    assert_eq!(data, expected, "{len} elements at rank {rank}");
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+}
+
 #[test]
 fn waits_run_crowded_exactly_when_the_world_outnumbers_the_cpus() {
     // One rank more than this process's CPUs: crowded; two ranks on two or more CPUs: not.

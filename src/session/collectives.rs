@@ -250,7 +250,12 @@ impl Session {
                     continue;
                 }
                 let mut incoming = Incoming::new(self.member(peer), expect, Sink::Slice(slot));
-                self.complete(&mut incoming, deadline)?;
+                // The part in one slot straight from the ring when it is next there, else
+                // through the inbox.
+                self.take_direct(&mut incoming, deadline)?;
+                if !incoming.is_done() {
+                    self.complete(&mut incoming, deadline)?;
+                }
                 check_part(incoming, data.len())?;
             }
             return Ok(());

@@ -75,9 +75,6 @@ pub const LENT_ONE_SHOT_MAX_BYTES: usize = 128 << 10;
 /// stays in the last-level cache between the owner's copy and the peers' reads.
 pub const PIECE_MAX_BYTES: usize = 1 << 20;
 
-/// Bytes of every rank's contributions that a one-shot reduction gathers on the stack.
-const STACK_BYTES: usize = 2048;
-
 /// Rank `q`'s slice of `count` elements split over `world` ranks, as element indices: the first
 /// `count % world` ranks get one more.
 pub(super) fn slice_of(count: usize, world: usize, q: usize) -> std::ops::Range<usize> {
@@ -525,35 +522,20 @@ impl Session {
         }
         if size_of_val(data) <= ONE_SHOT_MAX_BYTES {
             let seq = self.next_seq(op)?;
-            // Small contributions are gathered on the stack: no allocation on the hot path.
-            let mut stack = [0u64; STACK_BYTES / 8];
-            let mut heap = Vec::new();
-            let total = size_of_val(data) * world;
-            let gathered: &mut [T] = match bytemuck::try_cast_slice_mut(
-                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut stack)[..total.min(STACK_BYTES)],
-            ) {
-                Ok(on_stack) if total <= STACK_BYTES => on_stack,
-                _ => {
-                    heap.resize(data.len() * world, T::zeroed());
-                    &mut heap
+            let me = self.me();
+            return self.with_scratch(data.len() * world, |session, gathered: &mut [T]| {
+                session.gather_parts_into(
+                    op,
+                    seq,
+                    bytemuck::cast_slice(data),
+                    bytemuck::cast_slice_mut(gathered),
+                    deadline,
+                )?;
+                if results == Results::All || results == Results::Root(me) {
+                    combine_parts(world, gathered, data, combiner)?;
                 }
-            };
-            self.gather_parts_into(
-                op,
-                seq,
-                bytemuck::cast_slice(data),
-                bytemuck::cast_slice_mut(gathered),
-                deadline,
-            )?;
-            if results == Results::All || results == Results::Root(self.me()) {
-                let mut inputs: [&[T]; shmbroker_handshake::MAX_WORLD_SIZE as usize] =
-                    [&[]; shmbroker_handshake::MAX_WORLD_SIZE as usize];
-                for (input, part) in inputs.iter_mut().zip(gathered.chunks(data.len().max(1))) {
-                    *input = part;
-                }
-                combiner(&inputs[..world], data)?;
-            }
-            return Ok(());
+                Ok(())
+            });
         }
         // Every rank picks the algorithm from what they all share (the length and the world), so
         // a symmetric buffer here takes the one shot too, with a copy.
@@ -599,9 +581,35 @@ impl Session {
     ) -> Result<(), Error> {
         let seq = self.next_seq(op)?;
         let views = self.lend_to_every_peer(op, seq, &[&*data], deadline)?;
-        let own = data.to_vec();
-        let inputs = self.inputs(&own, &views, 0..data.len())?;
-        combiner(&inputs, data)
+        self.with_scratch(data.len(), |session, own: &mut [T]| {
+            own.copy_from_slice(data);
+            let inputs = session.inputs(own, &views, 0..data.len())?;
+            combiner(&inputs, data)
+        })
+    }
+
+    /// Runs `f` with `len` elements of scratch space: the session's own buffer, grown once and
+    /// kept, so the hot paths of small reductions neither allocate nor zero (a fresh buffer
+    /// for an element type aligned to more than 8 bytes). What it holds on entry is whatever
+    /// an earlier call left.
+    fn with_scratch<T: Pod, R>(
+        &mut self,
+        len: usize,
+        f: impl FnOnce(&mut Self, &mut [T]) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let mut words = std::mem::take(&mut self.gathered);
+        let bytes = len * size_of::<T>();
+        if words.len() < bytes.div_ceil(8) {
+            words.resize(bytes.div_ceil(8), 0);
+        }
+        let outcome = match bytemuck::try_cast_slice_mut(
+            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes],
+        ) {
+            Ok(scratch) => f(self, scratch),
+            Err(_) => f(self, &mut vec![T::zeroed(); len]),
+        };
+        self.gathered = words;
+        outcome
     }
 
     /// One piece of a two-shot reduction.
@@ -768,6 +776,28 @@ impl Session {
                 ),
             })
             .collect()
+    }
+}
+
+/// Combines `gathered` (the contributions of `world` ranks, `data.len()` elements each, in rank
+/// order) into `data`. The slices for up to eight ranks are kept on the stack.
+fn combine_parts<T: Pod>(
+    world: usize,
+    gathered: &[T],
+    data: &mut [T],
+    combiner: Combiner<'_, T>,
+) -> Result<(), Error> {
+    let parts = gathered.chunks(data.len().max(1));
+    if world <= 8 {
+        let mut inputs: [&[T]; 8] = [&[]; 8];
+        for (input, part) in inputs.iter_mut().zip(parts) {
+            *input = part;
+        }
+        combiner(&inputs[..world], data)
+    } else {
+        let mut inputs: Vec<&[T]> = parts.collect();
+        inputs.resize(world, &[]);
+        combiner(&inputs, data)
     }
 }
 
