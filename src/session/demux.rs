@@ -176,6 +176,41 @@ impl<'a> Incoming<'a> {
         }
     }
 
+    /// The continuation slots of the eager message `header` (taken straight from the ring while
+    /// nothing from its peer is queued) when this receive can take them straight from the ring
+    /// too: the message is the one expected, longer than a slot, and fits. `None` otherwise,
+    /// errors included: the caller files the header and the inbox takes the message (and says
+    /// what is wrong with it), as it would have.
+    pub(super) fn eager_direct(&mut self, header: &Message) -> Option<usize> {
+        let len = header.len as usize;
+        let eager = header.kind & !kind::OP_MASK == 0 && len > INLINE_BYTES;
+        if !self.at_header() || !eager || len > kind::EAGER_MAX || !self.expect.selects(header) {
+            return None;
+        }
+        if self.expect.check(self.peer, header).is_err() || self.refuse_too_long(header).is_err() {
+            return None;
+        }
+        match self.sink.prepare(self.peer, len as u64) {
+            Ok(true) => Some(kind::continuation_slots(len)),
+            Ok(false) | Err(_) => None,
+        }
+    }
+
+    /// Receives the eager message `header` whose continuation slots ([`Self::eager_direct`]
+    /// said how many) are `continuation`, straight from the ring.
+    pub(super) fn take_eager_direct(&mut self, header: &Message, continuation: &[Message]) {
+        let len = header.len as usize;
+        let head = len.min(INLINE_BYTES);
+        let out = self.sink.window(0, len);
+        out[..head].copy_from_slice(&header.inline[..head]);
+        let body: &[u8] = bytemuck::cast_slice(continuation);
+        out[head..].copy_from_slice(&body[..len - head]);
+        self.state = InState::Done {
+            len: len as u64,
+            fits: true,
+        };
+    }
+
     /// Receives a message taken straight from the ring while nothing from its peer is queued,
     /// if it is the one-slot message this receive expects (then `Ok(true)`). `Ok(false)` when it
     /// is another message, which the caller files in the peer's [`Inbox`]. A message too long

@@ -240,7 +240,10 @@ impl Session {
         };
         match incoming.take_slot(&next) {
             Ok(true) => Ok(()),
-            Ok(false) => self.file(peer, next),
+            Ok(false) => match incoming.eager_direct(&next) {
+                Some(slots) => self.take_eager_direct(incoming, next, slots),
+                None => self.file(peer, next),
+            },
             Err(too_long @ Error::BufferTooSmall { .. }) => {
                 // Nothing is queued from `peer` (`next_direct` took this from the ring only
                 // then): queued, it is the next message again.
@@ -249,6 +252,39 @@ impl Session {
             }
             Err(other) => Err(other),
         }
+    }
+
+    /// Receives the eager message `header` (taken from the ring, with `slots` continuation
+    /// slots) straight from the ring when all of them are there already: they follow the header
+    /// at once, but a sender short of room may publish them in parts. Those not there yet make
+    /// the inbox take the message: the header and what came are filed, and the rest are owed.
+    fn take_eager_direct(
+        &mut self,
+        incoming: &mut Incoming<'_>,
+        header: Message,
+        slots: usize,
+    ) -> Result<(), Error> {
+        let peer = incoming.peer;
+        // Kept between calls (at most `kind::EAGER_MAX` bytes' worth): no allocation or zeroing
+        // per message.
+        let mut buffer = std::mem::take(&mut self.direct_slots);
+        if buffer.len() < slots {
+            buffer.resize(slots, message(0, 0, 0, [0; INLINE_BYTES]));
+        }
+        let outcome = self
+            .receive(peer, &mut buffer[..slots], None)
+            .and_then(|got| {
+                if got == slots {
+                    incoming.take_eager_direct(&header, &buffer[..slots]);
+                    return Ok(());
+                }
+                self.file(peer, header)?;
+                buffer[..got]
+                    .iter()
+                    .try_for_each(|&slot| self.file(peer, slot))
+            });
+        self.direct_slots = buffer;
+        outcome
     }
 
     /// Reads whatever has arrived from `peer` without waiting (acknowledgements, and messages

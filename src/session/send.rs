@@ -460,6 +460,9 @@ impl Session {
             0 => self.send_each(&EagerSlots::<1>::new(op, tag, data), targets, deadline)?,
             1 => self.send_each(&EagerSlots::<2>::new(op, tag, data), targets, deadline)?,
             2..8 => self.send_each(&EagerSlots::<8>::new(op, tag, data), targets, deadline)?,
+            // Up to 1 KiB, then up to 2 KiB: the stack buffer is filled whole on every call.
+            8..17 => self.send_each(&EagerSlots::<17>::new(op, tag, data), targets, deadline)?,
+            17..33 => self.send_each(&EagerSlots::<33>::new(op, tag, data), targets, deadline)?,
             _ => self.send_each(
                 &EagerSlots::<MAX_EAGER_SLOTS>::new(op, tag, data),
                 targets,
