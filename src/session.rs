@@ -196,9 +196,8 @@ pub struct Session {
     /// [`Self::symmetric`]).
     read_in_place: u64,
     /// Scratch space of small reductions (every rank's contribution, or a copy of this rank's):
-    /// kept between calls, so that their hot paths neither allocate nor zero (see
-    /// `reductions::Session::with_scratch`).
-    gathered: Vec<u64>,
+    /// kept between calls (see `reductions::Session::with_scratch`).
+    scratch: Vec<ScratchLine>,
     /// Where an eager message's continuation slots land when taken straight from the ring
     /// (see `receive::Session::take_eager_direct`): kept between calls.
     direct_slots: Vec<shmbroker_bindings::Message>,
@@ -208,6 +207,12 @@ pub struct Session {
 }
 
 /// A broker on a thread of this process, stopped and joined when dropped.
+/// 64 bytes of [`Session`]'s scratch space, aligned to 64 so that any element type up to that
+/// alignment can be laid over it.
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct ScratchLine([u8; 64]);
+
 #[derive(Debug)]
 struct EmbeddedBroker {
     stop: shmbroker_handshake::StopHandle,
@@ -572,7 +577,7 @@ impl Session {
             any: any::Readiness::new(world),
             adoptions: 0,
             adopted_at: vec![0; world],
-            gathered: Vec::new(),
+            scratch: Vec::new(),
             direct_slots: Vec::new(),
             read_in_place: 0,
             embedded: None,

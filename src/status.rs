@@ -57,7 +57,8 @@ pub struct Call {
     pub receive: bool,
     /// How long it has been going on (for the last call: since it finished), when known.
     pub age: Option<Duration>,
-    /// Whom it waits for, once it has waited long enough to park.
+    /// Whom it waits for, once it has had to wait (for a message, an acknowledgement or room
+    /// in a ring).
     pub waiting_for: Option<u32>,
 }
 

@@ -37,13 +37,18 @@ fn collectives_work_between_threads_too() {
     }
 }
 
-/// An element aligned to 16 bytes, more than the words small reductions gather into.
+/// An element aligned to 16 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(16))]
 struct Wide([u64; 2]);
 
+/// An element aligned to 128 bytes, more than small reductions' scratch space promises.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(128))]
+struct Huge([u64; 16]);
+
 #[test]
-fn user_reductions_of_elements_aligned_to_sixteen_bytes_work_at_every_size() {
+fn user_reductions_of_elements_aligned_to_16_and_128_bytes_work_at_every_size() {
     // One shot through the rings (1 and 100 elements), one shot read in place (2,000: 32 KiB
     // of all contributions at 3 ranks), two shots (10,000).
     let (_world, sessions) = World::start("wide", 3);
@@ -66,6 +71,32 @@ fn user_reductions_of_elements_aligned_to_sixteen_bytes_work_at_every_size() {
                         (0..len as u64).map(|i| Wide([3 * i + 3, 12])).collect();
                     assert_eq!(data, expected, "{len} elements at rank {rank}");
                 }
+                // One shot through the rings (2 and 10 elements: 1,280 bytes): in scratch space
+                // or, when it does not suit, a buffer of their own.
+                for len in [2usize, 10] {
+                    let mut data = vec![Huge([rank + 1; 16]); len];
+                    s.all_reduce_with(&mut data, |acc: &mut [Huge], next: &[Huge]| {
+                        for (a, b) in acc.iter_mut().zip(next) {
+                            a.0[0] = a.0[0] * 10 + b.0[0];
+                        }
+                    })
+                    .unwrap();
+                    let mut first = [1u64; 16];
+                    first[0] = 123;
+                    assert_eq!(
+                        data,
+                        vec![Huge(first); len],
+                        "{len} elements at rank {rank}"
+                    );
+                }
+                // Larger, they would be read from outbox blocks, aligned to 64 bytes only:
+                // refused alike on every rank, before anything is sent.
+                let mut data = vec![Huge([0; 16]); 100];
+                match s.all_reduce_with(&mut data, |_: &mut [Huge], _: &[Huge]| {}) {
+                    Err(Error::Misuse(text)) => assert!(text.contains("at most 64"), "{text}"),
+                    other => panic!("rank {rank}: {other:?}"),
+                }
+                s.barrier().unwrap();
             })
         })
         .collect();
@@ -982,6 +1013,27 @@ fn an_eager_message_cut_short_times_out_without_harm_and_completes_later() {
 }
 
 #[test]
+fn a_stray_chunk_or_unknown_kind_in_a_collective_is_a_protocol_error_naming_the_sender() {
+    // Written with the tag of the all-gather rank 0 is in: the receive that takes messages
+    // straight from the ring leaves them to the inbox, which says what they are.
+    for (name, kind, expected) in [
+        ("stray-chunk-collective", kind::CHUNK, "kind 0x8"),
+        ("unknown-kind-collective", 0x99, "unknown message kind 0x99"),
+    ] {
+        let (_world, mut zero, mut one) = pair(name);
+        let mut inline = [0u8; INLINE_BYTES];
+        inline[..8].copy_from_slice(&0u64.to_le_bytes());
+        raw_send(&mut one, raw(kind, 0, 8, inline));
+        match zero.all_gather_timeout(b"zero", Duration::from_millis(500)) {
+            Err(Error::Protocol { peer: 1, detail }) => {
+                assert!(detail.contains(expected), "{name}: {detail}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn chunks_and_pipelined_headers_no_correct_peer_sends_are_refused() {
     let cases: [(&str, Vec<Message>, &str); 4] = [
         (
@@ -1124,12 +1176,15 @@ fn an_fd_ticket_naming_another_process_than_the_exporters_is_refused() {
 
 #[test]
 fn a_message_too_long_for_the_buffer_is_kept_whole_for_the_next_receive() {
-    // One slot (straight from the ring), eager with continuation slots, and pipelined chunks:
-    // each refused by a short buffer, twice, then received whole; `probe` sizes it first.
+    // One slot and eager with continuation slots (both straight from the ring), and pipelined
+    // chunks: each refused by a short buffer, twice, then received whole; `probe` sizes it
+    // first.
     let (_world, mut sessions) = World::start("too-long", 2);
     let mut b = sessions.pop().unwrap();
     let mut a = sessions.pop().unwrap();
-    let sizes = [40usize, 3000, 1 << 20];
+    // In rings of 64 slots: one slot, eager with continuation slots (at most 2,032 bytes there),
+    // pipelined.
+    let sizes = [40usize, 1000, 3000, 1 << 20];
     for (n, &size) in sizes.iter().enumerate() {
         let message: Vec<u8> = (0..size).map(|i| (i * 7 + n) as u8).collect();
         b.send(0, &message).unwrap();

@@ -46,7 +46,8 @@ pub mod status_word {
     pub const LAST_GROUP_PEER: usize = 8;
     /// When it finished: `CLOCK_MONOTONIC_COARSE` nanoseconds.
     pub const LAST_DONE: usize = 9;
-    /// Whom the call waits for, once it has waited long enough to park: a rank, or `u64::MAX`.
+    /// Whom the call waits for, once it has had to wait (for a message, an acknowledgement or
+    /// room in a ring): a rank, or `u64::MAX`.
     pub const WAITING_FOR: usize = 10;
     /// Bytes of the outbox in blocks (sent and not yet given back, loaned, or being filled), in
     /// slot 0 only; stored by the owner's allocator whenever it changes.

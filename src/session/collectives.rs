@@ -250,7 +250,7 @@ impl Session {
                     continue;
                 }
                 let mut incoming = Incoming::new(self.member(peer), expect, Sink::Slice(slot));
-                // The part in one slot straight from the ring when it is next there, else
+                // The part straight from the ring when it is next there and whole, else
                 // through the inbox.
                 self.take_direct(&mut incoming, deadline)?;
                 if !incoming.is_done() {

@@ -3,7 +3,9 @@
 //! Everything a peer writes into its ring toward this rank is another process's bytes. This
 //! module is the only code that gives them meaning, and it does nothing else: no ring, no clock,
 //! no outbox mapping. The session's receive path reads slots from the ring and hands them to an
-//! [`Inbox`]; a receive ([`Incoming`]) then takes whole messages out of it. Bytes that live in the
+//! [`Inbox`]; a receive ([`Incoming`]) then takes whole messages out of it, or, when nothing is
+//! queued, takes the eager message it expects straight from what the ring gave
+//! ([`Incoming::take_slot`], [`Incoming::eager_direct`]) after the same checks. Bytes that live in the
 //! sender's outbox (pipelined chunks, loans) are read through [`Payloads`], which the session
 //! implements over the peer's mapped outbox and the fuzz target `demux` over a plain buffer.
 //!
@@ -178,13 +180,17 @@ impl<'a> Incoming<'a> {
 
     /// The continuation slots of the eager message `header` (taken straight from the ring while
     /// nothing from its peer is queued) when this receive can take them straight from the ring
-    /// too: the message is the one expected, longer than a slot, and fits. `None` otherwise,
-    /// errors included: the caller files the header and the inbox takes the message (and says
-    /// what is wrong with it), as it would have.
+    /// too: the message is the one expected, of a known operation, longer than a slot, and
+    /// fits. `None` otherwise, errors included: the caller files the header and the inbox takes
+    /// the message (and says what is wrong with it), as it would have.
     pub(super) fn eager_direct(&mut self, header: &Message) -> Option<usize> {
         let len = header.len as usize;
-        let eager = header.kind & !kind::OP_MASK == 0 && len > INLINE_BYTES;
-        if !self.at_header() || !eager || len > kind::EAGER_MAX || !self.expect.selects(header) {
+        if !self.at_header()
+            || len <= INLINE_BYTES
+            || len > kind::EAGER_MAX
+            || !plain_eager(header)
+            || !self.expect.selects(header)
+        {
             return None;
         }
         if self.expect.check(self.peer, header).is_err() || self.refuse_too_long(header).is_err() {
@@ -196,19 +202,25 @@ impl<'a> Incoming<'a> {
         }
     }
 
-    /// Receives the eager message `header` whose continuation slots ([`Self::eager_direct`]
-    /// said how many) are `continuation`, straight from the ring.
-    pub(super) fn take_eager_direct(&mut self, header: &Message, continuation: &[Message]) {
+    /// Receives the eager message `header` from its `continuation` slots, straight from the
+    /// ring, after [`Self::eager_direct`] said yes and how many. Whether it did: `false`, taking
+    /// nothing, for any other header or number of slots.
+    pub(super) fn finish_eager(&mut self, header: &Message, continuation: &[Message]) -> bool {
         let len = header.len as usize;
-        let head = len.min(INLINE_BYTES);
-        let out = self.sink.window(0, len);
-        out[..head].copy_from_slice(&header.inline[..head]);
-        let body: &[u8] = bytemuck::cast_slice(continuation);
-        out[head..].copy_from_slice(&body[..len - head]);
+        let fits = matches!(self.sink.prepare(self.peer, len as u64), Ok(true));
+        if !self.at_header()
+            || !fits
+            || len > kind::EAGER_MAX
+            || continuation.len() != kind::continuation_slots(len)
+        {
+            return false;
+        }
+        copy_eager(self.sink.window(0, len), header, continuation);
         self.state = InState::Done {
             len: len as u64,
             fits: true,
         };
+        true
     }
 
     /// Receives a message taken straight from the ring while nothing from its peer is queued,
@@ -220,7 +232,7 @@ impl<'a> Incoming<'a> {
     ///
     /// As [`Expect::check`]; [`Error::BufferTooSmall`].
     pub(super) fn take_slot(&mut self, slot: &Message) -> Result<bool, Error> {
-        let one_slot = slot.kind & !kind::OP_MASK == 0 && slot.len as usize <= INLINE_BYTES;
+        let one_slot = plain_eager(slot) && slot.len as usize <= INLINE_BYTES;
         if !self.at_header() || !one_slot || !self.expect.selects(slot) {
             return Ok(false);
         }
@@ -808,22 +820,38 @@ impl Inbox {
         let queue = &mut self.queue;
         let end = (at + 1 + slots).min(queue.len());
         if fits {
-            let head = len.min(INLINE_BYTES);
-            let out = sink.window(0, len);
-            out[..head].copy_from_slice(&header.inline[..head]);
-            let mut filled = head;
-            for slot in queue.range(at + 1..end) {
-                let bytes = bytemuck::bytes_of(slot);
-                let take = (len - filled).min(bytes.len());
-                out[filled..filled + take].copy_from_slice(&bytes[..take]);
-                filled += take;
-            }
+            copy_eager(sink.window(0, len), header, queue.range(at + 1..end));
         }
         queue.drain(at..end);
         Ok(InState::Done {
             len: len as u64,
             fits,
         })
+    }
+}
+
+/// Whether `slot` heads an eager message of a known operation (no flags): what may be taken
+/// straight from the ring. Anything else (a chunk, an unknown kind) goes to the inbox, which
+/// says what is wrong with it.
+fn plain_eager(slot: &Message) -> bool {
+    slot.kind & !kind::OP_MASK == 0 && frame::known_op(slot.kind)
+}
+
+/// Copies an eager message into `out` (its length): the header's inline bytes, then the
+/// continuation slots' raw bytes, as far as `out` goes.
+fn copy_eager<'m>(
+    out: &mut [u8],
+    header: &Message,
+    continuation: impl IntoIterator<Item = &'m Message>,
+) {
+    let head = out.len().min(INLINE_BYTES);
+    out[..head].copy_from_slice(&header.inline[..head]);
+    let mut filled = head;
+    for slot in continuation {
+        let bytes = bytemuck::bytes_of(slot);
+        let take = (out.len() - filled).min(bytes.len());
+        out[filled..filled + take].copy_from_slice(&bytes[..take]);
+        filled += take;
     }
 }
 

@@ -141,14 +141,14 @@ impl Session {
         since: &mut Option<std::time::Instant>,
     ) -> Result<(), Error> {
         self.check_interrupted(deadline)?;
-        let waiting = self
-            .peers()
-            .max_by_key(|&peer| self.outbox.owed_by(peer))
-            .unwrap_or(self.rank());
-        // Published, so that a peer whose own wait on this rank times out can say that this
-        // rank waits for `waiting` (see `status`).
-        deadline.waits_for(waiting);
+        let owing = self.most_owing(self.peers());
+        if let Some(rank) = owing {
+            // Published, so that a peer whose own wait on this rank times out can say whom this
+            // rank waits for (see `status`).
+            deadline.waits_for(rank);
+        }
         if deadline.left().is_zero() {
+            let waiting = owing.or_else(|| self.peers().last()).unwrap_or(self.rank());
             return Err(self.timed_out(deadline, waiting));
         }
         if let Some(waited) = deadline.watchdog_due() {
@@ -163,6 +163,15 @@ impl Session {
         let now = std::time::Instant::now();
         super::receive::idle_wait(now.duration_since(*since.get_or_insert(now)));
         Ok(())
+    }
+
+    /// Of `ranks`, the one holding most of this rank's outbox (blocks it has not given back
+    /// yet), if any holds some.
+    pub(super) fn most_owing(&self, ranks: impl IntoIterator<Item = u32>) -> Option<u32> {
+        ranks
+            .into_iter()
+            .filter(|&rank| self.outbox.owed_by(rank) > 0)
+            .max_by_key(|&rank| self.outbox.owed_by(rank))
     }
 
     /// Hands `loan` to `rank` by reference: it receives it with [`Self::recv_loan`] (or copies it

@@ -6,9 +6,10 @@
 //! Everything a peer sends goes through one function, [`Session::pull`]: acknowledgements are
 //! handed to this rank's outbox ledger at once; every other message (with the continuation slots
 //! of an eager message, read in the same breath) is filed in that peer's inbox, whose framing is
-//! the `demux` module's. The hot path of a lock-step exchange, a one-slot message that is
-//! the next thing in the ring, skips the inbox ([`Session::take_direct`],
-//! [`Session::recv_collective`]).
+//! the `demux` module's. The hot path of a lock-step exchange, an eager message that is the next
+//! thing in the ring (one slot, or several all there already), skips the inbox
+//! ([`Session::take_direct`], [`Session::recv_collective`]): `demux`'s [`Incoming`] checks it as
+//! the inbox would, and anything it does not take goes to the inbox after all.
 //!
 //! # Waiting
 //!
@@ -224,8 +225,8 @@ impl Session {
     }
 
     /// Receives `incoming` at once if the next message from its peer, straight from the ring, is
-    /// the one-slot message it expects; otherwise files that message for the queue's path and
-    /// leaves `incoming` as it was.
+    /// the eager message it expects (one slot, or several all there already); otherwise files
+    /// that message for the queue's path and leaves `incoming` as it was.
     pub(super) fn take_direct(
         &mut self,
         incoming: &mut Incoming<'_>,
@@ -250,14 +251,19 @@ impl Session {
                 self.peers[peer as usize].inbox.put_back(next);
                 Err(too_long)
             }
-            Err(other) => Err(other),
+            Err(other) => {
+                // Queued, as the inbox's path would leave it.
+                self.file(peer, next)?;
+                Err(other)
+            }
         }
     }
 
     /// Receives the eager message `header` (taken from the ring, with `slots` continuation
-    /// slots) straight from the ring when all of them are there already: they follow the header
-    /// at once, but a sender short of room may publish them in parts. Those not there yet make
-    /// the inbox take the message: the header and what came are filed, and the rest are owed.
+    /// slots) straight from the ring when all of them are there already, as a correct sender
+    /// publishes them together with the header. A peer that does not (or slots that are not
+    /// what `header` says) makes the inbox take the message: the header and what came are
+    /// filed, the rest are owed, and a bad message is named there.
     fn take_eager_direct(
         &mut self,
         incoming: &mut Incoming<'_>,
@@ -271,18 +277,20 @@ impl Session {
         if buffer.len() < slots {
             buffer.resize(slots, message(0, 0, 0, [0; INLINE_BYTES]));
         }
-        let outcome = self
-            .receive(peer, &mut buffer[..slots], None)
-            .and_then(|got| {
-                if got == slots {
-                    incoming.take_eager_direct(&header, &buffer[..slots]);
-                    return Ok(());
-                }
+        let outcome = match self.receive(peer, &mut buffer[..slots], None) {
+            Ok(got) if got == slots && incoming.finish_eager(&header, &buffer[..slots]) => Ok(()),
+            Ok(got) => {
                 self.file(peer, header)?;
                 buffer[..got]
                     .iter()
                     .try_for_each(|&slot| self.file(peer, slot))
-            });
+            }
+            Err(error) => {
+                // The link failed; the header stays where it would have been.
+                self.peers[peer as usize].inbox.put_back(header);
+                Err(error)
+            }
+        };
         self.direct_slots = buffer;
         outcome
     }

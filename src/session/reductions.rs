@@ -262,7 +262,9 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// As for [`Self::all_reduce`].
+    /// As for [`Self::all_reduce`], and [`Error::Misuse`] (on every rank, before anything is
+    /// sent) for more than [`ONE_SHOT_MAX_BYTES`] a rank of elements aligned to more than 64
+    /// bytes: those are read from outbox blocks, which are aligned to 64.
     pub fn all_reduce_with<T: Pod>(
         &mut self,
         data: &mut [T],
@@ -537,6 +539,16 @@ impl Session {
                 Ok(())
             });
         }
+        // Larger contributions are read from outbox blocks, aligned to `ranges::ALIGN` only;
+        // every rank has the same element type, so every rank refuses alike, before it sends.
+        if align_of::<T>() as u64 > shmbroker_allocator::ranges::ALIGN {
+            return Err(Error::Misuse(format!(
+                "a reduction of more than {ONE_SHOT_MAX_BYTES} bytes a rank takes elements \
+                 aligned to at most {} bytes; these are aligned to {}",
+                shmbroker_allocator::ranges::ALIGN,
+                align_of::<T>()
+            )));
+        }
         // Every rank picks the algorithm from what they all share (the length and the world), so
         // a symmetric buffer here takes the one shot too, with a copy.
         if results == Results::All && size_of_val(data) * world <= LENT_ONE_SHOT_MAX_BYTES {
@@ -589,26 +601,26 @@ impl Session {
     }
 
     /// Runs `f` with `len` elements of scratch space: the session's own buffer, grown once and
-    /// kept, so the hot paths of small reductions neither allocate nor zero (a fresh buffer
-    /// for an element type aligned to more than 8 bytes). What it holds on entry is whatever
-    /// an earlier call left.
+    /// kept, so that small reductions do not allocate or zero one per call. It is aligned to 64
+    /// bytes; an element type aligned to more gets a fresh buffer when the kept one happens not
+    /// to suit it. What it holds on entry is whatever an earlier call left.
     fn with_scratch<T: Pod, R>(
         &mut self,
         len: usize,
         f: impl FnOnce(&mut Self, &mut [T]) -> Result<R, Error>,
     ) -> Result<R, Error> {
-        let mut words = std::mem::take(&mut self.gathered);
+        let mut lines = std::mem::take(&mut self.scratch);
         let bytes = len * size_of::<T>();
-        if words.len() < bytes.div_ceil(8) {
-            words.resize(bytes.div_ceil(8), 0);
+        if lines.len() < bytes.div_ceil(64) {
+            lines.resize(bytes.div_ceil(64), super::ScratchLine([0; 64]));
         }
         let outcome = match bytemuck::try_cast_slice_mut(
-            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes],
+            &mut bytemuck::cast_slice_mut::<super::ScratchLine, u8>(&mut lines)[..bytes],
         ) {
             Ok(scratch) => f(self, scratch),
             Err(_) => f(self, &mut vec![T::zeroed(); len]),
         };
-        self.gathered = words;
+        self.scratch = lines;
         outcome
     }
 
@@ -780,25 +792,35 @@ impl Session {
 }
 
 /// Combines `gathered` (the contributions of `world` ranks, `data.len()` elements each, in rank
-/// order) into `data`. The slices for up to eight ranks are kept on the stack.
+/// order) into `data`, with the slices on the stack: 8 of them for up to 8 ranks (the common
+/// case pays for no more), else as many as a world can have.
 fn combine_parts<T: Pod>(
     world: usize,
     gathered: &[T],
     data: &mut [T],
     combiner: Combiner<'_, T>,
 ) -> Result<(), Error> {
-    let parts = gathered.chunks(data.len().max(1));
     if world <= 8 {
-        let mut inputs: [&[T]; 8] = [&[]; 8];
-        for (input, part) in inputs.iter_mut().zip(parts) {
-            *input = part;
-        }
-        combiner(&inputs[..world], data)
+        combine_parts_in::<T, 8>(world, gathered, data, combiner)
     } else {
-        let mut inputs: Vec<&[T]> = parts.collect();
-        inputs.resize(world, &[]);
-        combiner(&inputs, data)
+        combine_parts_in::<T, { shmbroker_handshake::MAX_WORLD_SIZE as usize }>(
+            world, gathered, data, combiner,
+        )
     }
+}
+
+/// [`combine_parts`] with room for `N` slices (`world <= N`).
+fn combine_parts_in<T: Pod, const N: usize>(
+    world: usize,
+    gathered: &[T],
+    data: &mut [T],
+    combiner: Combiner<'_, T>,
+) -> Result<(), Error> {
+    let mut inputs: [&[T]; N] = [&[]; N];
+    for (input, part) in inputs.iter_mut().zip(gathered.chunks(data.len().max(1))) {
+        *input = part;
+    }
+    combiner(&inputs[..world], data)
 }
 
 #[cfg(test)]

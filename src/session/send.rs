@@ -460,7 +460,8 @@ impl Session {
             0 => self.send_each(&EagerSlots::<1>::new(op, tag, data), targets, deadline)?,
             1 => self.send_each(&EagerSlots::<2>::new(op, tag, data), targets, deadline)?,
             2..8 => self.send_each(&EagerSlots::<8>::new(op, tag, data), targets, deadline)?,
-            // Up to 1 KiB, then up to 2 KiB: the stack buffer is filled whole on every call.
+            // Up to 16, then 32 continuation slots (1072 and 2096 bytes, 1 and 2 KiB with room
+            // to spare): the stack buffer is filled whole on every call.
             8..17 => self.send_each(&EagerSlots::<17>::new(op, tag, data), targets, deadline)?,
             17..33 => self.send_each(&EagerSlots::<33>::new(op, tag, data), targets, deadline)?,
             _ => self.send_each(
@@ -553,13 +554,11 @@ impl Session {
             if idle_since.is_none() {
                 // Published, so that a peer whose own wait on this rank times out can say whom
                 // this rank waits for (see `status`): of the ranks it still waits for, the one
-                // holding most of its outbox.
+                // holding most of its outbox, or else the first.
                 let waiting_for = waiting(outgoing, incoming, &self.peers);
-                if let Some(&most) = waiting_for
-                    .iter()
-                    .max_by_key(|&&peer| self.outbox.owed_by(peer))
-                {
-                    deadline.waits_for(most);
+                let most = self.most_owing(waiting_for.iter().copied());
+                if let Some(rank) = most.or(waiting_for.first().copied()) {
+                    deadline.waits_for(rank);
                 }
             }
             let since = *stalled_since.get_or_insert(now);

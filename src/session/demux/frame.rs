@@ -183,9 +183,20 @@ pub(crate) fn message_len(peer: u32, header: &Message) -> Result<u64, Error> {
 /// The transport flags of a kind, checked: eager (0), pipelined or loan, and nothing else.
 pub(crate) fn transport(peer: u32, message: &Message) -> Result<u32, Error> {
     let flags = message.kind & !kind::OP_MASK;
-    let op = message.kind & kind::OP_MASK;
-    let known_op = matches!(
-        op,
+    if known_op(message.kind) && matches!(flags, 0 | kind::PIPELINED | kind::LOAN) {
+        Ok(flags)
+    } else {
+        Err(Error::Protocol {
+            peer,
+            detail: format!("unknown message kind {:#x}", message.kind),
+        })
+    }
+}
+
+/// Whether the operation of `message_kind` (its flags aside) is one a message may carry.
+pub(crate) fn known_op(message_kind: u32) -> bool {
+    matches!(
+        message_kind & kind::OP_MASK,
         kind::BARRIER
             | kind::ALL_GATHER
             | kind::BROADCAST
@@ -199,13 +210,5 @@ pub(crate) fn transport(peer: u32, message: &Message) -> Result<u32, Error> {
             | kind::ALL_TO_ALL
             | kind::GROUP
             | kind::SHRINK
-    );
-    if known_op && matches!(flags, 0 | kind::PIPELINED | kind::LOAN) {
-        Ok(flags)
-    } else {
-        Err(Error::Protocol {
-            peer,
-            detail: format!("unknown message kind {:#x}", message.kind),
-        })
-    }
+    )
 }

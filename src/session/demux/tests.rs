@@ -406,6 +406,60 @@ fn a_one_slot_message_straight_from_the_ring_is_taken_or_left() {
 }
 
 #[test]
+fn an_eager_message_straight_from_the_ring_arrives_as_through_the_inbox() {
+    let mut region = Region::new(0);
+    for len in [INLINE_BYTES + 1, 1000, kind::EAGER_MAX] {
+        let data: Vec<u8> = (0..len).map(|i| (i * 13 + 5) as u8).collect();
+        let slots = eager(kind::ALL_GATHER, 7, &data);
+        let through_inbox = receive(&mut inbox_with(&slots), gather(7), &mut region).unwrap();
+        let mut incoming = Incoming::new(PEER, gather(7), Sink::Vec(Vec::new()));
+        assert_eq!(incoming.eager_direct(&slots[0]), Some(slots.len() - 1));
+        // The wrong number of continuation slots takes nothing.
+        assert!(!incoming.finish_eager(&slots[0], &slots[1..slots.len() - 1]));
+        assert!(incoming.at_header());
+        assert!(incoming.finish_eager(&slots[0], &slots[1..]));
+        assert_eq!(incoming.finish().unwrap().1.into_vec(), through_inbox);
+        assert_eq!(through_inbox, data);
+    }
+}
+
+#[test]
+fn only_the_expected_eager_message_that_fits_is_taken_straight_from_the_ring() {
+    let data = [9u8; 1000];
+    let mut small = [0u8; 100];
+    let mut kept = Incoming::keeping_too_long(PEER, send(4), Sink::Slice(&mut small));
+    // Too long for a kept buffer, one slot, another receive's, out of turn: the inbox's.
+    assert_eq!(kept.eager_direct(&eager(kind::SEND, 4, &data)[0]), None);
+    let mut incoming = Incoming::new(PEER, gather(7), Sink::Vec(Vec::new()));
+    for header in [
+        eager(kind::ALL_GATHER, 7, b"one slot")[0],
+        eager(kind::SEND, 7, &data)[0],
+        eager(kind::ALL_GATHER, 8, &data)[0],
+        eager(kind::BROADCAST, 7, &data)[0],
+    ] {
+        assert_eq!(incoming.eager_direct(&header), None, "{header:?}");
+    }
+    // A chunk, an unknown kind, a flagged header or an eager length too long, with the
+    // collective's tag: the inbox's too, which names what is wrong, as it does for one slot.
+    let mut chunk = eager(kind::ALL_GATHER, 7, &data)[0];
+    chunk.kind = kind::CHUNK;
+    let mut unknown = chunk;
+    unknown.kind = 0x99;
+    let mut pipelined = chunk;
+    pipelined.kind = kind::ALL_GATHER | kind::PIPELINED;
+    let mut too_long = eager(kind::ALL_GATHER, 7, &data)[0];
+    too_long.len = kind::EAGER_MAX as u32 + 1;
+    assert_eq!(incoming.eager_direct(&too_long), None);
+    for header in [chunk, unknown, pipelined] {
+        assert_eq!(incoming.eager_direct(&header), None, "{header:?}");
+        let mut one = header;
+        one.len = 8;
+        assert!(!incoming.take_slot(&one).unwrap(), "{one:?}");
+    }
+    assert!(incoming.at_header());
+}
+
+#[test]
 fn a_flood_is_refused_once_the_queue_is_full() {
     let mut inbox = Inbox::new(PEER);
     let slot = eager(kind::SEND, 0, b"")[0];
