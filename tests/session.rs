@@ -106,6 +106,56 @@ fn user_reductions_of_elements_aligned_to_16_and_128_bytes_work_at_every_size() 
 }
 
 #[test]
+fn a_rank_that_finished_its_all_gather_and_left_is_not_blamed_by_a_slower_one() {
+    // Bruck's all-gather (past 8 ranks) lets a rank finish a call, and leave, while a slower
+    // one has yet to take the part it sent. A slower rank that had taken that part into its
+    // inbox early (looking for acknowledgements from every peer) once looked at the leaver's
+    // closed ring before its inbox, and failed with "peer rank N left the session" (`bench
+    // collectives` under load, 1 run in 6). Twelve ranks on this machine's cores, beside two
+    // busy threads, each leaving as soon as its last call returns.
+    let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let spinners: Vec<_> = (0..2)
+        .map(|_| {
+            let busy = busy.clone();
+            std::thread::spawn(move || {
+                while busy.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    for trial in 0..15 {
+        let (_world, sessions) = World::start(&format!("leave-after-{trial}"), 12);
+        let joins: Vec<_> = sessions
+            .into_iter()
+            .map(|mut session| {
+                std::thread::spawn(move || {
+                    let rank = session.rank();
+                    let part = [rank as u8; 1024];
+                    let mut out = vec![0u8; 1024 * 12];
+                    for call in 0..60 {
+                        session
+                            .all_gather_into(&part, &mut out)
+                            .map_err(|error| format!("rank {rank}, call {call}: {error}"))?;
+                    }
+                    drop(session);
+                    Ok::<_, String>(())
+                })
+            })
+            .collect();
+        let failures: Vec<String> = joins
+            .into_iter()
+            .filter_map(|join| join.join().unwrap().err())
+            .collect();
+        assert!(failures.is_empty(), "trial {trial}: {failures:#?}");
+    }
+    busy.store(false, std::sync::atomic::Ordering::Relaxed);
+    for spinner in spinners {
+        spinner.join().unwrap();
+    }
+}
+
+#[test]
 fn waits_run_crowded_exactly_when_the_world_outnumbers_the_cpus() {
     // One rank more than this process's CPUs: crowded; two ranks on two or more CPUs: not.
     let (_world, sessions) = World::start("crowded", 3);

@@ -511,6 +511,10 @@ impl Session {
             self.check_interrupted(deadline)?;
             let mut moved = self.step_out(outgoing)?;
             for incoming in incoming.iter_mut() {
+                // What is queued first: `step_out` may have taken the whole message into the
+                // inbox already, and its sender may have finished its call and left since, its
+                // ring closed and empty, which `pull` reports as its departure.
+                moved |= self.step_in(incoming, deadline)?;
                 if !incoming.is_done() {
                     moved |= self.pull(incoming.peer, None)?;
                     moved |= self.step_in(incoming, deadline)?;
