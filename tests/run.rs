@@ -493,6 +493,10 @@ fn a_killed_copy_is_started_again_and_rejoins_the_job() {
             "2",
             "--die-after",
             "1",
+            // The reader waits for the replacement when it learns of the death: the other
+            // workers may otherwise answer all 2,000 tasks before it logs on (seen here once
+            // the rings' receive path got faster).
+            "--await-replacements",
         ],
     ));
     let failed = |what: &str| format!("{what}\nstdout:\n{stdout}\nstderr:\n{stderr}");

@@ -36,6 +36,11 @@ pub struct Args {
     /// With `--die-rank`: die in every process of that rank, restarted or not.
     #[arg(long)]
     die_always: bool,
+    /// With `--job`: the reader waits for a dead worker's replacement as soon as it learns of
+    /// the death, and gives it the next task, so that a test sees the replacement work however
+    /// fast the other workers finish the farm.
+    #[arg(long)]
+    await_replacements: bool,
     /// Deadline of the logon and of every call.
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     timeout_ms: u64,
@@ -92,7 +97,8 @@ fn job(args: &Args, tasks: u64, timeout: Duration) -> Result<(), String> {
     session.set_timeout(timeout);
     let rank = session.rank();
     if rank == 0 {
-        return read(&mut session, tasks).map_err(|error| format!("reader: {error}"));
+        return read(&mut session, tasks, args.await_replacements)
+            .map_err(|error| format!("reader: {error}"));
     }
     let restarted = std::env::var_os("SHMBROKER_RESTART_COUNT").is_some();
     if restarted != session.rejoined() {
@@ -128,7 +134,11 @@ fn job(args: &Args, tasks: u64, timeout: Duration) -> Result<(), String> {
 }
 
 /// The reader of `--job`: `tasks` tasks, one at a time per worker, answers from any worker.
-fn read(session: &mut Session, tasks: u64) -> Result<(), shmbroker::Error> {
+fn read(
+    session: &mut Session,
+    tasks: u64,
+    await_replacements: bool,
+) -> Result<(), shmbroker::Error> {
     use std::collections::{BTreeMap, HashSet, VecDeque};
     let world = session.world_size();
     let mut queue: VecDeque<u64> = (0..tasks).collect();
@@ -137,6 +147,8 @@ fn read(session: &mut Session, tasks: u64) -> Result<(), shmbroker::Error> {
     let mut free: VecDeque<u32> = (1..world).collect();
     let mut answered: HashSet<u64> = HashSet::new();
     let (mut lost, mut rejoined) = (0u64, 0u64);
+    // Replacements taken on by waiting for them, per rank.
+    let mut awaited: BTreeMap<u32, u32> = BTreeMap::new();
     let task = |id: u64| {
         let mut bytes = id.to_le_bytes().to_vec();
         bytes.extend((0..56u64).map(|i| (i ^ id.wrapping_mul(31)) as u8));
@@ -184,8 +196,16 @@ fn read(session: &mut Session, tasks: u64) -> Result<(), shmbroker::Error> {
                     lost += 1;
                 }
                 free.retain(|&worker| worker != rank);
-                // With every worker dead, each look says so until one comes back.
-                if holding.is_empty() && free.is_empty() {
+                if await_replacements {
+                    // Taken on here, so `recv_any` reports no `PeerRejoined` for it.
+                    session.wait_for_rank(rank)?;
+                    let times = awaited.entry(rank).or_default();
+                    *times += 1;
+                    say(&format!("rank {rank} rejoined (replacement {times})"));
+                    free.push_front(rank);
+                    rejoined += 1;
+                } else if holding.is_empty() && free.is_empty() {
+                    // With every worker dead, each look says so until one comes back.
                     session.wait_for_rank(rank)?;
                     free.push_back(rank);
                     rejoined += 1;
