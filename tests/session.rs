@@ -52,57 +52,47 @@ fn user_reductions_of_elements_aligned_to_16_and_128_bytes_work_at_every_size() 
     // One shot through the rings (1 and 100 elements), one shot read in place (2,000: 32 KiB
     // of all contributions at 3 ranks), two shots (10,000).
     let (_world, sessions) = World::start("wide", 3);
-    let handles: Vec<_> = sessions
-        .into_iter()
-        .map(|mut s| {
-            std::thread::spawn(move || {
-                let rank = u64::from(s.rank());
-                for len in [1usize, 100, 2_000, 10_000] {
-                    let mut data: Vec<Wide> =
-                        (0..len as u64).map(|i| Wide([i + rank, rank])).collect();
-                    s.all_reduce_with(&mut data, |acc: &mut [Wide], next: &[Wide]| {
-                        for (a, b) in acc.iter_mut().zip(next) {
-                            *a = Wide([a.0[0] + b.0[0], a.0[1] * 10 + b.0[1]]);
-                        }
-                    })
-                    .unwrap();
-                    // Ranks 0, 1, 2 in order: sums 3i + 3 and digits 0, 1, 2 (12).
-                    let expected: Vec<Wide> =
-                        (0..len as u64).map(|i| Wide([3 * i + 3, 12])).collect();
-                    assert_eq!(data, expected, "{len} elements at rank {rank}");
+    each_on_a_thread(sessions, |s| {
+        let rank = u64::from(s.rank());
+        for len in [1usize, 100, 2_000, 10_000] {
+            let mut data: Vec<Wide> = (0..len as u64).map(|i| Wide([i + rank, rank])).collect();
+            s.all_reduce_with(&mut data, |acc: &mut [Wide], next: &[Wide]| {
+                for (a, b) in acc.iter_mut().zip(next) {
+                    *a = Wide([a.0[0] + b.0[0], a.0[1] * 10 + b.0[1]]);
                 }
-                // One shot through the rings (2 and 10 elements: 1,280 bytes): in scratch space
-                // or, when it does not suit, a buffer of their own.
-                for len in [2usize, 10] {
-                    let mut data = vec![Huge([rank + 1; 16]); len];
-                    s.all_reduce_with(&mut data, |acc: &mut [Huge], next: &[Huge]| {
-                        for (a, b) in acc.iter_mut().zip(next) {
-                            a.0[0] = a.0[0] * 10 + b.0[0];
-                        }
-                    })
-                    .unwrap();
-                    let mut first = [1u64; 16];
-                    first[0] = 123;
-                    assert_eq!(
-                        data,
-                        vec![Huge(first); len],
-                        "{len} elements at rank {rank}"
-                    );
-                }
-                // Larger, they would be read from outbox blocks, aligned to 64 bytes only:
-                // refused alike on every rank, before anything is sent.
-                let mut data = vec![Huge([0; 16]); 100];
-                match s.all_reduce_with(&mut data, |_: &mut [Huge], _: &[Huge]| {}) {
-                    Err(Error::Misuse(text)) => assert!(text.contains("at most 64"), "{text}"),
-                    other => panic!("rank {rank}: {other:?}"),
-                }
-                s.barrier().unwrap();
             })
-        })
-        .collect();
-    for handle in handles {
-        handle.join().unwrap();
-    }
+            .unwrap();
+            // Ranks 0, 1, 2 in order: sums 3i + 3 and digits 0, 1, 2 (12).
+            let expected: Vec<Wide> = (0..len as u64).map(|i| Wide([3 * i + 3, 12])).collect();
+            assert_eq!(data, expected, "{len} elements at rank {rank}");
+        }
+        // One shot through the rings (2 and 10 elements: 1,280 bytes): in scratch space
+        // or, when it does not suit, a buffer of their own.
+        for len in [2usize, 10] {
+            let mut data = vec![Huge([rank + 1; 16]); len];
+            s.all_reduce_with(&mut data, |acc: &mut [Huge], next: &[Huge]| {
+                for (a, b) in acc.iter_mut().zip(next) {
+                    a.0[0] = a.0[0] * 10 + b.0[0];
+                }
+            })
+            .unwrap();
+            let mut first = [1u64; 16];
+            first[0] = 123;
+            assert_eq!(
+                data,
+                vec![Huge(first); len],
+                "{len} elements at rank {rank}"
+            );
+        }
+        // Larger, they would be read from outbox blocks, aligned to 64 bytes only:
+        // refused alike on every rank, before anything is sent.
+        let mut data = vec![Huge([0; 16]); 100];
+        match s.all_reduce_with(&mut data, |_: &mut [Huge], _: &[Huge]| {}) {
+            Err(Error::Misuse(text)) => assert!(text.contains("at most 64"), "{text}"),
+            other => panic!("rank {rank}: {other:?}"),
+        }
+        s.barrier().unwrap();
+    });
 }
 
 #[test]
