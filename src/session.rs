@@ -164,6 +164,8 @@ pub struct Session {
     groups: groups::Groups,
     /// The departed ranks whose streams are closed (see `close_departed_streams`).
     closed_for: u64,
+    /// The ranks the watcher had recorded dead at the last look (see `catch_up_on_departures`).
+    dead_seen: u64,
     /// One per rank of the world, indexed by rank (this rank's own stays unused).
     peers: Vec<Peer>,
     /// This rank's outbox: large data and loans go out through it.
@@ -564,6 +566,7 @@ impl Session {
             team,
             groups: groups::Groups::default(),
             closed_for: 0,
+            dead_seen: 0,
             peers: (0..world as u32).map(Peer::new).collect(),
             publisher: std::sync::Arc::new(status::Publisher::new(outbox.status())),
             outbox,

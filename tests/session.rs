@@ -146,6 +146,84 @@ fn a_rank_that_finished_its_all_gather_and_left_is_not_blamed_by_a_slower_one() 
 }
 
 #[test]
+fn a_collective_a_departure_cut_short_leaves_nothing_in_the_way_of_the_next_messages() {
+    // Rank 2 leaves (drops its session: nobody died, so no death names the collective's end).
+    // Ranks 0 and 1 then all-gather 4 MiB each: each delivers the first chunks of its part to
+    // the other before its delivery to rank 2 fails, and the call fails on both naming rank 2.
+    // What those cut-off parts leave in the links must not stand in the way of what follows:
+    // before, each rank's next `recv` from the other failed ("message ... was cut off",
+    // naming the other) because a departure that is not a death closed no stream. Then a group
+    // of the two carries on with collectives of the same size.
+    let (_world, mut sessions) = World::start("cut-short-by-a-leaver", 3);
+    drop(sessions.pop());
+    let results = each_on_a_thread(sessions, |session| {
+        let rank = session.rank();
+        let peer = 1 - rank;
+        let part = vec![rank as u8 + 1; 4 << 20];
+        let mut out = vec![0u8; 3 * part.len()];
+        let failed = session.all_gather_into(&part, &mut out);
+        assert!(
+            matches!(failed, Err(Error::PeerLeft { rank: 2, .. })),
+            "rank {rank}: {failed:?}"
+        );
+        // Point to point both ways first: making a group would clear the links anyway.
+        if rank == 0 {
+            session.send(peer, b"after").unwrap();
+        }
+        let got = session
+            .recv(peer)
+            .unwrap_or_else(|error| panic!("rank {rank}: {error}"));
+        assert_eq!(got, b"after");
+        if rank == 1 {
+            session.send(peer, b"after").unwrap();
+        }
+        let group = session.group(&[0, 1]).unwrap();
+        for _ in 0..5 {
+            let mut two = vec![0u8; 2 * part.len()];
+            session.on(&group).all_gather_into(&part, &mut two).unwrap();
+            assert!(two[..part.len()].iter().all(|&b| b == 1));
+            assert!(two[part.len()..].iter().all(|&b| b == 2));
+        }
+    });
+    assert_eq!(results.len(), 2);
+}
+
+#[test]
+fn chunks_a_failed_collective_never_delivered_do_not_hold_the_outbox() {
+    // Rank 1 is not reading and its ring from rank 0 is full, so rank 0's all-gather writes its
+    // first chunks into its outbox for ranks 1 and 2 but delivers none to rank 1 before the
+    // delivery to rank 2, which left, fails the call. Rank 1 never learns of those blocks, so
+    // it can never acknowledge them: before, they stayed owed by it for the rest of the session.
+    let (_world, mut sessions) = World::start("undelivered-chunks", 3);
+    drop(sessions.pop());
+    let mut one = sessions.pop().unwrap();
+    let mut zero = sessions.pop().unwrap();
+    let fill = zero.raw().ring_capacity();
+    for n in 0..fill {
+        zero.send(1, &n.to_le_bytes()).unwrap();
+    }
+    let part = vec![7u8; 4 << 20];
+    let mut out = vec![0u8; 3 * part.len()];
+    let failed = zero.all_gather_into(&part, &mut out);
+    assert!(
+        matches!(failed, Err(Error::PeerLeft { rank: 2, .. })),
+        "{failed:?}"
+    );
+    for n in 0..fill {
+        assert_eq!(one.recv(0).unwrap(), n.to_le_bytes());
+    }
+    zero.send(1, b"after").unwrap();
+    assert_eq!(one.recv(0).unwrap(), b"after");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while zero.outbox_blocks_owed() != 0 && Instant::now() < deadline {
+        zero.poll_acks().unwrap();
+        one.poll_acks().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(zero.outbox_blocks_owed(), 0);
+}
+
+#[test]
 fn waits_run_crowded_exactly_when_the_world_outnumbers_the_cpus() {
     // One rank more than this process's CPUs: crowded; two ranks on two or more CPUs: not.
     let (_world, sessions) = World::start("crowded", 3);

@@ -11,14 +11,17 @@
 //! * 4: a point-to-point receive of the next number due, into a vector (`a` even) or a buffer of
 //!   `b * 64` bytes that keeps a message too long for it;
 //! * 5: a collective receive of operation `a % 8` number `b`, into a vector or a buffer of `c`;
-//! * 6: an honest collective (the next eager all-gather, `b` bytes);
+//!   one that does not complete is abandoned, as a collective that fails is;
+//! * 6: an honest collective (the next all-gather: eager of `b` bytes for an even `a`, else
+//!   pipelined, `b * 16 + 1` bytes in chunks of 64 arriving one per later operation);
 //! * 7: stream `a % 3` closed, as when a member departs (stream 0 is the honest collectives').
 //!
 //! Invariants: nothing panics; every refusal names the peer; point-to-point messages are delivered
 //! in order, each at most once; a run of honest slots only is delivered byte for byte with no
 //! refusal but a buffer too small (which keeps the message), closing streams included (they drop
 //! collectives, never a point-to-point message); nothing is acknowledged that was not sent by
-//! reference, nor twice more than it was sent, counting what closing streams drops.
+//! reference, nor twice more than it was sent, counting what closing streams and abandoned
+//! receives drop.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -148,8 +151,18 @@ impl Model {
         self.inbox.step(&mut incoming, &mut self.region)?;
         if !incoming.is_done() {
             // Not whole yet (or nothing there). A real receive would wait; this one is ended as
-            // an interrupt or a deadline ends one: set aside, for the next receive to resume.
-            self.inbox.set_aside(&mut incoming);
+            // an interrupt or a deadline ends one: a point-to-point receive is set aside, for
+            // the next receive to resume; a collective's is abandoned, its message lost.
+            match expect {
+                Expect::Send { .. } => self.inbox.set_aside(&mut incoming),
+                Expect::Collective { seq, .. } => {
+                    if incoming.mid_transfer() {
+                        self.collectives.remove(&seq);
+                    }
+                    self.inbox.abandon(&mut incoming);
+                    self.ack_dropped();
+                }
+            }
             return Ok(());
         }
         let (len, sink) = incoming.finish()?;
@@ -157,7 +170,11 @@ impl Model {
             Sink::Vec(bytes) => bytes,
             Sink::Slice(buffer) => buffer[..len as usize].to_vec(),
         };
-        assert_eq!(bytes.len() as u64, len, "the length delivered is the length announced");
+        assert_eq!(
+            bytes.len() as u64,
+            len,
+            "the length delivered is the length announced"
+        );
         match expect {
             Expect::Send { tag } => {
                 assert_eq!(tag, self.due, "delivered in order");
@@ -309,15 +326,43 @@ fuzz_target!(|input: &[u8]| {
                 let [a, b] = operands(&mut data);
                 let seq = model.collectives_sent;
                 model.collectives_sent += 1;
-                let bytes: Vec<u8> = (0..b).map(|i| i ^ a).collect();
-                model.collectives.insert(seq, bytes.clone());
-                model.push(&eager(kind::ALL_GATHER, seq, &bytes))
+                if a % 2 == 0 {
+                    let bytes: Vec<u8> = (0..b).map(|i| i ^ a).collect();
+                    model.collectives.insert(seq, bytes.clone());
+                    model.push(&eager(kind::ALL_GATHER, seq, &bytes))
+                } else {
+                    let total = usize::from(b) * 16 + 1;
+                    model
+                        .collectives
+                        .insert(seq, model.region.bytes[..total].to_vec());
+                    let mut inline = [0u8; INLINE_BYTES];
+                    inline[..8].copy_from_slice(&(total as u64).to_le_bytes());
+                    let header = Message {
+                        kind: kind::ALL_GATHER | kind::PIPELINED,
+                        len: 0,
+                        tag: seq,
+                        inline,
+                    };
+                    let pushed = model.push(&[header]);
+                    for at in (0..total).step_by(64) {
+                        let len = 64.min(total - at);
+                        *model.lent.entry(at as u64).or_default() += 1;
+                        model
+                            .pending
+                            .push_back(with_ref(kind::CHUNK, seq, at as u64, len as u32));
+                    }
+                    pushed
+                }
             }
         };
         match result {
             Ok(()) => {}
             Err(error) => {
-                assert_eq!(error.rank(), Some(PEER), "a refusal names the peer: {error}");
+                assert_eq!(
+                    error.rank(),
+                    Some(PEER),
+                    "a refusal names the peer: {error}"
+                );
                 if model.honest {
                     // Honest slots are refused only for a buffer too small (a kept message
                     // stays queued; a collective is consumed), or a collective received out

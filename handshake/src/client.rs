@@ -284,6 +284,14 @@ impl Connection {
         self.shared.is_dead(rank)
     }
 
+    /// The ranks this worker has recorded dead (bit `rank % 64`), as of the watcher's last
+    /// look: one atomic load, no system call. What a session compares with what it saw last, to
+    /// learn cheaply that someone died. A replacement's adoption clears its rank's bit.
+    #[must_use]
+    pub fn recorded_dead(&self) -> u64 {
+        self.shared.dead_mask()
+    }
+
     /// Every rank this worker has recorded dead.
     #[must_use]
     pub fn dead_ranks(&self) -> Vec<u32> {

@@ -453,6 +453,12 @@ impl Shared {
         self.state.is_dead(rank)
     }
 
+    /// The ranks whose death has been recorded (bit `rank % 64`): one atomic load, for a hot
+    /// path to see that something changed.
+    pub fn dead_mask(&self) -> u64 {
+        self.state.dead()
+    }
+
     /// The first rank seen to die, if any.
     pub fn first_dead(&self) -> Option<u32> {
         self.state.first_dead()

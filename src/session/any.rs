@@ -292,6 +292,8 @@ impl Session {
     /// misses_a_message` model checks this order; without either step after the reset it finds
     /// the lost wake-up, which `examples/tokio_server` hit about one run in five.)
     pub(super) fn next_sender(&mut self) -> Result<Option<u32>, Error> {
+        // As every call that waits does as it begins (see `Session::track`).
+        self.catch_up_on_departures();
         // Before the shortcut of a quiet set (every live ring armed and empty), which would
         // never look: a replacement that rejoined is reported (see `rejoin`).
         self.report_rejoin()?;

@@ -140,10 +140,8 @@ impl Session {
         data: &[u8],
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        self.all_gather_with(
-            data,
-            &self.track(Deadline::collective("all_gather", timeout)),
-        )
+        let deadline = self.track(Deadline::collective("all_gather", timeout));
+        self.all_gather_with(data, &deadline)
     }
 
     /// [`Self::all_gather`] within an existing deadline, whose name a timeout gives (for

@@ -165,7 +165,8 @@ impl<'a> Incoming<'a> {
     }
 
     /// Whether the header of a pipelined message arrived and chunks are still due.
-    pub(super) fn mid_transfer(&self) -> bool {
+    #[must_use]
+    pub fn mid_transfer(&self) -> bool {
         matches!(self.state, InState::Chunks { .. })
     }
 
@@ -771,6 +772,54 @@ impl Inbox {
         self.taking = None;
         self.partial = Some(Box::new(Partial { tag, total, bytes }));
         incoming.state = InState::Header;
+    }
+
+    /// Ends `incoming`, a collective's receive that failed between the chunks of a pipelined
+    /// message (a deadline, an interrupt, a departure seen on another link). Nobody will receive
+    /// the rest of that message: a collective is never called again with its number. So its
+    /// chunks that are queued go now, and those still to come go as they come, up to the next
+    /// header (the sender gave up on it then); their blocks are handed out by
+    /// [`Self::take_dropped`], to be acknowledged. Otherwise the next receive from this peer
+    /// would find a chunk where a header belongs and fail, naming a peer that did nothing wrong
+    /// (the chaos soak found that: a survivor's group collective failed on a replacement's
+    /// death between two chunks from a live rank, and its next `recv` from that rank failed).
+    ///
+    /// Does nothing to a receive that is not between chunks, or whose message
+    /// [`Self::close_stream`] has dropped already. `incoming` is left at its header.
+    pub fn abandon(&mut self, incoming: &mut Incoming<'_>) {
+        let InState::Chunks {
+            at,
+            tag,
+            total,
+            done,
+            ..
+        } = incoming.state
+        else {
+            return;
+        };
+        incoming.state = InState::Header;
+        if self.taking.is_none_or(|(_, taking)| taking != tag) {
+            return;
+        }
+        self.taking = None;
+        let mut seen = done;
+        let mut end = at;
+        while seen < total
+            && let Some(chunk) = self.queue.get(end)
+            && chunk.kind == kind::CHUNK
+            && chunk.tag == tag
+            && let Ok(piece) = read_ref(self.peer, chunk)
+        {
+            self.dropped.push(piece);
+            seen += u64::from(piece.len.max(1));
+            end += 1;
+        }
+        self.queue.drain(at.min(end)..end);
+        // Nothing queued after it: the rest may still come. Anything after it (a header, or
+        // whatever the next receive will name) means its sender gave up on it.
+        if seen < total && at >= self.queue.len() && self.owed == 0 {
+            self.orphans = Some(tag);
+        }
     }
 
     /// Takes up the set-aside message whose resumption header is at `queue[at]`: its bytes so far

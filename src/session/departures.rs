@@ -15,12 +15,17 @@
 //! A call that fails in the middle of a transfer because a rank departed leaves nothing in the
 //! way: every stream the departed rank was in is closed (`close_departed_streams`), so the
 //! survivors' leftovers of its collectives are dropped and acknowledged (see the `groups`
-//! module). A collective that fails in the middle of a transfer for another reason (`Timeout`)
-//! leaves that link out of step: blocks sent to a peer that never acknowledges them stay owed,
-//! and chunks already queued from the peer no longer belong to any receive. Drop the session
-//! after such an error. A rank that leaves or dies is dropped from every owed set, so
-//! its blocks are reused even if a `LoanView` of them outlives its session there: a view must not
-//! outlive the session that received it.
+//! module). That happens whichever error the departure came as (`closed`,
+//! `collective_receives_ended`), and at the start of this rank's next call for a death it
+//! learnt of in no collective (`catch_up_on_departures`). Any collective that fails drops what
+//! its receives leave between two chunks (`demux::Inbox::abandon`), and any transfer given up
+//! on gives back the blocks of the chunks it wrote but never sent to a peer (which could never
+//! acknowledge them). A collective that fails for another reason (`Timeout`, `Interrupted`)
+//! still leaves its team out of step: its peers may be in that collective yet, or its eager
+//! messages may be queued at them, and this rank's next collective of the team has the next
+//! number. Make a new group, or drop the session, after such an error. A rank that leaves or
+//! dies is dropped from every owed set, so its blocks are reused even if a `LoanView` of them
+//! outlives its session there: a view must not outlive the session that received it.
 
 use super::{Deadline, Error, Session};
 use shmbroker_handshake::Departure;
@@ -57,12 +62,20 @@ impl Session {
     }
 
     /// [`Self::lost_from`] for a ring with `peer` found closed by a call, which in a collective
-    /// names the first rank that died if any did.
+    /// names the first rank that died if any did. A collective that ends this way closes the
+    /// streams of every departed rank either way (see [`Self::collective_lost`]): the peer may
+    /// have left rather than died.
     pub(super) fn closed(&mut self, peer: u32, collective: bool) -> Error {
         let error = self.lost_from(peer);
+        if !collective {
+            return error;
+        }
         match self.team_lost_rank() {
-            Some(rank) if collective => self.collective_lost(rank),
-            _ => error,
+            Some(rank) => self.collective_lost(rank),
+            None => {
+                self.close_departed_streams();
+                error
+            }
         }
     }
 
@@ -131,6 +144,12 @@ impl Session {
             return;
         }
         self.closed_for = departed;
+        self.close_streams_hit_by(departed);
+    }
+
+    /// Closes the world's stream and every group's with a member in `departed` (a set of ranks,
+    /// bit `rank`), in every inbox.
+    fn close_streams_hit_by(&mut self, departed: u64) {
         let hit = |team: &super::groups::Team| {
             (0..team.size()).any(|rank| departed & 1 << team.member(rank) != 0)
         };
@@ -140,6 +159,30 @@ impl Session {
             streams.push(self.team.stream());
         }
         self.close_streams(&streams);
+    }
+
+    /// Closes the streams of the ranks this worker's watcher recorded dead since the last look
+    /// (see [`Self::close_departed_streams`]), so that nothing the collectives they were in
+    /// left in the links is in the way when a call looks at a queue, however this rank learnt
+    /// of the death: a collective that failed naming it, one that failed otherwise (a
+    /// replacement's outbox that never came, a deadline), or none at all (a rank that was not
+    /// receiving when its group broke, while a peer still sends it that group's messages). One
+    /// atomic load while nobody has died. Only where no receive is under way: as a call begins.
+    ///
+    /// Deaths only: a rank that left may have finished its last collective and gone before a
+    /// slower member took what it sent (its last broadcast as the root, say), which must still
+    /// arrive; a collective that needs more from a leaver fails when it finds its link closed.
+    pub(super) fn catch_up_on_departures(&mut self) {
+        let dead = self.inner.recorded_dead();
+        if dead == self.dead_seen {
+            return;
+        }
+        self.dead_seen = dead;
+        let new = dead & !self.closed_for;
+        if new != 0 {
+            self.closed_for |= new;
+            self.close_streams_hit_by(dead);
+        }
     }
 
     /// Closes `streams` in every inbox (see `demux::Inbox::close_stream`), acknowledging the

@@ -375,14 +375,49 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         let completed = self.complete_or_stop(incoming, deadline);
-        // A point-to-point message only: a collective cut short cannot be called again (its
-        // sequence number has moved on), so its rest has no receive to resume it.
-        if matches!(completed, Err(Error::Interrupted | Error::Timeout { .. }))
-            && matches!(incoming.expect, Expect::Send { .. })
-        {
-            self.peers[incoming.peer as usize].inbox.set_aside(incoming);
+        if let Err(error) = &completed {
+            match incoming.expect {
+                // A point-to-point message only: a collective cut short cannot be called again
+                // (its sequence number has moved on), so its rest has no receive to resume it.
+                Expect::Send { .. } => {
+                    if matches!(error, Error::Interrupted | Error::Timeout { .. }) {
+                        self.peers[incoming.peer as usize].inbox.set_aside(incoming);
+                    }
+                }
+                Expect::Collective { .. } => {
+                    self.collective_receives_ended(std::slice::from_mut(incoming), error);
+                }
+            }
         }
         completed
+    }
+
+    /// After a collective failed with `error`: what its receives leave in the links goes (see
+    /// `demux::Inbox::abandon`; the blocks are acknowledged), and when a departure ended it,
+    /// every stream the departed ranks were in is closed (see `close_departed_streams`), as
+    /// [`Self::collective_lost`] does, whichever error the departure came as (a closed link, a
+    /// peer's outbox that can no longer come). Then nothing of the collective stands in the way
+    /// of the next receive from any peer.
+    pub(super) fn collective_receives_ended(
+        &mut self,
+        incoming: &mut [Incoming<'_>],
+        error: &Error,
+    ) {
+        for incoming in incoming {
+            let peer = incoming.peer;
+            let inbox = &mut self.peers[peer as usize].inbox;
+            inbox.abandon(incoming);
+            if inbox.has_dropped() {
+                // An acknowledgement that cannot go (the peer is gone too) is nobody's loss.
+                let _ = self.ack_dropped(peer);
+            }
+        }
+        if matches!(
+            error,
+            Error::PeerLost { .. } | Error::PeerLeft { .. } | Error::PeerNeverJoined { .. }
+        ) {
+            self.close_departed_streams();
+        }
     }
 
     fn complete_or_stop(

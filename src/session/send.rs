@@ -29,7 +29,7 @@
 //! nothing moves it spins, then yields, then sleeps (the receive module's `idle_wait`), so a
 //! stopped peer costs its waiters almost no CPU.
 
-use super::demux::{Incoming, message, with_ref};
+use super::demux::{Incoming, message, read_ref, with_ref};
 use super::peer::Peer;
 use super::receive::{SEND_SLICE, idle_wait};
 use super::{Deadline, Error, Session};
@@ -352,21 +352,45 @@ impl Session {
         self.finish_set_aside(deadline)?;
         let mut outgoing = Outgoing::new(op, tag, data, targets);
         match self.drive(&mut outgoing, incoming, deadline) {
-            // Whichever wait ran out (a full ring, a silent sender), name every rank the
-            // transfer still waits for.
-            Err(Error::Timeout {
-                mut waiting_for, ..
-            }) => {
-                waiting_for.extend(waiting(&outgoing, incoming, &self.peers));
-                Err(self.timed_out_waiting(deadline, waiting_for))
-            }
+            Ok(()) => Ok(()),
             // A point-to-point message that has started going out cannot be called back: it is
             // set aside, and reported sent (see `set_aside_send`).
             Err(Error::Interrupted) if !outgoing.collective && !outgoing.untouched() => {
                 self.set_aside_send(outgoing);
                 Ok(())
             }
-            other => other,
+            // Whichever wait ran out (a full ring, a silent sender), name every rank the
+            // transfer still waits for.
+            Err(Error::Timeout {
+                mut waiting_for, ..
+            }) => {
+                self.release_undelivered(&outgoing);
+                waiting_for.extend(waiting(&outgoing, incoming, &self.peers));
+                Err(self.timed_out_waiting(deadline, waiting_for))
+            }
+            Err(other) => {
+                self.release_undelivered(&outgoing);
+                Err(other)
+            }
+        }
+    }
+
+    /// Gives back, on behalf of each target, the blocks of the chunks of `outgoing` (a transfer
+    /// given up on) that were written for it but never sent to it: it never learns of them, so
+    /// it can never acknowledge them, and they would be held for the rest of the session. (The
+    /// chaos suite's transfers cut short by a death left up to a window of chunks behind a
+    /// full ring this way, each time.) What a target was sent, it acknowledges as it takes or
+    /// drops it.
+    fn release_undelivered(&mut self, outgoing: &Outgoing<'_>) {
+        for (index, &peer) in outgoing.targets.iter().enumerate() {
+            for message in &outgoing.messages[outgoing.delivered[index]..] {
+                if message.kind == kind::CHUNK
+                    && let Ok(piece) = read_ref(self.rank(), message)
+                {
+                    // Refused only for a block not awaiting `peer`, which cannot be: ours.
+                    let _ = self.acknowledged(peer, piece);
+                }
+            }
         }
     }
 
@@ -390,13 +414,16 @@ impl Session {
             return Ok(());
         };
         match self.drive(&mut outgoing, &mut [], deadline) {
-            Ok(())
-            | Err(
+            Ok(()) => Ok(()),
+            Err(
                 Error::PeerLost { .. }
                 | Error::PeerLeft { .. }
                 | Error::PeerNeverJoined { .. }
                 | Error::BrokerLost,
-            ) => Ok(()),
+            ) => {
+                self.release_undelivered(&outgoing);
+                Ok(())
+            }
             Err(error) => {
                 self.set_aside = Some(outgoing);
                 Err(error)
@@ -491,8 +518,25 @@ impl Session {
     }
 
     /// Runs `outgoing` and every `incoming` to completion together, a non-blocking step of each
-    /// at a time; spins, then yields, then sleeps (see [`idle_wait`]) while nothing moves.
+    /// at a time; spins, then yields, then sleeps (see [`idle_wait`]) while nothing moves. A
+    /// collective that fails leaves nothing of its receives in the links (see
+    /// [`Session::collective_receives_ended`]).
     fn drive(
+        &mut self,
+        outgoing: &mut Outgoing<'_>,
+        incoming: &mut [Incoming<'_>],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let driven = self.drive_to_end(outgoing, incoming, deadline);
+        if let Err(error) = &driven
+            && outgoing.collective
+        {
+            self.collective_receives_ended(incoming, error);
+        }
+        driven
+    }
+
+    fn drive_to_end(
         &mut self,
         outgoing: &mut Outgoing<'_>,
         incoming: &mut [Incoming<'_>],

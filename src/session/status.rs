@@ -238,8 +238,11 @@ impl Session {
         self.publisher.on.store(on, Ordering::Relaxed);
     }
 
-    /// `deadline`, publishing its call as this rank's (see the module docs).
-    pub(super) fn track(&self, deadline: Deadline) -> Deadline {
+    /// `deadline`, publishing its call as this rank's (see the module docs). Every call that
+    /// waits begins here, where no receive is under way: departures recorded since the last
+    /// call have their streams closed first (see `departures::Session::catch_up_on_departures`).
+    pub(super) fn track(&mut self, deadline: Deadline) -> Deadline {
+        self.catch_up_on_departures();
         deadline.tracked_by(&self.publisher)
     }
 

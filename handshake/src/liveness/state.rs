@@ -210,6 +210,11 @@ impl State {
         rank < 64 && self.dead.load(Ordering::Acquire) & bit(rank) != 0
     }
 
+    /// The ranks whose death has been recorded (bit `rank % 64`).
+    pub(crate) fn dead(&self) -> u64 {
+        self.dead.load(Ordering::Acquire)
+    }
+
     /// Whether `rank`'s departure has been recorded.
     pub(crate) fn has_left(&self, rank: u32) -> bool {
         self.left.load(Ordering::Acquire) & bit(rank) != 0

@@ -654,3 +654,79 @@ fn a_headless_chunk_is_still_refused_on_a_stream_nobody_closed() {
         refusal(inbox.find(gather(on_stream(2, 0)))).contains("no pipelined message announced")
     );
 }
+
+#[test]
+fn an_abandoned_receive_leaves_no_chunk_where_a_header_belongs() {
+    // A group collective's receive fails between chunks (its call timed out, or a departure
+    // on another link ended it) while nobody closes the stream: the chunks already queued go,
+    // and so do those its sender still delivers, up to the sender's next header.
+    let mut region = Region::new(1000);
+    let group = pipelined(kind::ALL_GATHER, on_stream(4, 9), 1000, 200);
+    let mut inbox = inbox_with(&group[..3]);
+    let mut incoming = Incoming::new(PEER, gather(on_stream(4, 9)), Sink::Vec(Vec::new()));
+    // Header and two chunks taken; then two more arrive before the call gives up.
+    inbox.step(&mut incoming, &mut region).unwrap();
+    assert!(incoming.mid_transfer());
+    inbox.push(group[3]).unwrap();
+    inbox.push(group[4]).unwrap();
+    inbox.abandon(&mut incoming);
+    assert!(incoming.at_header());
+    assert_eq!(
+        inbox.take_dropped(),
+        vec![reference(400, 200), reference(600, 200)]
+    );
+    assert!(!inbox.is_empty(), "its last chunk may still come");
+    inbox.push(group[5]).unwrap();
+    assert_eq!(inbox.take_dropped(), vec![reference(800, 200)]);
+    // The peer's next message is received; before, it failed as "a chunk (tag ...) that no
+    // pipelined message announced".
+    for &slot in &eager(kind::SEND, 0, b"next") {
+        inbox.push(slot).unwrap();
+    }
+    assert_eq!(receive(&mut inbox, send(0), &mut region).unwrap(), b"next");
+    assert!(inbox.is_empty());
+    // Abandoning it again, or a receive that never started, does nothing.
+    inbox.abandon(&mut incoming);
+    inbox.abandon(&mut Incoming::new(PEER, gather(1), Sink::Vec(Vec::new())));
+    assert!(inbox.is_empty() && !inbox.has_dropped());
+}
+
+#[test]
+fn an_abandoned_receive_keeps_what_came_before_and_after_its_message() {
+    let mut region = Region::new(600);
+    let mut slots = eager(kind::SEND, 0, b"before");
+    slots.extend(pipelined(kind::ALL_GATHER, on_stream(2, 1), 600, 200));
+    let mut inbox = inbox_with(&slots[..3]);
+    let mut incoming = Incoming::new(PEER, gather(on_stream(2, 1)), Sink::Vec(Vec::new()));
+    inbox.step(&mut incoming, &mut region).unwrap();
+    assert!(incoming.mid_transfer());
+    // One more chunk, then the sender gives up on it and sends the next message.
+    inbox.push(slots[3]).unwrap();
+    for &slot in &eager(kind::SEND, 1, b"after") {
+        inbox.push(slot).unwrap();
+    }
+    inbox.abandon(&mut incoming);
+    assert_eq!(inbox.take_dropped(), vec![reference(200, 200)]);
+    assert_eq!(
+        receive(&mut inbox, send(0), &mut region).unwrap(),
+        b"before"
+    );
+    assert_eq!(receive(&mut inbox, send(1), &mut region).unwrap(), b"after");
+    assert!(inbox.is_empty(), "nothing is owed: a header came after it");
+}
+
+#[test]
+fn abandoning_a_receive_whose_stream_was_closed_does_nothing_more() {
+    let mut region = Region::new(1000);
+    let world = pipelined(kind::ALL_GATHER, on_stream(0, 3), 1000, 250);
+    let mut inbox = inbox_with(&world[..2]);
+    let mut incoming = Incoming::new(PEER, gather(on_stream(0, 3)), Sink::Vec(Vec::new()));
+    inbox.step(&mut incoming, &mut region).unwrap();
+    inbox.push(world[2]).unwrap();
+    inbox.close_stream(0);
+    assert_eq!(inbox.take_dropped(), vec![reference(250, 250)]);
+    inbox.abandon(&mut incoming);
+    assert!(!inbox.has_dropped());
+    inbox.push(world[3]).unwrap();
+    assert_eq!(inbox.take_dropped(), vec![reference(500, 250)]);
+}
