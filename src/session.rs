@@ -164,6 +164,9 @@ pub struct Session {
     groups: groups::Groups,
     /// The departed ranks whose streams are closed (see `close_departed_streams`).
     closed_for: u64,
+    /// Every stream closed in the inboxes (see `close_streams`): a collective of one fails at
+    /// once, before it looks at a queue.
+    closed_streams: HashSet<u32>,
     /// The ranks the watcher had recorded dead at the last look (see `catch_up_on_departures`).
     dead_seen: u64,
     /// One per rank of the world, indexed by rank (this rank's own stays unused).
@@ -566,6 +569,7 @@ impl Session {
             team,
             groups: groups::Groups::default(),
             closed_for: 0,
+            closed_streams: HashSet::new(),
             dead_seen: 0,
             peers: (0..world as u32).map(Peer::new).collect(),
             publisher: std::sync::Arc::new(status::Publisher::new(outbox.status())),
@@ -805,7 +809,10 @@ impl Session {
     /// # Errors
     ///
     /// [`Error::PeerLost`] when a member was replaced after the team was formed: its
-    /// collectives are over (see `rejoin`), and nothing is sent.
+    /// collectives are over (see `rejoin`), and nothing is sent. The same, or the departure
+    /// that closed it, when the team's stream is closed (see `departures`): what is queued of
+    /// its messages may be gone, and a receive would find a later collective's message where the
+    /// dropped one was and report a mismatch instead of the departure (the chaos soak found that).
     fn next_seq(&mut self, kind: u32) -> Result<u64, Error> {
         if let Some(rank) = self.team_replaced() {
             // A member dead now is the better name: the team's first reason to be over.
@@ -814,6 +821,9 @@ impl Session {
                 return Err(self.collective_lost(dead));
             }
             return Err(self.replaced_error(rank));
+        }
+        if !self.closed_streams.is_empty() && self.closed_streams.contains(&self.team.stream()) {
+            return Err(self.closed_team_error());
         }
         let (stream, seq) = (self.team.stream(), self.team.seq());
         self.publisher.collective(stream, seq, kind);

@@ -245,6 +245,9 @@ impl Session {
     /// it sent is taken, [`Error::BrokerLost`] if it never logged on and cannot any more (it is
     /// then marked, so that [`Self::scan`] skips it); as for [`Self::recv`] otherwise.
     pub(super) fn sender_ready(&mut self, peer: u32) -> Result<bool, Error> {
+        // As every call that waits does as it begins (see `Session::track`): no receive is under
+        // way here.
+        self.catch_up_on_departures();
         if let Some(gone) = self.any.gone[peer as usize] {
             return Err(gone.error(peer));
         }
@@ -252,7 +255,7 @@ impl Session {
             tag: self.peers[peer as usize].recv_tag,
         };
         loop {
-            if self.find(peer, expect)?.is_some() {
+            if self.find_send(peer, expect)?.is_some() {
                 return Ok(true);
             }
             match self.pull(peer, None) {
@@ -292,8 +295,6 @@ impl Session {
     /// misses_a_message` model checks this order; without either step after the reset it finds
     /// the lost wake-up, which `examples/tokio_server` hit about one run in five.)
     pub(super) fn next_sender(&mut self) -> Result<Option<u32>, Error> {
-        // As every call that waits does as it begins (see `Session::track`).
-        self.catch_up_on_departures();
         // Before the shortcut of a quiet set (every live ring armed and empty), which would
         // never look: a replacement that rejoined is reported (see `rejoin`).
         self.report_rejoin()?;

@@ -35,11 +35,15 @@
 //!   a group leaves the queue only when it has been received (or refused, which ends the link).
 //! - A message too long for a caller's buffer is left queued, whole, when the receive says so
 //!   ([`Incoming::keeping_too_long`]).
-//! - A pipelined message whose receive ends between its chunks (an interrupt, a deadline) is set
-//!   aside ([`Inbox::set_aside`]): its bytes so far are kept, a *resumption* header takes the
-//!   place of its own, and the next receive that selects it starts where this one stopped. So it
-//!   is neither lost nor delivered twice. A resumption header is made only here: its flag is one
-//!   [`transport`] refuses, so no peer can forge one.
+//! - A point-to-point pipelined message whose receive ends between its chunks (an interrupt, a
+//!   deadline) is set aside ([`Inbox::set_aside`]): its bytes so far are kept, a *resumption*
+//!   header takes the place of its own, and the next receive that selects it starts where this
+//!   one stopped. So it is neither lost nor delivered twice. A resumption header is made only
+//!   here: its flag is one [`transport`] refuses, so no peer can forge one.
+//! - A collective's receive that ends between chunks is abandoned ([`Inbox::abandon`]): nothing
+//!   can receive the rest of its message, which goes, queued or to come, so that no chunk is
+//!   left where the next message's header belongs. Closing a stream ends a receive in the same
+//!   way, wherever its message is queued ([`Inbox::close_stream`]).
 
 use super::Error;
 use frame::RESUMED;
@@ -276,6 +280,16 @@ impl<'a> Incoming<'a> {
     }
 }
 
+/// A pipelined message a receive is taking: its tag, and the index in the queue of its next
+/// chunk. The index stays right while the receive goes on: chunks are taken from there, and
+/// nothing before it is removed meanwhile (one receive at a time per peer; closing a stream,
+/// which rebuilds the queue, ends it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Taking {
+    tag: u64,
+    at: usize,
+}
+
 /// What one peer sent that no receive has taken yet: its slots in arrival order, grouped into
 /// messages by [`Inbox::find`].
 #[derive(Debug)]
@@ -286,12 +300,14 @@ pub struct Inbox {
     owed: usize,
     /// The message a receive set aside between its chunks, if any.
     partial: Option<Box<Partial>>,
-    /// Streams whose collectives are over (a member died): their pipelined and lent messages
-    /// are dropped as they come (see [`Self::close_stream`]).
+    /// Streams whose collectives are over (a member departed): their pipelined and lent
+    /// messages are dropped as they come (see [`Self::close_stream`]).
     closed: Vec<u32>,
-    /// The operation and tag of the pipelined message a receive is taking the chunks of, if
-    /// any: if its stream closes, the rest of its chunks go (see [`Self::close_stream`]).
-    taking: Option<(u32, u64)>,
+    /// The pipelined message a receive is taking the chunks of, if any: its tag, and where its
+    /// next chunk is queued (`queue[at]`, behind the groups the receive passed over). If the
+    /// receive ends before the message does, the rest of its chunks go (see
+    /// [`Self::abandon`], [`Self::close_stream`]).
+    taking: Option<Taking>,
     /// The tag of a dropped pipelined message whose chunks are still to come: they are dropped
     /// as they come, up to the next header (its sender gave up on it then).
     orphans: Option<u64>,
@@ -419,31 +435,28 @@ impl Inbox {
             && self.closed.contains(&stream_of(header.tag))
     }
 
-    /// Closes `stream`: its collectives are over (a member died), so none of its messages will
-    /// ever be received. What is queued of them goes, and so will what comes: pipelined and lent
-    /// messages as they arrive (the chunks of a pipelined one up to the next header), so that a
-    /// message cut off between its chunks when its sender gave up does not stand in the way of
-    /// the messages of other streams (a group's after [`crate::Session::shrink`]). Chunks
-    /// queued where a header belongs go too: the rest of a message whose receive ended (the
-    /// rest of the one a receive was taking goes as it comes, too). Eager messages of the
-    /// stream go if queued whole; one that comes later stays queued, never taken (it holds no
-    /// block, and skipping its continuation slots is not worth a state). The blocks dropped
-    /// messages referred to are handed out by [`Self::take_dropped`], to be acknowledged: the
-    /// peer then frees them.
+    /// Closes `stream`: its collectives are over (a member departed), so none of its messages
+    /// will ever be received. What is queued of them goes, and so will what comes: pipelined and
+    /// lent messages as they arrive (the chunks of a pipelined one up to the next header), so
+    /// that a message cut off between its chunks when its sender gave up does not stand in the
+    /// way of the messages of other streams (a group's after [`crate::Session::shrink`]). Chunks
+    /// queued where a header belongs go too: the rest of a message whose receive ended. Eager
+    /// messages of the stream go if queued whole; one that comes later stays queued, never taken
+    /// (it holds no block, and skipping its continuation slots is not worth a state). The blocks
+    /// dropped messages referred to are handed out by [`Self::take_dropped`], to be
+    /// acknowledged: the peer then frees them.
+    ///
+    /// A stream is closed only where no receive is under way, or as a failed call's receives
+    /// end: a receive still taking a message then has ended, and the rest of that message goes,
+    /// queued or to come, as [`Self::abandon`] would drop it.
     pub fn close_stream(&mut self, stream: u32) {
         if !self.closed.contains(&stream) {
             self.closed.push(stream);
         }
         let peer = self.peer;
-        // The message a receive was taking when the stream's collective ended: the rest of its
-        // chunks, queued or to come, go.
-        let taken = match self.taking {
-            Some((op, tag)) if op != kind::SEND && self.closed.contains(&stream_of(tag)) => {
-                self.taking = None;
-                Some(tag)
-            }
-            _ => None,
-        };
+        // First the message a receive was taking, found where it is: the groups queued ahead of
+        // it (that receive passed over them) say nothing about whether its sender gave up on it.
+        let taken = self.drop_taken();
         let old = std::mem::take(&mut self.queue);
         let drop_ref = |slot: &Message, dropped: &mut Vec<PayloadRef>| {
             if let Ok(piece) = read_ref(peer, slot) {
@@ -452,10 +465,10 @@ impl Inbox {
         };
         let mut at = 0;
         // The tag of a dropped message whose last chunks may be still to come.
-        let mut cut = taken;
+        let mut cut = None;
         while let Some(&slot) = old.get(at) {
             if slot.kind == kind::CHUNK {
-                // Where a header belongs: the rest of the message a receive was taking (or junk).
+                // Where a header belongs: the rest of a message whose receive ended (or junk).
                 drop_ref(&slot, &mut self.dropped);
                 at += 1;
                 continue;
@@ -496,11 +509,34 @@ impl Inbox {
                 at += 1;
             }
         }
-        // Chunks still to come belong to the last message queued, if that one was dropped (a
-        // message whose continuation slots are owed is eager, and kept).
-        if self.owed == 0 && cut.is_some() {
+        // Chunks still to come belong to the taken message if nothing was queued after it, else
+        // to the last message queued, if that one was dropped (a message whose continuation
+        // slots are owed is eager, and kept).
+        if taken.is_some() {
+            self.orphans = taken;
+        } else if self.owed == 0 && cut.is_some() {
             self.orphans = cut;
         }
+    }
+
+    /// Ends the receive taking a pipelined message, if one is: its chunks queued go (their
+    /// blocks to acknowledge), and its tag is returned when the rest of them may still come
+    /// (nothing is queued after them), for [`Self::orphans`] to drop as they arrive.
+    fn drop_taken(&mut self) -> Option<u64> {
+        let Taking { tag, at } = self.taking.take()?;
+        let mut end = at;
+        while let Some(chunk) = self.queue.get(end)
+            && chunk.kind == kind::CHUNK
+            && chunk.tag == tag
+            && let Ok(piece) = read_ref(self.peer, chunk)
+        {
+            self.dropped.push(piece);
+            end += 1;
+        }
+        self.queue.drain(at.min(end)..end);
+        // Anything after it (a header, or whatever the next receive will name) means its sender
+        // gave up on it.
+        (at >= self.queue.len() && self.owed == 0).then_some(tag)
     }
 
     /// Whether [`Self::take_dropped`] has blocks to hand out.
@@ -638,7 +674,10 @@ impl Inbox {
                     moved = true;
                     if header.kind & RESUMED != 0 {
                         incoming.state = self.resume(at, &header, &mut incoming.sink)?;
-                        self.taking = Some((header.kind & kind::OP_MASK, header.tag));
+                        self.taking = Some(Taking {
+                            tag: header.tag,
+                            at,
+                        });
                         continue;
                     }
                     incoming.state = match transport(peer, &header)? {
@@ -655,7 +694,10 @@ impl Inbox {
                             }
                             let fits = incoming.sink.prepare(peer, total)?;
                             self.queue.remove(at);
-                            self.taking = Some((header.kind & kind::OP_MASK, header.tag));
+                            self.taking = Some(Taking {
+                                tag: header.tag,
+                                at,
+                            });
                             InState::Chunks {
                                 at,
                                 tag: header.tag,
@@ -780,45 +822,19 @@ impl Inbox {
     /// chunks that are queued go now, and those still to come go as they come, up to the next
     /// header (the sender gave up on it then); their blocks are handed out by
     /// [`Self::take_dropped`], to be acknowledged. Otherwise the next receive from this peer
-    /// would find a chunk where a header belongs and fail, naming a peer that did nothing wrong
-    /// (the chaos soak found that: a survivor's group collective failed on a replacement's
-    /// death between two chunks from a live rank, and its next `recv` from that rank failed).
+    /// would find a chunk where a header belongs and fail, naming a peer that did nothing wrong.
     ///
     /// Does nothing to a receive that is not between chunks, or whose message
     /// [`Self::close_stream`] has dropped already. `incoming` is left at its header.
     pub fn abandon(&mut self, incoming: &mut Incoming<'_>) {
-        let InState::Chunks {
-            at,
-            tag,
-            total,
-            done,
-            ..
-        } = incoming.state
-        else {
+        let InState::Chunks { tag, at, .. } = incoming.state else {
             return;
         };
         incoming.state = InState::Header;
-        if self.taking.is_none_or(|(_, taking)| taking != tag) {
-            return;
-        }
-        self.taking = None;
-        let mut seen = done;
-        let mut end = at;
-        while seen < total
-            && let Some(chunk) = self.queue.get(end)
-            && chunk.kind == kind::CHUNK
-            && chunk.tag == tag
-            && let Ok(piece) = read_ref(self.peer, chunk)
+        if self.taking == Some(Taking { tag, at })
+            && let Some(rest) = self.drop_taken()
         {
-            self.dropped.push(piece);
-            seen += u64::from(piece.len.max(1));
-            end += 1;
-        }
-        self.queue.drain(at.min(end)..end);
-        // Nothing queued after it: the rest may still come. Anything after it (a header, or
-        // whatever the next receive will name) means its sender gave up on it.
-        if seen < total && at >= self.queue.len() && self.owed == 0 {
-            self.orphans = Some(tag);
+            self.orphans = Some(rest);
         }
     }
 

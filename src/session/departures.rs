@@ -13,19 +13,25 @@
 //! # What an interrupted transfer leaves
 //!
 //! A call that fails in the middle of a transfer because a rank departed leaves nothing in the
-//! way: every stream the departed rank was in is closed (`close_departed_streams`), so the
-//! survivors' leftovers of its collectives are dropped and acknowledged (see the `groups`
-//! module). That happens whichever error the departure came as (`closed`,
-//! `collective_receives_ended`), and at the start of this rank's next call for a death it
-//! learnt of in no collective (`catch_up_on_departures`). Any collective that fails drops what
-//! its receives leave between two chunks (`demux::Inbox::abandon`), and any transfer given up
-//! on gives back the blocks of the chunks it wrote but never sent to a peer (which could never
-//! acknowledge them). A collective that fails for another reason (`Timeout`, `Interrupted`)
-//! still leaves its team out of step: its peers may be in that collective yet, or its eager
-//! messages may be queued at them, and this rank's next collective of the team has the next
-//! number. Make a new group, or drop the session, after such an error. A rank that leaves or
-//! dies is dropped from every owed set, so its blocks are reused even if a `LoanView` of them
-//! outlives its session there: a view must not outlive the session that received it.
+//! way. After a death, every stream the dead rank was in is closed (`close_departed_streams`),
+//! so the survivors' leftovers of its collectives are dropped and acknowledged (see the
+//! `groups` module), whichever error the collective failed with (`collective_receives_ended`);
+//! and a death this rank learnt of in no collective closes them as its next call begins
+//! (`catch_up_on_departures`). After a collective fails because a member left (no death), only
+//! that collective's stream is closed: another group's last message from the leaver may still
+//! be on its way to a slower member (`collective_ended_by_a_leaver`). A collective of a closed
+//! stream fails at once, naming the departure (`closed_team_error`). Any collective that fails
+//! drops what its receives leave between two chunks (`demux::Inbox::abandon`), and any transfer
+//! given up on gives back the blocks of the chunks it wrote but never sent to a peer (which
+//! could never acknowledge them).
+//!
+//! A collective that fails for another reason (`Timeout`, `Interrupted`) leaves no chunk in the
+//! way either, but it still leaves its team out of step: its peers may be in that collective
+//! yet, their messages for it may still come (and stay queued until a collective on that team
+//! fails on them), and this rank's next collective of the team has the next number. Make a new
+//! group, or drop the session, after such an error. A rank that leaves or dies is dropped from
+//! every owed set, so its blocks are reused even if a `LoanView` of them outlives its session
+//! there: a view must not outlive the session that received it.
 
 use super::{Deadline, Error, Session};
 use shmbroker_handshake::Departure;
@@ -62,9 +68,8 @@ impl Session {
     }
 
     /// [`Self::lost_from`] for a ring with `peer` found closed by a call, which in a collective
-    /// names the first rank that died if any did. A collective that ends this way closes the
-    /// streams of every departed rank either way (see [`Self::collective_lost`]): the peer may
-    /// have left rather than died.
+    /// names the first rank that died if any did. A collective that ends this way without a
+    /// death (the peer left) closes its own stream (see [`Self::collective_ended_by_a_leaver`]).
     pub(super) fn closed(&mut self, peer: u32, collective: bool) -> Error {
         let error = self.lost_from(peer);
         if !collective {
@@ -73,10 +78,21 @@ impl Session {
         match self.team_lost_rank() {
             Some(rank) => self.collective_lost(rank),
             None => {
-                self.close_departed_streams();
+                self.collective_ended_by_a_leaver();
                 error
             }
         }
+    }
+
+    /// After the current team's collective failed because a member left (no member died):
+    /// the team's stream is closed in every inbox, so that what its messages leave in the links
+    /// does not stand in the way of the next ones. Only that stream: another group's last
+    /// collective may still hold a message the leaver sent before it went, which a slower
+    /// member is yet to take (a rank may finish its calls and leave while others finish
+    /// theirs).
+    pub(super) fn collective_ended_by_a_leaver(&mut self) {
+        let stream = self.team.stream();
+        self.close_streams(&[stream]);
     }
 
     /// The error for a ring with `peer` found corrupted: if `peer` is known to have died
@@ -131,10 +147,11 @@ impl Session {
     /// `shrink`). The blocks of the messages dropped are acknowledged, so their senders free
     /// them. Does nothing when no rank has departed since the last time.
     ///
-    /// Only where no receive is under way, since it rebuilds the queues: when a collective ends
-    /// because of a departure (its receives end with it), and before making a group or
-    /// shrinking. Not on every departure seen: a group's collective goes on when a rank outside
-    /// it dies, and its receive between chunks holds a place in a queue.
+    /// Only where no receive is under way, since it rebuilds the queues and ends any receive
+    /// between chunks: when a collective ends because of a death (its receives end with it),
+    /// and before making a group or shrinking. Not on every departure seen: a group's
+    /// collective goes on when a rank outside it dies, and its receive between chunks holds a
+    /// place in a queue.
     pub(super) fn close_departed_streams(&mut self) {
         let departed = self
             .peers()
@@ -172,28 +189,56 @@ impl Session {
     /// Deaths only: a rank that left may have finished its last collective and gone before a
     /// slower member took what it sent (its last broadcast as the root, say), which must still
     /// arrive; a collective that needs more from a leaver fails when it finds its link closed.
-    pub(super) fn catch_up_on_departures(&mut self) {
+    /// Whether it closed any.
+    pub(super) fn catch_up_on_departures(&mut self) -> bool {
         let dead = self.inner.recorded_dead();
         if dead == self.dead_seen {
-            return;
+            return false;
         }
         self.dead_seen = dead;
         let new = dead & !self.closed_for;
-        if new != 0 {
-            self.closed_for |= new;
-            self.close_streams_hit_by(dead);
+        if new == 0 {
+            return false;
         }
+        self.closed_for |= new;
+        self.close_streams_hit_by(dead);
+        true
     }
 
     /// Closes `streams` in every inbox (see `demux::Inbox::close_stream`), acknowledging the
     /// blocks of the messages dropped.
     pub(super) fn close_streams(&mut self, streams: &[u32]) {
+        self.closed_streams.extend(streams);
         for peer in self.peers() {
             for &stream in streams {
                 self.peers[peer as usize].inbox.close_stream(stream);
             }
             // An acknowledgement that cannot go (the peer is gone too) is nobody's loss.
             let _ = self.ack_dropped(peer);
+        }
+    }
+
+    /// The error for a collective of the current team after its stream was closed: the death
+    /// of a member (the first, as any collective names it), or else the departure of one.
+    pub(super) fn closed_team_error(&mut self) -> Error {
+        let _ = self.inner.lost_rank();
+        if let Some(rank) = self.team_lost_rank() {
+            return self.collective_lost(rank);
+        }
+        let me = self.rank();
+        let departed = (0..self.team.size())
+            .map(|index| self.team.member(index))
+            .filter(|&rank| rank != me)
+            .find_map(|rank| self.inner.departure(rank));
+        match departed {
+            Some(departure) => departure_error(departure),
+            // A stream is closed only for a departed member (or a replaced one, which
+            // `team_replaced` names first); kept as an error all the same.
+            None => Error::Misuse(format!(
+                "the collectives of group stream {} ended when a member departed; make a new \
+                 group (Session::group) of the ranks there now",
+                self.team.stream()
+            )),
         }
     }
 

@@ -322,6 +322,24 @@ impl Session {
         self.peers[peer as usize].inbox.find(expect)
     }
 
+    /// [`Self::find`] for a point-to-point receive. A collective message cut off ahead of the
+    /// one it looks for (its sender gave up on it because a member of its group died while this
+    /// rank was not receiving in that group) is dropped with its stream once the death is seen
+    /// (see `catch_up_on_departures`), and the queue looked at again; no receive is under way.
+    pub(super) fn find_send(&mut self, peer: u32, expect: Expect) -> Result<Option<usize>, Error> {
+        loop {
+            match self.find(peer, expect) {
+                Err(error @ Error::Protocol { .. }) => {
+                    let _ = self.inner.lost_rank();
+                    if !self.catch_up_on_departures() {
+                        return Err(error);
+                    }
+                }
+                found => return found,
+            }
+        }
+    }
+
     /// Advances `incoming` with what is queued, without waiting. Returns whether it moved.
     pub(super) fn step_in(
         &mut self,
@@ -357,6 +375,16 @@ impl Session {
                 match self.team_lost_rank() {
                     Some(rank) => Err(self.collective_lost(rank)),
                     None => stepped,
+                }
+            }
+            // The same, ahead of the point-to-point message this waits for (see `find_send`):
+            // nothing of this receive has been taken, so no receive is under way.
+            Err(Error::Protocol { .. }) if incoming.at_header() => {
+                let _ = self.inner.lost_rank();
+                if self.catch_up_on_departures() {
+                    self.step_in(incoming, deadline)
+                } else {
+                    stepped
                 }
             }
             stepped => stepped,
@@ -416,7 +444,11 @@ impl Session {
             error,
             Error::PeerLost { .. } | Error::PeerLeft { .. } | Error::PeerNeverJoined { .. }
         ) {
-            self.close_departed_streams();
+            if self.team_lost_rank().is_some() {
+                self.close_departed_streams();
+            } else {
+                self.collective_ended_by_a_leaver();
+            }
         }
     }
 
@@ -576,7 +608,11 @@ impl Session {
     ) -> Result<usize, Error> {
         let mut turns = 0u32;
         loop {
-            if let Some(at) = self.find(peer, expect)? {
+            let found = match expect {
+                Expect::Send { .. } => self.find_send(peer, expect)?,
+                Expect::Collective { .. } => self.find(peer, expect)?,
+            };
+            if let Some(at) = found {
                 return Ok(at);
             }
             turns = turns.wrapping_add(1);

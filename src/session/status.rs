@@ -239,8 +239,8 @@ impl Session {
     }
 
     /// `deadline`, publishing its call as this rank's (see the module docs). Every call that
-    /// waits begins here, where no receive is under way: departures recorded since the last
-    /// call have their streams closed first (see `departures::Session::catch_up_on_departures`).
+    /// waits begins here, where no receive is under way: the streams of ranks recorded dead
+    /// since the last call are closed first (see `departures::Session::catch_up_on_departures`).
     pub(super) fn track(&mut self, deadline: Deadline) -> Deadline {
         self.catch_up_on_departures();
         deadline.tracked_by(&self.publisher)

@@ -72,6 +72,11 @@ impl World {
     /// A broker for `size` ranks and one session per rank, each logged on from its own thread,
     /// with [`SESSION_TIMEOUT`] as every session's deadline.
     pub fn start(name: &str, size: u32) -> (Self, Vec<Session>) {
+        Self::start_with_outbox(name, size, shmbroker::session::DEFAULT_OUTBOX_BYTES)
+    }
+
+    /// [`Self::start`] with outboxes of `outbox_bytes`.
+    pub fn start_with_outbox(name: &str, size: u32, outbox_bytes: u64) -> (Self, Vec<Session>) {
         let dir = TempDir::new(&format!("world-{name}")).unwrap();
         let path = dir.join("broker.sock");
         let config = Config {
@@ -86,7 +91,13 @@ impl World {
             .map(|rank| {
                 let path = path.clone();
                 std::thread::spawn(move || {
-                    let mut session = Session::connect(&path, Some(rank), SESSION_TIMEOUT).unwrap();
+                    let mut session = Session::connect_with_outbox(
+                        &path,
+                        Some(rank),
+                        SESSION_TIMEOUT,
+                        outbox_bytes,
+                    )
+                    .unwrap();
                     session.set_timeout(SESSION_TIMEOUT);
                     session
                 })

@@ -730,3 +730,44 @@ fn abandoning_a_receive_whose_stream_was_closed_does_nothing_more() {
     inbox.push(world[3]).unwrap();
     assert_eq!(inbox.take_dropped(), vec![reference(500, 250)]);
 }
+
+#[test]
+fn closing_the_stream_of_a_receive_that_skipped_a_message_drops_the_rest_as_it_comes() {
+    // The chaos soak's failure: an eager message of a stream closed long ago sits unreceived
+    // ahead of a group's pipelined message, which a receive is taking (so its chunks are not at
+    // the front). The group's collective fails on a death and its stream closes: the chunks of
+    // the taken message still to come are dropped as they come. Before, the older message ahead
+    // of them made the close think its sender had given up on it, the later chunks were
+    // queued, and the next receive failed: "a chunk ... that no pipelined message announced".
+    let mut region = Region::new(1000);
+    let mut inbox = Inbox::new(PEER);
+    inbox.close_stream(1);
+    let mut slots = eager(kind::BARRIER, on_stream(1, 5), b"late");
+    let group = pipelined(kind::BROADCAST, on_stream(2, 402), 1000, 250);
+    slots.extend(&group[..3]);
+    for &slot in &slots {
+        inbox.push(slot).unwrap();
+    }
+    let mut incoming = Incoming::new(
+        PEER,
+        Expect::Collective {
+            op: kind::BROADCAST,
+            seq: on_stream(2, 402),
+        },
+        Sink::Vec(Vec::new()),
+    );
+    inbox.step(&mut incoming, &mut region).unwrap();
+    assert!(incoming.mid_transfer());
+    inbox.close_stream(2);
+    inbox.abandon(&mut incoming);
+    inbox.push(group[3]).unwrap();
+    inbox.push(group[4]).unwrap();
+    assert_eq!(
+        inbox.take_dropped(),
+        vec![reference(500, 250), reference(750, 250)]
+    );
+    for &slot in &eager(kind::SEND, 0, b"next") {
+        inbox.push(slot).unwrap();
+    }
+    assert_eq!(receive(&mut inbox, send(0), &mut region).unwrap(), b"next");
+}
