@@ -813,6 +813,8 @@ impl Session {
     /// that closed it, when the team's stream is closed (see `departures`): what is queued of
     /// its messages may be gone, and a receive would find a later collective's message where the
     /// dropped one was and report a mismatch instead of the departure (the chaos soak found that).
+    /// [`Error::Misuse`] for a closed stream whose departed member cannot be found (which no
+    /// path leads to).
     fn next_seq(&mut self, kind: u32) -> Result<u64, Error> {
         if let Some(rank) = self.team_replaced() {
             // A member dead now is the better name: the team's first reason to be over.

@@ -15,7 +15,8 @@
 //! A call that fails in the middle of a transfer because a rank departed leaves nothing in the
 //! way. After a death, every stream the dead rank was in is closed (`close_departed_streams`),
 //! so the survivors' leftovers of its collectives are dropped and acknowledged (see the
-//! `groups` module), whichever error the collective failed with (`collective_receives_ended`);
+//! `groups` module), whichever departure error the collective failed with
+//! (`collective_receives_ended`);
 //! and a death this rank learnt of in no collective closes them as its next call begins
 //! (`catch_up_on_departures`). After a collective fails because a member left (no death), only
 //! that collective's stream is closed: another group's last message from the leaver may still
@@ -189,7 +190,9 @@ impl Session {
     /// Deaths only: a rank that left may have finished its last collective and gone before a
     /// slower member took what it sent (its last broadcast as the root, say), which must still
     /// arrive; a collective that needs more from a leaver fails when it finds its link closed.
-    /// Whether it closed any.
+    /// Whether it closed any. Also where a point-to-point receive finds a collective message cut
+    /// off ahead of its own (`find_send`), and as `sender_ready` looks: no receive is under way
+    /// there either.
     pub(super) fn catch_up_on_departures(&mut self) -> bool {
         let dead = self.inner.recorded_dead();
         if dead == self.dead_seen {
@@ -207,10 +210,20 @@ impl Session {
 
     /// Closes `streams` in every inbox (see `demux::Inbox::close_stream`), acknowledging the
     /// blocks of the messages dropped.
+    ///
+    /// Never the setup stream, whatever the current team: making groups and shrinking number
+    /// their messages per pair, which stay in step through a failed `group` or `shrink` (see
+    /// `groups`), so a live member's queued proposal must stay queued for the rest of the call
+    /// and the next one.
     pub(super) fn close_streams(&mut self, streams: &[u32]) {
-        self.closed_streams.extend(streams);
+        let streams: Vec<u32> = streams
+            .iter()
+            .copied()
+            .filter(|&stream| stream != super::groups::SETUP_STREAM)
+            .collect();
+        self.closed_streams.extend(&streams);
         for peer in self.peers() {
-            for &stream in streams {
+            for &stream in &streams {
                 self.peers[peer as usize].inbox.close_stream(stream);
             }
             // An acknowledgement that cannot go (the peer is gone too) is nobody's loss.

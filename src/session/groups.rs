@@ -68,15 +68,17 @@
 //!
 //! A collective cut short by a death can leave messages of its stream in the survivors' links,
 //! down to a message cut off between its chunks (its sender gave up on it) or half taken (its
-//! receiver did). Once a rank has departed, every stream it was in is *closed* in every inbox
-//! (`Session::close_departed_streams`, run when a collective fails on a departure, when a call
-//! begins after a death, and before making a group or shrinking): what is queued of those streams goes, and pipelined and lent messages
-//! of theirs that come later are dropped as they come, chunks and all (see
-//! `demux::Inbox::close_stream`); the blocks they referred to are acknowledged, so their senders
-//! free them. A receive between chunks that meets another message where its next chunk belongs
-//! then looks for a death before it calls the message malformed: its sender saw the death
-//! first. So collectives after [`Session::shrink`] work whatever was cut short, and so do
-//! point-to-point messages.
+//! receiver did). Once a rank has died, every stream it was in is *closed* in every inbox
+//! (`Session::close_departed_streams`, run when a collective fails on the death, when a call
+//! begins after it, and before making a group or shrinking; a member that left closes only the
+//! stream of the collective that failed on it, and the setup stream is never closed): what is
+//! queued of those streams goes, and pipelined and lent messages of theirs that come later are
+//! dropped as they come, chunks and all (see `demux::Inbox::close_stream`); the blocks they
+//! referred to are acknowledged, so their senders free them. A collective of a closed stream
+//! fails at once, naming the departure. A receive between chunks that meets another message
+//! where its next chunk belongs then looks for a death before it calls the message malformed:
+//! its sender saw the death first. So collectives after [`Session::shrink`] work whatever was
+//! cut short, and so do point-to-point messages.
 
 use super::demux::{Expect, SEQ_BITS};
 use super::send::Targets;

@@ -379,7 +379,9 @@ impl Session {
             }
             // The same, ahead of the point-to-point message this waits for (see `find_send`):
             // nothing of this receive has been taken, so no receive is under way.
-            Err(Error::Protocol { .. }) if incoming.at_header() => {
+            Err(Error::Protocol { .. })
+                if incoming.at_header() && matches!(incoming.expect, Expect::Send { .. }) =>
+            {
                 let _ = self.inner.lost_rank();
                 if self.catch_up_on_departures() {
                     self.step_in(incoming, deadline)
@@ -421,11 +423,12 @@ impl Session {
     }
 
     /// After a collective failed with `error`: what its receives leave in the links goes (see
-    /// `demux::Inbox::abandon`; the blocks are acknowledged), and when a departure ended it,
-    /// every stream the departed ranks were in is closed (see `close_departed_streams`), as
-    /// [`Self::collective_lost`] does, whichever error the departure came as (a closed link, a
-    /// peer's outbox that can no longer come). Then nothing of the collective stands in the way
-    /// of the next receive from any peer.
+    /// `demux::Inbox::abandon`; the blocks are acknowledged). When a death ended it, every
+    /// stream the dead ranks were in is closed (see `close_departed_streams`), as
+    /// [`Self::collective_lost`] does, whichever error the death came as (a closed link, a
+    /// replacement's outbox that can no longer come); when a member left, only the failed
+    /// collective's stream (see `collective_ended_by_a_leaver`). Then nothing of the collective
+    /// stands in the way of the next receive from any peer.
     pub(super) fn collective_receives_ended(
         &mut self,
         incoming: &mut [Incoming<'_>],
