@@ -185,14 +185,15 @@ impl Session {
     /// of the death: a collective that failed naming it, one that failed otherwise (a
     /// replacement's outbox that never came, a deadline), or none at all (a rank that was not
     /// receiving when its group broke, while a peer still sends it that group's messages). One
-    /// atomic load while nobody has died. Only where no receive is under way: as a call begins.
+    /// atomic load while nobody has died. Returns whether it closed any.
+    ///
+    /// Only where no receive is under way: as a call begins (`track`), as `sender_ready` looks,
+    /// and where a point-to-point receive at its header finds a collective message cut off
+    /// ahead of its own (`caught_up_after_a_cut_off`).
     ///
     /// Deaths only: a rank that left may have finished its last collective and gone before a
     /// slower member took what it sent (its last broadcast as the root, say), which must still
     /// arrive; a collective that needs more from a leaver fails when it finds its link closed.
-    /// Whether it closed any. Also where a point-to-point receive finds a collective message cut
-    /// off ahead of its own (`find_send`), and as `sender_ready` looks: no receive is under way
-    /// there either.
     pub(super) fn catch_up_on_departures(&mut self) -> bool {
         let dead = self.inner.recorded_dead();
         if dead == self.dead_seen {

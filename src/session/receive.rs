@@ -329,15 +329,23 @@ impl Session {
     pub(super) fn find_send(&mut self, peer: u32, expect: Expect) -> Result<Option<usize>, Error> {
         loop {
             match self.find(peer, expect) {
-                Err(error @ Error::Protocol { .. }) => {
-                    let _ = self.inner.lost_rank();
-                    if !self.catch_up_on_departures() {
-                        return Err(error);
-                    }
+                Err(error @ Error::Protocol { .. }) if !self.caught_up_after_a_cut_off() => {
+                    return Err(error);
                 }
+                Err(Error::Protocol { .. }) => {}
                 found => return found,
             }
         }
+    }
+
+    /// For a point-to-point receive at its header that met a malformed group ahead of its
+    /// message: looks for deaths now (the sender may have given up on a collective because of
+    /// one this rank's watcher has not recorded yet) and closes their streams. Whether it closed
+    /// any, so that looking again may find the queue clear: each `true` uses up a new death, so
+    /// a caller that loops on it stops.
+    fn caught_up_after_a_cut_off(&mut self) -> bool {
+        let _ = self.inner.lost_rank();
+        self.catch_up_on_departures()
     }
 
     /// Advances `incoming` with what is queued, without waiting. Returns whether it moved.
@@ -380,14 +388,11 @@ impl Session {
             // The same, ahead of the point-to-point message this waits for (see `find_send`):
             // nothing of this receive has been taken, so no receive is under way.
             Err(Error::Protocol { .. })
-                if incoming.at_header() && matches!(incoming.expect, Expect::Send { .. }) =>
+                if incoming.at_header()
+                    && matches!(incoming.expect, Expect::Send { .. })
+                    && self.caught_up_after_a_cut_off() =>
             {
-                let _ = self.inner.lost_rank();
-                if self.catch_up_on_departures() {
-                    self.step_in(incoming, deadline)
-                } else {
-                    stepped
-                }
+                self.step_in(incoming, deadline)
             }
             stepped => stepped,
         }
