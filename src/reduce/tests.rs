@@ -168,3 +168,82 @@ fn numbers_name_every_operation_and_type_in_order() {
     assert_eq!(DType::from_number(12), None);
     assert_eq!(<half::bf16 as Element>::DTYPE.size(), 2);
 }
+
+/// Runs `check::<T>()` for every element type.
+macro_rules! for_every_type {
+    ($check:ident) => {
+        $check::<u8>();
+        $check::<i8>();
+        $check::<u16>();
+        $check::<i16>();
+        $check::<u32>();
+        $check::<i32>();
+        $check::<u64>();
+        $check::<i64>();
+        $check::<f16>();
+        $check::<bf16>();
+        $check::<f32>();
+        $check::<f64>();
+    };
+}
+
+#[test]
+fn the_lanes_give_the_bits_of_one_element_at_a_time_for_every_type_and_operation() {
+    fn check<T: Element + std::fmt::Debug>() {
+        // Arbitrary bits (NaNs, infinities, subnormals and zeros of both signs among the
+        // floats), 5 ranks, over two whole lane groups and a part of one.
+        let len = 2 * LANES + 5;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let data: Vec<Vec<T>> = (0..5)
+            .map(|_| {
+                let mut bytes = vec![0u8; len * size_of::<T>()];
+                for byte in &mut bytes {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    *byte = state.to_le_bytes()[7];
+                }
+                bytemuck::cast_slice(&bytes).to_vec()
+            })
+            .collect();
+        for op in ReduceOp::ALL.into_iter().filter(|&op| T::supports(op)) {
+            let whole = reduced(op, &data);
+            for (i, got) in whole.iter().enumerate() {
+                let alone: Vec<Vec<T>> = data.iter().map(|rank| vec![rank[i]]).collect();
+                let want = reduced(op, &alone)[0];
+                assert_eq!(
+                    bytemuck::bytes_of(got),
+                    bytemuck::bytes_of(&want),
+                    "{:?} {op:?}, element {i}: {got:?} in lanes, {want:?} alone",
+                    T::DTYPE
+                );
+            }
+        }
+    }
+    for_every_type!(check);
+}
+
+#[test]
+fn bf16_conversions_match_half_bit_for_bit() {
+    // Every sign, exponent and top mantissa half, with the low halves where rounding turns:
+    // zero, just under, at and just over one half, and the largest.
+    for high in 0..=u32::from(u16::MAX) {
+        for low in [0, 1, 0x3fff, 0x7fff, 0x8000, 0x8001, 0xc000, 0xffff] {
+            let x = f32::from_bits(high << 16 | low);
+            assert_eq!(
+                bf16_from_f32(x).to_bits(),
+                bf16::from_f32(x).to_bits(),
+                "{x:e} ({:#010x})",
+                x.to_bits()
+            );
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        let b = bf16::from_bits(high as u16);
+        assert_eq!(
+            bf16_to_f32(b).to_bits(),
+            b.to_f32().to_bits(),
+            "{:#06x}",
+            high
+        );
+    }
+}
