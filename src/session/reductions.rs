@@ -10,7 +10,8 @@
 //!   together, all-reduce only): every rank copies its contribution into its outbox, lends it to
 //!   every peer, and combines every contribution itself straight from the peers' outboxes.
 //! - **Two shots, in place** (larger): every rank copies its contribution once into its own
-//!   outbox and lends it to every peer (a one-slot message each). Rank `r` then combines slice
+//!   outbox, but for its own slice, which only it reads (from where it lies), and lends it to
+//!   every peer (a one-slot message each). Rank `r` then combines slice
 //!   `r` of every contribution *straight from the peers' outboxes*, in rank order, lends its
 //!   result slice, and copies every other rank's result slice out of that rank's outbox. Data
 //!   moves once into an outbox and once out of one, with no staging copy of what peers read. A
@@ -48,7 +49,7 @@
 
 use super::collectives::wrong_size;
 use super::demux::Expect;
-use super::{Deadline, Error, LoanView, Session};
+use super::{Deadline, Error, Loan, LoanView, Session};
 use crate::reduce::{DType, Element, ReduceOp, check_op, combine, combine_with};
 use bytemuck::Pod;
 use shmbroker_allocator::Outbox;
@@ -644,7 +645,7 @@ impl Session {
         };
         let views = match in_place {
             Some(views) => views,
-            None => self.lend_to_every_peer(op, seq, &[&*data], deadline)?,
+            None => self.lend_copy_to_every_peer(op, seq, data, mine.clone(), deadline)?,
         };
         let mut result = self.loan_within(size_of_val(&data[mine.clone()]), deadline)?;
         {
@@ -706,6 +707,38 @@ impl Session {
             loan[at..at + bytes.len()].copy_from_slice(bytes);
             at += bytes.len();
         }
+        self.lend_loan_to_every_peer(op, seq, loan, deadline)
+    }
+
+    /// [`Self::lend_to_every_peer`] of `data`, but for its elements `unread`, which no peer
+    /// reads (this rank's own slice of a two-shot piece): the loan is as long as `data`, and
+    /// holds whatever the outbox held there before.
+    fn lend_copy_to_every_peer<T: Pod>(
+        &mut self,
+        op: u32,
+        seq: u64,
+        data: &[T],
+        unread: std::ops::Range<usize>,
+        deadline: &Deadline,
+    ) -> Result<Vec<Option<LoanView>>, Error> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let size = size_of::<T>();
+        let unread = unread.start * size..unread.end * size;
+        let mut loan = self.loan_within(bytes.len(), deadline)?;
+        loan[..unread.start].copy_from_slice(&bytes[..unread.start]);
+        loan[unread.end..].copy_from_slice(&bytes[unread.end..]);
+        self.lend_loan_to_every_peer(op, seq, loan, deadline)
+    }
+
+    /// Lends `loan` to every peer as collective `op` number `seq`, and returns their views as
+    /// [`Self::lend_to_every_peer`] does.
+    fn lend_loan_to_every_peer(
+        &mut self,
+        op: u32,
+        seq: u64,
+        loan: Loan,
+        deadline: &Deadline,
+    ) -> Result<Vec<Option<LoanView>>, Error> {
         let bytes_len = loan.len();
         let peers: Vec<u32> = self.team_peers().collect();
         self.lend(op, seq, loan, &peers, deadline)?;
