@@ -49,7 +49,7 @@
 
 use super::collectives::wrong_size;
 use super::demux::Expect;
-use super::{Deadline, Error, Loan, LoanView, Session};
+use super::{Deadline, Error, LoanView, Session};
 use crate::reduce::{DType, Element, ReduceOp, check_op, combine, combine_with};
 use bytemuck::Pod;
 use shmbroker_allocator::Outbox;
@@ -456,7 +456,10 @@ impl Session {
                 .map(|q| &input[q * len + range.start..q * len + range.end])
                 .collect();
             let seq = self.next_seq(kind::REDUCE_SCATTER)?;
-            let views = self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, &parts, &deadline)?;
+            // This rank's own block's piece is read from `input`, not from the loan.
+            let own = rank * range.len()..(rank + 1) * range.len();
+            let views =
+                self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, &parts, own, &deadline)?;
             // Block `rank`'s piece of every rank's lent parts: this rank's own from `input`.
             let size = size_of::<T>();
             let mine = rank * range.len() * size..(rank + 1) * range.len() * size;
@@ -593,7 +596,7 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         let seq = self.next_seq(op)?;
-        let views = self.lend_to_every_peer(op, seq, &[&*data], deadline)?;
+        let views = self.lend_to_every_peer(op, seq, &[&*data], 0..0, deadline)?;
         self.with_scratch(data.len(), |session, own: &mut [T]| {
             own.copy_from_slice(data);
             let inputs = session.inputs(own, &views, 0..data.len())?;
@@ -645,7 +648,7 @@ impl Session {
         };
         let views = match in_place {
             Some(views) => views,
-            None => self.lend_copy_to_every_peer(op, seq, data, mine.clone(), deadline)?,
+            None => self.lend_to_every_peer(op, seq, &[&*data], mine.clone(), deadline)?,
         };
         let mut result = self.loan_within(size_of_val(&data[mine.clone()]), deadline)?;
         {
@@ -691,54 +694,32 @@ impl Session {
 
     /// Copies `parts`, back to back, into this rank's outbox and lends them to every peer as
     /// collective `op` number `seq`; returns a view of each peer's, in rank order (`None` for
-    /// this rank), each checked to be as long as this rank's.
+    /// this rank), each checked to be as long as this rank's. The elements `unread` of the parts
+    /// back to back (this rank's own slice or block, which it reads from where it lies, not
+    /// from the loan) are not copied: the loan keeps its length and layout, and holds there
+    /// whatever the outbox held before.
     pub(super) fn lend_to_every_peer<T: Pod>(
         &mut self,
         op: u32,
         seq: u64,
         parts: &[&[T]],
+        unread: std::ops::Range<usize>,
         deadline: &Deadline,
     ) -> Result<Vec<Option<LoanView>>, Error> {
         let len: usize = parts.iter().map(|part| size_of_val(*part)).sum();
+        let size = size_of::<T>();
+        let unread = unread.start * size..unread.end * size;
         let mut loan = self.loan_within(len, deadline)?;
         let mut at = 0;
         for part in parts {
             let bytes: &[u8] = bytemuck::cast_slice(part);
-            loan[at..at + bytes.len()].copy_from_slice(bytes);
-            at += bytes.len();
+            // This part's bytes before and after the unread range.
+            let end = at + bytes.len();
+            let skip = unread.start.clamp(at, end)..unread.end.clamp(at, end);
+            loan[at..skip.start].copy_from_slice(&bytes[..skip.start - at]);
+            loan[skip.end..end].copy_from_slice(&bytes[skip.end - at..]);
+            at = end;
         }
-        self.lend_loan_to_every_peer(op, seq, loan, deadline)
-    }
-
-    /// [`Self::lend_to_every_peer`] of `data`, but for its elements `unread`, which no peer
-    /// reads (this rank's own slice of a two-shot piece): the loan is as long as `data`, and
-    /// holds whatever the outbox held there before.
-    fn lend_copy_to_every_peer<T: Pod>(
-        &mut self,
-        op: u32,
-        seq: u64,
-        data: &[T],
-        unread: std::ops::Range<usize>,
-        deadline: &Deadline,
-    ) -> Result<Vec<Option<LoanView>>, Error> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let size = size_of::<T>();
-        let unread = unread.start * size..unread.end * size;
-        let mut loan = self.loan_within(bytes.len(), deadline)?;
-        loan[..unread.start].copy_from_slice(&bytes[..unread.start]);
-        loan[unread.end..].copy_from_slice(&bytes[unread.end..]);
-        self.lend_loan_to_every_peer(op, seq, loan, deadline)
-    }
-
-    /// Lends `loan` to every peer as collective `op` number `seq`, and returns their views as
-    /// [`Self::lend_to_every_peer`] does.
-    fn lend_loan_to_every_peer(
-        &mut self,
-        op: u32,
-        seq: u64,
-        loan: Loan,
-        deadline: &Deadline,
-    ) -> Result<Vec<Option<LoanView>>, Error> {
         let bytes_len = loan.len();
         let peers: Vec<u32> = self.team_peers().collect();
         self.lend(op, seq, loan, &peers, deadline)?;
