@@ -69,7 +69,9 @@ pub const ONE_SHOT_MAX_BYTES: usize = 2 << 10;
 /// with `bench collectives` (2026-11-26, each way in turn, p50 over Open MPI): 2 ranks, 4 KiB
 /// 0.81-0.92x against 1.01-1.21x in two shots, 64 KiB 0.85x against 1.09-1.12x; 4 ranks on 2
 /// cores, 4 KiB 0.23-0.65x against 0.69-1.01x, but 64 KiB 1.88-1.93x against 0.64-0.84x, where
-/// every rank combining all four contributions costs more than a second exchange.
+/// every rank combining all four contributions costs more than a second exchange. Measured again
+/// with the faster kernels (2026-11-27): at 1 MiB instead, 2 ranks took 1.15x as long at 128 and
+/// 256 KiB, and 4 ranks 2.5x as long at 64 KiB.
 pub const LENT_ONE_SHOT_MAX_BYTES: usize = 128 << 10;
 
 /// The most bytes of a contribution the two-shot algorithm lends at once: a piece in flight
