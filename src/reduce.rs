@@ -12,8 +12,8 @@
 //!
 //! # Kernels
 //!
-//! One pass over the `n` inputs per [`LANES`] elements: their accumulators stay in registers,
-//! each input is read once and the output written once, and the loops have lengths the compiler
+//! One pass over the `n` inputs per [`LANES`] elements: their accumulators stay in registers
+//! (or, for wide elements, partly in L1), each input is read once and the output written once, and the loops have lengths the compiler
 //! knows, so it vectorises them (with AVX2 where the CPU has it, chosen at run time; every
 //! element still sees the same operations in the same order, so the bits are the same with or
 //! without). `f16` and `bf16` accumulate in `f32` and round to nearest even once, at the end,
@@ -26,9 +26,12 @@ use half::{bf16, f16};
 /// Elements per block of a user operation: it is called on blocks this long.
 pub const BLOCK: usize = 1024;
 
-/// Elements the kernels combine at once: their accumulators (8 AVX2 registers of `f32`) stay in
-/// registers across the inputs. Fewer measured slower for 1-byte elements and for `Min`/`Max`.
-pub(crate) const LANES: usize = 64;
+/// Elements the kernels combine at once, in a fixed-length loop the compiler vectorises. With
+/// AVX2, the accumulators of 64 `f32` fill 8 registers and stay there across the inputs; wider
+/// elements (64 `f64` fill all 16) and the SSE2 build spill some to the stack, which is in L1.
+/// Fewer measured slower for 1-byte elements and for `Min`/`Max` (`bench collectives --only
+/// reduce_kernel` times the kernels).
+pub const LANES: usize = 64;
 
 /// How contributions combine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -283,8 +286,9 @@ macro_rules! float {
     )*};
 }
 
-/// `f16`'s lane conversions: `half`'s slice conversions, which convert four elements per
-/// instruction where the CPU has F16C, with the same results as its one-element ones.
+/// `f16`'s lane conversions: `half`'s slice conversions, which convert eight elements per
+/// instruction where the CPU has F16C, with the same results as its one-element ones (which use
+/// F16C too when the CPU has it).
 macro_rules! f16_lanes {
     () => {
         #[inline(always)]
@@ -345,8 +349,7 @@ fn bf16_from_f32(x: f32) -> bf16 {
     // Up when the dropped half is over one half, or exactly one half and `high` is odd.
     let up = u32::from((bits & 0x8000 != 0) & (bits & 0x1_7fff != 0));
     let nan = bits & 0x7fff_ffff > 0x7f80_0000;
-    #[allow(clippy::cast_possible_truncation)] // `high` is 16 bits, and a finite one rounds up
-    // to at most 0xff80 (minus infinity)
+    // `high` is 16 bits, and a finite one rounds up to at most 0xff80 (minus infinity).
     bf16::from_bits(if nan { high | 0x40 } else { high + up } as u16)
 }
 
@@ -372,11 +375,8 @@ pub(crate) fn check_op<T: Element>(op: ReduceOp) -> Result<(), Error> {
 /// # Errors
 ///
 /// [`Error::Misuse`] when `op` is not defined for `T`.
-pub(crate) fn combine<T: Element>(
-    op: ReduceOp,
-    inputs: &[&[T]],
-    out: &mut [T],
-) -> Result<(), Error> {
+#[doc(hidden)] // public for `bench collectives` (its reduce_kernel rows) only
+pub fn combine<T: Element>(op: ReduceOp, inputs: &[&[T]], out: &mut [T]) -> Result<(), Error> {
     check_op::<T>(op)?;
     // One monomorphised kernel per operation: the operation inlines into the loop.
     match op {
@@ -399,7 +399,7 @@ fn kernel<T: Element>(
     average: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if std::arch::is_x86_feature_detected!("avx2") && !tests::portable_only() {
         // SAFETY: this CPU has AVX2, checked just above.
         unsafe { kernel_avx2(inputs, out, binary, average) };
         return;
@@ -495,3 +495,12 @@ pub(crate) fn combine_with<T: bytemuck::Pod>(
 
 #[cfg(test)]
 mod tests;
+
+/// Outside the unit tests, nothing forces the portable kernel.
+#[cfg(not(test))]
+mod tests {
+    #[inline(always)]
+    pub(super) fn portable_only() -> bool {
+        false
+    }
+}

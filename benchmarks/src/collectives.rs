@@ -9,6 +9,7 @@
 //! | `barrier_hot` (2 workers) | `Session::barrier`, spinning | a shared-memory sense-reversing barrier that polls with `usleep(1)` (as KittensBroker's does); the same with waiters parked in `FUTEX_WAIT`; a star relay over UNIX sockets |
 //! | `barrier_parked` (2, 4, 8 workers) | `Session::barrier`, parking at once | the same two |
 //! | `all_gather_{hot,parked,crowded}_{8,64,1024}B` (2 hot; 2, 4, 8 parked; 16 crowded outside `--quick`, against Open MPI only) | `Session::all_gather_into` | each rank writes a slot in shared memory between two futex barriers; a star relay over UNIX sockets |
+//! | `reduce_kernel_{f32_sum,f32_max,f64_sum,i32_sum,bf16_sum,f16_sum}` (2 and 4 inputs of 512 KiB, in this process) | `shmbroker::reduce::combine` | one core's `memcpy` of the output's bytes |
 //! | `capi_all_gather_{8,64,1024}B` (2 workers; 4 at 64 B; 64 B on 2 with `--quick`) | `shmbroker_all_gather` from a C program through `libshmbroker.so`, under `shmbroker run` | the same loop in Rust, `Session::all_gather_into`, under `shmbroker run` too; the Rust call with ranks forked by the bench, as in `all_gather_*` |
 //! | `capi_all_reduce_{8,64,1024}B` (as above) | `shmbroker_all_reduce`, f32 sum in place, from the C program | the same loop in Rust, `Session::all_reduce` |
 //! | `capi_recv_any_{8,64,1024}B` (2 workers) | a round trip of `shmbroker_send` + `shmbroker_recv_any` on each side, from the C program | the same loop in Rust, `Session::send` + `recv_any_into` |

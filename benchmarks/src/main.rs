@@ -103,8 +103,8 @@ enum Suite {
     /// sockets, Open MPI's all-reduce, reduce-scatter and all-to-all, raw pidfd_getfd and
     /// SCM_RIGHTS; the C ABI's all-gather, all-reduce and recv_any against the Rust calls
     /// (barrier, sendrecv_pingpong, barrier_hot, barrier_parked, all_gather, all_reduce,
-    /// reduce_scatter, all_to_all, capi_all_gather, capi_all_reduce, capi_recv_any,
-    /// fd_exchange, dead_peer).
+    /// reduce_scatter, all_to_all, reduce_kernel, capi_all_gather, capi_all_reduce,
+    /// capi_recv_any, fd_exchange, dead_peer).
     Collectives,
     /// Large messages between two processes, 4 KiB to 64 MiB, with send/recv and with loans,
     /// against a UNIX socket and Open MPI; the loan hand-off; outbox allocation against

@@ -7,6 +7,10 @@
 //! Fair to both: each round every rank writes new data (untimed), all ranks meet in a barrier
 //! (untimed), the call is timed on rank 0, and every element of the result is checked (untimed).
 //! The values are small integers, so every sum is exact whatever order anyone adds in.
+//!
+//! `reduce_kernel` times the kernel alone, in this process: the sum (and an f32 max) of 2 and 4
+//! inputs of 512 KiB each into 512 KiB, all in L2 once warm, for f32, f64, i32, bf16 and f16,
+//! against one core's `memcpy` of the output's 512 KiB from one input, alternately.
 
 use super::collectives::{connect, connect_with_outbox, open_mpi, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Size};
@@ -203,8 +207,96 @@ fn memcpy_samples(rounds: usize, bytes: usize) -> Vec<u64> {
         .collect()
 }
 
+/// Bytes of output (and of each input) per `reduce_kernel` call.
+const KERNEL_BYTES: usize = 512 << 10;
+
+/// Nanoseconds per `shmbroker::reduce::combine` of `inputs` inputs of [`KERNEL_BYTES`] each of
+/// `T` (from `one`) with `op`, then per `memcpy` of the same output bytes, each `calls` times.
+fn kernel_samples<T: shmbroker::Element>(
+    op: ReduceOp,
+    inputs: usize,
+    one: T,
+    calls: usize,
+) -> Result<(Vec<u64>, Vec<u64>), String> {
+    let len = KERNEL_BYTES / size_of::<T>();
+    let data: Vec<Vec<T>> = (0..inputs).map(|_| vec![one; len]).collect();
+    let views: Vec<&[T]> = data.iter().map(Vec::as_slice).collect();
+    let mut out = vec![one; len];
+    let mut kernel = Vec::with_capacity(calls);
+    let mut copy = Vec::with_capacity(calls);
+    for _ in 0..warmup(calls) + calls {
+        let start = Instant::now();
+        shmbroker::reduce::combine(op, std::hint::black_box(&views), &mut out)
+            .map_err(|e| e.to_string())?;
+        kernel.push(start.elapsed().as_nanos() as u64);
+        let start = Instant::now();
+        out.copy_from_slice(std::hint::black_box(&data[0]));
+        copy.push(start.elapsed().as_nanos() as u64);
+        std::hint::black_box(&mut out);
+    }
+    let skip = warmup(calls);
+    Ok((kernel.split_off(skip), copy.split_off(skip)))
+}
+
+/// The `reduce_kernel` rows: each type and input count, the kernel against a memcpy.
+fn kernel_rows(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
+    type Run = fn(ReduceOp, usize, usize) -> Result<(Vec<u64>, Vec<u64>), String>;
+    let runs: [(&str, ReduceOp, Run); 6] = [
+        ("f32 sum", ReduceOp::Sum, |op, n, calls| {
+            kernel_samples(op, n, 1.0f32, calls)
+        }),
+        ("f32 max", ReduceOp::Max, |op, n, calls| {
+            kernel_samples(op, n, 1.0f32, calls)
+        }),
+        ("f64 sum", ReduceOp::Sum, |op, n, calls| {
+            kernel_samples(op, n, 1.0f64, calls)
+        }),
+        ("i32 sum", ReduceOp::Sum, |op, n, calls| {
+            kernel_samples(op, n, 1i32, calls)
+        }),
+        ("bf16 sum", ReduceOp::Sum, |op, n, calls| {
+            kernel_samples(op, n, shmbroker::half::bf16::ONE, calls)
+        }),
+        ("f16 sum", ReduceOp::Sum, |op, n, calls| {
+            kernel_samples(op, n, shmbroker::half::f16::ONE, calls)
+        }),
+    ];
+    let calls = plan.size(200, 20);
+    for inputs in [2usize, 4] {
+        for (name, op, run) in runs {
+            report.progress(&format!("reduce_kernel, {name}, {inputs} inputs"));
+            let (mut ours, mut copies) = (Vec::new(), Vec::new());
+            for _ in 0..plan.rounds {
+                let (kernel, copy) = run(op, inputs, calls)?;
+                ours.extend(kernel);
+                copies.extend(copy);
+            }
+            report.add(Comparison {
+                bench: format!("reduce_kernel_{}", name.replace(' ', "_")),
+                size: Size::Tasks {
+                    workers: inputs as u32,
+                    bytes: KERNEL_BYTES,
+                },
+                contenders: vec![
+                    ("shmbroker::reduce::combine", Measure::latency(ours)),
+                    ("memcpy of the output's bytes", Measure::latency(copies)),
+                ],
+            });
+        }
+    }
+    report.note(
+        "reduce_kernel",
+        "the reduction kernel alone, in one process: N inputs (the NxB column) of B bytes each \
+         combined into B bytes, all in L2 once warm; the baseline copies B bytes",
+    );
+    Ok(())
+}
+
 /// Every row of `bench collectives` these calls have (those `--only` picks).
 pub fn reductions(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<(), String> {
+    if plan.wants("reduce_kernel") {
+        kernel_rows(plan, report)?;
+    }
     let calls: Vec<Call> = [Call::AllReduce, Call::ReduceScatter, Call::AllToAll]
         .into_iter()
         .filter(|call| plan.wants(call.name()))

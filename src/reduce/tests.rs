@@ -1,6 +1,17 @@
 //! The kernels against references written out element by element.
 
 use super::*;
+use std::cell::Cell;
+
+thread_local! {
+    /// This thread's reductions run the portable kernel, even where the CPU has AVX2.
+    static PORTABLE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread's reductions must run the portable kernel (see [`PORTABLE`]).
+pub(super) fn portable_only() -> bool {
+    PORTABLE.with(Cell::get)
+}
 
 /// Inputs of `ranks` contributions of `len` elements from `value(rank, index)`.
 fn inputs<T: Copy>(ranks: usize, len: usize, value: impl Fn(usize, usize) -> T) -> Vec<Vec<T>> {
@@ -18,7 +29,7 @@ fn reduced<T: Element>(op: ReduceOp, inputs: &[Vec<T>]) -> Vec<T> {
 
 #[test]
 fn integer_operations_match_a_fold_in_rank_order() {
-    // Lengths around the block size, so that partial blocks are covered.
+    // Lengths around LANES and BLOCK, so that partial lane groups and blocks are covered.
     for len in [0, 1, 7, BLOCK - 1, BLOCK, BLOCK + 3, 3 * BLOCK + 5] {
         let data = inputs(5, len, |rank, i| {
             (i as i32 * 7919 - rank as i32 * 104_729) ^ 0x5a5a
@@ -188,13 +199,12 @@ macro_rules! for_every_type {
 }
 
 #[test]
-fn the_lanes_give_the_bits_of_one_element_at_a_time_for_every_type_and_operation() {
+fn the_lanes_give_the_bits_of_one_element_at_a_time_with_and_without_avx2() {
     fn check<T: Element + std::fmt::Debug>() {
-        // Arbitrary bits (NaNs, infinities, subnormals and zeros of both signs among the
-        // floats), 5 ranks, over two whole lane groups and a part of one.
+        // Arbitrary bits, 5 ranks, over two whole lane groups and a part of one.
         let len = 2 * LANES + 5;
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let data: Vec<Vec<T>> = (0..5)
+        let mut data: Vec<Vec<u8>> = (0..5)
             .map(|_| {
                 let mut bytes = vec![0u8; len * size_of::<T>()];
                 for byte in &mut bytes {
@@ -203,20 +213,51 @@ fn the_lanes_give_the_bits_of_one_element_at_a_time_for_every_type_and_operation
                     state ^= state << 17;
                     *byte = state.to_le_bytes()[7];
                 }
-                bytemuck::cast_slice(&bytes).to_vec()
+                bytes
             })
+            .collect();
+        // And, for the floats, a NaN, both infinities, a negative zero and the smallest
+        // subnormal at fixed places: in the first lane group, across ranks in the second, and in
+        // the tail.
+        let special: &[u64] = match T::DTYPE {
+            DType::F32 => &[0x7fc0_0000, 0x7f80_0000, 0xff80_0000, 0x8000_0000, 1],
+            DType::F64 => &[
+                0x7ff8_0000_0000_0000,
+                0x7ff0_0000_0000_0000,
+                0xfff0_0000_0000_0000,
+                0x8000_0000_0000_0000,
+                1,
+            ],
+            DType::F16 => &[0x7e00, 0x7c00, 0xfc00, 0x8000, 1],
+            DType::BF16 => &[0x7fc0, 0x7f80, 0xff80, 0x8000, 1],
+            _ => &[],
+        };
+        let size = size_of::<T>();
+        for (k, &bits) in special.iter().enumerate() {
+            for (rank, at) in [(k, 3 + k), (k, LANES + 7), ((k + 1) % 5, len - 1 - k)] {
+                data[rank][at * size..(at + 1) * size].copy_from_slice(&bits.to_le_bytes()[..size]);
+            }
+        }
+        let data: Vec<Vec<T>> = data
+            .iter()
+            .map(|bytes| bytemuck::cast_slice(bytes).to_vec())
             .collect();
         for op in ReduceOp::ALL.into_iter().filter(|&op| T::supports(op)) {
             let whole = reduced(op, &data);
-            for (i, got) in whole.iter().enumerate() {
+            PORTABLE.with(|portable| portable.set(true));
+            let portable = reduced(op, &data);
+            PORTABLE.with(|portable| portable.set(false));
+            for (i, (got, plain)) in whole.iter().zip(&portable).enumerate() {
                 let alone: Vec<Vec<T>> = data.iter().map(|rank| vec![rank[i]]).collect();
                 let want = reduced(op, &alone)[0];
-                assert_eq!(
-                    bytemuck::bytes_of(got),
-                    bytemuck::bytes_of(&want),
-                    "{:?} {op:?}, element {i}: {got:?} in lanes, {want:?} alone",
-                    T::DTYPE
-                );
+                for (how, value) in [("in lanes", got), ("in portable lanes", plain)] {
+                    assert_eq!(
+                        bytemuck::bytes_of(value),
+                        bytemuck::bytes_of(&want),
+                        "{:?} {op:?}, element {i}: {value:?} {how}, {want:?} alone",
+                        T::DTYPE
+                    );
+                }
             }
         }
     }

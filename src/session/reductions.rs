@@ -70,8 +70,8 @@ pub const ONE_SHOT_MAX_BYTES: usize = 2 << 10;
 /// 0.81-0.92x against 1.01-1.21x in two shots, 64 KiB 0.85x against 1.09-1.12x; 4 ranks on 2
 /// cores, 4 KiB 0.23-0.65x against 0.69-1.01x, but 64 KiB 1.88-1.93x against 0.64-0.84x, where
 /// every rank combining all four contributions costs more than a second exchange. Measured again
-/// with the faster kernels (2026-11-27): at 1 MiB instead, 2 ranks took 1.15x as long at 128 and
-/// 256 KiB, and 4 ranks 2.5x as long at 64 KiB.
+/// with the faster kernels (2026-11-27): with this bound at 1 MiB, the one shot took 1.15x the
+/// two shots' time between 2 ranks at 128 and 256 KiB, and 2.5x at 4 ranks and 64 KiB.
 pub const LENT_ONE_SHOT_MAX_BYTES: usize = 128 << 10;
 
 /// The most bytes of a contribution the two-shot algorithm lends at once: a piece in flight
@@ -458,13 +458,13 @@ impl Session {
                 .map(|q| &input[q * len + range.start..q * len + range.end])
                 .collect();
             let seq = self.next_seq(kind::REDUCE_SCATTER)?;
-            // This rank's own block's piece is read from `input`, not from the loan.
+            // Block `rank`'s piece of every rank's lent parts, in elements: this rank reads its
+            // own from `input`, so that one is not copied into its loan.
             let own = rank * range.len()..(rank + 1) * range.len();
             let views =
-                self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, &parts, own, &deadline)?;
-            // Block `rank`'s piece of every rank's lent parts: this rank's own from `input`.
+                self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, &parts, own.clone(), &deadline)?;
             let size = size_of::<T>();
-            let mine = rank * range.len() * size..(rank + 1) * range.len() * size;
+            let mine = own.start * size..own.end * size;
             let inputs = (0..)
                 .zip(&views)
                 .map(|(q, view)| match view {
