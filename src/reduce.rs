@@ -10,15 +10,24 @@
 //! user operation need not be commutative (it must be associative only in the sense that the
 //! result is defined by this left-to-right order).
 //!
+//! A NaN result is always the one quiet NaN, `f32::NAN` (`f64::NAN`, and for `f16`/`bf16` their
+//! rounding of it): when two NaNs meet, which one an operation returns is the compiler's choice
+//! (it may swap the operands of a sum), and could differ between the vector lanes and the tail,
+//! so between a library built into a C program and one in a Python wheel, or between two ways of
+//! cutting the data into pieces. Payloads are not kept. This costs a compare and a blend per
+//! vector: about a sixth of the kernel's time on `f32` sums from L2.
+//!
 //! # Kernels
 //!
 //! One pass over the `n` inputs per [`LANES`] elements: their accumulators stay in registers
-//! (or, for wide elements, partly in L1), each input is read once and the output written once, and the loops have lengths the compiler
-//! knows, so it vectorises them (with AVX2 where the CPU has it, chosen at run time; every
-//! element still sees the same operations in the same order, so the bits are the same with or
-//! without). `f16` and `bf16` accumulate in `f32` and round to nearest even once, at the end,
-//! converting many elements at a time. Integer sums and products wrap. `Min` and `Max` of floats
-//! propagate NaN (unlike `f32::min`), as `Sum` and `Prod` do.
+//! (or, for wide elements, partly in L1), each input is read once and the output written once,
+//! and the loops have lengths the compiler knows, so it vectorises them, with AVX2 where the CPU
+//! has it (chosen at run time; every element sees the same operations in the same order either
+//! way). `f16` and `bf16` accumulate in `f32` and round to nearest even once, at the end: `f16`
+//! with F16C where the CPU has it (8 elements per instruction), `bf16` and `f16` elsewhere with
+//! branch-free code that gives `half`'s bits. Integer sums and products wrap. `Min` and `Max` of
+//! floats propagate NaN (unlike `f32::min`), as `Sum` and `Prod` do. `bench collectives --only
+//! reduce_kernel` times them against a `memcpy`.
 
 use crate::session::Error;
 use half::{bf16, f16};
@@ -176,7 +185,7 @@ pub trait Element: bytemuck::Pod + sealed::Sealed + Send + Sync {
     /// What the kernels accumulate in: `f32` for the half-precision types, the type itself
     /// otherwise.
     #[doc(hidden)]
-    type Acc: Copy + Default;
+    type Acc: bytemuck::Pod + Default;
     #[doc(hidden)]
     fn widen(self) -> Self::Acc;
     #[doc(hidden)]
@@ -220,6 +229,13 @@ pub trait Element: bytemuck::Pod + sealed::Sealed + Send + Sync {
     /// The accumulated sum of `n` contributions divided by `n` (floats).
     #[doc(hidden)]
     fn average(sum: Self::Acc, n: usize) -> Self::Acc;
+    /// `acc`, but any NaN as the one quiet NaN `f32::NAN` (or `f64::NAN`): which of two NaNs
+    /// an operation returns is up to the compiler (it may swap the operands of a sum), so the
+    /// kernels give every NaN the same bits, wherever in the data and whatever the path.
+    #[doc(hidden)]
+    fn canonical(acc: Self::Acc) -> Self::Acc {
+        acc
+    }
 }
 
 macro_rules! integer {
@@ -255,7 +271,7 @@ macro_rules! integer {
 integer!(u8 => U8, i8 => I8, u16 => U16, i16 => I16, u32 => U32, i32 => I32, u64 => U64, i64 => I64);
 
 macro_rules! float {
-    ($($t:ty => $dtype:ident, $acc:ty, $widen:expr, $narrow:expr $(, $lanes:ident)?);*) => {$(
+    ($($t:ty => $dtype:ident, $acc:ty, $widen:expr, $narrow:expr);*) => {$(
         impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = DType::$dtype;
@@ -264,7 +280,6 @@ macro_rules! float {
             fn widen(self) -> $acc { $widen(self) }
             #[inline]
             fn narrow(acc: $acc) -> $t { $narrow(acc) }
-            $($lanes!();)?
             fn supports(op: ReduceOp) -> bool {
                 !matches!(op, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor)
             }
@@ -282,55 +297,78 @@ macro_rules! float {
             fn xor(a: $acc, _: $acc) -> $acc { a }
             #[allow(clippy::cast_precision_loss)] // a world has at most 64 ranks
             fn average(sum: $acc, n: usize) -> $acc { sum / n as $acc }
+            #[inline]
+            fn canonical(acc: $acc) -> $acc { if acc.is_nan() { <$acc>::NAN } else { acc } }
         }
     )*};
 }
 
-/// `f16`'s lane conversions: `half`'s slice conversions, which convert eight elements per
-/// instruction where the CPU has F16C, with the same results as its one-element ones (which use
-/// F16C too when the CPU has it).
-macro_rules! f16_lanes {
-    () => {
-        #[inline(always)]
-        fn widen_lanes(lanes: &[Self; LANES]) -> [f32; LANES] {
-            let mut acc = [0.0; LANES];
-            half::slice::HalfFloatSliceExt::convert_to_f32_slice(&lanes[..], &mut acc);
-            acc
-        }
-        #[inline(always)]
-        fn narrow_lanes(acc: &[f32; LANES], out: &mut [Self; LANES]) {
-            half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut out[..], acc);
-        }
-    };
-}
-
-/// `bf16`'s lane conversions: [`bf16_to_f32`] and [`bf16_from_f32`], which the compiler
-/// vectorises (`half`'s convert one element at a time, with branches).
-macro_rules! bf16_lanes {
-    () => {
-        #[inline(always)]
-        fn widen_lanes(lanes: &[Self; LANES]) -> [f32; LANES] {
-            let mut acc = [0.0; LANES];
-            for (a, &x) in acc.iter_mut().zip(lanes) {
-                *a = bf16_to_f32(x);
-            }
-            acc
-        }
-        #[inline(always)]
-        fn narrow_lanes(acc: &[f32; LANES], out: &mut [Self; LANES]) {
-            for (o, &a) in out.iter_mut().zip(acc) {
-                *o = bf16_from_f32(a);
-            }
-        }
-    };
-}
-
+// The half-precision types convert with the functions below, which give `half`'s bits and which
+// the compiler vectorises (the default `widen_lanes`/`narrow_lanes` loop over them). `half`
+// converts one element at a time: with branches for `bf16`, and for `f16` through F16C calls
+// that do not inline into the kernel, or software with branches where the CPU lacks F16C.
 float!(
     f32 => F32, f32, |x| x, |x| x;
     f64 => F64, f64, |x| x, |x| x;
-    f16 => F16, f32, f16::to_f32, f16::from_f32, f16_lanes;
-    bf16 => BF16, f32, bf16::to_f32, bf16::from_f32, bf16_lanes
+    f16 => F16, f32, f16_to_f32, f16_from_f32;
+    bf16 => BF16, f32, bf16_to_f32, bf16_from_f32
 );
+
+/// `x` as `f32`: `half`'s `f16::to_f32`, bit for bit (a NaN comes out quiet), without branches.
+#[inline(always)]
+fn f16_to_f32(x: f16) -> f32 {
+    let bits = u32::from(x.to_bits());
+    let sign = (bits & 0x8000) << 16;
+    let exponent = bits & 0x7c00;
+    let mantissa = bits & 0x03ff;
+    // A normal number: the exponent rebiased (15 to 127), the mantissa widened.
+    let normal = ((bits & 0x7fff) + (112 << 10)) << 13;
+    // Infinity, or a NaN made quiet.
+    let quiet = if mantissa == 0 { 0 } else { 0x0040_0000 };
+    let special = 0x7f80_0000 | quiet | (mantissa << 13);
+    // Zero or a subnormal: the mantissa times 2^-24, exactly.
+    #[allow(clippy::cast_precision_loss)] // the mantissa has 10 bits
+    let small = (mantissa as f32 * (1.0 / 16_777_216.0)).to_bits();
+    let magnitude = if exponent == 0x7c00 {
+        special
+    } else if exponent == 0 {
+        small
+    } else {
+        normal
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+/// `x` rounded to nearest even: `half`'s `f16::from_f32`, bit for bit (a NaN keeps its sign and
+/// top payload bits and comes out quiet; from 65520 up, infinity), without branches.
+#[inline(always)]
+fn f16_from_f32(x: f32) -> f16 {
+    let bits = x.to_bits();
+    let sign = (bits >> 16) & 0x8000;
+    let magnitude = bits & 0x7fff_ffff;
+    let nan = 0x7e00 | ((magnitude >> 13) & 0x03ff);
+    // A normal result: rebiased (127 to 15) and rounded to nearest even on the 13 bits dropped;
+    // a carry runs on into the exponent, up to infinity.
+    let odd = (magnitude >> 13) & 1;
+    let normal = magnitude.wrapping_sub(112 << 23).wrapping_add(0x0fff + odd) >> 13;
+    // A subnormal or zero result: adding one half puts the units of the smallest subnormal
+    // (2^-24) at the last mantissa bit, so the addition itself rounds to nearest even.
+    let half = 0.5f32;
+    let small = (f32::from_bits(magnitude) + half).to_bits() - half.to_bits();
+    let result = if magnitude > 0x7f80_0000 {
+        nan
+    } else if magnitude >= 0x4780_0000 {
+        // 65536 and up, and infinity.
+        0x7c00
+    } else if magnitude < 0x3880_0000 {
+        // Under 2^-14, the smallest normal.
+        small
+    } else {
+        normal
+    };
+    // `result` is at most 0x7fff.
+    f16::from_bits((sign | result) as u16)
+}
 
 /// `x` as `f32`: `half`'s `bf16::to_f32`, bit for bit (a NaN comes out quiet), without branches.
 #[inline(always)]
@@ -400,11 +438,21 @@ fn kernel<T: Element>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && !tests::portable_only() {
-        // SAFETY: this CPU has AVX2, checked just above.
-        unsafe { kernel_avx2(inputs, out, binary, average) };
+        if T::DTYPE == DType::F16 && std::arch::is_x86_feature_detected!("f16c") {
+            // SAFETY: this CPU has AVX2 and F16C, checked just above.
+            unsafe { kernel_f16c(inputs, out, binary, average) };
+        } else {
+            // SAFETY: this CPU has AVX2, checked just above.
+            unsafe { kernel_avx2(inputs, out, binary, average) };
+        }
         return;
     }
-    kernel_lanes(inputs, out, binary, average);
+    kernel_lanes(
+        inputs,
+        out,
+        (binary, T::widen_lanes, T::narrow_lanes),
+        average,
+    );
 }
 
 /// [`kernel_lanes`] compiled for AVX2: twice the lanes of the SSE2 baseline per instruction.
@@ -417,16 +465,53 @@ fn kernel_avx2<T: Element>(
     binary: impl Fn(T::Acc, T::Acc) -> T::Acc,
     average: bool,
 ) {
-    kernel_lanes(inputs, out, binary, average);
+    kernel_lanes(
+        inputs,
+        out,
+        (binary, T::widen_lanes, T::narrow_lanes),
+        average,
+    );
+}
+
+/// [`kernel_avx2`] for `f16` (`T` is `f16`, `T::Acc` is `f32`), converting 8 elements per
+/// instruction with F16C, which rounds to nearest even as [`f16_from_f32`] does: the same bits
+/// (the conversion tests check the software against `half`, which uses these instructions).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn kernel_f16c<T: Element>(
+    inputs: &[&[T]],
+    out: &mut [T],
+    binary: impl Fn(T::Acc, T::Acc) -> T::Acc,
+    average: bool,
+) {
+    use std::arch::x86_64::_mm256_cvtps_ph;
+    use std::arch::x86_64::{__m128i, __m256, _MM_FROUND_TO_NEAREST_INT, _mm256_cvtph_ps};
+    // By value: the lanes need not be aligned as the vector types are.
+    let widen = |lanes: &[T; LANES]| -> [T::Acc; LANES] {
+        let halves: [__m128i; LANES / 8] = bytemuck::cast(*lanes);
+        bytemuck::cast(halves.map(|eight| _mm256_cvtph_ps(eight)))
+    };
+    let narrow = |acc: &[T::Acc; LANES], out: &mut [T; LANES]| {
+        let floats: [__m256; LANES / 8] = bytemuck::cast(*acc);
+        *out =
+            bytemuck::cast(floats.map(|eight| _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(eight)));
+    };
+    kernel_lanes(inputs, out, (binary, widen, narrow), average);
 }
 
 /// The kernel: [`LANES`] elements at a time, their accumulators in registers, every input read
-/// once and the output written once.
+/// once and the output written once; `widen` and `narrow` convert lanes to and from the
+/// accumulator type ([`Element::widen_lanes`] and [`Element::narrow_lanes`], or faster ones
+/// with the same results).
 #[inline(always)]
 fn kernel_lanes<T: Element>(
     inputs: &[&[T]],
     out: &mut [T],
-    binary: impl Fn(T::Acc, T::Acc) -> T::Acc,
+    (binary, widen, narrow): (
+        impl Fn(T::Acc, T::Acc) -> T::Acc,
+        impl Fn(&[T; LANES]) -> [T::Acc; LANES],
+        impl Fn(&[T::Acc; LANES], &mut [T; LANES]),
+    ),
     average: bool,
 ) {
     let Some((first, rest)) = inputs.split_first() else {
@@ -435,17 +520,17 @@ fn kernel_lanes<T: Element>(
     let n = inputs.len();
     let finish = |acc: T::Acc| {
         if average {
-            T::narrow(T::average(acc, n))
+            T::narrow(T::canonical(T::average(acc, n)))
         } else {
-            T::narrow(acc)
+            T::narrow(T::canonical(acc))
         }
     };
     let whole = out.len() - out.len() % LANES;
     let (body, tail) = out.split_at_mut(whole);
     for (start, out) in (0..).step_by(LANES).zip(body.chunks_exact_mut(LANES)) {
-        let mut acc = T::widen_lanes(lanes_of(first, start));
+        let mut acc = widen(lanes_of(first, start));
         for input in rest {
-            let next = T::widen_lanes(lanes_of(input, start));
+            let next = widen(lanes_of(input, start));
             for k in 0..LANES {
                 acc[k] = binary(acc[k], next[k]);
             }
@@ -455,7 +540,10 @@ fn kernel_lanes<T: Element>(
                 *a = T::average(*a, n);
             }
         }
-        T::narrow_lanes(&acc, out.try_into().expect("chunks of LANES elements"));
+        for a in &mut acc {
+            *a = T::canonical(*a);
+        }
+        narrow(&acc, out.try_into().expect("chunks of LANES elements"));
     }
     for (i, o) in (whole..).zip(tail) {
         let acc = rest

@@ -106,7 +106,8 @@ macro_rules! float_reference {
                     }
                 });
                 let folded = if op == ReduceOp::Avg { folded / values.len() as $acc } else { folded };
-                $from(folded)
+                // Every NaN result is the one quiet NaN (see `shmbroker::reduce`).
+                $from(if folded.is_nan() { <$acc>::NAN } else { folded })
             }
         }
     )*};

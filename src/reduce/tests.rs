@@ -103,6 +103,43 @@ fn nan_propagates_through_every_float_operation_and_infinities_behave() {
 }
 
 #[test]
+fn every_nan_result_is_the_one_quiet_nan_whatever_the_payloads_and_the_path() {
+    // Two NaNs of other payloads and signs meet: which one an addition returns is the
+    // compiler's choice, so the kernels return f32::NAN, in the lanes and in the tail alike.
+    let (a, b) = (f32::from_bits(0xffc0_1234), f32::from_bits(0x7fa0_0001));
+    for len in [1, LANES + 1] {
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Min,
+            ReduceOp::Max,
+            ReduceOp::Avg,
+        ] {
+            let data = vec![vec![a; len], vec![1.0; len], vec![b; len]];
+            for (i, x) in reduced(op, &data).iter().enumerate() {
+                assert_eq!(
+                    x.to_bits(),
+                    f32::NAN.to_bits(),
+                    "{op:?}, {len} elements, at {i}"
+                );
+            }
+        }
+    }
+    let data = vec![vec![f64::from_bits(0xfff8_0000_0000_0042); 3]; 2];
+    assert!(
+        reduced(ReduceOp::Sum, &data)
+            .iter()
+            .all(|x| x.to_bits() == f64::NAN.to_bits())
+    );
+    let data = vec![vec![f16::from_bits(0xfe01); LANES + 3]; 2];
+    assert!(
+        reduced(ReduceOp::Max, &data)
+            .iter()
+            .all(|x| x.to_bits() == f16::NAN.to_bits())
+    );
+}
+
+#[test]
 fn averages_divide_the_sum_by_the_world() {
     let data = inputs(4, 3, |rank, i| (rank * 10 + i) as f32);
     assert_eq!(reduced(ReduceOp::Avg, &data), [15.0, 16.0, 17.0]);
@@ -286,5 +323,29 @@ fn bf16_conversions_match_half_bit_for_bit() {
             "{:#06x}",
             high
         );
+    }
+}
+
+#[test]
+fn f16_conversions_match_half_bit_for_bit() {
+    // Every f16, widened.
+    for bits in 0..=u16::MAX {
+        let h = f16::from_bits(bits);
+        assert_eq!(f16_to_f32(h).to_bits(), h.to_f32().to_bits(), "{bits:#06x}");
+    }
+    // Every sign, exponent and top of the mantissa of an f32, with the 13 bits that rounding
+    // drops (and the 3 above them) where rounding turns, narrowed; and every f16 widened back.
+    for high in 0..=u32::from(u16::MAX) {
+        for low in [
+            0, 1, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000, 0x7fff, 0xffff,
+        ] {
+            let x = f32::from_bits(high << 16 | low);
+            assert_eq!(
+                f16_from_f32(x).to_bits(),
+                f16::from_f32(x).to_bits(),
+                "{x:e} ({:#010x})",
+                x.to_bits()
+            );
+        }
     }
 }
