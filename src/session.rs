@@ -109,7 +109,9 @@ pub use exchange::{LEND_MAX_BLOCK_BYTES, LEND_MIN_BLOCK_BYTES};
 pub use fds::FdTransport;
 pub use groups::{Group, GroupView};
 pub use loans::LoanView;
-pub use reductions::{LENT_ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES, PIECE_MAX_BYTES};
+pub use reductions::{
+    ALL_REDUCE_SLOTS_MAX_BYTES, LENT_ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES, PIECE_MAX_BYTES,
+};
 pub use rooted::{FLAT_BROADCAST_MAX, TREE_PART_MAX};
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
 pub use split::{Receiver, Sender, SessionGuard};

@@ -3,9 +3,10 @@
 //!
 //! # Algorithms
 //!
-//! - **One shot** (up to [`ONE_SHOT_MAX_BYTES`]): every rank sends its whole contribution to
-//!   every other (in ring slots while it fits: [`Session::all_gather_into`]'s path), and every
-//!   rank combines all of them itself, in rank order.
+//! - **One shot** (up to [`ONE_SHOT_MAX_BYTES`], an all-reduce up to
+//!   [`ALL_REDUCE_SLOTS_MAX_BYTES`]): every rank sends its whole contribution to every other (in
+//!   ring slots while it fits: [`Session::all_gather_into`]'s path), and every rank combines all
+//!   of them itself, in rank order.
 //! - **One shot, read in place** (up to [`LENT_ONE_SHOT_MAX_BYTES`] of all contributions
 //!   together, all-reduce only): every rank copies its contribution into its outbox, lends it to
 //!   every peer, and combines every contribution itself straight from the peers' outboxes.
@@ -63,8 +64,17 @@ use std::time::Duration;
 /// each), and at 4 ranks on 2 CPUs both between 12 and 18 µs.
 pub const ONE_SHOT_MAX_BYTES: usize = 2 << 10;
 
+/// The largest contribution an all-reduce sends through the ring slots; a larger one, up to
+/// [`LENT_ONE_SHOT_MAX_BYTES`] of all contributions together, is lent (one shot read in place),
+/// which files one slot per peer instead of a slot per 64 bytes. Measured with `bench
+/// collectives` (2026-11-27, this bound and [`ONE_SHOT_MAX_BYTES`] in turn, twice, p50): 2 ranks,
+/// 1 KiB 1.22-1.57 µs lent against 1.60-1.65 µs in slots, 2 KiB 1.44-1.89 against 1.99-2.13; 4
+/// ranks on 2 cores, 1 KiB 2.3-8.0 against 7.4-8.6, 2 KiB 7.0-8.3 against 4.0-11.7. Lent was
+/// slower below it: 64 B took 1.07 µs against 0.50, 256 B 1.02 against 0.74.
+pub const ALL_REDUCE_SLOTS_MAX_BYTES: usize = 512;
+
 /// An all-reduce whose contributions, all together, take at most this many bytes (and one
-/// contribution more than [`ONE_SHOT_MAX_BYTES`]) is combined in one shot read in place: every
+/// contribution more than [`ALL_REDUCE_SLOTS_MAX_BYTES`]) is combined in one shot read in place: every
 /// rank combines every peer's lent contribution itself. Larger ones take two shots. Measured
 /// with `bench collectives` (2026-11-26, each way in turn, p50 over Open MPI): 2 ranks, 4 KiB
 /// 0.81-0.92x against 1.01-1.21x in two shots, 64 KiB 0.85x against 1.09-1.12x; 4 ranks on 2
@@ -528,7 +538,15 @@ impl Session {
             let input = data.to_vec();
             return combiner(&[&input], data);
         }
-        if size_of_val(data) <= ONE_SHOT_MAX_BYTES {
+        // An all-reduce lends from a smaller size, but for elements that outbox blocks are not
+        // aligned for, which still go through the slots up to the one-shot limit.
+        let lendable = align_of::<T>() as u64 <= shmbroker_allocator::ranges::ALIGN;
+        let slots_max = if results == Results::All && lendable {
+            ALL_REDUCE_SLOTS_MAX_BYTES
+        } else {
+            ONE_SHOT_MAX_BYTES
+        };
+        if size_of_val(data) <= slots_max {
             let seq = self.next_seq(op)?;
             let me = self.me();
             return self.with_scratch(data.len() * world, |session, gathered: &mut [T]| {
@@ -547,9 +565,9 @@ impl Session {
         }
         // Larger contributions are read from outbox blocks, aligned to `ranges::ALIGN` only;
         // every rank has the same element type, so every rank refuses alike, before it sends.
-        if align_of::<T>() as u64 > shmbroker_allocator::ranges::ALIGN {
+        if !lendable {
             return Err(Error::Misuse(format!(
-                "a reduction of more than {ONE_SHOT_MAX_BYTES} bytes a rank takes elements \
+                "a reduction of more than {slots_max} bytes a rank takes elements \
                  aligned to at most {} bytes; these are aligned to {}",
                 shmbroker_allocator::ranges::ALIGN,
                 align_of::<T>()
