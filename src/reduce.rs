@@ -447,6 +447,17 @@ fn kernel<T: Element>(
         }
         return;
     }
+    kernel_plain(inputs, out, binary, average);
+}
+
+/// [`kernel_lanes`] with the element type's own lane conversions.
+#[inline(always)]
+fn kernel_plain<T: Element>(
+    inputs: &[&[T]],
+    out: &mut [T],
+    binary: impl Fn(T::Acc, T::Acc) -> T::Acc,
+    average: bool,
+) {
     kernel_lanes(
         inputs,
         out,
@@ -465,12 +476,7 @@ fn kernel_avx2<T: Element>(
     binary: impl Fn(T::Acc, T::Acc) -> T::Acc,
     average: bool,
 ) {
-    kernel_lanes(
-        inputs,
-        out,
-        (binary, T::widen_lanes, T::narrow_lanes),
-        average,
-    );
+    kernel_plain(inputs, out, binary, average);
 }
 
 /// [`kernel_avx2`] for `f16` (`T` is `f16`, `T::Acc` is `f32`), converting 8 elements per

@@ -73,15 +73,18 @@ fn float_sums_are_folded_in_rank_order_not_reassociated() {
     assert_eq!(reduced(ReduceOp::Sum, &data), [1.0]);
 }
 
+/// The operations defined for floats.
+const FLOAT_OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Min,
+    ReduceOp::Max,
+    ReduceOp::Avg,
+];
+
 #[test]
 fn nan_propagates_through_every_float_operation_and_infinities_behave() {
-    for op in [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Min,
-        ReduceOp::Max,
-        ReduceOp::Avg,
-    ] {
+    for op in FLOAT_OPS {
         for at in 0..3 {
             let mut data = vec![vec![1.0f64], vec![2.0], vec![3.0]];
             data[at][0] = f64::NAN;
@@ -108,13 +111,7 @@ fn every_nan_result_is_the_one_quiet_nan_whatever_the_payloads_and_the_path() {
     // compiler's choice, so the kernels return f32::NAN, in the lanes and in the tail alike.
     let (a, b) = (f32::from_bits(0xffc0_1234), f32::from_bits(0x7fa0_0001));
     for len in [1, LANES + 1] {
-        for op in [
-            ReduceOp::Sum,
-            ReduceOp::Prod,
-            ReduceOp::Min,
-            ReduceOp::Max,
-            ReduceOp::Avg,
-        ] {
+        for op in FLOAT_OPS {
             let data = vec![vec![a; len], vec![1.0; len], vec![b; len]];
             for (i, x) in reduced(op, &data).iter().enumerate() {
                 assert_eq!(
