@@ -4,13 +4,13 @@ use super::*;
 use std::cell::Cell;
 
 thread_local! {
-    /// This thread's reductions run the portable kernel, even where the CPU has AVX2.
-    static PORTABLE: Cell<bool> = const { Cell::new(false) };
+    /// The widest vectors this thread's reductions may use, whatever the CPU has.
+    static WIDEST: Cell<Width> = const { Cell::new(Width::Avx512) };
 }
 
-/// Whether this thread's reductions must run the portable kernel (see [`PORTABLE`]).
-pub(super) fn portable_only() -> bool {
-    PORTABLE.with(Cell::get)
+/// The widest vectors this thread's reductions may use (see [`WIDEST`]).
+pub(super) fn widest_allowed() -> Width {
+    WIDEST.with(Cell::get)
 }
 
 /// Inputs of `ranks` contributions of `len` elements from `value(rank, index)`.
@@ -233,7 +233,7 @@ macro_rules! for_every_type {
 }
 
 #[test]
-fn the_lanes_give_the_bits_of_one_element_at_a_time_with_and_without_avx2() {
+fn the_lanes_give_the_bits_of_one_element_at_a_time_in_every_vector_width() {
     fn check<T: Element + std::fmt::Debug>() {
         // Arbitrary bits, 5 ranks, over two whole lane groups and a part of one.
         let len = 2 * LANES + 5;
@@ -277,19 +277,27 @@ fn the_lanes_give_the_bits_of_one_element_at_a_time_with_and_without_avx2() {
             .map(|bytes| bytemuck::cast_slice(bytes).to_vec())
             .collect();
         for op in ReduceOp::ALL.into_iter().filter(|&op| T::supports(op)) {
-            let whole = reduced(op, &data);
-            PORTABLE.with(|portable| portable.set(true));
-            let portable = reduced(op, &data);
-            PORTABLE.with(|portable| portable.set(false));
-            for (i, (got, plain)) in whole.iter().zip(&portable).enumerate() {
+            // Every build the CPU can run, each against one element at a time (in the tail of
+            // the widest build).
+            let results: Vec<(Width, Vec<T>)> = [Width::Avx512, Width::Avx2, Width::Portable]
+                .into_iter()
+                .map(|width| {
+                    WIDEST.with(|widest| widest.set(width));
+                    (width, reduced(op, &data))
+                })
+                .collect();
+            WIDEST.with(|widest| widest.set(Width::Avx512));
+            for i in 0..len {
                 let alone: Vec<Vec<T>> = data.iter().map(|rank| vec![rank[i]]).collect();
                 let want = reduced(op, &alone)[0];
-                for (how, value) in [("in lanes", got), ("in portable lanes", plain)] {
+                for (width, result) in &results {
                     assert_eq!(
-                        bytemuck::bytes_of(value),
+                        bytemuck::bytes_of(&result[i]),
                         bytemuck::bytes_of(&want),
-                        "{:?} {op:?}, element {i}: {value:?} {how}, {want:?} alone",
-                        T::DTYPE
+                        "{:?} {op:?}, element {i}: {:?} in lanes at most {width:?} wide, {want:?} \
+                         alone",
+                        T::DTYPE,
+                        result[i]
                     );
                 }
             }
