@@ -442,7 +442,7 @@ fn kernel<T: Element>(
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        let most = tests::widest_allowed();
+        let most = widest_allowed();
         if most >= Width::Avx2 && has!("avx2") {
             if T::DTYPE == DType::F16 && has!("f16c") {
                 // SAFETY: this CPU has AVX2 and F16C, checked just above.
@@ -487,32 +487,38 @@ fn kernel_plain<T: Element>(
     );
 }
 
-/// [`kernel_lanes`] compiled for AVX2: twice the lanes of the SSE2 baseline per instruction.
-/// The same operations on the same elements in the same order, so the same bits.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn kernel_avx2<T: Element>(
-    inputs: &[&[T]],
-    out: &mut [T],
-    binary: impl Fn(T::Acc, T::Acc) -> T::Acc,
-    average: bool,
-) {
-    kernel_plain(inputs, out, binary, average);
+/// Defines `$name`, [`kernel_plain`] compiled with the target features `$features`.
+macro_rules! kernel_for {
+    ($(#[$doc:meta])* $name:ident, $features:literal) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        fn $name<T: Element>(
+            inputs: &[&[T]],
+            out: &mut [T],
+            binary: impl Fn(T::Acc, T::Acc) -> T::Acc,
+            average: bool,
+        ) {
+            kernel_plain(inputs, out, binary, average);
+        }
+    };
 }
 
-/// [`kernel_lanes`] compiled for AVX-512 (F and BW): twice AVX2's lanes again, which halves the
-/// time of the `bf16` conversions (`bench collectives --only reduce_kernel`: a `bf16` sum of two
-/// 512 KiB inputs took 67-78 µs against 153-183 µs with AVX2). The same bits, as for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn kernel_avx512<T: Element>(
-    inputs: &[&[T]],
-    out: &mut [T],
-    binary: impl Fn(T::Acc, T::Acc) -> T::Acc,
-    average: bool,
-) {
-    kernel_plain(inputs, out, binary, average);
-}
+kernel_for!(
+    /// [`kernel_lanes`] compiled for AVX2: twice the lanes of the SSE2 baseline per
+    /// instruction. The same operations on the same elements in the same order, so the same bits.
+    kernel_avx2,
+    "avx2"
+);
+
+kernel_for!(
+    /// [`kernel_lanes`] compiled for AVX-512 (F and BW): twice AVX2's lanes again, which halves
+    /// the time of the `bf16` conversions (`bench collectives --only reduce_kernel`: a `bf16` sum
+    /// of two 512 KiB inputs took 67-78 µs against 153-183 µs with AVX2). The same bits, as for
+    /// AVX2.
+    kernel_avx512,
+    "avx512f,avx512bw"
+);
 
 /// [`kernel_avx2`] for `f16` (`T` is `f16`, `T::Acc` is `f32`), converting 8 elements per
 /// instruction with F16C, which rounds to nearest even as [`f16_from_f32`] does: the same bits
@@ -625,12 +631,13 @@ pub(crate) fn combine_with<T: bytemuck::Pod>(
 #[cfg(test)]
 mod tests;
 
-/// Outside the unit tests, the kernels use the widest vectors the CPU has.
+/// The widest vectors the kernels may use: outside the unit tests, whatever the CPU has.
 #[cfg(not(test))]
-mod tests {
-    #[inline(always)]
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(super) fn widest_allowed() -> super::Width {
-        super::Width::Avx512
-    }
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn widest_allowed() -> Width {
+    Width::Avx512
 }
+
+#[cfg(test)]
+use tests::widest_allowed;
