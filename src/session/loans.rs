@@ -283,7 +283,10 @@ impl Session {
         self.take_loan(root, expect, &deadline).map(Some)
     }
 
-    /// The loan group `expect` selects from `peer`, as a view of the lender's buffer.
+    /// The loan group `expect` selects from `peer`, as a view of the lender's buffer. A group
+    /// that is not a loan is [`Error::Protocol`] naming `peer` in a collective (the ranks chose
+    /// different paths, so their lengths differ), [`Error::Misuse`] for a point-to-point
+    /// receive (it stays queued for `recv`).
     pub(super) fn take_loan(
         &mut self,
         peer: u32,
@@ -297,6 +300,20 @@ impl Session {
         // Queued headers were checked on arrival: eager, pipelined (or a resumption of one), or
         // a loan.
         let transport = header.kind & !kind::OP_MASK;
+        if transport != kind::LOAN
+            && let Expect::Collective { seq, .. } = expect
+        {
+            // Ranks pick how a collective's parts travel from what they share (its length and
+            // the world): a part in the rings where a loan is due means this peer passed
+            // another length.
+            return Err(Error::Protocol {
+                peer,
+                detail: format!(
+                    "sent its part of collective #{seq} in ring slots where a lent one was due \
+                     (did it pass another length?)"
+                ),
+            });
+        }
         if transport != kind::LOAN {
             return Err(Error::Misuse(format!(
                 "the next message from rank {peer} is not a loan (kind {:#x}, {}); receive it \
