@@ -9,6 +9,7 @@ use common::{Broker, finish, finish_status};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shmbroker::session::{Error, Session};
+use shmbroker_test_support::hostile as hostile_peer;
 use shmbroker_test_support::process::{ChildGuard, spawn_with_fds};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
@@ -105,6 +106,63 @@ fn a_peer_scribbling_over_every_region_it_can_write_hurts_nobody() {
     for (trial, delay_ms) in [(0, 0), (1, 17), (2, 60), (3, 150)] {
         scribble_trial(trial, delay_ms);
     }
+}
+
+/// Rank 2 fills its own outbox with random bytes while ranks 0 and 1 (threads of this process)
+/// and it run reductions at every size and algorithm. Reading contributions in place may give
+/// the victims wrong sums, and nothing else: no signal, no panic, no hang, and no error but one
+/// naming rank 2.
+#[test]
+fn a_peer_scribbling_its_own_outbox_during_reductions_only_changes_values() {
+    const ROUNDS: u64 = 12;
+    let broker = Broker::start("garbage", 3);
+    let attacker = hostile(
+        &broker,
+        "outbox-garbage",
+        2,
+        &["--rounds", &ROUNDS.to_string()],
+    );
+    let (done, results) = std::sync::mpsc::channel();
+    for rank in 0..2u32 {
+        let (socket, done) = (broker.socket(), done.clone());
+        std::thread::spawn(move || {
+            let outcome = (|| {
+                let mut session = Session::connect(socket, Some(rank), Duration::from_secs(10))
+                    .map_err(|e| ("connect", e))?;
+                session.set_timeout(Duration::from_secs(10));
+                let mut wrong = 0;
+                for round in 0..ROUNDS {
+                    wrong += hostile_peer::reductions_round(&mut session, round)?;
+                }
+                session.barrier().map_err(|e| ("barrier", e))?;
+                Ok(wrong)
+            })();
+            let _ = done.send((rank, outcome));
+        });
+    }
+    let (mut wrong, mut failed) = (0, Vec::new());
+    for _ in 0..2 {
+        let (rank, outcome) = results
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a victim hung");
+        match outcome {
+            Ok(count) => wrong += count,
+            // An error may only name the attacker, and not for a wait that ran out.
+            Err((call, error)) => {
+                assert!(
+                    error.rank() == Some(2) && !matches!(error, Error::Timeout { .. }),
+                    "rank {rank}: {call}: {error}"
+                );
+                failed.push(format!("rank {rank}: {call}: {error}"));
+            }
+        }
+    }
+    eprintln!("{wrong} wrong results; stopped by an error: {failed:?}");
+    let (ok, stdout, stderr) = finish(attacker);
+    assert!(ok, "the attacker failed: {stdout}{stderr}");
+    assert!(stdout.contains("scribbled over its outbox"), "{stdout}");
+    // The garbage reached the victims' results: the attack was made where it counts.
+    assert!(wrong > 0, "no victim saw a wrong value: {stdout}");
 }
 
 /// Rank 0 in this process, echoing rank 1 in a child; rank 1 is killed `after` into a loop of

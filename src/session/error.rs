@@ -234,7 +234,6 @@ pub enum Error {
     Launch(String),
 }
 
-/// `op`'s name, or its number when no operation has it.
 impl Error {
     /// The rank this error is about, when it names one: the peer that died, left, never came,
     /// sent bad bytes or disagreed; the first rank a timeout waited for; a rank out of range.

@@ -40,7 +40,8 @@
 //! every peer has acknowledged its view). A peer that dies mid-collective fails it, naming the
 //! first rank that died, as for every collective. A peer that writes garbage into its own
 //! outbox meanwhile can only change the values it contributes: reads are bounds-checked views of
-//! memory that stays mapped, so garbage gives garbage values, never a fault.
+//! memory that stays mapped, so garbage gives garbage values, never a fault
+//! (`tests/hostile.rs` scribbles over a rank's outbox during reductions of every algorithm).
 //!
 //! # Trust
 //!

@@ -11,6 +11,11 @@
 //!   while, `--delay-ms` in, a second thread starts filling every shared writable mapping of a
 //!   shmbroker memfd in this process (its rings' ends and its own outbox) with random bytes, again
 //!   and again for `--for-ms`; then the process exits without a goodbye.
+//! * `outbox-garbage`: takes part in `--rounds` rounds of [`reductions_round`] honestly, and from
+//!   the second round on, a second thread fills its own outbox (and nothing else) with random bytes, pass after pass:
+//!   the attack on the reductions, which read contributions straight from their owners'
+//!   outboxes. Then stops scribbling, meets its peers at a barrier, prints `hostile: scribbled
+//!   over its outbox P times in R rounds` and exits 0.
 //! * `relay-flood`: relays `--count` fds to rank `--to` through the broker, which that rank
 //!   never takes; prints `delivered D refused R` and the first refusal, then waits to be killed.
 //! * `notice-flood`: sends `--count` notices the broker must refuse, as fast as its socket takes
@@ -48,6 +53,9 @@ pub struct Args {
     /// scribble: how long it goes on.
     #[arg(long, default_value_t = 500)]
     for_ms: u64,
+    /// outbox-garbage: how many rounds of reductions it takes part in.
+    #[arg(long, default_value_t = 20)]
+    rounds: u64,
     /// relay-flood: the rank the fds go to.
     #[arg(long, default_value_t = 0)]
     to: u32,
@@ -60,6 +68,7 @@ pub struct Args {
 enum Attack {
     Reopen,
     Scribble,
+    OutboxGarbage,
     RelayFlood,
     NoticeFlood,
     StatusForge,
@@ -75,6 +84,7 @@ pub fn run(args: &Args) -> Result<(), String> {
             Duration::from_millis(args.delay_ms),
             Duration::from_millis(args.for_ms),
         ),
+        Attack::OutboxGarbage => outbox_garbage(socket, rank, args.rounds),
         Attack::RelayFlood => relay_flood(socket, rank, args.to, args.count),
         Attack::NoticeFlood => notice_flood(socket, rank, args.count),
         Attack::StatusForge => status_forge(socket, rank),
@@ -370,11 +380,136 @@ fn scribble(
     }
 }
 
+/// The sizes, in f32 elements, of [`reductions_round`]: in ring slots (64 B), lent in one shot
+/// (1 KiB, and 32 KiB whose three contributions stay under
+/// [`shmbroker::session::LENT_ONE_SHOT_MAX_BYTES`]), and in two shots (256 KiB in one piece,
+/// 2 MiB in two of [`shmbroker::session::PIECE_MAX_BYTES`]).
+pub const REDUCTION_ELEMENTS: [usize; 5] = [16, 256, 8 << 10, 64 << 10, 512 << 10];
+
+/// What rank `rank` contributes to round `round`'s reductions: small whole numbers, so that
+/// every sum of a few of them is exact in f32 whatever the order.
+fn contribution(rank: u32, round: u64, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|at| ((u64::from(rank) * 7 + round * 3 + at as u64) % 1000) as f32)
+        .collect()
+}
+
+/// One round of f32 sums at every size of [`REDUCTION_ELEMENTS`]: an all-reduce of a `Vec`, one
+/// of a symmetric buffer, a reduce-scatter and a reduce to rank `round % size`. Returns how many
+/// of the results this rank got (every element of each checked against the sum computed here)
+/// were wrong: a peer scribbling over its outbox can make them so, and nothing worse.
+///
+/// # Errors
+///
+/// What a call failed with, named.
+pub fn reductions_round(
+    session: &mut Session,
+    round: u64,
+) -> Result<u64, (&'static str, shmbroker::session::Error)> {
+    use shmbroker::ReduceOp::Sum;
+    let (rank, world) = (session.rank(), session.world_size());
+    let root = (round % u64::from(world)) as u32;
+    let mut wrong = 0u64;
+    let mut tally = |got: &[f32], want: &[f32]| wrong += u64::from(got != want);
+    for len in REDUCTION_ELEMENTS {
+        let mut sum = vec![0f32; len];
+        for peer in 0..world {
+            for (total, value) in sum.iter_mut().zip(contribution(peer, round, len)) {
+                *total += value;
+            }
+        }
+        let mut data = contribution(rank, round, len);
+        session
+            .all_reduce(&mut data, Sum)
+            .map_err(|e| ("all_reduce", e))?;
+        tally(&data, &sum);
+        let mut symmetric = session
+            .symmetric::<f32>(len)
+            .map_err(|e| ("symmetric", e))?;
+        symmetric.copy_from_slice(&contribution(rank, round, len));
+        session
+            .all_reduce(&mut symmetric, Sum)
+            .map_err(|e| ("all_reduce of a symmetric buffer", e))?;
+        tally(&symmetric, &sum);
+        drop(symmetric);
+        let block = len / world as usize;
+        let mut mine = vec![0f32; block];
+        session
+            .reduce_scatter(
+                &contribution(rank, round, block * world as usize),
+                &mut mine,
+                Sum,
+            )
+            .map_err(|e| ("reduce_scatter", e))?;
+        let mut blocks = vec![0f32; block * world as usize];
+        for peer in 0..world {
+            let theirs = contribution(peer, round, block * world as usize);
+            for (total, value) in blocks.iter_mut().zip(theirs) {
+                *total += value;
+            }
+        }
+        let at = block * rank as usize;
+        tally(&mine, &blocks[at..at + block]);
+        let mut data = contribution(rank, round, len);
+        session
+            .reduce(root, &mut data, Sum)
+            .map_err(|e| ("reduce", e))?;
+        if rank == root {
+            tally(&data, &sum);
+        }
+    }
+    Ok(wrong)
+}
+
+fn outbox_garbage(socket: &str, rank: Option<u32>, rounds: u64) -> Result<(), String> {
+    // An outbox of 8 MiB (four pieces' worth, the least that keeps the peers' piece size) for
+    // quick passes over it.
+    let raw = log_on(socket, rank)?;
+    let mut session =
+        Session::from_handshake_with(raw, 8 << 20, TIMEOUT).map_err(|e| e.to_string())?;
+    session.set_timeout(TIMEOUT);
+    // One honest round first, so that every peer has mapped this outbox: a peer refuses to map
+    // one whose header is garbage, naming its owner, and the attack is on the data.
+    let first =
+        reductions_round(&mut session, 0).map_err(|(call, e)| format!("round 0: {call}: {e}"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scribbler = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            scribble_mappings_while("memfd:shmbroker-outbox", || {
+                !stop.load(std::sync::atomic::Ordering::Relaxed)
+            })
+        })
+    };
+    // Honest but for the scribbling: its own results are garbage too, and ignored.
+    let outcome = first.and_then(|_| {
+        (1..rounds).try_for_each(|round| {
+            reductions_round(&mut session, round)
+                .map(drop)
+                .map_err(|(call, e)| format!("round {round}: {call}: {e}"))
+        })
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let passes = match scribbler.join() {
+        Ok(passes) => passes?,
+        Err(_) => return Err("the scribbler panicked".into()),
+    };
+    outcome?;
+    session.barrier().map_err(|e| format!("barrier: {e}"))?;
+    println!("hostile: scribbled over its outbox {passes} times in {rounds} rounds");
+    Ok(())
+}
+
 /// Fills every shared writable mapping of a shmbroker memfd in this process (its ends of the
 /// rings, its outbox) with random bytes, pass after pass, while `go_on` says so; returns the
 /// passes made.
-fn scribble_while(mut go_on: impl FnMut() -> bool) -> Result<u64, String> {
-    let regions = writable_shared_memfds()?;
+fn scribble_while(go_on: impl FnMut() -> bool) -> Result<u64, String> {
+    scribble_mappings_while("memfd:shmbroker", go_on)
+}
+
+/// [`scribble_while`] over the mappings whose name starts with `name` alone.
+fn scribble_mappings_while(name: &str, mut go_on: impl FnMut() -> bool) -> Result<u64, String> {
+    let regions = writable_shared_memfds(name)?;
     let mut seed = u64::from(std::process::id()) | 1;
     let mut passes = 0u64;
     while go_on() {
@@ -402,12 +537,13 @@ pub fn scribble_until_killed() {
     let _ = scribble_while(|| true);
 }
 
-/// `(start, len)` of every shared read-write mapping of a shmbroker memfd in this process.
-fn writable_shared_memfds() -> Result<Vec<(usize, usize)>, String> {
+/// `(start, len)` of every shared read-write mapping in this process of a memfd whose name
+/// starts with `name` (`memfd:shmbroker` for them all).
+fn writable_shared_memfds(name: &str) -> Result<Vec<(usize, usize)>, String> {
     let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| e.to_string())?;
     Ok(maps
         .lines()
-        .filter(|line| line.contains("memfd:shmbroker"))
+        .filter(|line| line.contains(name))
         .filter_map(|line| {
             let mut fields = line.split_whitespace();
             let range = fields.next()?;
