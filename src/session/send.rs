@@ -10,7 +10,7 @@
 //!
 //! Larger data is *pipelined*: a header with the total length, then chunks (a quarter of the
 //! message, from [`MIN_CHUNK_BYTES`] to [`CHUNK_BYTES`]) written into this rank's outbox one
-//! after the other, each announced with a `CHUNK` message carrying its
+//! after the other, each announced as soon as it is written with a `CHUNK` message carrying its
 //! [`PayloadRef`](shmbroker_bindings::PayloadRef); receivers copy each chunk out and acknowledge
 //! it, which frees the block for the next chunk. At most [`CHUNKS_IN_FLIGHT`] chunks are
 //! unacknowledged by any one receiver at once (counted per receiver, so a rank feeding several
@@ -662,7 +662,17 @@ impl Session {
                 .push(with_ref(kind::CHUNK, outgoing.tag, sent));
             outgoing.written += len;
             moved = true;
+            // Announced at once, so that the receivers copy this chunk out while the next one
+            // is copied in.
+            self.deliver(outgoing)?;
         }
+        Ok(self.deliver(outgoing)? || moved)
+    }
+
+    /// Sends each target of `outgoing` every message of it the target's ring has room for.
+    /// Returns whether any went.
+    fn deliver(&mut self, outgoing: &mut Outgoing<'_>) -> Result<bool, Error> {
+        let mut moved = false;
         for (index, &peer) in outgoing.targets.iter().enumerate() {
             let from = outgoing.delivered[index];
             if from == outgoing.messages.len() {
