@@ -28,6 +28,19 @@
 #define TAG_DATA 1
 #define TAG_ACK 2
 
+/* Writes message n: every byte n mod 256. */
+static void stamp(char *buf, int size, uint64_t n) { memset(buf, (int)(n & 0xff), (size_t)size); }
+
+/* Aborts unless buf holds message n (its first and last bytes). */
+static void check(const char *buf, int size, uint64_t n) {
+    unsigned char want = (unsigned char)(n & 0xff);
+    if (size > 0 && ((unsigned char)buf[0] != want || (unsigned char)buf[size - 1] != want)) {
+        fprintf(stderr, "bulk: message %llu of %d bytes arrived wrong\n", (unsigned long long)n,
+                size);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
+
 static int usage(int rank, const char *why) {
     return usage_of("bulk",
                     "mpirun -np 2 bulk ROUNDS WARMUP SIZE [SIZE...]"
@@ -74,12 +87,16 @@ int main(int argc, char **argv) {
         for (uint64_t r = 0; r < warmup + rounds; r++) {
             if (rank == 0) {
                 uint64_t t0 = now_ns();
+                stamp(sbuf, size, 2 * r);
                 MPI_Send(sbuf, size, MPI_BYTE, peer, TAG_DATA, MPI_COMM_WORLD);
                 MPI_Recv(rbuf, size, MPI_BYTE, peer, TAG_DATA, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                check(rbuf, size, 2 * r + 1);
                 uint64_t t1 = now_ns();
                 if (r >= warmup) samples[r - warmup] = t1 - t0;
             } else {
                 MPI_Recv(rbuf, size, MPI_BYTE, peer, TAG_DATA, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                check(rbuf, size, 2 * r);
+                stamp(sbuf, size, 2 * r + 1);
                 MPI_Send(sbuf, size, MPI_BYTE, peer, TAG_DATA, MPI_COMM_WORLD);
             }
         }
@@ -92,13 +109,17 @@ int main(int argc, char **argv) {
         uint64_t elapsed = 0;
         if (rank == 0) {
             uint64_t t0 = now_ns();
-            for (uint64_t i = 0; i < n; i++)
+            for (uint64_t i = 0; i < n; i++) {
+                stamp(sbuf, size, i);
                 MPI_Send(sbuf, size, MPI_BYTE, peer, TAG_DATA, MPI_COMM_WORLD);
+            }
             MPI_Recv(&ack, 1, MPI_BYTE, peer, TAG_ACK, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             elapsed = now_ns() - t0;
         } else {
-            for (uint64_t i = 0; i < n; i++)
+            for (uint64_t i = 0; i < n; i++) {
                 MPI_Recv(rbuf, size, MPI_BYTE, peer, TAG_DATA, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                check(rbuf, size, i);
+            }
             MPI_Send(&ack, 1, MPI_BYTE, peer, TAG_ACK, MPI_COMM_WORLD);
         }
 
