@@ -104,7 +104,10 @@ mod symmetric;
 #[cfg(feature = "tokio")]
 mod tokio_receiver;
 
-pub use collectives::{BRUCK_MAX_BYTES, FLAT_BARRIER_MAX, FLAT_GATHER_MAX};
+pub use collectives::{
+    ALL_GATHER_LEND_MAX_RANKS, ALL_GATHER_SLOTS_MAX_BYTES, BRUCK_MAX_BYTES, FLAT_BARRIER_MAX,
+    FLAT_GATHER_MAX,
+};
 pub use exchange::{LEND_MAX_BLOCK_BYTES, LEND_MIN_BLOCK_BYTES};
 pub use fds::FdTransport;
 pub use groups::{Group, GroupView};

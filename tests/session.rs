@@ -103,6 +103,16 @@ fn a_rank_that_finished_its_all_gather_and_left_is_not_blamed_by_a_slower_one() 
     // closed ring before its inbox, and failed with "peer rank N left the session" (`bench
     // collectives` under load, 1 run in 6). Twelve ranks on this machine's cores, beside two
     // busy threads, each leaving as soon as its last call returns.
+    finish_and_leave(12, 15);
+    // Four ranks lend their 1 KiB parts from their outboxes (`ALL_GATHER_SLOTS_MAX_BYTES`): a
+    // slower rank reads the part of one that has left from its outbox, and acknowledges it
+    // into a closed ring.
+    finish_and_leave(4, 30);
+}
+
+/// `trials` worlds of `world` ranks, each making 60 all-gathers of 1 KiB and leaving as soon as
+/// its last one returns, beside two busy threads: no rank may fail.
+fn finish_and_leave(world: u32, trials: u32) {
     let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let spinners: Vec<_> = (0..2)
         .map(|_| {
@@ -114,19 +124,26 @@ fn a_rank_that_finished_its_all_gather_and_left_is_not_blamed_by_a_slower_one() 
             })
         })
         .collect();
-    for trial in 0..15 {
-        let (_world, sessions) = World::start(&format!("leave-after-{trial}"), 12);
+    for trial in 0..trials {
+        let (_world, sessions) = World::start(&format!("leave-after-{world}-{trial}"), world);
         let joins: Vec<_> = sessions
             .into_iter()
             .map(|mut session| {
                 std::thread::spawn(move || {
                     let rank = session.rank();
                     let part = [rank as u8; 1024];
-                    let mut out = vec![0u8; 1024 * 12];
+                    let mut out = vec![0u8; 1024 * world as usize];
                     for call in 0..60 {
                         session
                             .all_gather_into(&part, &mut out)
                             .map_err(|error| format!("rank {rank}, call {call}: {error}"))?;
+                        for (peer, got) in out.chunks(1024).enumerate() {
+                            if got.iter().any(|&byte| byte != peer as u8) {
+                                return Err(format!(
+                                    "rank {rank}, call {call}: rank {peer}'s part is wrong"
+                                ));
+                            }
+                        }
                     }
                     drop(session);
                     Ok::<_, String>(())
@@ -137,7 +154,10 @@ fn a_rank_that_finished_its_all_gather_and_left_is_not_blamed_by_a_slower_one() 
             .into_iter()
             .filter_map(|join| join.join().unwrap().err())
             .collect();
-        assert!(failures.is_empty(), "trial {trial}: {failures:#?}");
+        assert!(
+            failures.is_empty(),
+            "{world} ranks, trial {trial}: {failures:#?}"
+        );
     }
     busy.store(false, std::sync::atomic::Ordering::Relaxed);
     for spinner in spinners {
