@@ -181,7 +181,7 @@ pub struct Session {
     /// What this rank says it is doing, in its outbox's status words (see `status`).
     publisher: std::sync::Arc<status::Publisher>,
     /// Offsets of outbox blocks holding chunks of pipelined transfers, not yet acknowledged.
-    chunk_blocks: HashSet<u64>,
+    chunk_blocks: shmbroker_allocator::offsets::OffsetSet,
     /// A point-to-point send an interrupt ended after part of it went out, to be finished by the
     /// next calls (see `send::Session::set_aside_send`).
     set_aside: Option<send::Outgoing<'static>>,
@@ -579,7 +579,7 @@ impl Session {
             peers: (0..world as u32).map(Peer::new).collect(),
             publisher: std::sync::Arc::new(status::Publisher::new(outbox.status())),
             outbox,
-            chunk_blocks: HashSet::new(),
+            chunk_blocks: shmbroker_allocator::offsets::OffsetSet::default(),
             set_aside: None,
             view_acks: ViewAcks::default(),
             fd_transport: FdTransport::Auto,

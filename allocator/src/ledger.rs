@@ -11,8 +11,8 @@
 //! symmetric buffer an all-reduce reads where it lies) is recorded the same way, but frees
 //! nothing when its last acknowledgement comes: the buffer was never the ledger's.
 
+use crate::offsets::OffsetMap;
 use shmbroker_bindings::PayloadRef;
-use std::collections::HashMap;
 
 /// The most ranks a ledger tracks (the owed set is a 64-bit mask).
 pub const MAX_RANKS: u32 = 64;
@@ -65,7 +65,7 @@ impl Entry {
 /// Blocks sent and not yet acknowledged by every receiver.
 #[derive(Debug, Default, Clone)]
 pub struct Ledger {
-    entries: HashMap<u64, Entry>,
+    entries: OffsetMap<Entry>,
 }
 
 /// The bit of `rank` in an owed set; ranks at or above [`MAX_RANKS`] have none.

@@ -57,6 +57,7 @@
 
 mod error;
 pub mod ledger;
+pub mod offsets;
 mod outbox;
 mod peer;
 pub mod ranges;

@@ -311,8 +311,14 @@ impl Session {
         }
         let mut loan = self.loan_within(data.len(), deadline)?;
         loan[..data.len()].copy_from_slice(data);
-        let peers: Vec<u32> = self.team_peers().collect();
-        self.lend(op, seq, loan, &peers, deadline)?;
+        // On the stack: a team this small has at most this many peers.
+        let mut peers = [0u32; ALL_GATHER_LEND_MAX_RANKS as usize];
+        let mut count = 0;
+        for (slot, peer) in peers.iter_mut().zip(self.team_peers()) {
+            *slot = peer;
+            count += 1;
+        }
+        self.lend(op, seq, loan, &peers[..count], deadline)?;
         Ok(true)
     }
 
