@@ -310,7 +310,7 @@ impl Session {
             return self.send_if_eager(op, seq, data, Targets::Peers, deadline);
         }
         let mut loan = self.loan_within(data.len(), deadline)?;
-        loan[..data.len()].copy_from_slice(data);
+        loan.copy_from_slice(data);
         // On the stack: a team this small has at most this many peers.
         let mut peers = [0u32; ALL_GATHER_LEND_MAX_RANKS as usize];
         let mut count = 0;
