@@ -166,6 +166,34 @@ fn finish_and_leave(world: u32, trials: u32) {
 }
 
 #[test]
+fn an_all_gather_whose_outbox_is_full_sends_its_part_in_ring_slots() {
+    // A 1 KiB part is lent from the outbox (`ALL_GATHER_SLOTS_MAX_BYTES`), unless the outbox has
+    // no room: here every rank holds a loan of all of it, which nobody will give back. The part
+    // then goes in ring slots, and the all-gather completes at once instead of waiting for room
+    // until its deadline.
+    let (_world, sessions) = World::start_with_outbox("all-gather-outbox-full", 3, 1 << 20);
+    each_on_a_thread(sessions, |session| {
+        let rank = session.rank();
+        let held = session.loan(session.max_loan_bytes()).unwrap();
+        let part = [rank as u8 + 1; 1024];
+        let mut out = vec![0u8; 3 * 1024];
+        session
+            .all_gather_into_timeout(&part, &mut out, Duration::from_secs(5))
+            .unwrap_or_else(|error| panic!("rank {rank}: {error}"));
+        for (peer, got) in out.chunks(1024).enumerate() {
+            assert!(
+                got.iter().all(|&byte| byte == peer as u8 + 1),
+                "rank {rank}: {peer}"
+            );
+        }
+        drop(held);
+        // With room again, the same call lends.
+        session.all_gather_into(&part, &mut out).unwrap();
+        session.barrier().unwrap();
+    });
+}
+
+#[test]
 fn making_a_group_with_a_member_that_left_names_it_and_the_others_group_after() {
     // Rank 1 leaves; ranks 0, 2 and 3 then try to make a group of all four. Each takes the
     // proposals of the live members and fails naming rank 1, not a live member, and the three

@@ -31,10 +31,11 @@ pub const BRUCK_MAX_BYTES: usize = 1024;
 /// 1.04-1.22 us lent (1.57-1.64x Open MPI, against 1.01-1.21x).
 pub const ALL_GATHER_SLOTS_MAX_BYTES: usize = 512;
 
-/// The largest team whose all-gather lends parts above [`ALL_GATHER_SLOTS_MAX_BYTES`]. Larger
-/// ones keep the ring slots: with 8 ranks parked on 2 cores, 1 KiB lent took 74-78 us against
-/// 60-72 us in slots (four runs each; every lent part brings an acknowledgement back, which
-/// wakes a parked sender), and 4 ranks took the same time either way (34-40 us).
+/// The largest team whose all-gather lends parts above [`ALL_GATHER_SLOTS_MAX_BYTES`]: the
+/// largest measured where lending did not lose. With 8 ranks parked on 2 cores, 1 KiB lent took
+/// 74-78 us against 60-72 us in slots (four runs each; every lent part brings an
+/// acknowledgement back, which wakes a parked sender); 4 ranks took the same time either way
+/// (34-40 us), and 2 ranks were faster lent (see [`ALL_GATHER_SLOTS_MAX_BYTES`]).
 pub const ALL_GATHER_LEND_MAX_RANKS: u32 = 4;
 
 /// A barrier message's inline bytes in dissemination round `round`.
@@ -291,11 +292,16 @@ impl Session {
     }
 
     /// Sends this rank's `data` to every peer as collective `op` number `seq` when it is small
-    /// enough to go at once: up to [`ALL_GATHER_SLOTS_MAX_BYTES`] in ring slots, and up to the
-    /// eager limit copied into this rank's outbox and lent to every peer (one slot each, where
-    /// slots take one per 64 bytes) in a team of up to [`ALL_GATHER_LEND_MAX_RANKS`]. A receiver
-    /// takes either the same way, so ranks that choose differently still meet. Returns `false`,
-    /// having sent nothing, for larger data.
+    /// enough to go at once: in ring slots, or, for an all-gather's part above
+    /// [`ALL_GATHER_SLOTS_MAX_BYTES`] in a team of up to [`ALL_GATHER_LEND_MAX_RANKS`], copied
+    /// into this rank's outbox and lent to every peer (one slot each, where slots take one per
+    /// 64 bytes). A part the outbox has no room for at once (full of symmetric buffers, say)
+    /// goes in slots: a receiver takes either form the same way. Returns `false`, having sent
+    /// nothing, above the eager limit.
+    ///
+    /// Only the all-gather lends: the reductions that gather their first shot here (a reduce
+    /// and a reduce-scatter to [`ONE_SHOT_MAX_BYTES`](super::ONE_SHOT_MAX_BYTES)) were measured
+    /// in slots.
     fn send_small_part(
         &mut self,
         op: u32,
@@ -303,21 +309,26 @@ impl Session {
         data: &[u8],
         deadline: &Deadline,
     ) -> Result<bool, Error> {
-        if data.len() <= ALL_GATHER_SLOTS_MAX_BYTES
+        if op != kind::ALL_GATHER
+            || data.len() <= ALL_GATHER_SLOTS_MAX_BYTES
             || data.len() > self.eager_limit()
             || self.size() > ALL_GATHER_LEND_MAX_RANKS
         {
             return self.send_if_eager(op, seq, data, Targets::Peers, deadline);
         }
-        let mut loan = self.loan_within(data.len(), deadline)?;
+        self.flush_view_acks()?;
+        let Some(mut loan) = self.outbox.try_loan(data.len()).map_err(Error::OwnOutbox)? else {
+            return self.send_if_eager(op, seq, data, Targets::Peers, deadline);
+        };
         loan.copy_from_slice(data);
         // On the stack: a team this small has at most this many peers.
-        let mut peers = [0u32; ALL_GATHER_LEND_MAX_RANKS as usize];
+        let mut peers = [0u32; ALL_GATHER_LEND_MAX_RANKS as usize - 1];
         let mut count = 0;
         for (slot, peer) in peers.iter_mut().zip(self.team_peers()) {
             *slot = peer;
             count += 1;
         }
+        debug_assert_eq!(count, self.size() as usize - 1, "every peer has a place");
         self.lend(op, seq, loan, &peers[..count], deadline)?;
         Ok(true)
     }
