@@ -2,11 +2,12 @@
 //!
 //! The standard library's SipHash guards a table against keys chosen to collide. These tables
 //! hold only offsets this process's own allocator handed out (a peer's acknowledgement is only
-//! looked up, and a lookup cannot lengthen a probe sequence), so a multiplicative hash of the
-//! 64-byte line number is enough: distinct blocks have distinct line numbers, and the multiply
-//! spreads them over the hash's high bits, which the table's tags take, as well as its low bits,
-//! which pick its buckets. A table operation is on the path of every chunk, loan and
-//! acknowledgement.
+//! looked up, and an unknown one ends the link after that one lookup), so a fast hash is enough:
+//! SplitMix64's finalizer of the 64-byte line number, two multiplies and three shifts. It must
+//! mix well all the same: a plain multiply keeps its input's trailing zeros, so blocks a power
+//! of two apart (256 KiB chunks allocated one after the other) would all land in the same
+//! bucket, which the table picks from the hash's low bits. A table operation is on the path of
+//! every chunk, loan and acknowledgement.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -27,14 +28,15 @@ impl Hasher for OffsetHasher {
     }
 
     fn write_u64(&mut self, offset: u64) {
-        // Fibonacci hashing of the line number: an odd multiplier maps the low k bits of the
-        // line number one to one onto the low k bits of the hash, and mixes them all into its
-        // high bits.
-        self.0 = (offset >> 6).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // SplitMix64's finalizer: every bit of the line number reaches every bit of the hash.
+        let mut x = offset >> 6;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        self.0 = x ^ (x >> 31);
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        // Not reached for `u64` keys; any other key still hashes, byte by byte.
+        // Only `u64` keys are hashed (`write_u64`); this keeps any other key correct, if slow.
         for &byte in bytes {
             self.write_u64(self.0.rotate_left(8) ^ u64::from(byte) << 6);
         }
@@ -45,21 +47,32 @@ impl Hasher for OffsetHasher {
 mod tests {
     use super::*;
 
-    #[test]
-    fn blocks_a_line_apart_spread_over_buckets_and_tags() {
-        let hashes: Vec<u64> = (0..4096u64)
-            .map(|line| {
-                let mut hasher = OffsetHasher::default();
-                hasher.write_u64(line * 64);
-                hasher.finish()
-            })
-            .collect();
-        // Every low 12 bits (a 4096-bucket table's index) different...
+    fn hash(offset: u64) -> u64 {
+        let mut hasher = OffsetHasher::default();
+        hasher.write_u64(offset);
+        hasher.finish()
+    }
+
+    /// How many of a 4096-bucket table's buckets (the low 12 bits) and of the 128 tags (the top
+    /// 7 bits) 4096 blocks `stride` bytes apart use.
+    fn spread(stride: u64) -> (usize, usize) {
+        let hashes: Vec<u64> = (0..4096u64).map(|block| hash(block * stride)).collect();
         let buckets: HashSet<u64> = hashes.iter().map(|h| h & 4095).collect();
-        assert_eq!(buckets.len(), 4096);
-        // ...and the top 7 bits (the tags) all used.
         let tags: HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
-        assert_eq!(tags.len(), 128);
+        (buckets.len(), tags.len())
+    }
+
+    #[test]
+    fn blocks_of_every_power_of_two_size_spread_over_buckets_and_tags() {
+        // 4096 keys thrown at random into 4096 buckets fill about 63% of them.
+        for stride in (6..=30).map(|shift| 1u64 << shift) {
+            let (buckets, tags) = spread(stride);
+            assert!(
+                buckets > 2400,
+                "{stride}-byte blocks: {buckets} buckets of 4096"
+            );
+            assert_eq!(tags, 128, "{stride}-byte blocks");
+        }
     }
 
     #[test]
