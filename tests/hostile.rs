@@ -111,7 +111,8 @@ fn a_peer_scribbling_over_every_region_it_can_write_hurts_nobody() {
 /// Rank 2 fills its own outbox with random bytes while ranks 0 and 1 (threads of this process)
 /// and it run reductions at every size and algorithm. Reading contributions in place may give
 /// the victims wrong sums, and nothing else: no signal, no panic, no hang, and no error but one
-/// naming rank 2.
+/// naming rank 2 (or, once one victim has failed so and left, its departure, for the other).
+/// In every run so far both victims finished every call.
 #[test]
 fn a_peer_scribbling_its_own_outbox_during_reductions_only_changes_values() {
     const ROUNDS: u64 = 12;
@@ -140,29 +141,46 @@ fn a_peer_scribbling_its_own_outbox_during_reductions_only_changes_values() {
             let _ = done.send((rank, outcome));
         });
     }
-    let (mut wrong, mut failed) = (0, Vec::new());
+    let mut outcomes = [None, None];
     for _ in 0..2 {
         let (rank, outcome) = results
             .recv_timeout(Duration::from_secs(120))
             .expect("a victim hung");
+        outcomes[rank as usize] = Some(outcome);
+    }
+    let [Some(zero), Some(one)] = outcomes else {
+        unreachable!("both victims answered")
+    };
+    // An error may only name the attacker (and not for a wait that ran out), or, for a victim
+    // whose peer failed so, that peer's departure.
+    let names_the_attacker = |outcome: &Result<u64, (&str, Error)>| match outcome {
+        Ok(_) => true,
+        Err((_, error)) => error.rank() == Some(2) && !matches!(error, Error::Timeout { .. }),
+    };
+    let mut wrong = 0;
+    for (rank, outcome, other) in [(0u32, &zero, &one), (1, &one, &zero)] {
         match outcome {
             Ok(count) => wrong += count,
-            // An error may only name the attacker, and not for a wait that ran out.
             Err((call, error)) => {
+                let the_other_left_after_the_attacker = other.is_err()
+                    && names_the_attacker(other)
+                    && matches!(error, Error::PeerLeft { rank: left, .. } if *left == 1 - rank);
                 assert!(
-                    error.rank() == Some(2) && !matches!(error, Error::Timeout { .. }),
+                    names_the_attacker(outcome) || the_other_left_after_the_attacker,
                     "rank {rank}: {call}: {error}"
                 );
-                failed.push(format!("rank {rank}: {call}: {error}"));
             }
         }
     }
-    eprintln!("{wrong} wrong results; stopped by an error: {failed:?}");
+    eprintln!("{wrong} wrong results; victims: {zero:?}, {one:?}");
     let (ok, stdout, stderr) = finish(attacker);
-    assert!(ok, "the attacker failed: {stdout}{stderr}");
-    assert!(stdout.contains("scribbled over its outbox"), "{stdout}");
-    // The garbage reached the victims' results: the attack was made where it counts.
-    assert!(wrong > 0, "no victim saw a wrong value: {stdout}");
+    if zero.is_ok() && one.is_ok() {
+        // Both victims went on to the end, and so did the attacker, scribbling.
+        assert!(ok, "the attacker failed: {stdout}{stderr}");
+        assert!(stdout.contains("scribbled over its outbox"), "{stdout}");
+        // The garbage reached the victims' results: the attack was made where it counts.
+        assert!(wrong > 0, "no victim saw a wrong value: {stdout}");
+    }
 }
 
 /// Rank 0 in this process, echoing rank 1 in a child; rank 1 is killed `after` into a loop of

@@ -462,8 +462,8 @@ pub fn reductions_round(
 }
 
 fn outbox_garbage(socket: &str, rank: Option<u32>, rounds: u64) -> Result<(), String> {
-    // An outbox of 8 MiB (four pieces' worth, the least that keeps the peers' piece size) for
-    // quick passes over it.
+    // An outbox of 8 MiB, for quick passes over it: at least four pieces of
+    // `PIECE_MAX_BYTES` (1 MiB), so the two-shot pieces stay the peers' size.
     let raw = log_on(socket, rank)?;
     let mut session =
         Session::from_handshake_with(raw, 8 << 20, TIMEOUT).map_err(|e| e.to_string())?;
