@@ -1,6 +1,7 @@
 //! The session's errors, triggered one by one with ranks on threads of this process: misuse,
 //! mismatched collectives, and bytes from a peer that no correct peer sends.
 
+use shmbroker::ReduceOp;
 use shmbroker::bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 use shmbroker::session::{Error, Session, Waiting};
 use std::time::{Duration, Instant};
@@ -190,6 +191,26 @@ fn an_all_gather_whose_outbox_is_full_sends_its_part_in_ring_slots() {
         // With room again, the same call lends.
         session.all_gather_into(&part, &mut out).unwrap();
         session.barrier().unwrap();
+    });
+}
+
+#[test]
+fn a_reduction_with_no_room_in_its_own_outbox_blames_no_peer() {
+    // Every rank holds a loan of its whole outbox, then all-reduces 1 KiB, which is lent
+    // (`ALL_REDUCE_SLOTS_MAX_BYTES`). No peer owes this rank anything, so at the deadline the
+    // error names none of them: the room is this rank's own to give back.
+    let (_world, sessions) = World::start_with_outbox("reduce-outbox-full", 2, 1 << 20);
+    each_on_a_thread(sessions, |session| {
+        let rank = session.rank();
+        let held = session.loan(session.max_loan_bytes()).unwrap();
+        let mut data = [1.0f32; 256];
+        let failed =
+            session.all_reduce_timeout(&mut data, ReduceOp::Sum, Duration::from_millis(300));
+        match failed {
+            Err(Error::Misuse(text)) => assert!(text.contains("own"), "rank {rank}: {text}"),
+            other => panic!("rank {rank}: {other:?}"),
+        }
+        drop(held);
     });
 }
 

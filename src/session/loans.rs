@@ -134,7 +134,8 @@ impl Session {
 
     /// One turn of a wait for peers' acknowledgements (room in the outbox, a buffer lent in
     /// place given back): fails on an interrupt or at the deadline, naming the peer that owes
-    /// most; otherwise takes in what arrived, after a pause that grows from `since` on.
+    /// most ([`Error::Misuse`], naming none, when no peer owes anything); otherwise takes in
+    /// what arrived, after a pause that grows from `since` on.
     fn await_acks(
         &mut self,
         deadline: &Deadline,
@@ -148,8 +149,17 @@ impl Session {
             deadline.waits_for(rank);
         }
         if deadline.left().is_zero() {
-            let waiting = owing.or_else(|| self.peers().last()).unwrap_or(self.rank());
-            return Err(self.timed_out(deadline, waiting));
+            return Err(match owing {
+                Some(rank) => self.timed_out(deadline, rank),
+                // No peer holds any of the outbox: only this process can give room back (a
+                // loan or symmetric buffer dropped on another thread), so no peer is named.
+                None => Error::Misuse(format!(
+                    "{} timed out after {:?} waiting for room in this rank's own outbox ({}                      bytes), which no peer holds any of: this process's loans and symmetric                      buffers fill it",
+                    deadline.op,
+                    deadline.timeout,
+                    self.outbox.capacity()
+                )),
+            });
         }
         if let Some(waited) = deadline.watchdog_due() {
             let owing: Vec<u32> = self
