@@ -306,27 +306,34 @@ fn the_lanes_give_the_bits_of_one_element_at_a_time_in_every_vector_width() {
     for_every_type!(check);
 }
 
+/// Every f32 whose high 16 bits (sign, exponent, top of the mantissa) take every value and
+/// whose low 16 bits are each of `lows` (where a narrowing's rounding turns).
+fn f32_rounding_cases(lows: &'static [u32]) -> impl Iterator<Item = f32> {
+    (0..=u32::from(u16::MAX)).flat_map(move |high| {
+        lows.iter()
+            .map(move |&low| f32::from_bits(high << 16 | low))
+    })
+}
+
 #[test]
 fn bf16_conversions_match_half_bit_for_bit() {
     // Every sign, exponent and top mantissa half, with the low halves where rounding turns:
     // zero, just under, at and just over one half, and the largest.
-    for high in 0..=u32::from(u16::MAX) {
-        for low in [0, 1, 0x3fff, 0x7fff, 0x8000, 0x8001, 0xc000, 0xffff] {
-            let x = f32::from_bits(high << 16 | low);
-            assert_eq!(
-                bf16_from_f32(x).to_bits(),
-                bf16::from_f32(x).to_bits(),
-                "{x:e} ({:#010x})",
-                x.to_bits()
-            );
-        }
-        #[allow(clippy::cast_possible_truncation)]
-        let b = bf16::from_bits(high as u16);
+    for x in f32_rounding_cases(&[0, 1, 0x3fff, 0x7fff, 0x8000, 0x8001, 0xc000, 0xffff]) {
+        assert_eq!(
+            bf16_from_f32(x).to_bits(),
+            bf16::from_f32(x).to_bits(),
+            "{x:e} ({:#010x})",
+            x.to_bits()
+        );
+    }
+    // Every bf16, widened.
+    for bits in 0..=u16::MAX {
+        let b = bf16::from_bits(bits);
         assert_eq!(
             bf16_to_f32(b).to_bits(),
             b.to_f32().to_bits(),
-            "{:#06x}",
-            high
+            "{bits:#06x}"
         );
     }
 }
@@ -339,18 +346,16 @@ fn f16_conversions_match_half_bit_for_bit() {
         assert_eq!(f16_to_f32(h).to_bits(), h.to_f32().to_bits(), "{bits:#06x}");
     }
     // Every sign, exponent and top of the mantissa of an f32, with the 13 bits that rounding
-    // drops (and the 3 above them) where rounding turns, narrowed; and every f16 widened back.
-    for high in 0..=u32::from(u16::MAX) {
-        for low in [
-            0, 1, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000, 0x7fff, 0xffff,
-        ] {
-            let x = f32::from_bits(high << 16 | low);
-            assert_eq!(
-                f16_from_f32(x).to_bits(),
-                f16::from_f32(x).to_bits(),
-                "{x:e} ({:#010x})",
-                x.to_bits()
-            );
-        }
+    // drops (and the 3 above them) where rounding turns, narrowed.
+    let lows = &[
+        0, 1, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000, 0x7fff, 0xffff,
+    ];
+    for x in f32_rounding_cases(lows) {
+        assert_eq!(
+            f16_from_f32(x).to_bits(),
+            f16::from_f32(x).to_bits(),
+            "{x:e} ({:#010x})",
+            x.to_bits()
+        );
     }
 }
