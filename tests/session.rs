@@ -167,12 +167,14 @@ fn finish_and_leave(world: u32, trials: u32) {
 }
 
 #[test]
-fn an_all_gather_whose_outbox_is_full_sends_its_part_in_ring_slots() {
-    // A 1 KiB part is lent from the outbox (`ALL_GATHER_SLOTS_MAX_BYTES`), unless the outbox has
-    // no room: here every rank holds a loan of all of it, which nobody will give back. The part
-    // then goes in ring slots, and the all-gather completes at once instead of waiting for room
-    // until its deadline.
-    let (_world, sessions) = World::start_with_outbox("all-gather-outbox-full", 3, 1 << 20);
+fn a_rank_whose_own_loans_fill_its_outbox_gathers_in_slots_and_blames_no_peer() {
+    // Every rank holds a loan of its whole outbox, which nobody will give back.
+    // - A 1 KiB all-gather part is lent (`ALL_GATHER_SLOTS_MAX_BYTES`) when there is room; here
+    //   it goes in ring slots, and the call completes at once instead of waiting for room.
+    // - A 1 KiB all-reduce is always lent (`ALL_REDUCE_SLOTS_MAX_BYTES`): it waits for room to
+    //   its deadline, and the error names no peer (none owes this rank anything; it used to
+    //   name the last one), since the room is this rank's own to give back.
+    let (_world, sessions) = World::start_with_outbox("own-outbox-full", 3, 1 << 20);
     each_on_a_thread(sessions, |session| {
         let rank = session.rank();
         let held = session.loan(session.max_loan_bytes()).unwrap();
@@ -187,30 +189,17 @@ fn an_all_gather_whose_outbox_is_full_sends_its_part_in_ring_slots() {
                 "rank {rank}: {peer}"
             );
         }
-        drop(held);
-        // With room again, the same call lends.
-        session.all_gather_into(&part, &mut out).unwrap();
-        session.barrier().unwrap();
-    });
-}
-
-#[test]
-fn a_reduction_with_no_room_in_its_own_outbox_blames_no_peer() {
-    // Every rank holds a loan of its whole outbox, then all-reduces 1 KiB, which is lent
-    // (`ALL_REDUCE_SLOTS_MAX_BYTES`). No peer owes this rank anything, so at the deadline the
-    // error names none of them: the room is this rank's own to give back.
-    let (_world, sessions) = World::start_with_outbox("reduce-outbox-full", 2, 1 << 20);
-    each_on_a_thread(sessions, |session| {
-        let rank = session.rank();
-        let held = session.loan(session.max_loan_bytes()).unwrap();
         let mut data = [1.0f32; 256];
-        let failed =
-            session.all_reduce_timeout(&mut data, ReduceOp::Sum, Duration::from_millis(300));
-        match failed {
-            Err(Error::Misuse(text)) => assert!(text.contains("own"), "rank {rank}: {text}"),
+        match session.all_reduce_timeout(&mut data, ReduceOp::Sum, Duration::from_millis(300)) {
+            Err(Error::Misuse(text)) => assert!(text.contains("own outbox"), "rank {rank}: {text}"),
             other => panic!("rank {rank}: {other:?}"),
         }
         drop(held);
+        // With room again, the same calls lend.
+        session.all_gather_into(&part, &mut out).unwrap();
+        session.all_reduce(&mut data, ReduceOp::Sum).unwrap();
+        assert_eq!(data, [3.0; 256], "rank {rank}");
+        session.barrier().unwrap();
     });
 }
 
