@@ -202,6 +202,19 @@ impl Outbox {
     /// not write a byte a receiver reads until that receiver is done with it: the caller's
     /// protocol says when (an all-reduce's result slices do).
     pub fn lend_in_place(&mut self, bytes: &[u8], receivers: u64) -> Option<PayloadRef> {
+        let parts = self.lend_in_place_parts(bytes, [(0..bytes.len(), receivers)])?;
+        parts.first().copied()
+    }
+
+    /// [`Self::lend_in_place`] of several disjoint ranges of `bytes`, each to its own
+    /// receivers, all or none: `parts` are byte ranges of `bytes`, in ascending order, none
+    /// empty and none overlapping the next. Returns their references in that order, or `None`
+    /// (nothing recorded) when `bytes` could not be lent in place, or `parts` are not as said.
+    pub fn lend_in_place_parts(
+        &mut self,
+        bytes: &[u8],
+        parts: impl IntoIterator<Item = (std::ops::Range<usize>, u64)>,
+    ) -> Option<Vec<PayloadRef>> {
         let base = self.map.as_ptr().as_ptr() as usize;
         let offset = (bytes.as_ptr() as usize).checked_sub(base)? as u64;
         let len = bytes.len() as u64;
@@ -220,13 +233,26 @@ impl Outbox {
         if !held {
             return None;
         }
-        let sent = PayloadRef {
-            offset,
-            len: u32::try_from(len).ok()?,
-            _pad0: 0,
-        };
-        self.ledger.insert_kept(sent, receivers);
-        Some(sent)
+        let mut refs = Vec::new();
+        let mut from = 0;
+        for (range, receivers) in parts {
+            if range.is_empty() || range.start < from || range.end > bytes.len() {
+                return None;
+            }
+            from = range.end;
+            refs.push((
+                PayloadRef {
+                    offset: offset + range.start as u64,
+                    len: u32::try_from(range.len()).ok()?,
+                    _pad0: 0,
+                },
+                receivers,
+            ));
+        }
+        for &(sent, receivers) in &refs {
+            self.ledger.insert_kept(sent, receivers);
+        }
+        Some(refs.into_iter().map(|(sent, _)| sent).collect())
     }
 
     /// Whether a range of `loan`'s block is still lent in place (it cannot be sent until every
@@ -234,6 +260,16 @@ impl Outbox {
     #[must_use]
     pub fn lent_in_place(&self, loan: &Loan) -> bool {
         self.ledger.overlaps(loan.offset, loan.block_len)
+    }
+
+    /// Whether a byte of `bytes` (in this outbox's mapping) is still lent in place, or in a
+    /// block sent and not yet acknowledged by every receiver; `false` for bytes outside it.
+    #[must_use]
+    pub fn still_lent(&self, bytes: &[u8]) -> bool {
+        let base = self.map.as_ptr().as_ptr() as usize;
+        (bytes.as_ptr() as usize)
+            .checked_sub(base)
+            .is_some_and(|offset| self.ledger.overlaps(offset as u64, bytes.len() as u64))
     }
 
     /// Copies `data` into `block` from byte `at` on.

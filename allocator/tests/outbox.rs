@@ -109,6 +109,52 @@ fn a_held_buffer_lent_in_place_is_read_where_it_lies_and_stays_its_holders() {
 }
 
 #[test]
+fn disjoint_ranges_of_a_held_buffer_are_lent_in_place_each_to_its_own_receivers() {
+    let mut outbox = Outbox::create(0, 1 << 20).unwrap();
+    let loan = outbox.try_loan(4096).unwrap().unwrap();
+    // Out of order, overlapping, empty or past the end: refused, and nothing is recorded.
+    for parts in [
+        vec![(1024..2048, 2), (0..1024, 4)],
+        vec![(0..1024, 2), (1000..2048, 4)],
+        vec![(0..1024, 2), (1024..1024, 4)],
+        vec![(0..1024, 2), (3072..4097, 4)],
+    ] {
+        assert!(outbox.lend_in_place_parts(&loan, parts).is_none());
+        assert!(!outbox.still_lent(&loan));
+    }
+    let sent = outbox
+        .lend_in_place_parts(
+            &loan,
+            [
+                (0..1024, Outbox::receivers([1])),
+                (2048..4096, Outbox::receivers([2])),
+            ],
+        )
+        .expect("two disjoint ranges of a held loan");
+    assert_eq!(sent.len(), 2);
+    assert_eq!((sent[0].len, sent[1].offset - sent[0].offset), (1024, 2048));
+    // The range between them was not lent: it can be, and the others cannot again.
+    assert!(!outbox.still_lent(&loan[1024..2048]));
+    assert!(outbox.still_lent(&loan[1000..1025]));
+    let middle = outbox
+        .lend_in_place(&loan[1024..2048], Outbox::receivers([1, 2]))
+        .expect("the range left out");
+    assert!(outbox.lend_in_place_parts(&loan, [(0..64, 2)]).is_none());
+    // Each is owed by its own receivers only.
+    assert!(
+        outbox.ack(2, sent[0]).is_err(),
+        "rank 2 was not lent the first"
+    );
+    assert!(!outbox.ack(1, sent[0]).unwrap());
+    assert!(!outbox.still_lent(&loan[..1024]));
+    assert!(outbox.still_lent(&loan));
+    assert!(!outbox.ack(2, sent[1]).unwrap());
+    assert!(!outbox.ack(1, middle).unwrap());
+    assert!(!outbox.ack(2, middle).unwrap());
+    assert!(!outbox.still_lent(&loan));
+}
+
+#[test]
 fn a_write_past_its_block_is_refused() {
     let mut outbox = Outbox::create(0, MIN_OUTBOX_BYTES).unwrap();
     let block = outbox.try_alloc(64).unwrap().unwrap();
