@@ -162,7 +162,11 @@ impl Session {
                 .map(|q| &input[at(q)])
                 .collect();
             let seq = self.next_seq(kind::ALL_TO_ALL)?;
-            let views = self.lend_to_every_peer(kind::ALL_TO_ALL, seq, &parts, 0..0, deadline)?;
+            // Every rank reads its own part of each loan, at an offset that depends on the
+            // lender: the whole loan is due.
+            let whole = 0..range.len() * (world - 1);
+            let views =
+                self.lend_to_every_peer(kind::ALL_TO_ALL, seq, &parts, 0..0, whole, deadline)?;
             for (q, view) in views.iter().enumerate() {
                 let Some(view) = view else { continue };
                 // Rank q's loan holds its parts for every rank but itself, in rank order.

@@ -136,7 +136,7 @@ impl Session {
     /// place given back): fails on an interrupt or at the deadline, naming the peer that owes
     /// most ([`Error::Misuse`], naming none, when no peer owes anything); otherwise takes in
     /// what arrived, after a pause that grows from `since` on.
-    fn await_acks(
+    pub(super) fn await_acks(
         &mut self,
         deadline: &Deadline,
         since: &mut Option<std::time::Instant>,
