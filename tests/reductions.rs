@@ -376,6 +376,28 @@ fn reductions_rank() {
             session.barrier().unwrap();
             report(rank, &session.all_reduce(&mut data, ReduceOp::Sum));
         }
+        "mismatch-symmetric" => {
+            // Two shots on symmetric buffers: each peer is lent only its slice, which is as long
+            // on rank 1 (3n + 1 elements) as on the others (3n) for rank 0; the loan says how
+            // long the whole is.
+            let len = 3 * (1 << 16) + usize::from(rank == 1);
+            let mut data = session.symmetric::<f32>(len).unwrap();
+            data.fill(1.0);
+            session.barrier().unwrap();
+            report(rank, &session.all_reduce(&mut data, ReduceOp::Sum));
+        }
+        "mismatch-reduce-scatter" => {
+            // Rank 1's whole loan (3 blocks of n) is as long as one block of the others' (3n).
+            let world = session.world_size() as usize;
+            let block = if rank == 1 { 1 << 13 } else { 3 << 13 };
+            let input = vec![1.0f32; block * world];
+            let mut output = vec![0f32; block];
+            session.barrier().unwrap();
+            report(
+                rank,
+                &session.reduce_scatter(&input, &mut output, ReduceOp::Sum),
+            );
+        }
         "mismatch-lent-blocks" => {
             // all_to_all of lent blocks: rank 1's blocks are one byte longer.
             let world = session.world_size() as usize;
@@ -593,6 +615,8 @@ fn a_rank_that_passes_another_length_is_named_by_every_other() {
         "mismatch-edge",
         "mismatch-lent",
         "mismatch-large",
+        "mismatch-symmetric",
+        "mismatch-reduce-scatter",
         "mismatch-blocks",
         "mismatch-lent-blocks",
     ] {

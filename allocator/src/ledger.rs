@@ -183,6 +183,16 @@ impl Ledger {
         self.entries.is_empty()
     }
 
+    /// The ranks that still owe an acknowledgement of `sent` (a bit each, see [`rank_bit`]); 0
+    /// once none does, or for a reference this ledger does not hold.
+    #[must_use]
+    pub fn owed_for(&self, sent: PayloadRef) -> u64 {
+        self.entries
+            .get(&sent.offset)
+            .filter(|entry| entry.sent == sent)
+            .map_or(0, |entry| entry.owed)
+    }
+
     /// How many blocks `rank` still owes an acknowledgement for.
     #[must_use]
     pub fn owed_by(&self, rank: u32) -> usize {

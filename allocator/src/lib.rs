@@ -64,7 +64,7 @@ pub mod ranges;
 pub mod status;
 
 pub use error::Error;
-pub use ledger::{AckFault, Ledger};
+pub use ledger::{AckFault, Ledger, rank_bit};
 pub use outbox::{
     Block, DEFAULT_OUTBOX_BYTES, Loan, MAX_OUTBOX_BYTES, MIN_OUTBOX_BYTES, Outbox, Pin,
 };

@@ -262,14 +262,11 @@ impl Outbox {
         self.ledger.overlaps(loan.offset, loan.block_len)
     }
 
-    /// Whether a byte of `bytes` (in this outbox's mapping) is still lent in place, or in a
-    /// block sent and not yet acknowledged by every receiver; `false` for bytes outside it.
+    /// The ranks that still owe an acknowledgement of `sent` (a bit each, see
+    /// [`crate::rank_bit`]); 0 once none does.
     #[must_use]
-    pub fn still_lent(&self, bytes: &[u8]) -> bool {
-        let base = self.map.as_ptr().as_ptr() as usize;
-        (bytes.as_ptr() as usize)
-            .checked_sub(base)
-            .is_some_and(|offset| self.ledger.overlaps(offset as u64, bytes.len() as u64))
+    pub fn owed_for(&self, sent: PayloadRef) -> u64 {
+        self.ledger.owed_for(sent)
     }
 
     /// Copies `data` into `block` from byte `at` on.

@@ -120,7 +120,7 @@ fn disjoint_ranges_of_a_held_buffer_are_lent_in_place_each_to_its_own_receivers(
         vec![(0..1024, 2), (3072..4097, 4)],
     ] {
         assert!(outbox.lend_in_place_parts(&loan, parts).is_none());
-        assert!(!outbox.still_lent(&loan));
+        assert!(!outbox.lent_in_place(&loan));
     }
     let sent = outbox
         .lend_in_place_parts(
@@ -133,9 +133,9 @@ fn disjoint_ranges_of_a_held_buffer_are_lent_in_place_each_to_its_own_receivers(
         .expect("two disjoint ranges of a held loan");
     assert_eq!(sent.len(), 2);
     assert_eq!((sent[0].len, sent[1].offset - sent[0].offset), (1024, 2048));
+    assert_eq!(outbox.owed_for(sent[0]), 1 << 1);
+    assert_eq!(outbox.owed_for(sent[1]), 1 << 2);
     // The range between them was not lent: it can be, and the others cannot again.
-    assert!(!outbox.still_lent(&loan[1024..2048]));
-    assert!(outbox.still_lent(&loan[1000..1025]));
     let middle = outbox
         .lend_in_place(&loan[1024..2048], Outbox::receivers([1, 2]))
         .expect("the range left out");
@@ -146,12 +146,13 @@ fn disjoint_ranges_of_a_held_buffer_are_lent_in_place_each_to_its_own_receivers(
         "rank 2 was not lent the first"
     );
     assert!(!outbox.ack(1, sent[0]).unwrap());
-    assert!(!outbox.still_lent(&loan[..1024]));
-    assert!(outbox.still_lent(&loan));
+    assert_eq!(outbox.owed_for(sent[0]), 0);
+    assert!(outbox.lent_in_place(&loan));
     assert!(!outbox.ack(2, sent[1]).unwrap());
     assert!(!outbox.ack(1, middle).unwrap());
+    assert_eq!(outbox.owed_for(middle), 1 << 2);
     assert!(!outbox.ack(2, middle).unwrap());
-    assert!(!outbox.still_lent(&loan));
+    assert!(!outbox.lent_in_place(&loan));
 }
 
 #[test]

@@ -282,8 +282,22 @@ impl Session {
     /// the call notes the interrupt count at its first look, and any later count ends it. At that
     /// first look, a request no wait has taken (it came while no call was waiting) ends it too.
     pub(super) fn check_interrupted(&mut self, deadline: &Deadline) -> Result<(), Error> {
+        if self.interrupt_requested(deadline) {
+            return Err(Error::Interrupted);
+        }
+        if deadline.collective
+            && let Some(rank) = self.team_lost_rank()
+        {
+            return Err(self.collective_lost(rank));
+        }
+        Ok(())
+    }
+
+    /// Whether an `Interrupter` asked the waits under `deadline` to end (see
+    /// [`Self::check_interrupted`]; the request is taken).
+    pub(super) fn interrupt_requested(&mut self, deadline: &Deadline) -> bool {
         let count = self.inner.interrupt_count();
-        let interrupted = match deadline.interrupts_at.get() {
+        match deadline.interrupts_at.get() {
             None => {
                 deadline.interrupts_at.set(Some(count));
                 self.inner.take_interrupt()
@@ -295,16 +309,7 @@ impl Session {
             }
             // A request from before this call began that no wait has taken.
             Some(_) => self.inner.take_interrupt(),
-        };
-        if interrupted {
-            return Err(Error::Interrupted);
         }
-        if deadline.collective
-            && let Some(rank) = self.team_lost_rank()
-        {
-            return Err(self.collective_lost(rank));
-        }
-        Ok(())
     }
 
     /// The error for a call whose deadline passed waiting for `peer`: who is gone if someone is

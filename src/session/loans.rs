@@ -6,7 +6,7 @@
 //! may be dropped on any thread: [`ViewAcks`]), and the owner reuses the block once every
 //! receiver has.
 
-use super::demux::{Expect, read_ref, with_ref};
+use super::demux::{Expect, part_of, read_ref, with_part_ref, with_ref};
 use super::{Deadline, Error, Session};
 use shmbroker_allocator::{Loan, Outbox, View};
 use shmbroker_bindings::{PayloadRef, kind};
@@ -32,6 +32,9 @@ pub struct LoanView {
     /// that rank on (see `rejoin`). An acknowledgement for a process since replaced is dropped,
     /// never sent to its replacement.
     pub(super) process: u64,
+    /// The length of the whole contribution this loan is a part of, as its lender said, or 0
+    /// for a loan of a whole one (see `Session::lend_slices_where_they_lie`).
+    pub(super) part_of: u64,
 }
 
 impl LoanView {
@@ -234,12 +237,32 @@ impl Session {
         targets: &[u32],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let header = with_ref(op | kind::LOAN, tag, lent);
-        for (sent, &peer) in targets.iter().enumerate() {
+        let refs: Vec<(u32, PayloadRef)> = targets.iter().map(|&peer| (peer, lent)).collect();
+        self.send_refs(op, tag, &refs, 0, deadline)
+    }
+
+    /// Sends each `(peer, lent)` of `refs` (a reference recorded as owed by that peer) as
+    /// operation `op` number `tag`; each a part of a contribution of `whole` bytes, unless
+    /// `whole` is 0.
+    pub(super) fn send_refs(
+        &mut self,
+        op: u32,
+        tag: u64,
+        refs: &[(u32, PayloadRef)],
+        whole: u64,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        for (sent, &(peer, lent)) in refs.iter().enumerate() {
+            let header = if whole == 0 {
+                with_ref(op | kind::LOAN, tag, lent)
+            } else {
+                with_part_ref(op | kind::LOAN, tag, lent, whole)
+            };
             if let Err(error) = self.send_message(peer, header, deadline) {
-                // The targets from this one on never got the loan, so none of them will give
-                // it back: they are let off, and the block returns once the others are done.
-                for &unreached in &targets[sent..] {
+                // The peers from this one on never got their reference, so none of them will
+                // give it back: they are let off, and each block returns once the others are
+                // done.
+                for &(unreached, lent) in &refs[sent..] {
                     let _ = self.outbox.ack(unreached, lent);
                 }
                 return Err(error);
@@ -345,6 +368,7 @@ impl Session {
             payload: lent,
             acks: self.view_acks.clone(),
             process: self.adopted_at[peer as usize],
+            part_of: part_of(&header),
         })
     }
 }

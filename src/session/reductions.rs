@@ -42,18 +42,24 @@
 //!
 //! # Synchronisation
 //!
-//! No new cross-process protocol: contributions and results travel as loans, whose one-slot
+//! No new cross-process atomics: contributions and results travel as loans, whose one-slot
 //! messages, views and acknowledgements are the session's (a rank reuses a block only once
-//! every peer has acknowledged its view). A peer that dies mid-collective fails it, naming the
-//! first rank that died, as for every collective. A peer that writes garbage into its own
+//! every peer has acknowledged its view). Two additions to the messages: a loan may be a *part*
+//! of a contribution, and then says how long the whole is (see `demux::frame::PART_OF`); and a
+//! symmetric all-reduce waits at its end for the acknowledgements of its result slice, which
+//! every rank sends as soon as it has copied the result slices. A peer that dies mid-collective
+//! fails it, naming the first rank that died, as for every collective, except in that last wait:
+//! a rank holding every result lets a peer that is gone off, and fails there only at its
+//! deadline (naming a live peer still holding the slice) or on an interrupt. A peer that writes garbage into its own
 //! outbox meanwhile can only change the values it contributes: reads are bounds-checked views of
 //! memory that stays mapped, so garbage gives garbage values, never a fault
 //! (`tests/hostile.rs` scribbles over a rank's outbox during reductions of every algorithm).
 //!
 //! # Trust
 //!
-//! A contribution's length is checked against the caller's (a mismatch is [`Error::Protocol`]
-//! naming the rank), and a peer's bytes are read as elements only when they are aligned for
+//! A contribution's length (a part's too: the whole it says it is a part of, and the part's own
+//! against what this rank reads of it) is checked against the caller's (a mismatch is
+//! [`Error::Protocol`] naming the rank), and a peer's bytes are read as elements only when they are aligned for
 //! them (also [`Error::Protocol`] otherwise).
 
 use super::collectives::wrong_size;
@@ -61,7 +67,8 @@ use super::demux::Expect;
 use super::{Deadline, Error, LoanView, Session};
 use crate::reduce::{DType, Element, ReduceOp, check_op, combine, combine_with};
 use bytemuck::Pod;
-use shmbroker_allocator::Outbox;
+use shmbroker_allocator::{Outbox, rank_bit};
+use shmbroker_bindings::PayloadRef;
 use shmbroker_bindings::kind;
 use std::time::Duration;
 
@@ -499,10 +506,7 @@ impl Session {
                 .zip(&views)
                 .map(|(q, view)| match view {
                     None => Ok(parts[rank]),
-                    Some(view) => elements(
-                        self.member(q),
-                        part_of(view, world * range.len() * size, mine.clone()),
-                    ),
+                    Some(view) => elements(self.member(q), part_of(view, mine.clone())),
                 })
                 .collect::<Result<Vec<&[T]>, Error>>()?;
             combiner(&inputs, &mut output[range])?;
@@ -741,10 +745,10 @@ impl Session {
         let peers: Vec<u32> = self.team_peers().collect();
         let result: &[u8] = bytemuck::cast_slice(&data[mine.clone()]);
         self.flush_view_acks()?;
-        match self
+        let lent = self
             .outbox
-            .lend_in_place(result, Outbox::receivers(peers.iter().copied()))
-        {
+            .lend_in_place(result, Outbox::receivers(peers.iter().copied()));
+        match lent {
             Some(lent) => self.send_ref(op, seq, lent, &peers, deadline)?,
             // Not lent in the first shot, so it can be now; a copy all the same if not.
             None => {
@@ -755,14 +759,49 @@ impl Session {
         }
         self.take_result_slices(op, seq, data, deadline)?;
         // The caller may write the result slice once every peer has copied it.
-        let mut since = None;
-        while self
-            .outbox
-            .still_lent(bytemuck::cast_slice(&data[mine.clone()]))
-        {
-            self.await_acks(deadline, &mut since)?;
+        match lent {
+            Some(lent) => self.await_given_back(lent, deadline),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Waits until every peer has given `lent` back (this rank's result slice, lent where it
+    /// lies) or is gone: a rank that died or left reads nothing more, and is let off. Only an
+    /// interrupt or the deadline end the wait early, naming a rank that still holds it; a death
+    /// elsewhere does not fail a call that already holds every result, as it would leave the
+    /// caller free to write the buffer while live peers still copy out of it.
+    ///
+    /// Each peer's acknowledgement fits in its ring to this rank: this rank drained that ring
+    /// up to the peer's result slice, after which the peer sends only acknowledgements.
+    fn await_given_back(&mut self, lent: PayloadRef, deadline: &Deadline) -> Result<(), Error> {
+        let mut since = None;
+        loop {
+            let holders = self.outbox.owed_for(lent);
+            if holders == 0 {
+                return Ok(());
+            }
+            let mut holding = None;
+            for rank in (0..self.world_size()).filter(|&rank| holders & rank_bit(rank) != 0) {
+                if self.inner.departure(rank).is_some() {
+                    let _ = self.outbox.ack(rank, lent);
+                } else {
+                    holding.get_or_insert(rank);
+                }
+            }
+            let Some(rank) = holding else {
+                return Ok(());
+            };
+            if self.interrupt_requested(deadline) {
+                return Err(Error::Interrupted);
+            }
+            deadline.waits_for(rank);
+            if deadline.left().is_zero() {
+                return Err(self.timed_out(deadline, rank));
+            }
+            self.poll_acks()?;
+            let now = std::time::Instant::now();
+            super::receive::idle_wait(now.duration_since(*since.get_or_insert(now)));
+        }
     }
 
     /// Combines slice `mine` of every contribution (this rank's from `data`, the others' from
@@ -777,12 +816,12 @@ impl Session {
         combiner: Combiner<'_, T>,
     ) -> Result<(), Error> {
         let (rank, size) = (self.me() as usize, size_of::<T>());
-        let (whole, part) = (size_of_val(data), mine.start * size..mine.end * size);
+        let part = mine.start * size..mine.end * size;
         let theirs = (0..)
             .zip(views)
             .map(|(q, view)| match view {
                 None => Ok(&[][..]),
-                Some(view) => elements(self.member(q), part_of(view, whole, part.clone())),
+                Some(view) => elements(self.member(q), part_of(view, part.clone())),
             })
             .collect::<Result<Vec<&[T]>, Error>>()?;
         let chunk = (IN_PLACE_CHUNK_BYTES / size).max(1);
@@ -912,17 +951,9 @@ impl Session {
             return Ok(None);
         };
         self.read_in_place += 1;
-        for (sent, (&q, &slice)) in peers.iter().zip(&lent).enumerate() {
-            let peer = self.member(q);
-            if let Err(error) = self.send_ref(op, seq, slice, &[peer], deadline) {
-                // The peers from this one on never got their slice, so they will not give it
-                // back: they are let off.
-                for (&q, &slice) in peers.iter().zip(&lent).skip(sent + 1) {
-                    let _ = self.outbox.ack(self.member(q), slice);
-                }
-                return Err(error);
-            }
-        }
+        let refs: Vec<(u32, PayloadRef)> =
+            peers.iter().map(|&q| self.member(q)).zip(lent).collect();
+        self.send_refs(op, seq, &refs, size_of_val(data) as u64, deadline)?;
         self.views_of_every_peer(op, seq, size_of_val(data), bytes(rank), deadline)
             .map(Some)
     }
@@ -947,8 +978,25 @@ impl Session {
             }
             let peer = self.member(rank);
             let view = self.take_loan(peer, expect, deadline)?;
-            if view.len() != bytes_len && view.len() != read.len() {
-                return Err(wrong_size(peer, view.len() as u64, bytes_len));
+            // A loan of the whole contribution, or of just the bytes this rank reads of one as
+            // long as this rank's.
+            let whole = if view.part_of == 0 {
+                view.len() as u64
+            } else {
+                view.part_of
+            };
+            if whole != bytes_len as u64 {
+                return Err(wrong_size(peer, whole, bytes_len));
+            }
+            if view.part_of != 0 && view.len() != read.len() {
+                return Err(Error::Protocol {
+                    peer,
+                    detail: format!(
+                        "lent {} bytes of its contribution where this rank reads {}",
+                        view.len(),
+                        read.len()
+                    ),
+                });
             }
             views.push(Some(view));
         }
@@ -969,25 +1017,17 @@ impl Session {
             .zip(views)
             .map(|(rank, view)| match view {
                 None => Ok(&own[range.clone()]),
-                Some(view) => elements(
-                    self.member(rank),
-                    part_of(view, size_of_val(own), read.clone()),
-                ),
+                Some(view) => elements(self.member(rank), part_of(view, read.clone())),
             })
             .collect()
     }
 }
 
-/// Bytes `read` of a peer's lent contribution of `whole` bytes, from `view`: the whole
-/// contribution, or (for a view of another length, which [`Session::views_of_every_peer`]
-/// checked is that of `read`) those bytes alone. A rank lending a symmetric buffer lends each
-/// peer only the slice that peer reads.
-fn part_of(view: &[u8], whole: usize, read: std::ops::Range<usize>) -> &[u8] {
-    if view.len() == whole {
-        &view[read]
-    } else {
-        view
-    }
+/// Bytes `read` of a peer's lent contribution, from `view`: a loan of the whole contribution,
+/// or of just those bytes ([`Session::views_of_every_peer`] checked which). A rank lending a
+/// symmetric buffer lends each peer only the slice that peer reads.
+fn part_of(view: &LoanView, read: std::ops::Range<usize>) -> &[u8] {
+    if view.part_of == 0 { &view[read] } else { view }
 }
 
 /// Combines `gathered` (the contributions of `world` ranks, `data.len()` elements each, in rank

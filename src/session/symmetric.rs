@@ -26,8 +26,10 @@ use std::marker::PhantomData;
 /// ```
 ///
 /// After an all-reduce on it fails, a peer may still be reading it (one stopped mid-call): what
-/// this rank writes then can change what that peer's failed call combines. Dropping it while
-/// peers may still read it is safe: its block goes back to the outbox once they are done.
+/// this rank writes then can change what that peer's call computes, even what it returns as a
+/// success. Write it again only once every peer's call has ended too (after the `shrink` or
+/// `barrier` that follows, say), or drop it: dropping it while peers may still read it is safe,
+/// as its block goes back to the outbox once they are done.
 pub struct Symmetric<T> {
     loan: Loan,
     len: usize,

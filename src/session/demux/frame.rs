@@ -146,9 +146,37 @@ pub(crate) fn with_ref(kind: u32, tag: u64, payload: PayloadRef) -> Message {
     message(kind, tag, 0, inline)
 }
 
-/// The reference in a message's `inline`, after checking that the rest of it is zero.
+/// Where a loan message's `inline` may say, after its reference, that the loan is a part of a
+/// contribution of that many bytes (little-endian; zero for a loan of a whole one): a rank that
+/// lends each peer only the bytes that peer reads says how long the whole is, so that a receiver
+/// that expects another length still tells.
+const PART_OF: std::ops::Range<usize> = size_of::<PayloadRef>()..size_of::<PayloadRef>() + 8;
+
+/// [`with_ref`] of a loan that is a part of a contribution of `whole` bytes (see [`PART_OF`]).
+pub(crate) fn with_part_ref(kind: u32, tag: u64, payload: PayloadRef, whole: u64) -> Message {
+    let mut message = with_ref(kind, tag, payload);
+    message.inline[PART_OF].copy_from_slice(&whole.to_le_bytes());
+    message
+}
+
+/// The length of the whole contribution a loan message is a part of, or 0 for a loan of a whole
+/// one (see [`PART_OF`]).
+pub(crate) fn part_of(message: &Message) -> u64 {
+    if message.kind & kind::LOAN == 0 {
+        return 0;
+    }
+    u64::from_le_bytes(message.inline[PART_OF].try_into().unwrap_or([0; 8]))
+}
+
+/// The reference in a message's `inline`, after checking that the rest of it is zero (but for a
+/// loan's [`PART_OF`]).
 pub(crate) fn read_ref(peer: u32, message: &Message) -> Result<PayloadRef, Error> {
     let (head, rest) = message.inline.split_at(size_of::<PayloadRef>());
+    let rest = if message.kind & kind::LOAN != 0 {
+        &rest[PART_OF.len()..]
+    } else {
+        rest
+    };
     if message.len != 0 || rest.iter().any(|&b| b != 0) {
         return Err(Error::Protocol {
             peer,
