@@ -103,10 +103,13 @@ pub const LENT_ONE_SHOT_MAX_BYTES: usize = 128 << 10;
 /// stays in the last-level cache between the owner's copy and the peers' reads.
 pub const PIECE_MAX_BYTES: usize = 1 << 20;
 
-/// How many bytes of its slice a rank combines at a time when it combines in place (a
-/// symmetric buffer's two shots): each chunk of its own elements is copied aside first, and
-/// stays in the first-level cache while it is read. 4 and 16 KiB measured alike between 2
-/// ranks (1 MiB in 81-83 µs, 16 MiB in 1.64-1.69 ms), 64 KiB slower (88 µs, 1.76-1.80 ms).
+/// How many bytes of its slice a rank combines at a time in two shots: each chunk of the result
+/// is copied into the caller's data while it is still in the first-level cache (from scratch
+/// space, for a symmetric buffer combined in place; from the result block otherwise). On
+/// symmetric buffers between 2 ranks, 4 and 16 KiB measured alike (1 MiB in 81-83 µs, 16 MiB
+/// in 1.64-1.69 ms), 64 KiB slower (88 µs, 1.76-1.80 ms). Without, copying each chunk back
+/// while it is hot took 1 MiB from 125 to 119 µs (median of 5 runs each way, p50) and 16 MiB
+/// from 2.63 to 2.55 ms, against one copy of the whole result slice after combining it.
 const IN_PLACE_CHUNK_BYTES: usize = 16 << 10;
 
 /// Rank `q`'s slice of `count` elements split over `world` ranks, as element indices: the first
@@ -696,23 +699,23 @@ impl Session {
         }
         let views =
             self.lend_to_every_peer(op, seq, &[&*data], mine.clone(), mine.clone(), deadline)?;
-        let mut result = self.loan_within(size_of_val(&data[mine.clone()]), deadline)?;
-        {
-            let inputs = self.inputs(data, &views, mine.clone())?;
-            let out: &mut [T] = bytemuck::try_cast_slice_mut(&mut result).map_err(|_| {
-                Error::Misuse("an outbox block is not aligned for the element type".into())
-            })?;
-            combiner(&inputs, out)?;
-        }
-        // The views go back to their owners with the next message.
-        drop(views);
         let root = match results {
             Results::All => None,
             Results::Root(root) => Some(root),
         };
-        if root.is_none_or(|root| root == rank) {
-            bytemuck::cast_slice_mut(&mut data[mine]).copy_from_slice(&result);
+        let mut result = self.loan_within(size_of_val(&data[mine.clone()]), deadline)?;
+        {
+            let theirs = self.peer_slices(&views, mine.clone())?;
+            let out: &mut [T] = bytemuck::try_cast_slice_mut(&mut result).map_err(|_| {
+                Error::Misuse("an outbox block is not aligned for the element type".into())
+            })?;
+            // The result slice goes into `data` too where it is due, chunk by chunk while each
+            // is still in the first-level cache.
+            let keep = root.is_none_or(|root| root == rank);
+            combine_slice(rank as usize, data, &theirs, mine, combiner, out, keep)?;
         }
+        // The views go back to their owners with the next message.
+        drop(views);
         // Second shot: the result slices, to every rank or to the root.
         let seq = self.next_seq(op)?;
         let targets: Vec<u32> = match root {
@@ -805,9 +808,8 @@ impl Session {
     }
 
     /// Combines slice `mine` of every contribution (this rank's from `data`, the others' from
-    /// their `views`) into `data[mine]`, where this rank's own lies: [`IN_PLACE_CHUNK_BYTES`]
-    /// at a time, each chunk of its own elements copied aside first, as the combiner reads its
-    /// inputs while it writes its output.
+    /// their `views`) into `data[mine]`, where this rank's own lies, through a chunk of scratch
+    /// space (see [`Self::combine_slice`]).
     fn combine_in_place<T: Pod>(
         &mut self,
         data: &mut [T],
@@ -815,36 +817,29 @@ impl Session {
         mine: std::ops::Range<usize>,
         combiner: Combiner<'_, T>,
     ) -> Result<(), Error> {
-        let (rank, size) = (self.me() as usize, size_of::<T>());
+        let chunk = (IN_PLACE_CHUNK_BYTES / size_of::<T>()).max(1);
+        let me = self.me() as usize;
+        let theirs = self.peer_slices(views, mine.clone())?;
+        self.with_scratch(chunk.min(mine.len()), |_, out: &mut [T]| {
+            combine_slice(me, data, &theirs, mine, combiner, out, true)
+        })
+    }
+
+    /// Elements `mine` of every peer's lent contribution, in rank order (empty for this rank).
+    fn peer_slices<'v, T: Pod>(
+        &self,
+        views: &'v [Option<LoanView>],
+        mine: std::ops::Range<usize>,
+    ) -> Result<Vec<&'v [T]>, Error> {
+        let size = size_of::<T>();
         let part = mine.start * size..mine.end * size;
-        let theirs = (0..)
+        (0..)
             .zip(views)
             .map(|(q, view)| match view {
                 None => Ok(&[][..]),
                 Some(view) => elements(self.member(q), part_of(view, part.clone())),
             })
-            .collect::<Result<Vec<&[T]>, Error>>()?;
-        let chunk = (IN_PLACE_CHUNK_BYTES / size).max(1);
-        self.with_scratch(chunk.min(mine.len()), |_, own: &mut [T]| {
-            for at in (0..mine.len()).step_by(chunk) {
-                let range = at..(at + chunk).min(mine.len());
-                let out = &mut data[mine.start + range.start..mine.start + range.end];
-                let own = &mut own[..range.len()];
-                own.copy_from_slice(out);
-                let inputs: Vec<&[T]> = (0..)
-                    .zip(&theirs)
-                    .map(|(q, input)| {
-                        if q == rank {
-                            &*own
-                        } else {
-                            &input[range.clone()]
-                        }
-                    })
-                    .collect();
-                combiner(&inputs, out)?;
-            }
-            Ok(())
-        })
+            .collect()
     }
 
     /// Copies every other rank's result slice of collective `op` number `seq` into its place in
@@ -1028,6 +1023,50 @@ impl Session {
 /// symmetric buffer lends each peer only the slice that peer reads.
 fn part_of(view: &LoanView, read: std::ops::Range<usize>) -> &[u8] {
     if view.part_of == 0 { &view[read] } else { view }
+}
+
+/// Combines slice `mine` of every contribution into `out`, [`IN_PLACE_CHUNK_BYTES`] at a time:
+/// rank `me`'s from `data`, the others' from `theirs` (their elements `mine`, in rank order).
+/// `out` holds the whole slice, or one chunk reused for each (scratch). With `keep`, each chunk
+/// of the result is then copied into `data[mine]`, while it is still in the first-level cache:
+/// this rank's own elements of that chunk are read by then, and later chunks read others.
+fn combine_slice<T: Pod>(
+    me: usize,
+    data: &mut [T],
+    theirs: &[&[T]],
+    mine: std::ops::Range<usize>,
+    combiner: Combiner<'_, T>,
+    out: &mut [T],
+    keep: bool,
+) -> Result<(), Error> {
+    let chunk = (IN_PLACE_CHUNK_BYTES / size_of::<T>()).max(1);
+    let whole = out.len() == mine.len();
+    for at in (0..mine.len()).step_by(chunk) {
+        let range = at..(at + chunk).min(mine.len());
+        let own = mine.start + range.start..mine.start + range.end;
+        let out = if whole {
+            &mut out[range.clone()]
+        } else {
+            &mut out[..range.len()]
+        };
+        {
+            let inputs: Vec<&[T]> = (0..)
+                .zip(theirs)
+                .map(|(q, input)| {
+                    if q == me {
+                        &data[own.clone()]
+                    } else {
+                        &input[range.clone()]
+                    }
+                })
+                .collect();
+            combiner(&inputs, out)?;
+        }
+        if keep {
+            data[own].copy_from_slice(out);
+        }
+    }
+    Ok(())
 }
 
 /// Combines `gathered` (the contributions of `world` ranks, `data.len()` elements each, in rank
