@@ -386,6 +386,21 @@ fn reductions_rank() {
             session.barrier().unwrap();
             report(rank, &session.all_reduce(&mut data, ReduceOp::Sum));
         }
+        "mismatch-pieces" => {
+            // Rank 1 makes two calls of 1 MiB where the others make one of 2 MiB: the same
+            // pieces, which say how long their call is (found by a red team: before, every call
+            // returned Ok with rank 1's second call in the others' second half).
+            let mut data = vec![1.0f32; 1 << 19];
+            session.barrier().unwrap();
+            let mut ended = Ok(());
+            for half in data.chunks_mut(if rank == 1 { 1 << 18 } else { 1 << 19 }) {
+                ended = session.all_reduce(half, ReduceOp::Sum);
+                if ended.is_err() {
+                    break;
+                }
+            }
+            report(rank, &ended);
+        }
         "mismatch-reduce-scatter" => {
             // Rank 1's whole loan (3 blocks of n) is as long as one block of the others' (3n).
             let world = session.world_size() as usize;
@@ -617,6 +632,7 @@ fn a_rank_that_passes_another_length_is_named_by_every_other() {
         "mismatch-large",
         "mismatch-symmetric",
         "mismatch-reduce-scatter",
+        "mismatch-pieces",
         "mismatch-blocks",
         "mismatch-lent-blocks",
     ] {

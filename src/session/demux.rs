@@ -49,7 +49,7 @@ use super::Error;
 use frame::RESUMED;
 pub use frame::{Expect, SEQ_BITS, Sink, stream_of};
 pub(crate) use frame::{
-    message, message_len, part_of, read_ref, transport, with_part_ref, with_ref,
+    LoanNote, loan_note, message, message_len, read_ref, transport, with_loan_ref, with_ref,
 };
 use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 use std::collections::VecDeque;

@@ -164,9 +164,12 @@ impl Session {
             let seq = self.next_seq(kind::ALL_TO_ALL)?;
             // Every rank reads its own part of each loan, at an offset that depends on the
             // lender: the whole loan is due.
-            let whole = 0..range.len() * (world - 1);
-            let views =
-                self.lend_to_every_peer(kind::ALL_TO_ALL, seq, &parts, 0..0, whole, deadline)?;
+            let shares = super::reductions::Shares {
+                unread: 0..0,
+                read: 0..range.len() * (world - 1),
+                call: input.len() as u64,
+            };
+            let views = self.lend_to_every_peer(kind::ALL_TO_ALL, seq, &parts, shares, deadline)?;
             for (q, view) in views.iter().enumerate() {
                 let Some(view) = view else { continue };
                 // Rank q's loan holds its parts for every rank but itself, in rank order.

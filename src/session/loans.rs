@@ -6,7 +6,7 @@
 //! may be dropped on any thread: [`ViewAcks`]), and the owner reuses the block once every
 //! receiver has.
 
-use super::demux::{Expect, part_of, read_ref, with_part_ref, with_ref};
+use super::demux::{Expect, LoanNote, loan_note, read_ref, with_loan_ref};
 use super::{Deadline, Error, Session};
 use shmbroker_allocator::{Loan, Outbox, View};
 use shmbroker_bindings::{PayloadRef, kind};
@@ -32,9 +32,9 @@ pub struct LoanView {
     /// that rank on (see `rejoin`). An acknowledgement for a process since replaced is dropped,
     /// never sent to its replacement.
     pub(super) process: u64,
-    /// The length of the whole contribution this loan is a part of, as its lender said, or 0
-    /// for a loan of a whole one (see `Session::lend_slices_where_they_lie`).
-    pub(super) part_of: u64,
+    /// What its lender said of it: the whole it is a part of, the collective call it is a piece
+    /// of (see `Session::views_of_every_peer`).
+    pub(super) note: LoanNote,
 }
 
 impl LoanView {
@@ -212,6 +212,19 @@ impl Session {
         targets: &[u32],
         deadline: &Deadline,
     ) -> Result<(), Error> {
+        self.lend_noted(op, tag, loan, targets, LoanNote::default(), deadline)
+    }
+
+    /// [`Self::lend`], saying `note` of the loan.
+    pub(super) fn lend_noted(
+        &mut self,
+        op: u32,
+        tag: u64,
+        loan: Loan,
+        targets: &[u32],
+        note: LoanNote,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         self.flush_view_acks()?;
         // A loan that was a symmetric buffer may still be read in place after a failed
         // all-reduce: it goes only once those readers are done.
@@ -224,7 +237,8 @@ impl Session {
             .outbox
             .send_loan(loan, receivers)
             .map_err(Error::OwnOutbox)?;
-        self.send_ref(op, tag, lent, targets, deadline)
+        let refs: Vec<(u32, PayloadRef)> = targets.iter().map(|&peer| (peer, lent)).collect();
+        self.send_refs(op, tag, &refs, note, deadline)
     }
 
     /// Sends `lent`, a reference into this rank's outbox recorded as owed by `targets`, to
@@ -238,26 +252,21 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         let refs: Vec<(u32, PayloadRef)> = targets.iter().map(|&peer| (peer, lent)).collect();
-        self.send_refs(op, tag, &refs, 0, deadline)
+        self.send_refs(op, tag, &refs, LoanNote::default(), deadline)
     }
 
     /// Sends each `(peer, lent)` of `refs` (a reference recorded as owed by that peer) as
-    /// operation `op` number `tag`; each a part of a contribution of `whole` bytes, unless
-    /// `whole` is 0.
+    /// operation `op` number `tag`, saying `note` of each.
     pub(super) fn send_refs(
         &mut self,
         op: u32,
         tag: u64,
         refs: &[(u32, PayloadRef)],
-        whole: u64,
+        note: LoanNote,
         deadline: &Deadline,
     ) -> Result<(), Error> {
         for (sent, &(peer, lent)) in refs.iter().enumerate() {
-            let header = if whole == 0 {
-                with_ref(op | kind::LOAN, tag, lent)
-            } else {
-                with_part_ref(op | kind::LOAN, tag, lent, whole)
-            };
+            let header = with_loan_ref(op | kind::LOAN, tag, lent, note);
             if let Err(error) = self.send_message(peer, header, deadline) {
                 // The peers from this one on never got their reference, so none of them will
                 // give it back: they are let off, and each block returns once the others are
@@ -368,7 +377,7 @@ impl Session {
             payload: lent,
             acks: self.view_acks.clone(),
             process: self.adopted_at[peer as usize],
-            part_of: part_of(&header),
+            note: loan_note(&header),
         })
     }
 }

@@ -63,7 +63,7 @@
 //! them (also [`Error::Protocol`] otherwise).
 
 use super::collectives::wrong_size;
-use super::demux::Expect;
+use super::demux::{Expect, LoanNote};
 use super::{Deadline, Error, LoanView, Session};
 use crate::reduce::{DType, Element, ReduceOp, check_op, combine, combine_with};
 use bytemuck::Pod;
@@ -116,6 +116,19 @@ const IN_PLACE_CHUNK_BYTES: usize = 16 << 10;
 /// `count % world` ranks get one more.
 pub(super) fn slice_of(count: usize, world: usize, q: usize) -> std::ops::Range<usize> {
     count * q / world..count * (q + 1) / world
+}
+
+/// How a rank lends its parts of a collective and what it reads of its peers'
+/// ([`Session::lend_to_every_peer`]): element ranges of the parts back to back, and the bytes of
+/// the whole call, every piece together (every rank's loan says it, so that ranks that passed
+/// other lengths cut into pieces of one length still tell).
+pub(super) struct Shares {
+    /// This rank's own elements, which it reads where they lie: not copied into the loan.
+    pub(super) unread: std::ops::Range<usize>,
+    /// The elements of each peer's loan this rank reads (a peer may lend just those).
+    pub(super) read: std::ops::Range<usize>,
+    /// The bytes of the whole call.
+    pub(super) call: u64,
 }
 
 /// `bytes` (a peer's) as elements, or [`Error::Protocol`] naming `peer` when they are not
@@ -495,14 +508,13 @@ impl Session {
             // Block `rank`'s piece of every rank's lent parts, in elements: this rank reads its
             // own from `input`, so that one is not copied into its loan.
             let own = rank * range.len()..(rank + 1) * range.len();
-            let views = self.lend_to_every_peer(
-                kind::REDUCE_SCATTER,
-                seq,
-                &parts,
-                own.clone(),
-                own.clone(),
-                &deadline,
-            )?;
+            let shares = Shares {
+                unread: own.clone(),
+                read: own.clone(),
+                call: size_of_val(input) as u64,
+            };
+            let views =
+                self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, &parts, shares, &deadline)?;
             let size = size_of::<T>();
             let mine = own.start * size..own.end * size;
             let inputs = (0..)
@@ -610,14 +622,14 @@ impl Session {
         }
         // Pieces of about equal length, each at most `piece_bytes` (and, as the data is
         // larger than one shot takes, each with elements for every rank).
+        let (call, len) = (size_of_val(data) as u64, data.len());
         let pieces = size_of_val(data).div_ceil(self.piece_bytes());
-        let len = data.len();
         let mut rest = data;
         for piece in 0..pieces {
             let (this, tail) =
                 std::mem::take(&mut rest).split_at_mut(slice_of(len, pieces, piece).len());
             rest = tail;
-            self.two_shots(op, results, this, combiner, deadline)?;
+            self.two_shots(op, results, (this, call), combiner, deadline)?;
         }
         Ok(())
     }
@@ -646,7 +658,12 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         let seq = self.next_seq(op)?;
-        let views = self.lend_to_every_peer(op, seq, &[&*data], 0..0, 0..data.len(), deadline)?;
+        let shares = Shares {
+            unread: 0..0,
+            read: 0..data.len(),
+            call: size_of_val(data) as u64,
+        };
+        let views = self.lend_to_every_peer(op, seq, &[&*data], shares, deadline)?;
         self.with_scratch(data.len(), |session, own: &mut [T]| {
             own.copy_from_slice(data);
             let inputs = session.inputs(own, &views, 0..data.len())?;
@@ -678,12 +695,12 @@ impl Session {
         outcome
     }
 
-    /// One piece of a two-shot reduction.
+    /// One piece, `data`, of a two-shot reduction of `call` bytes.
     fn two_shots<T: Pod>(
         &mut self,
         op: u32,
         results: Results,
-        data: &mut [T],
+        (data, call): (&mut [T], u64),
         combiner: Combiner<'_, T>,
         deadline: &Deadline,
     ) -> Result<(), Error> {
@@ -693,12 +710,16 @@ impl Session {
         // symmetric buffer); combine this rank's slice of every one.
         let seq = self.next_seq(op)?;
         if results == Results::All
-            && let Some(views) = self.lend_slices_where_they_lie(op, seq, data, deadline)?
+            && let Some(views) = self.lend_slices_where_they_lie(op, seq, (data, call), deadline)?
         {
             return self.two_shots_in_place(op, data, views, combiner, deadline);
         }
-        let views =
-            self.lend_to_every_peer(op, seq, &[&*data], mine.clone(), mine.clone(), deadline)?;
+        let shares = Shares {
+            unread: mine.clone(),
+            read: mine.clone(),
+            call,
+        };
+        let views = self.lend_to_every_peer(op, seq, &[&*data], shares, deadline)?;
         let root = match results {
             Results::All => None,
             Results::Root(root) => Some(root),
@@ -869,22 +890,21 @@ impl Session {
 
     /// Copies `parts`, back to back, into this rank's outbox and lends them to every peer as
     /// collective `op` number `seq`; returns a view of each peer's, in rank order (`None` for
-    /// this rank), as [`Self::views_of_every_peer`] checks them (`read`: the elements of the
-    /// parts back to back this rank reads of each). The elements `unread` (this rank's own
-    /// slice or block, which it reads from where it lies, not from the loan) are not copied:
-    /// the loan keeps its length and layout, and holds there whatever the outbox held before.
+    /// this rank), as [`Self::views_of_every_peer`] checks them. The elements `shares.unread`
+    /// (this rank's own slice or block, which it reads from where it lies, not from the loan)
+    /// are not copied: the loan keeps its length and layout, and holds there whatever the
+    /// outbox held before.
     pub(super) fn lend_to_every_peer<T: Pod>(
         &mut self,
         op: u32,
         seq: u64,
         parts: &[&[T]],
-        unread: std::ops::Range<usize>,
-        read: std::ops::Range<usize>,
+        shares: Shares,
         deadline: &Deadline,
     ) -> Result<Vec<Option<LoanView>>, Error> {
         let len: usize = parts.iter().map(|part| size_of_val(*part)).sum();
         let size = size_of::<T>();
-        let unread = unread.start * size..unread.end * size;
+        let unread = shares.unread.start * size..shares.unread.end * size;
         let mut loan = self.loan_within(len, deadline)?;
         let mut at = 0;
         for part in parts {
@@ -898,14 +918,13 @@ impl Session {
         }
         let bytes_len = loan.len();
         let peers: Vec<u32> = self.team_peers().collect();
-        self.lend(op, seq, loan, &peers, deadline)?;
-        self.views_of_every_peer(
-            op,
-            seq,
-            bytes_len,
-            read.start * size..read.end * size,
-            deadline,
-        )
+        let note = LoanNote {
+            part_of: 0,
+            call: shares.call,
+        };
+        self.lend_noted(op, seq, loan, &peers, note, deadline)?;
+        let read = shares.read.start * size..shares.read.end * size;
+        self.views_of_every_peer(op, seq, (bytes_len, read), shares.call, deadline)
     }
 
     /// Lends each peer `q` slice `q` of `data` where it lies (a one-slot message each), when
@@ -922,7 +941,7 @@ impl Session {
         &mut self,
         op: u32,
         seq: u64,
-        data: &[T],
+        (data, call): (&[T], u64),
         deadline: &Deadline,
     ) -> Result<Option<Vec<Option<LoanView>>>, Error> {
         let (rank, world, size) = (self.me(), self.size() as usize, size_of::<T>());
@@ -948,20 +967,24 @@ impl Session {
         self.read_in_place += 1;
         let refs: Vec<(u32, PayloadRef)> =
             peers.iter().map(|&q| self.member(q)).zip(lent).collect();
-        self.send_refs(op, seq, &refs, size_of_val(data) as u64, deadline)?;
-        self.views_of_every_peer(op, seq, size_of_val(data), bytes(rank), deadline)
+        let note = LoanNote {
+            part_of: size_of_val(data) as u64,
+            call,
+        };
+        self.send_refs(op, seq, &refs, note, deadline)?;
+        self.views_of_every_peer(op, seq, (size_of_val(data), bytes(rank)), call, deadline)
             .map(Some)
     }
 
     /// A view of every peer's loan of collective `op` number `seq`, in rank order (`None` for
-    /// this rank), each checked to be `bytes_len` long, or as long as `read`, the bytes of it
-    /// this rank reads (a peer may lend each rank only those: see [`part_of`]).
+    /// this rank), each checked to be a loan of a whole contribution of `bytes_len` bytes, or of
+    /// just the bytes `read` of one (see [`part_of`]), in a call of `call` bytes.
     fn views_of_every_peer(
         &mut self,
         op: u32,
         seq: u64,
-        bytes_len: usize,
-        read: std::ops::Range<usize>,
+        (bytes_len, read): (usize, std::ops::Range<usize>),
+        call: u64,
         deadline: &Deadline,
     ) -> Result<Vec<Option<LoanView>>, Error> {
         let expect = Expect::Collective { op, seq };
@@ -973,23 +996,34 @@ impl Session {
             }
             let peer = self.member(rank);
             let view = self.take_loan(peer, expect, deadline)?;
+            let note = view.note;
             // A loan of the whole contribution, or of just the bytes this rank reads of one as
-            // long as this rank's.
-            let whole = if view.part_of == 0 {
+            // long as this rank's, in a call as long as this rank's.
+            let whole = if note.part_of == 0 {
                 view.len() as u64
             } else {
-                view.part_of
+                note.part_of
             };
             if whole != bytes_len as u64 {
                 return Err(wrong_size(peer, whole, bytes_len));
             }
-            if view.part_of != 0 && view.len() != read.len() {
+            if note.part_of != 0 && view.len() != read.len() {
                 return Err(Error::Protocol {
                     peer,
                     detail: format!(
                         "lent {} bytes of its contribution where this rank reads {}",
                         view.len(),
                         read.len()
+                    ),
+                });
+            }
+            if note.call != call {
+                return Err(Error::Protocol {
+                    peer,
+                    detail: format!(
+                        "lent a piece of a call of {} bytes where this rank's call has {call} \
+                         (did it pass another length?)",
+                        note.call
                     ),
                 });
             }
@@ -1022,7 +1056,11 @@ impl Session {
 /// or of just those bytes ([`Session::views_of_every_peer`] checked which). A rank lending a
 /// symmetric buffer lends each peer only the slice that peer reads.
 fn part_of(view: &LoanView, read: std::ops::Range<usize>) -> &[u8] {
-    if view.part_of == 0 { &view[read] } else { view }
+    if view.note.part_of == 0 {
+        &view[read]
+    } else {
+        view
+    }
 }
 
 /// Combines slice `mine` of every contribution into `out`, [`IN_PLACE_CHUNK_BYTES`] at a time:

@@ -146,34 +146,48 @@ pub(crate) fn with_ref(kind: u32, tag: u64, payload: PayloadRef) -> Message {
     message(kind, tag, 0, inline)
 }
 
-/// Where a loan message's `inline` may say, after its reference, that the loan is a part of a
-/// contribution of that many bytes (little-endian; zero for a loan of a whole one): a rank that
-/// lends each peer only the bytes that peer reads says how long the whole is, so that a receiver
-/// that expects another length still tells.
-const PART_OF: std::ops::Range<usize> = size_of::<PayloadRef>()..size_of::<PayloadRef>() + 8;
+/// What a loan message's `inline` may say after its reference (bytes 16..32, two little-endian
+/// `u64`s; zero where unsaid). A collective's lender says both, so that a receiver that passed
+/// another length tells, whatever the pieces it was cut into.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LoanNote {
+    /// The length of the whole contribution the loan is a part of, when the lender lends each
+    /// peer only the bytes it reads (0: the loan is the whole contribution).
+    pub(crate) part_of: u64,
+    /// The bytes of the whole collective call the loan is a piece of (0: not a collective's).
+    pub(crate) call: u64,
+}
 
-/// [`with_ref`] of a loan that is a part of a contribution of `whole` bytes (see [`PART_OF`]).
-pub(crate) fn with_part_ref(kind: u32, tag: u64, payload: PayloadRef, whole: u64) -> Message {
+/// Where a [`LoanNote`] lies in a loan message's `inline`.
+const NOTE: std::ops::Range<usize> = size_of::<PayloadRef>()..size_of::<PayloadRef>() + 16;
+
+/// [`with_ref`] of a loan with `note` after its reference.
+pub(crate) fn with_loan_ref(kind: u32, tag: u64, payload: PayloadRef, note: LoanNote) -> Message {
     let mut message = with_ref(kind, tag, payload);
-    message.inline[PART_OF].copy_from_slice(&whole.to_le_bytes());
+    message.inline[NOTE.start..NOTE.start + 8].copy_from_slice(&note.part_of.to_le_bytes());
+    message.inline[NOTE.start + 8..NOTE.end].copy_from_slice(&note.call.to_le_bytes());
     message
 }
 
-/// The length of the whole contribution a loan message is a part of, or 0 for a loan of a whole
-/// one (see [`PART_OF`]).
-pub(crate) fn part_of(message: &Message) -> u64 {
+/// The [`LoanNote`] of a loan message (all zero for any other).
+pub(crate) fn loan_note(message: &Message) -> LoanNote {
     if message.kind & kind::LOAN == 0 {
-        return 0;
+        return LoanNote::default();
     }
-    u64::from_le_bytes(message.inline[PART_OF].try_into().unwrap_or([0; 8]))
+    let word =
+        |at: usize| u64::from_le_bytes(message.inline[at..at + 8].try_into().unwrap_or([0; 8]));
+    LoanNote {
+        part_of: word(NOTE.start),
+        call: word(NOTE.start + 8),
+    }
 }
 
 /// The reference in a message's `inline`, after checking that the rest of it is zero (but for a
-/// loan's [`PART_OF`]).
+/// loan's [`LoanNote`]).
 pub(crate) fn read_ref(peer: u32, message: &Message) -> Result<PayloadRef, Error> {
     let (head, rest) = message.inline.split_at(size_of::<PayloadRef>());
     let rest = if message.kind & kind::LOAN != 0 {
-        &rest[PART_OF.len()..]
+        &rest[NOTE.len()..]
     } else {
         rest
     };

@@ -266,7 +266,7 @@ fn malformed_headers_are_refused() {
     chunk.len = 1;
     assert!(refusal(Inbox::new(PEER).push(chunk)).contains("len 0"));
     let mut loan = with_ref(kind::SEND | kind::LOAN, 0, reference(0, 1));
-    loan.inline[30] = 5;
+    loan.inline[40] = 5;
     // A malformed loan reference is queued (its header is a known kind) but refused on receipt,
     // and stays queued.
     let mut inbox = inbox_with(&[loan]);
