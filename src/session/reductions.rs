@@ -44,10 +44,11 @@
 //!
 //! No new cross-process atomics: contributions and results travel as loans, whose one-slot
 //! messages, views and acknowledgements are the session's (a rank reuses a block only once
-//! every peer has acknowledged its view). Two additions to the messages: a loan may be a *part*
-//! of a contribution, and then says how long the whole is (see `demux::frame::PART_OF`); and a
-//! symmetric all-reduce waits at its end for the acknowledgements of its result slice, which
-//! every rank sends as soon as it has copied the result slices. A peer that dies mid-collective
+//! every peer has acknowledged its view). Two additions to the messages: every lent piece says
+//! how long its whole call is, and a loan may be a *part* of a contribution, which then says how
+//! long the whole is (see `demux::frame::LoanNote`); and a symmetric all-reduce waits at its end
+//! for the acknowledgements of its result slice, which every rank sends as soon as it has copied
+//! the result slices. A peer that dies mid-collective
 //! fails it, naming the first rank that died, as for every collective, except in that last wait:
 //! a rank holding every result lets a peer that is gone off, and fails there only at its
 //! deadline (naming a live peer still holding the slice) or on an interrupt. A peer that writes garbage into its own
@@ -58,7 +59,8 @@
 //! # Trust
 //!
 //! A contribution's length (a part's too: the whole it says it is a part of, and the part's own
-//! against what this rank reads of it) is checked against the caller's (a mismatch is
+//! against what this rank reads of it), and the length of the call each piece says it belongs
+//! to, are checked against the caller's (a mismatch is
 //! [`Error::Protocol`] naming the rank), and a peer's bytes are read as elements only when they are aligned for
 //! them (also [`Error::Protocol`] otherwise).
 
