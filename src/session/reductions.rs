@@ -1042,15 +1042,9 @@ impl Session {
         views: &'v [Option<LoanView>],
         range: std::ops::Range<usize>,
     ) -> Result<Vec<&'v [T]>, Error> {
-        let size = size_of::<T>();
-        let read = range.start * size..range.end * size;
-        (0..)
-            .zip(views)
-            .map(|(rank, view)| match view {
-                None => Ok(&own[range.clone()]),
-                Some(view) => elements(self.member(rank), part_of(view, read.clone())),
-            })
-            .collect()
+        let mut inputs = self.peer_slices(views, range.clone())?;
+        inputs[self.me() as usize] = &own[range];
+        Ok(inputs)
     }
 }
 
