@@ -191,7 +191,10 @@ fn a_rank_whose_own_loans_fill_its_outbox_gathers_in_slots_and_blames_no_peer() 
         }
         let mut data = [1.0f32; 256];
         match session.all_reduce_timeout(&mut data, ReduceOp::Sum, Duration::from_millis(300)) {
-            Err(Error::Misuse(text)) => assert!(text.contains("own outbox"), "rank {rank}: {text}"),
+            Err(Error::Misuse(text)) => assert!(
+                text.contains("own outbox") && !text.contains("  "),
+                "rank {rank}: {text}"
+            ),
             other => panic!("rank {rank}: {other:?}"),
         }
         drop(held);

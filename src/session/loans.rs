@@ -157,7 +157,9 @@ impl Session {
                 // No peer holds any of the outbox: only this process can give room back (a
                 // loan or symmetric buffer dropped on another thread), so no peer is named.
                 None => Error::Misuse(format!(
-                    "{} timed out after {:?} waiting for room in this rank's own outbox ({}                      bytes), which no peer holds any of: this process's loans and symmetric                      buffers fill it",
+                    "{} timed out after {:?} waiting for room in this rank's own outbox ({} \
+                     bytes), which no peer holds any of: this process's loans and symmetric \
+                     buffers fill it",
                     deadline.op,
                     deadline.timeout,
                     self.outbox.capacity()
