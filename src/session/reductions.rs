@@ -25,17 +25,16 @@
 //! - **Symmetric buffers**: an all-reduce whose data already lies in this rank's outbox (a
 //!   [`Symmetric`](super::Symmetric) buffer, or a loan) moves nothing into the outbox. Each
 //!   peer `q` is lent slice `q` of a piece where it lies (a one-slot message each, a loan of just
-//!   the bytes it reads), the rank combines its own slice *in place* (a chunk of its own
-//!   elements at a time copied aside, [`IN_PLACE_CHUNK_BYTES`]), and lends that result where it
-//!   lies too. Receivers take a loan of a peer's whole contribution or of just their part, so
-//!   ranks with and without symmetric buffers meet in one call. The rank writes a byte its peers
-//!   read only after they are done with it: slice `q` once rank `q`'s result slice has come
-//!   (rank `q` combines only after reading), its own slice before any peer reads it (none reads
-//!   it in the first shot), and the call returns only once every peer has given its result
-//!   slice back (every rank gives the views of result slices back as soon as it has copied
-//!   them). Against a result block copied back into the buffer, `bench collectives` put 2
-//!   ranks at 84 µs for 1 MiB instead of 104, and 1.86 ms for 16 MiB instead of 2.11
-//!   (2026-11-27, p50).
+//!   the bytes it reads), the rank combines its own slice *in place* (into scratch space and
+//!   back, [`IN_PLACE_CHUNK_BYTES`] at a time), and lends that result where it lies too.
+//!   Receivers take a loan of a peer's whole contribution or of just their part, so ranks with
+//!   and without symmetric buffers meet in one call. The rank writes a byte its peers read only
+//!   after they are done with it: slice `q` once rank `q`'s result slice has come (rank `q`
+//!   combines only after reading), its own slice before any peer reads it (none reads it in the
+//!   first shot), and the call returns only once every peer has given its result slice back
+//!   (every rank gives the views of result slices back as soon as it has copied them). Against a
+//!   result block copied back into the buffer, `bench collectives` put 2 ranks at 84 µs for
+//!   1 MiB instead of 104, and 1.86 ms for 16 MiB instead of 2.11 (2026-11-27, p50).
 //!
 //! Both are deterministic: every result slice is combined by one rank in rank order and copied
 //! bit for bit by the others (see [`crate::reduce`]).
@@ -44,25 +43,27 @@
 //!
 //! No new cross-process atomics: contributions and results travel as loans, whose one-slot
 //! messages, views and acknowledgements are the session's (a rank reuses a block only once
-//! every peer has acknowledged its view). Two additions to the messages: every lent piece says
-//! how long its whole call is, and a loan may be a *part* of a contribution, which then says how
-//! long the whole is (see `demux::frame::LoanNote`); and a symmetric all-reduce waits at its end
-//! for the acknowledgements of its result slice, which every rank sends as soon as it has copied
-//! the result slices. A peer that dies mid-collective
-//! fails it, naming the first rank that died, as for every collective, except in that last wait:
-//! a rank holding every result lets a peer that is gone off, and fails there only at its
-//! deadline (naming a live peer still holding the slice) or on an interrupt. A peer that writes garbage into its own
-//! outbox meanwhile can only change the values it contributes: reads are bounds-checked views of
-//! memory that stays mapped, so garbage gives garbage values, never a fault
-//! (`tests/hostile.rs` scribbles over a rank's outbox during reductions of every algorithm).
+//! every peer has acknowledged its view). Two things are added to the messages: every lent piece
+//! says how long its whole call is, and a loan may be a *part* of a contribution, which then
+//! says how long the whole is (see `demux::frame::LoanNote`). And a symmetric all-reduce waits
+//! at its end for its result slice to be given back, which every rank does as soon as it has
+//! copied the result slices.
+//!
+//! A peer that dies mid-collective fails it, naming the first rank that died, as for every
+//! collective, except in that last wait: a rank holding every result lets a peer that is gone
+//! off, and fails there only at its deadline (naming a live peer still holding the slice) or on
+//! an interrupt. A peer that writes garbage into its own outbox meanwhile can only change the
+//! values it contributes: reads are bounds-checked views of memory that stays mapped, so garbage
+//! gives garbage values, never a fault (`tests/hostile.rs` scribbles over a rank's outbox during
+//! reductions of every algorithm).
 //!
 //! # Trust
 //!
 //! A contribution's length (a part's too: the whole it says it is a part of, and the part's own
 //! against what this rank reads of it), and the length of the call each piece says it belongs
-//! to, are checked against the caller's (a mismatch is
-//! [`Error::Protocol`] naming the rank), and a peer's bytes are read as elements only when they are aligned for
-//! them (also [`Error::Protocol`] otherwise).
+//! to, are checked against the caller's (a mismatch is [`Error::Protocol`] naming the rank),
+//! and a peer's bytes are read as elements only when they are aligned for them (also
+//! [`Error::Protocol`] otherwise).
 
 use super::collectives::wrong_size;
 use super::demux::{Expect, LoanNote};
@@ -113,6 +114,10 @@ pub const PIECE_MAX_BYTES: usize = 1 << 20;
 /// while it is hot took 1 MiB from 125 to 119 µs (median of 5 runs each way, p50) and 16 MiB
 /// from 2.63 to 2.55 ms, against one copy of the whole result slice after combining it.
 const IN_PLACE_CHUNK_BYTES: usize = 16 << 10;
+
+/// How long a symmetric all-reduce waits for its result slice to come back before it asks
+/// whether the ranks still holding it are gone (see `Session::await_given_back`).
+const DEPARTURES_AFTER: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// Rank `q`'s slice of `count` elements split over `world` ranks, as element indices: the first
 /// `count % world` ranks get one more.
@@ -799,24 +804,32 @@ impl Session {
     ///
     /// Each peer's acknowledgement fits in its ring to this rank: this rank drained that ring
     /// up to the peer's result slice, after which the peer sends only acknowledgements.
+    ///
+    /// Whether a holder is gone is asked of the kernel (a `poll` of every peer's pidfd) only once
+    /// the wait has lasted [`DEPARTURES_AFTER`]: a live peer gives the slice back within
+    /// microseconds, and a death takes longer than that to show anyway.
     fn await_given_back(&mut self, lent: PayloadRef, deadline: &Deadline) -> Result<(), Error> {
-        let mut since = None;
+        let mut since: Option<std::time::Instant> = None;
         loop {
             let holders = self.outbox.owed_for(lent);
-            if holders == 0 {
-                return Ok(());
-            }
-            let mut holding = None;
-            for rank in (0..self.world_size()).filter(|&rank| holders & rank_bit(rank) != 0) {
-                if self.inner.departure(rank).is_some() {
-                    let _ = self.outbox.ack(rank, lent);
-                } else {
-                    holding.get_or_insert(rank);
-                }
-            }
-            let Some(rank) = holding else {
+            let ranks = (0..self.world_size()).filter(|&rank| holders & rank_bit(rank) != 0);
+            let Some(mut rank) = ranks.clone().next() else {
                 return Ok(());
             };
+            if since.is_some_and(|since| since.elapsed() >= DEPARTURES_AFTER) {
+                let mut holding = None;
+                for holder in ranks {
+                    if self.inner.departure(holder).is_some() {
+                        let _ = self.outbox.ack(holder, lent);
+                    } else {
+                        holding.get_or_insert(holder);
+                    }
+                }
+                let Some(live) = holding else {
+                    return Ok(());
+                };
+                rank = live;
+            }
             if self.interrupt_requested(deadline) {
                 return Err(Error::Interrupted);
             }
