@@ -239,8 +239,8 @@ impl Session {
             .outbox
             .send_loan(loan, receivers)
             .map_err(Error::OwnOutbox)?;
-        let refs: Vec<(u32, PayloadRef)> = targets.iter().map(|&peer| (peer, lent)).collect();
-        self.send_refs(op, tag, &refs, note, deadline)
+        let refs = targets.iter().map(|&peer| (peer, lent));
+        self.send_refs(op, tag, refs, note, deadline)
     }
 
     /// Sends `lent`, a reference into this rank's outbox recorded as owed by `targets`, to
@@ -253,27 +253,28 @@ impl Session {
         targets: &[u32],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let refs: Vec<(u32, PayloadRef)> = targets.iter().map(|&peer| (peer, lent)).collect();
-        self.send_refs(op, tag, &refs, LoanNote::default(), deadline)
+        let refs = targets.iter().map(|&peer| (peer, lent));
+        self.send_refs(op, tag, refs, LoanNote::default(), deadline)
     }
 
     /// Sends each `(peer, lent)` of `refs` (a reference recorded as owed by that peer) as
-    /// operation `op` number `tag`, saying `note` of each.
+    /// operation `op` number `tag`, saying `note` of each. An iterator, not a slice, so that a
+    /// loan to a few targets (every `send_loan`) allocates nothing.
     pub(super) fn send_refs(
         &mut self,
         op: u32,
         tag: u64,
-        refs: &[(u32, PayloadRef)],
+        refs: impl Iterator<Item = (u32, PayloadRef)> + Clone,
         note: LoanNote,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        for (sent, &(peer, lent)) in refs.iter().enumerate() {
+        for (sent, (peer, lent)) in refs.clone().enumerate() {
             let header = with_loan_ref(op | kind::LOAN, tag, lent, note);
             if let Err(error) = self.send_message(peer, header, deadline) {
                 // The peers from this one on never got their reference, so none of them will
                 // give it back: they are let off, and each block returns once the others are
                 // done.
-                for &(unreached, lent) in &refs[sent..] {
+                for (unreached, lent) in refs.skip(sent) {
                     let _ = self.outbox.ack(unreached, lent);
                 }
                 return Err(error);

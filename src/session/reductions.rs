@@ -986,7 +986,7 @@ impl Session {
             part_of: size_of_val(data) as u64,
             call,
         };
-        self.send_refs(op, seq, &refs, note, deadline)?;
+        self.send_refs(op, seq, refs.iter().copied(), note, deadline)?;
         self.views_of_every_peer(op, seq, (size_of_val(data), bytes(rank)), call, deadline)
             .map(Some)
     }
