@@ -109,7 +109,7 @@ pub use collectives::{
     FLAT_GATHER_MAX,
 };
 pub use exchange::{LEND_MAX_BLOCK_BYTES, LEND_MIN_BLOCK_BYTES};
-pub use fds::FdTransport;
+pub use fds::{FdTransport, MAX_FDS_PER_EXCHANGE};
 pub use groups::{Group, GroupView};
 pub use loans::LoanView;
 pub use reductions::{

@@ -915,17 +915,108 @@ fn exchange_and_broadcast_fds(name: &str, transport: shmbroker::session::FdTrans
                 let got = s
                     .broadcast_fd(2, root_fd.as_ref().map(|fd| fd.as_fd()))
                     .unwrap();
-                (texts, text_of(&got))
+                // Batches: five fds from every rank, then more fds from one root than the
+                // broker lets a worker hold unclaimed (relayed, they go one per round).
+                let batch: Vec<_> = (0..5)
+                    .map(|i| memfd_with(&format!("file {i} of rank {rank}")))
+                    .collect();
+                let borrowed: Vec<_> = batch.iter().map(AsFd::as_fd).collect();
+                let batches = s.exchange_fd_batch(&borrowed).unwrap();
+                let batch_texts: Vec<Vec<String>> = batches
+                    .iter()
+                    .map(|fds| fds.iter().map(text_of).collect())
+                    .collect();
+                let many = shmbroker::handshake::MAX_UNCLAIMED_RELAYS + 6;
+                let roots: Vec<_> = (0..many)
+                    .filter(|_| rank == 1)
+                    .map(|i| memfd_with(&format!("batch file {i}")))
+                    .collect();
+                let borrowed: Vec<_> = roots.iter().map(AsFd::as_fd).collect();
+                let broadcast = s.broadcast_fd_batch(1, &borrowed, many).unwrap();
+                let broadcast_texts: Vec<String> = broadcast.iter().map(text_of).collect();
+                (texts, text_of(&got), batch_texts, broadcast_texts)
             })
         })
         .collect();
     for handle in handles {
-        let (texts, broadcast) = handle.join().unwrap();
+        let (texts, broadcast, batches, broadcast_batch) = handle.join().unwrap();
         assert_eq!(
             texts,
             ["file of rank 0", "file of rank 1", "file of rank 2"]
         );
         assert_eq!(broadcast, "broadcast by rank 2");
+        let expected: Vec<Vec<String>> = (0..3)
+            .map(|rank| (0..5).map(|i| format!("file {i} of rank {rank}")).collect())
+            .collect();
+        assert_eq!(batches, expected);
+        let many = shmbroker::handshake::MAX_UNCLAIMED_RELAYS + 6;
+        let expected: Vec<String> = (0..many).map(|i| format!("batch file {i}")).collect();
+        assert_eq!(broadcast_batch, expected);
+    }
+}
+
+#[test]
+fn fd_batches_of_different_lengths_fail_on_every_rank_naming_the_other() {
+    use std::os::fd::AsFd;
+    let (_world, sessions) = World::start("fds-miscounted", 2);
+    let joins: Vec<_> = sessions
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                let files: Vec<_> = (0..2 + s.rank()).map(|_| memfd_with("x")).collect();
+                let borrowed: Vec<_> = files.iter().map(AsFd::as_fd).collect();
+                let outcome = s.exchange_fd_batch(&borrowed).map(|_| ());
+                // Both ranks are still in step: the next collective works.
+                s.barrier().unwrap();
+                outcome
+            })
+        })
+        .collect();
+    let outcomes = joins.into_iter().map(|join| join.join().unwrap());
+    for (rank, outcome) in (0u32..).zip(outcomes) {
+        match outcome {
+            Err(Error::Protocol { peer, detail }) => {
+                assert_eq!(peer, 1 - rank, "{detail}");
+                assert!(detail.contains("same number of fds"), "{detail}");
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_stale_fd_ticket_fails_the_exchange_on_every_rank_naming_its_exporter() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let (_world, mut zero, mut one) = pair("fd-stale");
+    // Rank 1's ticket names its fd `a` by number but the file of `b`: a number closed and
+    // reused between the ticket and the import looks just so.
+    let (a, b) = (memfd_with("a"), memfd_with("b"));
+    let named = nix::sys::stat::fstat(b.as_fd()).unwrap();
+    let found = nix::sys::stat::fstat(a.as_fd()).unwrap();
+    let ticket = shmbroker::bindings::FdTicket {
+        pid: std::process::id(),
+        fd: a.as_raw_fd(),
+        dev: named.st_dev,
+        ino: named.st_ino,
+        token: 0,
+    };
+    let mut inline = [0u8; INLINE_BYTES];
+    inline[..32].copy_from_slice(bytemuck::bytes_of(&ticket));
+    raw_send(&mut one, raw(kind::FD_TICKET, 0, 32, inline));
+    // The status round (the next collective), as an honest exporter's would be: nothing
+    // refused, stale or miscounted at rank 1.
+    raw_send(&mut one, raw(kind::ALL_GATHER, 1, 24, [0u8; INLINE_BYTES]));
+    zero.set_timeout(Duration::from_secs(5));
+    match zero.exchange_fds(memfd_with("mine").as_fd()) {
+        Err(Error::StaleFdTicket {
+            exporter: 1,
+            expected,
+            found: seen,
+        }) => {
+            assert_eq!(expected, (named.st_dev, named.st_ino));
+            assert_eq!(seen, (found.st_dev, found.st_ino));
+        }
+        other => panic!("unexpected {other:?}"),
     }
 }
 

@@ -888,6 +888,45 @@ int shmbroker_exchange_fds(struct shmbroker_session *s, int fd, int *out_fds);
 // int.
 int shmbroker_broadcast_fd(struct shmbroker_session *s, uint32_t root, int fd, int *out_fd);
 
+// Every rank's `count` fds, in rank order and then in each rank's order, as new fds in
+// `out_fds` (`world_size * count` entries: rank `r`'s fd `i` at `r * count + i`) that the
+// caller owns and closes; this rank's own slots get duplicates of `fds`. Every rank passes the
+// same `count`, at most 4096. The whole batch takes two ring trips, as one fd does, so each fd
+// costs little more than its `pidfd_getfd` and the `fstat`s of the theft check. Nothing is
+// written to `out_fds` on an error. Threads: as [`shmbroker_barrier`].
+//
+// Errors: `SHMBROKER_E_PROTOCOL` naming a rank that passed another `count` (on every rank);
+// `SHMBROKER_E_MISUSE` for NULL arrays, a closed fd or more than 4096 fds; otherwise as
+// [`shmbroker_exchange_fds`].
+//
+// # Safety
+//
+// `s` is null or a live session; `fds` has `count` readable ints (or is NULL when `count` is
+// 0), each an open fd; `out_fds` has `world_size * count` writable ints.
+int shmbroker_exchange_fd_batch(struct shmbroker_session *s,
+                                const int *fds,
+                                size_t count,
+                                int *out_fds);
+
+// `root`'s `count` fds on every rank, in the root's order, as new fds in `out_fds` (`count`
+// entries) that the caller owns (the root gets duplicates); `fds` is read on the root only
+// and may be NULL elsewhere. Every rank passes the same `count`, at most 4096; two ring trips
+// whatever it is. Nothing is written to `out_fds` on an error. Threads: as
+// [`shmbroker_barrier`].
+//
+// Errors: `SHMBROKER_E_PROTOCOL` naming the root on every rank when ranks passed different
+// counts; otherwise as [`shmbroker_exchange_fd_batch`].
+//
+// # Safety
+//
+// `s` is null or a live session; on the root `fds` has `count` readable ints, each an open
+// fd; `out_fds` has `count` writable ints.
+int shmbroker_broadcast_fd_batch(struct shmbroker_session *s,
+                                 uint32_t root,
+                                 const int *fds,
+                                 size_t count,
+                                 int *out_fds);
+
 // How this session moves fds: `*chosen` gets the choice (`SHMBROKER_FD_TRANSPORT_AUTO`,
 // `_PIDFD` or `_RELAY`, from `SHMBROKER_FD_TRANSPORT`), and `*used` how its exchanges (fds and
 // GPU handles) have moved them so far: `SHMBROKER_FD_TRANSPORT_NONE` before the first,

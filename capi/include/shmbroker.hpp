@@ -663,6 +663,30 @@ class Session : public Collectives {
         return Fd(out);
     }
 
+    // Every rank's `fds` (every rank passes as many), by rank and then in each rank's order, as
+    // fds this process owns (this rank's own as duplicates): two ring trips for the whole batch.
+    std::vector<std::vector<Fd>> exchange_fd_batch(const std::vector<int> &fds) {
+        const std::size_t count = fds.size();
+        std::vector<int> raw(world_size() * count, -1);
+        detail::check(shmbroker_exchange_fd_batch(s_, fds.data(), count, raw.data()));
+        std::vector<std::vector<Fd>> all(world_size());
+        for (std::size_t at = 0; at < raw.size(); ++at) all[at / count].emplace_back(raw[at]);
+        return all;
+    }
+
+    // `root`'s `count` fds on every rank, in the root's order (`fds` is read on the root only;
+    // every rank passes the same `count`).
+    std::vector<Fd> broadcast_fd_batch(std::uint32_t root, const std::vector<int> &fds,
+                                       std::size_t count) {
+        std::vector<int> raw(count, -1);
+        detail::check(shmbroker_broadcast_fd_batch(s_, root, fds.empty() ? nullptr : fds.data(),
+                                                   count, raw.data()));
+        std::vector<Fd> out;
+        out.reserve(count);
+        for (int r : raw) out.emplace_back(r);
+        return out;
+    }
+
     // Every rank's GPU handle (a shmbroker_gpu_handle), in rank order, each with its fd for
     // the kinds that carry one (an empty Fd otherwise); `fd` is this rank's, -1 for none.
     std::vector<std::pair<shmbroker_gpu_handle, Fd>> all_gather_gpu_handles(

@@ -70,6 +70,122 @@ pub unsafe extern "C" fn shmbroker_broadcast_fd(
     })
 }
 
+/// Every rank's `count` fds, in rank order and then in each rank's order, as new fds in
+/// `out_fds` (`world_size * count` entries: rank `r`'s fd `i` at `r * count + i`) that the
+/// caller owns and closes; this rank's own slots get duplicates of `fds`. Every rank passes the
+/// same `count`, at most 4096. The whole batch takes two ring trips, as one fd does, so each fd
+/// costs little more than its `pidfd_getfd` and the `fstat`s of the theft check. Nothing is
+/// written to `out_fds` on an error. Threads: as [`shmbroker_barrier`].
+///
+/// Errors: `SHMBROKER_E_PROTOCOL` naming a rank that passed another `count` (on every rank);
+/// `SHMBROKER_E_MISUSE` for NULL arrays, a closed fd or more than 4096 fds; otherwise as
+/// [`shmbroker_exchange_fds`].
+///
+/// # Safety
+///
+/// `s` is null or a live session; `fds` has `count` readable ints (or is NULL when `count` is
+/// 0), each an open fd; `out_fds` has `world_size * count` writable ints.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_exchange_fd_batch(
+    s: *mut shmbroker_session,
+    fds: *const c_int,
+    count: usize,
+    out_fds: *mut c_int,
+) -> c_int {
+    guard("shmbroker_exchange_fd_batch", || {
+        // SAFETY: `count` readable ints when non-null, per the contract.
+        let fds = unsafe { fd_array(fds, count) }?;
+        if out_fds.is_null() && count > 0 {
+            return Err(misuse("out_fds is NULL"));
+        }
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let world = entered.handle.sender.world_size() as usize;
+        let batches = entered.handle.sender.session().exchange_fd_batch(&fds)?;
+        if count > 0 {
+            // SAFETY: non-null (checked above), and `world_size * count` writable ints per the
+            // contract.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_fds, world * count) };
+            for (slot, fd) in out.iter_mut().zip(batches.into_iter().flatten()) {
+                *slot = fd.into_raw_fd();
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `root`'s `count` fds on every rank, in the root's order, as new fds in `out_fds` (`count`
+/// entries) that the caller owns (the root gets duplicates); `fds` is read on the root only
+/// and may be NULL elsewhere. Every rank passes the same `count`, at most 4096; two ring trips
+/// whatever it is. Nothing is written to `out_fds` on an error. Threads: as
+/// [`shmbroker_barrier`].
+///
+/// Errors: `SHMBROKER_E_PROTOCOL` naming the root on every rank when ranks passed different
+/// counts; otherwise as [`shmbroker_exchange_fd_batch`].
+///
+/// # Safety
+///
+/// `s` is null or a live session; on the root `fds` has `count` readable ints, each an open
+/// fd; `out_fds` has `count` writable ints.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_broadcast_fd_batch(
+    s: *mut shmbroker_session,
+    root: u32,
+    fds: *const c_int,
+    count: usize,
+    out_fds: *mut c_int,
+) -> c_int {
+    guard("shmbroker_broadcast_fd_batch", || {
+        if out_fds.is_null() && count > 0 {
+            return Err(misuse("out_fds is NULL"));
+        }
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let mine = if entered.handle.sender.rank() == root {
+            // SAFETY: `count` readable ints on the root, per the contract.
+            unsafe { fd_array(fds, count) }?
+        } else {
+            Vec::new()
+        };
+        let received = entered
+            .handle
+            .sender
+            .session()
+            .broadcast_fd_batch(root, &mine, count)?;
+        if count > 0 {
+            // SAFETY: non-null (checked above), and `count` writable ints per the contract.
+            let out = unsafe { std::slice::from_raw_parts_mut(out_fds, count) };
+            for (slot, fd) in out.iter_mut().zip(received) {
+                *slot = fd.into_raw_fd();
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The `count` fds at `fds`, each borrowed for one call once `fcntl` says it is open.
+///
+/// # Safety
+///
+/// `fds` is NULL with a `count` of 0, or has `count` readable ints.
+unsafe fn fd_array<'a>(fds: *const c_int, count: usize) -> Result<Vec<BorrowedFd<'a>>, Failure> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if fds.is_null() {
+        return Err(misuse("fds is NULL"));
+    }
+    if count > shmbroker::session::MAX_FDS_PER_EXCHANGE {
+        return Err(misuse(format!(
+            "an fd exchange moves at most {} fds a rank, not {count}",
+            shmbroker::session::MAX_FDS_PER_EXCHANGE
+        )));
+    }
+    // SAFETY: non-null (checked above) with `count` readable ints, per the contract.
+    let raw = unsafe { std::slice::from_raw_parts(fds, count) };
+    raw.iter().map(|&fd| borrowed(fd)).collect()
+}
+
 /// `fd` borrowed for one call, once `fcntl` says it is open.
 pub(crate) fn borrowed<'a>(fd: RawFd) -> Result<BorrowedFd<'a>, Failure> {
     // SAFETY: F_GETFD only reads the fd table; a bad fd gives EBADF.

@@ -61,7 +61,8 @@ mod point_to_point;
 // shmbroker_loan_create, shmbroker_send_loan, shmbroker_loan_free, shmbroker_recv_loan,
 // shmbroker_broadcast_loan, shmbroker_loan_view_free
 mod loans;
-// shmbroker_exchange_fds, shmbroker_broadcast_fd
+// shmbroker_exchange_fds, shmbroker_broadcast_fd, shmbroker_exchange_fd_batch,
+// shmbroker_broadcast_fd_batch
 mod fds;
 // shmbroker_gpu_handle, shmbroker_all_gather_gpu_handles, shmbroker_broadcast_gpu_handle
 mod gpu;

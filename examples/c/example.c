@@ -95,6 +95,28 @@ int main(void) {
     }
     CHECK(shmbroker_barrier(s));
 
+    /* 2b. Many fds at once: two more files from every rank, in one batch (two ring trips). */
+    int pair[2];
+    for (int i = 0; i < 2; i++) {
+        pair[i] = memfd_create("example-batch", MFD_CLOEXEC);
+        unsigned char tag = (unsigned char)(rank * 2 + i);
+        if (pair[i] < 0 || pwrite(pair[i], &tag, 1, 0) != 1) fail("memfd of a batch");
+    }
+    int *batch = calloc(world * 2, sizeof *batch);
+    if (!batch) fail("calloc");
+    CHECK(shmbroker_exchange_fd_batch(s, pair, 2, batch));
+    for (uint32_t at = 0; at < world * 2; at++) {
+        unsigned char tag = 0xff;
+        if (pread(batch[at], &tag, 1, 0) != 1 || tag != at) {
+            fprintf(stderr, "rank %u: batch fd %u holds %d\n", rank, at, tag);
+            return 1;
+        }
+        close(batch[at]);
+    }
+    close(pair[0]);
+    close(pair[1]);
+    free(batch);
+
     /* 3. A word from rank 0 to everyone, and a message around the ring. */
     char word[16] = {0};
     if (rank == 0) snprintf(word, sizeof word, "go, %u ranks", world);

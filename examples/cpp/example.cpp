@@ -78,6 +78,15 @@ int main() try {
         munmap(theirs, h.bytes);
         if (!right) throw std::runtime_error("rank " + std::to_string(peer) + "'s memory is wrong");
     }
+    // The last rank's memory once more, with a second file, in one batch broadcast.
+    const std::uint32_t last = static_cast<std::uint32_t>(handles.size()) - 1;
+    Fd second(memfd_create("example-second", MFD_CLOEXEC));
+    const std::vector<int> offered =
+        rank == last ? std::vector<int>{memory.get(), second.get()} : std::vector<int>{};
+    const auto batch = session.broadcast_fd_batch(last, offered, 2);
+    unsigned char byte = 0;
+    if (batch.size() != 2 || pread(batch[0].get(), &byte, 1, 0) != 1 || byte != last + 1)
+        throw std::runtime_error("the batch broadcast gave the wrong files");
     // Rank 0 collects every rank's handle once more, as a scheduler keeping a registry would.
     const auto registry = session.gather(0, own);
     if (rank == 0) {

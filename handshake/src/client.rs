@@ -450,6 +450,7 @@ impl Connection {
             return Err(Error::RelayRefused {
                 to,
                 reason: "no such rank: another rank of this world is needed",
+                full: false,
             });
         }
         let deadline = deadline_after(timeout);
@@ -466,14 +467,17 @@ impl Connection {
             RelayAnswer::Refused(NoticeKind::RelayRefusedFull) => Err(Error::RelayRefused {
                 to,
                 reason: "it already holds as many relayed fds as it may without taking them",
+                full: true,
             }),
             RelayAnswer::Refused(NoticeKind::RelayRefusedGone) => Err(Error::RelayRefused {
                 to,
                 reason: "it is not logged on",
+                full: false,
             }),
             RelayAnswer::Refused(_) => Err(Error::RelayRefused {
                 to,
                 reason: "the fd did not reach the broker (it may be short of fds)",
+                full: false,
             }),
         }
     }

@@ -152,6 +152,9 @@ pub enum Error {
         to: u32,
         /// Why, in words.
         reason: &'static str,
+        /// Whether the receiver only holds too many relayed fds it has not taken yet: it may
+        /// take them, and the relay can then be tried again.
+        full: bool,
     },
     /// The broker cannot hold the fds a world of this size needs.
     #[error(

@@ -638,7 +638,7 @@ fn fds_relayed_through_the_broker_arrive_as_the_same_files_in_any_order() {
     }
     // A relay to a rank that does not exist is refused, to the sender, and goes nowhere.
     match zero.relay_fd(7, 3, files[0].as_fd(), TIMEOUT) {
-        Err(Error::RelayRefused { to: 7, reason }) => {
+        Err(Error::RelayRefused { to: 7, reason, .. }) => {
             assert!(reason.contains("no such rank"), "{reason}");
         }
         other => panic!("unexpected {other:?}"),

@@ -342,6 +342,24 @@ class Session:
         """``root``'s ``fd`` on every rank, as a new file descriptor this process owns (on the
         root, a duplicate of ``fd``). Other ranks may leave ``fd`` out; what they give is
         ignored. Raises as :meth:`exchange_fds` does."""
+    def exchange_fd_batch(
+        self, fds: Sequence[_Fd], *, timeout: Optional[float] = ...
+    ) -> List[List[int]]:
+        """Every rank's ``fds`` (every rank passes as many, at most 4096), by rank and then in
+        each rank's order, as new file descriptors this process owns (this rank's own entries
+        are duplicates). Two ring trips for the whole batch. Raises :class:`ProtocolError`
+        naming a rank that passed another number of fds; otherwise as :meth:`exchange_fds`."""
+    def broadcast_fd_batch(
+        self,
+        root: int,
+        fds: Optional[Sequence[_Fd]] = None,
+        *,
+        count: Optional[int] = None,
+        timeout: Optional[float] = ...,
+    ) -> List[int]:
+        """``root``'s ``fds`` on every rank, in the root's order, as new file descriptors this
+        process owns (on the root, duplicates). Other ranks give ``count`` (on the root it
+        defaults to ``len(fds)``). Raises as :meth:`exchange_fd_batch` does."""
     def close(self) -> None:
         """Leaves the session: peers waiting on this rank are told it left (:class:`PeerLeft`).
         Closing a closed session does nothing; every other call on it raises

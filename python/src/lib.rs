@@ -382,6 +382,13 @@ fn borrowed<'fd>(number: RawFd) -> BorrowedFd<'fd> {
     unsafe { BorrowedFd::borrow_raw(number) }
 }
 
+/// A sequence of fds (ints, or objects with `fileno()`), each checked open, borrowed for a call.
+fn fd_list_arg<'fd>(fds: &Bound<'_, PyAny>) -> PyResult<Vec<BorrowedFd<'fd>>> {
+    fds.try_iter()?
+        .map(|fd| Ok(borrowed(fd_arg(&fd?)?)))
+        .collect()
+}
+
 /// A `shmbroker.GpuHandle` (or anything with its `_pack`) as the wire struct.
 fn gpu_handle_arg(handle: &Bound<'_, PyAny>) -> PyResult<shmbroker::GpuHandle> {
     let packed = handle
@@ -1071,6 +1078,70 @@ impl PySession {
             session.broadcast_fd_timeout(root, fd, timeout)
         })?;
         Ok(received.into_raw_fd())
+    }
+
+    /// Every rank's ``fds`` (a sequence of ints or objects with ``fileno()``; every rank passes
+    /// as many, at most 4096), as a list by rank of lists in each rank's order, of new file
+    /// descriptors this process owns. This rank's own entries are duplicates. The whole batch
+    /// takes two ring trips, as one fd does.
+    ///
+    /// Raises :class:`ProtocolError` naming a rank that passed another number of fds (on every
+    /// rank); otherwise as :meth:`exchange_fds` does.
+    #[pyo3(signature = (fds, *, timeout=CallTimeout::Session))]
+    fn exchange_fd_batch<'py>(
+        &self,
+        py: Python<'py>,
+        fds: &Bound<'py, PyAny>,
+        timeout: CallTimeout,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let fds = fd_list_arg(fds)?;
+        let timeout = self.deadline(timeout)?;
+        let batches = self.blocking(py, |session| {
+            session.exchange_fd_batch_timeout(&fds, timeout)
+        })?;
+        let numbers: Vec<Vec<RawFd>> = batches
+            .into_iter()
+            .map(|batch| batch.into_iter().map(IntoRawFd::into_raw_fd).collect())
+            .collect();
+        PyList::new(py, numbers)
+    }
+
+    /// ``root``'s ``fds`` on every rank, as a list in the root's order of new file descriptors
+    /// this process owns (on the root, duplicates). The root gives ``fds``; the others give
+    /// ``count``, the number of fds the root gives (on the root it defaults to ``len(fds)``).
+    ///
+    /// Raises :class:`MisuseError` when a rank other than the root gives ``fds`` or no
+    /// ``count``; otherwise as :meth:`exchange_fd_batch` does.
+    #[pyo3(signature = (root, fds=None, *, count=None, timeout=CallTimeout::Session))]
+    fn broadcast_fd_batch<'py>(
+        &self,
+        py: Python<'py>,
+        root: i64,
+        fds: Option<&Bound<'py, PyAny>>,
+        count: Option<usize>,
+        timeout: CallTimeout,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let root = rank_arg(root)?;
+        let fds = match fds {
+            Some(fds) => fd_list_arg(fds)?,
+            None => Vec::new(),
+        };
+        let count = match (count, root == self.rank) {
+            (Some(count), _) => count,
+            (None, true) => fds.len(),
+            (None, false) => {
+                return Err(errors::misuse(format!(
+                    "rank {} must say how many fds rank {root} broadcasts (count=)",
+                    self.rank
+                )));
+            }
+        };
+        let timeout = self.deadline(timeout)?;
+        let received = self.blocking(py, |session| {
+            session.broadcast_fd_batch_timeout(root, &fds, count, timeout)
+        })?;
+        let numbers: Vec<RawFd> = received.into_iter().map(IntoRawFd::into_raw_fd).collect();
+        PyList::new(py, numbers)
     }
 
     /// A writable buffer of ``size`` bytes in this rank's outbox, as a :class:`Loan`: fill

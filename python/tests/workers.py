@@ -377,6 +377,25 @@ def scenario_fds(session, args):
     expected = (b"rank %d " % root)[:7] if root != 0 else b"changed"
     check(os.pread(got, 7, 0) == expected, "broadcast_fd content")
     os.close(got)
+    # Batches: three memfds from every rank, then two from the root (the others give count=).
+    mine = [os.memfd_create(f"batch-{rank}-{i}") for i in range(3)]
+    for i, each in enumerate(mine):
+        os.pwrite(each, b"%d.%d" % (rank, i), 0)
+    batches = session.exchange_fd_batch(mine)
+    check([len(b) for b in batches] == [3] * world, f"exchange_fd_batch gave {batches}")
+    for r, batch in enumerate(batches):
+        for i, imported in enumerate(batch):
+            check(os.pread(imported, 3, 0) == b"%d.%d" % (r, i), f"batch fd {i} of rank {r}")
+            os.close(imported)
+    offered = mine[:2] if rank == root else None
+    got = session.broadcast_fd_batch(root, offered, count=2)
+    check([os.pread(g, 3, 0) for g in got] == [b"%d.0" % root, b"%d.1" % root], "batch bcast")
+    for each in got + mine:
+        os.close(each)
+    if rank != root:
+        # Refused before anything is sent: no count, or fds off the root.
+        raises(shmbroker.MisuseError, lambda: session.broadcast_fd_batch(root, [fd]))
+        raises(shmbroker.MisuseError, lambda: session.broadcast_fd_batch(root, [fd], count=1))
     os.close(fd)
     session.barrier()
 

@@ -1,26 +1,36 @@
-//! Moving file descriptors between workers: `exchange_fds` and `broadcast_fd`.
+//! Moving file descriptors between workers: `exchange_fds`, `broadcast_fd`, and their batches.
 //!
 //! # Protocol
 //!
-//! 1. Each exporter sends every importer an [`FdTicket`]: its pid, the fd's number, and the
-//!    file's `(st_dev, st_ino)`.
-//! 2. Unless the relay is forced, each importer takes every fd with
-//!    `pidfd_getfd(pidfd_open(pid), fd)` and keeps it only if its `(st_dev, st_ino)` match the
-//!    ticket: a number closed and reused in the meantime is refused as stale.
-//! 3. All ranks all-gather which imports were refused by the kernel (`EPERM` from Yama or a
-//!    non-dumpable or differently privileged exporter, `ENOSYS` on old kernels) and which were
-//!    stale. This round is also the acknowledgement: no exporter returns (and so closes its fd)
-//!    before every importer has taken what it could.
-//! 4. A stale ticket fails the call on every rank. A refused import fails it under
-//!    [`FdTransport::Pidfd`]; under [`FdTransport::Auto`] the exporter passes those fds through
-//!    the broker instead (`SCM_RIGHTS` both ways), and the importer checks them against the
-//!    ticket in the same way.
+//! 1. Each exporter sends every other rank one message holding an [`FdTicket`] for each of its
+//!    fds: its pid, the fd's number, and the file's `(st_dev, st_ino)`. A batch of `k` fds is
+//!    one message of `k` tickets (one ring slot for a single fd).
+//! 2. Unless the relay is forced, each importer takes every fd with `pidfd_getfd` through the
+//!    pidfd the broker opened for the exporter at logon, and keeps it only if its
+//!    `(st_dev, st_ino)` match the ticket: a number closed and reused in the meantime is refused
+//!    as stale.
+//! 3. All ranks all-gather which exporters' imports were refused by the kernel (`EPERM` from
+//!    Yama or a non-dumpable or differently privileged exporter, `ENOSYS` on old kernels), which
+//!    were stale, and which sent another number of tickets than the importer passed fds. This
+//!    round is also the acknowledgement: no exporter returns (and so closes its fds) before
+//!    every importer has taken what it could. A batch has one such round, not one per fd.
+//! 4. A stale ticket or a miscounted batch fails the call on every rank. A refused import fails
+//!    it under [`FdTransport::Pidfd`]; under [`FdTransport::Auto`] the exporter passes those fds
+//!    through the broker instead (`SCM_RIGHTS` both ways), one fd of the batch per round so that
+//!    an importer never holds more unclaimed relays than the broker allows, and the importer
+//!    checks them against the ticket in the same way.
 //!
-//! The transport used the first time is reported once on standard error, with the reason.
+//! So an exchange of `k` fds costs each rank `k` `fstat`s of its own fds, and for each imported
+//! fd a `pidfd_getfd` and an `fstat`: the ring trips (tickets, then the acknowledgement) are two
+//! per call whatever `k` is. No trip can go: the tickets carry what the theft check needs, and
+//! the acknowledgement is what keeps an exporter's fds open until they are taken.
+//!
+//! The transport used is logged when it changes, with the reason.
 
-use super::demux::message;
+use super::demux::{Expect, Incoming, Sink};
+use super::send::Targets;
 use super::{Deadline, Error, Session, departure_error, handshake_failed};
-use shmbroker_bindings::{FdTicket, INLINE_BYTES, kind};
+use shmbroker_bindings::{FdTicket, kind};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
@@ -69,19 +79,90 @@ impl FdTransport {
     }
 }
 
+/// The most fds one rank may pass to one exchange (a relayed fd's token keeps its index in
+/// the 16 bits above the exchange's sequence number).
+pub const MAX_FDS_PER_EXCHANGE: usize = 4096;
+
+/// The relay token of fd `index` of exchange `seq`: the sequence number alone for the first,
+/// as a single fd's exchange has always used.
+fn relay_token(seq: u64, index: usize) -> u64 {
+    seq | (index as u64) << 48
+}
+
+/// One rank's outcome of an exchange, all-gathered: bit `r` of each word stands for exporter `r`.
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct Status {
+    /// Exporters some of whose fds the kernel would not let this rank take.
+    refused: u64,
+    /// Exporters with a ticket that named another file than its fd.
+    stale: u64,
+    /// Exporters that sent another number of tickets than this rank passed fds.
+    miscounted: u64,
+}
+
+/// What failed for this rank, to be reported once every rank knows.
+enum Failure {
+    Stale {
+        exporter: u32,
+        ticket: FdTicket,
+        found: (u64, u64),
+    },
+    Miscounted {
+        exporter: u32,
+        found: usize,
+    },
+}
+
 /// Why one import did not work.
 enum ImportFailure {
     /// The kernel would not let us take it (or the exporter is gone): relay can help.
     Refused(nix::errno::Errno),
     /// The fd number names another file than the ticket: an exporter bug, or a forgery.
-    Stale { found: (u64, u64) },
+    Stale { ticket: FdTicket, found: (u64, u64) },
+}
+
+/// A duplicate of each of `fds`, as this rank's own share of an exchange.
+fn duplicates(fds: &[BorrowedFd<'_>]) -> Result<Vec<OwnedFd>, Error> {
+    fds.iter()
+        .map(|fd| {
+            fd.try_clone_to_owned().map_err(|source| Error::Io {
+                what: "duplicating this rank's fd",
+                source,
+            })
+        })
+        .collect()
+}
+
+/// The tickets of `fds`, in order, as the bytes of one message.
+fn tickets_for(fds: &[BorrowedFd<'_>], seq: u64) -> Result<Vec<u8>, Error> {
+    let mut bytes = Vec::with_capacity(fds.len() * size_of::<FdTicket>());
+    let pid = std::process::id();
+    for fd in fds {
+        let stat = nix::sys::stat::fstat(fd).map_err(|e| Error::Io {
+            what: "fstat of an fd to export",
+            source: e.into(),
+        })?;
+        let ticket = FdTicket {
+            pid,
+            fd: fd.as_raw_fd(),
+            dev: stat.st_dev,
+            ino: stat.st_ino,
+            token: seq,
+        };
+        bytes.extend_from_slice(bytemuck::bytes_of(&ticket));
+    }
+    Ok(bytes)
 }
 
 /// Takes the fd a ticket describes from its exporter (`pidfd`) with `pidfd_getfd`, and checks it.
 fn import(pidfd: &OwnedFd, ticket: &FdTicket) -> Result<OwnedFd, ImportFailure> {
     let fd = shmbroker_sys::pidfd::getfd(pidfd.as_fd(), ticket.fd).map_err(|error| {
         match nix::errno::Errno::from_raw(error.raw_os_error().unwrap_or(0)) {
-            nix::errno::Errno::EBADF => ImportFailure::Stale { found: (0, 0) },
+            nix::errno::Errno::EBADF => ImportFailure::Stale {
+                ticket: *ticket,
+                found: (0, 0),
+            },
             other => ImportFailure::Refused(other),
         }
     })?;
@@ -95,7 +176,10 @@ fn check(fd: &OwnedFd, ticket: &FdTicket) -> Result<(), ImportFailure> {
     if found == (ticket.dev, ticket.ino) {
         Ok(())
     } else {
-        Err(ImportFailure::Stale { found })
+        Err(ImportFailure::Stale {
+            ticket: *ticket,
+            found,
+        })
     }
 }
 
@@ -144,18 +228,48 @@ impl Session {
         timeout: Duration,
     ) -> Result<Vec<OwnedFd>, Error> {
         let deadline = self.track(Deadline::collective("exchange_fds", timeout));
+        let batches = self.exchange_fd_batch_with(&[fd], &deadline)?;
+        Ok(batches.into_iter().flatten().collect())
+    }
+
+    /// Every rank's `fds`, indexed by rank and then as each rank passed them (this rank's own as
+    /// duplicates): [`Self::exchange_fds`] for many fds at once. Every rank passes the same
+    /// number of fds, at most [`MAX_FDS_PER_EXCHANGE`]. The whole batch costs two ring trips,
+    /// as one fd does, so each fd costs little more than its `pidfd_getfd` and two `fstat`s.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Protocol`] naming a rank that passed another number of fds (on every rank);
+    /// [`Error::Misuse`] for more than [`MAX_FDS_PER_EXCHANGE`]; otherwise as for
+    /// [`Self::exchange_fds`].
+    pub fn exchange_fd_batch(
+        &mut self,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Vec<Vec<OwnedFd>>, Error> {
+        self.exchange_fd_batch_timeout(fds, self.timeout)
+    }
+
+    /// [`Self::exchange_fd_batch`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::exchange_fd_batch`].
+    pub fn exchange_fd_batch_timeout(
+        &mut self,
+        fds: &[BorrowedFd<'_>],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<OwnedFd>>, Error> {
+        let deadline = self.track(Deadline::collective("exchange_fd_batch", timeout));
+        self.exchange_fd_batch_with(fds, &deadline)
+    }
+
+    fn exchange_fd_batch_with(
+        &mut self,
+        fds: &[BorrowedFd<'_>],
+        deadline: &Deadline,
+    ) -> Result<Vec<Vec<OwnedFd>>, Error> {
         let exporters: Vec<u32> = (0..self.world_size()).collect();
-        let mut imported = self.move_fds(&exporters, Some(fd), &deadline)?;
-        let own = fd.try_clone_to_owned().map_err(|source| Error::Io {
-            what: "duplicating this rank's fd",
-            source,
-        })?;
-        imported[self.rank() as usize] = Some(own);
-        imported
-            .into_iter()
-            .enumerate()
-            .map(|(peer, fd)| fd.ok_or_else(|| Error::Misuse(format!("no fd from rank {peer}"))))
-            .collect()
+        self.move_fds(&exporters, fds, fds.len(), deadline)
     }
 
     /// `root`'s fd on every rank: the root passes `Some(fd)` (and gets a duplicate back), the
@@ -184,7 +298,6 @@ impl Session {
         fd: Option<BorrowedFd<'_>>,
         timeout: Duration,
     ) -> Result<OwnedFd, Error> {
-        self.check_rank(root)?;
         let rank = self.rank();
         match (root == rank, fd) {
             (true, None) => {
@@ -200,119 +313,177 @@ impl Session {
             _ => {}
         }
         let deadline = self.track(Deadline::collective("broadcast_fd", timeout));
-        let mut imported = self.move_fds(&[root], fd, &deadline)?;
-        match fd {
-            Some(fd) => fd.try_clone_to_owned().map_err(|source| Error::Io {
-                what: "duplicating the root's fd",
-                source,
-            }),
-            None => imported[root as usize]
-                .take()
-                .ok_or_else(|| Error::Misuse(format!("no fd from rank {root}"))),
-        }
+        let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+        self.broadcast_fd_batch_with(root, &fds, 1, &deadline)?
+            .pop()
+            .ok_or_else(|| Error::Misuse(format!("no fd from rank {root}")))
     }
 
-    /// Moves each exporter's fd to every other rank; returns what this rank imported, by rank.
+    /// `root`'s `count` fds on every rank, in the root's order: [`Self::broadcast_fd`] for many
+    /// fds at once, in two ring trips whatever `count` is. The root passes its `count` fds (and
+    /// gets duplicates back), the others no fds; every rank passes the same `count`, at most
+    /// [`MAX_FDS_PER_EXCHANGE`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the root's fds are not `count`, or another rank passes fds;
+    /// [`Error::Protocol`] naming the root on every rank when ranks passed different counts;
+    /// otherwise as for [`Self::exchange_fds`].
+    pub fn broadcast_fd_batch(
+        &mut self,
+        root: u32,
+        fds: &[BorrowedFd<'_>],
+        count: usize,
+    ) -> Result<Vec<OwnedFd>, Error> {
+        self.broadcast_fd_batch_timeout(root, fds, count, self.timeout)
+    }
+
+    /// [`Self::broadcast_fd_batch`] with its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::broadcast_fd_batch`].
+    pub fn broadcast_fd_batch_timeout(
+        &mut self,
+        root: u32,
+        fds: &[BorrowedFd<'_>],
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Vec<OwnedFd>, Error> {
+        let deadline = self.track(Deadline::collective("broadcast_fd_batch", timeout));
+        self.broadcast_fd_batch_with(root, fds, count, &deadline)
+    }
+
+    fn broadcast_fd_batch_with(
+        &mut self,
+        root: u32,
+        fds: &[BorrowedFd<'_>],
+        count: usize,
+        deadline: &Deadline,
+    ) -> Result<Vec<OwnedFd>, Error> {
+        self.check_rank(root)?;
+        let rank = self.rank();
+        if root == rank && fds.len() != count {
+            return Err(Error::Misuse(format!(
+                "rank {root} is the root of a broadcast of {count} fds but gave {}",
+                fds.len()
+            )));
+        }
+        if root != rank && !fds.is_empty() {
+            return Err(Error::Misuse(format!(
+                "rank {rank} gave {} fds to a broadcast rooted at {root}",
+                fds.len()
+            )));
+        }
+        let mut imported = self.move_fds(&[root], fds, count, deadline)?;
+        Ok(std::mem::take(&mut imported[root as usize]))
+    }
+
+    /// Moves each exporter's `count` fds to every other rank; returns them by exporter: what
+    /// this rank imported, and duplicates of its own `mine` when it exports (empty for ranks
+    /// that export nothing).
     pub(super) fn move_fds(
         &mut self,
         exporters: &[u32],
-        mine: Option<BorrowedFd<'_>>,
+        mine: &[BorrowedFd<'_>],
+        count: usize,
         deadline: &Deadline,
-    ) -> Result<Vec<Option<OwnedFd>>, Error> {
+    ) -> Result<Vec<Vec<OwnedFd>>, Error> {
         let (rank, world) = (self.rank(), self.world_size());
-        let seq = self.next_seq(kind::FD_TICKET)?;
-        let exporting = exporters.contains(&rank);
-        if exporting {
-            let fd = mine.ok_or_else(|| Error::Misuse("an exporter without an fd".into()))?;
-            let stat = nix::sys::stat::fstat(fd).map_err(|e| Error::Io {
-                what: "fstat of the fd to export",
-                source: e.into(),
-            })?;
-            let ticket = FdTicket {
-                pid: std::process::id(),
-                fd: fd.as_raw_fd(),
-                dev: stat.st_dev,
-                ino: stat.st_ino,
-                token: seq,
-            };
-            let mut inline = [0u8; INLINE_BYTES];
-            inline[..size_of::<FdTicket>()].copy_from_slice(bytemuck::bytes_of(&ticket));
-            let outgoing = message(kind::FD_TICKET, seq, size_of::<FdTicket>() as u32, inline);
-            for peer in self.peers() {
-                self.send_message(peer, outgoing, deadline)?;
-            }
-        }
-        // Tickets, then every import the kernel allows.
-        let mut tickets = vec![None; world as usize];
-        let mut imported: Vec<Option<OwnedFd>> = (0..world).map(|_| None).collect();
-        let (mut refused, mut stale) = (0u64, 0u64);
-        let mut first_refusal = None;
-        let mut my_stale = None;
-        for &exporter in exporters.iter().filter(|&&e| e != rank) {
-            let incoming = self.recv_collective(exporter, kind::FD_TICKET, seq, deadline)?;
-            let ticket: FdTicket =
-                bytemuck::pod_read_unaligned(&incoming.inline[..size_of::<FdTicket>()]);
-            tickets[exporter as usize] = Some(ticket);
-            if self.fd_transport == FdTransport::Relay {
-                refused |= 1 << exporter;
-                continue;
-            }
-            // Only from the process the broker saw log on as that rank, through the pidfd the
-            // broker opened for it then: a ticket naming any other (some other process of this
-            // uid, say) would make this rank pull an fd out of it, and a pid alone could have
-            // been reused.
-            let (pid, pidfd) = self.exporter_process(exporter, deadline)?;
-            // The ticket names the exporter as it sees itself (`getpid`, in its own PID
-            // namespace): the last of the pidfd's `NSpid` numbers. A process in a namespace
-            // this one cannot see into (a sibling container) shows no number; its pidfd still
-            // names it, and the import reads the fd through that pidfd alone.
-            if let Some(own) = self.inner.peer_own_pid(exporter)
-                && i64::from(own) != i64::from(ticket.pid)
-            {
-                return Err(Error::Protocol {
-                    peer: exporter,
-                    detail: format!(
-                        "fd ticket names pid {}; rank {exporter} logged on as pid {pid} (pid \
-                         {own} in its own PID namespace)",
-                        ticket.pid
-                    ),
-                });
-            }
-            match import(&pidfd, &ticket) {
-                Ok(fd) => imported[exporter as usize] = Some(fd),
-                Err(ImportFailure::Refused(errno)) => {
-                    refused |= 1 << exporter;
-                    first_refusal.get_or_insert((exporter, errno));
-                }
-                Err(ImportFailure::Stale { found }) => {
-                    stale |= 1 << exporter;
-                    my_stale.get_or_insert((exporter, ticket, found));
-                }
-            }
-        }
-        // Who could not take what: every rank learns the same, and decides the same.
-        let statuses = self.all_gather_pod_with(&[refused, stale], deadline)?;
-        // An exporter that gave this exchange up because a rank died closes its fd, and its
-        // ticket then reads as stale: that death is the cause, and is named as in any collective.
-        if (my_stale.is_some() || statuses.iter().any(|s| s[1] != 0))
-            && let Some(rank) = self.inner.lost_rank()
-        {
-            return Err(self.collective_lost(rank));
-        }
-        if let Some((exporter, ticket, found)) = my_stale {
-            return Err(Error::StaleFdTicket {
-                exporter,
-                expected: (ticket.dev, ticket.ino),
-                found,
-            });
-        }
-        if let Some((importer, status)) = (0u32..).zip(&statuses).find(|(_, s)| s[1] != 0) {
-            return Err(Error::FdTransport(format!(
-                "rank {importer} was offered a stale fd ticket by rank {}",
-                status[1].trailing_zeros()
+        if count > MAX_FDS_PER_EXCHANGE {
+            return Err(Error::Misuse(format!(
+                "an fd exchange moves at most {MAX_FDS_PER_EXCHANGE} fds a rank, not {count}"
             )));
         }
-        let any_refused = statuses.iter().any(|s| s[0] != 0);
+        let exporting = exporters.contains(&rank);
+        if exporting && mine.len() != count {
+            return Err(Error::Misuse(format!(
+                "an exporter of {count} fds gave {}",
+                mine.len()
+            )));
+        }
+        let seq = self.next_seq(kind::FD_TICKET)?;
+        // Tickets: one message from each exporter to every other rank, received meanwhile.
+        let expect = Expect::Collective {
+            op: kind::FD_TICKET,
+            seq,
+        };
+        let mut incoming: Vec<Incoming<'static>> = exporters
+            .iter()
+            .filter(|&&exporter| exporter != rank)
+            .map(|&exporter| Incoming::new(exporter, expect, Sink::Vec(Vec::new())))
+            .collect();
+        let mut imported: Vec<Vec<OwnedFd>> = (0..world).map(|_| Vec::new()).collect();
+        if exporting {
+            let tickets = tickets_for(mine, seq)?;
+            let eager =
+                self.send_if_eager(kind::FD_TICKET, seq, &tickets, Targets::Peers, deadline)?;
+            // This rank's own copies, made while the peers import (the root of a broadcast
+            // would otherwise make them after, alone).
+            imported[rank as usize] = duplicates(mine)?;
+            if eager {
+                self.receive_all(&mut incoming, deadline)?;
+            } else {
+                self.send_while_receiving(
+                    kind::FD_TICKET,
+                    seq,
+                    (&tickets, Targets::Peers),
+                    &mut incoming,
+                    deadline,
+                )?;
+            }
+        } else {
+            self.receive_all(&mut incoming, deadline)?;
+        }
+        // Every import the kernel allows, and what could not be taken, by exporter.
+        let mut tickets: Vec<Vec<FdTicket>> = (0..world).map(|_| Vec::new()).collect();
+        let mut status = Status::default();
+        let mut first_refusal = None;
+        let mut my_failure = None;
+        for incoming in incoming {
+            let exporter = incoming.peer;
+            let Sink::Vec(bytes) = incoming.finish()?.1 else {
+                continue;
+            };
+            if bytes.len() != count * size_of::<FdTicket>() {
+                status.miscounted |= 1 << exporter;
+                my_failure.get_or_insert(Failure::Miscounted {
+                    exporter,
+                    found: bytes.len(),
+                });
+                continue;
+            }
+            let batch: Vec<FdTicket> = bytes
+                .chunks_exact(size_of::<FdTicket>())
+                .map(bytemuck::pod_read_unaligned)
+                .collect();
+            if self.fd_transport == FdTransport::Relay {
+                status.refused |= 1 << exporter;
+            } else {
+                match self.import_batch(exporter, &batch, deadline)? {
+                    Ok(fds) => imported[exporter as usize] = fds,
+                    Err(ImportFailure::Refused(errno)) => {
+                        status.refused |= 1 << exporter;
+                        first_refusal.get_or_insert((exporter, errno));
+                    }
+                    Err(ImportFailure::Stale { ticket, found }) => {
+                        status.stale |= 1 << exporter;
+                        my_failure.get_or_insert(Failure::Stale {
+                            exporter,
+                            ticket,
+                            found,
+                        });
+                    }
+                }
+            }
+            tickets[exporter as usize] = batch;
+        }
+        // Who could not take what: every rank learns the same, and decides the same. This round
+        // is also the acknowledgement: no exporter returns (and so closes its fds) before every
+        // importer has taken what it could.
+        let statuses = self.all_gather_pod_with(&status, deadline)?;
+        self.agreed_failure(&statuses, my_failure, count)?;
+        let any_refused = statuses.iter().any(|s| s.refused != 0);
         self.report_fd_transport(any_refused, first_refusal);
         if !any_refused {
             return Ok(imported);
@@ -320,8 +491,8 @@ impl Session {
         if self.fd_transport == FdTransport::Pidfd {
             let (importer, exporter) = (0..)
                 .zip(&statuses)
-                .find(|(_, s)| s[0] != 0)
-                .map(|(i, s): (u32, &[u64; 2])| (i, s[0].trailing_zeros()))
+                .find(|(_, s)| s.refused != 0)
+                .map(|(i, s): (u32, &Status)| (i, s.refused.trailing_zeros()))
                 .unwrap_or((rank, rank));
             return Err(Error::FdTransport(format!(
                 "pidfd_getfd of rank {exporter}'s fd by rank {importer} was refused{}; \
@@ -329,42 +500,164 @@ impl Session {
                 first_refusal.map_or(String::new(), |(_, errno)| format!(" here with {errno}"))
             )));
         }
-        // Relay what was refused: exporters pass their fd to each importer that needs it ...
-        if exporting {
-            let fd = mine.ok_or_else(|| Error::Misuse("an exporter without an fd".into()))?;
-            for (importer, status) in (0..).zip(&statuses) {
-                if importer != rank && status[0] & (1 << rank) != 0 {
-                    self.inner
-                        .relay_fd(importer, seq, fd, deadline.left())
-                        .map_err(|e| self.relay_failed(importer, e))?;
+        // Relay what was refused, one fd of each batch per round: exporters pass fd `index` to
+        // each importer that needs it, then importers take theirs, checked against the ticket
+        // like any other. A round leaves at most one fd per exporter unclaimed at each importer,
+        // under the broker's cap.
+        for index in 0..count {
+            if exporting {
+                for (importer, status) in (0..).zip(&statuses) {
+                    if importer != rank && status.refused & (1 << rank) != 0 {
+                        self.relay_with_retry(
+                            importer,
+                            relay_token(seq, index),
+                            mine[index],
+                            deadline,
+                        )?;
+                    }
                 }
             }
-        }
-        // ... and importers take theirs, checked against the ticket like any other.
-        for exporter in 0..world {
-            if refused & (1 << exporter) == 0 {
-                continue;
-            }
-            let fd = self.take_relayed_fd_from_live(exporter, seq, deadline)?;
-            let ticket = tickets[exporter as usize]
-                .ok_or_else(|| Error::Misuse(format!("no ticket from rank {exporter}")))?;
-            match check(&fd, &ticket) {
-                Ok(()) => imported[exporter as usize] = Some(fd),
-                Err(ImportFailure::Stale { found }) => {
-                    return Err(Error::StaleFdTicket {
-                        exporter,
-                        expected: (ticket.dev, ticket.ino),
-                        found,
-                    });
+            for exporter in 0..world {
+                if status.refused & (1 << exporter) == 0 {
+                    continue;
                 }
-                Err(ImportFailure::Refused(errno)) => {
-                    return Err(Error::FdTransport(format!(
-                        "fstat of a relayed fd: {errno}"
-                    )));
+                let fd =
+                    self.take_relayed_fd_from_live(exporter, relay_token(seq, index), deadline)?;
+                let ticket = &tickets[exporter as usize][index];
+                match check(&fd, ticket) {
+                    Ok(()) => imported[exporter as usize].push(fd),
+                    Err(ImportFailure::Stale { found, .. }) => {
+                        return Err(Error::StaleFdTicket {
+                            exporter,
+                            expected: (ticket.dev, ticket.ino),
+                            found,
+                        });
+                    }
+                    Err(ImportFailure::Refused(errno)) => {
+                        return Err(Error::FdTransport(format!(
+                            "fstat of a relayed fd: {errno}"
+                        )));
+                    }
                 }
             }
         }
         Ok(imported)
+    }
+
+    /// Every fd of `exporter`'s `batch`, taken with `pidfd_getfd` and checked; the outer error
+    /// is one that ends the exchange here (the exporter is not the process that logged on).
+    fn import_batch(
+        &mut self,
+        exporter: u32,
+        batch: &[FdTicket],
+        deadline: &Deadline,
+    ) -> Result<Result<Vec<OwnedFd>, ImportFailure>, Error> {
+        if batch.is_empty() {
+            return Ok(Ok(Vec::new()));
+        }
+        // Only from the process the broker saw log on as that rank, through the pidfd the
+        // broker opened for it then: a ticket naming any other (some other process of this
+        // uid, say) would make this rank pull an fd out of it, and a pid alone could have
+        // been reused.
+        let (pid, pidfd) = self.exporter_process(exporter, deadline)?;
+        // The ticket names the exporter as it sees itself (`getpid`, in its own PID
+        // namespace): the last of the pidfd's `NSpid` numbers. A process in a namespace
+        // this one cannot see into (a sibling container) shows no number; its pidfd still
+        // names it, and the import reads the fd through that pidfd alone.
+        if let Some(own) = self.inner.peer_own_pid(exporter)
+            && let Some(forged) = batch.iter().find(|t| i64::from(t.pid) != i64::from(own))
+        {
+            return Err(Error::Protocol {
+                peer: exporter,
+                detail: format!(
+                    "fd ticket names pid {}; rank {exporter} logged on as pid {pid} (pid \
+                     {own} in its own PID namespace)",
+                    forged.pid
+                ),
+            });
+        }
+        Ok(batch.iter().map(|ticket| import(&pidfd, ticket)).collect())
+    }
+
+    /// The error every rank returns when some import was stale or a batch had another length
+    /// than this rank's, decided from `statuses` alike everywhere; `mine` is what this rank saw.
+    fn agreed_failure(
+        &mut self,
+        statuses: &[Status],
+        mine: Option<Failure>,
+        count: usize,
+    ) -> Result<(), Error> {
+        let any_failed = statuses.iter().any(|s| s.stale != 0 || s.miscounted != 0);
+        // An exporter that gave this exchange up because a rank died closes its fds, and its
+        // tickets then read as stale: that death is the cause, and is named as in any collective.
+        if (mine.is_some() || any_failed)
+            && let Some(rank) = self.inner.lost_rank()
+        {
+            return Err(self.collective_lost(rank));
+        }
+        match mine {
+            Some(Failure::Stale {
+                exporter,
+                ticket,
+                found,
+            }) => {
+                return Err(Error::StaleFdTicket {
+                    exporter,
+                    expected: (ticket.dev, ticket.ino),
+                    found,
+                });
+            }
+            Some(Failure::Miscounted { exporter, found }) => {
+                return Err(Error::Protocol {
+                    peer: exporter,
+                    detail: format!(
+                        "{found} bytes of fd tickets where {count} fds of {} bytes each were due \
+                         (every rank of an fd exchange passes the same number of fds)",
+                        size_of::<FdTicket>()
+                    ),
+                });
+            }
+            None => {}
+        }
+        if let Some((importer, status)) = (0u32..).zip(statuses).find(|(_, s)| s.miscounted != 0) {
+            return Err(Error::Protocol {
+                peer: status.miscounted.trailing_zeros(),
+                detail: format!(
+                    "rank {importer} was sent another number of fds than it passed ({count} \
+                     here)"
+                ),
+            });
+        }
+        if let Some((importer, status)) = (0u32..).zip(statuses).find(|(_, s)| s.stale != 0) {
+            return Err(Error::FdTransport(format!(
+                "rank {importer} was offered a stale fd ticket by rank {}",
+                status.stale.trailing_zeros()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Relays `fd` to `importer` through the broker, trying again while the importer only holds
+    /// too many relayed fds it has not taken yet (it takes them in this round or the last).
+    fn relay_with_retry(
+        &mut self,
+        importer: u32,
+        token: u64,
+        fd: BorrowedFd<'_>,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        loop {
+            match self.inner.relay_fd(importer, token, fd, deadline.left()) {
+                Ok(()) => return Ok(()),
+                Err(shmbroker_handshake::Error::RelayRefused { full: true, .. })
+                    if !deadline.left().is_zero() =>
+                {
+                    self.check_interrupted(deadline)?;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(error) => return Err(self.relay_failed(importer, error)),
+            }
+        }
     }
 
     /// The fd `exporter` relays with `token`, waiting in slices and checking between them that
@@ -505,7 +798,7 @@ mod tests {
         assert_ne!(fd.as_raw_fd(), a.as_raw_fd());
         // The number now names another file (closed and reused, say): refused as stale.
         match import(&me, &ticket_for(&a, b.as_raw_fd())) {
-            Err(ImportFailure::Stale { found }) => {
+            Err(ImportFailure::Stale { found, .. }) => {
                 let stat = nix::sys::stat::fstat(b.as_fd()).unwrap();
                 assert_eq!(found, (stat.st_dev, stat.st_ino));
             }

@@ -49,23 +49,22 @@ impl Session {
                 exporters.push(peer);
             }
         }
-        let mut fds: Vec<Option<OwnedFd>> = if exporters.is_empty() {
+        let fds: Vec<Option<OwnedFd>> = if exporters.is_empty() {
             handles.iter().map(|_| None).collect()
         } else {
             let deadline = self.track(super::Deadline::collective(
                 "all_gather_gpu_handles",
                 self.timeout,
             ));
-            let mine = fd.filter(|_| exporters.contains(&self.rank()));
-            self.move_fds(&exporters, mine, &deadline)?
+            let mine: Vec<BorrowedFd<'_>> = fd
+                .filter(|_| exporters.contains(&self.rank()))
+                .into_iter()
+                .collect();
+            self.move_fds(&exporters, &mine, 1, &deadline)?
+                .into_iter()
+                .map(|mut fds| fds.pop())
+                .collect()
         };
-        if let Some(fd) = fd {
-            fds[self.rank() as usize] =
-                Some(fd.try_clone_to_owned().map_err(|source| Error::Io {
-                    what: "duplicating this rank's fd",
-                    source,
-                })?);
-        }
         Ok(handles.into_iter().zip(fds).collect())
     }
 
