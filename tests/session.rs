@@ -956,36 +956,52 @@ fn exchange_and_broadcast_fds(name: &str, transport: shmbroker::session::FdTrans
 }
 
 #[test]
-fn fd_batches_of_different_lengths_fail_on_every_rank_naming_the_other() {
+fn fd_batches_of_different_lengths_fail_on_every_rank_naming_one_that_disagrees() {
     use std::os::fd::AsFd;
-    let (_world, sessions) = World::start("fds-miscounted", 2);
+    let (_world, sessions) = World::start("fds-miscounted", 3);
     let joins: Vec<_> = sessions
         .into_iter()
         .map(|mut s| {
             std::thread::spawn(move || {
-                let files: Vec<_> = (0..2 + s.rank()).map(|_| memfd_with("x")).collect();
+                let rank = s.rank();
+                // An exchange where rank 2 passes 3 fds and the others 2; then a broadcast from
+                // rank 0 of 2 fds that rank 2 expects 3 of.
+                let files: Vec<_> = (0..if rank == 2 { 3 } else { 2 })
+                    .map(|_| memfd_with("x"))
+                    .collect();
                 let borrowed: Vec<_> = files.iter().map(AsFd::as_fd).collect();
-                let outcome = s.exchange_fd_batch(&borrowed).map(|_| ());
-                // Both ranks are still in step: the next collective works.
+                let exchanged = s.exchange_fd_batch(&borrowed).map(|_| ());
+                let offered = if rank == 0 { &borrowed[..] } else { &[] };
+                let broadcast = s
+                    .broadcast_fd_batch(0, offered, if rank == 2 { 3 } else { 2 })
+                    .map(|_| ());
+                // Every rank is still in step: the next collective works.
                 s.barrier().unwrap();
-                outcome
+                (exchanged, broadcast)
             })
         })
         .collect();
     let outcomes = joins.into_iter().map(|join| join.join().unwrap());
-    for (rank, outcome) in (0u32..).zip(outcomes) {
-        match outcome {
-            Err(Error::Protocol { peer, detail }) => {
-                assert_eq!(peer, 1 - rank, "{detail}");
-                assert!(detail.contains("same number of fds"), "{detail}");
+    for (rank, (exchanged, broadcast)) in (0u32..).zip(outcomes) {
+        // Ranks 0 and 1 name rank 2, which names the first rank it disagrees with.
+        let named = if rank == 2 { 0 } else { 2 };
+        for (call, outcome) in [("exchange", exchanged), ("broadcast", broadcast)] {
+            match outcome {
+                Err(Error::Protocol { peer, detail }) => {
+                    assert_eq!(peer, named, "rank {rank}, {call}: {detail}");
+                    assert!(
+                        detail.contains("same number"),
+                        "rank {rank}, {call}: {detail}"
+                    );
+                }
+                other => panic!("rank {rank}, {call}: {other:?}"),
             }
-            other => panic!("rank {rank}: {other:?}"),
         }
     }
 }
 
 #[test]
-fn a_stale_fd_ticket_fails_the_exchange_on_every_rank_naming_its_exporter() {
+fn a_stale_fd_ticket_fails_the_exchange_naming_its_exporter() {
     use std::os::fd::{AsFd, AsRawFd};
     let (_world, mut zero, mut one) = pair("fd-stale");
     // Rank 1's ticket names its fd `a` by number but the file of `b`: a number closed and
@@ -1004,8 +1020,8 @@ fn a_stale_fd_ticket_fails_the_exchange_on_every_rank_naming_its_exporter() {
     inline[..32].copy_from_slice(bytemuck::bytes_of(&ticket));
     raw_send(&mut one, raw(kind::FD_TICKET, 0, 32, inline));
     // The status round (the next collective), as an honest exporter's would be: nothing
-    // refused, stale or miscounted at rank 1.
-    raw_send(&mut one, raw(kind::ALL_GATHER, 1, 24, [0u8; INLINE_BYTES]));
+    // refused, stale, miscounted or short of fds at rank 1.
+    raw_send(&mut one, raw(kind::ALL_GATHER, 1, 32, [0u8; INLINE_BYTES]));
     zero.set_timeout(Duration::from_secs(5));
     match zero.exchange_fds(memfd_with("mine").as_fd()) {
         Err(Error::StaleFdTicket {

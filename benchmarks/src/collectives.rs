@@ -164,7 +164,7 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
                     0 => ours.extend(ours_fd_exchange(&socket, rounds)?),
                     1 => pidfd.extend(raw_pidfd_getfd(rounds)?),
                     2 => rights.extend(raw_scm_rights(rounds)?),
-                    _ => batched.extend(ours_fd_batch(&socket, rounds / FD_BATCH)?),
+                    _ => batched.extend(ours_fd_batch(&socket, (rounds / FD_BATCH).max(1))?),
                 }
             }
         }

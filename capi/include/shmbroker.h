@@ -151,6 +151,9 @@
 // The sum divided by the number of ranks (floats).
 #define SHMBROKER_OP_AVG 7
 
+// The most fds one rank may pass to an fd batch.
+#define SHMBROKER_MAX_FDS_PER_EXCHANGE 4096
+
 // `shmbroker_fd_transport`'s answers: no fd exchange yet (for `used` only).
 #define SHMBROKER_FD_TRANSPORT_NONE 0
 
@@ -891,12 +894,14 @@ int shmbroker_broadcast_fd(struct shmbroker_session *s, uint32_t root, int fd, i
 // Every rank's `count` fds, in rank order and then in each rank's order, as new fds in
 // `out_fds` (`world_size * count` entries: rank `r`'s fd `i` at `r * count + i`) that the
 // caller owns and closes; this rank's own slots get duplicates of `fds`. Every rank passes the
-// same `count`, at most 4096. The whole batch takes two ring trips, as one fd does, so each fd
+// same `count`, at most `SHMBROKER_MAX_FDS_PER_EXCHANGE`. The whole batch takes two ring trips, as one fd does, so each fd
 // costs little more than its `pidfd_getfd` and the `fstat`s of the theft check. Nothing is
 // written to `out_fds` on an error. Threads: as [`shmbroker_barrier`].
 //
 // Errors: `SHMBROKER_E_PROTOCOL` naming a rank that passed another `count` (on every rank);
-// `SHMBROKER_E_MISUSE` for NULL arrays, a closed fd or more than 4096 fds; otherwise as
+// `SHMBROKER_E_MISUSE` for NULL arrays, a closed fd or more than
+// `SHMBROKER_MAX_FDS_PER_EXCHANGE` fds; `SHMBROKER_E_IO` on every rank when one has no room
+// for the fds (`EMFILE`: its message says so, the others' name it); otherwise as
 // [`shmbroker_exchange_fds`].
 //
 // # Safety
@@ -910,12 +915,14 @@ int shmbroker_exchange_fd_batch(struct shmbroker_session *s,
 
 // `root`'s `count` fds on every rank, in the root's order, as new fds in `out_fds` (`count`
 // entries) that the caller owns (the root gets duplicates); `fds` is read on the root only
-// and may be NULL elsewhere. Every rank passes the same `count`, at most 4096; two ring trips
+// and may be NULL elsewhere. Every rank passes the same `count`, at most
+// `SHMBROKER_MAX_FDS_PER_EXCHANGE`; two ring trips
 // whatever it is. Nothing is written to `out_fds` on an error. Threads: as
 // [`shmbroker_barrier`].
 //
-// Errors: `SHMBROKER_E_PROTOCOL` naming the root on every rank when ranks passed different
-// counts; otherwise as [`shmbroker_exchange_fd_batch`].
+// Errors: `SHMBROKER_E_PROTOCOL` on every rank when ranks passed different counts, naming the
+// root on a rank whose count is not the root's, and such a rank elsewhere; otherwise as
+// [`shmbroker_exchange_fd_batch`].
 //
 // # Safety
 //

@@ -667,9 +667,11 @@ class Session : public Collectives {
     // fds this process owns (this rank's own as duplicates): two ring trips for the whole batch.
     std::vector<std::vector<Fd>> exchange_fd_batch(const std::vector<int> &fds) {
         const std::size_t count = fds.size();
+        // Everything allocated before the call: nothing can throw once the fds are ours.
         std::vector<int> raw(world_size() * count, -1);
-        detail::check(shmbroker_exchange_fd_batch(s_, fds.data(), count, raw.data()));
         std::vector<std::vector<Fd>> all(world_size());
+        for (auto &batch : all) batch.reserve(count);
+        detail::check(shmbroker_exchange_fd_batch(s_, fds.data(), count, raw.data()));
         for (std::size_t at = 0; at < raw.size(); ++at) all[at / count].emplace_back(raw[at]);
         return all;
     }
@@ -678,11 +680,15 @@ class Session : public Collectives {
     // every rank passes the same `count`).
     std::vector<Fd> broadcast_fd_batch(std::uint32_t root, const std::vector<int> &fds,
                                        std::size_t count) {
+        if (rank() == root && fds.size() != count)
+            throw std::invalid_argument("shmbroker: the root of an fd batch broadcast gave " +
+                                        std::to_string(fds.size()) + " fds for a count of " +
+                                        std::to_string(count));
         std::vector<int> raw(count, -1);
-        detail::check(shmbroker_broadcast_fd_batch(s_, root, fds.empty() ? nullptr : fds.data(),
-                                                   count, raw.data()));
         std::vector<Fd> out;
         out.reserve(count);
+        detail::check(shmbroker_broadcast_fd_batch(s_, root, fds.empty() ? nullptr : fds.data(),
+                                                   count, raw.data()));
         for (int r : raw) out.emplace_back(r);
         return out;
     }

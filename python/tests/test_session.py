@@ -64,6 +64,10 @@ def test_exchange_fds_of_memfds():
     assert_ok(run_scenario(3, "fds"), 3, "fds")
 
 
+def test_an_fd_batch_a_rank_has_no_room_for_fails_on_every_rank_naming_it():
+    assert_ok(run_scenario(2, "fds_exhausted"), 2, "fds_exhausted")
+
+
 def test_a_killed_peer_is_peer_lost_naming_its_rank():
     job = run_scenario(3, "peer_lost")
     # The job's status is the killed copy's: 128 + SIGKILL.

@@ -340,6 +340,29 @@ def scenario_arguments(session, args):
     check(session.all_gather(b"%d" % rank) == [b"%d" % r for r in range(world)], "after misuse")
 
 
+def scenario_fds_exhausted(session, args):
+    """Rank 1 has room for its own duplicates but not for rank 0's fds: both ranks fail, rank 1
+    saying it is out of fds and rank 0 naming rank 1, and both go on in step."""
+    import resource
+
+    rank = session.rank
+    mine = [os.memfd_create(f"many-{i}") for i in range(32)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if rank == 1:
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1 + 40, hard))
+    error = raises(shmbroker.ResourceError, lambda: session.exchange_fd_batch(mine))
+    said = "no room for them" if rank == 1 else "rank 1 had no room for the fds of rank 0"
+    check(said in str(error), f"rank {rank}: {error}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    # Nothing was left open by the failed call, and the ranks are in step.
+    batches = session.exchange_fd_batch(mine[:2])
+    check([len(b) for b in batches] == [2, 2], f"after the failure: {batches}")
+    for fd in [fd for batch in batches for fd in batch] + mine:
+        os.close(fd)
+    session.barrier()
+
+
 def scenario_fds(session, args):
     rank, world = session.rank, session.world_size
     content = lambda r: (b"rank %d " % r) * 1000  # noqa: E731

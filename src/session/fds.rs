@@ -11,17 +11,24 @@
 //!    as stale.
 //! 3. All ranks all-gather which exporters' imports were refused by the kernel (`EPERM` from
 //!    Yama or a non-dumpable or differently privileged exporter, `ENOSYS` on old kernels), which
-//!    were stale, and which sent another number of tickets than the importer passed fds. This
-//!    round is also the acknowledgement: no exporter returns (and so closes its fds) before
-//!    every importer has taken what it could. A batch has one such round, not one per fd.
-//! 4. A stale ticket or a miscounted batch fails the call on every rank. A refused import fails
-//!    it under [`FdTransport::Pidfd`]; under [`FdTransport::Auto`] the exporter passes those fds
-//!    through the broker instead (`SCM_RIGHTS` both ways), one fd of the batch per round so that
-//!    an importer never holds more unclaimed relays than the broker allows, and the importer
-//!    checks them against the ticket in the same way.
+//!    were stale, which found this process out of fds, and which sent another number of tickets
+//!    than the importer passed fds. This round is also the acknowledgement: no exporter returns
+//!    (and so closes its fds) before every importer has taken what it could. A batch has one
+//!    such round, not one per fd.
+//! 4. A stale ticket, an importer out of fds or a miscounted batch fails the call on every rank.
+//!    A refused import fails it under [`FdTransport::Pidfd`]; under [`FdTransport::Auto`] the
+//!    exporter passes those fds through the broker instead (`SCM_RIGHTS` both ways), one fd of
+//!    the batch per round (see `relay_refused` for why no round can wait for ever on the
+//!    broker's cap of unclaimed relays), and the importer checks them against the ticket in the
+//!    same way.
 //!
-//! So an exchange of `k` fds costs each rank `k` `fstat`s of its own fds, and for each imported
-//! fd a `pidfd_getfd` and an `fstat`: the ring trips (tickets, then the acknowledgement) are two
+//! What can fail on one rank alone is done before the exchange's sequence number is taken (the
+//! `fstat`s of its own fds), or reported in the status round (no room for its own duplicates,
+//! made while its peers import), so such a failure leaves every rank in step.
+//!
+//! So an exchange of `k` fds costs each rank `k` `fstat`s of its own fds (and `k` duplicates of
+//! them, which the caller gets back), and for each imported fd a `pidfd_getfd` and an `fstat`:
+//! the ring trips (tickets, then the acknowledgement) are two
 //! per call whatever `k` is. No trip can go: the tickets carry what the theft check needs, and
 //! the acknowledgement is what keeps an exporter's fds open until they are taken.
 //!
@@ -79,14 +86,45 @@ impl FdTransport {
     }
 }
 
-/// The most fds one rank may pass to one exchange (a relayed fd's token keeps its index in
-/// the 16 bits above the exchange's sequence number).
+/// The most fds one rank may pass to one exchange.
 pub const MAX_FDS_PER_EXCHANGE: usize = 4096;
 
 /// The relay token of fd `index` of exchange `seq`: the sequence number alone for the first,
-/// as a single fd's exchange has always used.
+/// as a single fd's exchange has always used, and the index in bits 48 to 59 for the others.
+/// Fd exchanges run on the world's stream (0), so their sequence numbers stay below 2^40 and
+/// leave those bits clear.
 fn relay_token(seq: u64, index: usize) -> u64 {
+    const _: () = assert!(MAX_FDS_PER_EXCHANGE <= 1 << 12);
+    debug_assert!(
+        seq < 1 << 40,
+        "an fd exchange off the world's stream: {seq:#x}"
+    );
     seq | (index as u64) << 48
+}
+
+/// What this rank made of the tickets it received, exporter by exporter.
+#[derive(Default)]
+struct Taken {
+    /// This rank's part of the status round.
+    status: Status,
+    /// The first failure this rank saw.
+    failure: Option<Failure>,
+    /// The first refusal by the kernel, for the log.
+    first_refusal: Option<(u32, nix::errno::Errno)>,
+    /// The tickets of each exporter whose fds are to come by relay.
+    relayed: Vec<(u32, Vec<u8>)>,
+}
+
+/// What the relay rounds of an exchange need.
+struct Relay<'t, 'fd> {
+    /// The exchange's sequence number.
+    seq: u64,
+    /// This rank's fds, when it exports.
+    mine: &'t [BorrowedFd<'fd>],
+    /// Each rank's [`Status::refused`]: the exporters it takes by relay.
+    refused_by: Vec<u64>,
+    /// The tickets each exporter this rank takes by relay sent it, as they came.
+    tickets: Vec<(u32, Vec<u8>)>,
 }
 
 /// One rank's outcome of an exchange, all-gathered: bit `r` of each word stands for exporter `r`.
@@ -99,7 +137,12 @@ struct Status {
     stale: u64,
     /// Exporters that sent another number of tickets than this rank passed fds.
     miscounted: u64,
+    /// Exporters whose fds this rank had no room for (`EMFILE`, `ENFILE`).
+    exhausted: u64,
 }
+
+// On the wire: four words, one ring slot.
+const _: () = assert!(size_of::<Status>() == 32);
 
 /// What failed for this rank, to be reported once every rank knows.
 enum Failure {
@@ -112,47 +155,120 @@ enum Failure {
         exporter: u32,
         found: usize,
     },
+    Exhausted {
+        exporter: u32,
+        errno: nix::errno::Errno,
+    },
 }
 
 /// Why one import did not work.
 enum ImportFailure {
     /// The kernel would not let us take it (or the exporter is gone): relay can help.
     Refused(nix::errno::Errno),
+    /// This process (or the system) is out of fds: nothing can help but fewer.
+    Exhausted(nix::errno::Errno),
     /// The fd number names another file than the ticket: an exporter bug, or a forgery.
     Stale { ticket: FdTicket, found: (u64, u64) },
 }
 
-/// A duplicate of each of `fds`, as this rank's own share of an exchange.
-fn duplicates(fds: &[BorrowedFd<'_>]) -> Result<Vec<OwnedFd>, Error> {
-    fds.iter()
-        .map(|fd| {
-            fd.try_clone_to_owned().map_err(|source| Error::Io {
-                what: "duplicating this rank's fd",
-                source,
-            })
-        })
-        .collect()
+/// The fds an exchange moved, by exporter: exporter `r`'s fd `i` at `r * count + i` (this
+/// rank's own as duplicates; `None` for ranks that export nothing). One table for the whole
+/// exchange, so that a single fd's costs no allocation per rank.
+pub(super) struct Moved {
+    count: usize,
+    fds: Vec<Option<OwnedFd>>,
 }
 
-/// The tickets of `fds`, in order, as the bytes of one message.
-fn tickets_for(fds: &[BorrowedFd<'_>], seq: u64) -> Result<Vec<u8>, Error> {
-    let mut bytes = Vec::with_capacity(fds.len() * size_of::<FdTicket>());
+impl Moved {
+    fn new(world: u32, count: usize) -> Self {
+        Self {
+            count,
+            fds: (0..world as usize * count).map(|_| None).collect(),
+        }
+    }
+
+    fn slots(&mut self, rank: u32) -> &mut [Option<OwnedFd>] {
+        let at = rank as usize * self.count;
+        &mut self.fds[at..at + self.count]
+    }
+
+    /// `rank`'s fds, which it exported.
+    pub(super) fn take(&mut self, rank: u32) -> Result<Vec<OwnedFd>, Error> {
+        self.slots(rank)
+            .iter_mut()
+            .map(|fd| {
+                fd.take()
+                    .ok_or_else(|| Error::Misuse(format!("no fd from rank {rank}")))
+            })
+            .collect()
+    }
+
+    /// Every rank's fds, in rank order and then in each rank's (every rank exported).
+    fn into_all(self) -> Result<Vec<OwnedFd>, Error> {
+        let count = self.count;
+        (0..)
+            .zip(self.fds)
+            .map(|(at, fd)| {
+                fd.ok_or_else(|| Error::Misuse(format!("no fd from rank {}", at / count)))
+            })
+            .collect()
+    }
+
+    /// Each rank's fds, by rank (every rank exported).
+    fn into_by_rank(self, world: u32) -> Result<Vec<Vec<OwnedFd>>, Error> {
+        let count = self.count;
+        let mut all = self.into_all()?.into_iter();
+        Ok((0..world)
+            .map(|_| all.by_ref().take(count).collect())
+            .collect())
+    }
+}
+
+/// Duplicates of `fds` into `slots`, as this rank's own share of an exchange (none when one
+/// fails).
+fn duplicate_into(
+    fds: &[BorrowedFd<'_>],
+    slots: &mut [Option<OwnedFd>],
+) -> Result<(), nix::errno::Errno> {
+    for (at, fd) in fds.iter().enumerate() {
+        match fd.try_clone_to_owned() {
+            Ok(copy) => slots[at] = Some(copy),
+            Err(error) => {
+                slots.iter_mut().for_each(|slot| *slot = None);
+                return Err(nix::errno::Errno::from_raw(
+                    error.raw_os_error().unwrap_or(0),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The tickets of `fds`, in order, into `tickets` (their `token` still to be filled in).
+fn fill_tickets(fds: &[BorrowedFd<'_>], tickets: &mut [FdTicket]) -> Result<(), Error> {
     let pid = std::process::id();
-    for fd in fds {
+    for (fd, ticket) in fds.iter().zip(tickets) {
         let stat = nix::sys::stat::fstat(fd).map_err(|e| Error::Io {
             what: "fstat of an fd to export",
             source: e.into(),
         })?;
-        let ticket = FdTicket {
+        *ticket = FdTicket {
             pid,
             fd: fd.as_raw_fd(),
             dev: stat.st_dev,
             ino: stat.st_ino,
-            token: seq,
+            token: 0,
         };
-        bytes.extend_from_slice(bytemuck::bytes_of(&ticket));
     }
-    Ok(bytes)
+    Ok(())
+}
+
+/// Bytes of one [`FdTicket`] on the wire.
+const TICKET: usize = size_of::<FdTicket>();
+
+/// The tickets in `bytes` (a whole number of them, checked by the caller).
+fn tickets_in(bytes: &[u8]) -> impl Iterator<Item = FdTicket> + '_ {
+    bytes.chunks_exact(TICKET).map(bytemuck::pod_read_unaligned)
 }
 
 /// Takes the fd a ticket describes from its exporter (`pidfd`) with `pidfd_getfd`, and checks it.
@@ -163,6 +279,9 @@ fn import(pidfd: &OwnedFd, ticket: &FdTicket) -> Result<OwnedFd, ImportFailure> 
                 ticket: *ticket,
                 found: (0, 0),
             },
+            errno @ (nix::errno::Errno::EMFILE | nix::errno::Errno::ENFILE) => {
+                ImportFailure::Exhausted(errno)
+            }
             other => ImportFailure::Refused(other),
         }
     })?;
@@ -228,8 +347,8 @@ impl Session {
         timeout: Duration,
     ) -> Result<Vec<OwnedFd>, Error> {
         let deadline = self.track(Deadline::collective("exchange_fds", timeout));
-        let batches = self.exchange_fd_batch_with(&[fd], &deadline)?;
-        Ok(batches.into_iter().flatten().collect())
+        let exporters: Vec<u32> = (0..self.world_size()).collect();
+        self.move_fds(&exporters, &[fd], 1, &deadline)?.into_all()
     }
 
     /// Every rank's `fds`, indexed by rank and then as each rank passed them (this rank's own as
@@ -269,7 +388,8 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<Vec<Vec<OwnedFd>>, Error> {
         let exporters: Vec<u32> = (0..self.world_size()).collect();
-        self.move_fds(&exporters, fds, fds.len(), deadline)
+        self.move_fds(&exporters, fds, fds.len(), deadline)?
+            .into_by_rank(self.world_size())
     }
 
     /// `root`'s fd on every rank: the root passes `Some(fd)` (and gets a duplicate back), the
@@ -327,7 +447,8 @@ impl Session {
     /// # Errors
     ///
     /// [`Error::Misuse`] when the root's fds are not `count`, or another rank passes fds;
-    /// [`Error::Protocol`] naming the root on every rank when ranks passed different counts;
+    /// [`Error::Protocol`] on every rank when ranks passed different counts, naming the root
+    /// on a rank whose count is not the root's, and such a rank elsewhere;
     /// otherwise as for [`Self::exchange_fds`].
     pub fn broadcast_fd_batch(
         &mut self,
@@ -375,20 +496,18 @@ impl Session {
                 fds.len()
             )));
         }
-        let mut imported = self.move_fds(&[root], fds, count, deadline)?;
-        Ok(std::mem::take(&mut imported[root as usize]))
+        self.move_fds(&[root], fds, count, deadline)?.take(root)
     }
 
     /// Moves each exporter's `count` fds to every other rank; returns them by exporter: what
-    /// this rank imported, and duplicates of its own `mine` when it exports (empty for ranks
-    /// that export nothing).
+    /// this rank imported, and duplicates of its own `mine` when it exports.
     pub(super) fn move_fds(
         &mut self,
         exporters: &[u32],
         mine: &[BorrowedFd<'_>],
         count: usize,
         deadline: &Deadline,
-    ) -> Result<Vec<Vec<OwnedFd>>, Error> {
+    ) -> Result<Moved, Error> {
         let (rank, world) = (self.rank(), self.world_size());
         if count > MAX_FDS_PER_EXCHANGE {
             return Err(Error::Misuse(format!(
@@ -402,85 +521,69 @@ impl Session {
                 mine.len()
             )));
         }
-        let seq = self.next_seq(kind::FD_TICKET)?;
-        // Tickets: one message from each exporter to every other rank, received meanwhile.
-        let expect = Expect::Collective {
-            op: kind::FD_TICKET,
-            seq,
+        // What can fail here alone (an fd closed under the call, no room for duplicates) fails
+        // before the exchange starts, leaving every rank in step.
+        let mut imported = Moved::new(world, count);
+        // (A single fd's ticket on the stack: one allocation fewer on the common path.)
+        let mut one: [FdTicket; 1] = [bytemuck::Zeroable::zeroed()];
+        let mut many: Vec<FdTicket>;
+        let tickets: &mut [FdTicket] = match (exporting, count) {
+            (false, _) => &mut [],
+            (true, 1) => &mut one,
+            (true, _) => {
+                many = vec![bytemuck::Zeroable::zeroed(); count];
+                &mut many
+            }
         };
-        let mut incoming: Vec<Incoming<'static>> = exporters
-            .iter()
-            .filter(|&&exporter| exporter != rank)
-            .map(|&exporter| Incoming::new(exporter, expect, Sink::Vec(Vec::new())))
-            .collect();
-        let mut imported: Vec<Vec<OwnedFd>> = (0..world).map(|_| Vec::new()).collect();
-        if exporting {
-            let tickets = tickets_for(mine, seq)?;
-            let eager =
-                self.send_if_eager(kind::FD_TICKET, seq, &tickets, Targets::Peers, deadline)?;
-            // This rank's own copies, made while the peers import (the root of a broadcast
-            // would otherwise make them after, alone).
-            imported[rank as usize] = duplicates(mine)?;
-            if eager {
-                self.receive_all(&mut incoming, deadline)?;
-            } else {
-                self.send_while_receiving(
-                    kind::FD_TICKET,
-                    seq,
-                    (&tickets, Targets::Peers),
-                    &mut incoming,
-                    deadline,
-                )?;
-            }
-        } else {
-            self.receive_all(&mut incoming, deadline)?;
+        fill_tickets(mine, tickets)?;
+        let seq = self.next_seq(kind::FD_TICKET)?;
+        for ticket in tickets.iter_mut() {
+            ticket.token = seq;
         }
-        // Every import the kernel allows, and what could not be taken, by exporter.
-        let mut tickets: Vec<Vec<FdTicket>> = (0..world).map(|_| Vec::new()).collect();
-        let mut status = Status::default();
-        let mut first_refusal = None;
-        let mut my_failure = None;
-        for incoming in incoming {
-            let exporter = incoming.peer;
-            let Sink::Vec(bytes) = incoming.finish()?.1 else {
-                continue;
-            };
-            if bytes.len() != count * size_of::<FdTicket>() {
-                status.miscounted |= 1 << exporter;
-                my_failure.get_or_insert(Failure::Miscounted {
-                    exporter,
-                    found: bytes.len(),
+        // Tickets: one message from each exporter to every other rank, each taken from as it
+        // comes.
+        let mut taken = Taken::default();
+        let mut pipelined = false;
+        if exporting {
+            let tickets: &[u8] = bytemuck::cast_slice(tickets);
+            let eager =
+                self.send_if_eager(kind::FD_TICKET, seq, tickets, Targets::Peers, deadline)?;
+            // This rank's own copies, made while its peers import (the root of a broadcast
+            // would otherwise make them after, alone). Having no room for them fails the
+            // exchange on every rank, by the status round, like an importer's.
+            if let Err(errno) = duplicate_into(mine, imported.slots(rank)) {
+                taken.status.exhausted |= 1 << rank;
+                taken.failure = Some(Failure::Exhausted {
+                    exporter: rank,
+                    errno,
                 });
-                continue;
             }
-            let batch: Vec<FdTicket> = bytes
-                .chunks_exact(size_of::<FdTicket>())
-                .map(bytemuck::pod_read_unaligned)
-                .collect();
-            if self.fd_transport == FdTransport::Relay {
-                status.refused |= 1 << exporter;
-            } else {
-                match self.import_batch(exporter, &batch, deadline)? {
-                    Ok(fds) => imported[exporter as usize] = fds,
-                    Err(ImportFailure::Refused(errno)) => {
-                        status.refused |= 1 << exporter;
-                        first_refusal.get_or_insert((exporter, errno));
-                    }
-                    Err(ImportFailure::Stale { ticket, found }) => {
-                        status.stale |= 1 << exporter;
-                        my_failure.get_or_insert(Failure::Stale {
-                            exporter,
-                            ticket,
-                            found,
-                        });
+            if !eager {
+                // Too long for eager slots: sent in chunks, every peer's received meanwhile.
+                pipelined = true;
+                let mut incoming = self.ticket_receives(exporters, seq);
+                let targets = (tickets, Targets::Peers);
+                self.send_while_receiving(kind::FD_TICKET, seq, targets, &mut incoming, deadline)?;
+                for incoming in incoming {
+                    let exporter = incoming.peer;
+                    if let (_, Sink::Vec(bytes)) = incoming.finish()? {
+                        self.take_from(exporter, &bytes, &mut imported, &mut taken, deadline)?;
                     }
                 }
             }
-            tickets[exporter as usize] = batch;
+        }
+        if !pipelined {
+            self.receive_and_take(exporters, seq, &mut imported, &mut taken, deadline)?;
         }
         // Who could not take what: every rank learns the same, and decides the same. This round
         // is also the acknowledgement: no exporter returns (and so closes its fds) before every
         // importer has taken what it could.
+        let Taken {
+            status,
+            failure: my_failure,
+            first_refusal,
+            relayed,
+        } = taken;
         let statuses = self.all_gather_pod_with(&status, deadline)?;
         self.agreed_failure(&statuses, my_failure, count)?;
         let any_refused = statuses.iter().any(|s| s.refused != 0);
@@ -500,32 +603,72 @@ impl Session {
                 first_refusal.map_or(String::new(), |(_, errno)| format!(" here with {errno}"))
             )));
         }
-        // Relay what was refused, one fd of each batch per round: exporters pass fd `index` to
-        // each importer that needs it, then importers take theirs, checked against the ticket
-        // like any other. A round leaves at most one fd per exporter unclaimed at each importer,
-        // under the broker's cap.
-        for index in 0..count {
-            if exporting {
-                for (importer, status) in (0..).zip(&statuses) {
-                    if importer != rank && status.refused & (1 << rank) != 0 {
-                        self.relay_with_retry(
-                            importer,
-                            relay_token(seq, index),
-                            mine[index],
-                            deadline,
-                        )?;
+        let relay = Relay {
+            seq,
+            mine,
+            refused_by: statuses.iter().map(|s| s.refused).collect(),
+            tickets: relayed,
+        };
+        let relayed = self.relay_refused(&relay, &mut imported, deadline);
+        if relayed.is_err() {
+            // What this exchange relayed here and was not taken stays out of the broker's
+            // count of this worker's unclaimed fds only once taken: take what has come.
+            for exporter in (0..world).filter(|&e| status.refused & (1 << e) != 0) {
+                for index in 0..count {
+                    let token = relay_token(seq, index);
+                    let _ = self.inner.take_relayed_fd(exporter, token, Duration::ZERO);
+                }
+            }
+        }
+        relayed.map(|()| imported)
+    }
+
+    /// Relays what `relay` says was refused, one fd of each batch per round: exporters pass fd
+    /// `index` to each importer that needs it, then importers take theirs, checked against the
+    /// ticket like any other.
+    ///
+    /// No rank is more than one round ahead of another (it takes every fd of a round, from every
+    /// exporter, before it relays the next), so an importer holds at most two rounds' fds
+    /// unclaimed: up to `2 (world - 1)`, past the broker's cap from 34 ranks on. An exporter
+    /// refused for that reason takes this round's fds that have reached it meanwhile, and so
+    /// frees room at its own importers, before it tries again; an importer that is full holds
+    /// the next round's fds from at most `world - 2` exporters once it has taken this round's,
+    /// so every relay gets through.
+    fn relay_refused(
+        &mut self,
+        relay: &Relay<'_, '_>,
+        imported: &mut Moved,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let rank = self.rank();
+        let mine = relay.refused_by[rank as usize];
+        for index in 0..imported.count {
+            let token = relay_token(relay.seq, index);
+            let mut taken: Vec<Option<OwnedFd>> = (0..self.world_size()).map(|_| None).collect();
+            if let Some(&fd) = relay.mine.get(index) {
+                for (importer, refused) in (0..).zip(&relay.refused_by) {
+                    if importer != rank && refused & (1 << rank) != 0 {
+                        self.relay_with_retry(importer, token, fd, deadline, |session| {
+                            session.take_arrived(mine, token, &mut taken);
+                        })?;
                     }
                 }
             }
-            for exporter in 0..world {
-                if status.refused & (1 << exporter) == 0 {
-                    continue;
-                }
-                let fd =
-                    self.take_relayed_fd_from_live(exporter, relay_token(seq, index), deadline)?;
-                let ticket = &tickets[exporter as usize][index];
-                match check(&fd, ticket) {
-                    Ok(()) => imported[exporter as usize].push(fd),
+            for exporter in (0..self.world_size()).filter(|&e| mine & (1 << e) != 0) {
+                let fd = match taken[exporter as usize].take() {
+                    Some(fd) => fd,
+                    None => self.take_relayed_fd_from_live(exporter, token, deadline)?,
+                };
+                let ticket = relay
+                    .tickets
+                    .iter()
+                    .find(|(from, _)| *from == exporter)
+                    .and_then(|(_, bytes)| tickets_in(bytes.get(index * TICKET..)?).next())
+                    .ok_or_else(|| {
+                        Error::Misuse(format!("no ticket {index} from rank {exporter}"))
+                    })?;
+                match check(&fd, &ticket) {
+                    Ok(()) => imported.slots(exporter)[index] = Some(fd),
                     Err(ImportFailure::Stale { found, .. }) => {
                         return Err(Error::StaleFdTicket {
                             exporter,
@@ -533,7 +676,7 @@ impl Session {
                             found,
                         });
                     }
-                    Err(ImportFailure::Refused(errno)) => {
+                    Err(ImportFailure::Refused(errno) | ImportFailure::Exhausted(errno)) => {
                         return Err(Error::FdTransport(format!(
                             "fstat of a relayed fd: {errno}"
                         )));
@@ -541,7 +684,131 @@ impl Session {
                 }
             }
         }
-        Ok(imported)
+        Ok(())
+    }
+
+    /// Takes, without waiting, every fd relayed with `token` by the exporters of `from` (a bit
+    /// for each) that has arrived and is not in `taken` yet.
+    fn take_arrived(&mut self, from: u64, token: u64, taken: &mut [Option<OwnedFd>]) {
+        for exporter in (0..self.world_size()).filter(|&e| from & (1 << e) != 0) {
+            if taken[exporter as usize].is_none() {
+                taken[exporter as usize] = self
+                    .inner
+                    .take_relayed_fd(exporter, token, Duration::ZERO)
+                    .ok();
+            }
+        }
+    }
+
+    /// A receive of the tickets of exchange `seq` from each exporter but this rank.
+    fn ticket_receives(&self, exporters: &[u32], seq: u64) -> Vec<Incoming<'static>> {
+        let expect = Expect::Collective {
+            op: kind::FD_TICKET,
+            seq,
+        };
+        let rank = self.rank();
+        exporters
+            .iter()
+            .filter(|&&exporter| exporter != rank)
+            .map(|&exporter| Incoming::new(exporter, expect, Sink::Vec(Vec::new())))
+            .collect()
+    }
+
+    /// Receives the tickets of exchange `seq` from each exporter but this rank, and takes its
+    /// fds as they come: straight from the ring when the tickets fit one slot (a single fd's
+    /// always do), otherwise as a whole message.
+    fn receive_and_take(
+        &mut self,
+        exporters: &[u32],
+        seq: u64,
+        imported: &mut Moved,
+        taken: &mut Taken,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let rank = self.rank();
+        for (at, &exporter) in exporters.iter().enumerate().filter(|&(_, &e)| e != rank) {
+            let received = match self.recv_one_slot(exporter, kind::FD_TICKET, seq, deadline) {
+                Ok(Ok(slot)) => {
+                    let len = (slot.len as usize).min(slot.inline.len());
+                    self.take_from(exporter, &slot.inline[..len], imported, taken, deadline)
+                }
+                Ok(Err(_longer)) => {
+                    let mut whole = self.ticket_receives(&[exporter], seq);
+                    self.receive_all(&mut whole, deadline).and_then(|()| {
+                        match whole.pop().map(Incoming::finish).transpose()? {
+                            Some((_, Sink::Vec(bytes))) => {
+                                self.take_from(exporter, &bytes, imported, taken, deadline)
+                            }
+                            _ => Ok(()),
+                        }
+                    })
+                }
+                Err(error) => Err(error),
+            };
+            if let Err(error) = received {
+                let expect = Expect::Collective {
+                    op: kind::FD_TICKET,
+                    seq,
+                };
+                let later: Vec<u32> = exporters[at + 1..]
+                    .iter()
+                    .copied()
+                    .filter(|&e| e != rank)
+                    .collect();
+                return Err(self.still_missing(error, &later, expect, deadline));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the fds `exporter`'s `tickets` describe into `imported`, noting in `taken` what
+    /// could not be (a batch of another length, a refusal, a stale ticket, no room).
+    fn take_from(
+        &mut self,
+        exporter: u32,
+        tickets: &[u8],
+        imported: &mut Moved,
+        taken: &mut Taken,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let bit = 1 << exporter;
+        if tickets.len() != imported.count * TICKET {
+            taken.status.miscounted |= bit;
+            taken.failure.get_or_insert(Failure::Miscounted {
+                exporter,
+                found: tickets.len(),
+            });
+            return Ok(());
+        }
+        if self.fd_transport == FdTransport::Relay {
+            taken.status.refused |= bit;
+        } else {
+            match self.import_batch(exporter, tickets, imported.slots(exporter), deadline)? {
+                Ok(()) => {}
+                Err(ImportFailure::Refused(errno)) => {
+                    taken.status.refused |= bit;
+                    taken.first_refusal.get_or_insert((exporter, errno));
+                }
+                Err(ImportFailure::Stale { ticket, found }) => {
+                    taken.status.stale |= bit;
+                    taken.failure.get_or_insert(Failure::Stale {
+                        exporter,
+                        ticket,
+                        found,
+                    });
+                }
+                Err(ImportFailure::Exhausted(errno)) => {
+                    taken.status.exhausted |= bit;
+                    taken
+                        .failure
+                        .get_or_insert(Failure::Exhausted { exporter, errno });
+                }
+            }
+        }
+        if taken.status.refused & bit != 0 {
+            taken.relayed.push((exporter, tickets.to_vec()));
+        }
+        Ok(())
     }
 
     /// Every fd of `exporter`'s `batch`, taken with `pidfd_getfd` and checked; the outer error
@@ -549,11 +816,12 @@ impl Session {
     fn import_batch(
         &mut self,
         exporter: u32,
-        batch: &[FdTicket],
+        batch: &[u8],
+        slots: &mut [Option<OwnedFd>],
         deadline: &Deadline,
-    ) -> Result<Result<Vec<OwnedFd>, ImportFailure>, Error> {
+    ) -> Result<Result<(), ImportFailure>, Error> {
         if batch.is_empty() {
-            return Ok(Ok(Vec::new()));
+            return Ok(Ok(()));
         }
         // Only from the process the broker saw log on as that rank, through the pidfd the
         // broker opened for it then: a ticket naming any other (some other process of this
@@ -565,7 +833,7 @@ impl Session {
         // this one cannot see into (a sibling container) shows no number; its pidfd still
         // names it, and the import reads the fd through that pidfd alone.
         if let Some(own) = self.inner.peer_own_pid(exporter)
-            && let Some(forged) = batch.iter().find(|t| i64::from(t.pid) != i64::from(own))
+            && let Some(forged) = tickets_in(batch).find(|t| i64::from(t.pid) != i64::from(own))
         {
             return Err(Error::Protocol {
                 peer: exporter,
@@ -576,18 +844,31 @@ impl Session {
                 ),
             });
         }
-        Ok(batch.iter().map(|ticket| import(&pidfd, ticket)).collect())
+        for (at, ticket) in tickets_in(batch).enumerate() {
+            match import(&pidfd, &ticket) {
+                Ok(fd) => slots[at] = Some(fd),
+                Err(failure) => {
+                    // All or none: what was taken is closed (a relay brings the batch whole).
+                    slots.iter_mut().for_each(|slot| *slot = None);
+                    return Ok(Err(failure));
+                }
+            }
+        }
+        Ok(Ok(()))
     }
 
-    /// The error every rank returns when some import was stale or a batch had another length
-    /// than this rank's, decided from `statuses` alike everywhere; `mine` is what this rank saw.
+    /// The error every rank returns when some import was stale, had no room, or a batch had
+    /// another length than its importer's, decided from `statuses` alike everywhere; `mine` is
+    /// what this rank saw.
     fn agreed_failure(
         &mut self,
         statuses: &[Status],
         mine: Option<Failure>,
         count: usize,
     ) -> Result<(), Error> {
-        let any_failed = statuses.iter().any(|s| s.stale != 0 || s.miscounted != 0);
+        let any_failed = statuses
+            .iter()
+            .any(|s| s.stale != 0 || s.miscounted != 0 || s.exhausted != 0);
         // An exporter that gave this exchange up because a rank died closes its fds, and its
         // tickets then read as stale: that death is the cause, and is named as in any collective.
         if (mine.is_some() || any_failed)
@@ -611,20 +892,30 @@ impl Session {
                 return Err(Error::Protocol {
                     peer: exporter,
                     detail: format!(
-                        "{found} bytes of fd tickets where {count} fds of {} bytes each were due \
-                         (every rank of an fd exchange passes the same number of fds)",
-                        size_of::<FdTicket>()
+                        "{} fd tickets ({found} bytes) where {count} were due (every rank of an \
+                         fd exchange passes the same number of fds)",
+                        found / size_of::<FdTicket>()
                     ),
+                });
+            }
+            Some(Failure::Exhausted { exporter, errno }) => {
+                return Err(Error::Io {
+                    what: "holding the fds of an exchange: this process has no room for them \
+                           (raise RLIMIT_NOFILE, or move fewer at once)",
+                    source: std::io::Error::other(format!("rank {exporter}'s fds: {errno}")),
                 });
             }
             None => {}
         }
+        // Another rank failed: name it (the root of a broadcast, or a rank that agrees with it,
+        // names the importer that disagreed).
         if let Some((importer, status)) = (0u32..).zip(statuses).find(|(_, s)| s.miscounted != 0) {
             return Err(Error::Protocol {
-                peer: status.miscounted.trailing_zeros(),
+                peer: importer,
                 detail: format!(
-                    "rank {importer} was sent another number of fds than it passed ({count} \
-                     here)"
+                    "rank {importer} passed another number of fds than rank {} sent ({count} \
+                     here; every rank of an fd exchange passes the same number)",
+                    status.miscounted.trailing_zeros()
                 ),
             });
         }
@@ -634,26 +925,40 @@ impl Session {
                 status.stale.trailing_zeros()
             )));
         }
+        if let Some((importer, status)) = (0u32..).zip(statuses).find(|(_, s)| s.exhausted != 0) {
+            let exporter = status.exhausted.trailing_zeros();
+            let whose = if exporter == importer {
+                "for duplicates of its own fds".to_string()
+            } else {
+                format!("for the fds of rank {exporter}")
+            };
+            return Err(Error::FdTransport(format!(
+                "rank {importer} had no room {whose} (it is out of fds)"
+            )));
+        }
         Ok(())
     }
 
     /// Relays `fd` to `importer` through the broker, trying again while the importer only holds
-    /// too many relayed fds it has not taken yet (it takes them in this round or the last).
+    /// too many relayed fds it has not taken yet; `meanwhile` runs before each new try.
     fn relay_with_retry(
         &mut self,
         importer: u32,
         token: u64,
         fd: BorrowedFd<'_>,
         deadline: &Deadline,
+        mut meanwhile: impl FnMut(&mut Self),
     ) -> Result<(), Error> {
         loop {
             match self.inner.relay_fd(importer, token, fd, deadline.left()) {
                 Ok(()) => return Ok(()),
-                Err(shmbroker_handshake::Error::RelayRefused { full: true, .. })
-                    if !deadline.left().is_zero() =>
-                {
+                Err(shmbroker_handshake::Error::RelayRefused { full: true, .. }) => {
+                    if deadline.left().is_zero() {
+                        return Err(self.timed_out(deadline, importer));
+                    }
                     self.check_interrupted(deadline)?;
-                    std::thread::sleep(Duration::from_millis(1));
+                    meanwhile(self);
+                    std::thread::sleep(Duration::from_millis(1).min(deadline.left()));
                 }
                 Err(error) => return Err(self.relay_failed(importer, error)),
             }

@@ -60,9 +60,9 @@ impl Session {
                 .filter(|_| exporters.contains(&self.rank()))
                 .into_iter()
                 .collect();
-            self.move_fds(&exporters, &mine, 1, &deadline)?
-                .into_iter()
-                .map(|mut fds| fds.pop())
+            let mut moved = self.move_fds(&exporters, &mine, 1, &deadline)?;
+            (0..self.world_size())
+                .map(|rank| moved.take(rank).ok().and_then(|mut fds| fds.pop()))
                 .collect()
         };
         Ok(handles.into_iter().zip(fds).collect())

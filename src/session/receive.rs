@@ -536,10 +536,31 @@ impl Session {
         seq: u64,
         deadline: &Deadline,
     ) -> Result<Message, Error> {
+        self.recv_one_slot(peer, op, seq, deadline)?
+            .map_err(|header| Error::Protocol {
+                peer,
+                detail: format!(
+                    "{} travels in one slot; found kind {:#x} with {} bytes",
+                    super::error::op_text(op),
+                    header.kind,
+                    header.len
+                ),
+            })
+    }
+
+    /// The next collective message from `peer` of `op` number `seq` when it is one eager slot,
+    /// taken; or the header of a longer one, left queued for an [`Incoming`] to take.
+    pub(super) fn recv_one_slot(
+        &mut self,
+        peer: u32,
+        op: u32,
+        seq: u64,
+        deadline: &Deadline,
+    ) -> Result<Result<Message, Message>, Error> {
         let expect = Expect::Collective { op, seq };
         if let Some(next) = self.next_direct(peer, deadline)? {
             if next.kind == op && next.tag == seq && next.len as usize <= INLINE_BYTES {
-                return Ok(next);
+                return Ok(Ok(next));
             }
             self.file(peer, next)?;
         }
@@ -548,18 +569,10 @@ impl Session {
         let header = inbox.header(at);
         expect.check(peer, &header)?;
         if header.kind != op || header.len as usize > INLINE_BYTES {
-            return Err(Error::Protocol {
-                peer,
-                detail: format!(
-                    "{} travels in one slot; found kind {:#x} with {} bytes",
-                    super::error::op_text(op),
-                    header.kind,
-                    header.len
-                ),
-            });
+            return Ok(Err(header));
         }
         inbox.remove(at);
-        Ok(header)
+        Ok(Ok(header))
     }
 
     /// `error`, and when it is a timeout, one that also names every rank of `later` (peers this
