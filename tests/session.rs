@@ -1020,8 +1020,8 @@ fn a_stale_fd_ticket_fails_the_exchange_naming_its_exporter() {
     inline[..32].copy_from_slice(bytemuck::bytes_of(&ticket));
     raw_send(&mut one, raw(kind::FD_TICKET, 0, 32, inline));
     // The status round (the next collective), as an honest exporter's would be: nothing
-    // refused, stale, miscounted or short of fds at rank 1.
-    raw_send(&mut one, raw(kind::ALL_GATHER, 1, 32, [0u8; INLINE_BYTES]));
+    // refused, stale, miscounted, short of fds or forged at rank 1.
+    raw_send(&mut one, raw(kind::ALL_GATHER, 1, 40, [0u8; INLINE_BYTES]));
     zero.set_timeout(Duration::from_secs(5));
     match zero.exchange_fds(memfd_with("mine").as_fd()) {
         Err(Error::StaleFdTicket {
@@ -1525,6 +1525,9 @@ fn an_fd_ticket_naming_another_process_than_the_exporters_is_refused() {
     let mut inline = [0u8; INLINE_BYTES];
     inline[..32].copy_from_slice(bytemuck::bytes_of(&ticket));
     raw_send(&mut one, raw(kind::FD_TICKET, 0, 32, inline));
+    // Rank 1's status round, as it would send it (nothing failed at rank 1): rank 0 fails at
+    // once after it, naming rank 1, as every other rank would.
+    raw_send(&mut one, raw(kind::ALL_GATHER, 1, 40, [0u8; INLINE_BYTES]));
     let mine = std::fs::File::open("/dev/null").unwrap();
     zero.set_timeout(Duration::from_secs(2));
     match zero.exchange_fds(std::os::fd::AsFd::as_fd(&mine)) {

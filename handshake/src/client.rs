@@ -508,7 +508,46 @@ impl Connection {
         let _ = self.send_notice(claimed, None, "saying a relayed fd was taken", timeout);
         Ok(fd)
     }
+
+    /// Gives up on every relayed fd whose token's low 48 bits ([`RELAY_ORDER_MASK`]) are below
+    /// `floor`, for good: those held are closed now, those still to come are closed as they
+    /// come, and the broker is told each was taken (so they stop counting against this worker's
+    /// limit). A session calls it when an exchange that relayed ends, with tokens ordered by
+    /// exchange in those bits, so that a relay its importer no longer waits for (an exporter
+    /// stopped past the deadline, a death mid-exchange) leaves nothing behind.
+    pub fn abandon_relays_below(&mut self, floor: u64) {
+        let claims: Vec<(u32, u64)> = {
+            let mut inbox = self.shared.lock();
+            inbox.relay_floor = inbox.relay_floor.max(floor);
+            let floor = inbox.relay_floor;
+            let stale: Vec<(u32, u64)> = inbox
+                .relayed
+                .keys()
+                .filter(|(_, token)| token & RELAY_ORDER_MASK < floor)
+                .copied()
+                .collect();
+            for key in &stale {
+                inbox.relayed.remove(key);
+            }
+            let mut claims = std::mem::take(&mut inbox.relays_to_claim);
+            claims.extend(stale);
+            claims
+        };
+        for (from, token) in claims {
+            let claimed = WorkerNotice::new(NoticeKind::Claimed, from, token);
+            // Best effort, as for any claim.
+            let _ = self.send_notice(
+                claimed,
+                None,
+                "saying a relayed fd was taken",
+                Duration::from_millis(100),
+            );
+        }
+    }
 }
+
+/// The bits of a relay token that order it: [`Connection::abandon_relays_below`] compares these.
+pub const RELAY_ORDER_MASK: u64 = (1 << 48) - 1;
 
 impl Drop for Connection {
     /// Leaves on purpose: closes this worker's ends of every ring first (peers that see its

@@ -77,7 +77,8 @@ pub mod wire;
 pub use broker::{Config, Event, Listener, MAX_UNCLAIMED_RELAYS, StopHandle};
 #[cfg(not(loom))]
 pub use client::{
-    Connection, Link, connect, connect_stream, deadline_after, deadline_from, status,
+    Connection, Link, RELAY_ORDER_MASK, connect, connect_stream, deadline_after, deadline_from,
+    status,
 };
 #[cfg(not(loom))]
 pub use error::{Error, ProtocolError};

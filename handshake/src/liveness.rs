@@ -177,6 +177,11 @@ pub(crate) struct PeerProcess {
 pub(crate) struct Inbox {
     /// Relayed fds not yet taken, by (sender, token).
     pub relayed: HashMap<(u32, u64), OwnedFd>,
+    /// Relayed fds whose token's low 48 bits are below this are of exchanges given up on: they
+    /// are closed as they come (see [`crate::Connection::abandon_relays_below`]).
+    pub relay_floor: u64,
+    /// Relayed fds closed that way, whose taking the broker is still to be told of.
+    pub relays_to_claim: Vec<(u32, u64)>,
     /// Peers' outboxes not yet taken, by owner.
     pub outboxes: HashMap<u32, OwnedFd>,
     /// Peers' processes, by rank.

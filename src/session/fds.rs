@@ -11,11 +11,13 @@
 //!    as stale.
 //! 3. All ranks all-gather which exporters' imports were refused by the kernel (`EPERM` from
 //!    Yama or a non-dumpable or differently privileged exporter, `ENOSYS` on old kernels), which
-//!    were stale, which found this process out of fds, and which sent another number of tickets
-//!    than the importer passed fds. This round is also the acknowledgement: no exporter returns
+//!    were stale, which named another process than the exporter, which found this process out
+//!    of fds (or would, relayed), and which sent another number of tickets than the importer
+//!    passed fds. This round is also the acknowledgement: no exporter returns
 //!    (and so closes its fds) before every importer has taken what it could. A batch has one
 //!    such round, not one per fd.
-//! 4. A stale ticket, an importer out of fds or a miscounted batch fails the call on every rank.
+//! 4. A stale or forged ticket, an importer out of fds or a miscounted batch fails the call on
+//!    every rank, naming the rank at fault.
 //!    A refused import fails it under [`FdTransport::Pidfd`]; under [`FdTransport::Auto`] the
 //!    exporter passes those fds through the broker instead (`SCM_RIGHTS` both ways), one fd of
 //!    the batch per round (see `relay_refused` for why no round can wait for ever on the
@@ -139,10 +141,12 @@ struct Status {
     miscounted: u64,
     /// Exporters whose fds this rank had no room for (`EMFILE`, `ENFILE`).
     exhausted: u64,
+    /// Exporters that sent a ticket naming another process than the one that logged on.
+    forged: u64,
 }
 
-// On the wire: four words, one ring slot.
-const _: () = assert!(size_of::<Status>() == 32);
+// On the wire: five words, one ring slot.
+const _: () = assert!(size_of::<Status>() == 40);
 
 /// What failed for this rank, to be reported once every rank knows.
 enum Failure {
@@ -159,6 +163,10 @@ enum Failure {
         exporter: u32,
         errno: nix::errno::Errno,
     },
+    Forged {
+        exporter: u32,
+        detail: String,
+    },
 }
 
 /// Why one import did not work.
@@ -167,6 +175,8 @@ enum ImportFailure {
     Refused(nix::errno::Errno),
     /// This process (or the system) is out of fds: nothing can help but fewer.
     Exhausted(nix::errno::Errno),
+    /// A ticket names another process than the exporter that logged on: a forgery.
+    Forged(String),
     /// The fd number names another file than the ticket: an exporter bug, or a forgery.
     Stale { ticket: FdTicket, found: (u64, u64) },
 }
@@ -222,6 +232,25 @@ impl Moved {
             .map(|_| all.by_ref().take(count).collect())
             .collect())
     }
+}
+
+/// Fds a process keeps free beyond those it is about to be relayed.
+const RELAY_ROOM_SPARE: usize = 8;
+
+/// Whether this process can open `needed` more fds (and [`RELAY_ROOM_SPARE`]) under its
+/// `RLIMIT_NOFILE`, counting those open in `/proc/self/fd`; `true` when either cannot be read.
+fn room_for(needed: usize) -> bool {
+    use nix::sys::resource::{Resource, getrlimit};
+    let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return true;
+    };
+    let Ok(open) = std::fs::read_dir("/proc/self/fd") else {
+        return true;
+    };
+    let free = usize::try_from(soft)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(open.count());
+    free >= needed + RELAY_ROOM_SPARE
 }
 
 /// Duplicates of `fds` into `slots`, as this rank's own share of an exchange (none when one
@@ -575,6 +604,18 @@ impl Session {
         if !pipelined {
             self.receive_and_take(exporters, seq, &mut imported, &mut taken, deadline)?;
         }
+        // Room for what is to come by relay, known now and so agreed on in the status round: a
+        // worker with no free fd for a relayed one would have the kernel cut it off its message
+        // from the broker (`MSG_CTRUNC`), and the fd lost with it.
+        let to_relay = count * taken.status.refused.count_ones() as usize;
+        if to_relay > 0 && !room_for(to_relay) {
+            let exporter = taken.status.refused.trailing_zeros();
+            taken.status.exhausted |= taken.status.refused;
+            taken.failure.get_or_insert(Failure::Exhausted {
+                exporter,
+                errno: nix::errno::Errno::EMFILE,
+            });
+        }
         // Who could not take what: every rank learns the same, and decides the same. This round
         // is also the acknowledgement: no exporter returns (and so closes its fds) before every
         // importer has taken what it could.
@@ -610,16 +651,9 @@ impl Session {
             tickets: relayed,
         };
         let relayed = self.relay_refused(&relay, &mut imported, deadline);
-        if relayed.is_err() {
-            // What this exchange relayed here and was not taken stays out of the broker's
-            // count of this worker's unclaimed fds only once taken: take what has come.
-            for exporter in (0..world).filter(|&e| status.refused & (1 << e) != 0) {
-                for index in 0..count {
-                    let token = relay_token(seq, index);
-                    let _ = self.inner.take_relayed_fd(exporter, token, Duration::ZERO);
-                }
-            }
-        }
+        // Whether or not it worked, nothing of this exchange's relays is waited for any more:
+        // what comes later (from an exporter stopped past the deadline, say) is closed.
+        self.inner.abandon_relays_below(seq + 1);
         relayed.map(|()| imported)
     }
 
@@ -657,7 +691,20 @@ impl Session {
             for exporter in (0..self.world_size()).filter(|&e| mine & (1 << e) != 0) {
                 let fd = match taken[exporter as usize].take() {
                     Some(fd) => fd,
-                    None => self.take_relayed_fd_from_live(exporter, token, deadline)?,
+                    None => match self.take_relayed_fd_from_live(exporter, token, deadline) {
+                        Ok(fd) => fd,
+                        // Name every exporter of this round whose fd has not come, not only the
+                        // first: the one at fault may be a later one that an earlier one waits
+                        // for in its turn.
+                        Err(Error::Timeout { .. }) => {
+                            self.take_arrived(mine, token, &mut taken);
+                            let missing = (exporter..self.world_size())
+                                .filter(|&e| mine & (1 << e) != 0 && taken[e as usize].is_none())
+                                .collect();
+                            return Err(self.timed_out_waiting(deadline, missing));
+                        }
+                        Err(other) => return Err(other),
+                    },
                 };
                 let ticket = relay
                     .tickets
@@ -680,6 +727,12 @@ impl Session {
                         return Err(Error::FdTransport(format!(
                             "fstat of a relayed fd: {errno}"
                         )));
+                    }
+                    Err(ImportFailure::Forged(detail)) => {
+                        return Err(Error::Protocol {
+                            peer: exporter,
+                            detail,
+                        });
                     }
                 }
             }
@@ -803,6 +856,12 @@ impl Session {
                         .failure
                         .get_or_insert(Failure::Exhausted { exporter, errno });
                 }
+                Err(ImportFailure::Forged(detail)) => {
+                    taken.status.forged |= bit;
+                    taken
+                        .failure
+                        .get_or_insert(Failure::Forged { exporter, detail });
+                }
             }
         }
         if taken.status.refused & bit != 0 {
@@ -812,7 +871,7 @@ impl Session {
     }
 
     /// Every fd of `exporter`'s `batch`, taken with `pidfd_getfd` and checked; the outer error
-    /// is one that ends the exchange here (the exporter is not the process that logged on).
+    /// is one that ends the exchange here (the exporter's process cannot be had).
     fn import_batch(
         &mut self,
         exporter: u32,
@@ -835,14 +894,11 @@ impl Session {
         if let Some(own) = self.inner.peer_own_pid(exporter)
             && let Some(forged) = tickets_in(batch).find(|t| i64::from(t.pid) != i64::from(own))
         {
-            return Err(Error::Protocol {
-                peer: exporter,
-                detail: format!(
-                    "fd ticket names pid {}; rank {exporter} logged on as pid {pid} (pid \
-                     {own} in its own PID namespace)",
-                    forged.pid
-                ),
-            });
+            return Ok(Err(ImportFailure::Forged(format!(
+                "fd ticket names pid {}; rank {exporter} logged on as pid {pid} (pid {own} in \
+                 its own PID namespace)",
+                forged.pid
+            ))));
         }
         for (at, ticket) in tickets_in(batch).enumerate() {
             match import(&pidfd, &ticket) {
@@ -868,7 +924,7 @@ impl Session {
     ) -> Result<(), Error> {
         let any_failed = statuses
             .iter()
-            .any(|s| s.stale != 0 || s.miscounted != 0 || s.exhausted != 0);
+            .any(|s| s.stale != 0 || s.miscounted != 0 || s.exhausted != 0 || s.forged != 0);
         // An exporter that gave this exchange up because a rank died closes its fds, and its
         // tickets then read as stale: that death is the cause, and is named as in any collective.
         if (mine.is_some() || any_failed)
@@ -898,6 +954,12 @@ impl Session {
                     ),
                 });
             }
+            Some(Failure::Forged { exporter, detail }) => {
+                return Err(Error::Protocol {
+                    peer: exporter,
+                    detail,
+                });
+            }
             Some(Failure::Exhausted { exporter, errno }) => {
                 return Err(Error::Io {
                     what: "holding the fds of an exchange: this process has no room for them \
@@ -907,8 +969,18 @@ impl Session {
             }
             None => {}
         }
-        // Another rank failed: name it (the root of a broadcast, or a rank that agrees with it,
-        // names the importer that disagreed).
+        // Another rank failed: name the forger, or the rank that failed (the root of a
+        // broadcast, or a rank that agrees with it, names the importer that disagreed).
+        if let Some((importer, status)) = (0u32..).zip(statuses).find(|(_, s)| s.forged != 0) {
+            let forger = status.forged.trailing_zeros();
+            return Err(Error::Protocol {
+                peer: forger,
+                detail: format!(
+                    "rank {forger} sent rank {importer} an fd ticket naming another process \
+                     than its own"
+                ),
+            });
+        }
         if let Some((importer, status)) = (0u32..).zip(statuses).find(|(_, s)| s.miscounted != 0) {
             return Err(Error::Protocol {
                 peer: importer,
@@ -950,12 +1022,13 @@ impl Session {
         mut meanwhile: impl FnMut(&mut Self),
     ) -> Result<(), Error> {
         loop {
+            // No relay starts past the deadline: its importer no longer waits for it.
+            if deadline.left().is_zero() {
+                return Err(self.timed_out(deadline, importer));
+            }
             match self.inner.relay_fd(importer, token, fd, deadline.left()) {
                 Ok(()) => return Ok(()),
                 Err(shmbroker_handshake::Error::RelayRefused { full: true, .. }) => {
-                    if deadline.left().is_zero() {
-                        return Err(self.timed_out(deadline, importer));
-                    }
                     self.check_interrupted(deadline)?;
                     meanwhile(self);
                     std::thread::sleep(Duration::from_millis(1).min(deadline.left()));

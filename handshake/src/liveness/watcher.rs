@@ -231,7 +231,13 @@ impl Reader {
                 inbox.outboxes.insert(notice.peer, fd);
             }
             (NoticeKind::RelayedFd, Some(fd)) => {
-                inbox.relayed.insert(key, fd);
+                if notice.token & crate::client::RELAY_ORDER_MASK < inbox.relay_floor {
+                    // Of an exchange this worker gave up on: closed here, claimed later.
+                    drop(fd);
+                    inbox.relays_to_claim.push(key);
+                } else {
+                    inbox.relayed.insert(key, fd);
+                }
             }
             (NoticeKind::NeverJoins, None) => {
                 if inbox.peers.contains_key(&notice.peer) {
