@@ -1054,6 +1054,11 @@ impl Session {
                 Err(shmbroker_handshake::Error::Timeout { .. }) => {}
                 Err(other) => return Err(self.relay_failed(exporter, other)),
             }
+            // A death anywhere ends the exchange, as it does any collective: the rank waited
+            // for may itself be stuck behind the dead one.
+            if self.inner.departure(exporter).is_none() {
+                self.check_interrupted(deadline)?;
+            }
             if let Some(departure) = self.inner.departure(exporter) {
                 // An exporter leaves only once the broker said its relay was passed on, so the
                 // fd is already in this worker's socket; its watcher may not have read it yet
