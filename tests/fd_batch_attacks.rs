@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Broker, World, spawn};
+use common::{Broker, World, memfd_with, spawn, text_of};
 use shmbroker::bindings::{FdTicket, INLINE_BYTES, Message, kind};
 use shmbroker::session::{Error, FdTransport, Session};
 use shmbroker_test_support::process::ChildGuard;
@@ -52,23 +52,6 @@ fn gained(
         .filter(|(n, t)| before.get(n) != Some(t) && !t.starts_with("/proc/"))
         .map(|(n, t)| format!("{n}:{t}"))
         .collect()
-}
-
-fn memfd_with(text: &str) -> OwnedFd {
-    let fd = shmbroker::queues::memfd::create_sealed(c"fd-batch-attack", 4096).unwrap();
-    let file = std::fs::File::from(fd.try_clone().unwrap());
-    std::os::unix::fs::FileExt::write_at(&file, text.as_bytes(), 0).unwrap();
-    fd
-}
-
-fn text_of(fd: &OwnedFd) -> String {
-    use std::os::unix::fs::FileExt;
-    let file = std::fs::File::from(fd.try_clone().unwrap());
-    let mut bytes = [0u8; 64];
-    file.read_at(&mut bytes, 0).unwrap();
-    String::from_utf8_lossy(&bytes)
-        .trim_end_matches('\0')
-        .to_owned()
 }
 
 fn ticket(fd: BorrowedFd<'_>) -> FdTicket {

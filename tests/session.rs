@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::World;
+use common::{World, memfd_with, text_of};
 
 #[test]
 fn collectives_work_between_threads_too() {
@@ -868,25 +868,6 @@ fn a_root_broadcasting_without_reading_is_not_deadlocked_by_acknowledgements() {
         root.broadcast(0, Some(&data)).unwrap();
     }
     let _receiver = receiving.join().unwrap();
-}
-
-/// A memfd holding `text`.
-fn memfd_with(text: &str) -> std::os::fd::OwnedFd {
-    use std::os::unix::fs::FileExt;
-    let fd = shmbroker::queues::memfd::create_sealed(c"fd-exchange-test", 64).unwrap();
-    let file = std::fs::File::from(fd.try_clone().unwrap());
-    file.write_all_at(text.as_bytes(), 0).unwrap();
-    fd
-}
-
-fn text_of(fd: &std::os::fd::OwnedFd) -> String {
-    use std::os::unix::fs::FileExt;
-    let file = std::fs::File::from(fd.try_clone().unwrap());
-    let mut bytes = [0u8; 64];
-    file.read_at(&mut bytes, 0).unwrap();
-    String::from_utf8_lossy(&bytes)
-        .trim_end_matches('\0')
-        .to_owned()
 }
 
 fn exchange_and_broadcast_fds(name: &str, transport: shmbroker::session::FdTransport) {

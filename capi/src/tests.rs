@@ -395,68 +395,71 @@ fn collectives_and_fds_move_through_the_c_calls() {
 
 #[test]
 fn fd_batches_move_through_the_c_calls_and_a_count_that_disagrees_is_named() {
-    use std::os::fd::AsRawFd;
-    let (_dir, sessions) = world(2);
+    on_each_rank(2, |s| {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a live session of this thread's own, and arrays of the sizes given.
+        unsafe {
+            let rank = shmbroker_rank(s);
+            let files: Vec<std::fs::File> = (0..3)
+                .map(|i| tempfile_with(&[rank as u8 * 10 + i]))
+                .collect();
+            let raw: Vec<i32> = files.iter().map(AsRawFd::as_raw_fd).collect();
+            let mut out = [-1; 6];
+            assert_eq!(
+                shmbroker_exchange_fd_batch(s, raw.as_ptr(), 3, out.as_mut_ptr()),
+                SHMBROKER_OK,
+                "{}",
+                last_error()
+            );
+            let tags: Vec<u8> = out.iter().map(|&fd| first_byte_closing(fd)).collect();
+            assert_eq!(tags, [0, 1, 2, 10, 11, 12]);
+            // From rank 1, two fds; rank 0 passes none (NULL).
+            let mut two = [-1; 2];
+            let offered = if rank == 1 { raw.as_ptr() } else { null() };
+            assert_eq!(
+                shmbroker_broadcast_fd_batch(s, 1, offered, 2, two.as_mut_ptr()),
+                SHMBROKER_OK,
+                "{}",
+                last_error()
+            );
+            let tags: Vec<u8> = two.iter().map(|&fd| first_byte_closing(fd)).collect();
+            assert_eq!(tags, [10, 11]);
+            // Rank 1 passes 3 fds, rank 0 two: both fail naming the other, and nothing
+            // is written.
+            let count = 2 + rank as usize;
+            let mut out = [-1; 6];
+            let rc = shmbroker_exchange_fd_batch(s, raw.as_ptr(), count, out.as_mut_ptr());
+            assert_eq!(rc, SHMBROKER_E_PROTOCOL, "{}", last_error());
+            assert_eq!(shmbroker_last_error_rank(), 1 - rank as i64);
+            assert!(
+                last_error().contains("same number of fds"),
+                "{}",
+                last_error()
+            );
+            assert!(out.iter().all(|&fd| fd == -1));
+            // Misuse: a closed fd, a NULL array with a count.
+            assert_eq!(
+                shmbroker_exchange_fd_batch(s, [987_654].as_ptr(), 1, out.as_mut_ptr()),
+                SHMBROKER_E_MISUSE
+            );
+            assert_eq!(
+                shmbroker_exchange_fd_batch(s, null(), 1, out.as_mut_ptr()),
+                SHMBROKER_E_MISUSE
+            );
+            assert_eq!(shmbroker_barrier(s), SHMBROKER_OK, "{}", last_error());
+            assert_eq!(shmbroker_close(s), SHMBROKER_OK);
+            drop(files);
+        }
+    });
+}
+
+/// Runs `work` for each rank of a new world of `size`, on a thread of its own with that rank's
+/// session, and waits for every one (a panic on any thread fails the test).
+fn on_each_rank(size: u32, work: fn(*mut shmbroker_session)) {
+    let (_dir, sessions) = world(size);
     let joins: Vec<_> = sessions
         .into_iter()
-        .map(|s| {
-            std::thread::spawn(move || {
-                let s = s as *mut shmbroker_session;
-                // SAFETY: a live session of this thread's own, and arrays of the sizes given.
-                unsafe {
-                    let rank = shmbroker_rank(s);
-                    let files: Vec<std::fs::File> = (0..3)
-                        .map(|i| tempfile_with(&[rank as u8 * 10 + i]))
-                        .collect();
-                    let raw: Vec<i32> = files.iter().map(AsRawFd::as_raw_fd).collect();
-                    let mut out = [-1; 6];
-                    assert_eq!(
-                        shmbroker_exchange_fd_batch(s, raw.as_ptr(), 3, out.as_mut_ptr()),
-                        SHMBROKER_OK,
-                        "{}",
-                        last_error()
-                    );
-                    let tags: Vec<u8> = out.iter().map(|&fd| first_byte_closing(fd)).collect();
-                    assert_eq!(tags, [0, 1, 2, 10, 11, 12]);
-                    // From rank 1, two fds; rank 0 passes none (NULL).
-                    let mut two = [-1; 2];
-                    let offered = if rank == 1 { raw.as_ptr() } else { null() };
-                    assert_eq!(
-                        shmbroker_broadcast_fd_batch(s, 1, offered, 2, two.as_mut_ptr()),
-                        SHMBROKER_OK,
-                        "{}",
-                        last_error()
-                    );
-                    let tags: Vec<u8> = two.iter().map(|&fd| first_byte_closing(fd)).collect();
-                    assert_eq!(tags, [10, 11]);
-                    // Rank 1 passes 3 fds, rank 0 two: both fail naming the other, and nothing
-                    // is written.
-                    let count = 2 + rank as usize;
-                    let mut out = [-1; 6];
-                    let rc = shmbroker_exchange_fd_batch(s, raw.as_ptr(), count, out.as_mut_ptr());
-                    assert_eq!(rc, SHMBROKER_E_PROTOCOL, "{}", last_error());
-                    assert_eq!(shmbroker_last_error_rank(), 1 - rank as i64);
-                    assert!(
-                        last_error().contains("same number of fds"),
-                        "{}",
-                        last_error()
-                    );
-                    assert!(out.iter().all(|&fd| fd == -1));
-                    // Misuse: a closed fd, a NULL array with a count.
-                    assert_eq!(
-                        shmbroker_exchange_fd_batch(s, [987_654].as_ptr(), 1, out.as_mut_ptr()),
-                        SHMBROKER_E_MISUSE
-                    );
-                    assert_eq!(
-                        shmbroker_exchange_fd_batch(s, null(), 1, out.as_mut_ptr()),
-                        SHMBROKER_E_MISUSE
-                    );
-                    assert_eq!(shmbroker_barrier(s), SHMBROKER_OK, "{}", last_error());
-                    assert_eq!(shmbroker_close(s), SHMBROKER_OK);
-                    drop(files);
-                }
-            })
-        })
+        .map(|s| std::thread::spawn(move || work(s as *mut shmbroker_session)))
         .collect();
     for join in joins {
         join.join().unwrap();

@@ -403,3 +403,23 @@ pub fn barrier_before_deaths(session: &mut Session, dying: &[u32]) {
         Err(error) => panic!("rank {}: barrier: {error}", session.rank()),
     }
 }
+
+/// A memfd holding `text` at offset 0.
+pub fn memfd_with(text: &str) -> std::os::fd::OwnedFd {
+    use std::os::unix::fs::FileExt;
+    let fd = shmbroker::queues::memfd::create_sealed(c"fd-exchange-test", 4096).unwrap();
+    let file = std::fs::File::from(fd.try_clone().unwrap());
+    file.write_all_at(text.as_bytes(), 0).unwrap();
+    fd
+}
+
+/// The text at offset 0 of the file `fd` opens (up to 64 bytes, up to the first NUL).
+pub fn text_of(fd: &std::os::fd::OwnedFd) -> String {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::from(fd.try_clone().unwrap());
+    let mut bytes = [0u8; 64];
+    file.read_at(&mut bytes, 0).unwrap();
+    String::from_utf8_lossy(&bytes)
+        .trim_end_matches('\0')
+        .to_owned()
+}
