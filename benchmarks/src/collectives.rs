@@ -15,6 +15,7 @@
 //! | `capi_recv_any_{8,64,1024}B` (2 workers) | a round trip of `shmbroker_send` + `shmbroker_recv_any` on each side, from the C program | the same loop in Rust, `Session::send` + `recv_any_into` |
 //! | `fd_exchange_per_fd` (2 workers) | `Session::exchange_fds` by `pidfd_getfd` (each rank imports one fd) | one raw `pidfd_getfd` with a cached pidfd; an `SCM_RIGHTS` ping-pong, per fd |
 //! | `fd_exchange_batch16_per_fd` (2 workers) | `Session::exchange_fd_batch` of 16 fds by `pidfd_getfd`, per fd | one raw `pidfd_getfd` with a cached pidfd (the same samples) |
+//! | `fd_broadcast_batch16_per_fd` (2 workers) | `Session::broadcast_fd_batch` of 16 fds from rank 0 by `pidfd_getfd`, per fd | one raw `pidfd_getfd` with a cached pidfd (the same samples) |
 //! | `dead_peer` (3 workers) | from `kill -9` of one worker to the survivor's `PeerLost` in a barrier | none: the target is an absolute bound |
 //!
 //! Every worker is its own process, forked before any thread exists; worker processes log on
@@ -154,17 +155,19 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
         let mut ours = Vec::new();
         let mut pidfd = Vec::new();
         let mut rights = Vec::new();
-        let mut batched = Vec::new();
+        let (mut batched, mut broadcast) = (Vec::new(), Vec::new());
         for round in 0..plan.rounds {
             let socket = dir.path().join(format!("fds-{round}.sock"));
-            let mut order: Vec<u8> = vec![0, 1, 2, 3];
-            order.rotate_left(round % 4);
+            let mut order: Vec<u8> = vec![0, 1, 2, 3, 4];
+            order.rotate_left(round % 5);
+            let calls = (rounds / FD_BATCH).max(1);
             for contender in order {
                 match contender {
                     0 => ours.extend(ours_fd_exchange(&socket, rounds)?),
                     1 => pidfd.extend(raw_pidfd_getfd(rounds)?),
                     2 => rights.extend(raw_scm_rights(rounds)?),
-                    _ => batched.extend(ours_fd_batch(&socket, (rounds / FD_BATCH).max(1))?),
+                    3 => batched.extend(ours_fd_batch(&socket, calls, false)?),
+                    _ => broadcast.extend(ours_fd_batch(&socket, calls, true)?),
                 }
             }
         }
@@ -175,6 +178,17 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
                 (
                     "shmbroker exchange_fd_batch (pidfd), per fd",
                     Measure::latency(batched),
+                ),
+                ("raw pidfd_getfd", Measure::latency(pidfd.clone())),
+            ],
+        });
+        report.add(Comparison {
+            bench: format!("fd_broadcast_batch{FD_BATCH}_per_fd"),
+            size: Size::Workers(2),
+            contenders: vec![
+                (
+                    "shmbroker broadcast_fd_batch (pidfd), per fd",
+                    Measure::latency(broadcast),
                 ),
                 ("raw pidfd_getfd", Measure::latency(pidfd.clone())),
             ],
@@ -1042,22 +1056,23 @@ fn ours_fd_exchange(socket: &Path, rounds: usize) -> Result<Vec<u64>, String> {
 const FD_BATCH: usize = 16;
 
 /// Nanoseconds per fd for `exchange_fd_batch` of [`FD_BATCH`] fds between 2 workers (each
-/// imports that many per call), one sample per call.
-fn ours_fd_batch(socket: &Path, rounds: usize) -> Result<Vec<u64>, String> {
+/// imports that many per call), or for `broadcast_fd_batch` of as many from rank 0 (rank 1
+/// imports them), one sample per call.
+fn ours_fd_batch(socket: &Path, calls: usize, broadcast: bool) -> Result<Vec<u64>, String> {
     let files = (0..FD_BATCH)
         .map(|_| create_sealed(c"bench-fd", 4096).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, String>>()?;
     let fds: Vec<_> = files.iter().map(std::os::fd::AsFd::as_fd).collect();
-    let per_call = ours_timed(socket, 2, rounds, Some(u32::MAX), |session| {
-        session
-            .exchange_fd_batch(&fds)
-            .map(drop)
-            .map_err(|e| e.to_string())
+    let per_call = ours_timed(socket, 2, calls, Some(u32::MAX), |session| {
+        let moved = if broadcast {
+            let offered = if session.rank() == 0 { &fds[..] } else { &[] };
+            session.broadcast_fd_batch(0, offered, FD_BATCH).map(drop)
+        } else {
+            session.exchange_fd_batch(&fds).map(drop)
+        };
+        moved.map_err(|e| e.to_string())
     })?;
-    Ok(per_call
-        .into_iter()
-        .map(|ns| ns / FD_BATCH as u64)
-        .collect())
+    Ok(per_call.into_iter().map(|ns| ns / FD_BATCH as u64).collect())
 }
 
 /// Nanoseconds of one `pidfd_getfd` of a child's fd (the pidfd opened once), and the close.
