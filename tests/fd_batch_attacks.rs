@@ -105,9 +105,9 @@ const FIRST: u64 = 3;
 /// world of two: all clear, or `refused` exporters to take by relay.
 fn raw_status(session: &mut Session, seq: u64, refused: u64) {
     let seq = seq + FIRST;
-    let mut words = [0u8; 40];
+    let mut words = [0u8; 48];
     words[..8].copy_from_slice(&refused.to_le_bytes());
-    raw_send_to(session, 0, &eager(kind::ALL_GATHER, seq + 1, 40, &words));
+    raw_send_to(session, 0, &eager(kind::ALL_GATHER, seq + 1, 48, &words));
 }
 
 /// A world of two ranks on threads, warmed up: each has exchanged an fd and a message too big

@@ -982,6 +982,44 @@ fn fd_batches_of_different_lengths_fail_on_every_rank_naming_one_that_disagrees(
 }
 
 #[test]
+fn a_rank_that_allows_only_pidfd_fails_an_exchange_others_would_relay_on_every_rank() {
+    use shmbroker::session::FdTransport;
+    use std::os::fd::AsFd;
+    let (_world, sessions) = World::start("fds-mixed", 3);
+    let joins: Vec<_> = sessions
+        .into_iter()
+        .map(|mut s| {
+            std::thread::spawn(move || {
+                // Rank 0 allows only pidfd_getfd; the others relay everything they import.
+                let rank = s.rank();
+                let transport = if rank == 0 {
+                    FdTransport::Pidfd
+                } else {
+                    FdTransport::Relay
+                };
+                s.set_fd_transport(transport);
+                s.set_timeout(Duration::from_secs(10));
+                let mine = memfd_with("x");
+                let outcome = s.exchange_fds(mine.as_fd()).map(drop);
+                s.barrier().unwrap();
+                outcome
+            })
+        })
+        .collect();
+    for (rank, join) in (0u32..).zip(joins) {
+        match join.join().unwrap() {
+            Err(Error::FdTransport(detail)) => {
+                assert!(
+                    detail.contains("SHMBROKER_FD_TRANSPORT"),
+                    "rank {rank}: {detail}"
+                );
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn a_stale_fd_ticket_fails_the_exchange_naming_its_exporter() {
     use std::os::fd::{AsFd, AsRawFd};
     let (_world, mut zero, mut one) = pair("fd-stale");
@@ -1002,7 +1040,7 @@ fn a_stale_fd_ticket_fails_the_exchange_naming_its_exporter() {
     raw_send(&mut one, raw(kind::FD_TICKET, 0, 32, inline));
     // The status round (the next collective), as an honest exporter's would be: nothing
     // refused, stale, miscounted, short of fds or forged at rank 1.
-    raw_send(&mut one, raw(kind::ALL_GATHER, 1, 40, [0u8; INLINE_BYTES]));
+    raw_send(&mut one, raw(kind::ALL_GATHER, 1, 48, [0u8; INLINE_BYTES]));
     zero.set_timeout(Duration::from_secs(5));
     match zero.exchange_fds(memfd_with("mine").as_fd()) {
         Err(Error::StaleFdTicket {
@@ -1508,7 +1546,7 @@ fn an_fd_ticket_naming_another_process_than_the_exporters_is_refused() {
     raw_send(&mut one, raw(kind::FD_TICKET, 0, 32, inline));
     // Rank 1's status round, as it would send it (nothing failed at rank 1): rank 0 fails at
     // once after it, naming rank 1, as every other rank would.
-    raw_send(&mut one, raw(kind::ALL_GATHER, 1, 40, [0u8; INLINE_BYTES]));
+    raw_send(&mut one, raw(kind::ALL_GATHER, 1, 48, [0u8; INLINE_BYTES]));
     let mine = std::fs::File::open("/dev/null").unwrap();
     zero.set_timeout(Duration::from_secs(2));
     match zero.exchange_fds(std::os::fd::AsFd::as_fd(&mine)) {

@@ -1072,7 +1072,10 @@ fn ours_fd_batch(socket: &Path, calls: usize, broadcast: bool) -> Result<Vec<u64
         };
         moved.map_err(|e| e.to_string())
     })?;
-    Ok(per_call.into_iter().map(|ns| ns / FD_BATCH as u64).collect())
+    Ok(per_call
+        .into_iter()
+        .map(|ns| ns / FD_BATCH as u64)
+        .collect())
 }
 
 /// Nanoseconds of one `pidfd_getfd` of a child's fd (the pidfd opened once), and the close.

@@ -73,11 +73,13 @@ pub unsafe extern "C" fn shmbroker_broadcast_fd(
 /// Every rank's `count` fds, in rank order and then in each rank's order, as new fds in
 /// `out_fds` (`world_size * count` entries: rank `r`'s fd `i` at `r * count + i`) that the
 /// caller owns and closes; this rank's own slots get duplicates of `fds`. Every rank passes the
-/// same `count`, at most `SHMBROKER_MAX_FDS_PER_EXCHANGE`. The whole batch takes two ring trips, as one fd does, so each fd
-/// costs little more than its `pidfd_getfd` and the `fstat`s of the theft check. Nothing is
-/// written to `out_fds` on an error. Threads: as [`shmbroker_barrier`].
+/// same `count`, at most `SHMBROKER_MAX_FDS_PER_EXCHANGE`. The whole batch takes two ring
+/// trips, as one fd does, so each fd costs little more than its `pidfd_getfd` and the `fstat`s
+/// of the theft check. Nothing is written to `out_fds` on an error. Threads: as
+/// [`shmbroker_barrier`].
 ///
-/// Errors: `SHMBROKER_E_PROTOCOL` naming a rank that passed another `count` (on every rank);
+/// Errors: `SHMBROKER_E_PROTOCOL` naming a rank that passed another `count` or sent a forged
+/// ticket (on every rank);
 /// `SHMBROKER_E_MISUSE` for NULL arrays, a closed fd or more than
 /// `SHMBROKER_MAX_FDS_PER_EXCHANGE` fds; `SHMBROKER_E_IO` on every rank when one has no room
 /// for the fds (`EMFILE`: its message says so, the others' name it); otherwise as

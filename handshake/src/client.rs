@@ -503,10 +503,31 @@ impl Connection {
             timeout,
             |inbox| inbox.relayed.remove(&(from, token)),
         )?;
-        let claimed = WorkerNotice::new(NoticeKind::Claimed, from, token);
-        // Best effort: a broker that is gone has nothing left to count.
-        let _ = self.send_notice(claimed, None, "saying a relayed fd was taken", timeout);
+        self.claim(from, token);
         Ok(fd)
+    }
+
+    /// Tells the broker the fd `from` relayed with `token` was taken (or closed), within
+    /// [`CLAIM_TIMEOUT`] whatever the caller's wait was; a claim that cannot go now is kept
+    /// for the next [`Self::claim_dropped_relays`] (a lost one would count against this
+    /// worker's limit for good).
+    fn claim(&mut self, from: u32, token: u64) {
+        let claimed = WorkerNotice::new(NoticeKind::Claimed, from, token);
+        let stage = "saying a relayed fd was taken";
+        // Nothing went (the socket stayed full): kept for later. A broker that is gone has
+        // nothing left to count; a notice cut short has broken the stream whatever follows.
+        if let Err(Error::Timeout { .. }) = self.send_notice(claimed, None, stage, CLAIM_TIMEOUT) {
+            self.shared.lock().relays_to_claim.push((from, token));
+        }
+    }
+
+    /// Tells the broker of every relayed fd this worker closed without a claim yet: those
+    /// [`Self::abandon_relays_below`] made its watcher close as they came.
+    pub fn claim_dropped_relays(&mut self) {
+        let claims = std::mem::take(&mut self.shared.lock().relays_to_claim);
+        for (from, token) in claims {
+            self.claim(from, token);
+        }
     }
 
     /// Gives up on every relayed fd whose token's low 48 bits ([`RELAY_ORDER_MASK`]) are below
@@ -529,22 +550,17 @@ impl Connection {
             for key in &stale {
                 inbox.relayed.remove(key);
             }
-            let mut claims = std::mem::take(&mut inbox.relays_to_claim);
-            claims.extend(stale);
-            claims
+            stale
         };
         for (from, token) in claims {
-            let claimed = WorkerNotice::new(NoticeKind::Claimed, from, token);
-            // Best effort, as for any claim.
-            let _ = self.send_notice(
-                claimed,
-                None,
-                "saying a relayed fd was taken",
-                Duration::from_millis(100),
-            );
+            self.claim(from, token);
         }
+        self.claim_dropped_relays();
     }
 }
+
+/// How long a claim of a relayed fd may take to reach the broker's socket.
+const CLAIM_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// The bits of a relay token that order it: [`Connection::abandon_relays_below`] compares these.
 pub const RELAY_ORDER_MASK: u64 = (1 << 48) - 1;

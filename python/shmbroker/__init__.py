@@ -32,7 +32,7 @@ from . import _logs  # noqa: F401  (the library's log events into logging, logge
 from ._event_loop import recv_any_async
 from ._gpu import GpuHandle
 from ._objects import all_gather_object, broadcast_object, recv_object, send_object
-from ._shmbroker import Group, Loan, LoanView, Session, connect
+from ._shmbroker import MAX_FDS_PER_EXCHANGE, Group, Loan, LoanView, Session, connect
 from ._status import status
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "Loan",
     "LoanView",
     "LogonError",
+    "MAX_FDS_PER_EXCHANGE",
     "MisuseError",
     "PeerLeft",
     "PeerLost",

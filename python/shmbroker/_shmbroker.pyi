@@ -7,6 +7,7 @@ from typing import (
     Any,
     Callable,
     Dict,
+    Iterable,
     List,
     Optional,
     Protocol,
@@ -19,7 +20,20 @@ from typing import (
 
 from ._gpu import GpuHandle
 
-__all__ = ["Session", "Group", "Loan", "LoanView", "connect", "_forward_logs", "_status_json"]
+__all__ = [
+    "MAX_FDS_PER_EXCHANGE",
+    "Session",
+    "Group",
+    "Loan",
+    "LoanView",
+    "connect",
+    "_forward_logs",
+    "_status_json",
+]
+
+MAX_FDS_PER_EXCHANGE: int
+"""The most fds one rank may pass to :meth:`Session.exchange_fd_batch` or
+:meth:`Session.broadcast_fd_batch`."""
 
 if sys.version_info >= (3, 12):
     from collections.abc import Buffer
@@ -343,23 +357,26 @@ class Session:
         root, a duplicate of ``fd``). Other ranks may leave ``fd`` out; what they give is
         ignored. Raises as :meth:`exchange_fds` does."""
     def exchange_fd_batch(
-        self, fds: Sequence[_Fd], *, timeout: Optional[float] = ...
+        self, fds: Iterable[_Fd], *, timeout: Optional[float] = ...
     ) -> List[List[int]]:
-        """Every rank's ``fds`` (every rank passes as many, at most 4096), by rank and then in
-        each rank's order, as new file descriptors this process owns (this rank's own entries
-        are duplicates). Two ring trips for the whole batch. Raises :class:`ProtocolError`
-        naming a rank that passed another number of fds; otherwise as :meth:`exchange_fds`."""
+        """Every rank's ``fds`` (every rank passes as many, at most
+        :data:`MAX_FDS_PER_EXCHANGE`), by rank and then in each rank's order, as new file
+        descriptors this process owns (this rank's own entries are duplicates). Two ring trips
+        for the whole batch. Raises :class:`ProtocolError` naming a rank that passed another
+        number of fds or forged a ticket, :class:`ResourceError` naming a rank with no room for
+        the fds; otherwise as :meth:`exchange_fds`."""
     def broadcast_fd_batch(
         self,
         root: int,
-        fds: Optional[Sequence[_Fd]] = None,
+        fds: Optional[Iterable[_Fd]] = None,
         *,
         count: Optional[int] = None,
         timeout: Optional[float] = ...,
     ) -> List[int]:
         """``root``'s ``fds`` on every rank, in the root's order, as new file descriptors this
         process owns (on the root, duplicates). Other ranks give ``count`` (on the root it
-        defaults to ``len(fds)``). Raises as :meth:`exchange_fd_batch` does."""
+        defaults to ``len(fds)``); their ``fds`` are ignored. Raises as
+        :meth:`exchange_fd_batch` does."""
     def close(self) -> None:
         """Leaves the session: peers waiting on this rank are told it left (:class:`PeerLeft`).
         Closing a closed session does nothing; every other call on it raises

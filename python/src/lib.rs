@@ -383,10 +383,17 @@ fn borrowed<'fd>(number: RawFd) -> BorrowedFd<'fd> {
 }
 
 /// A sequence of fds (ints, or objects with `fileno()`), each checked open, borrowed for a call.
-fn fd_list_arg<'fd>(fds: &Bound<'_, PyAny>) -> PyResult<Vec<BorrowedFd<'fd>>> {
-    fds.try_iter()?
-        .map(|fd| Ok(borrowed(fd_arg(&fd?)?)))
-        .collect()
+/// The items are returned too: the caller keeps them for the call, so that an fd an item owns
+/// (a file object from a generator, say) is not closed, and its number reused, meanwhile.
+fn fd_list_arg<'py, 'fd>(
+    fds: &Bound<'py, PyAny>,
+) -> PyResult<(Vec<Bound<'py, PyAny>>, Vec<BorrowedFd<'fd>>)> {
+    let items: Vec<Bound<'py, PyAny>> = fds.try_iter()?.collect::<PyResult<_>>()?;
+    let numbers = items
+        .iter()
+        .map(|item| Ok(borrowed(fd_arg(item)?)))
+        .collect::<PyResult<_>>()?;
+    Ok((items, numbers))
 }
 
 /// A `shmbroker.GpuHandle` (or anything with its `_pack`) as the wire struct.
@@ -1080,13 +1087,14 @@ impl PySession {
         Ok(received.into_raw_fd())
     }
 
-    /// Every rank's ``fds`` (a sequence of ints or objects with ``fileno()``; every rank passes
-    /// as many, at most 4096), as a list by rank of lists in each rank's order, of new file
-    /// descriptors this process owns. This rank's own entries are duplicates. The whole batch
-    /// takes two ring trips, as one fd does.
+    /// Every rank's ``fds`` (an iterable of ints or objects with ``fileno()``; every rank
+    /// passes as many, at most :data:`MAX_FDS_PER_EXCHANGE`), as a list by rank of lists in each
+    /// rank's order, of new file descriptors this process owns. This rank's own entries are
+    /// duplicates. The whole batch takes two ring trips, as one fd does.
     ///
-    /// Raises :class:`ProtocolError` naming a rank that passed another number of fds (on every
-    /// rank); otherwise as :meth:`exchange_fds` does.
+    /// Raises :class:`ProtocolError` naming a rank that passed another number of fds, or sent a
+    /// forged ticket (on every rank); :class:`ResourceError` when a rank has no room for the
+    /// fds (on every rank, naming it); otherwise as :meth:`exchange_fds` does.
     #[pyo3(signature = (fds, *, timeout=CallTimeout::Session))]
     fn exchange_fd_batch<'py>(
         &self,
@@ -1094,7 +1102,7 @@ impl PySession {
         fds: &Bound<'py, PyAny>,
         timeout: CallTimeout,
     ) -> PyResult<Bound<'py, PyList>> {
-        let fds = fd_list_arg(fds)?;
+        let (_items, fds) = fd_list_arg(fds)?;
         let timeout = self.deadline(timeout)?;
         let batches = self.blocking(py, |session| {
             session.exchange_fd_batch_timeout(&fds, timeout)
@@ -1108,10 +1116,11 @@ impl PySession {
 
     /// ``root``'s ``fds`` on every rank, as a list in the root's order of new file descriptors
     /// this process owns (on the root, duplicates). The root gives ``fds``; the others give
-    /// ``count``, the number of fds the root gives (on the root it defaults to ``len(fds)``).
+    /// ``count``, the number of fds the root gives (on the root it defaults to ``len(fds)``),
+    /// and what they give as ``fds`` is ignored, as :meth:`broadcast_fd` does.
     ///
-    /// Raises :class:`MisuseError` when a rank other than the root gives ``fds`` or no
-    /// ``count``; otherwise as :meth:`exchange_fd_batch` does.
+    /// Raises :class:`MisuseError` when a rank other than the root gives no ``count``;
+    /// otherwise as :meth:`exchange_fd_batch` does.
     #[pyo3(signature = (root, fds=None, *, count=None, timeout=CallTimeout::Session))]
     fn broadcast_fd_batch<'py>(
         &self,
@@ -1122,9 +1131,9 @@ impl PySession {
         timeout: CallTimeout,
     ) -> PyResult<Bound<'py, PyList>> {
         let root = rank_arg(root)?;
-        let fds = match fds {
-            Some(fds) => fd_list_arg(fds)?,
-            None => Vec::new(),
+        let (_items, fds) = match fds {
+            Some(fds) if root == self.rank => fd_list_arg(fds)?,
+            _ => (Vec::new(), Vec::new()),
         };
         let count = match (count, root == self.rank) {
             (Some(count), _) => count,
@@ -1441,6 +1450,10 @@ fn _status_json(py: Python<'_>, socket: PathBuf, timeout: f64) -> PyResult<Strin
 /// The native module; the `shmbroker` package re-exports it.
 #[pymodule]
 fn _shmbroker(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add(
+        "MAX_FDS_PER_EXCHANGE",
+        shmbroker::session::MAX_FDS_PER_EXCHANGE,
+    )?;
     module.add_class::<PySession>()?;
     module.add_class::<PyGroup>()?;
     module.add_class::<loans::PyLoan>()?;

@@ -24,6 +24,17 @@
 //!    broker's cap of unclaimed relays), and the importer checks them against the ticket in the
 //!    same way.
 //!
+//! # Relays given up on
+//!
+//! A relayed fd's token is the exchange's sequence number, with the fd's index in the batch in
+//! bits 48 and up. Fd exchanges run only on the world's stream (0), and only they relay, so the
+//! low 48 bits of tokens rise from one exchange to the next. When this rank's part in an
+//! exchange fails after its sequence number is taken, it sets a floor above that number
+//! (`Connection::abandon_relays_below`): relayed fds below it, held or still to come from peers
+//! that went on, are closed by the watcher as they arrive and claimed with the broker (at the
+//! start of the next relay round, and in every wait of one), so they neither stay open nor count
+//! against this worker's cap of unclaimed relays.
+//!
 //! What can fail on one rank alone is done before the exchange's sequence number is taken (the
 //! `fstat`s of its own fds), or reported in the status round (no room for its own duplicates,
 //! made while its peers import), so such a failure leaves every rank in step.
@@ -143,10 +154,13 @@ struct Status {
     exhausted: u64,
     /// Exporters that sent a ticket naming another process than the one that logged on.
     forged: u64,
+    /// This rank's bit when it moves fds by `pidfd_getfd` only ([`FdTransport::Pidfd`]): a
+    /// refusal anywhere then fails the exchange on every rank, not only on this one.
+    pidfd_only: u64,
 }
 
-// On the wire: five words, one ring slot.
-const _: () = assert!(size_of::<Status>() == 40);
+// On the wire: six words, one ring slot.
+const _: () = assert!(size_of::<Status>() == shmbroker_bindings::INLINE_BYTES);
 
 /// What failed for this rank, to be reported once every rank knows.
 enum Failure {
@@ -211,6 +225,11 @@ impl Moved {
                     .ok_or_else(|| Error::Misuse(format!("no fd from rank {rank}")))
             })
             .collect()
+    }
+
+    /// `rank`'s only fd, if it exported one (a table of one fd a rank).
+    pub(super) fn take_one(&mut self, rank: u32) -> Option<OwnedFd> {
+        self.slots(rank).first_mut().and_then(Option::take)
     }
 
     /// Every rank's fds, in rank order and then in each rank's (every rank exported).
@@ -359,8 +378,12 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::FdTransport`] when the kernel refuses an import under [`FdTransport::Pidfd`];
-    /// [`Error::StaleFdTicket`]; otherwise as for [`Session::all_gather`].
+    /// On every rank alike (see the module docs): [`Error::FdTransport`] when the kernel
+    /// refuses an import and some rank chose [`FdTransport::Pidfd`], or naming a rank with no
+    /// room for the fds (which itself gets [`Error::Io`]); [`Error::StaleFdTicket`] on the
+    /// importer of a stale ticket ([`Error::FdTransport`] naming it elsewhere);
+    /// [`Error::Protocol`] naming a rank that sent a ticket naming another process; otherwise as
+    /// for [`Session::all_gather`].
     pub fn exchange_fds(&mut self, fd: BorrowedFd<'_>) -> Result<Vec<OwnedFd>, Error> {
         self.exchange_fds_timeout(fd, self.timeout)
     }
@@ -552,7 +575,7 @@ impl Session {
         }
         // What can fail here alone (an fd closed under the call, no room for duplicates) fails
         // before the exchange starts, leaving every rank in step.
-        let mut imported = Moved::new(world, count);
+        let imported = Moved::new(world, count);
         // (A single fd's ticket on the stack: one allocation fewer on the common path.)
         let mut one: [FdTicket; 1] = [bytemuck::Zeroable::zeroed()];
         let mut many: Vec<FdTicket>;
@@ -569,6 +592,31 @@ impl Session {
         for ticket in tickets.iter_mut() {
             ticket.token = seq;
         }
+        let mine = if exporting { Some(mine) } else { None };
+        let moved = self.move_numbered_fds(seq, exporters, mine, tickets, imported, deadline);
+        if moved.is_err() {
+            // However this rank's exchange ended, nothing relayed for it is waited for any more:
+            // what comes later (peers that went on to relay, an exporter stopped past the
+            // deadline) is closed as it comes and claimed with the broker.
+            self.inner.abandon_relays_below(seq + 1);
+        }
+        moved
+    }
+
+    /// [`Self::move_fds`] from its sequence number `seq` on: `mine` (with its `tickets`) when
+    /// this rank exports.
+    fn move_numbered_fds(
+        &mut self,
+        seq: u64,
+        exporters: &[u32],
+        mine: Option<&[BorrowedFd<'_>]>,
+        tickets: &[FdTicket],
+        mut imported: Moved,
+        deadline: &Deadline,
+    ) -> Result<Moved, Error> {
+        let (rank, count) = (self.rank(), imported.count);
+        let exporting = mine.is_some();
+        let mine = mine.unwrap_or_default();
         // Tickets: one message from each exporter to every other rank, each taken from as it
         // comes.
         let mut taken = Taken::default();
@@ -620,19 +668,26 @@ impl Session {
         // is also the acknowledgement: no exporter returns (and so closes its fds) before every
         // importer has taken what it could.
         let Taken {
-            status,
+            mut status,
             failure: my_failure,
             first_refusal,
             relayed,
         } = taken;
+        if self.fd_transport == FdTransport::Pidfd {
+            status.pidfd_only |= 1 << rank;
+        }
         let statuses = self.all_gather_pod_with(&status, deadline)?;
         self.agreed_failure(&statuses, my_failure, count)?;
         let any_refused = statuses.iter().any(|s| s.refused != 0);
-        self.report_fd_transport(any_refused, first_refusal);
+        let strict = statuses.iter().any(|s| s.pidfd_only != 0);
+        // (A rank that would relay reports nothing when another's `pidfd` choice fails it.)
+        if !(any_refused && strict) || self.fd_transport == FdTransport::Pidfd {
+            self.report_fd_transport(any_refused, first_refusal);
+        }
         if !any_refused {
             return Ok(imported);
         }
-        if self.fd_transport == FdTransport::Pidfd {
+        if strict {
             let (importer, exporter) = (0..)
                 .zip(&statuses)
                 .find(|(_, s)| s.refused != 0)
@@ -650,11 +705,8 @@ impl Session {
             refused_by: statuses.iter().map(|s| s.refused).collect(),
             tickets: relayed,
         };
-        let relayed = self.relay_refused(&relay, &mut imported, deadline);
-        // Whether or not it worked, nothing of this exchange's relays is waited for any more:
-        // what comes later (from an exporter stopped past the deadline, say) is closed.
-        self.inner.abandon_relays_below(seq + 1);
-        relayed.map(|()| imported)
+        self.relay_refused(&relay, &mut imported, deadline)?;
+        Ok(imported)
     }
 
     /// Relays what `relay` says was refused, one fd of each batch per round: exporters pass fd
@@ -676,6 +728,9 @@ impl Session {
     ) -> Result<(), Error> {
         let rank = self.rank();
         let mine = relay.refused_by[rank as usize];
+        // Fds closed as they came for an exchange given up on still count at the broker until
+        // claimed: claimed first, so that they cannot hold this exchange's relays back.
+        self.inner.claim_dropped_relays();
         for index in 0..imported.count {
             let token = relay_token(relay.seq, index);
             let mut taken: Vec<Option<OwnedFd>> = (0..self.world_size()).map(|_| None).collect();
@@ -913,9 +968,9 @@ impl Session {
         Ok(Ok(()))
     }
 
-    /// The error every rank returns when some import was stale, had no room, or a batch had
-    /// another length than its importer's, decided from `statuses` alike everywhere; `mine` is
-    /// what this rank saw.
+    /// The error every rank returns when some ticket was stale or forged, some rank had no
+    /// room, or a batch had another length than its importer's, decided from `statuses` alike
+    /// everywhere; `mine` is what this rank saw.
     fn agreed_failure(
         &mut self,
         statuses: &[Status],
@@ -1030,6 +1085,7 @@ impl Session {
                 Ok(()) => return Ok(()),
                 Err(shmbroker_handshake::Error::RelayRefused { full: true, .. }) => {
                     self.check_interrupted(deadline)?;
+                    self.inner.claim_dropped_relays();
                     meanwhile(self);
                     std::thread::sleep(Duration::from_millis(1).min(deadline.left()));
                 }
@@ -1059,6 +1115,7 @@ impl Session {
             if self.inner.departure(exporter).is_none() {
                 self.check_interrupted(deadline)?;
             }
+            self.inner.claim_dropped_relays();
             if let Some(departure) = self.inner.departure(exporter) {
                 // An exporter leaves only once the broker said its relay was passed on, so the
                 // fd is already in this worker's socket; its watcher may not have read it yet

@@ -62,7 +62,7 @@ impl Session {
                 .collect();
             let mut moved = self.move_fds(&exporters, &mine, 1, &deadline)?;
             (0..self.world_size())
-                .map(|rank| moved.take(rank).ok().and_then(|mut fds| fds.pop()))
+                .map(|rank| moved.take_one(rank))
                 .collect()
         };
         Ok(handles.into_iter().zip(fds).collect())
