@@ -388,6 +388,54 @@ fn a_relayed_fd_that_comes_after_the_importer_gave_up_is_not_kept() {
     );
 }
 
+#[test]
+fn a_relayed_fd_other_than_its_ticket_names_is_refused_naming_the_exporter_and_leaks_nothing() {
+    let _serial = serial();
+    // Under the relay, rank 1's tickets are honest, but for fd 1 it relays another file: the
+    // check against the ticket refuses it; rank 0 still takes fd 2 (the rounds go on) and then
+    // fails naming rank 1, keeping nothing.
+    let (_world, mut zero, mut one) = pair("fdb-relay-stale");
+    zero.set_fd_transport(FdTransport::Relay);
+    let theirs: Vec<OwnedFd> = (0..3).map(|i| memfd_with(&format!("t{i}"))).collect();
+    let other = memfd_with("other");
+    let tickets: Vec<FdTicket> = theirs.iter().map(|fd| ticket(fd.as_fd())).collect();
+    let bytes: &[u8] = bytemuck::cast_slice(&tickets);
+    raw_send_to(
+        &mut one,
+        0,
+        &eager(kind::FD_TICKET, FIRST, bytes.len() as u32, bytes),
+    );
+    raw_status(&mut one, 0, 0);
+    let token = |index: u64| FIRST | index << 48;
+    let relayed = [theirs[0].as_fd(), other.as_fd(), theirs[2].as_fd()];
+    for (index, fd) in (0..).zip(relayed) {
+        one.raw()
+            .relay_fd(0, token(index), fd, Duration::from_secs(5))
+            .unwrap();
+    }
+    let mine: Vec<OwnedFd> = (0..3).map(|i| memfd_with(&format!("m{i}"))).collect();
+    let borrowed: Vec<_> = mine.iter().map(AsFd::as_fd).collect();
+    let before = fd_table();
+    let outcome = zero
+        .exchange_fd_batch_timeout(&borrowed, Duration::from_secs(5))
+        .map(drop);
+    let named = ticket(theirs[1].as_fd());
+    let found = ticket(other.as_fd());
+    match outcome {
+        Err(Error::StaleFdTicket {
+            exporter: 1,
+            expected,
+            found: seen,
+        }) => {
+            assert_eq!(expected, (named.dev, named.ino));
+            assert_eq!(seen, (found.dev, found.ino));
+        }
+        other => panic!("{other:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(gained(&before, &fd_table()), Vec::<String>::new());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Real processes: each rank is this test binary, re-run as the ignored test `fd_batch_rank`.
 

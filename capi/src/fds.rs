@@ -74,8 +74,8 @@ pub unsafe extern "C" fn shmbroker_broadcast_fd(
 /// `out_fds` (`world_size * count` entries: rank `r`'s fd `i` at `r * count + i`) that the
 /// caller owns and closes; this rank's own slots get duplicates of `fds`. Every rank passes the
 /// same `count`, at most `SHMBROKER_MAX_FDS_PER_EXCHANGE`. The whole batch takes two ring
-/// trips, as one fd does, so each fd costs little more than its `pidfd_getfd` and the `fstat`s
-/// of the theft check. Nothing is written to `out_fds` on an error. Threads: as
+/// trips, as one fd does; what is left a fd is its system calls (`pidfd_getfd`, the `fstat`s of
+/// the theft check, the duplicate). Nothing is written to `out_fds` on an error. Threads: as
 /// [`shmbroker_barrier`].
 ///
 /// Errors: `SHMBROKER_E_PROTOCOL` naming a rank that passed another `count` or sent a forged

@@ -533,9 +533,9 @@ impl Connection {
     /// Gives up on every relayed fd whose token's low 48 bits ([`RELAY_ORDER_MASK`]) are below
     /// `floor`, for good: those held are closed now, those still to come are closed as they
     /// come, and the broker is told each was taken (so they stop counting against this worker's
-    /// limit). A session calls it when an exchange that relayed ends, with tokens ordered by
-    /// exchange in those bits, so that a relay its importer no longer waits for (an exporter
-    /// stopped past the deadline, a death mid-exchange) leaves nothing behind.
+    /// limit). A session calls it when its part in an exchange fails, with tokens ordered by
+    /// exchange in those bits, so that a relay it no longer waits for (from an exporter stopped
+    /// past the deadline, or one that went on after this rank failed) leaves nothing behind.
     pub fn abandon_relays_below(&mut self, floor: u64) {
         let claims: Vec<(u32, u64)> = {
             let mut inbox = self.shared.lock();

@@ -41,8 +41,7 @@
 //!
 //! So an exchange of `k` fds costs each rank `k` `fstat`s of its own fds (and `k` duplicates of
 //! them, which the caller gets back), and for each imported fd a `pidfd_getfd` and an `fstat`:
-//! the ring trips (tickets, then the acknowledgement) are two
-//! per call whatever `k` is. No trip can go: the tickets carry what the theft check needs, and
+//! the ring trips (tickets, then the acknowledgement) are two per call whatever `k` is. No trip can go: the tickets carry what the theft check needs, and
 //! the acknowledgement is what keeps an exporter's fds open until they are taken.
 //!
 //! The transport used is logged when it changes, with the reason.
@@ -406,7 +405,8 @@ impl Session {
     /// Every rank's `fds`, indexed by rank and then as each rank passed them (this rank's own as
     /// duplicates): [`Self::exchange_fds`] for many fds at once. Every rank passes the same
     /// number of fds, at most [`MAX_FDS_PER_EXCHANGE`]. The whole batch costs two ring trips,
-    /// as one fd does, so each fd costs little more than its `pidfd_getfd` and two `fstat`s.
+    /// as one fd does; what is left a fd is its system calls (the importer's `pidfd_getfd` and
+    /// `fstat`, the exporter's `fstat` and duplicate).
     ///
     /// # Errors
     ///
@@ -573,8 +573,8 @@ impl Session {
                 mine.len()
             )));
         }
-        // What can fail here alone (an fd closed under the call, no room for duplicates) fails
-        // before the exchange starts, leaving every rank in step.
+        // What can fail here alone (the `fstat` of an fd closed under the call) fails before the
+        // exchange starts, leaving every rank in step.
         let imported = Moved::new(world, count);
         // (A single fd's ticket on the stack: one allocation fewer on the common path.)
         let mut one: [FdTicket; 1] = [bytemuck::Zeroable::zeroed()];
@@ -592,7 +592,6 @@ impl Session {
         for ticket in tickets.iter_mut() {
             ticket.token = seq;
         }
-        let mine = if exporting { Some(mine) } else { None };
         let moved = self.move_numbered_fds(seq, exporters, mine, tickets, imported, deadline);
         if moved.is_err() {
             // However this rank's exchange ended, nothing relayed for it is waited for any more:
@@ -603,20 +602,19 @@ impl Session {
         moved
     }
 
-    /// [`Self::move_fds`] from its sequence number `seq` on: `mine` (with its `tickets`) when
-    /// this rank exports.
+    /// [`Self::move_fds`] from its sequence number `seq` on, with this rank's `tickets` for
+    /// `mine` when it exports.
     fn move_numbered_fds(
         &mut self,
         seq: u64,
         exporters: &[u32],
-        mine: Option<&[BorrowedFd<'_>]>,
+        mine: &[BorrowedFd<'_>],
         tickets: &[FdTicket],
         mut imported: Moved,
         deadline: &Deadline,
     ) -> Result<Moved, Error> {
         let (rank, count) = (self.rank(), imported.count);
-        let exporting = mine.is_some();
-        let mine = mine.unwrap_or_default();
+        let exporting = exporters.contains(&rank);
         // Tickets: one message from each exporter to every other rank, each taken from as it
         // comes.
         let mut taken = Taken::default();
@@ -731,6 +729,7 @@ impl Session {
         // Fds closed as they came for an exchange given up on still count at the broker until
         // claimed: claimed first, so that they cannot hold this exchange's relays back.
         self.inner.claim_dropped_relays();
+        let mut failed = None;
         for index in 0..imported.count {
             let token = relay_token(relay.seq, index);
             let mut taken: Vec<Option<OwnedFd>> = (0..self.world_size()).map(|_| None).collect();
@@ -769,30 +768,27 @@ impl Session {
                     .ok_or_else(|| {
                         Error::Misuse(format!("no ticket {index} from rank {exporter}"))
                     })?;
+                // A relayed fd that fails its check is closed, and the rounds go on: this rank
+                // still relays its own fds and takes every peer's, so the others finish and
+                // none of them waits for (and names) this rank.
                 match check(&fd, &ticket) {
                     Ok(()) => imported.slots(exporter)[index] = Some(fd),
                     Err(ImportFailure::Stale { found, .. }) => {
-                        return Err(Error::StaleFdTicket {
+                        failed.get_or_insert(Error::StaleFdTicket {
                             exporter,
                             expected: (ticket.dev, ticket.ino),
                             found,
                         });
                     }
-                    Err(ImportFailure::Refused(errno) | ImportFailure::Exhausted(errno)) => {
-                        return Err(Error::FdTransport(format!(
-                            "fstat of a relayed fd: {errno}"
+                    Err(_) => {
+                        failed.get_or_insert(Error::FdTransport(format!(
+                            "fstat of an fd relayed by rank {exporter} failed"
                         )));
-                    }
-                    Err(ImportFailure::Forged(detail)) => {
-                        return Err(Error::Protocol {
-                            peer: exporter,
-                            detail,
-                        });
                     }
                 }
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Takes, without waiting, every fd relayed with `token` by the exporters of `from` (a bit
