@@ -171,28 +171,28 @@ pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
                 }
             }
         }
-        report.add(Comparison {
-            bench: format!("fd_exchange_batch{FD_BATCH}_per_fd"),
-            size: Size::Workers(2),
-            contenders: vec![
-                (
-                    "shmbroker exchange_fd_batch (pidfd), per fd",
-                    Measure::latency(batched),
-                ),
-                ("raw pidfd_getfd", Measure::latency(pidfd.clone())),
-            ],
-        });
-        report.add(Comparison {
-            bench: format!("fd_broadcast_batch{FD_BATCH}_per_fd"),
-            size: Size::Workers(2),
-            contenders: vec![
-                (
-                    "shmbroker broadcast_fd_batch (pidfd), per fd",
-                    Measure::latency(broadcast),
-                ),
-                ("raw pidfd_getfd", Measure::latency(pidfd.clone())),
-            ],
-        });
+        let batches = [
+            (
+                "exchange",
+                "shmbroker exchange_fd_batch (pidfd), per fd",
+                batched,
+            ),
+            (
+                "broadcast",
+                "shmbroker broadcast_fd_batch (pidfd), per fd",
+                broadcast,
+            ),
+        ];
+        for (call, ours_label, samples) in batches {
+            report.add(Comparison {
+                bench: format!("fd_{call}_batch{FD_BATCH}_per_fd"),
+                size: Size::Workers(2),
+                contenders: vec![
+                    (ours_label, Measure::latency(samples)),
+                    ("raw pidfd_getfd", Measure::latency(pidfd.clone())),
+                ],
+            });
+        }
         report.add(Comparison {
             bench: "fd_exchange_per_fd".into(),
             size: Size::Workers(2),

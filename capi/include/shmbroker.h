@@ -900,8 +900,7 @@ int shmbroker_broadcast_fd(struct shmbroker_session *s, uint32_t root, int fd, i
 // [`shmbroker_barrier`].
 //
 // Errors: `SHMBROKER_E_PROTOCOL` naming a rank that passed another `count` or sent a forged
-// ticket (on every rank);
-// `SHMBROKER_E_MISUSE` for NULL arrays, a closed fd or more than
+// ticket (on every rank); `SHMBROKER_E_MISUSE` for NULL arrays, a closed fd or more than
 // `SHMBROKER_MAX_FDS_PER_EXCHANGE` fds; `SHMBROKER_E_IO` on every rank when one has no room
 // for the fds (`EMFILE`: its message says so, the others' name it); otherwise as
 // [`shmbroker_exchange_fds`].
@@ -918,9 +917,8 @@ int shmbroker_exchange_fd_batch(struct shmbroker_session *s,
 // `root`'s `count` fds on every rank, in the root's order, as new fds in `out_fds` (`count`
 // entries) that the caller owns (the root gets duplicates); `fds` is read on the root only
 // and may be NULL elsewhere. Every rank passes the same `count`, at most
-// `SHMBROKER_MAX_FDS_PER_EXCHANGE`; two ring trips
-// whatever it is. Nothing is written to `out_fds` on an error. Threads: as
-// [`shmbroker_barrier`].
+// `SHMBROKER_MAX_FDS_PER_EXCHANGE`; two ring trips whatever it is. Nothing is written to
+// `out_fds` on an error. Threads: as [`shmbroker_barrier`].
 //
 // Errors: `SHMBROKER_E_PROTOCOL` on every rank when ranks passed different counts, naming the
 // root on a rank whose count is not the root's, and such a rank elsewhere; otherwise as
