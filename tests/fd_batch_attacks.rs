@@ -461,6 +461,17 @@ fn fd_batch_rank() {
     s.barrier().unwrap();
     let warm = memfd_with("warm");
     drop(s.exchange_fd_batch(&[warm.as_fd()]).unwrap());
+    // Every peer's outbox fd reaches this process through the broker and waits in the inbox
+    // until a message first needs that outbox. One that arrived after the fd table is read
+    // below would look like a leak of the exchange (CI saw it: a late
+    // `memfd:shmbroker-outbox`). A payload too big for the rings maps every peer's outbox now
+    // (the broker sent each peer's pidfd before its outbox, on the same stream).
+    drop(s.all_gather(&vec![0u8; 1 << 20]).unwrap());
+    let outboxes = fd_table()
+        .values()
+        .filter(|target| target.contains("shmbroker-outbox"))
+        .count();
+    assert_eq!(outboxes, 1, "this rank's own outbox fd only: the peers' are mapped");
     let files: Vec<OwnedFd> = (0..count)
         .map(|i| memfd_with(&format!("file {i} of rank {rank}")))
         .collect();
