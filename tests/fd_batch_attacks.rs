@@ -471,7 +471,10 @@ fn fd_batch_rank() {
         .values()
         .filter(|target| target.contains("shmbroker-outbox"))
         .count();
-    assert_eq!(outboxes, 1, "this rank's own outbox fd only: the peers' are mapped");
+    assert_eq!(
+        outboxes, 1,
+        "this rank's own outbox fd only: the peers' are mapped"
+    );
     let files: Vec<OwnedFd> = (0..count)
         .map(|i| memfd_with(&format!("file {i} of rank {rank}")))
         .collect();
