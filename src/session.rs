@@ -74,6 +74,12 @@
 //! per call and no clock read (calls stamp themselves with a coarse clock that each session's
 //! watcher thread refreshes every 100 ms); [`Session::set_publishing`] and `SHMBROKER_STATUS=0`
 //! turn it off.
+//!
+//! The last call's words also say whether it failed, and which rank its error named. A
+//! collective's wait reads them for the rank it waits for every 100 ms: a rank whose last call
+//! was this very collective, failed, has left it for good, and the wait fails at once with
+//! [`Error::PeerGaveUp`] naming it (and, as its word, whom it blamed) instead of waiting to
+//! its deadline, or for ever.
 
 mod acks;
 mod any;
@@ -259,6 +265,9 @@ struct Deadline {
     /// A peer seen in another collective at this call's number: `(peer, its kind, its number,
     /// when first seen)`, to be seen again a while later before the call fails (see `status::Session::look_for_mismatch`).
     mismatch_seen: std::cell::Cell<Option<(u32, u64, u64, Instant)>>,
+    /// How the call ended, for its status words: `status::NONE` until [`Self::settle`] sees it
+    /// fail (then the rank its error names, or `u32::MAX`).
+    failed: std::cell::Cell<u64>,
 }
 
 impl Deadline {
@@ -272,7 +281,19 @@ impl Deadline {
             published: None,
             watch: std::cell::Cell::new(None),
             mismatch_seen: std::cell::Cell::new(None),
+            failed: std::cell::Cell::new(crate::status::NONE),
         }
+    }
+
+    /// `result`, the call's, noted for its status words when it is an error: the call has left
+    /// its collective, and a peer waiting for it there fails at once, naming this rank and the
+    /// rank this error names (see `status::Session::look_for_mismatch`). Every public call that
+    /// tracks a deadline returns through here.
+    fn settle<T>(&self, result: Result<T, Error>) -> Result<T, Error> {
+        if let Err(error) = &result {
+            self.failed.set(u64::from(error.rank().unwrap_or(u32::MAX)));
+        }
+        result
     }
 
     /// The same deadline, for a call that started when the interrupt count was `count`: an

@@ -60,6 +60,10 @@ pub struct Call {
     /// Whom it waits for, once it has had to wait (for a message, an acknowledgement or room
     /// in a ring).
     pub waiting_for: Option<u32>,
+    /// For the last call of a collective: whether it failed (rather than returning its result).
+    pub failed: bool,
+    /// For a call that failed: the rank its error named, if it named one.
+    pub failed_naming: Option<u32>,
 }
 
 impl Call {
@@ -121,6 +125,11 @@ impl Activity {
                 )?;
                 let done = words[w::LAST_DONE];
                 last.age = age(done, now)?;
+                let failed = words[w::LAST_FAILED];
+                last.failed = failed != NONE;
+                last.failed_naming = u32::try_from(failed)
+                    .ok()
+                    .filter(|&rank| last.failed && rank != u32::MAX);
                 if activity.last.is_none() || done > last_done {
                     (activity.last, last_done) = (Some(last), done);
                 }
@@ -152,6 +161,8 @@ fn call(words: &[u64], name: usize, seq: usize, group_peer: usize, receive: bool
         receive,
         age: None,
         waiting_for: None,
+        failed: false,
+        failed_naming: None,
     })
 }
 
@@ -191,8 +202,8 @@ pub fn seconds_text(duration: Duration) -> String {
 
 /// What rank `rank`'s status words say it is doing, at `now` ([`now`]):
 /// `rank R is in <call> for <time>` (one clause per call, with whom it waits for when it said
-/// so), or `rank R is in no call (its last, <call>, finished <time> ago)`, or `rank R has
-/// published an unreadable state`.
+/// so), or `rank R is in no call (its last, <call>, finished <time> ago)` (`failed <time> ago
+/// naming rank Q` for a collective that failed), or `rank R has published an unreadable state`.
 #[must_use]
 pub fn describe(rank: u32, status: &Snapshot, now: u64) -> String {
     let Some(activity) = Activity::read(status, now) else {
@@ -216,14 +227,25 @@ pub fn describe(rank: u32, status: &Snapshot, now: u64) -> String {
         return format!("rank {rank} is in {}", calls.join(" and in "));
     }
     match activity.last {
-        Some(last) => match last.age {
-            None => format!("rank {rank} is in no call (its last, {})", last.text()),
-            Some(age) => format!(
-                "rank {rank} is in no call (its last, {}, finished {} ago)",
-                last.text(),
-                seconds_text(age)
-            ),
-        },
+        Some(last) => {
+            let ended = if last.failed { "failed" } else { "finished" };
+            let when = last
+                .age
+                .map(|age| format!(" {} ago", seconds_text(age)))
+                .unwrap_or_default();
+            let naming = last
+                .failed_naming
+                .map(|named| format!(" naming rank {named}"))
+                .unwrap_or_default();
+            if last.age.is_none() && !last.failed {
+                format!("rank {rank} is in no call (its last, {})", last.text())
+            } else {
+                format!(
+                    "rank {rank} is in no call (its last, {}, {ended}{when}{naming})",
+                    last.text()
+                )
+            }
+        }
         None => format!("rank {rank} is in no call (it has finished none yet)"),
     }
 }
@@ -317,6 +339,12 @@ pub fn table(report: &StatusReport) -> String {
                             Some(age) => format!("{}, {} ago", last.text(), seconds_text(age)),
                             None => last.text(),
                         };
+                        if last.failed {
+                            row[6].push_str(", failed");
+                        }
+                        if let Some(named) = last.failed_naming {
+                            row[6].push_str(&format!(" naming rank {named}"));
+                        }
                     }
                     row[8] = format!(
                         "{} / {}",
@@ -404,7 +432,7 @@ pub fn json_lines(report: &StatusReport) -> String {
             text,
             "{{\"job\":{job},\"rank\":{},\"pid\":{},\"state\":{},\"call\":{},\"seconds\":{},\
              \"waiting_for\":{},\"calls\":[{}],\"last_call\":{},\"last_seconds_ago\":{},\
-             \"outbox_bytes\":{},\"outbox_used\":{},\"ring_fill\":[{}],\"readable\":{}}}",
+             \"last_failed\":{},\"last_failed_naming\":{},\"outbox_bytes\":{},\"outbox_used\":{},\"ring_fill\":[{}],\"readable\":{}}}",
             record.rank,
             if state == RankState::NeverJoined {
                 null()
@@ -425,6 +453,12 @@ pub fn json_lines(report: &StatusReport) -> String {
                 .as_ref()
                 .map_or_else(null, |c| string(&c.text())),
             seconds(activity.last.as_ref().and_then(|c| c.age)),
+            activity.last.as_ref().is_some_and(|c| c.failed),
+            activity
+                .last
+                .as_ref()
+                .and_then(|c| c.failed_naming)
+                .map_or_else(null, |r| r.to_string()),
             record.outbox_bytes,
             activity.outbox_used,
             fill.join(","),

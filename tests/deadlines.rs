@@ -99,20 +99,115 @@ fn deadlines_rank() {
                 "{:?}",
                 started.elapsed()
             );
-            // Both stay, making no other call (which would replace the failed call's record that
-            // the other rank may still need to see), until both have seen it.
-            let dir = std::path::Path::new(&socket).parent().unwrap();
-            std::fs::write(dir.join(format!("{scenario}-seen-{rank}")), b"").unwrap();
-            let other = dir.join(format!("{scenario}-seen-{peer}"));
-            while !other.exists() {
-                assert!(
-                    started.elapsed() < Duration::from_secs(60),
-                    "rank {peer} never saw it"
-                );
-                std::thread::sleep(Duration::from_millis(5));
+            stay_until_all_have_seen(&socket, &scenario, rank, 2, started);
+        }
+        // Rank 1 gives a two-shot all-reduce up after 100 ms, waiting for rank 2, which comes
+        // at 500 ms; ranks 0 and 2 have no deadline and then wait for rank 1's result slice,
+        // which never comes. Both fail at once, naming rank 1 and, as its word, rank 2.
+        "gave-up" => {
+            session.barrier().unwrap();
+            let mut data = vec![1.0f32; 1 << 20];
+            if rank == 2 {
+                std::thread::sleep(Duration::from_millis(500));
             }
+            let started = std::time::Instant::now();
+            let result = if rank == 1 {
+                session.all_reduce_timeout(&mut data, ReduceOp::Sum, Duration::from_millis(100))
+            } else {
+                session.all_reduce(&mut data, ReduceOp::Sum)
+            };
+            let error = result.unwrap_err();
+            if rank == 1 {
+                assert!(
+                    matches!(&error, Error::Timeout { waiting_for, .. } if waiting_for == &[2]),
+                    "{error:?}"
+                );
+            } else {
+                assert!(
+                    matches!(
+                        error,
+                        Error::PeerGaveUp {
+                            rank: 1,
+                            op: "all_reduce",
+                            named: Some(2),
+                            ..
+                        }
+                    ),
+                    "{error:?}"
+                );
+                assert_eq!(
+                    error.to_string(),
+                    "peer rank 1 gave up on all_reduce #1 (its own call failed naming rank 2)"
+                );
+                assert_eq!(error.rank(), Some(1));
+                assert!(started.elapsed() < Duration::from_secs(20), "{error}");
+            }
+            stay_until_all_have_seen(&socket, &scenario, rank, 3, started);
+        }
+        // A broadcast down the binomial tree of 10 ranks (root 0 sends to 1, 2, 4 and 8; 4 to 5
+        // and 6; 6 to 7): rank 4 gives up after 100 ms, before root 0 comes at 500 ms. Its
+        // subtree fails link by link, each naming its parent: 5 and 6 name rank 4 (which named
+        // rank 0), 7 names rank 6 (which named rank 4). The others get the data.
+        "gave-up-tree" => {
+            session.barrier().unwrap();
+            if rank == 0 {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            let started = std::time::Instant::now();
+            let data = (rank == 0).then_some(&b"down the tree"[..]);
+            let result = if rank == 4 {
+                session.broadcast_timeout(0, data, Duration::from_millis(100))
+            } else {
+                session.broadcast(0, data)
+            };
+            let expected = match rank {
+                4 => Some((0, None)),
+                5 | 6 => Some((4, Some(0))),
+                7 => Some((6, Some(4))),
+                _ => None,
+            };
+            match (expected, result) {
+                (None, Ok(data)) => assert_eq!(data, b"down the tree"),
+                (Some((0, None)), Err(Error::Timeout { waiting_for, .. })) => {
+                    assert_eq!(waiting_for, [0]);
+                }
+                (
+                    Some((parent, named)),
+                    Err(Error::PeerGaveUp {
+                        rank, named: said, ..
+                    }),
+                ) => {
+                    assert_eq!((rank, said), (parent, named));
+                    assert!(started.elapsed() < Duration::from_secs(20));
+                }
+                (expected, other) => panic!("rank {rank}: expected {expected:?}, got {other:?}"),
+            }
+            stay_until_all_have_seen(&socket, &scenario, rank, 10, started);
         }
         other => panic!("no scenario {other}"),
+    }
+}
+
+/// Keeps this rank from making another call (which would replace the failed call's record
+/// that a peer may still need to see) until all `world` ranks have their outcome.
+fn stay_until_all_have_seen(
+    socket: &str,
+    scenario: &str,
+    rank: u32,
+    world: u32,
+    started: std::time::Instant,
+) {
+    let dir = std::path::Path::new(socket).parent().unwrap();
+    std::fs::write(dir.join(format!("{scenario}-seen-{rank}")), b"").unwrap();
+    for peer in 0..world {
+        let other = dir.join(format!("{scenario}-seen-{peer}"));
+        while !other.exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "rank {peer} never saw it"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
@@ -133,6 +228,22 @@ fn mismatched_collectives_fail_at_once_naming_both_calls() {
         for (rank, (ok, stderr)) in run(scenario, scenario).into_iter().enumerate() {
             assert!(ok, "{scenario}, rank {rank}: {stderr}");
         }
+    }
+}
+
+#[test]
+fn with_no_deadline_a_peer_that_gave_a_collective_up_ends_the_wait_naming_it() {
+    let ranks = common::run_ranks("deadlines_rank", "forever-gave-up", 3, "gave-up", &[]);
+    for (rank, (ok, stderr)) in ranks.into_iter().enumerate() {
+        assert!(ok, "rank {rank}: {stderr}");
+    }
+}
+
+#[test]
+fn a_tree_broadcast_given_up_midway_fails_its_subtree_link_by_link() {
+    let ranks = common::run_ranks("deadlines_rank", "gave-up-tree", 10, "gave-up-tree", &[]);
+    for (rank, (ok, stderr)) in ranks.into_iter().enumerate() {
+        assert!(ok, "rank {rank}: {stderr}");
     }
 }
 

@@ -31,7 +31,9 @@ pub const STATUS_SLOT_WORDS: usize = 16;
 pub mod status_word {
     /// Two words: the name of the call in progress, ASCII, zero-padded (both zero: in no call).
     pub const CALL: usize = 0;
-    /// A collective's number in its group (`u64::MAX`: not a collective, or not known yet).
+    /// A collective's number in its group (`u64::MAX`: not a collective, or not known yet): of
+    /// its first message, for a call that takes several numbers (a two-shot all-reduce takes
+    /// two a piece), so that ranks in one call publish one number whatever stage each is in.
     pub const SEQ: usize = 2;
     /// The group's stream (0: the world), in the low 32 bits; the peer of a point-to-point call
     /// in the high 32 (`u32::MAX`: none).
@@ -58,6 +60,11 @@ pub mod status_word {
     pub const KIND: usize = 12;
     /// The [`KIND`] of the last call that finished (or failed).
     pub const LAST_KIND: usize = 13;
+    /// How the last call ended: `u64::MAX` when it returned its result; otherwise it failed, and
+    /// this is the rank its error named (a world rank), or `u32::MAX` when it named none. A rank
+    /// waiting for this one in that very collective reads it to fail at once instead of at its
+    /// deadline (this rank has left the collective and sends nothing more for it).
+    pub const LAST_FAILED: usize = 14;
 }
 
 /// Written once by an outbox's owner before it seals the file; read (copied out) and checked by

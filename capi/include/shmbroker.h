@@ -81,6 +81,12 @@
 // groups it was in are over: make a new group (see `shmbroker_wait_for_rank`).
 #define SHMBROKER_E_PEER_REJOINED -15
 
+// A peer this collective waits for (`shmbroker_last_error_rank`) failed its own part of it and
+// left it (its deadline passed, a peer sent it bad bytes, an interrupt ended it), so this call
+// fails at once instead of at its deadline; the message names the rank that peer's own error
+// named, as its word.
+#define SHMBROKER_E_PEER_GAVE_UP -16
+
 // The version of this library and header, major part (`shmbroker_version` gives the library's
 // at run time).
 #define SHMBROKER_VERSION_MAJOR 0

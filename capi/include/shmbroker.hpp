@@ -45,8 +45,8 @@ class Error : public std::runtime_error {
         : std::runtime_error(message), code_(code), rank_(rank) {}
 
     int code() const noexcept { return code_; }
-    // The peer that died, left, never came, sent bad bytes or disagreed; the first rank a
-    // timeout waited for. Empty when the failure names no rank.
+    // The peer that died, left, never came, sent bad bytes, disagreed or gave a collective up;
+    // the first rank a timeout waited for. Empty when the failure names no rank.
     std::optional<std::uint32_t> rank() const noexcept {
         if (rank_ < 0) return std::nullopt;
         return static_cast<std::uint32_t>(rank_);

@@ -156,6 +156,12 @@ pub const SHMBROKER_E_AGAIN: c_int = -14;
 /// groups it was in are over: make a new group (see `shmbroker_wait_for_rank`).
 pub const SHMBROKER_E_PEER_REJOINED: c_int = -15;
 
+/// A peer this collective waits for (`shmbroker_last_error_rank`) failed its own part of it and
+/// left it (its deadline passed, a peer sent it bad bytes, an interrupt ended it), so this call
+/// fails at once instead of at its deadline; the message names the rank that peer's own error
+/// named, as its word.
+pub const SHMBROKER_E_PEER_GAVE_UP: c_int = -16;
+
 /// The version of this library and header, major part (`shmbroker_version` gives the library's
 /// at run time).
 pub const SHMBROKER_VERSION_MAJOR: c_int = 0;

@@ -394,6 +394,47 @@ fn collectives_and_fds_move_through_the_c_calls() {
 }
 
 #[test]
+fn a_peer_that_gave_an_all_reduce_up_is_named_with_its_own_code() {
+    // Rank 1 gives a two-shot all-reduce up after 100 ms, waiting for rank 2, which comes at
+    // 500 ms; ranks 0 and 2 (60 s) then wait for rank 1's result slice, and fail at once.
+    static SEEN: std::sync::Barrier = std::sync::Barrier::new(3);
+    on_each_rank(3, |s| {
+        // SAFETY: `s` is this thread's session, live until it is closed at the end.
+        unsafe {
+            let rank = shmbroker_rank(s);
+            let mut data = vec![1.0f32; 1 << 20];
+            let timeout = if rank == 1 { 100 } else { 60_000 };
+            assert_eq!(shmbroker_set_timeout(s, timeout), SHMBROKER_OK);
+            if rank == 2 {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            let rc = shmbroker_all_reduce(
+                s,
+                data.as_mut_ptr().cast(),
+                data.len(),
+                SHMBROKER_DTYPE_F32,
+                SHMBROKER_OP_SUM,
+            );
+            if rank == 1 {
+                assert_eq!(rc, SHMBROKER_E_TIMEOUT, "{}", last_error());
+                assert_eq!(shmbroker_last_error_rank(), 2);
+            } else {
+                assert_eq!(rc, SHMBROKER_E_PEER_GAVE_UP, "{}", last_error());
+                assert_eq!(shmbroker_last_error_rank(), 1);
+                assert_eq!(
+                    last_error(),
+                    "shmbroker_all_reduce: peer rank 1 gave up on all_reduce #0 (its own call \
+                     failed naming rank 2)"
+                );
+            }
+            // No rank closes (which the others would see as leaving) before all have seen it.
+            SEEN.wait();
+            assert_eq!(shmbroker_close(s), SHMBROKER_OK);
+        }
+    });
+}
+
+#[test]
 fn fd_batches_move_through_the_c_calls_and_a_count_that_disagrees_is_named() {
     on_each_rank(2, |s| {
         use std::os::fd::AsRawFd;

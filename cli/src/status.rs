@@ -36,8 +36,8 @@ shown as 'unreadable', and SHMBROKER_STATUS=0 turns publishing off. Only the bro
 the uids it admits may ask. The broker answers at once, whatever the job is doing.
 
 --json fields: job, rank, pid, state, call, seconds, waiting_for, calls, last_call,
-last_seconds_ago, outbox_bytes, outbox_used, ring_fill (per peer, null where there is no ring)
-and readable. Times are seconds; a field that is not known is null.";
+last_seconds_ago, last_failed, last_failed_naming (the rank a failed collective's error named),
+outbox_bytes, outbox_used, ring_fill (per peer, null where there is no ring) and readable. Times are seconds; a field that is not known is null.";
 
 /// Runs `shmbroker status`.
 ///

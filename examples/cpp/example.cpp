@@ -23,6 +23,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -209,6 +210,32 @@ int main() try {
     std::printf("rank %u of %u: %zu handles and buffers checked\n", rank, session.world_size(),
                 handles.size());
     session.barrier();
+    // A rank that gives a collective up is named at once by the ranks still waiting for its
+    // part, with SHMBROKER_E_PEER_GAVE_UP, not at their deadline: here rank 1's deadline is
+    // 100 ms and rank 2 comes at 500 ms, so rank 1 leaves a two-shot all-reduce and the others
+    // then wait for its result slice. The ranks are out of step after it, so it comes last, and
+    // nobody leaves before rank 1 hears that every other rank saw it.
+    if (world >= 3) {
+        std::vector<float> large(1 << 20, 1.0f);
+        if (rank == 1) session.set_timeout(std::chrono::milliseconds(100));
+        if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        try {
+            session.all_reduce(large, shmbroker::Op::sum);
+            throw std::runtime_error("an all_reduce rank 1 gave up on succeeded");
+        } catch (const shmbroker::Error &error) {
+            // Rank 1 names rank 2, which it timed out waiting for; the others name rank 1.
+            const int code = rank == 1 ? SHMBROKER_E_TIMEOUT : SHMBROKER_E_PEER_GAVE_UP;
+            const std::uint32_t named = rank == 1 ? 2 : 1;
+            if (error.code() != code || error.rank() != named) throw;
+        }
+        session.set_timeout(std::chrono::seconds(60));
+        if (rank == 1) {
+            for (std::uint32_t peer = 0; peer < world; ++peer)
+                if (peer != 1) session.recv(peer);
+        } else {
+            session.send(1, "seen", 4);
+        }
+    }
     return 0;
 } catch (const std::exception &error) {
     std::fprintf(stderr, "example: %s\n", error.what());

@@ -66,6 +66,22 @@ class PeerLeft(_RankError):
         self.after_died = after_died
 
 
+class PeerGaveUp(_RankError):
+    """A peer this collective waits for (``rank``) failed its own part of it and left it (its
+    deadline passed, a peer sent it bad bytes, an interrupt ended it): it will send nothing more
+    for it, so this call fails at once instead of at its deadline, or never.
+
+    ``named`` is the rank that peer's own error named, as its word (``None`` when it named
+    none): the rank it timed out waiting for, that sent it bad bytes, that died."""
+
+    named: Optional[int]
+
+    def __init__(self, message: str, rank: int, named: Optional[int] = None) -> None:
+        Error.__init__(self, message, rank, named)
+        self.rank = rank
+        self.named = named
+
+
 class PeerNeverJoined(_RankError):
     """The peer this call needs (``rank``) never logged on, and no longer can: the job lost
     rank ``after`` (it died, or left if ``after_left``) before ``rank`` came, and the broker

@@ -16,9 +16,11 @@ def status(
     ``state`` (``"running"``, ``"left"``, ``"dead"``, ``"never joined"``), ``call`` (the call it
     is in, such as ``"barrier #12"``, or None), ``seconds`` (in it for how long), ``waiting_for``
     (the rank it waits for, once it has waited long enough to park), ``calls``, ``last_call``,
-    ``last_seconds_ago``, ``outbox_bytes``, ``outbox_used``, ``ring_fill`` (messages waiting in
-    its ring to each peer, None where there is none) and ``readable`` (False when the rank
-    published words no rank of this library writes). Unknown values are None.
+    ``last_seconds_ago``, ``last_failed`` (whether that collective failed),
+    ``last_failed_naming`` (the rank its error named), ``outbox_bytes``, ``outbox_used``,
+    ``ring_fill`` (messages waiting in its ring to each peer, None where there is none) and
+    ``readable`` (False when the rank published words no rank of this library writes). Unknown
+    values are None.
 
     ``socket`` is the broker's socket: a ``shmbroker serve`` socket, or by default
     ``SHMBROKER_SOCKET`` (which ``shmbroker run`` gives its copies). Only the broker's uid and the

@@ -9,6 +9,7 @@
 //! | `PeerLost { rank, diagnosis }`, a logon or fd relay that saw a peer die | `PeerLost` (`.rank`, `.diagnosis`) |
 //! | `PeerLeft { rank, after }` | `PeerLeft` (`.rank`, `.after`, `.after_died`) |
 //! | `PeerNeverJoined { rank, after, after_left }`, a logon or fd relay that waited for it | `PeerNeverJoined` (`.rank`, `.after`, `.after_left`) |
+//! | `PeerGaveUp { rank, named, .. }` | `PeerGaveUp` (`.rank`, `.named`) |
 //! | `Timeout { op, waiting_for, timeout, diagnosis }` | `Timeout` (`.op`, `.waiting_for`, `.timeout`, `.diagnosis`) |
 //! | `Protocol`, `Corrupted`, `CollectiveMismatch`, `GroupMismatch`, `Outbox`, `StaleFdTicket` (each names a peer) | `ProtocolError` (`.rank`) |
 //! | `BrokerLost`, a logon or fd relay that found the broker gone | `BrokerLost` |
@@ -33,6 +34,7 @@ mod py {
     pyo3::import_exception!(shmbroker._errors, PeerLost);
     pyo3::import_exception!(shmbroker._errors, PeerLeft);
     pyo3::import_exception!(shmbroker._errors, PeerNeverJoined);
+    pyo3::import_exception!(shmbroker._errors, PeerGaveUp);
     pyo3::import_exception!(shmbroker._errors, PeerRejoined);
     pyo3::import_exception!(shmbroker._errors, ProtocolError);
     pyo3::import_exception!(shmbroker._errors, Timeout);
@@ -88,6 +90,7 @@ pub fn to_py(error: Error) -> PyErr {
                 },
             ..
         } => py::PeerNeverJoined::new_err((message, rank, after, after_left)),
+        Error::PeerGaveUp { rank, named, .. } => py::PeerGaveUp::new_err((message, rank, named)),
         Error::Timeout {
             op,
             waiting_for,

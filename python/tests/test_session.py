@@ -189,6 +189,16 @@ def test_mismatched_collectives_fail_at_once_naming_both_calls(tmp_path):
     assert "[1] MISMATCH rank 0 called broadcast #1 while this rank called gather #1" in job.stdout
 
 
+def test_a_peer_that_gave_a_collective_up_is_peer_gave_up_naming_it(tmp_path):
+    job = run_scenario(3, "gave_up", str(tmp_path))
+    assert_ok(job, 3, "gave_up")
+    for rank in (0, 2):
+        assert (
+            f"[{rank}] GAVEUP peer rank 1 gave up on all_reduce #1 (its own call failed naming "
+            "rank 2)" in job.stdout
+        ), describe(job)
+
+
 def test_a_wait_with_no_deadline_has_a_watchdog():
     job = run_scenario(2, "watchdog", env={"SHMBROKER_WARN_AFTER": "0.5"})
     assert_ok(job, 2, "watchdog")

@@ -917,7 +917,8 @@ def scenario_status(session, _):
             time.sleep(0.01)
         for r in ranks:
             check(r["state"] == "running" and r["readable"] and r["outbox_bytes"] > 0, str(r))
-            check(r["last_call"] == "barrier #0", str(r))
+            check(r["last_call"] == "barrier #0" and r["last_failed"] is False, str(r))
+            check(r["last_failed_naming"] is None, str(r))
         check(ranks[1]["seconds"] >= 0 and ranks[0]["call"] is None, str(ranks))
         raises(shmbroker.LogonError, lambda: shmbroker.status("/nonexistent/socket", timeout=0.2))
         say(f"STATUS {ranks[1]['call']} {ranks[1]['state']}")
@@ -942,6 +943,37 @@ def scenario_mismatch_waiting(session, args):
     mine, other = (os.path.join(args[0], f"seen-{r}") for r in (session.rank, 1 - session.rank))
     open(mine, "w").close()
     wait_for_file(other, "the other rank saw it")
+
+
+def scenario_gave_up(session, args):
+    """Rank 1 gives a two-shot all-reduce up after 100 ms, waiting for rank 2, which comes at
+    500 ms; ranks 0 and 2, with no deadline, then wait for rank 1's result slice, and raise
+    PeerGaveUp naming rank 1 (and, as its word, rank 2) well before any deadline."""
+    session.barrier()
+    data = array.array("f", [1.0]) * (1 << 20)
+    if session.rank == 2:
+        time.sleep(0.5)
+    started = time.monotonic()
+    if session.rank == 1:
+        error = raises(shmbroker.Timeout, lambda: session.all_reduce(data, "sum", timeout=0.1))
+        check(error.waiting_for == [2], f"{error!r}")
+    else:
+        error = raises(
+            shmbroker.PeerGaveUp, lambda: session.all_reduce(data, "sum", timeout=None)
+        )
+        expected = "peer rank 1 gave up on all_reduce #1 (its own call failed naming rank 2)"
+        check(str(error) == expected and (error.rank, error.named) == (1, 2), f"{error!r}")
+        check(time.monotonic() - started < 20, "seen long after it happened")
+    if session.rank == 0:
+        # What rank 1 published, as its broker reads it (`shmbroker status --json`).
+        last = shmbroker.status()[1]
+        check(last["last_call"] == "all_reduce #1" and last["last_failed"] is True, str(last))
+        check(last["last_failed_naming"] == 2, str(last))
+    say(f"GAVEUP {error}")
+    # Stay, making no other call, until every rank has its outcome.
+    open(os.path.join(args[0], f"seen-{session.rank}"), "w").close()
+    for rank in range(session.world_size):
+        wait_for_file(os.path.join(args[0], f"seen-{rank}"), f"rank {rank} saw it")
 
 
 def scenario_watchdog(session, _):

@@ -86,21 +86,28 @@ impl Session {
     /// As for [`Self::barrier`].
     pub fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("barrier", timeout));
+        let result = self.barrier_tracked(&deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::barrier_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn barrier_tracked(&mut self, deadline: &Deadline) -> Result<(), Error> {
         let seq = self.next_seq(kind::BARRIER)?;
         let world = self.size();
         if world <= FLAT_BARRIER_MAX {
             let arrival = message(kind::BARRIER, seq, 0, [0; shmbroker_bindings::INLINE_BYTES]);
             for peer in self.team_peers() {
-                self.send_message(peer, arrival, &deadline)?;
+                self.send_message(peer, arrival, deadline)?;
             }
             let peers: Vec<u32> = self.team_peers().collect();
             for (at, &peer) in peers.iter().enumerate() {
-                if let Err(error) = self.recv_collective(peer, kind::BARRIER, seq, &deadline) {
+                if let Err(error) = self.recv_collective(peer, kind::BARRIER, seq, deadline) {
                     let expect = Expect::Collective {
                         op: kind::BARRIER,
                         seq,
                     };
-                    return Err(self.still_missing(error, &peers[at + 1..], expect, &deadline));
+                    return Err(self.still_missing(error, &peers[at + 1..], expect, deadline));
                 }
             }
             return Ok(());
@@ -117,8 +124,8 @@ impl Session {
             let to = self.member((rank + distance) % world);
             let from = self.member((rank + world - distance) % world);
             let arrival = message(kind::BARRIER, seq, 0, round_inline(round));
-            self.send_message(to, arrival, &deadline)?;
-            let heard = self.recv_collective(from, kind::BARRIER, seq, &deadline)?;
+            self.send_message(to, arrival, deadline)?;
+            let heard = self.recv_collective(from, kind::BARRIER, seq, deadline)?;
             if heard.inline != arrival.inline {
                 return Err(Error::Protocol {
                     peer: from,
@@ -155,7 +162,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, Error> {
         let deadline = self.track(Deadline::collective("all_gather", timeout));
-        self.all_gather_with(data, &deadline)
+        deadline.settle(self.all_gather_with(data, &deadline))
     }
 
     /// [`Self::all_gather`] within an existing deadline, whose name a timeout gives (for
@@ -224,6 +231,19 @@ impl Session {
         out: &mut [u8],
         timeout: Duration,
     ) -> Result<(), Error> {
+        let deadline = self.track(Deadline::collective("all_gather", timeout));
+        let result = self.all_gather_into_tracked(data, out, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::all_gather_into_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn all_gather_into_tracked(
+        &mut self,
+        data: &[u8],
+        out: &mut [u8],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         let expected = data.len() * self.size() as usize;
         if out.len() != expected {
             return Err(Error::Misuse(format!(
@@ -231,9 +251,8 @@ impl Session {
                 out.len()
             )));
         }
-        let deadline = self.track(Deadline::collective("all_gather", timeout));
         let seq = self.next_seq(kind::ALL_GATHER)?;
-        self.gather_parts_into(kind::ALL_GATHER, seq, data, out, &deadline)
+        self.gather_parts_into(kind::ALL_GATHER, seq, data, out, deadline)
     }
 
     /// [`Self::all_gather_into`] as collective `op` number `seq` (an all-reduce's first shot
@@ -389,7 +408,7 @@ impl Session {
     /// As for [`Self::all_gather`], and [`Error::Protocol`] if a peer's value has another size.
     pub fn all_gather_pod<T: bytemuck::Pod>(&mut self, value: &T) -> Result<Vec<T>, Error> {
         let deadline = self.track(Deadline::collective("all_gather", self.timeout));
-        self.all_gather_pod_with(value, &deadline)
+        deadline.settle(self.all_gather_pod_with(value, &deadline))
     }
 
     /// [`Self::all_gather_pod`] within an existing deadline (for collectives built on it).

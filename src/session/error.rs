@@ -84,8 +84,9 @@ pub enum Error {
     /// is received whole by the next receive. (A point-to-point send ended by an interrupt after
     /// part of its message went out is reported done instead, and finished by the session's next
     /// calls: see [`Session::interrupter`](crate::Session::interrupter).) A collective cut short
-    /// this way leaves the others waiting for this rank's part: do not go on with collectives
-    /// after one.
+    /// this way is left on this rank: the ranks waiting for its part there fail with
+    /// [`Error::PeerGaveUp`] naming it. Do not go on with collectives after one: the ranks are
+    /// out of step.
     #[error("interrupted while waiting")]
     Interrupted,
     /// The deadline passed.
@@ -149,6 +150,30 @@ pub enum Error {
         found_kind: u32,
         /// The peer's collective sequence number.
         found_seq: u64,
+    },
+    /// A peer this collective waits for failed its own part of it and left it (its deadline
+    /// passed, a peer sent it bad bytes, an interrupt ended it): it will send nothing more for
+    /// it, so this rank fails at once instead of at its deadline, or never. Renders as "peer
+    /// rank 1 gave up on all_reduce #5 (its own call failed naming rank 2)".
+    ///
+    /// Seen in what the peer publishes (see "Who is where" in the `Session` docs), within a few
+    /// hundred milliseconds of its failure. `named` is the peer's word, not checked here: a
+    /// hostile peer can end this call early, as it could by never taking part.
+    #[error(
+        "peer rank {rank} gave up on {op} {} (its own call failed{})",
+        seq_text(*seq),
+        named.map_or_else(String::new, |named| format!(" naming rank {named}"))
+    )]
+    PeerGaveUp {
+        /// The peer that left the collective (a world rank).
+        rank: u32,
+        /// The collective (this rank's call).
+        op: &'static str,
+        /// Its number, tagged with its group as in [`Error::CollectiveMismatch`].
+        seq: u64,
+        /// The rank the peer's error named, if it named one: the rank it timed out waiting for,
+        /// that sent it bad bytes, that died.
+        named: Option<u32>,
     },
     /// Members of a group passed different ranks to [`crate::Session::group`]. Renders as
     /// "rank 2 made a group of ranks [0, 1, 2] where this rank made one of ranks [0, 2]".
@@ -244,6 +269,7 @@ impl Error {
             | Self::PeerRejoined { rank, .. }
             | Self::PeerLeft { rank, .. }
             | Self::PeerNeverJoined { rank, .. }
+            | Self::PeerGaveUp { rank, .. }
             | Self::RankOutOfRange { rank, .. } => Some(*rank),
             Self::BufferTooSmall { peer, .. }
             | Self::CollectiveMismatch { peer, .. }

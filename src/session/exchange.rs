@@ -63,9 +63,22 @@ impl Session {
         output: &mut [u8],
         timeout: Duration,
     ) -> Result<(), Error> {
+        let deadline = self.track(Deadline::collective("scatter", timeout));
+        let result = self.scatter_tracked(root, input, output, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::scatter_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn scatter_tracked(
+        &mut self,
+        root: u32,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         self.check_root(root, input.is_some(), "scatter")?;
         let block = output.len();
-        let deadline = self.track(Deadline::collective("scatter", timeout));
         let seq = self.next_seq(kind::SCATTER)?;
         let Some(input) = input else {
             let expect = Expect::Collective {
@@ -74,7 +87,7 @@ impl Session {
             };
             let root = self.member(root);
             let mut incoming = [Incoming::new(root, expect, Sink::Slice(output))];
-            self.receive_all(&mut incoming, &deadline)?;
+            self.receive_all(&mut incoming, deadline)?;
             let [incoming] = incoming;
             return check_part(incoming, block);
         };
@@ -91,7 +104,7 @@ impl Session {
                 output.copy_from_slice(part);
             } else {
                 let to = self.member(rank);
-                self.send_to(kind::SCATTER, seq, part, Targets::One(to), &deadline)?;
+                self.send_to(kind::SCATTER, seq, part, Targets::One(to), deadline)?;
             }
         }
         Ok(())
@@ -120,6 +133,19 @@ impl Session {
         output: &mut [u8],
         timeout: Duration,
     ) -> Result<(), Error> {
+        let deadline = self.track(Deadline::collective("all_to_all", timeout));
+        let result = self.all_to_all_tracked(input, output, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::all_to_all_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn all_to_all_tracked(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         let world = self.size() as usize;
         if input.len() != output.len() || !input.len().is_multiple_of(world) {
             return Err(Error::Misuse(format!(
@@ -129,13 +155,12 @@ impl Session {
                 output.len()
             )));
         }
-        let deadline = self.track(Deadline::collective("all_to_all", timeout));
         let block = input.len() / world;
         if world > 1 && (LEND_MIN_BLOCK_BYTES..=LEND_MAX_BLOCK_BYTES).contains(&block) {
-            return self.lend_blocks(input, output, &deadline);
+            return self.lend_blocks(input, output, deadline);
         }
         let seq = self.next_seq(kind::ALL_TO_ALL)?;
-        self.exchange_blocks(kind::ALL_TO_ALL, seq, input, output, &deadline)
+        self.exchange_blocks(kind::ALL_TO_ALL, seq, input, output, deadline)
     }
 
     /// A large all-to-all read in place: piece by piece along the blocks, every rank copies the
@@ -213,6 +238,21 @@ impl Session {
         recv_counts: &[usize],
         timeout: Duration,
     ) -> Result<(), Error> {
+        let deadline = self.track(Deadline::collective("all_to_all_v", timeout));
+        let result = self.all_to_all_v_tracked(input, send_counts, output, recv_counts, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::all_to_all_v_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn all_to_all_v_tracked(
+        &mut self,
+        input: &[u8],
+        send_counts: &[usize],
+        output: &mut [u8],
+        recv_counts: &[usize],
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         let world = self.size() as usize;
         let sent: usize = send_counts.iter().sum();
         let received: usize = recv_counts.iter().sum();
@@ -240,7 +280,6 @@ impl Session {
                 send_counts[me], recv_counts[me]
             )));
         }
-        let deadline = self.track(Deadline::collective("all_to_all_v", timeout));
         let seq = self.next_seq(kind::ALL_TO_ALL)?;
         let offsets = |counts: &[usize]| -> Vec<usize> {
             counts
@@ -260,7 +299,7 @@ impl Session {
         self.pairwise(
             kind::ALL_TO_ALL,
             seq,
-            &deadline,
+            deadline,
             |q| (block(q), receives[q]..receives[q] + recv_counts[q]),
             input,
             output,

@@ -399,7 +399,8 @@ impl Session {
     ) -> Result<Vec<OwnedFd>, Error> {
         let deadline = self.track(Deadline::collective("exchange_fds", timeout));
         let exporters: Vec<u32> = (0..self.world_size()).collect();
-        self.move_fds(&exporters, &[fd], 1, &deadline)?.into_all()
+        let moved = self.move_fds(&exporters, &[fd], 1, &deadline);
+        deadline.settle(moved)?.into_all()
     }
 
     /// Every rank's `fds`, indexed by rank and then as each rank passed them (this rank's own as
@@ -431,7 +432,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<Vec<Vec<OwnedFd>>, Error> {
         let deadline = self.track(Deadline::collective("exchange_fd_batch", timeout));
-        self.exchange_fd_batch_with(fds, &deadline)
+        deadline.settle(self.exchange_fd_batch_with(fds, &deadline))
     }
 
     fn exchange_fd_batch_with(
@@ -486,7 +487,9 @@ impl Session {
         }
         let deadline = self.track(Deadline::collective("broadcast_fd", timeout));
         let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
-        self.broadcast_fd_batch_with(root, &fds, 1, &deadline)?
+        let moved = self.broadcast_fd_batch_with(root, &fds, 1, &deadline);
+        deadline
+            .settle(moved)?
             .pop()
             .ok_or_else(|| Error::Misuse(format!("no fd from rank {root}")))
     }
@@ -524,7 +527,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<Vec<OwnedFd>, Error> {
         let deadline = self.track(Deadline::collective("broadcast_fd_batch", timeout));
-        self.broadcast_fd_batch_with(root, fds, count, &deadline)
+        deadline.settle(self.broadcast_fd_batch_with(root, fds, count, &deadline))
     }
 
     fn broadcast_fd_batch_with(

@@ -60,7 +60,8 @@ impl Session {
                 .filter(|_| exporters.contains(&self.rank()))
                 .into_iter()
                 .collect();
-            let mut moved = self.move_fds(&exporters, &mine, 1, &deadline)?;
+            let moved = self.move_fds(&exporters, &mine, 1, &deadline);
+            let mut moved = deadline.settle(moved)?;
             (0..self.world_size())
                 .map(|rank| moved.take_one(rank))
                 .collect()

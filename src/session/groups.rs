@@ -407,8 +407,15 @@ impl Session {
     ///
     /// As for [`Self::group`].
     pub fn group_timeout(&mut self, ranks: &[u32], timeout: Duration) -> Result<Group, Error> {
-        let me = self.check_group(ranks)?;
         let deadline = self.track(Deadline::new("group", timeout));
+        let result = self.group_tracked(ranks, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::group_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn group_tracked(&mut self, ranks: &[u32], deadline: &Deadline) -> Result<Group, Error> {
+        let me = self.check_group(ranks)?;
         // What collectives cut short by a departure left in the links goes first.
         self.close_departed_streams();
         let proposal = self.groups.highest + 1;
@@ -426,7 +433,7 @@ impl Session {
         let stream = {
             let on = OnTeam::new(self, setup, false);
             on.session
-                .agree_on_stream(&members, proposal, &payload, &deadline)?
+                .agree_on_stream(&members, proposal, &payload, deadline)?
         };
         self.groups.highest = stream;
         self.groups.teams.insert(
@@ -551,6 +558,13 @@ impl Session {
     /// As for [`Self::shrink`].
     pub fn shrink_timeout(&mut self, timeout: Duration) -> Result<Group, Error> {
         let deadline = self.track(Deadline::new("shrink", timeout));
+        let result = self.shrink_tracked(&deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::shrink_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn shrink_tracked(&mut self, deadline: &Deadline) -> Result<Group, Error> {
         let (me, world) = (self.rank(), self.world_size());
         self.close_departed_streams();
         let departed = |session: &Self, rank: u32| session.inner.departure(rank).is_some();
@@ -566,7 +580,7 @@ impl Session {
                     }
                     let tag = self.setup_tag_to(peer);
                     let bytes = estimate.to_le_bytes();
-                    match self.send_to(kind::SHRINK, tag, &bytes, Targets::One(peer), &deadline) {
+                    match self.send_to(kind::SHRINK, tag, &bytes, Targets::One(peer), deadline) {
                         Err(_) if departed(self, peer) => {}
                         sent => sent?,
                     }
@@ -577,7 +591,7 @@ impl Session {
                     op: kind::SHRINK,
                     seq: tag,
                 };
-                match self.receive_vec(coordinator, expect, &deadline) {
+                match self.receive_vec(coordinator, expect, deadline) {
                     Ok(bytes) => estimate = read_estimate(coordinator, &bytes, me, world)?,
                     Err(_) if departed(self, coordinator) => {}
                     Err(error) => return Err(error),

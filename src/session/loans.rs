@@ -313,19 +313,31 @@ impl Session {
         root: u32,
         loan: Option<Loan>,
     ) -> Result<Option<LoanView>, Error> {
-        self.check_root(root, loan.is_some(), "broadcast_loan")?;
         let deadline = self.track(Deadline::collective("broadcast_loan", self.timeout));
+        let result = self.broadcast_loan_tracked(root, loan, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::broadcast_loan`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn broadcast_loan_tracked(
+        &mut self,
+        root: u32,
+        loan: Option<Loan>,
+        deadline: &Deadline,
+    ) -> Result<Option<LoanView>, Error> {
+        self.check_root(root, loan.is_some(), "broadcast_loan")?;
         let seq = self.next_seq(kind::BROADCAST)?;
         if let Some(loan) = loan {
             let targets: Vec<u32> = self.peers().collect();
-            self.lend(kind::BROADCAST, seq, loan, &targets, &deadline)?;
+            self.lend(kind::BROADCAST, seq, loan, &targets, deadline)?;
             return Ok(None);
         }
         let expect = Expect::Collective {
             op: kind::BROADCAST,
             seq,
         };
-        self.take_loan(root, expect, &deadline).map(Some)
+        self.take_loan(root, expect, deadline).map(Some)
     }
 
     /// The loan group `expect` selects from `peer`, as a view of the lender's buffer. A group

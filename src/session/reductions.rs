@@ -278,15 +278,27 @@ impl Session {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
-        check_op::<T>(op)?;
         let deadline = self.track(Deadline::collective("all_reduce", timeout));
+        let result = self.all_reduce_tracked(data, op, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::all_reduce_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn all_reduce_tracked<T: Element>(
+        &mut self,
+        data: &mut [T],
+        op: ReduceOp,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        check_op::<T>(op)?;
         let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
         self.reduce_with(
             kind::ALL_REDUCE,
             Results::All,
             data,
             &mut combiner,
-            &deadline,
+            deadline,
         )
     }
 
@@ -325,9 +337,21 @@ impl Session {
     pub fn all_reduce_with<T: Pod>(
         &mut self,
         data: &mut [T],
-        mut op: impl FnMut(&mut [T], &[T]),
+        op: impl FnMut(&mut [T], &[T]),
     ) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("all_reduce", self.timeout));
+        let result = self.all_reduce_with_tracked(data, op, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::all_reduce_with`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn all_reduce_with_tracked<T: Pod>(
+        &mut self,
+        data: &mut [T],
+        mut op: impl FnMut(&mut [T], &[T]),
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         let mut combiner = |inputs: &[&[T]], out: &mut [T]| {
             combine_with(&mut op, inputs, out);
             Ok(())
@@ -337,7 +361,7 @@ impl Session {
             Results::All,
             data,
             &mut combiner,
-            &deadline,
+            deadline,
         )
     }
 
@@ -398,16 +422,29 @@ impl Session {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
+        let deadline = self.track(Deadline::collective("reduce", timeout));
+        let result = self.reduce_tracked(root, data, op, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::reduce_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn reduce_tracked<T: Element>(
+        &mut self,
+        root: u32,
+        data: &mut [T],
+        op: ReduceOp,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         self.check_team_rank(root)?;
         check_op::<T>(op)?;
-        let deadline = self.track(Deadline::collective("reduce", timeout));
         let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
         self.reduce_with(
             kind::REDUCE,
             Results::Root(root),
             data,
             &mut combiner,
-            &deadline,
+            deadline,
         )
     }
 
@@ -471,6 +508,20 @@ impl Session {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
+        let deadline = self.track(Deadline::collective("reduce_scatter", timeout));
+        let result = self.reduce_scatter_tracked(input, output, op, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::reduce_scatter_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn reduce_scatter_tracked<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         check_op::<T>(op)?;
         let world = self.size() as usize;
         if input.len() != output.len() * world {
@@ -481,7 +532,6 @@ impl Session {
                 input.len()
             )));
         }
-        let deadline = self.track(Deadline::collective("reduce_scatter", timeout));
         let combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
         if world == 1 {
             output.copy_from_slice(input);
@@ -496,7 +546,7 @@ impl Session {
                 seq,
                 bytemuck::cast_slice(input),
                 bytemuck::cast_slice_mut(&mut blocks),
-                &deadline,
+                deadline,
             )?;
             let inputs: Vec<&[T]> = blocks.chunks(output.len().max(1)).collect();
             return combiner(&inputs, output);
@@ -521,7 +571,7 @@ impl Session {
                 call: size_of_val(input) as u64,
             };
             let views =
-                self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, &parts, shares, &deadline)?;
+                self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, &parts, shares, deadline)?;
             let size = size_of::<T>();
             let mine = own.start * size..own.end * size;
             let inputs = (0..)

@@ -254,14 +254,26 @@ impl Session {
         data: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<Vec<u8>, Error> {
-        self.check_root(root, data.is_some(), "broadcast")?;
         let deadline = self.track(Deadline::collective("broadcast", timeout));
+        let result = self.broadcast_tracked(root, data, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::broadcast_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn broadcast_tracked(
+        &mut self,
+        root: u32,
+        data: Option<&[u8]>,
+        deadline: &Deadline,
+    ) -> Result<Vec<u8>, Error> {
+        self.check_root(root, data.is_some(), "broadcast")?;
         let seq = self.next_seq(kind::BROADCAST)?;
         if self.size() > FLAT_BROADCAST_MAX {
-            return self.tree_broadcast(root, data, seq, &deadline);
+            return self.tree_broadcast(root, data, seq, deadline);
         }
         if let Some(data) = data {
-            self.send_to(kind::BROADCAST, seq, data, Targets::Peers, &deadline)?;
+            self.send_to(kind::BROADCAST, seq, data, Targets::Peers, deadline)?;
             return Ok(data.to_vec());
         }
         let expect = Expect::Collective {
@@ -270,7 +282,7 @@ impl Session {
         };
         let root = self.member(root);
         let mut incoming = [Incoming::new(root, expect, Sink::Vec(Vec::new()))];
-        self.receive_all(&mut incoming, &deadline)?;
+        self.receive_all(&mut incoming, deadline)?;
         let [incoming] = incoming;
         Ok(incoming.finish()?.1.into_vec())
     }
@@ -371,19 +383,31 @@ impl Session {
         data: &[u8],
         timeout: Duration,
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.check_team_rank(root)?;
         let deadline = self.track(Deadline::collective("gather", timeout));
+        let result = self.gather_tracked(root, data, &deadline);
+        deadline.settle(result)
+    }
+
+    /// [`Self::gather_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn gather_tracked(
+        &mut self,
+        root: u32,
+        data: &[u8],
+        deadline: &Deadline,
+    ) -> Result<Option<Vec<Vec<u8>>>, Error> {
+        self.check_team_rank(root)?;
         let seq = self.next_seq(kind::GATHER)?;
         if self.size() > FLAT_GATHER_MAX {
-            return self.tree_gather(root, data, seq, &deadline);
+            return self.tree_gather(root, data, seq, deadline);
         }
         if root != self.me() {
             let root = self.member(root);
-            self.send_to(kind::GATHER, seq, data, Targets::One(root), &deadline)?;
+            self.send_to(kind::GATHER, seq, data, Targets::One(root), deadline)?;
             return Ok(None);
         }
         let mut incoming = self.receive_from_every_peer(kind::GATHER, seq);
-        self.receive_all(&mut incoming, &deadline)?;
+        self.receive_all(&mut incoming, deadline)?;
         self.gathered(data, incoming).map(Some)
     }
 

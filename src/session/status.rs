@@ -56,6 +56,7 @@ impl Publisher {
                 w::WAITING_FOR,
                 w::KIND,
                 w::LAST_KIND,
+                w::LAST_FAILED,
             ] {
                 words[at].store(NONE, Ordering::Relaxed);
             }
@@ -99,8 +100,9 @@ impl Publisher {
         slot
     }
 
-    /// The call of `slot` that [`Self::enter`] started ends.
-    pub(super) fn leave(&self, slot: usize) {
+    /// The call of `slot` that [`Self::enter`] started ends: returning its result when `failed`
+    /// is `NONE`, else failing (naming the rank `failed` holds, or none: `u32::MAX`).
+    pub(super) fn leave(&self, slot: usize, failed: u64) {
         let depth = self.depth[slot].load(Ordering::Relaxed).saturating_sub(1);
         self.depth[slot].store(depth, Ordering::Relaxed);
         if depth == 0 && self.on() {
@@ -114,6 +116,7 @@ impl Publisher {
             ] {
                 words[to].store(words[from].load(Ordering::Relaxed), Ordering::Relaxed);
             }
+            words[w::LAST_FAILED].store(failed, Ordering::Relaxed);
             words[w::LAST_DONE].store(shmbroker_handshake::clock::now(), Ordering::Relaxed);
             words[w::CALL].store(0, Ordering::Relaxed);
             words[w::CALL + 1].store(0, Ordering::Relaxed);
@@ -121,10 +124,15 @@ impl Publisher {
     }
 
     /// The collective in progress in slot 0 is number `seq` of group `stream`, of message kind
-    /// `kind`.
+    /// `kind`. A call that takes several numbers (a two-shot reduction takes two a piece, an fd
+    /// exchange one for its tickets and one for its status) is published by its first, so that
+    /// ranks in the same call publish the same number whichever stage each is in.
     pub(super) fn collective(&self, stream: u32, seq: u64, kind: u32) {
         if self.on() && self.depth[0].load(Ordering::Relaxed) == 1 {
             let words = self.words.slot(0);
+            if words[w::SEQ].load(Ordering::Relaxed) != NONE {
+                return;
+            }
             words[w::KIND].store(u64::from(kind), Ordering::Relaxed);
             words[w::SEQ].store(seq, Ordering::Relaxed);
             words[w::GROUP_PEER].store(
@@ -185,14 +193,18 @@ impl Drop for Deadline {
             // SAFETY: the publisher is the session's, in an `Arc` the session (or its receiving
             // half) holds for its whole life; a deadline is a local of one call on that session
             // and is dropped before the call returns, so the publisher outlives it.
-            unsafe { publisher.as_ref() }.leave(slot);
+            unsafe { publisher.as_ref() }.leave(slot, self.failed.get());
         }
     }
 }
 
-/// How long a peer must be seen in another collective at the same number before the wait fails
-/// (see `Session::look_for_mismatch`).
+/// How long a peer must be seen in another collective at the same number (or as having failed
+/// this one) before the wait fails (see `Session::look_for_mismatch`).
 const MISMATCH_SURE: Duration = Duration::from_millis(50);
+
+/// Marks what `Session::look_for_mismatch` saw as a peer that failed this collective, not a
+/// message kind (which fits in 32 bits).
+const GAVE_UP: u64 = 1 << 32;
 
 /// How long a wait with no deadline goes before its watchdog first logs a warning:
 /// `SHMBROKER_WARN_AFTER` seconds (default 60), then twice as long each time.
@@ -246,14 +258,25 @@ impl Session {
         deadline.tracked_by(&self.publisher)
     }
 
-    /// Fails a collective whose wait for `peer` can never end because `peer` called another
-    /// collective: both are in the same group at the same collective number, and `peer`
-    /// published another message kind for it (in the call it is in, or in the one it last
-    /// finished or failed: the first of two mismatched ranks to see it leaves its call). Matching calls use one kind per number, so this
-    /// is never a slow peer; it must be seen twice, [`MISMATCH_SURE`] apart, because the words
-    /// are read without ordering (a peer between two calls may show the new number with the old
-    /// kind for a moment on a weakly ordered machine). A peer behind or ahead by some numbers is
-    /// left to the deadline, whose diagnosis shows both numbers.
+    /// Fails a collective whose wait for `peer` can never end:
+    ///
+    /// - **`peer` called another collective** ([`Error::CollectiveMismatch`]): both are in the
+    ///   same group at the same collective number, and `peer` published another message kind
+    ///   for it (in the call it is in, or in the one it last finished or failed: the first of two
+    ///   mismatched ranks to see it leaves its call). Matching calls use one kind per number, so
+    ///   this is never a slow peer.
+    /// - **`peer` gave this very collective up** ([`Error::PeerGaveUp`]): the last call it
+    ///   published is this one, and it failed (its deadline passed, a peer sent it bad bytes, an
+    ///   interrupt): it sends nothing more for it. This rank then fails now rather than at its
+    ///   deadline (or never, with none), naming `peer` and, as `peer`'s word, the rank `peer`'s
+    ///   error named, so a chain of ranks waiting on each other fails link by link, each within
+    ///   a few hundred milliseconds, and the first names the cause. A death recorded by then is
+    ///   named instead, as by every collective.
+    ///
+    /// Either must be seen twice, [`MISMATCH_SURE`] apart, because the words are read without
+    /// ordering (a peer between two calls may show the new number with the old kind or outcome
+    /// for a moment on a weakly ordered machine). A peer behind or ahead by some numbers is left
+    /// to the deadline, whose diagnosis shows both numbers.
     pub(super) fn look_for_mismatch(
         &mut self,
         peer: u32,
@@ -287,7 +310,20 @@ impl Session {
             .then(|| other((w::SEQ, w::GROUP_PEER, w::KIND)))
             .flatten()
             .or_else(|| other((w::LAST_SEQ, w::LAST_GROUP_PEER, w::LAST_KIND)));
-        let Some(found) = now_or_last else {
+        // The peer's last call was this very collective, and failed: it has left it, and sends
+        // nothing more for it. Seen as `GAVE_UP` and the rank its error named (`u32::MAX`:
+        // none, or a word no rank of this world could be).
+        let gave_up = (theirs[w::LAST_SEQ] == seq
+            && theirs[w::LAST_GROUP_PEER] == group
+            && theirs[w::LAST_KIND] == kind
+            && theirs[w::LAST_FAILED] != NONE)
+            .then(|| {
+                let named = u32::try_from(theirs[w::LAST_FAILED])
+                    .ok()
+                    .filter(|&rank| rank < self.world_size());
+                GAVE_UP | u64::from(named.unwrap_or(u32::MAX))
+            });
+        let Some(found) = now_or_last.or(gave_up) else {
             deadline.mismatch_seen.set(None);
             return Ok(());
         };
@@ -302,6 +338,18 @@ impl Session {
                 // The tag the collective's messages carry: its group's stream and its number.
                 let bits = super::demux::SEQ_BITS;
                 let tag = (u64::from(group as u32) << bits) | (seq & ((1 << bits) - 1));
+                if found & GAVE_UP != 0 {
+                    // A peer that failed on a death (or an interrupt here): what every rank
+                    // names is the death.
+                    self.check_interrupted(deadline)?;
+                    let named = found as u32;
+                    return Err(Error::PeerGaveUp {
+                        rank: peer,
+                        op: deadline.op,
+                        seq: tag,
+                        named: (named != u32::MAX).then_some(named),
+                    });
+                }
                 Err(Error::CollectiveMismatch {
                     peer,
                     expected_kind: kind as u32,
@@ -366,10 +414,22 @@ mod tests {
         (done[0][w::LAST_CALL], done[0][w::LAST_CALL + 1]) = (first, second);
         (done[0][w::LAST_SEQ], done[0][w::LAST_GROUP_PEER]) = (11, u64::from(u32::MAX) << 32);
         done[0][w::LAST_DONE] = S / 5;
+        done[0][w::LAST_FAILED] = NONE;
         assert_eq!(
             describe(2, &done, 10 * S),
             "rank 2 is in no call (its last, all_reduce #11, finished 9.8 s ago)"
         );
+        // Rank 0 is a rank like any other; `u32::MAX` names none.
+        for (failed, ended) in [
+            (0, "failed 9.8 s ago naming rank 0"),
+            (u64::from(u32::MAX), "failed 9.8 s ago"),
+        ] {
+            done[0][w::LAST_FAILED] = failed;
+            assert_eq!(
+                describe(2, &done, 10 * S),
+                format!("rank 2 is in no call (its last, all_reduce #11, {ended})")
+            );
+        }
         let receiving = [[0; STATUS_SLOT_WORDS], slot("recv", NONE, 1 << 32, 2 * S)];
         assert_eq!(
             describe(3, &receiving, 5 * S + S / 10),
