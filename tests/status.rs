@@ -113,6 +113,45 @@ fn a_stuck_16_rank_job_shows_every_rank_and_who_never_came() {
     }
 }
 
+/// A forger (rank 1) whose words say it gave barrier #0 up, naming `named`, and which never
+/// takes part: rank 0's barrier fails at once naming the forger, and the forger's word only
+/// when it is a rank of the world.
+#[test]
+fn a_rank_that_forges_a_given_up_collective_can_end_it_only_naming_itself() {
+    for (named, expected) in [(0, Some(0)), (1, Some(1)), (2, None), (u64::MAX - 1, None)] {
+        let tmp = TempDir::new("status-gave-up").unwrap();
+        let socket = tmp.path().join("broker.sock");
+        let _broker = common::serve(&socket, &["--workers", "2"]);
+        let socket = socket.to_str().unwrap();
+        let mut forger = common::spawn(&mut common::hostile(&[
+            "gave-up-forge",
+            "--socket",
+            socket,
+            "--rank",
+            "1",
+            "--named",
+            &named.to_string(),
+        ]));
+        let mut session =
+            shmbroker::Session::connect(socket, Some(0), Duration::from_secs(30)).unwrap();
+        let said = common::read_line_within(forger.take_stdout().unwrap(), common::CHILD_DEADLINE);
+        assert_eq!(said.trim(), "forging");
+        let started = std::time::Instant::now();
+        let error = session
+            .barrier_timeout(Duration::from_secs(30))
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                shmbroker::Error::PeerGaveUp { rank: 1, op: "barrier", named: n, .. }
+                    if n == expected
+            ),
+            "named {named}: {error:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "{error}");
+    }
+}
+
 #[test]
 fn a_rank_that_forges_its_status_words_spoils_only_its_own_row() {
     let tmp = TempDir::new("status-forge").unwrap();

@@ -24,6 +24,10 @@
 //!   again until killed: names with terminal escapes and bytes that are no ASCII word, times in
 //!   the future, every word `u64::MAX`, random words, torn slots. Prints `forging` once it has
 //!   published its outbox.
+//! * `gave-up-forge`: publishes an outbox whose status words say its last call was the world's
+//!   barrier #0 and failed naming `--named` (any word), and never takes part in it: the
+//!   victims' barrier must fail at once naming this rank, and its word only as a rank of the
+//!   world. Prints `forging` once the words are written, then lingers.
 
 use nix::fcntl::{FallocateFlags, OFlag, fallocate, open};
 use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags, madvise, mmap, mprotect, munmap};
@@ -62,6 +66,9 @@ pub struct Args {
     /// relay-flood and notice-flood: how many.
     #[arg(long, default_value_t = 1000)]
     count: u64,
+    /// gave-up-forge: the word it writes for the rank its failed call named.
+    #[arg(long, default_value_t = 0)]
+    named: u64,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -72,6 +79,7 @@ enum Attack {
     RelayFlood,
     NoticeFlood,
     StatusForge,
+    GaveUpForge,
 }
 
 pub fn run(args: &Args) -> Result<(), String> {
@@ -88,6 +96,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         Attack::RelayFlood => relay_flood(socket, rank, args.to, args.count),
         Attack::NoticeFlood => notice_flood(socket, rank, args.count),
         Attack::StatusForge => status_forge(socket, rank),
+        Attack::GaveUpForge => gave_up_forge(socket, rank, args.named),
     }
 }
 
@@ -141,6 +150,31 @@ fn notice_flood(socket: &str, rank: Option<u32>, count: u64) -> Result<(), Strin
         }
     }
     println!("sent {}", sent / 24);
+    std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
+    linger()
+}
+
+fn gave_up_forge(socket: &str, rank: Option<u32>, named: u64) -> Result<(), String> {
+    use shmbroker::bindings::{kind, status_word as w};
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut raw = log_on(socket, rank)?;
+    let own = Outbox::create(raw.rank(), 1 << 20).map_err(|e| e.to_string())?;
+    let words = own.status();
+    let slot = words.slot(0);
+    for (at, value) in [
+        (w::LAST_CALL, u64::from_le_bytes(*b"barrier\0")),
+        (w::LAST_CALL + 1, 0),
+        (w::LAST_SEQ, 0),
+        // The world's stream (0), as a collective publishes it.
+        (w::LAST_GROUP_PEER, u64::from(u32::MAX) << 32),
+        (w::LAST_KIND, u64::from(kind::BARRIER)),
+        (w::LAST_FAILED, named),
+    ] {
+        slot[at].store(value, Relaxed);
+    }
+    raw.publish_outbox(own.fd(), TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    println!("forging");
     std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
     linger()
 }
