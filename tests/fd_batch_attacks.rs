@@ -287,6 +287,78 @@ fn malformed_ticket_messages_name_the_sender_within_the_deadline_and_leak_nothin
     }
 }
 
+/// Ranks 0 and 2 exchange 3 fds each, among 3; rank 1 sends rank 2 good tickets and an
+/// all-clear status, and rank 0 a ticket message longer than any eager one. Rank 0 fails at
+/// once naming rank 1; rank 2, left waiting for rank 0's part, fails at once too, naming rank 0
+/// and, as rank 0's word, rank 1, instead of timing out naming rank 0 alone.
+#[test]
+fn a_rank_waiting_for_the_victim_of_a_malformed_ticket_fails_at_once_naming_both() {
+    let _serial = serial();
+    let (_world, sessions) = World::start("fdb-three", 3);
+    // The warm-up of `pair`, among three: the exchange takes numbers FIRST and FIRST + 1.
+    let warmed: Vec<_> = sessions
+        .into_iter()
+        .map(|mut session| {
+            std::thread::spawn(move || {
+                let fd = memfd_with("warm");
+                drop(session.exchange_fds(fd.as_fd()).unwrap());
+                drop(session.all_gather(&vec![1u8; 1 << 20]).unwrap());
+                session
+            })
+        })
+        .collect();
+    let mut sessions: Vec<Session> = warmed.into_iter().map(|j| j.join().unwrap()).collect();
+    let two = sessions.pop().unwrap();
+    let mut one = sessions.pop().unwrap();
+    let zero = sessions.pop().unwrap();
+    let exchange = |mut session: Session| {
+        std::thread::spawn(move || {
+            let mine: Vec<OwnedFd> = (0..3).map(|i| memfd_with(&format!("f{i}"))).collect();
+            let borrowed: Vec<_> = mine.iter().map(AsFd::as_fd).collect();
+            let start = Instant::now();
+            let outcome = session
+                .exchange_fd_batch_timeout(&borrowed, Duration::from_secs(20))
+                .map(drop);
+            (outcome, start.elapsed(), session)
+        })
+    };
+    let own: Vec<OwnedFd> = (0..3).map(|i| memfd_with(&format!("o{i}"))).collect();
+    let tickets: Vec<FdTicket> = own.iter().map(|fd| ticket(fd.as_fd())).collect();
+    let good: &[u8] = bytemuck::cast_slice(&tickets);
+    raw_send_to(&mut one, 2, &eager(kind::FD_TICKET, FIRST, 96, good));
+    raw_send_to(
+        &mut one,
+        2,
+        &eager(kind::ALL_GATHER, FIRST + 1, 48, &[0u8; 48]),
+    );
+    raw_send_to(
+        &mut one,
+        0,
+        &eager(kind::FD_TICKET, FIRST, u32::MAX, &good[..48]),
+    );
+    let (zero, two) = (exchange(zero), exchange(two));
+    let (victim, took, _zero) = zero.join().unwrap();
+    assert!(
+        matches!(victim, Err(Error::Protocol { peer: 1, .. })),
+        "{victim:?}"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let (waiter, took, _two) = two.join().unwrap();
+    match waiter {
+        Err(error @ Error::PeerGaveUp { .. }) => {
+            assert_eq!(
+                error.to_string(),
+                format!(
+                    "peer rank 0 gave up on exchange_fd_batch #{FIRST} (its own call failed \
+                     naming rank 1)"
+                )
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
 #[test]
 fn ranks_passing_different_counts_all_fail_naming_one_that_disagreed_and_stay_in_step() {
     let _serial = serial();
