@@ -157,8 +157,9 @@ class Session:
     ) -> None:
         """Returns once every rank has entered the barrier.
 
-        Raises :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`, or
-        :class:`ProtocolError` when another rank called another collective.
+        Raises :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`, :class:`PeerGaveUp`
+        when a rank it waits for failed its part and left it, or :class:`ProtocolError` when
+        another rank called another collective.
         """
     def all_gather(
         self, data: _Data, *, timeout: Optional[float] = ..., group: Optional["Group"] = None

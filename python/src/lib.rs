@@ -555,8 +555,9 @@ impl PySession {
 
     /// Returns once every rank has entered the barrier.
     ///
-    /// Raises :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`, or :class:`ProtocolError`
-    /// when another rank called another collective.
+    /// Raises :class:`PeerLost`, :class:`PeerLeft`, :class:`Timeout`, :class:`PeerGaveUp` when a
+    /// rank it waits for failed its part and left it, or :class:`ProtocolError` when another rank
+    /// called another collective.
     #[pyo3(signature = (*, timeout=CallTimeout::Session, group=None))]
     fn barrier(
         &self,

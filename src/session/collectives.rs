@@ -74,7 +74,9 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`].
+    /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
+    /// [`Error::PeerGaveUp`] (a rank this call waits for failed its part and left it: every
+    /// collective can fail so).
     pub fn barrier(&mut self) -> Result<(), Error> {
         self.barrier_timeout(self.timeout)
     }
@@ -146,7 +148,7 @@ impl Session {
     /// # Errors
     ///
     /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
-    /// [`Error::Protocol`], [`Error::Outbox`].
+    /// [`Error::PeerGaveUp`], [`Error::Protocol`], [`Error::Outbox`].
     pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         self.all_gather_timeout(data, self.timeout)
     }
