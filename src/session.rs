@@ -75,9 +75,9 @@
 //! watcher thread refreshes every 100 ms); [`Session::set_publishing`] and `SHMBROKER_STATUS=0`
 //! turn it off.
 //!
-//! The last call's words also say whether it failed, and which rank its error named. A
-//! collective's wait reads them for the rank it waits for every 100 ms: a rank whose last call
-//! was this very collective, failed, has left it for good, and the wait fails at once with
+//! The words also keep the last collective the rank failed, and which rank its error named. A
+//! collective's wait reads them for the rank it waits for every 100 ms: a rank whose last
+//! failed collective is this very one has left it for good, and the wait fails at once with
 //! [`Error::PeerGaveUp`] naming it (and, as its word, whom it blamed) instead of waiting to
 //! its deadline, or for ever.
 
@@ -262,9 +262,10 @@ struct Deadline {
     /// With no deadline: when the wait started and when its watchdog next speaks (see
     /// `status::Session::watchdog`).
     watch: std::cell::Cell<Option<(Instant, Duration)>>,
-    /// A peer seen in another collective at this call's number: `(peer, its kind, its number,
-    /// when first seen)`, to be seen again a while later before the call fails (see `status::Session::look_for_mismatch`).
-    mismatch_seen: std::cell::Cell<Option<(u32, u64, u64, Instant)>>,
+    /// A peer seen in another collective at this call's number, or as having failed this one:
+    /// `(peer, what was seen, the number, when first seen)`, to be seen again a while later
+    /// before the call fails (see `status::Session::look_for_mismatch`).
+    mismatch_seen: std::cell::Cell<Option<(u32, status::Seen, u64, Instant)>>,
     /// How the call ended, for its status words: `status::NONE` until [`Self::settle`] sees it
     /// fail (then the rank its error names, or `u32::MAX`).
     failed: std::cell::Cell<u64>,
@@ -287,8 +288,9 @@ impl Deadline {
 
     /// `result`, the call's, noted for its status words when it is an error: the call has left
     /// its collective, and a peer waiting for it there fails at once, naming this rank and the
-    /// rank this error names (see `status::Session::look_for_mismatch`). Every public call that
-    /// tracks a deadline returns through here.
+    /// rank this error names (see `status::Session::look_for_mismatch`). Every public collective
+    /// (and `group`, `shrink`) returns through here; point-to-point calls do not (no peer waits
+    /// for them in a collective). A call cut short by a panic counts as failed (see `Drop`).
     fn settle<T>(&self, result: Result<T, Error>) -> Result<T, Error> {
         if let Err(error) = &result {
             self.failed.set(u64::from(error.rank().unwrap_or(u32::MAX)));

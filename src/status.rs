@@ -60,7 +60,8 @@ pub struct Call {
     /// Whom it waits for, once it has had to wait (for a message, an acknowledgement or room
     /// in a ring).
     pub waiting_for: Option<u32>,
-    /// For the last call of a collective: whether it failed (rather than returning its result).
+    /// For the last call, when a collective: whether it failed after taking its number (rather
+    /// than returning its result).
     pub failed: bool,
     /// For a call that failed: the rank its error named, if it named one.
     pub failed_naming: Option<u32>,
@@ -125,11 +126,14 @@ impl Activity {
                 )?;
                 let done = words[w::LAST_DONE];
                 last.age = age(done, now)?;
-                let failed = words[w::LAST_FAILED];
-                last.failed = failed != NONE;
-                last.failed_naming = u32::try_from(failed)
-                    .ok()
-                    .filter(|&rank| last.failed && rank != u32::MAX);
+                // The last collective that failed (slot 0 only) is this one: the same first
+                // number and group.
+                let stream_named = words[w::FAILED_STREAM_NAMED];
+                last.failed = !receive
+                    && last.seq.is_some_and(|seq| seq == words[w::FAILED_SEQ])
+                    && last.group == Some((stream_named >> 32) as u32);
+                last.failed_naming =
+                    Some(stream_named as u32).filter(|&rank| last.failed && rank != u32::MAX);
                 if activity.last.is_none() || done > last_done {
                     (activity.last, last_done) = (Some(last), done);
                 }
@@ -453,7 +457,10 @@ pub fn json_lines(report: &StatusReport) -> String {
                 .as_ref()
                 .map_or_else(null, |c| string(&c.text())),
             seconds(activity.last.as_ref().and_then(|c| c.age)),
-            activity.last.as_ref().is_some_and(|c| c.failed),
+            activity
+                .last
+                .as_ref()
+                .map_or_else(null, |c| c.failed.to_string()),
             activity
                 .last
                 .as_ref()

@@ -103,7 +103,9 @@ fn deadlines_rank() {
         }
         // Rank 1 gives a two-shot all-reduce up after 100 ms, waiting for rank 2, which comes
         // at 500 ms; ranks 0 and 2 have no deadline and then wait for rank 1's result slice,
-        // which never comes. Both fail at once, naming rank 1 and, as its word, rank 2.
+        // which never comes. Both fail at once, naming rank 1 and, as its word, rank 2, though
+        // rank 1 has made another call since (a send to rank 0: its failed collective stays
+        // recorded).
         "gave-up" => {
             session.barrier().unwrap();
             let mut data = vec![1.0f32; 1 << 20];
@@ -122,6 +124,7 @@ fn deadlines_rank() {
                     matches!(&error, Error::Timeout { waiting_for, .. } if waiting_for == &[2]),
                     "{error:?}"
                 );
+                session.send(0, b"after").unwrap();
             } else {
                 assert!(
                     matches!(
@@ -141,6 +144,9 @@ fn deadlines_rank() {
                 );
                 assert_eq!(error.rank(), Some(1));
                 assert!(started.elapsed() < Duration::from_secs(20), "{error}");
+                if rank == 0 {
+                    assert_eq!(session.recv(1).unwrap(), b"after");
+                }
             }
             stay_until_all_have_seen(&socket, &scenario, rank, 3, started);
         }

@@ -60,11 +60,14 @@ pub mod status_word {
     pub const KIND: usize = 12;
     /// The [`KIND`] of the last call that finished (or failed).
     pub const LAST_KIND: usize = 13;
-    /// How the last call ended: `u64::MAX` when it returned its result; otherwise it failed, and
-    /// this is the rank its error named (a world rank), or `u32::MAX` when it named none. A rank
-    /// waiting for this one in that very collective reads it to fail at once instead of at its
-    /// deadline (this rank has left the collective and sends nothing more for it).
-    pub const LAST_FAILED: usize = 14;
+    /// The [`SEQ`] of the last collective that failed after taking its number, in slot 0
+    /// (`u64::MAX`: none yet); only the next such failure overwrites it, whatever calls come
+    /// between. This rank has left that collective and sends nothing more for it: a rank
+    /// waiting for it there reads this to fail at once instead of at its deadline.
+    pub const FAILED_SEQ: usize = 14;
+    /// That collective's group stream (as in [`GROUP_PEER`]) in the high 32 bits, and the rank
+    /// its error named (a world rank) in the low 32 (`u32::MAX`: none).
+    pub const FAILED_STREAM_NAMED: usize = 15;
 }
 
 /// Written once by an outbox's owner before it seals the file; read (copied out) and checked by

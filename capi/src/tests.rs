@@ -397,12 +397,14 @@ fn collectives_and_fds_move_through_the_c_calls() {
 fn a_peer_that_gave_an_all_reduce_up_is_named_with_its_own_code() {
     // Rank 1 gives a two-shot all-reduce up after 100 ms, waiting for rank 2, which comes at
     // 500 ms; ranks 0 and 2 (60 s) then wait for rank 1's result slice, and fail at once.
-    static SEEN: std::sync::Barrier = std::sync::Barrier::new(3);
+    static SEEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     on_each_rank(3, |s| {
         // SAFETY: `s` is this thread's session, live until it is closed at the end.
         unsafe {
             let rank = shmbroker_rank(s);
             let mut data = vec![1.0f32; 1 << 20];
+            // Every rank is in step before rank 1's short deadline starts.
+            assert_eq!(shmbroker_barrier(s), SHMBROKER_OK, "{}", last_error());
             let timeout = if rank == 1 { 100 } else { 60_000 };
             assert_eq!(shmbroker_set_timeout(s, timeout), SHMBROKER_OK);
             if rank == 2 {
@@ -423,12 +425,18 @@ fn a_peer_that_gave_an_all_reduce_up_is_named_with_its_own_code() {
                 assert_eq!(shmbroker_last_error_rank(), 1);
                 assert_eq!(
                     last_error(),
-                    "shmbroker_all_reduce: peer rank 1 gave up on all_reduce #0 (its own call \
+                    "shmbroker_all_reduce: peer rank 1 gave up on all_reduce #1 (its own call \
                      failed naming rank 2)"
                 );
             }
-            // No rank closes (which the others would see as leaving) before all have seen it.
-            SEEN.wait();
+            // No rank closes (which the others would see as leaving) before all have seen it;
+            // a rank that failed an assertion above never comes, and the wait ends all the same.
+            SEEN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while SEEN.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+                assert!(std::time::Instant::now() < deadline, "a rank never came");
+                std::thread::sleep(Duration::from_millis(5));
+            }
             assert_eq!(shmbroker_close(s), SHMBROKER_OK);
         }
     });

@@ -169,7 +169,8 @@ pub enum Error {
         rank: u32,
         /// The collective (this rank's call).
         op: &'static str,
-        /// Its number, tagged with its group as in [`Error::CollectiveMismatch`].
+        /// Its number (its first, for a call that takes several), tagged with its group as in
+        /// [`Error::CollectiveMismatch`].
         seq: u64,
         /// The rank the peer's error named, if it named one: the rank it timed out waiting for,
         /// that sent it bad bytes, that died.

@@ -151,6 +151,14 @@ impl Session {
             // rank waits for (see `status`).
             deadline.waits_for(rank);
         }
+        // A peer that gave this collective up gives nothing back: looked for as a receive's
+        // wait does, once this wait has lasted a while.
+        if deadline.collective
+            && let Some(rank) = owing
+            && since.is_some_and(|since| since.elapsed() >= super::receive::MISMATCH_LOOK)
+        {
+            self.look_for_mismatch(rank, deadline)?;
+        }
         if deadline.left().is_zero() {
             return Err(match owing {
                 Some(rank) => self.timed_out(deadline, rank),

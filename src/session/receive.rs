@@ -44,7 +44,7 @@ pub(super) const SEND_SLICE: Duration = Duration::from_millis(1);
 
 /// How often a collective's wait looks at the peer it waits for (see
 /// `status::Session::look_for_mismatch`).
-const MISMATCH_LOOK: Duration = Duration::from_millis(100);
+pub(super) const MISMATCH_LOOK: Duration = Duration::from_millis(100);
 
 /// Gives the core away while a transfer has made no progress for `stalled`: yields at first;
 /// past [`PARK_AFTER`], sleeps an eighth of the time waited so far (at most [`PARK_MAX`]), so a

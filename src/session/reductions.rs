@@ -848,9 +848,11 @@ impl Session {
 
     /// Waits until every peer has given `lent` back (this rank's result slice, lent where it
     /// lies) or is gone: a rank that died or left reads nothing more, and is let off. Only an
-    /// interrupt or the deadline end the wait early, naming a rank that still holds it; a death
-    /// elsewhere does not fail a call that already holds every result, as it would leave the
-    /// caller free to write the buffer while live peers still copy out of it.
+    /// interrupt, the deadline, or a holder that gave this collective up (whose
+    /// acknowledgement may never be sent: [`Error::PeerGaveUp`]) end the wait early, naming a
+    /// rank that still holds it; a death elsewhere does not fail a call that already holds
+    /// every result, as it would leave the caller free to write the buffer while live peers
+    /// still copy out of it.
     ///
     /// Each peer's acknowledgement fits in its ring to this rank: this rank drained that ring
     /// up to the peer's result slice, after which the peer sends only acknowledgements.
@@ -886,6 +888,10 @@ impl Session {
             deadline.waits_for(rank);
             if deadline.left().is_zero() {
                 return Err(self.timed_out(deadline, rank));
+            }
+            // A live holder that gave this collective up gives nothing back.
+            if since.is_some_and(|since| since.elapsed() >= super::receive::MISMATCH_LOOK) {
+                self.look_for_mismatch(rank, deadline)?;
             }
             self.poll_acks()?;
             let now = std::time::Instant::now();

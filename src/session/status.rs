@@ -56,7 +56,8 @@ impl Publisher {
                 w::WAITING_FOR,
                 w::KIND,
                 w::LAST_KIND,
-                w::LAST_FAILED,
+                w::FAILED_SEQ,
+                w::FAILED_STREAM_NAMED,
             ] {
                 words[at].store(NONE, Ordering::Relaxed);
             }
@@ -101,7 +102,10 @@ impl Publisher {
     }
 
     /// The call of `slot` that [`Self::enter`] started ends: returning its result when `failed`
-    /// is `NONE`, else failing (naming the rank `failed` holds, or none: `u32::MAX`).
+    /// is `NONE`, else failing (naming the rank `failed` holds, or none: `u32::MAX`). A
+    /// collective that fails after taking its number is recorded in `FAILED_SEQ` and
+    /// `FAILED_STREAM_NAMED` (the stream and rank first, then the number that makes them a
+    /// match).
     pub(super) fn leave(&self, slot: usize, failed: u64) {
         let depth = self.depth[slot].load(Ordering::Relaxed).saturating_sub(1);
         self.depth[slot].store(depth, Ordering::Relaxed);
@@ -116,7 +120,13 @@ impl Publisher {
             ] {
                 words[to].store(words[from].load(Ordering::Relaxed), Ordering::Relaxed);
             }
-            words[w::LAST_FAILED].store(failed, Ordering::Relaxed);
+            let seq = words[w::SEQ].load(Ordering::Relaxed);
+            if failed != NONE && seq != NONE {
+                let stream = words[w::GROUP_PEER].load(Ordering::Relaxed) & u64::from(u32::MAX);
+                let named = failed & u64::from(u32::MAX);
+                words[w::FAILED_STREAM_NAMED].store(stream << 32 | named, Ordering::Relaxed);
+                words[w::FAILED_SEQ].store(seq, Ordering::Relaxed);
+            }
             words[w::LAST_DONE].store(shmbroker_handshake::clock::now(), Ordering::Relaxed);
             words[w::CALL].store(0, Ordering::Relaxed);
             words[w::CALL + 1].store(0, Ordering::Relaxed);
@@ -193,7 +203,13 @@ impl Drop for Deadline {
             // SAFETY: the publisher is the session's, in an `Arc` the session (or its receiving
             // half) holds for its whole life; a deadline is a local of one call on that session
             // and is dropped before the call returns, so the publisher outlives it.
-            unsafe { publisher.as_ref() }.leave(slot, self.failed.get());
+            let publisher = unsafe { publisher.as_ref() };
+            // A call cut short by a panic (which the C ABI catches, and a caller may) failed.
+            let failed = match self.failed.get() {
+                NONE if std::thread::panicking() => u64::from(u32::MAX),
+                failed => failed,
+            };
+            publisher.leave(slot, failed);
         }
     }
 }
@@ -202,9 +218,15 @@ impl Drop for Deadline {
 /// this one) before the wait fails (see `Session::look_for_mismatch`).
 const MISMATCH_SURE: Duration = Duration::from_millis(50);
 
-/// Marks what `Session::look_for_mismatch` saw as a peer that failed this collective, not a
-/// message kind (which fits in 32 bits).
-const GAVE_UP: u64 = 1 << 32;
+/// What `Session::look_for_mismatch` saw of the peer a collective waits for, to be seen again
+/// [`MISMATCH_SURE`] later before the wait fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Seen {
+    /// In (or last in) another collective, of this message kind, at this call's number.
+    Kind(u32),
+    /// Failed this very collective, naming this rank (its word, if a rank of the world).
+    GaveUp(Option<u32>),
+}
 
 /// How long a wait with no deadline goes before its watchdog first logs a warning:
 /// `SHMBROKER_WARN_AFTER` seconds (default 60), then twice as long each time.
@@ -304,26 +326,23 @@ impl Session {
             (theirs[at] == seq && theirs[in_group] == group && theirs[of_kind] != kind)
                 .then_some(theirs[of_kind])
                 // 0: a peer that publishes no kind (never a collective's).
-                .filter(|&found| found != 0 && u32::try_from(found).is_ok())
+                .and_then(|found| u32::try_from(found).ok().filter(|&found| found != 0))
         };
         let now_or_last = in_call
             .then(|| other((w::SEQ, w::GROUP_PEER, w::KIND)))
             .flatten()
             .or_else(|| other((w::LAST_SEQ, w::LAST_GROUP_PEER, w::LAST_KIND)));
-        // The peer's last call was this very collective, and failed: it has left it, and sends
-        // nothing more for it. Seen as `GAVE_UP` and the rank its error named (`u32::MAX`:
-        // none, or a word no rank of this world could be).
-        let gave_up = (theirs[w::LAST_SEQ] == seq
-            && theirs[w::LAST_GROUP_PEER] == group
-            && theirs[w::LAST_KIND] == kind
-            && theirs[w::LAST_FAILED] != NONE)
-            .then(|| {
-                let named = u32::try_from(theirs[w::LAST_FAILED])
-                    .ok()
-                    .filter(|&rank| rank < self.world_size());
-                GAVE_UP | u64::from(named.unwrap_or(u32::MAX))
-            });
-        let Some(found) = now_or_last.or(gave_up) else {
+        // The last collective the peer failed is this very one (the same group and first
+        // number): it has left it, and sends nothing more for it.
+        let stream_named = theirs[w::FAILED_STREAM_NAMED];
+        let gave_up = (theirs[w::FAILED_SEQ] == seq
+            && stream_named >> 32 == group & u64::from(u32::MAX))
+        .then(|| {
+            // Its word: believed only as a rank of this world.
+            let named = stream_named as u32;
+            Seen::GaveUp((named < self.world_size()).then_some(named))
+        });
+        let Some(found) = now_or_last.map(Seen::Kind).or(gave_up) else {
             deadline.mismatch_seen.set(None);
             return Ok(());
         };
@@ -338,23 +357,25 @@ impl Session {
                 // The tag the collective's messages carry: its group's stream and its number.
                 let bits = super::demux::SEQ_BITS;
                 let tag = (u64::from(group as u32) << bits) | (seq & ((1 << bits) - 1));
-                if found & GAVE_UP != 0 {
-                    // A peer that failed on a death (or an interrupt here): what every rank
-                    // names is the death.
-                    self.check_interrupted(deadline)?;
-                    let named = found as u32;
-                    return Err(Error::PeerGaveUp {
-                        rank: peer,
-                        op: deadline.op,
-                        seq: tag,
-                        named: (named != u32::MAX).then_some(named),
-                    });
-                }
+                let found_kind = match found {
+                    Seen::Kind(found_kind) => found_kind,
+                    Seen::GaveUp(named) => {
+                        // A peer that failed on a death (or an interrupt here): what every
+                        // rank names is the death.
+                        self.check_interrupted(deadline)?;
+                        return Err(Error::PeerGaveUp {
+                            rank: peer,
+                            op: deadline.op,
+                            seq: tag,
+                            named,
+                        });
+                    }
+                };
                 Err(Error::CollectiveMismatch {
                     peer,
                     expected_kind: kind as u32,
                     expected_seq: tag,
-                    found_kind: found as u32,
+                    found_kind,
                     found_seq: tag,
                 })
             }
@@ -414,17 +435,21 @@ mod tests {
         (done[0][w::LAST_CALL], done[0][w::LAST_CALL + 1]) = (first, second);
         (done[0][w::LAST_SEQ], done[0][w::LAST_GROUP_PEER]) = (11, u64::from(u32::MAX) << 32);
         done[0][w::LAST_DONE] = S / 5;
-        done[0][w::LAST_FAILED] = NONE;
+        (done[0][w::FAILED_SEQ], done[0][w::FAILED_STREAM_NAMED]) = (NONE, NONE);
         assert_eq!(
             describe(2, &done, 10 * S),
             "rank 2 is in no call (its last, all_reduce #11, finished 9.8 s ago)"
         );
-        // Rank 0 is a rank like any other; `u32::MAX` names none.
-        for (failed, ended) in [
-            (0, "failed 9.8 s ago naming rank 0"),
-            (u64::from(u32::MAX), "failed 9.8 s ago"),
+        // Failed: the last failed collective is this one (number 11, the world's stream 0).
+        // Rank 0 is a rank like any other; `u32::MAX` names none. Another number or stream
+        // is an earlier failure, not this call's.
+        for (seq, stream_named, ended) in [
+            (11, 0, "failed 9.8 s ago naming rank 0"),
+            (11, u64::from(u32::MAX), "failed 9.8 s ago"),
+            (10, 0, "finished 9.8 s ago"),
+            (11, 1 << 32, "finished 9.8 s ago"),
         ] {
-            done[0][w::LAST_FAILED] = failed;
+            (done[0][w::FAILED_SEQ], done[0][w::FAILED_STREAM_NAMED]) = (seq, stream_named);
             assert_eq!(
                 describe(2, &done, 10 * S),
                 format!("rank 2 is in no call (its last, all_reduce #11, {ended})")

@@ -24,8 +24,8 @@
 //!   again until killed: names with terminal escapes and bytes that are no ASCII word, times in
 //!   the future, every word `u64::MAX`, random words, torn slots. Prints `forging` once it has
 //!   published its outbox.
-//! * `gave-up-forge`: publishes an outbox whose status words say its last call was the world's
-//!   barrier #0 and failed naming `--named` (any word), and never takes part in it: the
+//! * `gave-up-forge`: publishes an outbox whose status words say the last collective it failed
+//!   was the world's barrier #0, naming `--named` (any number), and never takes part in it: the
 //!   victims' barrier must fail at once naming this rank, and its word only as a rank of the
 //!   world. Prints `forging` once the words are written, then lingers.
 
@@ -66,7 +66,7 @@ pub struct Args {
     /// relay-flood and notice-flood: how many.
     #[arg(long, default_value_t = 1000)]
     count: u64,
-    /// gave-up-forge: the word it writes for the rank its failed call named.
+    /// gave-up-forge: the rank it says its failed call named (its low 32 bits).
     #[arg(long, default_value_t = 0)]
     named: u64,
 }
@@ -168,7 +168,8 @@ fn gave_up_forge(socket: &str, rank: Option<u32>, named: u64) -> Result<(), Stri
         // The world's stream (0), as a collective publishes it.
         (w::LAST_GROUP_PEER, u64::from(u32::MAX) << 32),
         (w::LAST_KIND, u64::from(kind::BARRIER)),
-        (w::LAST_FAILED, named),
+        (w::FAILED_STREAM_NAMED, named & u64::from(u32::MAX)),
+        (w::FAILED_SEQ, 0),
     ] {
         slot[at].store(value, Relaxed);
     }
