@@ -130,8 +130,9 @@ impl Activity {
                 // number and group.
                 let stream_named = words[w::FAILED_STREAM_NAMED];
                 last.failed = !receive
+                    && stream_named & w::FAILED_RECORD != 0
                     && last.seq.is_some_and(|seq| seq == words[w::FAILED_SEQ])
-                    && last.group == Some((stream_named >> 32) as u32);
+                    && last.group == Some((stream_named >> 32) as u32 & 0x7fff_ffff);
                 last.failed_naming =
                     Some(stream_named as u32).filter(|&rank| last.failed && rank != u32::MAX);
                 if activity.last.is_none() || done > last_done {

@@ -65,9 +65,13 @@ pub mod status_word {
     /// between. This rank has left that collective and sends nothing more for it: a rank
     /// waiting for it there reads this to fail at once instead of at its deadline.
     pub const FAILED_SEQ: usize = 14;
-    /// That collective's group stream (as in [`GROUP_PEER`]) in the high 32 bits, and the rank
-    /// its error named (a world rank) in the low 32 (`u32::MAX`: none).
+    /// That collective's record: bit 63 set ([`FAILED_RECORD`]; a word without it records
+    /// nothing, so zeroed or half-written words never read as a failure), its group's stream (as
+    /// in [`GROUP_PEER`]) in bits 32 to 62, and the rank its error named (a world rank) in the
+    /// low 32 (`u32::MAX`: none).
     pub const FAILED_STREAM_NAMED: usize = 15;
+    /// The bit of [`FAILED_STREAM_NAMED`] that makes it a record.
+    pub const FAILED_RECORD: u64 = 1 << 63;
 }
 
 /// Written once by an outbox's owner before it seals the file; read (copied out) and checked by

@@ -124,7 +124,8 @@ impl Publisher {
             if failed != NONE && seq != NONE {
                 let stream = words[w::GROUP_PEER].load(Ordering::Relaxed) & u64::from(u32::MAX);
                 let named = failed & u64::from(u32::MAX);
-                words[w::FAILED_STREAM_NAMED].store(stream << 32 | named, Ordering::Relaxed);
+                words[w::FAILED_STREAM_NAMED]
+                    .store(w::FAILED_RECORD | stream << 32 | named, Ordering::Relaxed);
                 words[w::FAILED_SEQ].store(seq, Ordering::Relaxed);
             }
             words[w::LAST_DONE].store(shmbroker_handshake::clock::now(), Ordering::Relaxed);
@@ -336,7 +337,8 @@ impl Session {
         // number): it has left it, and sends nothing more for it.
         let stream_named = theirs[w::FAILED_STREAM_NAMED];
         let gave_up = (theirs[w::FAILED_SEQ] == seq
-            && stream_named >> 32 == group & u64::from(u32::MAX))
+            && stream_named & w::FAILED_RECORD != 0
+            && (stream_named >> 32) & 0x7fff_ffff == group & u64::from(u32::MAX))
         .then(|| {
             // Its word: believed only as a rank of this world.
             let named = stream_named as u32;
@@ -443,11 +445,17 @@ mod tests {
         // Failed: the last failed collective is this one (number 11, the world's stream 0).
         // Rank 0 is a rank like any other; `u32::MAX` names none. Another number or stream
         // is an earlier failure, not this call's.
+        // A record needs its bit: zeroed words record nothing.
         for (seq, stream_named, ended) in [
-            (11, 0, "failed 9.8 s ago naming rank 0"),
-            (11, u64::from(u32::MAX), "failed 9.8 s ago"),
-            (10, 0, "finished 9.8 s ago"),
-            (11, 1 << 32, "finished 9.8 s ago"),
+            (11, w::FAILED_RECORD, "failed 9.8 s ago naming rank 0"),
+            (
+                11,
+                w::FAILED_RECORD | u64::from(u32::MAX),
+                "failed 9.8 s ago",
+            ),
+            (10, w::FAILED_RECORD, "finished 9.8 s ago"),
+            (11, w::FAILED_RECORD | 1 << 32, "finished 9.8 s ago"),
+            (11, 0, "finished 9.8 s ago"),
         ] {
             (done[0][w::FAILED_SEQ], done[0][w::FAILED_STREAM_NAMED]) = (seq, stream_named);
             assert_eq!(

@@ -168,7 +168,10 @@ fn gave_up_forge(socket: &str, rank: Option<u32>, named: u64) -> Result<(), Stri
         // The world's stream (0), as a collective publishes it.
         (w::LAST_GROUP_PEER, u64::from(u32::MAX) << 32),
         (w::LAST_KIND, u64::from(kind::BARRIER)),
-        (w::FAILED_STREAM_NAMED, named & u64::from(u32::MAX)),
+        (
+            w::FAILED_STREAM_NAMED,
+            w::FAILED_RECORD | named & u64::from(u32::MAX),
+        ),
         (w::FAILED_SEQ, 0),
     ] {
         slot[at].store(value, Relaxed);
