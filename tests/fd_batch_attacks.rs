@@ -65,6 +65,17 @@ fn ticket(fd: BorrowedFd<'_>) -> FdTicket {
     }
 }
 
+/// The tickets of `fds`, this process's, in order.
+fn tickets_of(fds: &[OwnedFd]) -> Vec<FdTicket> {
+    fds.iter().map(|fd| ticket(fd.as_fd())).collect()
+}
+
+/// The ring slots of the ticket message of the exchange numbered [`FIRST`], holding `tickets`.
+fn ticket_slots(tickets: &[FdTicket]) -> Vec<Message> {
+    let bytes: &[u8] = bytemuck::cast_slice(tickets);
+    eager(kind::FD_TICKET, FIRST, bytes.len() as u32, bytes)
+}
+
 /// The ring slots of an eager message of `bytes` (a header, then continuation slots), as a
 /// correct sender writes them, whatever `len` it declares.
 fn eager(op: u32, tag: u64, len: u32, bytes: &[u8]) -> Vec<Message> {
@@ -172,7 +183,7 @@ fn a_ticket_naming_another_process_is_refused_in_every_position_of_a_batch() {
     let target = nix::sys::stat::stat(format!("/proc/{}/fd/1", bystander.id()).as_str()).unwrap();
     let own: Vec<OwnedFd> = (0..3).map(|i| memfd_with(&format!("o{i}"))).collect();
     for at in 0..3 {
-        let mut tickets: Vec<FdTicket> = own.iter().map(|fd| ticket(fd.as_fd())).collect();
+        let mut tickets = tickets_of(&own);
         tickets[at] = FdTicket {
             pid: bystander.id(),
             fd: 1,
@@ -180,9 +191,7 @@ fn a_ticket_naming_another_process_is_refused_in_every_position_of_a_batch() {
             ino: target.st_ino,
             token: 0,
         };
-        let bytes: &[u8] = bytemuck::cast_slice(&tickets);
-        let slots = eager(kind::FD_TICKET, FIRST, bytes.len() as u32, bytes);
-        let (outcome, took, gained) = victim_of("fdb-pid", 3, &slots, true);
+        let (outcome, took, gained) = victim_of("fdb-pid", 3, &ticket_slots(&tickets), true);
         match &outcome {
             Err(Error::Protocol { peer: 1, detail }) if detail.contains("fd ticket names pid") => {}
             other => panic!("position {at}: {other:?}"),
@@ -200,14 +209,12 @@ fn a_stale_ticket_in_any_position_of_a_batch_fails_and_leaks_nothing() {
     let own: Vec<OwnedFd> = (0..4).map(|i| memfd_with(&format!("o{i}"))).collect();
     let other = memfd_with("other");
     for at in 0..4 {
-        let mut tickets: Vec<FdTicket> = own.iter().map(|fd| ticket(fd.as_fd())).collect();
+        let mut tickets = tickets_of(&own);
         // Names fd `at` by number, but another file.
         let named = ticket(other.as_fd());
         tickets[at].dev = named.dev;
         tickets[at].ino = named.ino;
-        let bytes: &[u8] = bytemuck::cast_slice(&tickets);
-        let slots = eager(kind::FD_TICKET, FIRST, bytes.len() as u32, bytes);
-        let (outcome, took, gained) = victim_of("fdb-stale", 4, &slots, true);
+        let (outcome, took, gained) = victim_of("fdb-stale", 4, &ticket_slots(&tickets), true);
         match &outcome {
             Err(Error::StaleFdTicket { exporter: 1, .. }) => {}
             other => panic!("position {at}: {other:?}"),
@@ -221,7 +228,7 @@ fn a_stale_ticket_in_any_position_of_a_batch_fails_and_leaks_nothing() {
 fn malformed_ticket_messages_name_the_sender_within_the_deadline_and_leak_nothing() {
     let _serial = serial();
     let own: Vec<OwnedFd> = (0..3).map(|i| memfd_with(&format!("o{i}"))).collect();
-    let tickets: Vec<FdTicket> = own.iter().map(|fd| ticket(fd.as_fd())).collect();
+    let tickets = tickets_of(&own);
     let good: Vec<u8> = bytemuck::cast_slice(&tickets).to_vec();
     let one_slot = |len: u32| eager(kind::FD_TICKET, FIRST, len, &good[..(len as usize).min(32)]);
     // (what, count rank 0 passes, slots, whether rank 1 also sends its status)
@@ -323,9 +330,9 @@ fn a_rank_waiting_for_the_victim_of_a_malformed_ticket_fails_at_once_naming_both
         })
     };
     let own: Vec<OwnedFd> = (0..3).map(|i| memfd_with(&format!("o{i}"))).collect();
-    let tickets: Vec<FdTicket> = own.iter().map(|fd| ticket(fd.as_fd())).collect();
+    let tickets = tickets_of(&own);
     let good: &[u8] = bytemuck::cast_slice(&tickets);
-    raw_send_to(&mut one, 2, &eager(kind::FD_TICKET, FIRST, 96, good));
+    raw_send_to(&mut one, 2, &ticket_slots(&tickets));
     raw_send_to(
         &mut one,
         2,
@@ -420,13 +427,7 @@ fn a_relayed_fd_that_comes_after_the_importer_gave_up_is_not_kept() {
     let (_world, mut zero, mut one) = pair("fdb-late-relay");
     zero.set_fd_transport(FdTransport::Relay);
     let theirs: Vec<OwnedFd> = (0..3).map(|i| memfd_with(&format!("t{i}"))).collect();
-    let tickets: Vec<FdTicket> = theirs.iter().map(|fd| ticket(fd.as_fd())).collect();
-    let bytes: &[u8] = bytemuck::cast_slice(&tickets);
-    raw_send_to(
-        &mut one,
-        0,
-        &eager(kind::FD_TICKET, FIRST, bytes.len() as u32, bytes),
-    );
+    raw_send_to(&mut one, 0, &ticket_slots(&tickets_of(&theirs)));
     // Rank 1 imports nothing by relay (it would take rank 0's otherwise: not the point).
     raw_status(&mut one, 0, 0);
     let mine: Vec<OwnedFd> = (0..3).map(|i| memfd_with(&format!("m{i}"))).collect();
@@ -470,13 +471,7 @@ fn a_relayed_fd_other_than_its_ticket_names_is_refused_naming_the_exporter_and_l
     zero.set_fd_transport(FdTransport::Relay);
     let theirs: Vec<OwnedFd> = (0..3).map(|i| memfd_with(&format!("t{i}"))).collect();
     let other = memfd_with("other");
-    let tickets: Vec<FdTicket> = theirs.iter().map(|fd| ticket(fd.as_fd())).collect();
-    let bytes: &[u8] = bytemuck::cast_slice(&tickets);
-    raw_send_to(
-        &mut one,
-        0,
-        &eager(kind::FD_TICKET, FIRST, bytes.len() as u32, bytes),
-    );
+    raw_send_to(&mut one, 0, &ticket_slots(&tickets_of(&theirs)));
     raw_status(&mut one, 0, 0);
     let token = |index: u64| FIRST | index << 48;
     let relayed = [theirs[0].as_fd(), other.as_fd(), theirs[2].as_fd()];
