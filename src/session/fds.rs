@@ -980,11 +980,13 @@ impl Session {
             .iter()
             .any(|s| s.stale != 0 || s.miscounted != 0 || s.exhausted != 0 || s.forged != 0);
         // An exporter that gave this exchange up because a rank died closes its fds, and its
-        // tickets then read as stale: that death is the cause, and is named as in any collective.
-        if (mine.is_some() || any_failed)
-            && let Some(rank) = self.inner.lost_rank()
-        {
-            return Err(self.collective_lost(rank));
+        // tickets then read as stale: that death is the cause, and is named as in any collective
+        // (a death of this team's: one from before a shrink or a rejoin is no cause).
+        if mine.is_some() || any_failed {
+            let _ = self.inner.lost_rank();
+            if let Some(rank) = self.team_lost_rank() {
+                return Err(self.collective_lost(rank));
+            }
         }
         match mine {
             Some(Failure::Stale {
