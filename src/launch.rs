@@ -13,7 +13,13 @@
 //!
 //! `SHMBROKER_RANK`, `SHMBROKER_WORLD_SIZE` and `SHMBROKER_SOCKET` override all of them. Under
 //! MPI launchers every local rank is a child of the same local launcher process, so the parent
-//! pid is a job id that two jobs on one node never share.
+//! pid is a job id that two jobs on one node never share. torchrun's default run id, `none`,
+//! names no job, so the parent pid (torchrun's agent) is added to it.
+//!
+//! A launcher's socket lies in a directory private to this user, `shmbroker-<uid>` under
+//! `$XDG_RUNTIME_DIR` (or the temp dir), made with mode 0700 and checked before use
+//! ([`Launch::private_dir`]): another user can neither take the path first nor put a file
+//! there, and jobs of two users with the same job id never meet.
 
 use std::path::PathBuf;
 
@@ -31,6 +37,11 @@ pub struct Launch {
     /// Whether a broker already listens on [`Self::socket`] (`SHMBROKER_BROKER=external`), so
     /// that rank 0 must not start one.
     pub external_broker: bool,
+    /// The directory [`Self::socket`] lies in when the launcher's job id named it: it must be
+    /// private to this user, and is made so if missing
+    /// ([`private_dir`](shmbroker_handshake::private_dir)). `None` for a path given by
+    /// `SHMBROKER_SOCKET`.
+    pub private_dir: Option<PathBuf>,
 }
 
 /// The variable that says whether local rank 0 hosts the broker (`embedded`, the default) or one
@@ -106,14 +117,19 @@ fn sanitize(id: &str) -> String {
         .collect()
 }
 
-/// Reads the launch environment through `var` (for tests; [`from_env`] uses the real one).
+/// Reads the launch environment through `var` for a process whose parent is `parent_pid` and
+/// whose effective uid is `uid` (for tests; [`from_env`] uses the real ones).
 ///
 /// # Errors
 ///
 /// A message naming the variables when none says where this worker stands, when one of a pair
 /// is missing or not a number, when a rank is not below its world size, or when two launchers
 /// disagree.
-pub fn detect(var: &dyn Fn(&str) -> Option<String>, parent_pid: u32) -> Result<Launch, String> {
+pub fn detect(
+    var: &dyn Fn(&str) -> Option<String>,
+    parent_pid: u32,
+    uid: u32,
+) -> Result<Launch, String> {
     // (rank, size, job, source) from every launcher whose variables are present.
     let mut found: Vec<(u32, u32, String, String)> = Vec::new();
     for launcher in &LAUNCHERS {
@@ -137,6 +153,11 @@ pub fn detect(var: &dyn Fn(&str) -> Option<String>, parent_pid: u32) -> Result<L
                     .iter()
                     .find_map(|name| var(name))
                     .unwrap_or_else(|| format!("ppid{parent_pid}"));
+                let job = match launcher.name {
+                    // torchrun's default `--rdzv-id`: every job has it.
+                    "torchrun" if job == "none" => format!("none-ppid{parent_pid}"),
+                    _ => job,
+                };
                 let job = match (launcher.name, var("TORCHELASTIC_RESTART_COUNT")) {
                     ("torchrun", Some(restart)) => format!("{job}-r{restart}"),
                     _ => job,
@@ -196,15 +217,16 @@ pub fn detect(var: &dyn Fn(&str) -> Option<String>, parent_pid: u32) -> Result<L
             "rank {rank} is not below the local world size {world_size}"
         ));
     }
-    let socket = match var("SHMBROKER_SOCKET") {
-        Some(socket) => PathBuf::from(socket),
+    let (socket, private_dir) = match var("SHMBROKER_SOCKET") {
+        Some(socket) => (PathBuf::from(socket), None),
         None => {
             let job = launcher.map(|f| f.2.clone()).ok_or(
                 "SHMBROKER_RANK and SHMBROKER_WORLD_SIZE need SHMBROKER_SOCKET when no launcher \
                  names the job",
             )?;
-            let dir = var("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
-            dir.join(format!("shmbroker-{job}.sock"))
+            let base = var("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+            let dir = base.join(format!("shmbroker-{uid}"));
+            (dir.join(format!("{job}.sock")), Some(dir))
         }
     };
     let source = match (rank_override, launcher) {
@@ -226,6 +248,7 @@ pub fn detect(var: &dyn Fn(&str) -> Option<String>, parent_pid: u32) -> Result<L
         socket,
         source,
         external_broker,
+        private_dir,
     })
 }
 
@@ -238,6 +261,7 @@ pub fn from_env() -> Result<Launch, String> {
     detect(
         &|name| std::env::var(name).ok(),
         std::os::unix::process::parent_id(),
+        nix::unistd::geteuid().as_raw(),
     )
 }
 
@@ -251,7 +275,7 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).into(), (*v).into()))
             .collect();
-        detect(&|name| map.get(name).cloned(), 4242)
+        detect(&|name| map.get(name).cloned(), 4242, 1000)
     }
 
     #[test]
@@ -265,7 +289,11 @@ mod tests {
         assert_eq!((launch.rank, launch.world_size), (2, 4));
         assert_eq!(
             launch.socket,
-            PathBuf::from("/run/user/7/shmbroker-openmpi-ppid4242.sock")
+            PathBuf::from("/run/user/7/shmbroker-1000/openmpi-ppid4242.sock")
+        );
+        assert_eq!(
+            launch.private_dir,
+            Some(PathBuf::from("/run/user/7/shmbroker-1000"))
         );
 
         let launch = with(&[
@@ -275,7 +303,7 @@ mod tests {
         ])
         .unwrap();
         assert!(
-            launch.socket.ends_with("shmbroker-mpich-kvs_9.sock"),
+            launch.socket.ends_with("shmbroker-1000/mpich-kvs_9.sock"),
             "{launch:?}"
         );
 
@@ -288,7 +316,9 @@ mod tests {
         .unwrap();
         assert_eq!((launch.rank, launch.world_size), (1, 8));
         assert!(
-            launch.socket.ends_with("shmbroker-torchrun-job_7-r1.sock"),
+            launch
+                .socket
+                .ends_with("shmbroker-1000/torchrun-job_7-r1.sock"),
             "{launch:?}"
         );
 
@@ -302,7 +332,7 @@ mod tests {
         .unwrap();
         assert_eq!((launch.rank, launch.world_size), (2, 3));
         assert!(
-            launch.socket.ends_with("shmbroker-slurm-123.4.sock"),
+            launch.socket.ends_with("shmbroker-1000/slurm-123.4.sock"),
             "{launch:?}"
         );
     }
@@ -322,6 +352,7 @@ mod tests {
         .unwrap();
         assert_eq!((launch.rank, launch.world_size), (1, 2));
         assert_eq!(launch.socket, PathBuf::from("/tmp/mine.sock"));
+        assert_eq!(launch.private_dir, None);
     }
 
     #[test]
@@ -364,6 +395,23 @@ mod tests {
         );
         let error = with(&[("SHMBROKER_RANK", "0"), ("SHMBROKER_WORLD_SIZE", "1")]).unwrap_err();
         assert!(error.contains("need SHMBROKER_SOCKET"), "{error}");
+    }
+
+    #[test]
+    fn torchruns_default_run_id_is_told_apart_by_the_agent() {
+        let launch = with(&[
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("TORCHELASTIC_RUN_ID", "none"),
+            ("TORCHELASTIC_RESTART_COUNT", "0"),
+        ])
+        .unwrap();
+        assert!(
+            launch
+                .socket
+                .ends_with("shmbroker-1000/torchrun-none-ppid4242-r0.sock"),
+            "{launch:?}"
+        );
     }
 
     #[test]

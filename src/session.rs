@@ -541,8 +541,12 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::Logon`] when the broker cannot be started or reached.
+    /// [`Error::Logon`] when the broker cannot be started or reached, when the socket's
+    /// directory is not private to this user, or when the broker there runs as another user.
     pub fn from_launch(launch: &crate::launch::Launch, timeout: Duration) -> Result<Self, Error> {
+        if let Some(dir) = &launch.private_dir {
+            shmbroker_handshake::private_dir(dir)?;
+        }
         let embedded = if launch.rank == 0 && !launch.external_broker {
             let config = shmbroker_handshake::Config {
                 world_size: launch.world_size,

@@ -1411,3 +1411,51 @@ fn mismatched_collectives_fail_at_once_naming_both_calls() {
         assert_eq!(unsafe { shmbroker_close(s as *mut _) }, SHMBROKER_OK);
     }
 }
+
+/// A socket listening at `path` as effective uid `uid`: `SO_PEERCRED` names that uid to whoever
+/// connects. Only this thread's uid changes (a raw `setresuid`, not libc's, which changes every
+/// thread's), and it is put back before the thread ends. Needs root.
+fn listen_as(uid: u32, path: std::path::PathBuf) -> std::os::unix::net::UnixListener {
+    std::thread::spawn(move || {
+        let set_euid = |euid: u32| {
+            let keep = nix::libc::uid_t::MAX;
+            // SAFETY: setresuid takes three integers; only the effective uid changes, and only
+            // this thread's (the raw system call).
+            let rc = unsafe { nix::libc::syscall(nix::libc::SYS_setresuid, keep, euid, keep) };
+            assert_eq!(rc, 0, "setresuid: {}", std::io::Error::last_os_error());
+        };
+        set_euid(uid);
+        let listener = std::os::unix::net::UnixListener::bind(&path);
+        set_euid(0);
+        listener.unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn a_broker_of_another_user_is_refused_naming_its_uid() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: listening as another uid needs root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = shmbroker_sys::TempDir::new("capi-squat").unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let socket = dir.path().join("broker.sock");
+    // It never answers: without the check, the logon would wait for it to its deadline.
+    let _squatter = listen_as(65534, socket.clone());
+    let path = CString::new(socket.to_str().unwrap()).unwrap();
+    let mut s = null_mut();
+    let started = std::time::Instant::now();
+    // SAFETY: a NUL-terminated path and a writable out pointer.
+    let rc = unsafe { shmbroker_connect(path.as_ptr(), 0, 60_000, &mut s) };
+    assert_eq!(rc, SHMBROKER_E_LOGON);
+    assert!(s.is_null());
+    let error = last_error();
+    assert!(
+        error.contains("runs as uid 65534") && error.contains("SHMBROKER_BROKER_UID"),
+        "{error}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30), "{error}");
+}

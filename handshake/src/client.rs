@@ -718,8 +718,9 @@ pub fn status(
 
 /// Connects to the broker at `path` by `deadline` (`timeout` from the call's start), with the
 /// error a caller reports.
+/// The broker's credentials are checked before the caller sends anything.
 fn reach(path: &Path, deadline: Instant, timeout: Duration) -> Result<UnixStream, Error> {
-    connect_until(path, deadline).map_err(|e| match e {
+    let stream = connect_until(path, deadline).map_err(|e| match e {
         Retried::GaveUp(last) => Error::Unreachable {
             path: path.to_path_buf(),
             timeout,
@@ -732,7 +733,9 @@ fn reach(path: &Path, deadline: Instant, timeout: Duration) -> Result<UnixStream
             path: path.to_path_buf(),
             source,
         },
-    })
+    })?;
+    crate::trust::check_broker(&stream, path)?;
+    Ok(stream)
 }
 
 /// Why connecting stopped.

@@ -23,6 +23,40 @@ pub enum Error {
         /// The socket path.
         path: PathBuf,
     },
+    /// The broker listening on the path runs as another user: nothing was sent to it. A job's
+    /// broker runs as the job's user or as root; [`BROKER_UID_VAR`](crate::BROKER_UID_VAR)
+    /// trusts one more uid.
+    #[error(
+        "the broker at {} runs as uid {uid} (pid {pid}), not as this user (uid {mine}) or root: \
+         refusing to log on to another user's broker (set {var}={uid} if you trust it)",
+        path.display(),
+        var = crate::BROKER_UID_VAR
+    )]
+    UntrustedBroker {
+        /// The socket path.
+        path: PathBuf,
+        /// The broker's uid (`SO_PEERCRED`).
+        uid: u32,
+        /// The broker's pid, as this process's namespace sees it (0 outside it).
+        pid: i32,
+        /// This process's effective uid.
+        mine: u32,
+    },
+    /// A private socket directory is not private: another user owns it, or others may write
+    /// it. Nothing was bound or reached there.
+    #[error(
+        "{} is not a private directory of this user (uid {mine}): {why}; remove it, or set \
+         SHMBROKER_SOCKET to a path in a directory only you can write",
+        path.display()
+    )]
+    NotPrivate {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong: its owner or its mode.
+        why: String,
+        /// This process's effective uid.
+        mine: u32,
+    },
     /// The path exists and is not a socket: a broker will not bind over it (it is left alone),
     /// and a worker will not wait for a broker there.
     #[error("{} exists and is not a socket (is the path right?)", path.display())]

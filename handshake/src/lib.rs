@@ -1,8 +1,9 @@
 //! The logon protocol: how a worker process meets the broker and gets its shared memory.
 //!
 //! A broker [`Listener::bind`]s a UNIX stream socket (mode 0600) and serves logons. A worker
-//! calls [`connect`]`(path, logon, timeout)`; the broker checks who is calling (`SO_PEERCRED`: the
-//! same uid by default, an allow-list otherwise), validates every field of the [`LogonFrame`](shmbroker_bindings::LogonFrame)
+//! calls [`connect`]`(path, logon, timeout)`. The worker first checks who answers (`SO_PEERCRED`:
+//! its own uid or root, see [`BROKER_UID_VAR`]) and sends nothing to anyone else; the broker
+//! checks who is calling (`SO_PEERCRED`: the same uid by default, an allow-list otherwise), validates every field of the [`LogonFrame`](shmbroker_bindings::LogonFrame)
 //! against its [`Config`], gives the worker a rank, and answers with a manifest and every fd the
 //! worker needs (its rings to and from each peer) in one `SCM_RIGHTS` message. The worker's socket
 //! stays open for the whole session: it carries the worker's goodbye, fds relayed between
@@ -71,6 +72,8 @@ mod liveness {
 }
 mod sync;
 #[cfg(not(loom))]
+mod trust;
+#[cfg(not(loom))]
 pub mod wire;
 
 #[cfg(not(loom))]
@@ -84,6 +87,8 @@ pub use client::{
 pub use error::{Error, ProtocolError};
 #[cfg(not(loom))]
 pub use liveness::{Departure, Interrupter, LeftAfter, TIMED_OUT};
+#[cfg(not(loom))]
+pub use trust::{BROKER_UID_VAR, private_dir, trusts};
 #[cfg(not(loom))]
 pub use wire::MAX_WORLD_SIZE;
 

@@ -1415,6 +1415,7 @@ fn connect(
                 socket,
                 source: "shmbroker.connect(path, rank, world_size=...)".into(),
                 external_broker: false,
+                private_dir: None,
             };
             py.detach(|| Session::from_launch(&launch, timeout))
         }
