@@ -402,6 +402,7 @@ impl Deadline {
             waiting_for,
             timeout: self.timeout,
             diagnosis: Vec::new(),
+            stopped: None,
         }
     }
 }
@@ -588,6 +589,7 @@ impl Session {
         let outbox = Outbox::create(inner.rank(), outbox_bytes).map_err(Error::OwnOutbox)?;
         if world > 1 {
             inner.publish_outbox(outbox.fd(), timeout)?;
+            inner.publish_heartbeat(outbox.status());
         }
         let cpus = cpus_allowed();
         let waiting = match spin_from_env()? {

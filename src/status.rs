@@ -94,6 +94,9 @@ pub struct Activity {
     pub last: Option<Call>,
     /// Bytes of its outbox in blocks (sent and not given back, loaned, being filled).
     pub outbox_used: u64,
+    /// How long ago its watcher thread last ran (it runs every 100 ms while the process runs),
+    /// when it has said: for a stopped process, about how long it has been stopped.
+    pub last_ran: Option<Duration>,
 }
 
 impl Activity {
@@ -104,6 +107,8 @@ impl Activity {
     pub fn read(status: &Snapshot, now: u64) -> Option<Self> {
         let mut activity = Self {
             outbox_used: status[0][w::OUTBOX_USED],
+            // A time in the future says nothing, and makes nothing else unreadable.
+            last_ran: age(status[RECEIVE_SLOT][w::ALIVE], now).flatten(),
             ..Self::default()
         };
         let mut last_done = 0;
@@ -255,6 +260,29 @@ pub fn describe(rank: u32, status: &Snapshot, now: u64) -> String {
     }
 }
 
+/// [`describe`] for a rank whose process is stopped: `rank R is stopped (it has not run for
+/// <time>): it was in <call> ...`, with what its status words said when it stopped.
+#[must_use]
+pub fn describe_stopped(rank: u32, status: &Snapshot, now: u64) -> String {
+    let ran = Activity::read(status, now)
+        .and_then(|activity| activity.last_ran)
+        .map(|ago| format!(" (it has not run for {})", seconds_text(ago)))
+        .unwrap_or_default();
+    let said = describe(rank, status, now);
+    let was = said
+        .strip_prefix(&format!("rank {rank} is "))
+        .map_or(said.clone(), |rest| format!("it was {rest}"));
+    format!("rank {rank} is stopped{ran}: {was}")
+}
+
+/// `stopped` and, when known, for how long (`stopped 2.1 s`), for a stopped rank's state cell.
+fn stopped_cell(activity: Option<&Activity>) -> String {
+    match activity.and_then(|activity| activity.last_ran) {
+        Some(ago) => format!("stopped {}", seconds_text(ago)),
+        None => "stopped".into(),
+    }
+}
+
 /// The job's id as text: `0x…`, or `-` when none was given.
 fn job_text(report: &StatusReport) -> String {
     match report.header.job_id {
@@ -301,10 +329,17 @@ pub fn table(report: &StatusReport) -> String {
         } else {
             record.pid.to_string()
         };
+        let activity = (record.outbox_bytes != 0)
+            .then(|| Activity::read(&record.status, now))
+            .flatten();
+        let state_cell = match state {
+            RankState::Stopped => stopped_cell(activity.as_ref()),
+            other => other.name().into(),
+        };
         let mut row = [
             record.rank.to_string(),
             pid,
-            state.name().into(),
+            state_cell,
             "-".into(),
             "-".into(),
             "-".into(),
@@ -318,7 +353,7 @@ pub fn table(report: &StatusReport) -> String {
             "-".into(),
         ];
         if record.outbox_bytes != 0 {
-            match Activity::read(&record.status, now) {
+            match activity {
                 None => row[3] = "unreadable".into(),
                 Some(activity) => {
                     if !activity.calls.is_empty() {
@@ -417,6 +452,11 @@ pub fn json_lines(report: &StatusReport) -> String {
             .flatten();
         let unreadable = record.outbox_bytes != 0 && activity.is_none();
         let activity = activity.unwrap_or_default();
+        let stopped_seconds = if state == RankState::Stopped {
+            seconds(activity.last_ran)
+        } else {
+            null()
+        };
         let first = activity.calls.first();
         let calls: Vec<String> = activity.calls.iter().map(|c| string(&c.text())).collect();
         let fill: Vec<String> = record.ring_fill[..world.min(record.ring_fill.len())]
@@ -437,7 +477,8 @@ pub fn json_lines(report: &StatusReport) -> String {
             text,
             "{{\"job\":{job},\"rank\":{},\"pid\":{},\"state\":{},\"call\":{},\"seconds\":{},\
              \"waiting_for\":{},\"calls\":[{}],\"last_call\":{},\"last_seconds_ago\":{},\
-             \"last_failed\":{},\"last_failed_naming\":{},\"outbox_bytes\":{},\"outbox_used\":{},\"ring_fill\":[{}],\"readable\":{}}}",
+             \"last_failed\":{},\"last_failed_naming\":{},\"stopped_seconds\":{},\
+             \"outbox_bytes\":{},\"outbox_used\":{},\"ring_fill\":[{}],\"readable\":{}}}",
             record.rank,
             if state == RankState::NeverJoined {
                 null()
@@ -467,6 +508,7 @@ pub fn json_lines(report: &StatusReport) -> String {
                 .as_ref()
                 .and_then(|c| c.failed_naming)
                 .map_or_else(null, |r| r.to_string()),
+            stopped_seconds,
             record.outbox_bytes,
             activity.outbox_used,
             fill.join(","),

@@ -198,3 +198,92 @@ fn a_rank_that_forges_its_status_words_spoils_only_its_own_row() {
         (0..2).all(|rank| json_of(lines, rank).contains("\"call\":\"barrier #"))
     });
 }
+
+/// How many times the stop test stops a rank: `STOP_TRIALS`, 4 by default.
+fn stop_trials() -> u64 {
+    std::env::var("STOP_TRIALS").map_or(4, |n| n.parse().unwrap())
+}
+
+/// A rank stopped (SIGSTOP) at a random moment of a job that runs every collective at many
+/// sizes: `status` reads it as stopped, and every survivor's timeout names it as stopped, even
+/// when the survivor waited for another rank that waits for it.
+#[test]
+fn a_stopped_rank_reads_stopped_and_every_timeout_names_it() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    const WORLD: u32 = 4;
+    let seed = std::process::id();
+    for trial in 0..stop_trials() {
+        let tmp = TempDir::new(&format!("status-stop-{trial}")).unwrap();
+        let socket = tmp.path().join("broker.sock");
+        let _broker = common::serve(&socket, &["--workers", &WORLD.to_string()]);
+        let socket = socket.to_str().unwrap();
+        let workers: Vec<ChildGuard> = (0..WORLD)
+            .map(|rank| {
+                common::spawn(&mut common::shmbroker(&[
+                    "worker",
+                    "--socket",
+                    socket,
+                    "--rank",
+                    &rank.to_string(),
+                    "--selftest",
+                    "--only",
+                    "sizes",
+                    "--max-bytes",
+                    "1048576",
+                    "--repeat",
+                    "1000000",
+                    "--timeout-ms",
+                    "1500",
+                ]))
+            })
+            .collect();
+        // A victim and a moment from the seed: every rank running, then somewhere in its loop.
+        let mix = u64::from(seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ trial.wrapping_mul(31);
+        let victim = (mix % u64::from(WORLD)) as u32;
+        status_until(socket, "saw every rank in a call", |lines| {
+            (0..WORLD).all(|rank| json_of(lines, rank).contains("\"call\":\""))
+        });
+        std::thread::sleep(Duration::from_millis(20 + (mix >> 8) % 300));
+        let victim_pid = Pid::from_raw(workers[victim as usize].id() as i32);
+        kill(victim_pid, Signal::SIGSTOP).unwrap();
+        let lines = status_until(socket, "saw the victim stopped", |lines| {
+            json_of(lines, victim).contains("\"state\":\"stopped\"")
+        });
+        let line = json_of(&lines, victim);
+        assert!(!line.contains("\"stopped_seconds\":null"), "{line}");
+        let table = status(socket, &[]);
+        let row = table
+            .lines()
+            .find(|row| row.starts_with(&format!("{victim}  ")))
+            .unwrap();
+        assert!(row.contains("stopped"), "{table}");
+        // Every survivor fails within its deadline, naming the victim as stopped. The victim's
+        // guard kills it only after them.
+        let mut stopped_one = None;
+        for (rank, worker) in (0..WORLD).zip(workers) {
+            if rank == victim {
+                stopped_one = Some(worker);
+                continue;
+            }
+            let (ok, stdout, stderr) = common::finish(worker);
+            assert!(!ok, "trial {trial}: rank {rank} ran on: {stdout}");
+            // A timeout says the victim is stopped. A survivor that failed because another gave
+            // up first names the victim as that one's cause: it left, or gave the collective
+            // up, over the victim.
+            let named = [
+                format!("rank {victim} is stopped"),
+                format!("rank {victim}, which is stopped"),
+                format!("left the session after timing out waiting for rank {victim}"),
+                format!("failed naming rank {victim})"),
+            ];
+            let how = named.iter().position(|text| stderr.contains(text.as_str()));
+            assert!(
+                how.is_some(),
+                "trial {trial}: rank {rank} of {WORLD}, victim {victim}: {stderr}"
+            );
+            eprintln!("stop trial {trial}: rank {rank} named victim {victim} by form {how:?}");
+        }
+        drop(stopped_one);
+    }
+}

@@ -35,6 +35,9 @@ pub enum RankState {
     Left = 2,
     /// Went without a goodbye (its socket closed or its process exited).
     Dead = 3,
+    /// Logged on and still there, but its process is stopped (`SIGSTOP`, `SIGTSTP`, a
+    /// debugger): it runs no code until it is continued.
+    Stopped = 4,
 }
 
 impl RankState {
@@ -46,11 +49,12 @@ impl RankState {
             1 => Self::Running,
             2 => Self::Left,
             3 => Self::Dead,
+            4 => Self::Stopped,
             _ => return None,
         })
     }
 
-    /// As `shmbroker status` prints it: `never joined`, `running`, `left`, `dead`.
+    /// As `shmbroker status` prints it: `never joined`, `running`, `left`, `dead`, `stopped`.
     #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
@@ -58,6 +62,7 @@ impl RankState {
             Self::Running => "running",
             Self::Left => "left",
             Self::Dead => "dead",
+            Self::Stopped => "stopped",
         }
     }
 }

@@ -306,6 +306,13 @@ impl Connection {
         self.shared.broker_lost()
     }
 
+    /// Has the watcher thread stamp `status_word::ALIVE` in `words` (this worker's own) every
+    /// `clock::TICK`, so that a reader who finds this process stopped can say for how long.
+    /// Only the first call counts.
+    pub fn publish_heartbeat(&self, words: shmbroker_allocator::StatusWords) {
+        let _ = self.shared.heartbeat.set(words);
+    }
+
     /// Publishes this worker's outbox: the broker checks its seals and passes it to every peer.
     /// Call it once, with a memfd sealed so that only this process can write it.
     ///

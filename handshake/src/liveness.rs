@@ -236,6 +236,9 @@ pub(crate) struct Shared {
     /// This worker's readiness eventfd: written when a rejoin is complete, so that a receive
     /// from any peer asleep on it wakes to report it.
     readiness: Notifier,
+    /// This worker's status words, once its session has an outbox: the watcher stamps
+    /// `status_word::ALIVE` in them every tick.
+    pub heartbeat: std::sync::OnceLock<shmbroker_allocator::StatusWords>,
     /// Who is gone, the interrupt fired after every death, and an [`Interrupter`]'s requests;
     /// the last timed-out call's rank, cited when this worker leaves (see [`Connection`]'s
     /// drop).
@@ -291,6 +294,7 @@ impl Shared {
             arrived: Condvar::new(),
             closers: Slots::new(closers),
             readiness,
+            heartbeat: std::sync::OnceLock::new(),
             state: State::new(interrupt),
         }
     }

@@ -125,13 +125,16 @@ class Timeout(Error):
     waiting for, in rank order, ``timeout`` the deadline in seconds, and ``diagnosis`` what each
     of those ranks was doing then, one sentence each in the same order (``"rank 2 is in no call
     (its last, all_reduce #11, finished 9.8 s ago)"``), from what they publish; empty when
-    nothing could be read.
+    nothing could be read. ``stopped`` is a rank whose process is stopped (``SIGSTOP``, a
+    debugger) that the wait leads to, directly or through ranks waiting for it, or ``None``; the
+    diagnosis then has a sentence naming it.
     """
 
     op: str
     waiting_for: List[int]
     timeout: float
     diagnosis: List[str]
+    stopped: Optional[int]
 
     def __init__(
         self,
@@ -140,12 +143,14 @@ class Timeout(Error):
         waiting_for: List[int],
         timeout: float,
         diagnosis: Optional[List[str]] = None,
+        stopped: Optional[int] = None,
     ) -> None:
-        super().__init__(message, op, waiting_for, timeout, diagnosis)
+        super().__init__(message, op, waiting_for, timeout, diagnosis, stopped)
         self.op = op
         self.waiting_for = list(waiting_for)
         self.timeout = timeout
         self.diagnosis = list(diagnosis or [])
+        self.stopped = stopped
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -96,7 +96,15 @@ pub fn to_py(error: Error) -> PyErr {
             waiting_for,
             timeout,
             diagnosis,
-        } => py::Timeout::new_err((message, op, waiting_for, timeout.as_secs_f64(), diagnosis)),
+            stopped,
+        } => py::Timeout::new_err((
+            message,
+            op,
+            waiting_for,
+            timeout.as_secs_f64(),
+            diagnosis,
+            stopped,
+        )),
         Error::Protocol { peer, .. }
         | Error::Corrupted { peer, .. }
         | Error::CollectiveMismatch { peer, .. }

@@ -335,10 +335,11 @@ impl Session {
                 if let Error::Timeout {
                     waiting_for,
                     diagnosis,
+                    stopped,
                     ..
                 } = &mut error
                 {
-                    *diagnosis = self.diagnose(waiting_for);
+                    (*diagnosis, *stopped) = self.diagnose(waiting_for);
                 }
                 // Cited if this worker now leaves: the peers still waiting on it then learn
                 // whom it gave up on, not only that it left.

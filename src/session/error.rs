@@ -106,8 +106,14 @@ pub enum Error {
         /// What each rank of `waiting_for` was doing then, one sentence each, in the same order,
         /// from what it publishes: `rank 2 is in no call (its last, all_reduce #11, finished
         /// 9.8 s ago)`, `rank 3 is in recv from rank 1 for 3.1 s` (see `Session`'s "Who is
-        /// where"). Empty when nothing could be read.
+        /// where"). Empty when nothing could be read. Then, for a process found stopped along
+        /// the waits of those ranks, a sentence naming it: `rank 1 waits for rank 3, which is
+        /// stopped (it has not run for 2.1 s): ...`.
         diagnosis: Vec<String>,
+        /// A rank whose process is stopped (`SIGSTOP`, a debugger) that this call's wait leads
+        /// to: one of `waiting_for`, or a rank one of them waits for, and so on. The rank this
+        /// error names ([`Error::rank`]) when there is one.
+        stopped: Option<u32>,
     },
     /// A rank argument outside the world.
     #[error("rank {rank} is out of range for a world of {world_size}")]
@@ -280,7 +286,11 @@ impl Error {
             | Self::Outbox { peer, .. }
             | Self::Relay { peer, .. } => Some(*peer),
             Self::StaleFdTicket { exporter, .. } => Some(*exporter),
-            Self::Timeout { waiting_for, .. } => waiting_for.first().copied(),
+            Self::Timeout {
+                waiting_for,
+                stopped,
+                ..
+            } => stopped.or_else(|| waiting_for.first().copied()),
             Self::Logon(_)
             | Self::BrokerLost
             | Self::Interrupted

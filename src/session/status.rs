@@ -56,11 +56,13 @@ impl Publisher {
                 w::WAITING_FOR,
                 w::KIND,
                 w::LAST_KIND,
-                w::FAILED_SEQ,
-                w::FAILED_STREAM_NAMED,
             ] {
                 words[at].store(NONE, Ordering::Relaxed);
             }
+        }
+        // Slot 0 only: slot 1 holds `ALIVE` where slot 0 holds `FAILED_SEQ`.
+        for at in [w::FAILED_SEQ, w::FAILED_STREAM_NAMED] {
+            words.slot(0)[at].store(NONE, Ordering::Relaxed);
         }
         Self {
             words,
@@ -253,7 +255,7 @@ impl Session {
         waiting_for: &[u32],
     ) {
         {
-            let diagnosis = self.diagnose(waiting_for);
+            let (diagnosis, _) = self.diagnose(waiting_for);
             tracing::warn!(
                 rank = self.rank(),
                 "{} has waited {} with no deadline for {}: {}; still waiting",
@@ -389,22 +391,88 @@ impl Session {
     }
 
     /// What each rank of `ranks` is doing, read from its status words (mapping its outbox first
-    /// if this rank has not yet, waiting at most a few milliseconds for it).
-    pub(super) fn diagnose(&mut self, ranks: &[u32]) -> Vec<String> {
+    /// if this rank has not yet, waiting at most a few milliseconds for it); then each stopped
+    /// process that the waits of those ranks lead to, followed rank by rank; and the first rank
+    /// found stopped, if any.
+    ///
+    /// A stopped rank's words still say what it was doing when it stopped ("waiting for rank
+    /// 2"), and rank 2 may truly wait for it: only the kernel tells which of them is stuck.
+    pub(super) fn diagnose(&mut self, ranks: &[u32]) -> (Vec<String>, Option<u32>) {
         let now = coarse_now();
-        ranks
-            .iter()
-            .map(|&rank| {
-                if rank != self.rank() && self.inner.peer_process(rank, Duration::ZERO).is_err() {
-                    return format!("rank {rank} has not logged on");
-                }
-                let quick = Deadline::new("diagnosis", Duration::from_millis(20));
-                match self.peer_outbox(rank, &quick) {
-                    Ok(outbox) => crate::status::describe(rank, &outbox.status(), now),
-                    Err(_) => format!("rank {rank}'s state is not known here"),
-                }
+        let mut sentences = Vec::with_capacity(ranks.len());
+        let mut seen: Vec<u32> = ranks.to_vec();
+        let mut follow: Vec<(u32, u32)> = Vec::new();
+        let mut first_stopped = None;
+        for &rank in ranks {
+            let (sentence, waits, stopped) = self.describe_rank(rank, now, None);
+            sentences.push(sentence);
+            first_stopped = first_stopped.or(stopped.then_some(rank));
+            follow.extend(waits.into_iter().map(|next| (rank, next)));
+        }
+        // Along the chains of waits, breadth first, each rank once.
+        let mut at = 0;
+        while let Some(&(from, rank)) = follow.get(at) {
+            at += 1;
+            if seen.contains(&rank) || rank >= self.world_size() {
+                continue;
+            }
+            seen.push(rank);
+            let (sentence, waits, stopped) = self.describe_rank(rank, now, Some(from));
+            if !sentence.is_empty() {
+                sentences.push(sentence);
+            }
+            first_stopped = first_stopped.or(stopped.then_some(rank));
+            follow.extend(waits.into_iter().map(|next| (rank, next)));
+        }
+        (sentences, first_stopped)
+    }
+
+    /// One rank's sentence for [`Self::diagnose`], whom it says it waits for, and whether its
+    /// process is stopped. A rank reached along a chain (`via`, the rank that waits for it)
+    /// gets a sentence only if it is stopped.
+    fn describe_rank(&mut self, rank: u32, now: u64, via: Option<u32>) -> (String, Vec<u32>, bool) {
+        let process = if rank == self.rank() {
+            None
+        } else {
+            match self.inner.peer_process(rank, Duration::ZERO) {
+                Ok((_, pidfd)) => Some(pidfd),
+                Err(_) if via.is_some() => return (String::new(), Vec::new(), false),
+                Err(_) => return (format!("rank {rank} has not logged on"), Vec::new(), false),
+            }
+        };
+        let quick = Deadline::new("diagnosis", Duration::from_millis(20));
+        let Ok(outbox) = self.peer_outbox(rank, &quick) else {
+            let text = via.map_or_else(
+                || format!("rank {rank}'s state is not known here"),
+                |_| String::new(),
+            );
+            return (text, Vec::new(), false);
+        };
+        let status = outbox.status();
+        let waits = crate::status::Activity::read(&status, now)
+            .map(|activity| {
+                activity
+                    .calls
+                    .iter()
+                    .filter_map(|c| c.waiting_for)
+                    .collect()
             })
-            .collect()
+            .unwrap_or_default();
+        let stopped = process.is_some_and(|pidfd| {
+            use std::os::fd::AsFd;
+            shmbroker_sys::pidfd::stopped(pidfd.as_fd())
+        });
+        let text = match (stopped, via) {
+            (true, None) => crate::status::describe_stopped(rank, &status, now),
+            (true, Some(from)) => {
+                let said = crate::status::describe_stopped(rank, &status, now);
+                let rest = said.strip_prefix(&format!("rank {rank} ")).unwrap_or(&said);
+                format!("rank {from} waits for rank {rank}, which {rest}")
+            }
+            (false, None) => crate::status::describe(rank, &status, now),
+            (false, Some(_)) => String::new(),
+        };
+        (text, waits, stopped)
     }
 }
 
@@ -424,6 +492,30 @@ mod tests {
     }
 
     const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_stopped_rank_says_how_long_it_has_not_run_and_what_it_was_in() {
+        let mut words = [
+            slot("all_reduce", 4, u64::from(u32::MAX) << 32, S),
+            [0; STATUS_SLOT_WORDS],
+        ];
+        words[0][w::WAITING_FOR] = 2;
+        words[1][w::ALIVE] = 3 * S;
+        assert_eq!(
+            crate::status::describe_stopped(3, &words, 5 * S + S / 10),
+            "rank 3 is stopped (it has not run for 2.1 s): it was in all_reduce #4 for 4.1 s, \
+             waiting for rank 2"
+        );
+        // No heartbeat yet, or one from the future: no time, nothing else unreadable.
+        for alive in [0, 9 * S] {
+            words[1][w::ALIVE] = alive;
+            let text = crate::status::describe_stopped(3, &words, 5 * S);
+            assert!(
+                text.starts_with("rank 3 is stopped: it was in all_reduce #4"),
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn a_rank_in_a_call_and_one_in_none_are_described_so() {

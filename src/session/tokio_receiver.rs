@@ -129,12 +129,14 @@ impl AsyncReceiver {
                     op,
                     waiting_for,
                     diagnosis,
+                    stopped,
                     ..
                 }) => Err(Error::Timeout {
                     op,
                     waiting_for,
                     timeout,
                     diagnosis,
+                    stopped,
                 }),
                 other => other,
             },

@@ -70,6 +70,32 @@ pub fn named(fd: BorrowedFd<'_>) -> Option<Named> {
     })
 }
 
+/// Whether the process `pidfd` names is stopped (`SIGSTOP`, `SIGTSTP`, a debugger: state `T` or
+/// `t` in `/proc/PID/stat`). `false` when that cannot be read: a process this `/proc` cannot
+/// see, one that has exited. The pid is read from the pidfd and the pidfd is checked again after
+/// `/proc` is read, so a pid reused meanwhile is never taken for the process.
+#[must_use]
+pub fn stopped(pidfd: BorrowedFd<'_>) -> bool {
+    let Some(Named::Process(pids)) = named(pidfd) else {
+        return false;
+    };
+    let Some(stat) = pids
+        .first()
+        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+    else {
+        return false;
+    };
+    let state = stat_state(&stat);
+    matches!(state, Some('T' | 't')) && matches!(named(pidfd), Some(Named::Process(_)))
+}
+
+/// The state letter of a `/proc/PID/stat` line: the first field after the command name, which
+/// is in parentheses and may itself hold spaces and parentheses.
+fn stat_state(stat: &str) -> Option<char> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().next()?.chars().next()
+}
+
 /// Whether process `pid` (a number in this process's PID namespace, as `SO_PEERCRED` gives it;
 /// 0 for a process this namespace cannot see) is in this process's PID namespace: then pid
 /// numbers it reports mean the same here. `false` when that cannot be read.
@@ -101,7 +127,45 @@ fn owned(fd: libc::c_long) -> io::Result<OwnedFd> {
 
 #[cfg(test)]
 mod tests {
-    use super::{getfd, open};
+    use super::{getfd, open, stat_state, stopped};
+
+    #[test]
+    fn a_stopped_child_reads_stopped_and_a_running_one_does_not() {
+        let signal = |name: &str, pid: i32| {
+            let status = std::process::Command::new("kill")
+                .args([name, &pid.to_string()])
+                .status()
+                .unwrap();
+            assert!(status.success());
+        };
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let pidfd = open(pid).unwrap();
+        assert!(!stopped(pidfd.as_fd()));
+        signal("-STOP", pid);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !stopped(pidfd.as_fd()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never read as stopped"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        signal("-CONT", pid);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!stopped(pidfd.as_fd()), "a reaped process is not stopped");
+    }
+
+    #[test]
+    fn the_state_follows_a_command_name_with_parentheses_and_spaces() {
+        assert_eq!(stat_state("42 (a) b) T 1 2"), Some('T'));
+        assert_eq!(stat_state("42 (sleep) S 1 2"), Some('S'));
+        assert_eq!(stat_state("garbage"), None);
+    }
     use std::os::fd::{AsFd, AsRawFd};
 
     #[test]

@@ -90,6 +90,9 @@ impl Listener {
         };
         (status.pid, status.uid) = (worker.pid, worker.uid);
         status.state = match (&worker.stream, worker.said_goodbye) {
+            (Some(_), _) if shmbroker_sys::pidfd::stopped(worker.pidfd.as_fd()) => {
+                RankState::Stopped
+            }
             (Some(_), _) => RankState::Running,
             (None, true) => RankState::Left,
             (None, false) => RankState::Dead,

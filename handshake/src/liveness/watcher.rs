@@ -87,6 +87,11 @@ impl Reader {
         loop {
             // The coarse clock every call of this process stamps itself with (see `clock`).
             crate::clock::tick();
+            // That this process still runs, for readers who find it stopped.
+            if let Some(words) = self.shared.heartbeat.get() {
+                words.slot(1)[shmbroker_bindings::status_word::ALIVE]
+                    .store(crate::clock::now(), std::sync::atomic::Ordering::Relaxed);
+            }
             let reading = !self.shared.broker_lost() && self.shared.lock().fault.is_none();
             let dead = self.shared.state.gone();
             let peers: Vec<(u32, Arc<OwnedFd>)> = self
