@@ -190,6 +190,38 @@ fn deadlines_rank() {
             }
             stay_until_all_have_seen(&socket, &scenario, rank, 10, started);
         }
+        "left-after-own-work" => {
+            // Rank 2 dies; rank 1 sees the death but no call of its fails on it: it finishes its
+            // own work with rank 0 and leaves. Rank 0 must not read that as a leave caused by
+            // the death.
+            session.barrier().unwrap();
+            match rank {
+                2 => nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap(),
+                1 => {
+                    let started = std::time::Instant::now();
+                    while session.raw().lost_rank().is_none() {
+                        assert!(started.elapsed() < Duration::from_secs(60), "no death seen");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    session.send(0, b"done").unwrap();
+                }
+                _ => {
+                    assert_eq!(session.recv(1).unwrap(), b"done");
+                    let error = session.recv(1).unwrap_err();
+                    assert!(
+                        matches!(
+                            error,
+                            Error::PeerLeft {
+                                rank: 1,
+                                after: None
+                            }
+                        ),
+                        "{error}"
+                    );
+                    assert_eq!(error.to_string(), "peer rank 1 left the session");
+                }
+            }
+        }
         other => panic!("no scenario {other}"),
     }
 }
@@ -251,6 +283,19 @@ fn a_tree_broadcast_given_up_midway_fails_its_subtree_link_by_link() {
     for (rank, (ok, stderr)) in ranks.into_iter().enumerate() {
         assert!(ok, "rank {rank}: {stderr}");
     }
+}
+
+#[test]
+fn a_rank_that_leaves_after_its_own_work_cites_no_death_it_did_not_fail_on() {
+    let ranks = common::run_ranks(
+        "deadlines_rank",
+        "left-own-work",
+        3,
+        "left-after-own-work",
+        &[],
+    );
+    assert!(ranks[0].0, "rank 0: {}", ranks[0].1);
+    assert!(ranks[1].0, "rank 1: {}", ranks[1].1);
 }
 
 #[test]

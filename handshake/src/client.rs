@@ -155,6 +155,11 @@ impl Connection {
         self.shared.note_gave_up_on(rank);
     }
 
+    /// Records that a call failed because `rank` died: cited if this worker then leaves.
+    pub fn note_failed_on_death(&self, rank: u32) {
+        self.shared.note_failed_on_death(rank);
+    }
+
     /// A handle that ends this connection's waits from another thread or a signal handler.
     #[must_use]
     pub fn interrupter(&self) -> Interrupter {

@@ -473,19 +473,29 @@ impl Shared {
         self.state.first_dead()
     }
 
-    /// Records that a call of this worker timed out waiting for `rank` (the last such wins).
+    /// Records that a call of this worker timed out waiting for `rank` (the last failed call
+    /// wins).
     pub fn note_gave_up_on(&self, rank: u32) {
         // Below NEVER_JOINED and BROKER_LOST with the flag set: no cause is mistaken for another.
         if rank < NEVER_JOINED & !TIMED_OUT {
+            self.state.note_gave_up_on(TIMED_OUT | rank);
+        }
+    }
+
+    /// Records that a call of this worker failed because `rank` died (the last failed call
+    /// wins).
+    pub fn note_failed_on_death(&self, rank: u32) {
+        if rank < TIMED_OUT {
             self.state.note_gave_up_on(rank);
         }
     }
 
-    /// What this worker cites when it leaves: the first death it saw, else the rank its last
-    /// timed-out call waited for (with [`TIMED_OUT`] set), else nothing.
+    /// What this worker cites when it leaves: why its last failed call failed, a death
+    /// ([`Self::note_failed_on_death`]) or a timeout ([`Self::note_gave_up_on`], with
+    /// [`TIMED_OUT`] set), else nothing. A death no call of its failed on is not cited: a rank
+    /// that finished its work and left did not leave because of it.
     pub fn departure_cause(&self) -> Option<u32> {
-        self.first_dead()
-            .or_else(|| Some(TIMED_OUT | self.state.gave_up_on()?))
+        self.state.gave_up_on()
     }
 
     /// Why the link to `peer` is closed (or a call on it failed): checks every known peer's

@@ -55,7 +55,22 @@ impl Session {
     /// Adds to a [`Error::PeerLost`] what the lost rank last published: what it was doing when
     /// it died, with ages as of now (from its outbox, mapped now if its fd has arrived: this
     /// never waits).
+    /// Also notes the death (or, for a peer that left, what it cited) as why this call failed:
+    /// cited in turn if this worker then leaves.
     fn with_last_words(&mut self, error: &mut Error) {
+        use shmbroker_handshake::LeftAfter;
+        match error {
+            Error::PeerLost { rank, .. }
+            | Error::PeerLeft {
+                after: Some(LeftAfter::Died(rank)),
+                ..
+            } => self.inner.note_failed_on_death(*rank),
+            Error::PeerLeft {
+                after: Some(LeftAfter::TimedOut(rank)),
+                ..
+            } => self.inner.note_gave_up_on(*rank),
+            _ => {}
+        }
         if let Error::PeerLost { rank, diagnosis } = error
             && diagnosis.is_empty()
         {
@@ -329,7 +344,11 @@ impl Session {
             .iter()
             .find_map(|&peer| self.inner.departure(peer))
         {
-            Some(departure) => departure_error(departure),
+            Some(departure) => {
+                let mut error = departure_error(departure);
+                self.with_last_words(&mut error);
+                error
+            }
             None => {
                 let mut error = deadline.timed_out(waiting_for);
                 if let Error::Timeout {

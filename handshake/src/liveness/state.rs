@@ -27,8 +27,9 @@
 //! * `never_joined_after`: goes once from 0 to the broker's token (bit 40 set, so that a token of
 //!   0 is told apart), by compare-exchange, *before* the rank's `never_joined` bit is set.
 //! * `broker_lost`: goes once from false to true (the watcher closes the rings first).
-//! * `gave_up_on`: the rank a timed-out call waited for, last writer wins. A hint cited on leaving,
-//!   which no other word depends on: Relaxed.
+//! * `gave_up_on`: why the last failed call failed (a rank that died, or one a timed-out call
+//!   waited for, flagged), last writer wins. A hint cited on leaving, which no other word depends
+//!   on: Relaxed.
 //! * `interrupts` and `interrupted`: an `Interrupter`'s requests (a count a call compares, and a
 //!   flag the wait that ends takes with a swap).
 //! * the [`Interrupt`]'s generation (the queues crate's), fired after every death.
@@ -268,12 +269,13 @@ impl State {
         Some(self.never_joined_after.load(Ordering::Acquire) & !TOKEN_SET)
     }
 
-    /// Records the rank a timed-out call waited for (the last such wins).
-    pub(crate) fn note_gave_up_on(&self, rank: u32) {
-        self.gave_up_on.store(rank, Ordering::Relaxed);
+    /// Records why the last failed call failed (the last such wins): a departure cause, as
+    /// [`Shared::departure_cause`](super::Shared::departure_cause) gives it.
+    pub(crate) fn note_gave_up_on(&self, cause: u32) {
+        self.gave_up_on.store(cause, Ordering::Relaxed);
     }
 
-    /// The rank the last timed-out call waited for, if one timed out.
+    /// The cause the last failed call noted, if one did.
     pub(crate) fn gave_up_on(&self) -> Option<u32> {
         let rank = self.gave_up_on.load(Ordering::Relaxed);
         (rank != NONE).then_some(rank)
