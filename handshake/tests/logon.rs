@@ -399,6 +399,34 @@ fn a_job_winds_down_when_a_worker_leaves_and_the_next_one_starts_once_all_are_go
 }
 
 #[test]
+fn every_worker_of_a_job_names_the_same_job_or_none_does() {
+    let named = |rank, job| {
+        let mut frame = LogonFrame::new(rank);
+        frame.job = job;
+        frame
+    };
+    // A named job: a worker that names none is a stranger, as one that names another is.
+    let broker = Broker::start("job-named", config(3));
+    let _zero = connect(&broker.path, named(0, 0x51), TIMEOUT).unwrap();
+    for (job, said) in [(0, "names no job"), (0x52, "is of job 0x52")] {
+        let (reason, text) = rejected(connect(&broker.path, named(1, job), TIMEOUT));
+        assert_eq!(reason, RejectReason::OtherJob, "{text}");
+        assert!(
+            text.contains("serves job 0x51") && text.contains(said),
+            "{text}"
+        );
+    }
+    let _one = connect(&broker.path, named(1, 0x51), TIMEOUT).unwrap();
+    // A job whose workers named none: a worker that names one is a stranger to it.
+    let broker = Broker::start("job-unnamed", config(2));
+    let _zero = connect(&broker.path, named(0, 0), TIMEOUT).unwrap();
+    let (reason, text) = rejected(connect(&broker.path, named(1, 0x53), TIMEOUT));
+    assert_eq!(reason, RejectReason::OtherJob, "{text}");
+    assert!(text.contains("named no job"), "{text}");
+    let _one = connect(&broker.path, named(1, 0), TIMEOUT).unwrap();
+}
+
+#[test]
 fn a_live_broker_is_not_replaced_a_stale_socket_is_and_other_files_are_left_alone() {
     let dir = TempDir::new("socketfile").unwrap();
     let path = common::socket(&dir);

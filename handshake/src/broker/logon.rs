@@ -162,17 +162,26 @@ impl Listener {
             );
         }
         // A worker of another job than the one served now: taking it would give that job a
-        // stranger as one of its ranks (both ids must be known; a launcher that gives none
-        // claims nothing).
-        if let Some(current) = self.job_id
-            && frame.job != 0
-            && frame.job != current
-        {
-            let text = format!(
-                "this broker serves job {current:#x}, and this worker is of job {:#x}; the next \
-                 job starts once every worker of this one is gone",
-                frame.job
-            );
+        // stranger as one of its ranks. Every worker of a job names the same id, or none does:
+        // a worker that names none is no more of a named job than one that names another.
+        let anyone_in = self.workers.iter().any(Option::is_some);
+        let stranger = match (self.job_id, frame.job) {
+            (Some(current), 0) => Some(format!(
+                "this broker serves job {current:#x}, and this worker names no job (set \
+                 SHMBROKER_JOB to the job's id)"
+            )),
+            (Some(current), job) if job != current => Some(format!(
+                "this broker serves job {current:#x}, and this worker is of job {job:#x}"
+            )),
+            (None, job) if job != 0 && anyone_in => Some(format!(
+                "this broker serves a job whose workers named no job, and this worker is of \
+                 job {job:#x}"
+            )),
+            _ => None,
+        };
+        if let Some(stranger) = stranger {
+            let text =
+                format!("{stranger}; the next job starts once every worker of this one is gone");
             return self.refuse(&pending.stream, RejectReason::OtherJob, who, text, events);
         }
         let rank = if frame.requested_rank == ANY_RANK {
