@@ -340,12 +340,22 @@ fn copies_die_with_a_launcher_killed_by_sigkill() {
                 .unwrap(),
         );
     }
+    assert_eq!(left_in(tmp.path()).len(), 1, "the socket directory");
     launcher.kill();
     let deadline = Instant::now() + Duration::from_secs(10);
     while pids.iter().any(|&pid| running(pid)) {
         assert!(
             Instant::now() < deadline,
             "copies outlived their launcher: {pids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The socket directory goes too, with the socket in it.
+    while !left_in(tmp.path()).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: {:?}",
+            left_in(tmp.path())
         );
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -64,6 +64,13 @@ pub enum Command {
     /// The other end of a ring, for the demo (and the tests; fds inherited at 3 and 4).
     #[command(hide = true)]
     RingPeer(peer::Args),
+    /// Removes `run`'s socket directory once standard input closes: when `run` ends, however it
+    /// ends (SIGKILL included).
+    #[command(hide = true)]
+    SweepAfter {
+        /// The directory (a `run` socket directory, or nothing is removed).
+        dir: std::path::PathBuf,
+    },
 }
 
 /// The `shmbroker` command: parses the command line and runs it.
@@ -110,6 +117,7 @@ pub fn execute(command: Command, log_format: logging::Format) -> ExitCode {
             Ok(())
         }
         Command::RingPeer(args) => peer::run(&args),
+        Command::SweepAfter { dir } => run::sweep_after(&dir),
     };
     // What the library logged reaches standard error before the process ends.
     logging::drain(std::time::Duration::from_millis(200));

@@ -198,9 +198,73 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
+/// Starts `shmbroker sweep-after DIR` in a process group of its own (a Ctrl-C at the terminal
+/// does not reach it), its standard input a pipe whose write end only this process holds (it is
+/// close-on-exec, so no copy inherits it). `None`, with a warning, if it cannot start: the
+/// directory is then removed only on a clean exit.
+fn start_sweeper(dir: &std::path::Path) -> Option<std::process::ChildStdin> {
+    use std::os::unix::process::CommandExt;
+    let started = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
+            .arg("sweep-after")
+            .arg(dir)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+    });
+    match started {
+        // Not waited for: it outlives this process by design, and init reaps it.
+        Ok(mut child) => child.stdin.take(),
+        Err(error) => {
+            say_line!(
+                "shmbroker run: warning: no sweeper for {}: {error}; it stays if this process \
+                 is killed",
+                dir.display()
+            );
+            None
+        }
+    }
+}
+
+/// `shmbroker sweep-after DIR`: waits until standard input closes (the `run` that started it
+/// has ended), then removes `DIR` and what it holds, if it is a `run` socket directory.
+///
+/// # Errors
+///
+/// `DIR` is not a `run` socket directory.
+pub fn sweep_after(dir: &std::path::Path) -> Result<(), String> {
+    let ours = dir
+        .file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.starts_with("shmbroker-run-"));
+    if !ours {
+        return Err(format!("{} is not a run socket directory", dir.display()));
+    }
+    let mut sink = [0u8; 64];
+    loop {
+        match std::io::Read::read(&mut std::io::stdin(), &mut sink) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    match std::fs::remove_dir_all(dir) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            Err(format!("removing {}: {error}", dir.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// A running job: the broker, the copies and what their output goes through.
 struct Job {
     _dir: TempDir,
+    /// The write end of the sweeper's standard input: it closes when this process ends, however
+    /// it ends, and the sweeper then removes the socket directory (see [`sweep_after`]).
+    _sweeper: Option<std::process::ChildStdin>,
     /// The broker's socket, for the status table (`--timeout`, SIGQUIT).
     socket: std::path::PathBuf,
     broker_stop: shmbroker::handshake::StopHandle,
@@ -232,6 +296,7 @@ impl Job {
         )
         .map_err(|e| failed("signalfd")(&e))?;
         let dir = TempDir::new("run").map_err(|e| failed("creating the socket directory")(&e))?;
+        let sweeper = start_sweeper(dir.path());
         let socket = dir.path().join("broker.sock");
         let config = Config {
             world_size: args.copies,
@@ -266,6 +331,7 @@ impl Job {
         let mut job = Job {
             socket,
             _dir: dir,
+            _sweeper: sweeper,
             broker_stop,
             broker: Some(broker),
             copies: Vec::new(),
