@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI stage "chaos": 100 chaos trials (kills, broker deaths, scribbles, forked socket holders,
-# leaves), then a 5-minute soak of kills and rejoins.
+# leaves), 340 of symmetric all-reduces, then a 5-minute soak of kills and rejoins.
 # Runs on its own from a fresh clone (bash ci/chaos.sh); .ci/run runs every stage in turn.
 set -euxo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +11,11 @@ cargo build --release -p shmbroker-test-support --bin chaos
 # scribbles, forked socket holders and leaves; exits 1 on any hang, leak, misnamed rank or stray
 # signal, and prints the detection times (reported, not asserted).
 target/release/chaos --trials 100
+
+# Symmetric all-reduces at every piece size: 170 trials with a rank killed (510 survivor reports)
+# and 170 with one leaving; exits 1 if a survivor names a live rank (or anyone but the victim).
+target/release/chaos --trials 170 --scenario kill --op symmetric
+target/release/chaos --trials 170 --scenario leave --op symmetric
 
 # The soak: one job of 4 ranks for 5 minutes, ranks 2 and 3 killed every 0.2-1.2 s and started
 # again, every collective at random sizes checked bit for bit; exits 1 on a wrong result, an

@@ -52,7 +52,11 @@
 //! A peer that dies mid-collective fails it, naming the first rank that died, as for every
 //! collective, except in that last wait: a rank holding every result lets a peer that is gone
 //! off, and fails there only at its deadline (naming a live peer still holding the slice) or on
-//! an interrupt. A peer that writes garbage into its own outbox meanwhile can only change the
+//! an interrupt. It lets a gone peer off by forgetting it, as any departure does (see
+//! `departures`). The peer may have given the slice back just before it went, its
+//! acknowledgement still unread in its ring. From a forgotten rank, that acknowledgement frees
+//! nothing and is no fault. Taken as a second one, it would be a protocol error naming an
+//! honest rank. A peer that writes garbage into its own outbox meanwhile can only change the
 //! values it contributes: reads are bounds-checked views of memory that stays mapped, so garbage
 //! gives garbage values, never a fault (`tests/hostile.rs` scribbles over a rank's outbox during
 //! reductions of every algorithm).
@@ -847,7 +851,8 @@ impl Session {
     }
 
     /// Waits until every peer has given `lent` back (this rank's result slice, lent where it
-    /// lies) or is gone: a rank that died or left reads nothing more, and is let off. Only an
+    /// lies) or is gone: a rank that died or left reads nothing more, and is let off by
+    /// forgetting it, as every departure is (see the module docs). Only an
     /// interrupt, the deadline, or a holder that gave this collective up (whose
     /// acknowledgement may never be sent: [`Error::PeerGaveUp`]) end the wait early, naming a
     /// rank that still holds it; a death elsewhere does not fail a call that already holds
@@ -872,7 +877,7 @@ impl Session {
                 let mut holding = None;
                 for holder in ranks {
                     if self.inner.departure(holder).is_some() {
-                        let _ = self.outbox.ack(holder, lent);
+                        self.forget_peer(holder);
                     } else {
                         holding.get_or_insert(holder);
                     }

@@ -5,9 +5,11 @@
 //! (a new one after a trial that kills it). Each trial starts `--workers` processes
 //! (`chaos worker`) that run one
 //! operation in a loop: barrier, all-gather, broadcast, fd exchange, bulk (1 MiB broadcasts,
-//! pipelined through the outbox), all-reduce (small and large in turn), or point to point
-//! (`sendrecv`: 64 KiB to the next rank round a ring, then a receive from the previous one). A random moment after they are all running, one of them (the
-//! victim) is killed with SIGKILL, and, by scenario:
+//! pipelined through the outbox), all-reduce (small and large in turn), all-reduce of a
+//! symmetric buffer (`symmetric`: lengths from one short piece to several, see
+//! [`SYMMETRIC_LENGTHS`]), or point to point (`sendrecv`: 64 KiB to the next rank round a ring,
+//! then a receive from the previous one). A random moment after they are all running, one of
+//! them (the victim) is killed with SIGKILL, and, by scenario:
 //!
 //! * `kill`: nothing else;
 //! * `broker`: the broker is killed first, then the victim (survivors must notice without it);
@@ -116,7 +118,7 @@ const HANG: Duration = Duration::from_secs(1);
 /// The deadline of every call in a chaos worker: far beyond [`HANG`].
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
-const OPS: [&str; 7] = [
+const OPS: [&str; 8] = [
     "barrier",
     "all_gather",
     "broadcast",
@@ -124,7 +126,14 @@ const OPS: [&str; 7] = [
     "bulk",
     "sendrecv",
     "all_reduce",
+    "symmetric",
 ];
+
+/// The lengths, in `f32`s, that the `symmetric` operation all-reduces in turn, all in two shots
+/// (past `LENT_ONE_SHOT_MAX_BYTES` from 3 ranks on), lent where they lie: one piece of 48 KiB,
+/// one of 256 KiB, one whole piece (`PIECE_MAX_BYTES`), two of 768 KiB, and five of a little
+/// over 819 KiB, whose slices differ in length.
+const SYMMETRIC_LENGTHS: [usize; 5] = [12 << 10, 64 << 10, 256 << 10, 384 << 10, (1 << 20) + 3];
 const SCENARIOS: [&str; 6] = ["kill", "broker", "scribble", "fork", "leave", "shrink"];
 
 /// Nanoseconds on `CLOCK_MONOTONIC`, the same clock in every process.
@@ -200,6 +209,17 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
     let memfd = shmbroker_cli::selftest::memfd_with(&[session.rank() as u8; 32])?;
     let bulk = vec![session.rank() as u8; 1 << 20];
     let pipelined = vec![session.rank() as u8; 64 << 10];
+    let mut symmetric = match op.as_str() {
+        "symmetric" => {
+            let longest = SYMMETRIC_LENGTHS.iter().max().copied().unwrap_or(0);
+            Some(
+                session
+                    .symmetric::<f32>(longest)
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+        _ => None,
+    };
     let mut round = 0u64;
     let started = Instant::now();
     let error = loop {
@@ -246,6 +266,14 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
                 let mut data = vec![1.0f32; len];
                 session.all_reduce(&mut data, shmbroker::ReduceOp::Sum)
             }
+            // Sums of a symmetric buffer, read by the peers where it lies, at every piece size.
+            "symmetric" => {
+                let len = SYMMETRIC_LENGTHS[round as usize % SYMMETRIC_LENGTHS.len()];
+                let buffer = symmetric.as_deref_mut().unwrap_or_default();
+                let data = &mut buffer[..len];
+                data.fill(1.0);
+                session.all_reduce(data, shmbroker::ReduceOp::Sum)
+            }
             other => return Err(format!("--op: unknown operation {other:?}")),
         };
         if let Err(error) = outcome {
@@ -257,7 +285,8 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
     let (kind, rank) = named(&error);
     say(&format!("ERR {at} {kind} {rank} {error}"));
     if *shrink {
-        say(&format!("SHRUNK {}", carry_on(&mut session, op)));
+        let buffer = symmetric.as_deref_mut();
+        say(&format!("SHRUNK {}", carry_on(&mut session, op, buffer)));
     }
     if scribble_after.is_some() {
         // The scribbler thread writes into this session's mappings until the driver kills this
@@ -268,6 +297,7 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
             std::thread::sleep(Duration::from_secs(1));
         }
     }
+    drop(symmetric);
     drop(session);
     drop(memfd);
     say(&format!("FDS {}", fd_count(None).unwrap_or(0)));
@@ -275,8 +305,10 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
 }
 
 /// After a death: shrinks to the ranks still there and runs `op` on them three times, checking
-/// every result. Says how it went: `ok` with the group's size, or what was wrong.
-fn carry_on(session: &mut Session, op: &str) -> String {
+/// every result (`symmetric`: on `symmetric`, the buffer the failed call was on, which every
+/// survivor may write again once the shrink is done). Says how it went: `ok` with the group's
+/// size, or what was wrong.
+fn carry_on(session: &mut Session, op: &str, mut symmetric: Option<&mut [f32]>) -> String {
     let world = session.world_size();
     let group = match session.shrink() {
         Ok(group) => group,
@@ -300,6 +332,13 @@ fn carry_on(session: &mut Session, op: &str) -> String {
                 let data = vec![root as u8 + 1; len];
                 on.broadcast(root, (me == root).then_some(&data[..]))
                     .map(|got| got == data)
+            }
+            "symmetric" => {
+                let buffer = symmetric.as_deref_mut().unwrap_or_default();
+                let data = &mut buffer[..SYMMETRIC_LENGTHS[round as usize]];
+                data.fill(1.0);
+                on.all_reduce(data, shmbroker::ReduceOp::Sum)
+                    .map(|()| data.iter().all(|&x| x == size as f32))
             }
             // fds, sendrecv (a ring through the dead rank) and all_reduce: sums.
             _ => {
