@@ -154,7 +154,10 @@ fn deadlines_rank() {
         // and 6; 6 to 7): rank 4 gives up after 100 ms, before root 0 comes at 500 ms. Its
         // subtree fails link by link, each naming its parent: 5 and 6 name rank 4 (which named
         // rank 0), 7 names rank 6 (which named rank 4). The others get the data.
-        "gave-up-tree" => {
+        // "gave-up-next": rank 4 then goes straight on to a broadcast of its own, whose message
+        // reaches ranks 5 and 6 where the first one's was due. They still name rank 4 as having
+        // given the first one up, not a mismatch.
+        "gave-up-tree" | "gave-up-next" => {
             session.barrier().unwrap();
             if rank == 0 {
                 std::thread::sleep(Duration::from_millis(500));
@@ -162,7 +165,11 @@ fn deadlines_rank() {
             let started = std::time::Instant::now();
             let data = (rank == 0).then_some(&b"down the tree"[..]);
             let result = if rank == 4 {
-                session.broadcast_timeout(0, data, Duration::from_millis(100))
+                let result = session.broadcast_timeout(0, data, Duration::from_millis(100));
+                if scenario == "gave-up-next" {
+                    let _ = session.broadcast(4, Some(b"next".as_slice()));
+                }
+                result
             } else {
                 session.broadcast(0, data)
             };
@@ -275,6 +282,17 @@ fn with_no_deadline_a_peer_that_gave_a_collective_up_ends_the_wait_naming_it() {
     for (rank, (ok, stderr)) in ranks.into_iter().enumerate() {
         assert!(ok, "rank {rank}: {stderr}");
     }
+}
+
+#[test]
+fn a_peer_that_gave_up_and_went_on_to_the_next_collective_is_named_as_giving_up() {
+    let ranks = common::run_ranks("deadlines_rank", "gave-up-next", 10, "gave-up-next", &[]);
+    let failed: Vec<String> = (0..)
+        .zip(ranks)
+        .filter(|(_, (ok, _))| !ok)
+        .map(|(rank, (_, stderr))| format!("rank {rank}: {stderr}"))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 #[test]

@@ -89,7 +89,7 @@ impl Session {
     pub fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("barrier", timeout));
         let result = self.barrier_tracked(&deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::barrier_timeout`] within its tracked deadline (which [`Deadline::settle`] then
@@ -164,7 +164,8 @@ impl Session {
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, Error> {
         let deadline = self.track(Deadline::collective("all_gather", timeout));
-        deadline.settle(self.all_gather_with(data, &deadline))
+        let result = self.all_gather_with(data, &deadline);
+        self.settled(&deadline, result)
     }
 
     /// [`Self::all_gather`] within an existing deadline, whose name a timeout gives (for
@@ -235,7 +236,7 @@ impl Session {
     ) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("all_gather", timeout));
         let result = self.all_gather_into_tracked(data, out, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::all_gather_into_timeout`] within its tracked deadline (which [`Deadline::settle`] then
@@ -410,7 +411,8 @@ impl Session {
     /// As for [`Self::all_gather`], and [`Error::Protocol`] if a peer's value has another size.
     pub fn all_gather_pod<T: bytemuck::Pod>(&mut self, value: &T) -> Result<Vec<T>, Error> {
         let deadline = self.track(Deadline::collective("all_gather", self.timeout));
-        deadline.settle(self.all_gather_pod_with(value, &deadline))
+        let result = self.all_gather_pod_with(value, &deadline);
+        self.settled(&deadline, result)
     }
 
     /// [`Self::all_gather_pod`] within an existing deadline (for collectives built on it).

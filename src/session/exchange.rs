@@ -65,7 +65,7 @@ impl Session {
     ) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("scatter", timeout));
         let result = self.scatter_tracked(root, input, output, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::scatter_timeout`] within its tracked deadline (which [`Deadline::settle`] then
@@ -135,7 +135,7 @@ impl Session {
     ) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("all_to_all", timeout));
         let result = self.all_to_all_tracked(input, output, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::all_to_all_timeout`] within its tracked deadline (which [`Deadline::settle`] then
@@ -240,7 +240,7 @@ impl Session {
     ) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("all_to_all_v", timeout));
         let result = self.all_to_all_v_tracked(input, send_counts, output, recv_counts, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::all_to_all_v_timeout`] within its tracked deadline (which [`Deadline::settle`] then

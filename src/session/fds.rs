@@ -400,7 +400,7 @@ impl Session {
         let deadline = self.track(Deadline::collective("exchange_fds", timeout));
         let exporters: Vec<u32> = (0..self.world_size()).collect();
         let moved = self.move_fds(&exporters, &[fd], 1, &deadline);
-        deadline.settle(moved)?.into_all()
+        self.settled(&deadline, moved)?.into_all()
     }
 
     /// Every rank's `fds`, indexed by rank and then as each rank passed them (this rank's own as
@@ -432,7 +432,8 @@ impl Session {
         timeout: Duration,
     ) -> Result<Vec<Vec<OwnedFd>>, Error> {
         let deadline = self.track(Deadline::collective("exchange_fd_batch", timeout));
-        deadline.settle(self.exchange_fd_batch_with(fds, &deadline))
+        let result = self.exchange_fd_batch_with(fds, &deadline);
+        self.settled(&deadline, result)
     }
 
     fn exchange_fd_batch_with(
@@ -488,8 +489,7 @@ impl Session {
         let deadline = self.track(Deadline::collective("broadcast_fd", timeout));
         let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
         let moved = self.broadcast_fd_batch_with(root, &fds, 1, &deadline);
-        deadline
-            .settle(moved)?
+        self.settled(&deadline, moved)?
             .pop()
             .ok_or_else(|| Error::Misuse(format!("no fd from rank {root}")))
     }
@@ -527,7 +527,8 @@ impl Session {
         timeout: Duration,
     ) -> Result<Vec<OwnedFd>, Error> {
         let deadline = self.track(Deadline::collective("broadcast_fd_batch", timeout));
-        deadline.settle(self.broadcast_fd_batch_with(root, fds, count, &deadline))
+        let result = self.broadcast_fd_batch_with(root, fds, count, &deadline);
+        self.settled(&deadline, result)
     }
 
     fn broadcast_fd_batch_with(

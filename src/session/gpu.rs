@@ -61,7 +61,7 @@ impl Session {
                 .into_iter()
                 .collect();
             let moved = self.move_fds(&exporters, &mine, 1, &deadline);
-            let mut moved = deadline.settle(moved)?;
+            let mut moved = self.settled(&deadline, moved)?;
             (0..self.world_size())
                 .map(|rank| moved.take_one(rank))
                 .collect()

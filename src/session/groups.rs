@@ -409,7 +409,7 @@ impl Session {
     pub fn group_timeout(&mut self, ranks: &[u32], timeout: Duration) -> Result<Group, Error> {
         let deadline = self.track(Deadline::new("group", timeout));
         let result = self.group_tracked(ranks, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::group_timeout`] within its tracked deadline (which [`Deadline::settle`] then
@@ -559,7 +559,7 @@ impl Session {
     pub fn shrink_timeout(&mut self, timeout: Duration) -> Result<Group, Error> {
         let deadline = self.track(Deadline::new("shrink", timeout));
         let result = self.shrink_tracked(&deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::shrink_timeout`] within its tracked deadline (which [`Deadline::settle`] then

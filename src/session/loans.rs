@@ -323,7 +323,7 @@ impl Session {
     ) -> Result<Option<LoanView>, Error> {
         let deadline = self.track(Deadline::collective("broadcast_loan", self.timeout));
         let result = self.broadcast_loan_tracked(root, loan, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::broadcast_loan`] within its tracked deadline (which [`Deadline::settle`] then

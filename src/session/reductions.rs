@@ -284,7 +284,7 @@ impl Session {
     ) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("all_reduce", timeout));
         let result = self.all_reduce_tracked(data, op, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::all_reduce_timeout`] within its tracked deadline (which [`Deadline::settle`] then
@@ -345,7 +345,7 @@ impl Session {
     ) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("all_reduce", self.timeout));
         let result = self.all_reduce_with_tracked(data, op, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::all_reduce_with`] within its tracked deadline (which [`Deadline::settle`] then
@@ -428,7 +428,7 @@ impl Session {
     ) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("reduce", timeout));
         let result = self.reduce_tracked(root, data, op, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::reduce_timeout`] within its tracked deadline (which [`Deadline::settle`] then
@@ -514,7 +514,7 @@ impl Session {
     ) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("reduce_scatter", timeout));
         let result = self.reduce_scatter_tracked(input, output, op, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::reduce_scatter_timeout`] within its tracked deadline (which [`Deadline::settle`] then

@@ -256,7 +256,7 @@ impl Session {
     ) -> Result<Vec<u8>, Error> {
         let deadline = self.track(Deadline::collective("broadcast", timeout));
         let result = self.broadcast_tracked(root, data, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::broadcast_timeout`] within its tracked deadline (which [`Deadline::settle`] then
@@ -385,7 +385,7 @@ impl Session {
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
         let deadline = self.track(Deadline::collective("gather", timeout));
         let result = self.gather_tracked(root, data, &deadline);
-        deadline.settle(result)
+        self.settled(&deadline, result)
     }
 
     /// [`Self::gather_timeout`] within its tracked deadline (which [`Deadline::settle`] then

@@ -335,17 +335,7 @@ impl Session {
             .then(|| other((w::SEQ, w::GROUP_PEER, w::KIND)))
             .flatten()
             .or_else(|| other((w::LAST_SEQ, w::LAST_GROUP_PEER, w::LAST_KIND)));
-        // The last collective the peer failed is this very one (the same group and first
-        // number): it has left it, and sends nothing more for it.
-        let stream_named = theirs[w::FAILED_STREAM_NAMED];
-        let gave_up = (theirs[w::FAILED_SEQ] == seq
-            && stream_named & w::FAILED_RECORD != 0
-            && (stream_named >> 32) & 0x7fff_ffff == group & u64::from(u32::MAX))
-        .then(|| {
-            // Its word: believed only as a rank of this world.
-            let named = stream_named as u32;
-            Seen::GaveUp((named < self.world_size()).then_some(named))
-        });
+        let gave_up = self.gave_up_on(&theirs, seq, group).map(Seen::GaveUp);
         let Some(found) = now_or_last.map(Seen::Kind).or(gave_up) else {
             deadline.mismatch_seen.set(None);
             return Ok(());
@@ -388,6 +378,100 @@ impl Session {
                 Ok(())
             }
         }
+    }
+
+    /// Whether a peer whose status words (slot 0) are `theirs` has failed the collective of
+    /// first number `seq` in group `group` (this rank's own published `SEQ` and `GROUP_PEER`):
+    /// it has left it, and sends nothing more for it. `Some` with the rank its error named, its
+    /// word, believed only as a rank of this world.
+    #[allow(clippy::option_option)]
+    fn gave_up_on(
+        &self,
+        theirs: &[u64; shmbroker_bindings::STATUS_SLOT_WORDS],
+        seq: u64,
+        group: u64,
+    ) -> Option<Option<u32>> {
+        let stream_named = theirs[w::FAILED_STREAM_NAMED];
+        (theirs[w::FAILED_SEQ] == seq
+            && stream_named & w::FAILED_RECORD != 0
+            && (stream_named >> 32) & 0x7fff_ffff == group & u64::from(u32::MAX))
+        .then(|| {
+            let named = stream_named as u32;
+            (named < self.world_size()).then_some(named)
+        })
+    }
+
+    /// Whether a peer whose status words (slot 0) are `theirs` has gone past the collective of
+    /// first number `seq` in group `group`: it is in, finished or failed one of a later number
+    /// there. Collectives of a group run in order, so it is no longer in this one.
+    fn moved_past(
+        theirs: &[u64; shmbroker_bindings::STATUS_SLOT_WORDS],
+        seq: u64,
+        group: u64,
+    ) -> bool {
+        let in_call = theirs[w::CALL] != 0 || theirs[w::CALL + 1] != 0;
+        let later = |at_seq: usize, at_group: usize| {
+            theirs[at_group] == group && theirs[at_seq] != NONE && theirs[at_seq] > seq
+        };
+        let stream_named = theirs[w::FAILED_STREAM_NAMED];
+        let failed_later = stream_named & w::FAILED_RECORD != 0
+            && (stream_named >> 32) & 0x7fff_ffff == group & u64::from(u32::MAX)
+            && theirs[w::FAILED_SEQ] != NONE
+            && theirs[w::FAILED_SEQ] > seq;
+        (in_call && later(w::SEQ, w::GROUP_PEER))
+            || later(w::LAST_SEQ, w::LAST_GROUP_PEER)
+            || failed_later
+    }
+
+    /// `error`, a collective's, or [`Error::PeerGaveUp`] when it is a message of another number
+    /// from a peer that has left this collective: it failed it, or has gone past it. Having
+    /// left, the peer went on to its next call, whose message came in where this one's was due.
+    /// A mismatch at the same number (two calls made side by side) is left as it is.
+    fn gave_up_instead(&mut self, error: Error, op: &'static str) -> Error {
+        let peer = match &error {
+            Error::CollectiveMismatch {
+                peer,
+                expected_seq,
+                found_seq,
+                ..
+            } if expected_seq != found_seq => *peer,
+            _ => return error,
+        };
+        if !self.publisher.on() || peer >= self.world_size() {
+            return error;
+        }
+        let mine = self.publisher.words.slot(0);
+        let [seq, group] = [w::SEQ, w::GROUP_PEER].map(|at| mine[at].load(Ordering::Relaxed));
+        let quick = Deadline::new("mismatch", Duration::ZERO);
+        let Ok(outbox) = self.peer_outbox(peer, &quick) else {
+            return error;
+        };
+        let theirs = outbox.status()[0];
+        let bits = super::demux::SEQ_BITS;
+        let tag = (u64::from(group as u32) << bits) | (seq & ((1 << bits) - 1));
+        let named = match self.gave_up_on(&theirs, seq, group) {
+            Some(named) => named,
+            None if Self::moved_past(&theirs, seq, group) => None,
+            None => return error,
+        };
+        Error::PeerGaveUp {
+            rank: peer,
+            op,
+            seq: tag,
+            named,
+        }
+    }
+
+    /// How a public collective returns: `result`, with a peer that gave it up named as such
+    /// ([`Self::gave_up_instead`]), noted by `deadline` for this rank's status words
+    /// ([`Deadline::settle`]).
+    pub(super) fn settled<T>(
+        &mut self,
+        deadline: &Deadline,
+        result: Result<T, Error>,
+    ) -> Result<T, Error> {
+        let result = result.map_err(|error| self.gave_up_instead(error, deadline.op));
+        deadline.settle(result)
     }
 
     /// What each rank of `ranks` is doing, read from its status words (mapping its outbox first
