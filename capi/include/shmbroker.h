@@ -269,6 +269,9 @@ int shmbroker_version(void);
 // milliseconds, which is also every later call's deadline ([`SHMBROKER_TIMEOUT_FOREVER`]: no
 // deadline; deaths and departures still end a wait). On success `*out` is the session.
 //
+// Nothing is sent to a broker that runs as another user than this process's (or root): that is
+// `SHMBROKER_E_LOGON` naming its uid, unless `SHMBROKER_BROKER_UID` names it.
+//
 // # Safety
 //
 // `path` is a NUL-terminated string; `out` points at a writable `shmbroker_session *`.
@@ -280,6 +283,10 @@ int shmbroker_connect(const char *path,
 // Joins the job this process was started in: `shmbroker run`, or mpirun, torchrun or srun (see
 // the README), within `timeout_ms` milliseconds, which is also every later call's deadline
 // ([`SHMBROKER_TIMEOUT_FOREVER`]: no deadline).
+//
+// The socket lies in a directory private to this user (`shmbroker-<uid>` under
+// `$XDG_RUNTIME_DIR` or the temp dir), checked before use; one that another user owns, or a
+// broker of another user, is `SHMBROKER_E_LOGON` naming what was found.
 //
 // # Safety
 //
