@@ -607,3 +607,48 @@ echo "rank $SHMBROKER_RANK restart ${SHMBROKER_RESTART_COUNT:-0}"; sleep 0.3"#;
     ));
     assert_eq!(code, Some(3), "{stdout}{stderr}");
 }
+
+/// How many times each ending of the blame test is tried: `BLAME_TRIALS`, 3 by default.
+fn blame_trials() -> usize {
+    std::env::var("BLAME_TRIALS").map_or(3, |n| n.parse().unwrap())
+}
+
+/// Rank 0 of 3 fails first by its cause, in two ways whose exit the launcher may see after its
+/// survivors': it leaves cleanly and then exits 3, or its session's process dies and the copy
+/// then exits 4. Ranks 1 and 2 fail at once because of it, exit 1, and are never named.
+#[test]
+fn the_rank_that_failed_first_is_named_even_when_its_survivors_exit_first() {
+    let worker =
+        "\"$SHMBROKER_BIN\" worker --from-env --selftest --only barrier --timeout-ms 20000";
+    let endings = [
+        (
+            // A clean leave (the worker's session says goodbye), then a failing exit.
+            format!("{worker} --repeat 50 >/dev/null; sleep 0.3; exit 3"),
+            "rank 0 exited with 3",
+            3,
+        ),
+        (
+            // Gone without leaving (the session's process is killed), then a failing exit.
+            format!(
+                "{worker} --repeat 100000000 >/dev/null & p=$!; sleep 0.2; kill -9 $p; wait; \
+                 sleep 0.3; exit 4"
+            ),
+            "rank 0 exited with 4",
+            4,
+        ),
+    ];
+    for (rank_0, named, code) in endings {
+        let script = format!(
+            "if [ \"$SHMBROKER_RANK\" = 0 ]; then {rank_0}; fi; \
+             exec {worker} --repeat 100000000 >/dev/null"
+        );
+        for trial in 0..blame_trials() {
+            let tmp = TempDir::new("run-blame").unwrap();
+            let mut command = run(tmp.path(), &["-n", "3", "--", "sh", "-c", &script]);
+            command.env("SHMBROKER_BIN", common::SHMBROKER);
+            let (status, _, stderr) = finish(command);
+            assert_eq!(status, Some(code), "trial {trial}: {stderr}");
+            assert!(stderr.contains(named), "trial {trial}: {stderr}");
+        }
+    }
+}

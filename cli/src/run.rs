@@ -48,7 +48,10 @@
 //! several may be found ended at one look, so the launcher does not go by rank order: of the
 //! copies found failed together, it blames the first its broker saw die (gone without a
 //! goodbye; a survivor says goodbye as it exits), then the first it saw leave, then one ended
-//! by a signal (a survivor exits with a code), then the lowest rank.
+//! by a signal (a survivor exits with a code), then the lowest rank. The broker's order wins
+//! over the order in which exits are seen: a copy the broker saw go before the one to blame,
+//! still running, is waited for (up to `BLAME_GRACE`), and blamed if it then fails. So a copy
+//! that left cleanly and then exited non-zero is named, not the copies its leaving made fail.
 //!
 //! # Exit status
 //!
@@ -80,6 +83,15 @@ pub const RESTART_COUNT_VAR: &str = "SHMBROKER_RESTART_COUNT";
 
 /// How long copies told to stop (SIGTERM) have before they get SIGKILL.
 pub const GRACE: Duration = Duration::from_secs(3);
+
+/// How long a failure's report waits for a copy that its broker saw go earlier and that has not
+/// exited yet: a copy that left cleanly and then exits non-zero is the cause, not the copies its
+/// leaving made fail, which may exit first.
+const BLAME_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a failure's report waits in any case, for the broker to record the departures of
+/// the same moment (a death's socket closing, say) that order the failures.
+const BLAME_SETTLE: Duration = Duration::from_millis(50);
 
 /// How often the launcher looks at its copies and its signals.
 const TICK: Duration = Duration::from_millis(10);
@@ -311,11 +323,19 @@ impl Job {
         let broker = std::thread::Builder::new()
             .name("shmbroker-broker".into())
             .spawn(move || {
+                // A leave counts from its goodbye, which comes before any peer can see it go; a
+                // death from its socket's close.
                 let on_event = |event: &Event| {
-                    if let Event::WorkerLeft { rank, clean, .. } = event {
-                        seen.lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push((*rank, *clean));
+                    let (rank, clean) = match *event {
+                        Event::Leaving { rank } => (rank, true),
+                        Event::WorkerLeft { rank, clean, .. } => (rank, clean),
+                        _ => return,
+                    };
+                    let mut seen = seen
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if !seen.iter().any(|&(gone, _)| gone == rank) {
+                        seen.push((rank, clean));
                     }
                 };
                 if let Err(error) = listener.serve(on_event) {
@@ -423,6 +443,9 @@ impl Job {
         let (timeout, on_failure) = (args.timeout, args.on_failure);
         let started = Instant::now();
         let mut first_failure: Option<u8> = None;
+        // Failures not yet reported, and since when: see `blame`.
+        let mut unreported: Vec<usize> = Vec::new();
+        let mut unreported_since: Option<Instant> = None;
         let mut timed_out = false;
         // When the copies still running were told to stop: SIGKILL follows GRACE later.
         let mut stopping: Option<Instant> = None;
@@ -472,9 +495,19 @@ impl Job {
                     !self.restart(args, at, status)
                 });
             }
+            unreported.extend(failed);
+            if !unreported.is_empty() {
+                unreported_since.get_or_insert_with(Instant::now);
+            }
+            // Once every copy has ended, nothing more is to be learnt: report now.
+            let waited = if self.copies.iter().all(|copy| copy.status.is_some()) {
+                Duration::MAX
+            } else {
+                unreported_since.map_or(Duration::ZERO, |since| since.elapsed())
+            };
             if first_failure.is_none()
                 && !timed_out
-                && let Some(at) = self.first_of(&failed)
+                && let Some(at) = self.blame(&unreported, waited)
             {
                 let copy = &self.copies[at];
                 let (rank, status, restarts) = (copy.rank, copy.status, copy.restarts);
@@ -543,24 +576,41 @@ impl Job {
         }
     }
 
-    /// Of the copies at `failed` (indices, found ended at one look), the one that failed first
-    /// (see "Which failure is reported" in the module docs).
-    fn first_of(&self, failed: &[usize]) -> Option<usize> {
+    /// Of the copies at `failed` (indices of copies found failed), the one to report, once it
+    /// can be told (see "Which failure is reported" in the module docs): `None` while a copy the
+    /// broker saw go before it still runs and `waited` is below [`BLAME_GRACE`].
+    fn blame(&self, failed: &[usize], waited: Duration) -> Option<usize> {
+        // The broker's records of the same moments may be a moment behind the exits.
+        if waited < BLAME_SETTLE {
+            return None;
+        }
+        let first = self.first_of(failed)?;
+        let before = self.gone_at(first);
+        let earlier_running = (0..self.copies.len())
+            .any(|at| self.copies[at].status.is_none() && self.gone_at(at) < before);
+        (!earlier_running || waited >= BLAME_GRACE).then_some(first)
+    }
+
+    /// Where the broker saw the copy at `at` go, for ordering: deaths (no goodbye) before
+    /// departures, each in the broker's order; a copy it has not seen go last.
+    fn gone_at(&self, at: usize) -> (usize, usize) {
         let departures = self
             .departures
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        departures
+            .iter()
+            .position(|&(rank, _)| rank == self.copies[at].rank)
+            .map_or((2, usize::MAX), |position| {
+                (usize::from(departures[position].1), position)
+            })
+    }
+
+    /// Of the copies at `failed` (indices, found ended), the one that failed first (see "Which
+    /// failure is reported" in the module docs).
+    fn first_of(&self, failed: &[usize]) -> Option<usize> {
         // Deaths (no goodbye) before departures: a survivor a death made fail says goodbye as
         // it goes, and the broker may see the two at one look, in any order.
-        let gone_at = |at: &usize| {
-            departures
-                .iter()
-                .position(|&(rank, _)| rank == self.copies[*at].rank)
-                .map_or((2, usize::MAX), |position| {
-                    (usize::from(departures[position].1), position)
-                })
-        };
         let by_signal = |at: &usize| {
             self.copies[*at]
                 .status
@@ -569,7 +619,7 @@ impl Job {
         failed
             .iter()
             .copied()
-            .min_by_key(|at| (gone_at(at), by_signal(at), self.copies[*at].rank))
+            .min_by_key(|&at| (self.gone_at(at), by_signal(&at), self.copies[at].rank))
     }
 
     /// Sends `signal` to every copy not yet reaped (a reaped one's pid may belong to another

@@ -121,6 +121,7 @@ pub fn describe(event: &Event) -> String {
             Some(pid) => format!("refused pid {pid} ({reason:?}): {detail}"),
             None => format!("refused a connection ({reason:?}): {detail}"),
         },
+        Event::Leaving { rank } => format!("rank {rank} said goodbye"),
         Event::WorkerLeft {
             rank,
             pid,

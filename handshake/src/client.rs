@@ -578,13 +578,18 @@ const CLAIM_TIMEOUT: Duration = Duration::from_millis(100);
 pub const RELAY_ORDER_MASK: u64 = (1 << 48) - 1;
 
 impl Drop for Connection {
-    /// Leaves on purpose: closes this worker's ends of every ring first (peers that see its
-    /// process exit afterwards know it left, not died), tells the broker, and stops the watcher.
-    /// After a death, the ends are closed citing the first rank seen to die: the peers still
-    /// there then know this worker left because of it (see the `liveness` module). Failing
-    /// that, after a call that timed out, citing the rank it waited for (the `TIMED_OUT` flag
-    /// set): the peers then say this worker left after timing out on that rank.
+    /// Leaves on purpose: tells the broker first (before any peer can see this worker go, so the
+    /// broker hears of leaves in the order they happen), closes this worker's ends of every ring
+    /// (peers that see its process exit afterwards know it left, not died), and stops the
+    /// watcher. The ends are closed citing why this worker's last failed call failed, if one did:
+    /// a death, so the peers still there know it left because of that death (see the `liveness`
+    /// module), or a rank a timed-out call waited for (the `TIMED_OUT` flag set), so they say it
+    /// left after timing out on that rank.
     fn drop(&mut self) {
+        let notice = WorkerNotice::new(NoticeKind::Goodbye, NO_PEER, 0);
+        // Never block in drop (the socket is non-blocking): a notice fits in any socket buffer;
+        // if not, the broker treats this worker as lost, which is the safe side.
+        let _ = (&self.socket).write(bytemuck::bytes_of(&notice));
         let cause = self.shared.departure_cause();
         for link in self.links.iter().flatten() {
             let (to, from) = (link.to.closer(), link.from.closer());
@@ -599,10 +604,6 @@ impl Drop for Connection {
                 }
             }
         }
-        let notice = WorkerNotice::new(NoticeKind::Goodbye, NO_PEER, 0);
-        // Never block in drop (the socket is non-blocking): a notice fits in any socket buffer;
-        // if not, the broker treats this worker as lost, which is the safe side.
-        let _ = (&self.socket).write(bytemuck::bytes_of(&notice));
         drop(self.watcher.take());
     }
 }

@@ -64,6 +64,7 @@ impl Broker {
             {
                 Event::Rejected { reason, detail, .. } => return (reason, detail),
                 Event::LoggedOn { .. }
+                | Event::Leaving { .. }
                 | Event::WorkerLeft { .. }
                 | Event::JobEnded { .. }
                 | Event::BadNotice { .. } => {}

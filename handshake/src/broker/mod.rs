@@ -192,6 +192,13 @@ pub enum Event {
         /// Details.
         detail: String,
     },
+    /// A logged-on worker said goodbye: it is leaving on purpose. A worker says it before any
+    /// peer can see it go, so these come in the order the workers left; [`Self::WorkerLeft`]
+    /// follows once its socket closes.
+    Leaving {
+        /// Its rank.
+        rank: u32,
+    },
     /// A logged-on worker is gone: it said goodbye before its socket closed (`clean`), or its
     /// socket closed or its process exited without one (it died). The job winds down: later
     /// logons are refused until every worker of it is gone.

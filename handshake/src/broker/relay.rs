@@ -97,8 +97,11 @@ impl Listener {
         }
         match NoticeKind::from_code(notice.kind) {
             Some(NoticeKind::Goodbye) => {
-                if let Some(worker) = self.workers[rank as usize].as_mut() {
+                if let Some(worker) = self.workers[rank as usize].as_mut()
+                    && !worker.said_goodbye
+                {
                     worker.said_goodbye = true;
+                    events.push(Event::Leaving { rank });
                 }
             }
             Some(NoticeKind::RelayFd) => {
