@@ -118,6 +118,11 @@ class Session:
     NumPy arrays); it is read in place while the GIL is released, so no other thread may write to
     it during the call. Received data is ``bytes``.
 
+    Ctrl-C ends a wait on the main thread with ``KeyboardInterrupt``, and nothing is lost. A
+    call raises it only before it takes anything: a receive that took its message returns it,
+    and the next call raises. So a loop that retries a receive on ``KeyboardInterrupt`` gets
+    every message once, in order.
+
     A session is used by one thread at a time: a call while another thread is in one raises
     :class:`shmbroker.Error`. Use it as a context manager, or call :meth:`close`.
     """

@@ -6,9 +6,11 @@
 //! - A library error becomes the Python exception `errors` chooses for it, with the library's
 //!   message (which names the rank). No Rust panic is left uncaught (PyO3 turns one into
 //!   `pyo3_runtime.PanicException`, after which the session refuses every call but `close`).
-//! - Every call that can wait goes through [`PySession::blocking`], which releases the GIL for
-//!   the wait and lets Ctrl-C end it (see the `sigint` module): the call then raises what
-//!   Python's SIGINT handler raises, `KeyboardInterrupt` unless the program changed it.
+//! - Every call that can wait goes through [`PySession::call`], which releases the GIL for
+//!   its waits and lets Ctrl-C end them (see the `sigint` module): the call then raises what
+//!   Python's SIGINT handler raises, `KeyboardInterrupt` unless the program changed it. It
+//!   raises only before it has taken anything: a call that took a message returns it, Python
+//!   objects made, and the next call raises.
 //! - Every call has a deadline: the one given to `connect`, or its own `timeout=`.
 //! - A closed session, a session another thread is in a call on, and a forked child's copy of a
 //!   session raise `shmbroker.Error`; nothing crashes.
@@ -152,8 +154,10 @@ impl PyGroup {
 ///
 /// Every call that waits releases the GIL, and has a deadline: the ``timeout`` given to
 /// ``connect``, or the call's own ``timeout=`` (seconds; ``None`` for none, as a server waiting
-/// for its next request wants: a peer's death or departure still ends the wait). Ctrl-C ends a wait on the main thread
-/// with ``KeyboardInterrupt``; nothing is lost. Data is anything with the buffer
+/// for its next request wants: a peer's death or departure still ends the wait). Ctrl-C ends a
+/// wait on the main thread with ``KeyboardInterrupt``; nothing is lost. A call raises it only
+/// before it takes anything: a receive that took its message returns it, and the next call
+/// raises. Data is anything with the buffer
 /// protocol that is C-contiguous (``bytes``, ``bytearray``, ``memoryview``, ``array.array``,
 /// NumPy arrays); it is read in place while the GIL is released, so no other thread may write to
 /// it during the call. Received data is ``bytes``.
@@ -173,6 +177,41 @@ struct PySession {
     slot: Mutex<Slot>,
     /// Ends the session's waits on Ctrl-C (see the `sigint` module); made once, not per call.
     interrupter: Interrupter,
+}
+
+/// The session during one [`PySession::call`]: its waits.
+struct Waits<'s> {
+    session: &'s mut Session,
+    /// Whether the call holds Ctrl-C back (see [`PySession::call`]).
+    armed: bool,
+    /// Whether a wait ended with [`Error::Interrupted`] (or the call stopped for a Ctrl-C).
+    interrupted: bool,
+}
+
+impl Waits<'_> {
+    /// Runs `call` on the session with the GIL released.
+    fn wait<T: Send>(
+        &mut self,
+        py: Python<'_>,
+        call: impl FnOnce(&mut Session) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
+        let session = &mut *self.session;
+        py.detach(|| call(session))
+            .map_err(|error| self.failed(error))
+    }
+
+    /// Stops the call, before it takes anything, if a Ctrl-C came since it began.
+    fn stop_if_interrupted(&mut self) -> PyResult<()> {
+        if self.armed && sigint::caught() {
+            return Err(self.failed(Error::Interrupted));
+        }
+        Ok(())
+    }
+
+    fn failed(&mut self, error: Error) -> PyErr {
+        self.interrupted |= matches!(error, Error::Interrupted);
+        errors::to_py(error)
+    }
 }
 
 impl PySession {
@@ -222,36 +261,41 @@ impl PySession {
         Ok(slot)
     }
 
-    /// Runs `call` on the session with the GIL released: the one way every call that can wait
-    /// reaches the library.
-    fn blocking<T: Send>(
+    /// Runs `body`, one call of the Python API that can wait, on the session: the one way
+    /// every such call reaches the library. `body` waits through [`Waits::wait`], with the GIL
+    /// released, and makes its Python result itself, before it returns.
+    ///
+    /// On the main thread, a Ctrl-C is held back for the whole call (see the `sigint` module),
+    /// from before its first look for one to its return, and not only while it waits. So the
+    /// call either raises `KeyboardInterrupt` before it takes anything off the rings, or
+    /// returns what it took: a SIGINT that comes once the call took a message is kept for the
+    /// next call. Python never sees it while it could still throw the result away.
+    fn call<R>(
         &self,
         py: Python<'_>,
-        call: impl FnOnce(&mut Session) -> Result<T, Error> + Send,
-    ) -> PyResult<T> {
+        body: impl FnOnce(&mut Waits<'_>) -> PyResult<R>,
+    ) -> PyResult<R> {
         let mut slot = self.lock()?;
         let session = slot
             .session
             .as_mut()
             .ok_or_else(|| errors::plain("session is closed"))?;
-        // Ctrl-C: Python runs signal handlers on the main thread only, so only its waits are
-        // armed. An interrupt left over from a call that had ended before it came is dropped.
+        // An interrupt left over from a call that had ended before it came is dropped.
         session.clear_interrupt();
+        // Python runs signal handlers on the main thread only, so only its calls are armed.
         let main = process::on_main_thread();
-        if main && sigint::take_deferred() {
-            // A Ctrl-C during an earlier call that succeeded (see the `sigint` module): it
-            // raises now, before this call does anything. A handler that raises nothing lets
-            // the call go on.
-            sigint::deliver();
-            py.check_signals()?;
-        }
         let armed = main
             .then(|| sigint::Armed::arm(&self.interrupter))
             .flatten();
-        let result = py.detach(|| call(session));
+        let mut waits = Waits {
+            session,
+            armed: armed.is_some(),
+            interrupted: false,
+        };
+        let result = Self::look_for_ctrl_c(py, main).and_then(|()| body(&mut waits));
         let caught = armed.is_some_and(sigint::Armed::disarm);
         match result {
-            // The call's result is never thrown away for a Ctrl-C: that waits for the next call.
+            // A result is never thrown away for a Ctrl-C: that waits for the next call.
             Ok(value) => {
                 if caught {
                     sigint::defer();
@@ -262,31 +306,65 @@ impl PySession {
                 if caught {
                     sigint::deliver();
                 }
-                if matches!(error, Error::Interrupted) {
-                    // Runs Python's handler for the SIGINT that ended the wait
+                if waits.interrupted {
+                    // Runs Python's handler for the SIGINT that ended the call
                     // (KeyboardInterrupt); if it raises nothing, the call still did not finish.
                     py.check_signals()?;
                 }
-                Err(errors::to_py(error))
+                Err(error)
             }
         }
     }
 
-    /// [`Self::blocking`] for the library calls that take no deadline of their own: the
-    /// session's deadline is `timeout` for this call, then its default again.
-    fn blocking_within<T: Send>(
+    /// A call's first step, once armed: a Ctrl-C that came before it raises now, before the
+    /// call does anything. That is one kept from an earlier call that succeeded (see the
+    /// `sigint` module), or one that reached Python's handler between calls (Python would
+    /// raise it as this call returned, and throw away what it took). A handler that raises
+    /// nothing lets the call go on.
+    fn look_for_ctrl_c(py: Python<'_>, main: bool) -> PyResult<()> {
+        if !main {
+            return Ok(());
+        }
+        if sigint::take_deferred() {
+            sigint::deliver();
+        }
+        py.check_signals()
+    }
+
+    /// [`Self::call`] of a single wait, `call`, whose result PyO3 converts.
+    fn blocking<T: Send>(
         &self,
         py: Python<'_>,
-        timeout: Duration,
         call: impl FnOnce(&mut Session) -> Result<T, Error> + Send,
     ) -> PyResult<T> {
+        self.call(py, |waits| waits.wait(py, call))
+    }
+
+    /// [`Self::call`] of a single wait, `call`, whose result `then` makes into Python objects
+    /// within the call (a `bytes` of a message, a list of fds, a view of a loan).
+    fn blocking_then<T: Send, R>(
+        &self,
+        py: Python<'_>,
+        call: impl FnOnce(&mut Session) -> Result<T, Error> + Send,
+        then: impl FnOnce(T) -> PyResult<R>,
+    ) -> PyResult<R> {
+        self.call(py, |waits| then(waits.wait(py, call)?))
+    }
+
+    /// `call` for the library calls that take no deadline of their own: the session's deadline
+    /// is `timeout` for the call, then its default again.
+    fn within<T: Send>(
+        &self,
+        timeout: Duration,
+        call: impl FnOnce(&mut Session) -> Result<T, Error> + Send,
+    ) -> impl FnOnce(&mut Session) -> Result<T, Error> + Send {
         let default = self.timeout;
-        self.blocking(py, |session| {
+        move |session| {
             session.set_timeout(timeout);
             let result = call(session);
             session.set_timeout(default);
             result
-        })
+        }
     }
 
     /// This rank's rank among the ranks a collective runs on: in `group`, or in the world.
@@ -588,11 +666,14 @@ impl PySession {
         let timeout = self.deadline(timeout)?;
         let group = group.map(|group| group.group.clone());
         let bytes = data.as_slice();
-        let parts = self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c
-                .all_gather_timeout(bytes, timeout))
-        })?;
-        PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part)))
+        self.blocking_then(
+            py,
+            |session| {
+                on_comm!(session, group.as_ref(), |c| c
+                    .all_gather_timeout(bytes, timeout))
+            },
+            |parts| PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part))),
+        )
     }
 
     /// Every rank's ``data``, all of one length, into ``output`` in rank order, with no
@@ -639,13 +720,18 @@ impl PySession {
         let timeout = self.deadline(timeout)?;
         let group = group.map(|group| group.group.clone());
         let bytes = data.as_slice();
-        let parts = self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c
-                .gather_timeout(root, bytes, timeout))
-        })?;
-        parts
-            .map(|parts| PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part))))
-            .transpose()
+        self.blocking_then(
+            py,
+            |session| {
+                on_comm!(session, group.as_ref(), |c| c
+                    .gather_timeout(root, bytes, timeout))
+            },
+            |parts| {
+                parts
+                    .map(|parts| PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part))))
+                    .transpose()
+            },
+        )
     }
 
     /// Combines every rank's ``data`` with ``op`` (``"sum"``, ``"prod"``, ``"min"``, ``"max"``,
@@ -852,11 +938,14 @@ impl PySession {
             .as_ref()
             .filter(|_| root == self.rank_in(group.as_ref()))
             .map(Bytes::as_slice);
-        let received = self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c
-                .broadcast_timeout(root, bytes, timeout))
-        })?;
-        Ok(PyBytes::new(py, &received))
+        self.blocking_then(
+            py,
+            |session| {
+                on_comm!(session, group.as_ref(), |c| c
+                    .broadcast_timeout(root, bytes, timeout))
+            },
+            |received| Ok(PyBytes::new(py, &received)),
+        )
     }
 
     /// Sends ``data`` (any size) to ``rank``, which receives it, in order, with
@@ -895,25 +984,30 @@ impl PySession {
         // Straight into the `bytes` object, sized by a probe: one copy, and no intermediate
         // buffer whose fresh pages would each fault in (a 4 MiB message took 6.5 ms through a
         // `Vec`, against 0.3 ms into a reused buffer; fresh pages are what is left here).
-        let started = std::time::Instant::now();
-        // The call the user made is a recv: peers and its deadline say so.
-        let len = self.blocking(py, |session| session.probe_for_recv(rank, timeout))?;
-        let left = timeout
-            .saturating_sub(started.elapsed())
-            .max(Duration::from_millis(1));
-        PyBytes::new_with(py, len, |buffer| {
-            let received =
-                self.blocking(py, |session| session.recv_into_timeout(rank, buffer, left))?;
-            if received != len {
-                // Another thread took the probed message (a session is used by one thread at
-                // a time): what arrived instead fitted, but is not what was sized.
-                return Err(errors::plain(format!(
-                    "recv: rank {rank}'s message of {len} bytes was taken by another thread; \
-                     this call received one of {received} bytes (use a session from one thread \
-                     at a time)"
-                )));
-            }
-            Ok(())
+        // One call, so that a Ctrl-C while the `bytes` is made (no wait in progress) is held
+        // back too: it stops the call before the receive takes the message.
+        self.call(py, |waits| {
+            let started = std::time::Instant::now();
+            // The call the user made is a recv: peers and its deadline say so.
+            let len = waits.wait(py, |session| session.probe_for_recv(rank, timeout))?;
+            waits.stop_if_interrupted()?;
+            let left = timeout
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1));
+            PyBytes::new_with(py, len, |buffer| {
+                waits.stop_if_interrupted()?;
+                let received =
+                    waits.wait(py, |session| session.recv_into_timeout(rank, buffer, left))?;
+                if received != len {
+                    // The session is locked for the whole call: the probed message is the one
+                    // received.
+                    return Err(errors::plain(format!(
+                        "recv: rank {rank}'s next message was probed at {len} bytes, but the \
+                         receive got {received} (a bug in shmbroker)"
+                    )));
+                }
+                Ok(())
+            })
         })
     }
 
@@ -951,8 +1045,11 @@ impl PySession {
         timeout: CallTimeout,
     ) -> PyResult<(u32, Bound<'py, PyBytes>)> {
         let timeout = self.deadline(timeout)?;
-        let (rank, received) = self.blocking(py, |session| session.recv_any_timeout(timeout))?;
-        Ok((rank, PyBytes::new(py, &received)))
+        self.blocking_then(
+            py,
+            |session| session.recv_any_timeout(timeout),
+            |(rank, received)| Ok((rank, PyBytes::new(py, &received))),
+        )
     }
 
     /// :meth:`recv_any` into ``buffer`` (as :meth:`recv_into`): returns ``(rank, length)``.
@@ -977,8 +1074,11 @@ impl PySession {
     /// Raises as :meth:`recv` does.
     fn try_recv<'py>(&self, py: Python<'py>, rank: i64) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let rank = rank_arg(rank)?;
-        let received = self.blocking(py, |session| session.try_recv(rank))?;
-        Ok(received.map(|bytes| PyBytes::new(py, &bytes)))
+        self.blocking_then(
+            py,
+            |session| session.try_recv(rank),
+            |received| Ok(received.map(|bytes| PyBytes::new(py, &bytes))),
+        )
     }
 
     /// The next message from any peer if one has started to arrive, as ``(rank, bytes)``, else
@@ -986,8 +1086,9 @@ impl PySession {
     ///
     /// Raises as :meth:`recv_any` does, but never :class:`Timeout` for want of a message.
     fn try_recv_any<'py>(&self, py: Python<'py>) -> PyResult<Option<(u32, Bound<'py, PyBytes>)>> {
-        let received = self.blocking(py, Session::try_recv_any)?;
-        Ok(received.map(|(rank, bytes)| (rank, PyBytes::new(py, &bytes))))
+        self.blocking_then(py, Session::try_recv_any, |received| {
+            Ok(received.map(|(rank, bytes)| (rank, PyBytes::new(py, &bytes))))
+        })
     }
 
     /// This rank's readiness file descriptor, for ``select``, ``epoll`` or an event loop: it
@@ -1058,9 +1159,11 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyList>> {
         let fd = borrowed(fd_arg(fd)?);
         let timeout = self.deadline(timeout)?;
-        let fds = self.blocking(py, |session| session.exchange_fds_timeout(fd, timeout))?;
-        let numbers: Vec<RawFd> = fds.into_iter().map(IntoRawFd::into_raw_fd).collect();
-        PyList::new(py, numbers)
+        self.blocking_then(
+            py,
+            |session| session.exchange_fds_timeout(fd, timeout),
+            |fds| PyList::new(py, fds.into_iter().map(IntoRawFd::into_raw_fd)),
+        )
     }
 
     /// ``root``'s ``fd`` on every rank, as a new file descriptor this process owns (on the root,
@@ -1105,14 +1208,19 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyList>> {
         let (_items, fds) = fd_list_arg(fds)?;
         let timeout = self.deadline(timeout)?;
-        let batches = self.blocking(py, |session| {
-            session.exchange_fd_batch_timeout(&fds, timeout)
-        })?;
-        let numbers: Vec<Vec<RawFd>> = batches
-            .into_iter()
-            .map(|batch| batch.into_iter().map(IntoRawFd::into_raw_fd).collect())
-            .collect();
-        PyList::new(py, numbers)
+        self.blocking_then(
+            py,
+            |session| session.exchange_fd_batch_timeout(&fds, timeout),
+            |batches| {
+                let numbers = batches.into_iter().map(|batch| {
+                    batch
+                        .into_iter()
+                        .map(IntoRawFd::into_raw_fd)
+                        .collect::<Vec<RawFd>>()
+                });
+                PyList::new(py, numbers)
+            },
+        )
     }
 
     /// ``root``'s ``fds`` on every rank, as a list in the root's order of new file descriptors
@@ -1147,11 +1255,11 @@ impl PySession {
             }
         };
         let timeout = self.deadline(timeout)?;
-        let received = self.blocking(py, |session| {
-            session.broadcast_fd_batch_timeout(root, &fds, count, timeout)
-        })?;
-        let numbers: Vec<RawFd> = received.into_iter().map(IntoRawFd::into_raw_fd).collect();
-        PyList::new(py, numbers)
+        self.blocking_then(
+            py,
+            |session| session.broadcast_fd_batch_timeout(root, &fds, count, timeout),
+            |received| PyList::new(py, received.into_iter().map(IntoRawFd::into_raw_fd)),
+        )
     }
 
     /// A writable buffer of ``size`` bytes in this rank's outbox, as a :class:`Loan`: fill
@@ -1163,8 +1271,11 @@ impl PySession {
     #[pyo3(signature = (size, *, timeout=CallTimeout::Session))]
     fn loan(&self, py: Python<'_>, size: usize, timeout: CallTimeout) -> PyResult<loans::PyLoan> {
         let timeout = self.deadline(timeout)?;
-        let loan = self.blocking_within(py, timeout, |session| session.loan(size))?;
-        loans::PyLoan::new(py, loan)
+        self.blocking_then(
+            py,
+            self.within(timeout, |session| session.loan(size)),
+            |loan| loans::PyLoan::new(py, loan),
+        )
     }
 
     /// A zeroed buffer of ``size`` bytes in this rank's outbox, as a :class:`Loan` this rank
@@ -1182,12 +1293,12 @@ impl PySession {
         timeout: CallTimeout,
     ) -> PyResult<loans::PyLoan> {
         let timeout = self.deadline(timeout)?;
-        let loan = self.blocking_within(py, timeout, |session| {
+        let make = self.within(timeout, |session| {
             session
                 .symmetric::<u8>(size)
                 .map(shmbroker::Symmetric::into_loan)
-        })?;
-        loans::PyLoan::new(py, loan)
+        });
+        self.blocking_then(py, make, |loan| loans::PyLoan::new(py, loan))
     }
 
     /// How many pieces of this session's all-reduces the peers read where they lay, with no copy
@@ -1215,7 +1326,10 @@ impl PySession {
         let rank = rank_arg(rank)?;
         let timeout = self.deadline(timeout)?;
         let loan = loan.take(py)?;
-        self.blocking_within(py, timeout, |session| session.send_loan(rank, loan))
+        self.blocking(
+            py,
+            self.within(timeout, |session| session.send_loan(rank, loan)),
+        )
     }
 
     /// The next message from ``rank``, which must be a loan, as a :class:`LoanView` of the
@@ -1232,8 +1346,11 @@ impl PySession {
     ) -> PyResult<loans::PyLoanView> {
         let rank = rank_arg(rank)?;
         let timeout = self.deadline(timeout)?;
-        let view = self.blocking_within(py, timeout, |session| session.recv_loan(rank))?;
-        loans::PyLoanView::new(py, view)
+        self.blocking_then(
+            py,
+            self.within(timeout, |session| session.recv_loan(rank)),
+            |view| loans::PyLoanView::new(py, view),
+        )
     }
 
     /// ``root``'s loan on every other rank, by reference: the root passes ``loan`` and gets
@@ -1252,10 +1369,14 @@ impl PySession {
         let root = rank_arg(root)?;
         let timeout = self.deadline(timeout)?;
         let loan = loan.map(|loan| loan.take(py)).transpose()?;
-        let view =
-            self.blocking_within(py, timeout, |session| session.broadcast_loan(root, loan))?;
-        view.map(|view| loans::PyLoanView::new(py, view))
-            .transpose()
+        self.blocking_then(
+            py,
+            self.within(timeout, |session| session.broadcast_loan(root, loan)),
+            |view| {
+                view.map(|view| loans::PyLoanView::new(py, view))
+                    .transpose()
+            },
+        )
     }
 
     /// Every rank's GPU handle (a :class:`shmbroker.GpuHandle`), in rank order, as
@@ -1277,19 +1398,22 @@ impl PySession {
         let own = gpu_handle_arg(handle)?;
         let fd = fd.map(fd_arg).transpose()?.map(borrowed);
         let timeout = self.deadline(timeout)?;
-        let gathered = self.blocking_within(py, timeout, |session| {
-            session.all_gather_gpu_handles(&own, fd)
-        })?;
-        let pairs = gathered
-            .into_iter()
-            .map(|(handle, fd)| {
-                Ok((
-                    gpu_handle_object(py, &handle)?,
-                    fd.map(IntoRawFd::into_raw_fd),
-                ))
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, pairs)
+        self.blocking_then(
+            py,
+            self.within(timeout, |session| session.all_gather_gpu_handles(&own, fd)),
+            |gathered| {
+                let pairs = gathered
+                    .into_iter()
+                    .map(|(handle, fd)| {
+                        Ok((
+                            gpu_handle_object(py, &handle)?,
+                            fd.map(IntoRawFd::into_raw_fd),
+                        ))
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                PyList::new(py, pairs)
+            },
+        )
     }
 
     /// ``root``'s GPU handle on every rank, as ``(GpuHandle, fd)`` (as in
@@ -1311,13 +1435,17 @@ impl PySession {
         let own = handle.map(gpu_handle_arg).transpose()?;
         let fd = fd.map(fd_arg).transpose()?.map(borrowed);
         let timeout = self.deadline(timeout)?;
-        let (handle, fd) = self.blocking_within(py, timeout, |session| {
-            session.broadcast_gpu_handle(root, own.as_ref().map(|own| (own, fd)))
-        })?;
-        Ok((
-            gpu_handle_object(py, &handle)?,
-            fd.map(IntoRawFd::into_raw_fd),
-        ))
+        let own = own.as_ref().map(|own| (own, fd));
+        self.blocking_then(
+            py,
+            self.within(timeout, |session| session.broadcast_gpu_handle(root, own)),
+            |(handle, fd)| {
+                Ok((
+                    gpu_handle_object(py, &handle)?,
+                    fd.map(IntoRawFd::into_raw_fd),
+                ))
+            },
+        )
     }
 
     /// Leaves the session: peers waiting on this rank are told it left (:class:`PeerLeft`).

@@ -1,33 +1,44 @@
-//! Ctrl-C during a wait: a SIGINT ends the main thread's pending call, and Python's own handler
+//! Ctrl-C during a call: a SIGINT ends the main thread's pending call, and Python's own handler
 //! then runs (normally raising `KeyboardInterrupt`), unless the call succeeded.
 //!
 //! Python handles a signal in two steps: its C handler only records it, and the Python-level
 //! handler runs later, on the main thread, between bytecodes. A call waiting in the library with
-//! the GIL released runs no bytecode, so on its own it would wait out its deadline. So while the
-//! main thread waits, this module's handler sits in front of Python's: it asks the session's
+//! the GIL released runs no bytecode, so on its own it would wait out its deadline. So during a
+//! main-thread call this module's handler sits in front of Python's: it asks the session's
 //! [`Interrupter`] to end the wait (async-signal-safe: atomics, `futex` and `write`) and notes
-//! that a SIGINT came, but does not pass it on yet. When the wait is over the caller decides
-//! ([`Armed::disarm`] says whether one came):
+//! that a SIGINT came, but does not pass it on yet.
 //!
-//! - the call failed (ended by the interrupt, or by anything else): the caller passes the SIGINT
-//!   on at once ([`deliver`], which calls the handler ours displaced, outside signal context),
-//!   and `check_signals` runs the Python handler;
-//! - the call succeeded (a receive that got its message just then, a large send that is reported
-//!   sent once under way, see `Session::interrupter`): passing the SIGINT on would make Python
-//!   raise as the call returns and throw its result away (a program that retried would send a
-//!   message twice). So it is kept ([`defer`]) and passed on at the start of the next call that
-//!   can wait, which raises `KeyboardInterrupt` before doing anything. A second Ctrl-C outside a
-//!   wait reaches Python's handler directly, as usual.
+//! The arming covers the whole call, from before its first look for a SIGINT to its return, and
+//! not only its waits. Python looks for signals as a call returns, before the caller stores
+//! the result: a SIGINT recorded while a receive makes its `bytes` (a 256 MiB copy, say) would
+//! raise there and throw the message away. Held back instead, it reaches Python only once the
+//! call has decided ([`Armed::disarm`] says whether one came):
 //!
-//! The handler is (re)installed at the start of each main-thread wait, in front of whatever
+//! - the call failed (ended by the interrupt, stopped by it before taking anything, or failed
+//!   for anything else): the caller passes the SIGINT on at once ([`deliver`], which calls the
+//!   handler ours displaced, outside signal context), and `check_signals` runs the Python
+//!   handler;
+//! - the call succeeded (a receive that took its message, a large send that is reported sent
+//!   once under way, see `Session::interrupter`): passing the SIGINT on would make Python raise
+//!   as the call returns and throw its result away (a program that retried would lose a
+//!   message, or send one twice). So it is kept ([`defer`]) and passed on at the start of the
+//!   next call, which raises `KeyboardInterrupt` before doing anything. A second Ctrl-C
+//!   between calls reaches Python's handler directly, as usual.
+//!
+//! A SIGINT that reached Python's handler before the call was armed is raised by the call's
+//! first look (`check_signals`), before it takes anything. What is left is Python's own window
+//! for any function: a SIGINT that comes after the disarming, in the last instructions before
+//! the result reaches the interpreter, raises there.
+//!
+//! The handler is (re)installed at the start of each main-thread call, in front of whatever
 //! handler is there then, so a program that sets its own SIGINT handler with `signal.signal`
 //! keeps it (it runs after ours). When the disposition is `SIG_DFL` or `SIG_IGN`, nothing is
 //! installed: Ctrl-C then kills the process or does nothing, as Python would have it.
 //!
 //! # Why the handler never touches a freed interrupter
 //!
-//! The waiting call publishes a pointer to its interrupter in [`CURRENT`] and, when the wait is
-//! over, takes it back and waits until no handler is between loading it and finishing with it
+//! The armed call publishes a pointer to its interrupter in [`CURRENT`] and, when it is over,
+//! takes it back and waits until no handler is between loading it and finishing with it
 //! ([`IN_HANDLER`], incremented before the load and decremented after the use, all `SeqCst`). A
 //! handler that loaded the pointer counted itself first, so the caller sees the count and waits;
 //! one that counted itself after the caller took the pointer back loads null, and passes the
@@ -37,7 +48,7 @@ use shmbroker::session::Interrupter;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
-/// The interrupter of the main thread's pending wait, or null.
+/// The interrupter of the main thread's armed call, or null.
 static CURRENT: AtomicPtr<Interrupter> = AtomicPtr::new(std::ptr::null_mut());
 /// Handlers between loading [`CURRENT`] and finishing with what it pointed to.
 static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
@@ -45,7 +56,7 @@ static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 /// three arguments (`SA_SIGINFO`).
 static PREVIOUS: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS_SIGINFO: AtomicBool = AtomicBool::new(false);
-/// A SIGINT ended (or came during) the pending wait and has not been passed on.
+/// A SIGINT came during the armed call and has not been passed on.
 static CAUGHT: AtomicBool = AtomicBool::new(false);
 /// A SIGINT that came during a call that succeeded, to pass on at the start of the next call.
 static DEFERRED: AtomicBool = AtomicBool::new(false);
@@ -59,6 +70,8 @@ impl Armed {
     /// (SIGINT is ignored or kills the process, or the handler could not be read).
     pub fn arm(interrupter: &Interrupter) -> Option<Self> {
         install()?;
+        // Left set only by a call that panicked; no SIGINT is held while nothing is armed.
+        CAUGHT.store(false, Ordering::SeqCst);
         CURRENT.store(std::ptr::from_ref(interrupter).cast_mut(), Ordering::SeqCst);
         Some(Self(()))
     }
@@ -80,6 +93,12 @@ impl Drop for Armed {
             std::hint::spin_loop();
         }
     }
+}
+
+/// Whether a SIGINT came since the call was armed (it stays held for [`Armed::disarm`]): a
+/// call that has taken nothing yet stops instead of going on.
+pub fn caught() -> bool {
+    CAUGHT.load(Ordering::SeqCst)
 }
 
 /// Keeps a SIGINT that came during a call that succeeded, for [`take_deferred`].
@@ -148,8 +167,8 @@ fn install() -> Option<()> {
     (installed == 0).then_some(())
 }
 
-/// Interrupts the published wait and holds the SIGINT back for its caller (see the module docs);
-/// with no wait published, runs the displaced handler. Async-signal-safe: atomics, the
+/// Interrupts the armed call's wait and holds the SIGINT back for the call (see the module
+/// docs); with no call armed, runs the displaced handler. Async-signal-safe: atomics, the
 /// interrupter's `futex`/`write` calls, and the displaced handler (Python's, which is); errno is
 /// kept as it was.
 extern "C" fn on_sigint(signal: c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
@@ -159,7 +178,7 @@ extern "C" fn on_sigint(signal: c_int, info: *mut libc::siginfo_t, context: *mut
     let errno = unsafe { *slot };
     IN_HANDLER.fetch_add(1, Ordering::SeqCst);
     let current = CURRENT.load(Ordering::SeqCst);
-    // SAFETY: a non-null `CURRENT` points to the interrupter of a wait still in progress: its
+    // SAFETY: a non-null `CURRENT` points to the interrupter of a call still in progress: its
     // `Armed` clears the pointer and waits for `IN_HANDLER` to drop to 0 before it ends.
     let held = if let Some(interrupter) = unsafe { current.as_ref() } {
         interrupter.interrupt();

@@ -1,5 +1,6 @@
 """Several real processes under `shmbroker run`, each running a scenario of workers.py."""
 
+import os
 import re
 import signal
 import subprocess
@@ -8,6 +9,7 @@ import time
 
 import pytest
 from conftest import REPO, WORKERS, assert_ok, clean_env, describe, launcher, run_job, run_scenario
+from workers import RECEIVE_FORMS
 
 
 def test_collectives_and_messages_at_every_size_with_every_buffer_type():
@@ -140,6 +142,18 @@ def test_ctrl_c_never_throws_away_a_call_that_succeeded(tmp_path):
     assert "[1] SEND RETURNED" in job.stdout, describe(job)
     assert "[1] NEXT CALL INTERRUPTED" in job.stdout, describe(job)
     assert "[0] RECEIVED ONCE" in job.stdout, describe(job)
+
+
+@pytest.mark.parametrize("form", RECEIVE_FORMS)
+def test_ctrl_c_during_a_large_receive_loses_no_message(tmp_path, form):
+    # Issue 42: 64 MiB messages (32 MiB loans), one SIGINT at a random moment of each receive,
+    # the receiver retrying on KeyboardInterrupt: every message arrives once, whole, in order,
+    # and every SIGINT comes out. SHMBROKER_INTERRUPT_MESSAGES sets the count (a longer run).
+    count = os.environ.get("SHMBROKER_INTERRUPT_MESSAGES", "8")
+    job = run_scenario(3, "interrupt_receives", tmp_path, form, count)
+    assert f"[1] INTERRUPTS {form}: " in job.stdout, describe(job)
+    print(next(line for line in job.stdout.splitlines() if "INTERRUPTS" in line))
+    assert_ok(job, 3, "interrupt_receives")
 
 
 def test_log_events_reach_pythons_logging():
