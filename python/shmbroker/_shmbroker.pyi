@@ -416,8 +416,14 @@ def connect(
     ``timeout`` (seconds, above 0) bounds the logon, and is every later call's deadline unless
     the call is given its own.
 
-    Raises :class:`LogonError` when no broker answers in time, the broker refuses, or the
-    environment does not say where this process stands; :class:`MisuseError` for a bad argument.
+    Nothing is sent to a broker that runs as another user than this process's (or root), and
+    a launcher's socket lies in a directory private to this user (``shmbroker-<uid>`` under
+    ``$XDG_RUNTIME_DIR`` or the temp dir), checked before use.
+
+    Raises :class:`LogonError` when no broker answers in time, the broker refuses, the broker
+    runs as another user (``SHMBROKER_BROKER_UID`` trusts one more uid), the socket's directory
+    is not private, or the environment does not say where this process stands;
+    :class:`MisuseError` for a bad argument.
     """
 
 def _forward_logs(forward: Callable[[int, str, str], None]) -> None:

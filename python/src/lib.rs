@@ -1511,8 +1511,14 @@ impl PySession {
 /// the call is given its own; ``None`` waits without a deadline (deaths and departures still end
 /// a wait).
 ///
-/// Raises :class:`LogonError` when no broker answers in time, the broker refuses, or the
-/// environment does not say where this process stands; :class:`MisuseError` for a bad argument.
+/// Nothing is sent to a broker that runs as another user than this process's (or root), and
+/// a launcher's socket lies in a directory private to this user (``shmbroker-<uid>`` under
+/// ``$XDG_RUNTIME_DIR`` or the temp dir), checked before use.
+///
+/// Raises :class:`LogonError` when no broker answers in time, the broker refuses, the broker
+/// runs as another user (``SHMBROKER_BROKER_UID`` trusts one more uid), the socket's directory
+/// is not private, or the environment does not say where this process stands;
+/// :class:`MisuseError` for a bad argument.
 #[pyfunction]
 #[pyo3(
     signature = (path=None, rank=None, timeout=Some(10.0), *, world_size=None),
