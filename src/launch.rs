@@ -14,7 +14,8 @@
 //! `SHMBROKER_RANK`, `SHMBROKER_WORLD_SIZE` and `SHMBROKER_SOCKET` override all of them. Under
 //! MPI launchers every local rank is a child of the same local launcher process, so the parent
 //! pid is a job id that two jobs on one node never share. torchrun's default run id, `none`,
-//! names no job, so the parent pid (torchrun's agent) is added to it.
+//! names no job, so the port of the job's store (`MASTER_PORT`), or else the parent pid
+//! (torchrun's agent), is added to it.
 //!
 //! A launcher's socket lies in a directory private to this user, `shmbroker-<uid>` under
 //! `$XDG_RUNTIME_DIR` (or the temp dir), made with mode 0700 and checked before use
@@ -153,9 +154,13 @@ pub fn detect(
                     .iter()
                     .find_map(|name| var(name))
                     .unwrap_or_else(|| format!("ppid{parent_pid}"));
-                let job = match launcher.name {
-                    // torchrun's default `--rdzv-id`: every job has it.
-                    "torchrun" if job == "none" => format!("none-ppid{parent_pid}"),
+                let job = match (launcher.name, var("MASTER_PORT")) {
+                    // torchrun's default `--rdzv-id`: every job has it. The port of the job's
+                    // store tells two jobs on one node apart (both cannot listen on it), and
+                    // every worker of a job has it, however it was started; else the agent's
+                    // pid, the workers' parent.
+                    ("torchrun", Some(port)) if job == "none" => format!("none-port{port}"),
+                    ("torchrun", None) if job == "none" => format!("none-ppid{parent_pid}"),
                     _ => job,
                 };
                 let job = match (launcher.name, var("TORCHELASTIC_RESTART_COUNT")) {
@@ -224,7 +229,11 @@ pub fn detect(
                 "SHMBROKER_RANK and SHMBROKER_WORLD_SIZE need SHMBROKER_SOCKET when no launcher \
                  names the job",
             )?;
-            let base = var("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+            // A value that is not an absolute path (empty, say) names no directory.
+            let base = var("XDG_RUNTIME_DIR")
+                .map(PathBuf::from)
+                .filter(|dir| dir.is_absolute())
+                .unwrap_or_else(std::env::temp_dir);
             let dir = base.join(format!("shmbroker-{uid}"));
             (dir.join(format!("{job}.sock")), Some(dir))
         }
@@ -412,6 +421,21 @@ mod tests {
                 .ends_with("shmbroker-1000/torchrun-none-ppid4242-r0.sock"),
             "{launch:?}"
         );
+        let launch = with(&[
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("TORCHELASTIC_RUN_ID", "none"),
+            ("MASTER_PORT", "29500"),
+            ("XDG_RUNTIME_DIR", ""),
+        ])
+        .unwrap();
+        assert!(
+            launch
+                .socket
+                .ends_with("shmbroker-1000/torchrun-none-port29500.sock"),
+            "{launch:?}"
+        );
+        assert!(launch.socket.is_absolute(), "{launch:?}");
     }
 
     #[test]

@@ -45,8 +45,8 @@ pub enum Error {
     /// A private socket directory is not private: another user owns it, or others may write
     /// it. Nothing was bound or reached there.
     #[error(
-        "{} is not a private directory of this user (uid {mine}): {why}; remove it, or set \
-         SHMBROKER_SOCKET to a path in a directory only you can write",
+        "{} is not a private directory of this user (uid {mine}): {why}; set XDG_RUNTIME_DIR \
+         (or TMPDIR) to a directory of your own, or SHMBROKER_SOCKET to a path in one",
         path.display()
     )]
     NotPrivate {

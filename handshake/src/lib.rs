@@ -3,8 +3,9 @@
 //! A broker [`Listener::bind`]s a UNIX stream socket (mode 0600) and serves logons. A worker
 //! calls [`connect`]`(path, logon, timeout)`. The worker first checks who answers (`SO_PEERCRED`:
 //! its own uid or root, see [`BROKER_UID_VAR`]) and sends nothing to anyone else; the broker
-//! checks who is calling (`SO_PEERCRED`: the same uid by default, an allow-list otherwise), validates every field of the [`LogonFrame`](shmbroker_bindings::LogonFrame)
-//! against its [`Config`], gives the worker a rank, and answers with a manifest and every fd the
+//! checks who is calling (`SO_PEERCRED`: the same uid by default, an allow-list otherwise),
+//! validates every field of the [`LogonFrame`](shmbroker_bindings::LogonFrame) against its
+//! [`Config`], gives the worker a rank, and answers with a manifest and every fd the
 //! worker needs (its rings to and from each peer) in one `SCM_RIGHTS` message. The worker's socket
 //! stays open for the whole session: it carries the worker's goodbye, fds relayed between
 //! workers, each worker's outbox ([`Connection::publish_outbox`], [`Connection::take_peer_outbox`]), and
@@ -88,7 +89,7 @@ pub use error::{Error, ProtocolError};
 #[cfg(not(loom))]
 pub use liveness::{Departure, Interrupter, LeftAfter, TIMED_OUT};
 #[cfg(not(loom))]
-pub use trust::{BROKER_UID_VAR, private_dir, trusts};
+pub use trust::{BROKER_UID_VAR, private_dir};
 #[cfg(not(loom))]
 pub use wire::MAX_WORLD_SIZE;
 

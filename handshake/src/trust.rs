@@ -43,9 +43,9 @@ fn extra_trusted_uid() -> Result<Option<u32>, Error> {
     }
 }
 
-/// Whether a broker running as `uid` may be trusted by a client running as `mine`.
-#[must_use]
-pub fn trusts(uid: u32, mine: u32, extra: Option<u32>) -> bool {
+/// Whether a broker running as `uid` may be trusted by a client running as `mine`, with
+/// `extra` the uid [`BROKER_UID_VAR`] names.
+fn trusts(uid: u32, mine: u32, extra: Option<u32>) -> bool {
     uid == mine || uid == 0 || extra == Some(uid)
 }
 
@@ -61,7 +61,9 @@ pub(crate) fn check_broker(stream: &UnixStream, path: &Path) -> Result<(), Error
         nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
             .map_err(Error::sys("getsockopt(SO_PEERCRED) of the broker"))?;
     let (uid, mine) = (credentials.uid(), my_uid());
-    if trusts(uid, mine, extra_trusted_uid()?) {
+    // The variable is read only for a broker of another user: a bad value never stands between
+    // a worker and its own broker.
+    if trusts(uid, mine, None) || trusts(uid, mine, extra_trusted_uid()?) {
         return Ok(());
     }
     Err(Error::UntrustedBroker {
@@ -73,8 +75,9 @@ pub(crate) fn check_broker(stream: &UnixStream, path: &Path) -> Result<(), Error
 }
 
 /// Makes `dir` (mode 0700) if it is missing, and checks that it is private to this user: a
-/// real directory (not a link), owned by this effective uid, that no group or other may enter.
-/// Several processes may call it at once.
+/// real directory (not a link), owned by this effective uid, that no group or other may enter,
+/// in a parent that no other user can rename it in (owned by this user or root, and sticky if
+/// others may write it, as `/tmp` is). Several processes may call it at once.
 ///
 /// # Errors
 ///
@@ -95,7 +98,23 @@ pub fn private_dir(dir: &Path) -> Result<(), Error> {
     }
     let meta = std::fs::symlink_metadata(dir).map_err(path_error("examining"))?;
     let mine = my_uid();
-    let why = if meta.file_type().is_symlink() {
+    let parent = dir
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .map(std::fs::metadata)
+        .transpose()
+        .map_err(path_error("examining the parent of"))?;
+    let open_parent = parent.filter(|parent| {
+        let shared = parent.mode() & 0o022 != 0 && parent.mode() & 0o1000 == 0;
+        (parent.uid() != mine && parent.uid() != 0) || shared
+    });
+    let why = if let Some(parent) = open_parent {
+        Some(format!(
+            "its parent (owned by uid {}, mode {:04o}) lets other users rename it",
+            parent.uid(),
+            parent.mode() & 0o7777
+        ))
+    } else if meta.file_type().is_symlink() {
         Some("it is a symbolic link".to_string())
     } else if !meta.is_dir() {
         Some("it is not a directory".to_string())
@@ -156,5 +175,14 @@ mod tests {
         std::os::unix::fs::symlink(base.path(), &link).unwrap();
         let error = private_dir(&link).unwrap_err().to_string();
         assert!(error.contains("symbolic link"), "{error}");
+
+        // In a parent others may write and that is not sticky, it could be renamed away.
+        let open = base.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let error = private_dir(&open.join("mine")).unwrap_err().to_string();
+        assert!(error.contains("lets other users rename it"), "{error}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        private_dir(&open.join("mine")).unwrap();
     }
 }

@@ -64,8 +64,8 @@ def test_connect_refuses_a_broker_of_another_user(squatter):
 
 
 @needs_root
-def test_a_launcher_job_and_the_torch_backend_refuse_it_too(squatter):
-    # What `connect()` and the torch backend's launched path read: an external broker there.
+def test_a_launcher_job_refuses_it_too(squatter):
+    # What `connect()` reads under a launcher: an external broker there.
     env = clean_env(
         {
             "SHMBROKER_RANK": "1",

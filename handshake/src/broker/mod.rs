@@ -482,7 +482,8 @@ impl Listener {
             identity: (metadata.dev(), metadata.ino()),
             workers: (0..config.world_size).map(|_| None).collect(),
             config,
-            my_uid: nix::unistd::getuid().as_raw(),
+            // SO_PEERCRED gives callers' effective uids.
+            my_uid: nix::unistd::geteuid().as_raw(),
             pending: Vec::new(),
             rings: HashMap::new(),
             readiness: HashMap::new(),
