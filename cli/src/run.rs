@@ -325,15 +325,21 @@ impl Job {
             .spawn(move || {
                 // A leave counts from its goodbye, which comes before any peer can see it go; a
                 // death from its socket's close.
+                // A replacement's logon (which comes after its predecessor's death) starts its
+                // rank afresh.
                 let on_event = |event: &Event| {
-                    let (rank, clean) = match *event {
-                        Event::Leaving { rank } => (rank, true),
-                        Event::WorkerLeft { rank, clean, .. } => (rank, clean),
-                        _ => return,
-                    };
                     let mut seen = seen
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let (rank, clean) = match *event {
+                        Event::Leaving { rank } => (rank, true),
+                        Event::WorkerLeft { rank, clean, .. } => (rank, clean),
+                        Event::LoggedOn { rank, .. } => {
+                            seen.retain(|&(gone, _)| gone != rank);
+                            return;
+                        }
+                        _ => return,
+                    };
                     if !seen.iter().any(|&(gone, _)| gone == rank) {
                         seen.push((rank, clean));
                     }
