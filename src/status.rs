@@ -94,8 +94,9 @@ pub struct Activity {
     pub last: Option<Call>,
     /// Bytes of its outbox in blocks (sent and not given back, loaned, being filled).
     pub outbox_used: u64,
-    /// How long ago its watcher thread last ran (it runs every 100 ms while the process runs),
-    /// when it has said: for a stopped process, about how long it has been stopped.
+    /// How long ago its watcher thread last ran (it runs every
+    /// [`TICK`](shmbroker_handshake::clock::TICK) while the process runs), when it has said: for
+    /// a stopped process, about how long it has been stopped.
     pub last_ran: Option<Duration>,
 }
 
@@ -108,7 +109,7 @@ impl Activity {
         let mut activity = Self {
             outbox_used: status[0][w::OUTBOX_USED],
             // A time in the future says nothing, and makes nothing else unreadable.
-            last_ran: age(status[RECEIVE_SLOT][w::ALIVE], now).flatten(),
+            last_ran: age(status[w::ALIVE_SLOT][w::ALIVE], now).flatten(),
             ..Self::default()
         };
         let mut last_done = 0;
@@ -133,13 +134,11 @@ impl Activity {
                 last.age = age(done, now)?;
                 // The last collective that failed (slot 0 only) is this one: the same first
                 // number and group.
-                let stream_named = words[w::FAILED_STREAM_NAMED];
-                last.failed = !receive
-                    && stream_named & w::FAILED_RECORD != 0
-                    && last.seq.is_some_and(|seq| seq == words[w::FAILED_SEQ])
-                    && last.group == Some((stream_named >> 32) as u32 & 0x7fff_ffff);
-                last.failed_naming =
-                    Some(stream_named as u32).filter(|&rank| last.failed && rank != u32::MAX);
+                let record = failed_record(words).filter(|r| {
+                    !receive && last.seq == Some(r.seq) && last.group == Some(r.stream)
+                });
+                last.failed = record.is_some();
+                last.failed_naming = record.and_then(|record| record.named);
                 if activity.last.is_none() || done > last_done {
                     (activity.last, last_done) = (Some(last), done);
                 }
@@ -147,6 +146,28 @@ impl Activity {
         }
         Some(activity)
     }
+}
+
+/// A rank's record of the last collective it failed (see `status_word::FAILED_SEQ`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FailedRecord {
+    /// The collective's first number.
+    pub seq: u64,
+    /// Its group's stream (0: the world).
+    pub stream: u32,
+    /// The rank its error named, the rank's word (`None`: it named none).
+    pub named: Option<u32>,
+}
+
+/// The failed-collective record in a rank's slot-0 status `words`, if they hold one (its bit,
+/// `status_word::FAILED_RECORD`, set: zeroed or half-written words record nothing).
+pub(crate) fn failed_record(words: &[u64]) -> Option<FailedRecord> {
+    let stream_named = words[w::FAILED_STREAM_NAMED];
+    (stream_named & w::FAILED_RECORD != 0).then(|| FailedRecord {
+        seq: words[w::FAILED_SEQ],
+        stream: (stream_named >> 32) as u32 & 0x7fff_ffff,
+        named: Some(stream_named as u32).filter(|&rank| rank != u32::MAX),
+    })
 }
 
 /// The call named at `name`, `seq`, `group_peer` of `words`, if its name is an ASCII word.

@@ -72,10 +72,13 @@ pub mod status_word {
     pub const FAILED_STREAM_NAMED: usize = 15;
     /// The bit of [`FAILED_STREAM_NAMED`] that makes it a record.
     pub const FAILED_RECORD: u64 = 1 << 63;
-    /// In slot 1 only (where [`FAILED_SEQ`]'s index is free): when the owner's watcher thread
-    /// last ran (`CLOCK_MONOTONIC_COARSE` nanoseconds; 0: not yet). It ticks every 100 ms, so a
-    /// process that is stopped shows how long it has been since it last ran.
+    /// In slot [`ALIVE_SLOT`] only (where [`FAILED_SEQ`]'s index is free): when the owner's
+    /// watcher thread last ran (`CLOCK_MONOTONIC_COARSE` nanoseconds; 0: not yet). It ticks
+    /// every `shmbroker_handshake::clock::TICK`, so a process that is stopped shows how long it
+    /// has been since it last ran.
     pub const ALIVE: usize = 14;
+    /// The slot that holds [`ALIVE`].
+    pub const ALIVE_SLOT: usize = 1;
 }
 
 /// Written once by an outbox's owner before it seals the file; read (copied out) and checked by

@@ -55,22 +55,27 @@ impl Session {
     /// Adds to a [`Error::PeerLost`] what the lost rank last published: what it was doing when
     /// it died, with ages as of now (from its outbox, mapped now if its fd has arrived: this
     /// never waits).
-    /// Also notes the death (or, for a peer that left, what it cited) as why this call failed:
-    /// cited in turn if this worker then leaves.
-    fn with_last_words(&mut self, error: &mut Error) {
+    /// Notes why a call failed when a departure made it fail: the death (or, for a peer that
+    /// left, what it cited), cited in turn if this worker then leaves.
+    pub(super) fn note_cause(&self, error: &Error) {
         use shmbroker_handshake::LeftAfter;
-        match error {
+        match *error {
             Error::PeerLost { rank, .. }
             | Error::PeerLeft {
                 after: Some(LeftAfter::Died(rank)),
                 ..
-            } => self.inner.note_failed_on_death(*rank),
+            } => self.inner.note_failed_on_death(rank),
             Error::PeerLeft {
                 after: Some(LeftAfter::TimedOut(rank)),
                 ..
-            } => self.inner.note_gave_up_on(*rank),
+            } => self.inner.note_gave_up_on(rank),
             _ => {}
         }
+    }
+
+    /// Also notes the death as why this call failed ([`Self::note_cause`]).
+    fn with_last_words(&mut self, error: &mut Error) {
+        self.note_cause(error);
         if let Error::PeerLost { rank, diagnosis } = error
             && diagnosis.is_empty()
         {

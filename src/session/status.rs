@@ -60,7 +60,7 @@ impl Publisher {
                 words[at].store(NONE, Ordering::Relaxed);
             }
         }
-        // Slot 0 only: slot 1 holds `ALIVE` where slot 0 holds `FAILED_SEQ`.
+        // Slot 0 only: slot `ALIVE_SLOT` holds `ALIVE` where slot 0 holds `FAILED_SEQ`.
         for at in [w::FAILED_SEQ, w::FAILED_STREAM_NAMED] {
             words.slot(0)[at].store(NONE, Ordering::Relaxed);
         }
@@ -391,14 +391,9 @@ impl Session {
         seq: u64,
         group: u64,
     ) -> Option<Option<u32>> {
-        let stream_named = theirs[w::FAILED_STREAM_NAMED];
-        (theirs[w::FAILED_SEQ] == seq
-            && stream_named & w::FAILED_RECORD != 0
-            && (stream_named >> 32) & 0x7fff_ffff == group & u64::from(u32::MAX))
-        .then(|| {
-            let named = stream_named as u32;
-            (named < self.world_size()).then_some(named)
-        })
+        crate::status::failed_record(theirs)
+            .filter(|record| record.seq == seq && u64::from(record.stream) == group & 0xffff_ffff)
+            .map(|record| record.named.filter(|&named| named < self.world_size()))
     }
 
     /// Whether a peer whose status words (slot 0) are `theirs` has gone past the collective of
@@ -413,11 +408,11 @@ impl Session {
         let later = |at_seq: usize, at_group: usize| {
             theirs[at_group] == group && theirs[at_seq] != NONE && theirs[at_seq] > seq
         };
-        let stream_named = theirs[w::FAILED_STREAM_NAMED];
-        let failed_later = stream_named & w::FAILED_RECORD != 0
-            && (stream_named >> 32) & 0x7fff_ffff == group & u64::from(u32::MAX)
-            && theirs[w::FAILED_SEQ] != NONE
-            && theirs[w::FAILED_SEQ] > seq;
+        let failed_later = crate::status::failed_record(theirs).is_some_and(|record| {
+            u64::from(record.stream) == group & 0xffff_ffff
+                && record.seq != NONE
+                && record.seq > seq
+        });
         (in_call && later(w::SEQ, w::GROUP_PEER))
             || later(w::LAST_SEQ, w::LAST_GROUP_PEER)
             || failed_later
@@ -463,14 +458,19 @@ impl Session {
     }
 
     /// How a public collective returns: `result`, with a peer that gave it up named as such
-    /// ([`Self::gave_up_instead`]), noted by `deadline` for this rank's status words
+    /// ([`Self::gave_up_instead`]), its cause noted for this worker's leaving
+    /// ([`Self::note_cause`]), and noted by `deadline` for this rank's status words
     /// ([`Deadline::settle`]).
     pub(super) fn settled<T>(
         &mut self,
         deadline: &Deadline,
         result: Result<T, Error>,
     ) -> Result<T, Error> {
-        let result = result.map_err(|error| self.gave_up_instead(error, deadline.op));
+        let result = result.map_err(|error| {
+            let error = self.gave_up_instead(error, deadline.op);
+            self.note_cause(&error);
+            error
+        });
         deadline.settle(result)
     }
 
@@ -584,7 +584,7 @@ mod tests {
             [0; STATUS_SLOT_WORDS],
         ];
         words[0][w::WAITING_FOR] = 2;
-        words[1][w::ALIVE] = 3 * S;
+        words[w::ALIVE_SLOT][w::ALIVE] = 3 * S;
         assert_eq!(
             crate::status::describe_stopped(3, &words, 5 * S + S / 10),
             "rank 3 is stopped (it has not run for 2.1 s): it was in all_reduce #4 for 4.1 s, \
@@ -592,7 +592,7 @@ mod tests {
         );
         // No heartbeat yet, or one from the future: no time, nothing else unreadable.
         for alive in [0, 9 * S] {
-            words[1][w::ALIVE] = alive;
+            words[w::ALIVE_SLOT][w::ALIVE] = alive;
             let text = crate::status::describe_stopped(3, &words, 5 * S);
             assert!(
                 text.starts_with("rank 3 is stopped: it was in all_reduce #4"),

@@ -89,7 +89,8 @@ impl Reader {
             crate::clock::tick();
             // That this process still runs, for readers who find it stopped.
             if let Some(words) = self.shared.heartbeat.get() {
-                words.slot(1)[shmbroker_bindings::status_word::ALIVE]
+                use shmbroker_bindings::status_word::{ALIVE, ALIVE_SLOT};
+                words.slot(ALIVE_SLOT)[ALIVE]
                     .store(crate::clock::now(), std::sync::atomic::Ordering::Relaxed);
             }
             let reading = !self.shared.broker_lost() && self.shared.lock().fault.is_none();
