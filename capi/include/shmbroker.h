@@ -1061,7 +1061,8 @@ int shmbroker_status(const char *socket, uint64_t timeout_ms, char *buf, size_t 
 const char *shmbroker_last_error(void);
 
 // The rank this thread's last failing call named (the peer that died, left, never came, sent
-// bad bytes or disagreed; the first rank a timeout waited for), or -1 when it named none.
+// bad bytes or disagreed; for a timeout, the stopped rank its wait leads to if it found one,
+// else the first rank it waited for), or -1 when it named none.
 int64_t shmbroker_last_error_rank(void);
 
 // Leaves the session and frees it (`SHMBROKER_OK` for NULL). Peers still waiting on this rank

@@ -84,7 +84,8 @@ pub extern "C" fn shmbroker_last_error() -> *const c_char {
 }
 
 /// The rank this thread's last failing call named (the peer that died, left, never came, sent
-/// bad bytes or disagreed; the first rank a timeout waited for), or -1 when it named none.
+/// bad bytes or disagreed; for a timeout, the stopped rank its wait leads to if it found one,
+/// else the first rank it waited for), or -1 when it named none.
 #[unsafe(no_mangle)]
 pub extern "C" fn shmbroker_last_error_rank() -> i64 {
     LAST_RANK.with(std::cell::Cell::get)

@@ -26,7 +26,8 @@ pub struct Args {
 }
 
 const AFTER_HELP: &str = "\
-Columns: each rank's pid; its state (running, left, dead, never joined); the call it is in and for
+Columns: each rank's pid; its state (running, stopped with how long since it last ran, left,
+dead, never joined); the call it is in and for
 how long (a split session shows both halves), and the rank it waits for once it has waited long
 enough to park; the last call it finished and how long ago; messages waiting in its rings to each
 peer (only rings that are not empty: ->PEER:COUNT); bytes of its outbox in use.
@@ -37,7 +38,7 @@ the uids it admits may ask. The broker answers at once, whatever the job is doin
 
 --json fields: job, rank, pid, state, call, seconds, waiting_for, calls, last_call,
 last_seconds_ago, last_failed, last_failed_naming (the rank a failed collective's error named),
-outbox_bytes, outbox_used, ring_fill (per peer, null where there is no ring) and readable. Times are seconds; a field that is not known is null.";
+stopped_seconds (a stopped rank's time since it last ran), outbox_bytes, outbox_used, ring_fill (per peer, null where there is no ring) and readable. Times are seconds; a field that is not known is null.";
 
 /// Runs `shmbroker status`.
 ///

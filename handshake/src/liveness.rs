@@ -18,8 +18,9 @@
 //! * an eventfd that stops it.
 //!
 //! When a peer's process has exited, the watcher looks at the two ring ends that peer owns in
-//! this worker's links: a peer that dropped its session closed them first, without a cause
-//! ([`Connection`]'s drop does that before anything else), so it **left**; otherwise it **died**.
+//! this worker's links: a peer that dropped its session closed them before it exited
+//! ([`Connection`]'s drop does that right after its goodbye to the broker), so it **left**;
+//! otherwise it **died**.
 //! A death is recorded (the first one is kept apart: collectives name it), and the watcher closes
 //! the two rings shared with the dead rank, through [`Closer`]s that share the session's own
 //! mappings and validated geometry, with the dead rank as cause: whatever waits on them wakes,
@@ -29,8 +30,9 @@
 //! though it waits on a live one (a collective: that peer waits on the dead rank too) gives up,
 //! and the others (point to point with a live peer) look again and wait on.
 //!
-//! A worker that drops its session after it saw a rank die closes its ends of its rings with
-//! that rank as cause: peers that see it go before they see the death (a peer's collective fails
+//! A worker that drops its session after a call of its failed on a rank's death closes its ends
+//! of its rings with that rank as cause (a worker none of whose calls failed cites nothing: it
+//! left because it was done): peers that see it go before they see the death (a peer's collective fails
 //! on the dead rank, and its program gives up and leaves, while this worker's collective still
 //! waits on it) can tell that it left *because of* the death, and a collective names the rank
 //! that died, not the one that gave up. A cause is only a claim, so it is believed only once this
@@ -240,7 +242,7 @@ pub(crate) struct Shared {
     /// `status_word::ALIVE` in them every tick.
     pub heartbeat: std::sync::OnceLock<shmbroker_allocator::StatusWords>,
     /// Who is gone, the interrupt fired after every death, and an [`Interrupter`]'s requests;
-    /// the last timed-out call's rank, cited when this worker leaves (see [`Connection`]'s
+    /// why the last failed call failed, cited when this worker leaves (see [`Connection`]'s
     /// drop).
     state: State,
 }

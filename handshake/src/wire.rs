@@ -628,7 +628,7 @@ pub fn decode_status_reply(bytes: &[u8]) -> Result<StatusReport, Error> {
         if RankState::from_code(record.state).is_none() {
             return Err(ProtocolError::Field {
                 field: "status record state",
-                expected: "0 to 3".into(),
+                expected: "0 to 4".into(),
                 found: u64::from(record.state),
             }
             .into());

@@ -13,11 +13,13 @@ def status(
 ) -> List[Dict[str, Any]]:
     """What every rank of a running job is doing, asked of its broker: one dict per rank, in
     rank order, with the fields of ``shmbroker status --json``: ``job``, ``rank``, ``pid``,
-    ``state`` (``"running"``, ``"left"``, ``"dead"``, ``"never joined"``), ``call`` (the call it
+    ``state`` (``"running"``, ``"stopped"``, ``"left"``, ``"dead"``, ``"never joined"``), ``call``
+    (the call it
     is in, such as ``"barrier #12"``, or None), ``seconds`` (in it for how long), ``waiting_for``
     (the rank it waits for, once it has waited long enough to park), ``calls``, ``last_call``,
     ``last_seconds_ago``, ``last_failed`` (whether that collective failed),
-    ``last_failed_naming`` (the rank its error named), ``outbox_bytes``, ``outbox_used``,
+    ``last_failed_naming`` (the rank its error named), ``stopped_seconds`` (for a stopped rank,
+    how long since it last ran), ``outbox_bytes``, ``outbox_used``,
     ``ring_fill`` (messages waiting in its ring to each peer, None where there is none) and
     ``readable`` (False when the rank published words no rank of this library writes). Unknown
     values are None.

@@ -268,7 +268,8 @@ pub enum Error {
 
 impl Error {
     /// The rank this error is about, when it names one: the peer that died, left, never came,
-    /// sent bad bytes or disagreed; the first rank a timeout waited for; a rank out of range.
+    /// sent bad bytes or disagreed; for a timeout, the stopped rank its wait leads to if it found
+    /// one, else the first rank it waited for; a rank out of range.
     #[must_use]
     pub fn rank(&self) -> Option<u32> {
         match self {

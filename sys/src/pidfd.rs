@@ -138,11 +138,21 @@ mod tests {
                 .unwrap();
             assert!(status.success());
         };
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let pid = i32::try_from(child.id()).unwrap();
+        /// Kills and reaps the child however the test ends (a stopped child would stay).
+        struct Reaped(std::process::Child);
+        impl Drop for Reaped {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let mut child = Reaped(
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap(),
+        );
+        let pid = i32::try_from(child.0.id()).unwrap();
         let pidfd = open(pid).unwrap();
         assert!(!stopped(pidfd.as_fd()));
         signal("-STOP", pid);
@@ -155,8 +165,8 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         signal("-CONT", pid);
-        child.kill().unwrap();
-        child.wait().unwrap();
+        child.0.kill().unwrap();
+        child.0.wait().unwrap();
         assert!(!stopped(pidfd.as_fd()), "a reaped process is not stopped");
     }
 

@@ -7,7 +7,7 @@
 //! operation in a loop: barrier, all-gather, broadcast, fd exchange, bulk (1 MiB broadcasts,
 //! pipelined through the outbox), all-reduce (small and large in turn), all-reduce of a
 //! symmetric buffer (`symmetric`: lengths from one short piece to several, see
-//! [`SYMMETRIC_LENGTHS`]), or point to point (`sendrecv`: 64 KiB to the next rank round a ring,
+//! `SYMMETRIC_LENGTHS`), or point to point (`sendrecv`: 64 KiB to the next rank round a ring,
 //! then a receive from the previous one). A random moment after they are all running, one of
 //! them (the victim) is killed with SIGKILL, and, by scenario:
 //!
