@@ -127,6 +127,18 @@ fn is_root() -> bool {
     false
 }
 
+/// Waits for every worker (with the tests' deadline): each must fail saying all of `texts`.
+fn all_fail_saying(workers: Vec<ChildGuard>, texts: &[&str]) {
+    for (rank, worker) in workers.into_iter().enumerate() {
+        let (ok, stdout, stderr) = finish(worker);
+        assert!(!ok, "rank {rank} ran: {stdout}");
+        assert!(
+            texts.iter().all(|text| stderr.contains(text)),
+            "rank {rank}: {stderr}"
+        );
+    }
+}
+
 /// Stops the squatter and returns what it logged.
 fn squatter_log(broker: ChildGuard) -> String {
     let pid = nix::unistd::Pid::from_raw(broker.id() as i32);
@@ -152,15 +164,10 @@ fn a_squatted_socket_directory_fails_the_job_closed_naming_its_owner() {
         let workers: Vec<ChildGuard> = (0..2)
             .map(|rank| node.torchrun_worker(0, rank, 2, run_id))
             .collect();
-        for (rank, worker) in workers.into_iter().enumerate() {
-            let (ok, stdout, stderr) = finish(worker);
-            assert!(!ok, "trial {trial}: rank {rank} ran: {stdout}");
-            assert!(
-                stderr.contains("is not a private directory")
-                    && stderr.contains("owned by uid 65534"),
-                "trial {trial}: rank {rank}: {stderr}"
-            );
-        }
+        all_fail_saying(
+            workers,
+            &["is not a private directory", "owned by uid 65534"],
+        );
         let log = squatter_log(squatter);
         assert!(!log.contains("INFO logged on"), "trial {trial}: {log}");
     }
@@ -177,14 +184,7 @@ fn a_plain_file_in_place_of_the_directory_fails_the_job_closed() {
     let workers: Vec<ChildGuard> = (0..2)
         .map(|rank| node.torchrun_worker(0, rank, 2, "job"))
         .collect();
-    for (rank, worker) in workers.into_iter().enumerate() {
-        let (ok, stdout, stderr) = finish(worker);
-        assert!(!ok, "rank {rank} ran: {stdout}");
-        assert!(
-            stderr.contains("is not a private directory") && stderr.contains("not a directory"),
-            "rank {rank}: {stderr}"
-        );
-    }
+    all_fail_saying(workers, &["is not a private directory", "not a directory"]);
 }
 
 #[test]
@@ -209,14 +209,7 @@ fn a_broker_of_another_user_is_refused_before_anything_is_sent() {
         let workers: Vec<ChildGuard> = (0..2)
             .map(|rank| spawn(&mut node.command(0, &worker_args(), &vars(rank))))
             .collect();
-        for (rank, worker) in workers.into_iter().enumerate() {
-            let (ok, stdout, stderr) = finish(worker);
-            assert!(!ok, "trial {trial}: rank {rank} ran: {stdout}");
-            assert!(
-                stderr.contains("runs as uid 65534") && stderr.contains("SHMBROKER_BROKER_UID"),
-                "trial {trial}: rank {rank}: {stderr}"
-            );
-        }
+        all_fail_saying(workers, &["runs as uid 65534", "SHMBROKER_BROKER_UID"]);
         // `status` asks nothing of it either.
         let args = ["status", "--socket", socket.to_str().unwrap()];
         let (ok, _, stderr) = finish(spawn(&mut node.command(0, &args, &[])));

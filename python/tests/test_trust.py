@@ -63,17 +63,26 @@ def test_connect_refuses_a_broker_of_another_user(squatter):
     assert time.monotonic() - started < 30
 
 
-@needs_root
-def test_a_launcher_job_refuses_it_too(squatter):
-    # What `connect()` reads under a launcher: an external broker there.
+def refused_in_a_process(squatter, rank, size, program):
+    """Runs `program` (which prints 'refused:' and the error when it gets one) in a process whose
+    launcher variables name the squatter's socket as its job's external broker."""
     env = clean_env(
         {
-            "SHMBROKER_RANK": "1",
-            "SHMBROKER_WORLD_SIZE": "2",
+            "SHMBROKER_RANK": str(rank),
+            "SHMBROKER_WORLD_SIZE": str(size),
             "SHMBROKER_SOCKET": str(squatter),
             "SHMBROKER_BROKER": "external",
         }
     )
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "refused:" in done.stdout and "runs as uid 65534" in done.stdout, done
+
+
+@needs_root
+def test_a_launcher_job_refuses_it_too(squatter):
+    # What `connect()` reads under a launcher.
     program = (
         "import shmbroker\n"
         "try:\n"
@@ -81,25 +90,13 @@ def test_a_launcher_job_refuses_it_too(squatter):
         "except shmbroker.LogonError as error:\n"
         "    print('refused:', error)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert "refused:" in done.stdout and "runs as uid 65534" in done.stdout, done
+    refused_in_a_process(squatter, 1, 2, program)
 
 
 @needs_root
 def test_the_torch_backend_refuses_it(squatter, tmp_path):
     pytest.importorskip("torch")
-    # One rank of a world of 1, as the launcher's variables describe it: the backend joins the
-    # launcher's broker, which here is the squatter.
-    env = clean_env(
-        {
-            "SHMBROKER_RANK": "0",
-            "SHMBROKER_WORLD_SIZE": "1",
-            "SHMBROKER_SOCKET": str(squatter),
-            "SHMBROKER_BROKER": "external",
-        }
-    )
+    # One rank of a world of 1: the backend joins the launcher's broker, here the squatter.
     program = (
         "import datetime, torch.distributed as dist, shmbroker.torch\n"
         f"method = 'file://{tmp_path / 'store'}'\n"
@@ -109,7 +106,4 @@ def test_the_torch_backend_refuses_it(squatter, tmp_path):
         "except Exception as error:\n"
         "    print('refused:', error)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert "refused:" in done.stdout and "runs as uid 65534" in done.stdout, done
+    refused_in_a_process(squatter, 0, 1, program)
