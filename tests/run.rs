@@ -652,3 +652,44 @@ fn the_rank_that_failed_first_is_named_even_when_its_survivors_exit_first() {
         }
     }
 }
+
+/// `--verbose` says the job's id and socket, and `shmbroker status --pid` finds the job from the
+/// launcher's pid alone.
+#[test]
+fn a_verbose_run_says_where_its_broker_is_and_status_finds_it_by_pid() {
+    let tmp = TempDir::new("run-verbose").unwrap();
+    let mut command = run(
+        tmp.path(),
+        &["-n", "2", "--verbose", "--", "sh", "-c", "exec sleep 60"],
+    );
+    let mut launcher = common::spawn(&mut command);
+    let pid = launcher.id();
+    let stderr = launcher.take_stderr().unwrap();
+    let line = common::read_line_within(stderr, common::CHILD_DEADLINE);
+    assert!(
+        line.starts_with("shmbroker run: job run-")
+            && line.contains("(SHMBROKER_JOB), broker on ")
+            && line.contains(&format!("`shmbroker status --pid {pid}`")),
+        "{line}"
+    );
+    let socket = line
+        .split("broker on ")
+        .nth(1)
+        .and_then(|rest| rest.split(" (SHMBROKER_SOCKET)").next())
+        .unwrap();
+    assert!(
+        socket.starts_with(&tmp.path().display().to_string()),
+        "{line}"
+    );
+    let mut status = common::shmbroker(&["status", "--pid", &pid.to_string(), "--json"]);
+    let (ok, stdout, stderr) = common::finish(common::spawn(&mut status));
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    // A process that is no launcher: this test.
+    let me = std::process::id().to_string();
+    let mut status = common::shmbroker(&["status", "--pid", &me]);
+    let (ok, _, stderr) = common::finish(common::spawn(&mut status));
+    let said = format!("no job of a `shmbroker run` of pid {me}");
+    assert!(!ok && stderr.contains(&said), "{stderr}");
+    launcher.kill();
+}

@@ -128,6 +128,10 @@ pub struct Args {
     /// With `--restart`: also start again a copy that exits with a non-zero status.
     #[arg(long, requires = "restart")]
     restart_on_error: bool,
+    /// Say at the start where the job's broker listens and the job's id (`SHMBROKER_JOB`), which
+    /// a program started apart from the launcher needs to take over a rank that died.
+    #[arg(long, short = 'v')]
+    verbose: bool,
     /// The program and its arguments, after `--`.
     #[arg(
         required = true,
@@ -369,6 +373,15 @@ impl Job {
             job: format!("run-{}-{started}", std::process::id()),
             done_tx,
         };
+        if args.verbose {
+            say_line!(
+                "shmbroker run: job {} (SHMBROKER_JOB), broker on {} (SHMBROKER_SOCKET); \
+                 `shmbroker status --pid {}` shows it",
+                job.job,
+                job.socket.display(),
+                std::process::id()
+            );
+        }
         for rank in 0..args.copies {
             let copy = job.start_copy(args, rank, 0).map_err(|error| {
                 let program = args.command[0].to_string_lossy();

@@ -1,18 +1,24 @@
-//! `shmbroker status --socket PATH [--json] [--watch [SECS]]`: what a running job's ranks are
-//! doing, asked of its broker (see `shmbroker::status`).
+//! `shmbroker status --socket PATH | --pid LAUNCHER [--json] [--watch [SECS]]`: what a running
+//! job's ranks are doing, asked of its broker (see `shmbroker::status`).
 
 use shmbroker::status::{StatusReport, json_lines, table};
 use std::io::{IsTerminal, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// `shmbroker status`.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = AFTER_HELP)]
+#[command(group(clap::ArgGroup::new("broker").required(true).args(["socket", "pid"])))]
 pub struct Args {
     /// The broker's socket: a `serve` socket, or the `SHMBROKER_SOCKET` a `run` gave its copies.
     #[arg(long, value_name = "PATH", env = "SHMBROKER_SOCKET")]
-    socket: PathBuf,
+    socket: Option<PathBuf>,
+    /// The pid of a `shmbroker run` launcher: ask its job's broker (its socket is found in the
+    /// launcher's temp directory).
+    #[arg(long, value_name = "PID", conflicts_with = "socket")]
+    pid: Option<u32>,
     /// One JSON object per rank, one per line, instead of the table.
     #[arg(long)]
     json: bool,
@@ -47,8 +53,13 @@ stopped_seconds (a stopped rank's time since it last ran), outbox_bytes, outbox_
 /// Why the broker could not be asked.
 pub fn run(args: &Args) -> Result<(), String> {
     let terminal = std::io::stdout().is_terminal();
+    let socket = match (&args.socket, args.pid) {
+        (_, Some(pid)) => run_socket(pid)?,
+        (Some(socket), None) => socket.clone(),
+        (None, None) => return Err("give --socket PATH or --pid PID".into()),
+    };
     loop {
-        let report = ask(&args.socket, args.timeout)?;
+        let report = ask(&socket, args.timeout)?;
         let text = if args.json {
             json_lines(&report)
         } else {
@@ -67,6 +78,39 @@ pub fn run(args: &Args) -> Result<(), String> {
             None => return Ok(()),
         }
     }
+}
+
+/// The socket of the job the `shmbroker run` of pid `pid` serves: `broker.sock` in its
+/// `shmbroker-run-PID-N` directory, under the temp directory of its environment (`TMPDIR`, else
+/// `/tmp`).
+///
+/// # Errors
+///
+/// No such launcher, or none that this user may look at.
+fn run_socket(pid: u32) -> Result<PathBuf, String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ"))
+        .map_err(|e| format!("reading the environment of pid {pid}: {e}"))?;
+    let tmp = environ
+        .split(|&b| b == 0)
+        .find_map(|var| var.strip_prefix(b"TMPDIR="))
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(
+            || PathBuf::from("/tmp"),
+            |dir| PathBuf::from(std::ffi::OsStr::from_bytes(dir)),
+        );
+    let prefix = format!("shmbroker-run-{pid}-");
+    let found = std::fs::read_dir(&tmp)
+        .map_err(|e| format!("reading {}: {e}", tmp.display()))?
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|entry| entry.path().join("broker.sock"))
+        .find(|socket| socket.exists());
+    found.ok_or_else(|| {
+        format!(
+            "no job of a `shmbroker run` of pid {pid} in {} (is it one, and running?)",
+            tmp.display()
+        )
+    })
 }
 
 /// Asks the broker at `socket`, with the error as text.
