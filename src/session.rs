@@ -553,7 +553,17 @@ impl Session {
                 world_size: launch.world_size,
                 ..shmbroker_handshake::Config::default()
             };
-            let mut listener = shmbroker_handshake::Listener::bind(&launch.socket, config)?;
+            let mut listener = shmbroker_handshake::Listener::bind(&launch.socket, config)
+                .map_err(|error| match error {
+                    shmbroker_handshake::Error::AddressInUse { path } => Error::Launch(format!(
+                        "a broker is already listening on {}, where this process (local rank 0) \
+                         was to host one: if it was started for this job (shmbroker serve, a \
+                         launcher), set {}=external so that no rank hosts another",
+                        path.display(),
+                        crate::launch::BROKER_VAR
+                    )),
+                    other => other.into(),
+                })?;
             let stop = listener.stop_handle();
             let thread = std::thread::Builder::new()
                 .name("shmbroker-broker".into())

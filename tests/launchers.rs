@@ -142,3 +142,22 @@ fn missing_or_contradicting_variables_are_named() {
         "{stderr}"
     );
 }
+
+#[test]
+fn rank_0_that_finds_a_broker_already_there_says_to_set_shmbroker_broker() {
+    let dir = TempDir::new("already").unwrap();
+    let socket = dir.join("served.sock");
+    let _broker = common::serve(&socket, &["--workers", "2"]);
+    let vars = [
+        ("SHMBROKER_RANK", "0".to_owned()),
+        ("SHMBROKER_WORLD_SIZE", "2".to_owned()),
+        ("SHMBROKER_SOCKET", socket.display().to_string()),
+    ];
+    let (ok, _, stderr) = finish(worker(dir.path(), &vars));
+    assert!(!ok);
+    assert!(
+        stderr.contains("a broker is already listening on")
+            && stderr.contains("set SHMBROKER_BROKER=external"),
+        "{stderr}"
+    );
+}

@@ -222,7 +222,8 @@ fn serve_needs_a_world_size_and_says_so() {
         "--once",
         "--socket-mode",
         "--group",
-        "winding down",
+        "a replacement for a rank that died",
+        "SHMBROKER_JOB",
         "SHMBROKER_LOG",
     ] {
         assert!(

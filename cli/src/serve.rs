@@ -42,9 +42,13 @@ pub struct Args {
 }
 
 const AFTER_HELP: &str = "\
-A job starts when its first worker logs on. Once any worker has left or died, the job is
-winding down and logons are refused (a late rank would wait for a peer that is gone); once every worker
-that logged on is gone, the broker forgets the job and takes the next one on the same socket.
+A job starts when its first worker logs on. Every worker of a job names the same job id
+(SHMBROKER_JOB), or none does. Once a worker has died or left, the job goes on and admits, while
+some worker is still there, only a replacement for a rank that died or a rank that had not
+logged on yet, each naming the job's id (a job whose workers named none admits neither), one
+replacement per death and a bounded number per rank. A rank still there, one that left, and a
+logon of another job are refused. Once every worker that logged on is gone, the broker forgets
+the job and takes the next one on the same socket.
 
 Access: the socket is mode 0600 and only the broker's uid may log on. To let other uids in, name
 each with --allow-uid and open the socket to them: --group GROUP --socket-mode 0660 (the uids
