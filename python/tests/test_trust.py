@@ -6,8 +6,11 @@ shared, sticky, world-writable directory. These tests need root to start it, and
 """
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -19,38 +22,44 @@ NOBODY = 65534
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="running as another uid needs root")
 
-SQUATTER = """
-import socket, sys
-listener = socket.socket(socket.AF_UNIX)
-listener.bind(sys.argv[1])
-listener.listen()
-print("listening", flush=True)
-sys.stdin.read()
-"""
-
 
 @pytest.fixture
-def squatter(tmp_path):
-    """A socket listening as uid 65534 in a shared directory: its path."""
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    tmp_path.chmod(0o755)
-    path = shared / "job.sock"
-    child = subprocess.Popen(
-        [sys.executable, "-c", SQUATTER, str(path)],
-        user=NOBODY,
-        group=NOBODY,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+def squatter():
+    """A socket listening as uid 65534 in a shared, sticky directory under /tmp: its path.
+
+    The squatter is a forked child that drops to uid 65534 before it binds: it runs nothing that
+    uid would have to reach (this test's virtualenv may lie in a directory only root can enter).
+    """
+    shared = tempfile.mkdtemp(prefix="shmbroker-squat-", dir="/tmp")
+    os.chmod(shared, 0o1777)
+    path = os.path.join(shared, "job.sock")
+    ready_read, ready_write = os.pipe()
+    stop_read, stop_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_read)
+            os.close(stop_write)
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            listener = socket.socket(socket.AF_UNIX)
+            listener.bind(path)
+            listener.listen()
+            os.write(ready_write, b"1")
+            os.read(stop_read, 1)
+        finally:
+            os._exit(0)
+    os.close(ready_write)
+    os.close(stop_read)
     try:
-        assert child.stdout.readline().strip() == "listening"
+        # An empty read: the child failed before it listened (and has exited).
+        assert os.read(ready_read, 1) == b"1", "the squatter never listened"
         yield path
     finally:
-        child.kill()
-        child.wait(timeout=10)
+        os.close(stop_write)
+        os.close(ready_read)
+        os.waitpid(pid, 0)
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 @needs_root
