@@ -220,7 +220,8 @@ fn deadlines_rank() {
                             error,
                             Error::PeerLeft {
                                 rank: 1,
-                                after: None
+                                after: None,
+                                ..
                             }
                         ),
                         "{error}"

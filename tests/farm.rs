@@ -460,7 +460,7 @@ fn forged_leave(name: &str, cause: u32, after: Option<shmbroker::session::LeftAf
     // does not hold: rank 2 itself is named, as having left.
     let error = reader.recv(2).unwrap_err();
     assert!(
-        matches!(error, Error::PeerLeft { rank: 2, after: a } if a == after),
+        matches!(error, Error::PeerLeft { rank: 2, after: a, .. } if a == after),
         "{error:?}"
     );
     // Nobody is taken for dead: the farm goes on with rank 1, every answer checked.

@@ -1669,7 +1669,8 @@ fn a_rank_that_leaves_after_a_timeout_is_named_with_whom_it_gave_up_on() {
             error,
             Error::PeerLeft {
                 rank: 1,
-                after: Some(LeftAfter::TimedOut(2))
+                after: Some(LeftAfter::TimedOut(2)),
+                ..
             }
         ),
         "{error:?}"
@@ -1685,7 +1686,8 @@ fn a_rank_that_leaves_after_a_timeout_is_named_with_whom_it_gave_up_on() {
             error,
             Error::PeerLeft {
                 rank: 2,
-                after: None
+                after: None,
+                ..
             }
         ),
         "{error:?}"

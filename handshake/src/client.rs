@@ -313,8 +313,12 @@ impl Connection {
 
     /// Has the watcher thread stamp `status_word::ALIVE` in `words` (this worker's own) every
     /// `clock::TICK`, so that a reader who finds this process stopped can say for how long.
-    /// Only the first call counts.
+    /// Only the first call counts. The first stamp is made now: a process stopped before its
+    /// watcher's next tick still says since when.
     pub fn publish_heartbeat(&self, words: shmbroker_allocator::StatusWords) {
+        use shmbroker_bindings::status_word::{ALIVE, ALIVE_SLOT};
+        words.slot(ALIVE_SLOT)[ALIVE]
+            .store(crate::clock::now(), std::sync::atomic::Ordering::Relaxed);
         let _ = self.shared.heartbeat.set(words);
     }
 

@@ -61,7 +61,7 @@ pub fn to_py(error: Error) -> PyErr {
     match error {
         Error::PeerLost { rank, diagnosis } => py::PeerLost::new_err((message, rank, diagnosis)),
         Error::PeerRejoined { rank, times } => py::PeerRejoined::new_err((message, rank, times)),
-        Error::PeerLeft { rank, after } => {
+        Error::PeerLeft { rank, after, .. } => {
             let (after, after_died) = match after {
                 Some(LeftAfter::Died(cause)) => (Some(cause), true),
                 Some(LeftAfter::TimedOut(cause)) => (Some(cause), false),

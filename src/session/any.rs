@@ -78,7 +78,11 @@ pub(super) enum Gone {
 impl Gone {
     fn error(self, rank: u32) -> Error {
         match self {
-            Self::Left(after) => Error::PeerLeft { rank, after },
+            Self::Left(after) => Error::PeerLeft {
+                rank,
+                after,
+                diagnosis: Vec::new(),
+            },
             Self::Lost => Error::PeerLost {
                 rank,
                 diagnosis: Vec::new(),
@@ -263,7 +267,9 @@ impl Session {
                 Ok(false) => return Ok(false),
                 Err(error) => {
                     let gone = match error {
-                        Error::PeerLeft { rank, after } if rank == peer => Some(Gone::Left(after)),
+                        Error::PeerLeft { rank, after, .. } if rank == peer => {
+                            Some(Gone::Left(after))
+                        }
                         Error::PeerLost { rank, .. } if rank == peer => Some(Gone::Lost),
                         Error::BrokerLost => Some(Gone::BrokerLost),
                         Error::PeerNeverJoined {

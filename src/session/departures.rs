@@ -35,6 +35,7 @@
 //! there: a view must not outlive the session that received it.
 
 use super::{Deadline, Error, Session};
+use crate::status::now as status_now;
 use shmbroker_handshake::Departure;
 use shmbroker_queues::Corruption;
 
@@ -56,7 +57,7 @@ impl Session {
     /// it died, with ages as of now (from its outbox, mapped now if its fd has arrived: this
     /// never waits).
     /// Notes why a call failed when a departure made it fail: the death (or, for a peer that
-    /// left, what it cited), cited in turn if this worker then leaves.
+    /// left or gave up, what it cited), cited in turn if this worker then leaves.
     pub(super) fn note_cause(&self, error: &Error) {
         use shmbroker_handshake::LeftAfter;
         match *error {
@@ -65,17 +66,57 @@ impl Session {
                 after: Some(LeftAfter::Died(rank)),
                 ..
             } => self.inner.note_failed_on_death(rank),
+            // A peer that gave up over a rank, or left after timing out on one: that rank, so
+            // that a chain of ranks giving up keeps naming it.
             Error::PeerLeft {
                 after: Some(LeftAfter::TimedOut(rank)),
                 ..
+            }
+            | Error::PeerGaveUp {
+                named: Some(rank), ..
             } => self.inner.note_gave_up_on(rank),
             _ => {}
         }
     }
 
-    /// Also notes the death as why this call failed ([`Self::note_cause`]).
+    /// For a peer that left after timing out on a rank whose process is stopped: a sentence
+    /// naming that rank as stopped, as a timeout's diagnosis would (see `status`).
+    pub(super) fn with_stopped_cause(&mut self, error: &mut Error) {
+        use shmbroker_handshake::LeftAfter;
+        use std::os::fd::AsFd;
+        let Error::PeerLeft {
+            after: Some(LeftAfter::TimedOut(cause)),
+            diagnosis,
+            ..
+        } = error
+        else {
+            return;
+        };
+        let cause = *cause;
+        if !diagnosis.is_empty() || cause == self.rank() {
+            return;
+        }
+        let Ok((_, pidfd)) = self.inner.peer_process(cause, std::time::Duration::ZERO) else {
+            return;
+        };
+        if !shmbroker_sys::pidfd::stopped(pidfd.as_fd()) {
+            return;
+        }
+        let quick = Deadline::new("diagnosis", std::time::Duration::ZERO);
+        let said = match self.peer_outbox(cause, &quick) {
+            Ok(outbox) => crate::status::describe_stopped(cause, &outbox.status(), status_now()),
+            Err(_) => format!("rank {cause} is stopped"),
+        };
+        if let Error::PeerLeft { diagnosis, .. } = error {
+            diagnosis.push(said);
+        }
+    }
+
+    /// Also notes the death as why this call failed ([`Self::note_cause`]), and names a stopped
+    /// rank a leaver timed out on ([`Self::with_stopped_cause`]).
     fn with_last_words(&mut self, error: &mut Error) {
         self.note_cause(error);
+        self.with_stopped_cause(error);
         if let Error::PeerLost { rank, diagnosis } = error
             && diagnosis.is_empty()
         {
@@ -404,7 +445,11 @@ pub(super) fn handshake_failed(
 pub(super) fn departure_error(departure: Departure) -> Error {
     match departure {
         Departure::Lost { rank } => lost(rank),
-        Departure::Left { rank, after } => Error::PeerLeft { rank, after },
+        Departure::Left { rank, after } => Error::PeerLeft {
+            rank,
+            after,
+            diagnosis: Vec::new(),
+        },
         Departure::BrokerLost => Error::BrokerLost,
         Departure::NeverJoined {
             rank,

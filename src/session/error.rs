@@ -50,14 +50,22 @@ pub enum Error {
     },
     /// A worker this call needs dropped its session (on purpose). Calls that do not need it go on.
     /// Renders as "peer rank 0 left the session after rank 2 died" or "... after timing out
-    /// waiting for rank 2" when it said what it gave up on.
-    #[error("peer rank {rank} left the session{}", left_after_text(*after))]
+    /// waiting for rank 2" when it said what it gave up on, and then, when that rank's process
+    /// is stopped, ": rank 2 is stopped (it has not run for 1.4 s): ...".
+    #[error(
+        "peer rank {rank} left the session{}{}",
+        left_after_text(*after),
+        diagnosis_text(diagnosis)
+    )]
     PeerLeft {
         /// The rank that left.
         rank: u32,
         /// What it had given up on when it left: a death this worker saw too, or (its word) a
         /// call of its that timed out waiting for a rank.
         after: Option<LeftAfter>,
+        /// When it timed out on a rank whose process this worker finds stopped: one sentence
+        /// naming it (see [`Error::Timeout`]'s `stopped`). Otherwise empty.
+        diagnosis: Vec<String>,
     },
     /// A rank this call needs never logged on, and no longer can: the broker closed the job to
     /// newcomers when rank `after` died or left (a job that has lost a worker admits nobody new).

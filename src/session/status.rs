@@ -467,8 +467,9 @@ impl Session {
         result: Result<T, Error>,
     ) -> Result<T, Error> {
         let result = result.map_err(|error| {
-            let error = self.gave_up_instead(error, deadline.op);
+            let mut error = self.gave_up_instead(error, deadline.op);
             self.note_cause(&error);
+            self.with_stopped_cause(&mut error);
             error
         });
         deadline.settle(result)
@@ -480,41 +481,69 @@ impl Session {
     /// found stopped, if any.
     ///
     /// A stopped rank's words still say what it was doing when it stopped ("waiting for rank
-    /// 2"), and rank 2 may truly wait for it: only the kernel tells which of them is stuck.
+    /// 2"), and rank 2 may truly wait for it: only the kernel tells which of them is stuck. A
+    /// rank in no call whose last collective failed is followed to the rank that failure named.
+    /// When no chain leads to a stopped process, any stopped process of the world is named.
     pub(super) fn diagnose(&mut self, ranks: &[u32]) -> (Vec<String>, Option<u32>) {
         let now = coarse_now();
         let mut sentences = Vec::with_capacity(ranks.len());
         let mut seen: Vec<u32> = ranks.to_vec();
-        let mut follow: Vec<(u32, u32)> = Vec::new();
+        // (from, link, to): `from` waits for, or gave up on, `to`.
+        let mut follow: Vec<(u32, &'static str, u32)> = Vec::new();
         let mut first_stopped = None;
         for &rank in ranks {
-            let (sentence, waits, stopped) = self.describe_rank(rank, now, None);
+            let (sentence, links, stopped) = self.describe_rank(rank, now, None);
             sentences.push(sentence);
             first_stopped = first_stopped.or(stopped.then_some(rank));
-            follow.extend(waits.into_iter().map(|next| (rank, next)));
+            follow.extend(links.into_iter().map(|(link, next)| (rank, link, next)));
         }
         // Along the chains of waits, breadth first, each rank once.
         let mut at = 0;
-        while let Some(&(from, rank)) = follow.get(at) {
+        while let Some(&(from, link, rank)) = follow.get(at) {
             at += 1;
             if seen.contains(&rank) || rank >= self.world_size() {
                 continue;
             }
             seen.push(rank);
-            let (sentence, waits, stopped) = self.describe_rank(rank, now, Some(from));
+            let (sentence, links, stopped) = self.describe_rank(rank, now, Some((from, link)));
             if !sentence.is_empty() {
                 sentences.push(sentence);
             }
             first_stopped = first_stopped.or(stopped.then_some(rank));
-            follow.extend(waits.into_iter().map(|next| (rank, next)));
+            follow.extend(links.into_iter().map(|(link, next)| (rank, link, next)));
+        }
+        // A rank's words name only the last peer it had to wait for, so a chain can miss the
+        // rank that holds everyone up: any other stopped process of the world is named too.
+        if first_stopped.is_none() {
+            let others: Vec<u32> = self.peers().filter(|rank| !seen.contains(rank)).collect();
+            for rank in others {
+                let stopped =
+                    self.inner
+                        .peer_process(rank, Duration::ZERO)
+                        .is_ok_and(|(_, pidfd)| {
+                            use std::os::fd::AsFd;
+                            shmbroker_sys::pidfd::stopped(pidfd.as_fd())
+                        });
+                if stopped {
+                    let (sentence, _, _) = self.describe_rank(rank, now, Some((rank, "")));
+                    sentences.push(sentence);
+                    first_stopped.get_or_insert(rank);
+                }
+            }
         }
         (sentences, first_stopped)
     }
 
-    /// One rank's sentence for [`Self::diagnose`], whom it says it waits for, and whether its
-    /// process is stopped. A rank reached along a chain (`via`, the rank that waits for it)
-    /// gets a sentence only if it is stopped.
-    fn describe_rank(&mut self, rank: u32, now: u64, via: Option<u32>) -> (String, Vec<u32>, bool) {
+    /// One rank's sentence for [`Self::diagnose`], whom it says it waits for or gave up on (with
+    /// which of the two), and whether its process is stopped. A rank reached along a chain
+    /// (`via`: the rank that waits for it or gave up on it, and which) gets a sentence only if
+    /// it is stopped.
+    fn describe_rank(
+        &mut self,
+        rank: u32,
+        now: u64,
+        via: Option<(u32, &'static str)>,
+    ) -> (String, Vec<(&'static str, u32)>, bool) {
         let process = if rank == self.rank() {
             None
         } else {
@@ -533,13 +562,21 @@ impl Session {
             return (text, Vec::new(), false);
         };
         let status = outbox.status();
+        // Whom it waits for; or, in no call after a collective it gave up, the rank that
+        // collective's error named (it may have given up on a stopped rank).
         let waits = crate::status::Activity::read(&status, now)
             .map(|activity| {
-                activity
+                let mut waits: Vec<(&'static str, u32)> = activity
                     .calls
                     .iter()
                     .filter_map(|c| c.waiting_for)
-                    .collect()
+                    .map(|next| ("waits for", next))
+                    .collect();
+                if activity.calls.is_empty() {
+                    let named = activity.last.and_then(|last| last.failed_naming);
+                    waits.extend(named.map(|next| ("gave up on", next)));
+                }
+                waits
             })
             .unwrap_or_default();
         let stopped = process.is_some_and(|pidfd| {
@@ -548,10 +585,14 @@ impl Session {
         });
         let text = match (stopped, via) {
             (true, None) => crate::status::describe_stopped(rank, &status, now),
-            (true, Some(from)) => {
+            // Found apart from any chain.
+            (true, Some((from, _))) if from == rank => {
+                crate::status::describe_stopped(rank, &status, now)
+            }
+            (true, Some((from, link))) => {
                 let said = crate::status::describe_stopped(rank, &status, now);
                 let rest = said.strip_prefix(&format!("rank {rank} ")).unwrap_or(&said);
-                format!("rank {from} waits for rank {rank}, which {rest}")
+                format!("rank {from} {link} rank {rank}, which {rest}")
             }
             (false, None) => crate::status::describe(rank, &status, now),
             (false, Some(_)) => String::new(),
