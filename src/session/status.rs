@@ -483,7 +483,7 @@ impl Session {
     /// A stopped rank's words still say what it was doing when it stopped ("waiting for rank
     /// 2"), and rank 2 may truly wait for it: only the kernel tells which of them is stuck. A
     /// rank in no call whose last collective failed is followed to the rank that failure named.
-    /// When no chain leads to a stopped process, any stopped process of the world is named.
+    /// When no chain leads to a stopped process, any stopped member of the current team is named.
     pub(super) fn diagnose(&mut self, ranks: &[u32]) -> (Vec<String>, Option<u32>) {
         let now = coarse_now();
         let mut sentences = Vec::with_capacity(ranks.len());
@@ -515,7 +515,12 @@ impl Session {
         // A rank's words name only the last peer it had to wait for, so a chain can miss the
         // rank that holds everyone up: any other stopped process of the world is named too.
         if first_stopped.is_none() {
-            let others: Vec<u32> = self.peers().filter(|rank| !seen.contains(rank)).collect();
+            // Members of the team whose call this is only: a stopped rank outside it holds
+            // nobody here up, and must not be named.
+            let others: Vec<u32> = self
+                .peers()
+                .filter(|&rank| !seen.contains(&rank) && self.team.contains(rank))
+                .collect();
             for rank in others {
                 let stopped =
                     self.inner
