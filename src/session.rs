@@ -82,6 +82,7 @@
 //! its deadline, or for ever.
 
 mod acks;
+mod agree;
 mod any;
 mod collectives;
 /// The demultiplexer of a peer's ring slots, public for the `demux` fuzz target only.
@@ -598,6 +599,12 @@ impl Session {
         let world = inner.world_size() as usize;
         let outbox = Outbox::create(inner.rank(), outbox_bytes).map_err(Error::OwnOutbox)?;
         if world > 1 {
+            // Before peers can map it: they read which process of this rank they reach.
+            use shmbroker_bindings::status_word::{ALIVE_SLOT, INCARNATION};
+            outbox.status().slot(ALIVE_SLOT)[INCARNATION].store(
+                u64::from(inner.rejoins()) + 1,
+                std::sync::atomic::Ordering::Release,
+            );
             inner.publish_outbox(outbox.fd(), timeout)?;
             inner.publish_heartbeat(outbox.status());
         }

@@ -79,6 +79,11 @@ pub mod status_word {
     pub const ALIVE: usize = 14;
     /// The slot that holds [`ALIVE`].
     pub const ALIVE_SLOT: usize = 1;
+    /// In slot [`ALIVE_SLOT`] only: how many processes held the owner's rank before it in the
+    /// job (its incarnation, 0 for the job's first), plus one; 0 while not yet written. Written
+    /// once, before the outbox is published, and never changed: a peer that maps the outbox
+    /// learns which process of the rank its links lead to (making groups compares these).
+    pub const INCARNATION: usize = 15;
 }
 
 /// Written once by an outbox's owner before it seals the file; read (copied out) and checked by

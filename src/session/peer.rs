@@ -29,6 +29,12 @@ pub(super) struct Peer {
     /// Messages sent to it, and received from it, to make groups (see `groups`).
     pub(super) setup_sent: u64,
     pub(super) setup_received: u64,
+    /// A setup message from a later attempt than the one it was read in, kept for the next (see
+    /// `agree`).
+    pub(super) setup_stash: Option<Box<super::agree::Setup>>,
+    /// Which process of its rank this rank's links lead to (see `agree`), once read from its
+    /// outbox.
+    pub(super) incarnation: Option<u32>,
 }
 
 impl Peer {
@@ -43,6 +49,8 @@ impl Peer {
             forgotten: false,
             setup_sent: 0,
             setup_received: 0,
+            setup_stash: None,
+            incarnation: None,
         }
     }
 }

@@ -83,6 +83,11 @@ impl Session {
     pub fn wait_for_rank_timeout(&mut self, rank: u32, timeout: Duration) -> Result<(), Error> {
         self.check_peer(rank)?;
         let deadline = self.track(Deadline::new("wait_for_rank", timeout));
+        self.await_rank(rank, &deadline)
+    }
+
+    /// [`Self::wait_for_rank_timeout`] within `deadline`.
+    pub(super) fn await_rank(&mut self, rank: u32, deadline: &Deadline) -> Result<(), Error> {
         loop {
             if self.adopt_rejoin(rank)?.is_some() {
                 return Ok(());
@@ -99,7 +104,7 @@ impl Session {
             if self.inner.broker_lost() {
                 return Err(Error::BrokerLost);
             }
-            self.check_interrupted(&deadline)?;
+            self.check_interrupted(deadline)?;
             let left = deadline.left();
             if left.is_zero() {
                 // The rank is dead, and no replacement came: that is the timeout.
@@ -128,6 +133,8 @@ impl Session {
         // The blocks it owed come back; then everything about it starts afresh.
         self.forget_peer(rank);
         self.peers[rank as usize] = Peer::new(rank);
+        // Its outbox says the same once mapped (see `agree`).
+        self.peers[rank as usize].incarnation = Some(times);
         self.any.gone[rank as usize] = None;
         self.closed_for &= !(1 << rank);
         self.adoptions += 1;
@@ -180,18 +187,42 @@ impl Session {
     pub(super) fn replaced_error(&self, rank: u32) -> Error {
         let why = if rank == self.rank() {
             format!(
-                "this process replaced rank {rank} after it died: the collectives it was in ended \
-                 with its death; make a group (Session::group) of the ranks there now"
+                "this process replaced rank {rank} after it died (it is replacement {}): the \
+                 collectives it was in ended with its death; Session::regroup makes the group \
+                 of the ranks needed now",
+                self.inner.rejoins()
             )
         } else {
+            let times = self.peers[rank as usize].incarnation.unwrap_or(0);
+            let what = if times == 0 {
+                "came late".to_string()
+            } else {
+                format!("was replaced (replacement {times})")
+            };
             format!(
-                "rank {rank} was replaced (or came late) after this team was formed: its \
-                 collectives are over; make a group (Session::group) of the ranks there now"
+                "rank {rank} {what} after this team was formed: its collectives are over; \
+                 Session::regroup makes the group of the ranks needed now"
             )
         };
         Error::PeerLost {
             rank,
             diagnosis: vec![why],
+        }
+    }
+
+    /// What to do about `error` when it reports a death whose replacement has logged on already.
+    pub(super) fn with_rejoin_advice(&self, error: &mut Error) {
+        if let Error::PeerLost { rank, diagnosis } = error
+            && *rank < 64
+            && self.inner.rejoins_pending() & 1 << *rank != 0
+            && !diagnosis
+                .iter()
+                .any(|line| line.contains("Session::regroup"))
+        {
+            diagnosis.push(format!(
+                "rank {rank}'s replacement has logged on: Session::regroup (or \
+                 Session::wait_for_rank) takes it on"
+            ));
         }
     }
 

@@ -470,6 +470,7 @@ impl Session {
             let mut error = self.gave_up_instead(error, deadline.op);
             self.note_cause(&error);
             self.with_stopped_cause(&mut error);
+            self.with_rejoin_advice(&mut error);
             error
         });
         deadline.settle(result)

@@ -3,6 +3,7 @@
 //!
 //! * `hostile` ([`hostile`]): a worker that attacks its peers' shared memory and the broker;
 //! * `farm-worker` ([`farm`]): a task farm's worker, honest or forging its departure;
+//! * `regroup-worker` ([`regroup`]): a death and a rejoin during the survivors' group-making;
 //! * `chaos` ([`chaos`]): the chaos suite, runnable by hand
 //!   (`cargo run --release -p shmbroker-test-support --bin chaos -- --trials 100`), whose
 //!   workers are its own hidden `chaos worker`;
@@ -25,4 +26,5 @@ pub mod chaos;
 pub mod cuda;
 pub mod farm;
 pub mod hostile;
+pub mod regroup;
 pub mod soak;

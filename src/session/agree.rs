@@ -1,0 +1,679 @@
+//! Making a group is an agreement: every member that finishes a [`Session::group`] call gets
+//! the group, or every one gets the same error, whatever dies, rejoins or retries meanwhile.
+//!
+//! # Attempts
+//!
+//! A call makes one or more *attempts*. An attempt is named by its *view* and its *ballot*:
+//!
+//! - the view says, for each member, which process of its rank this member's links lead to
+//!   (its *incarnation*: how many processes held the rank before it). Every process writes its
+//!   own into its outbox before publishing it (`status_word::INCARNATION`), so a member reads
+//!   it for each peer from the outbox its links came with. A member whose outbox cannot be had
+//!   because it departed is [`GONE`];
+//! - the ballot counts this member's attempts on the same ranks, and goes up to any later
+//!   ballot a peer is already in.
+//!
+//! Every setup message of an attempt carries both, and the ranks. A message from an attempt
+//! whose view is older than the receiver's (it reached a process that has since been
+//! replaced), or whose ballot is lower, is *stale*: its sender is certain to have left that
+//! attempt or to leave it once it reads the receiver's, so it is read and dropped. A message
+//! whose view is newer, or whose ballot is higher, is *ahead*: its sender will take no part in
+//! the receiver's attempt, and the message is kept for the receiver's next one. So messages
+//! of an attempt that failed, or of one a peer never joined, are never taken for another's,
+//! and members whose retries ran ahead of each other meet at the highest ballot.
+//!
+//! # One attempt
+//!
+//! 1. *Proposals.* Each member sends every other its proposal (the group's stream, as in
+//!    `groups`) and reads one current proposal from each (dropping stale ones). Its *estimate*
+//!    is [`Outcome::Made`] with the largest stream when every member's proposal came, current;
+//!    otherwise why not: a member departed, one is ahead (superseded, or it reaches a newer
+//!    process of some rank), one passed other ranks, or one sent what no honest member sends.
+//! 2. *Decision.* Then the members agree on one estimate, as `shrink` agrees on who is left:
+//!    in round `c` member `c` sends its estimate to the others, which adopt it unless `c`
+//!    departed, or is ahead (it left this attempt at its deadline, and sends nothing more for
+//!    it). Each member returns the estimate it holds at the end.
+//!
+//! *Agreement.* Let `c` be the first member that completes its round. Every member still in
+//! the attempt adopts `c`'s estimate (per-pair order: what `c` sent before anything later is
+//! read first), and from then on every estimate sent is that one. So the members that finish
+//! the attempt hold the same outcome.
+//!
+//! *The group is real.* [`Outcome::Made`] is some member's own estimate, made only when it got
+//! every member's current proposal: every member was in this attempt, with the same view (the
+//! same processes), and every member goes on to the decision rather than to another attempt.
+//!
+//! *Termination.* Each read waits for one member, which sends, departs (the watcher reports
+//! every departure), or stays alive without taking part: then the call times out naming it.
+//! An attempt that ends without a group is followed by another only when a member was ahead or
+//! a replacement was taken on, each of which happens finitely often while deaths stop.
+//!
+//! A liar can waste an attempt (every member then names it), not split the group or exclude a
+//! live rank: proposals and decided streams beyond [`MAX_STREAM_JUMP`] of this member's own are
+//! refused, naming the sender.
+
+use super::demux::{Expect, SEQ_BITS};
+use super::groups::SETUP_STREAM;
+use super::send::Targets;
+use super::{Deadline, Error, Session};
+use shmbroker_bindings::kind;
+
+/// How far beyond this rank's own proposal a member's proposal (or a decided stream) may lie:
+/// a member in this many more groups than this rank is not believed. It bounds how many streams
+/// one lie can use up.
+pub(super) const MAX_STREAM_JUMP: u32 = 1 << 16;
+
+/// A view's entry for a member this rank cannot reach: it departed before its outbox came.
+pub(super) const GONE: u32 = u32::MAX;
+
+/// The bytes before the ranks: step, rank count, ballot, two words of payload.
+const HEAD: usize = 24;
+
+/// What one attempt came to (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// The group is made, on this stream.
+    Made(u32),
+    /// A member was in a later attempt: try again.
+    Superseded,
+    /// A member reached a newer process of this rank than this member: take it on, try again.
+    Replaced(u32),
+    /// This member departed before it took part.
+    Departed(u32),
+    /// This member passed these other ranks.
+    Mismatch(u32, Vec<u32>),
+    /// This member sent what no honest member sends.
+    Forged(u32),
+}
+
+impl Outcome {
+    /// Which of two reasons an estimate gives: the one a user must act on first.
+    fn weight(&self) -> u8 {
+        match self {
+            Self::Made(_) => 0,
+            Self::Superseded => 1,
+            Self::Replaced(_) => 2,
+            Self::Departed(_) => 3,
+            Self::Mismatch(..) => 4,
+            Self::Forged(_) => 5,
+        }
+    }
+
+    fn code(&self) -> (u32, u32) {
+        match self {
+            Self::Made(stream) => (0, *stream),
+            Self::Superseded => (1, 0),
+            Self::Replaced(rank) => (2, *rank),
+            Self::Departed(rank) => (3, *rank),
+            Self::Mismatch(rank, _) => (4, *rank),
+            Self::Forged(rank) => (5, *rank),
+        }
+    }
+}
+
+/// A setup message's step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    Propose,
+    Decide,
+}
+
+/// One setup message of making a group, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Setup {
+    step: Step,
+    ballot: u64,
+    members: Vec<u32>,
+    view: Vec<u32>,
+    /// A proposal's stream.
+    proposal: u32,
+    /// A decision's outcome.
+    outcome: Option<Outcome>,
+}
+
+impl Setup {
+    fn encode(&self) -> Vec<u8> {
+        let (a, b) = match (&self.step, &self.outcome) {
+            (Step::Decide, Some(outcome)) => outcome.code(),
+            _ => (self.proposal, 0),
+        };
+        let step: u32 = match self.step {
+            Step::Propose => 1,
+            Step::Decide => 2,
+        };
+        let mut bytes = Vec::with_capacity(HEAD + 8 * self.members.len());
+        bytes.extend(step.to_le_bytes());
+        bytes.extend((self.members.len() as u32).to_le_bytes());
+        bytes.extend(self.ballot.to_le_bytes());
+        bytes.extend(a.to_le_bytes());
+        bytes.extend(b.to_le_bytes());
+        let tail = match &self.outcome {
+            Some(Outcome::Mismatch(_, found)) => found.as_slice(),
+            _ => &[],
+        };
+        for word in self.members.iter().chain(&self.view).chain(tail) {
+            bytes.extend(word.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// `bytes` from `peer`, checked against a world of `world` ranks.
+    pub(super) fn decode(peer: u32, bytes: &[u8], world: u32) -> Result<Self, Error> {
+        let forged = |detail: String| Error::Protocol {
+            peer,
+            detail: format!("making a group: {detail}"),
+        };
+        if bytes.len() < HEAD || !bytes.len().is_multiple_of(4) {
+            return Err(forged(format!(
+                "{} bytes where a setup message ({HEAD} bytes and whole ranks) was due",
+                bytes.len()
+            )));
+        }
+        let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let step = match word(0) {
+            1 => Step::Propose,
+            2 => Step::Decide,
+            other => return Err(forged(format!("step {other}; 1 (propose) or 2 (decide)"))),
+        };
+        let n = word(4) as usize;
+        let words = (bytes.len() - HEAD) / 4;
+        if n == 0 || n > world as usize || 2 * n > words {
+            return Err(forged(format!(
+                "{n} members in a message of {words} rank words, in a world of {world}"
+            )));
+        }
+        let ballot = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        let (a, b) = (word(16), word(20));
+        let ranks = |from: usize, count: usize| -> Vec<u32> {
+            (0..count).map(|i| word(HEAD + 4 * (from + i))).collect()
+        };
+        let members = ranks(0, n);
+        let view = ranks(n, n);
+        let tail = ranks(2 * n, words - 2 * n);
+        if let Some(&rank) = members.iter().chain(&tail).find(|&&rank| rank >= world) {
+            return Err(forged(format!("rank {rank} in a world of {world} ranks")));
+        }
+        let stream_ok = |stream: u32| (1..SETUP_STREAM).contains(&stream);
+        let (proposal, outcome) = match step {
+            Step::Propose if stream_ok(a) && tail.is_empty() => (a, None),
+            Step::Propose => {
+                return Err(forged(format!(
+                    "proposed stream {a} with {} extra words; groups have streams 1 to {}",
+                    tail.len(),
+                    SETUP_STREAM - 1
+                )));
+            }
+            Step::Decide => {
+                let outcome = match (a, tail.is_empty()) {
+                    (0, true) if stream_ok(b) => Outcome::Made(b),
+                    (1, true) => Outcome::Superseded,
+                    (2, true) if b < world => Outcome::Replaced(b),
+                    (3, true) if b < world => Outcome::Departed(b),
+                    (4, _) if b < world => Outcome::Mismatch(b, tail),
+                    (5, true) if b < world => Outcome::Forged(b),
+                    _ => {
+                        return Err(forged(format!(
+                            "decision {a} with value {b} and {} extra words",
+                            tail.len()
+                        )));
+                    }
+                };
+                (0, Some(outcome))
+            }
+        };
+        Ok(Self {
+            step,
+            ballot,
+            members,
+            view,
+            proposal,
+            outcome,
+        })
+    }
+}
+
+/// How a setup message stands to this member's attempt.
+#[derive(Debug, PartialEq, Eq)]
+enum Fit {
+    /// From an attempt its sender has left, or will leave: dropped.
+    Stale,
+    /// Of this attempt.
+    Current,
+    /// From an attempt after this one (why this one cannot make the group): kept for the next.
+    Ahead(Outcome),
+    /// From a call on other ranks.
+    Other(Outcome),
+}
+
+/// This member's attempt.
+#[derive(Debug)]
+pub(super) struct Attempt<'a> {
+    pub(super) members: &'a [u32],
+    /// This member's index among them.
+    pub(super) me: usize,
+    pub(super) ballot: u64,
+    pub(super) view: Vec<u32>,
+    /// This member's proposed stream.
+    pub(super) proposal: u32,
+}
+
+impl Attempt<'_> {
+    /// How `message`, from the member at `from`, stands to this attempt; an error for one no
+    /// honest member sends.
+    fn fit(&self, from: usize, message: &Setup) -> Result<Fit, String> {
+        if message.members != self.members {
+            return Ok(Fit::Other(Outcome::Mismatch(
+                self.members[from],
+                message.members.clone(),
+            )));
+        }
+        let (theirs, ours) = (&message.view, &self.view);
+        if theirs[from] == GONE || (ours[from] != GONE && theirs[from] != ours[from]) {
+            return Err(format!(
+                "it says it is process {} of its rank; its outbox says {}",
+                theirs[from], ours[from]
+            ));
+        }
+        if theirs[self.me] != GONE && theirs[self.me] > ours[self.me] {
+            return Err(format!(
+                "it reaches process {} of this rank, which is process {}",
+                theirs[self.me], ours[self.me]
+            ));
+        }
+        let known = || {
+            theirs
+                .iter()
+                .zip(ours)
+                .enumerate()
+                .filter(|(_, (t, o))| **t != GONE && **o != GONE)
+        };
+        if let Some((at, _)) = known().find(|(_, (t, o))| t > o) {
+            return Ok(Fit::Ahead(Outcome::Replaced(self.members[at])));
+        }
+        if known().any(|(_, (t, o))| t < o) {
+            return Ok(Fit::Stale);
+        }
+        Ok(match message.ballot.cmp(&self.ballot) {
+            std::cmp::Ordering::Less => Fit::Stale,
+            std::cmp::Ordering::Greater => Fit::Ahead(Outcome::Superseded),
+            std::cmp::Ordering::Equal => Fit::Current,
+        })
+    }
+
+    /// Whether a stream a member proposed or decided is one to believe.
+    fn believable(&self, stream: u32) -> bool {
+        stream <= self.proposal.saturating_add(MAX_STREAM_JUMP)
+    }
+
+    /// Whether `message` could join this attempt's ballot (a later attempt on these ranks with
+    /// this view): what the next attempt's ballot rises to.
+    pub(super) fn joins(members: &[u32], view: &[u32], message: &Setup) -> Option<u64> {
+        let same = message.members == members
+            && message
+                .view
+                .iter()
+                .zip(view)
+                .all(|(t, o)| *t == GONE || *o == GONE || t == o);
+        same.then_some(message.ballot)
+    }
+}
+
+/// Where a member stands after the proposals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Standing {
+    /// In this attempt.
+    In,
+    /// Departed, or will send nothing more of this attempt.
+    Out,
+}
+
+impl Session {
+    /// One attempt (see the module docs), on the setup team: what the members agreed it came to.
+    pub(super) fn attempt_group(
+        &mut self,
+        attempt: &Attempt<'_>,
+        deadline: &Deadline,
+    ) -> Result<Outcome, Error> {
+        let members = attempt.members;
+        let mut standing = vec![Standing::In; members.len()];
+        let mut estimate: Option<Outcome> = None;
+        let note = |estimate: &mut Option<Outcome>, why: Outcome| {
+            if estimate
+                .as_ref()
+                .is_none_or(|held| why.weight() > held.weight())
+            {
+                *estimate = Some(why);
+            }
+        };
+        let propose = Setup {
+            step: Step::Propose,
+            ballot: attempt.ballot,
+            members: members.to_vec(),
+            view: attempt.view.clone(),
+            proposal: attempt.proposal,
+            outcome: None,
+        }
+        .encode();
+        let peers: Vec<usize> = (0..members.len()).filter(|&at| at != attempt.me).collect();
+        for &at in &peers {
+            let peer = members[at];
+            if attempt.view[at] == GONE {
+                standing[at] = Standing::Out;
+                note(&mut estimate, Outcome::Departed(peer));
+                continue;
+            }
+            if !self.send_setup(peer, &propose, deadline)? {
+                standing[at] = Standing::Out;
+                note(&mut estimate, Outcome::Departed(peer));
+            }
+        }
+        // 1. Proposals.
+        let mut stream = attempt.proposal;
+        for &at in &peers {
+            if standing[at] == Standing::Out {
+                continue;
+            }
+            let peer = members[at];
+            loop {
+                let message = match self.next_setup(peer, deadline)? {
+                    Next::Message(message) => message,
+                    Next::Departed => {
+                        note(&mut estimate, Outcome::Departed(peer));
+                        standing[at] = Standing::Out;
+                        break;
+                    }
+                    Next::Forged => {
+                        note(&mut estimate, Outcome::Forged(peer));
+                        standing[at] = Standing::Out;
+                        break;
+                    }
+                };
+                let fit = match attempt.fit(at, &message) {
+                    Ok(fit) => fit,
+                    Err(detail) => {
+                        self.forged_setup(peer, &detail);
+                        note(&mut estimate, Outcome::Forged(peer));
+                        standing[at] = Standing::Out;
+                        break;
+                    }
+                };
+                match fit {
+                    Fit::Stale => continue,
+                    Fit::Current if message.step == Step::Propose => {
+                        if !attempt.believable(message.proposal) {
+                            self.forged_setup(
+                                peer,
+                                &format!(
+                                    "it proposed stream {}, more than {MAX_STREAM_JUMP} past this \
+                                     rank's {}",
+                                    message.proposal, attempt.proposal
+                                ),
+                            );
+                            note(&mut estimate, Outcome::Forged(peer));
+                            standing[at] = Standing::Out;
+                        } else if let Some(gone) = message.view.iter().position(|&v| v == GONE) {
+                            note(&mut estimate, Outcome::Departed(members[gone]));
+                        } else {
+                            stream = stream.max(message.proposal);
+                        }
+                    }
+                    Fit::Current => {
+                        self.forged_setup(peer, "a decision came before its proposal");
+                        note(&mut estimate, Outcome::Forged(peer));
+                        standing[at] = Standing::Out;
+                    }
+                    Fit::Ahead(why) => {
+                        self.peers[peer as usize].setup_stash = Some(Box::new(message));
+                        note(&mut estimate, why);
+                        standing[at] = Standing::Out;
+                    }
+                    Fit::Other(why) => {
+                        note(&mut estimate, why);
+                        standing[at] = Standing::Out;
+                    }
+                }
+                break;
+            }
+        }
+        let mut estimate = estimate.unwrap_or(Outcome::Made(stream));
+        // 2. Decision: rotating coordinators, as `shrink`.
+        for coordinator in 0..members.len() {
+            if coordinator == attempt.me {
+                let decide = Setup {
+                    step: Step::Decide,
+                    ballot: attempt.ballot,
+                    members: members.to_vec(),
+                    view: attempt.view.clone(),
+                    proposal: 0,
+                    outcome: Some(estimate.clone()),
+                }
+                .encode();
+                for &at in &peers {
+                    if attempt.view[at] != GONE && !self.departed_member(members[at]) {
+                        self.send_setup(members[at], &decide, deadline)?;
+                    }
+                }
+                continue;
+            }
+            if standing[coordinator] == Standing::Out {
+                continue;
+            }
+            let peer = members[coordinator];
+            while let Next::Message(message) = self.next_setup(peer, deadline)? {
+                match attempt.fit(coordinator, &message) {
+                    Ok(Fit::Stale) => continue,
+                    Ok(Fit::Current) if message.step == Step::Decide => {
+                        let decided = message.outcome.unwrap_or(Outcome::Superseded);
+                        match decided {
+                            Outcome::Made(stream)
+                                if stream < attempt.proposal || !attempt.believable(stream) =>
+                            {
+                                self.forged_setup(
+                                    peer,
+                                    &format!(
+                                        "it decided stream {stream}, which no proposal to this \
+                                         rank (of {}) makes",
+                                        attempt.proposal
+                                    ),
+                                );
+                            }
+                            decided => estimate = decided,
+                        }
+                    }
+                    Ok(Fit::Ahead(_)) => {
+                        self.peers[peer as usize].setup_stash = Some(Box::new(message));
+                    }
+                    Ok(Fit::Current) => {
+                        self.forged_setup(peer, "a second proposal came in one attempt");
+                    }
+                    Ok(Fit::Other(_)) => {}
+                    Err(detail) => self.forged_setup(peer, &detail),
+                }
+                break;
+            }
+        }
+        Ok(estimate)
+    }
+
+    /// Sends a setup message to `peer`: `false` when it departed instead.
+    fn send_setup(&mut self, peer: u32, bytes: &[u8], deadline: &Deadline) -> Result<bool, Error> {
+        let sent = &mut self.peers[peer as usize].setup_sent;
+        let tag = (u64::from(SETUP_STREAM) << SEQ_BITS) | (*sent & SEQ_MASK);
+        *sent += 1;
+        match self.send_to(kind::GROUP, tag, bytes, Targets::One(peer), deadline) {
+            Ok(()) => Ok(true),
+            Err(_) if self.departed_member(peer) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The next setup message from `peer`: one kept from an earlier attempt, or the next in its
+    /// link.
+    fn next_setup(&mut self, peer: u32, deadline: &Deadline) -> Result<Next, Error> {
+        if let Some(kept) = self.peers[peer as usize].setup_stash.take() {
+            return Ok(Next::Message(*kept));
+        }
+        let received = self.peers[peer as usize].setup_received;
+        let expect = Expect::Collective {
+            op: kind::GROUP,
+            seq: (u64::from(SETUP_STREAM) << SEQ_BITS) | (received & SEQ_MASK),
+        };
+        let bytes = match self.receive_vec(peer, expect, deadline) {
+            Ok(bytes) => bytes,
+            Err(_) if self.departed_member(peer) => return Ok(Next::Departed),
+            Err(Error::Protocol { detail, .. }) => {
+                self.forged_setup(peer, &detail);
+                return Ok(Next::Forged);
+            }
+            Err(error) => return Err(error),
+        };
+        self.peers[peer as usize].setup_received += 1;
+        match Setup::decode(peer, &bytes, self.world_size()) {
+            Ok(message) => Ok(Next::Message(message)),
+            Err(error) => {
+                self.forged_setup(peer, &error.to_string());
+                Ok(Next::Forged)
+            }
+        }
+    }
+
+    /// Whether member `rank` departed (its process as this rank reaches it).
+    pub(super) fn departed_member(&self, rank: u32) -> bool {
+        self.inner.departure(rank).is_some()
+    }
+
+    /// Keeps what `peer` sent that no honest member sends, for the error that names it.
+    fn forged_setup(&mut self, peer: u32, detail: &str) {
+        tracing::warn!(
+            rank = self.rank(),
+            "making a group, rank {peer} sent what no honest member sends: {detail}"
+        );
+        self.groups.forged.get_or_insert((peer, detail.to_string()));
+    }
+}
+
+/// What reading a member's next setup message came to.
+enum Next {
+    Message(Setup),
+    /// It departed, and nothing more of it is queued.
+    Departed,
+    /// It sent what no honest member sends (kept by `forged_setup`).
+    Forged,
+}
+
+/// A stream's sequence numbers.
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn propose(ballot: u64, members: &[u32], view: &[u32]) -> Setup {
+        Setup {
+            step: Step::Propose,
+            ballot,
+            members: members.to_vec(),
+            view: view.to_vec(),
+            proposal: 3,
+            outcome: None,
+        }
+    }
+
+    #[test]
+    fn every_setup_message_survives_its_bytes() {
+        let mut decide = propose(9, &[2, 0, 1], &[0, 4, GONE]);
+        decide.step = Step::Decide;
+        decide.proposal = 0;
+        for outcome in [
+            Outcome::Made(7),
+            Outcome::Superseded,
+            Outcome::Replaced(1),
+            Outcome::Departed(2),
+            Outcome::Mismatch(0, vec![0, 1]),
+            Outcome::Forged(2),
+        ] {
+            decide.outcome = Some(outcome);
+            assert_eq!(Setup::decode(1, &decide.encode(), 3).unwrap(), decide);
+        }
+        let message = propose(1, &[0, 1], &[0, 0]);
+        assert_eq!(Setup::decode(1, &message.encode(), 2).unwrap(), message);
+    }
+
+    #[test]
+    fn forged_setup_messages_are_refused_naming_their_sender() {
+        let good = propose(1, &[0, 1], &[0, 0]).encode();
+        let mut cases: Vec<Vec<u8>> = vec![
+            Vec::new(),
+            good[..HEAD].to_vec(),
+            good[..good.len() - 1].to_vec(),
+        ];
+        let mut with = |at: usize, value: u32| {
+            let mut bytes = good.clone();
+            bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+            cases.push(bytes);
+        };
+        with(0, 7); // step
+        with(4, 0); // no members
+        with(4, 3); // more members than words
+        with(16, 0); // stream 0
+        with(16, SETUP_STREAM); // the setup stream
+        with(HEAD, 5); // a rank outside the world
+        let mut decide = propose(1, &[0, 1], &[0, 0]);
+        decide.step = Step::Decide;
+        decide.outcome = Some(Outcome::Departed(1));
+        let mut bad_decision = decide.encode();
+        bad_decision[16..20].copy_from_slice(&9u32.to_le_bytes());
+        cases.push(bad_decision);
+        for bytes in cases {
+            match Setup::decode(1, &bytes, 2) {
+                Err(Error::Protocol { peer: 1, detail }) => assert!(detail.contains("group")),
+                other => panic!("{bytes:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn attempts_tell_stale_current_and_later_messages_apart() {
+        let members = [0, 1, 2];
+        let attempt = Attempt {
+            members: &members,
+            me: 0,
+            ballot: 4,
+            view: vec![0, 1, 0],
+            proposal: 5,
+        };
+        let fit = |message: &Setup| attempt.fit(2, message);
+        assert_eq!(fit(&propose(4, &members, &[0, 1, 0])), Ok(Fit::Current));
+        // It reached the dead process of rank 1: from an attempt it has left.
+        assert_eq!(fit(&propose(4, &members, &[0, 0, 0])), Ok(Fit::Stale));
+        assert_eq!(fit(&propose(3, &members, &[0, 1, 0])), Ok(Fit::Stale));
+        assert_eq!(
+            fit(&propose(5, &members, &[0, 1, 0])),
+            Ok(Fit::Ahead(Outcome::Superseded))
+        );
+        // It reaches rank 1's next process, which this rank has not taken on.
+        assert_eq!(
+            fit(&propose(1, &members, &[0, 2, 0])),
+            Ok(Fit::Ahead(Outcome::Replaced(1)))
+        );
+        assert_eq!(fit(&propose(4, &members, &[0, GONE, 0])), Ok(Fit::Current));
+        assert!(matches!(
+            fit(&propose(4, &[0, 2], &[0, 0])),
+            Ok(Fit::Other(Outcome::Mismatch(2, _)))
+        ));
+        // Lies about itself, or about a later process of this rank.
+        assert!(fit(&propose(4, &members, &[0, 1, 3])).is_err());
+        assert!(fit(&propose(4, &members, &[1, 1, 0])).is_err());
+        assert!(
+            attempt.believable(5 + MAX_STREAM_JUMP) && !attempt.believable(6 + MAX_STREAM_JUMP)
+        );
+        assert_eq!(
+            Attempt::joins(&members, &[0, 1, 0], &propose(7, &members, &[0, 1, GONE])),
+            Some(7)
+        );
+        assert_eq!(
+            Attempt::joins(&members, &[0, 1, 0], &propose(7, &members, &[0, 2, 0])),
+            None
+        );
+    }
+}
