@@ -40,6 +40,19 @@ cc -Wall -Wextra -Werror examples/c/restart.c -Icapi/include -Ltarget/release -l
   -Wl,-rpath,"$PWD/target/release" -o "$examples_out/restart-c"
 target/release/shmbroker run -n 3 --restart 1 --timeout 60 "$examples_out/restart-c"
 target/release/shmbroker run -n 4 --restart 1 --timeout 60 "$examples_out/restart-c"
+# Issue 44's scenario: rank 1 dies 300 ms after a send while rank 2 already recovers the world's
+# group; every rank calls shmbroker_regroup (Session::regroup in C++), the replacement included,
+# and all end in one group of the same processes. Five runs each.
+cc -Wall -Wextra -Werror examples/c/regroup.c -Icapi/include -Ltarget/release -lshmbroker \
+  -Wl,-rpath,"$PWD/target/release" -o "$examples_out/regroup-c"
+c++ -std=c++17 -Wall -Wextra -Werror examples/cpp/regroup.cpp -Icapi/include -Ltarget/release \
+  -lshmbroker -Wl,-rpath,"$PWD/target/release" -o "$examples_out/regroup-cpp"
+for run in 1 2 3 4 5; do
+  for program in regroup-c regroup-cpp; do
+    out=$(target/release/shmbroker run -n 3 --restart 1 --timeout 60 "$examples_out/$program")
+    test "$(grep -c 'incarnations \[0, 1, 0\]' <<<"$out")" = 3 || { echo "$program: $out"; exit 1; }
+  done
+done
 cc examples/c/example.c $(PKG_CONFIG_PATH="$PWD/capi" pkg-config --cflags --libs shmbroker) \
   -o "$examples_out/example-pc"
 target/release/shmbroker run -n 2 --timeout 60 "$examples_out/example-pc"

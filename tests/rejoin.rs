@@ -307,6 +307,60 @@ fn the_broker_refuses_what_is_no_rejoin() {
     drop(replacement);
 }
 
+/// A job whose workers named no id has one all the same: the broker made it, `status` shows
+/// it, and a replacement that names it (`SHMBROKER_JOB=0x…`) rejoins; one that names none is
+/// refused, told the id.
+#[test]
+fn a_job_that_named_no_id_is_rejoined_by_the_id_the_broker_made() {
+    let broker = Broker::start("rejoin-made-id", 3);
+    let socket = broker.socket();
+    let mut victim = rank_command(&broker, 2, "", "die_after_barrier");
+    victim.env_remove("SHMBROKER_JOB");
+    let victim = spawn(&mut victim);
+    let socket_for_one = socket.clone();
+    let one = std::thread::spawn(move || {
+        let mut one = log_on(&socket_for_one, 1, None).unwrap();
+        one.barrier().unwrap();
+        one
+    });
+    let mut zero = log_on(&socket, 0, None).unwrap();
+    zero.barrier().unwrap();
+    let mut one = one.join().unwrap();
+    killed(victim);
+    zero.set_timeout(TIMEOUT);
+    assert!(matches!(
+        zero.recv_timeout(2, TIMEOUT),
+        Err(Error::PeerLost { rank: 2, .. })
+    ));
+    let id = shmbroker::status::query(&socket, TIMEOUT)
+        .unwrap()
+        .header
+        .job_id;
+    assert_ne!(id, 0, "the job has no id");
+    match log_on(&socket, 2, None) {
+        Err(Error::Logon(HandshakeError::Rejected { reason, text })) => {
+            assert_eq!(reason, RejectReason::JobUnnamed, "{text}");
+            assert!(text.contains(&format!("SHMBROKER_JOB={id:#x}")), "{text}");
+        }
+        other => panic!("a replacement naming no job: {other:?}"),
+    }
+    let name = format!("{id:#x}");
+    let mut replacement = log_on(&socket, 2, Some(&name)).unwrap();
+    assert!(replacement.rejoined());
+    // Every rank meets the replacement in one group, and a barrier on it passes.
+    let recover = |session: &mut Session| {
+        let group = session.regroup(&[0, 1, 2], TIMEOUT).unwrap();
+        session.on(&group).barrier().unwrap();
+        group.rank()
+    };
+    let ranks = std::thread::scope(|scope| {
+        let two = scope.spawn(|| recover(&mut replacement));
+        let one = scope.spawn(|| recover(&mut one));
+        [recover(&mut zero), one.join().unwrap(), two.join().unwrap()]
+    });
+    assert_eq!(ranks, [0, 1, 2]);
+}
+
 /// The newcomer dies right after logging on, before rank 0 takes it on: rank 0 hears of the
 /// rejoin and then of that death too, and a second replacement rejoins and works.
 #[test]

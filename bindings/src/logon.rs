@@ -52,9 +52,17 @@ pub struct LogonFrame {
 const _: () = assert!(size_of::<LogonFrame>() == 32);
 
 /// A job id for [`LogonFrame::job`] from any text (a launcher's job id, a UUID): its 64-bit
-/// FNV-1a hash, never 0.
+/// FNV-1a hash, never 0. An id as `shmbroker status` prints it (`0x` and up to 16 hex digits,
+/// not 0) is that id itself, so that a process can name a job whose id the broker made.
 #[must_use]
 pub fn job_id(text: &str) -> u64 {
+    if let Some(hex) = text.strip_prefix("0x")
+        && (1..=16).contains(&hex.len())
+        && let Ok(id) = u64::from_str_radix(hex, 16)
+        && id != 0
+    {
+        return id;
+    }
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
     });

@@ -612,6 +612,9 @@ int shmbroker_group_all_to_all_v(struct shmbroker_session *s,
 // Makes a group of the `n` world ranks at `ranks` (their order numbers them in the group) and
 // stores it in `*out`. Every member calls it with the same ranks; other ranks do not. A member
 // that passed other ranks is named (`SHMBROKER_E_PROTOCOL`, `shmbroker_last_error_rank`).
+// Making a group is an agreement: every member gets the group, or every member gets the same
+// error (a member that died meanwhile: `SHMBROKER_E_PEER_LOST`, naming it). A member's
+// replacement that has rejoined is taken on first; `shmbroker_regroup` also waits for one.
 // Threads: as `shmbroker_barrier`.
 //
 // # Safety
@@ -622,6 +625,26 @@ int shmbroker_group_create(struct shmbroker_session *s,
                            const uint32_t *ranks,
                            size_t n,
                            struct shmbroker_group **out);
+
+// After deaths: waits until every one of the `n` world ranks at `ranks` is alive (a dead one
+// replaced, as `shmbroker_wait_for_rank`), makes their group by agreement and stores it in
+// `*out`, trying again through deaths and rejoins that happen meanwhile, up to `timeout_ms`
+// milliseconds (`SHMBROKER_TIMEOUT_FOREVER`: no deadline). Every member calls it, replacements
+// included; it replaces the loop of `shmbroker_wait_for_rank` and `shmbroker_group_create`
+// retried on `SHMBROKER_E_PEER_LOST`. Errors: `SHMBROKER_E_TIMEOUT` naming a member still dead,
+// or not calling it, at the deadline; `SHMBROKER_E_PEER_LEFT` for a member that left (nobody
+// replaces it); `SHMBROKER_E_BROKER_LOST`; and as for `shmbroker_group_create`. Threads: as
+// `shmbroker_barrier`.
+//
+// # Safety
+//
+// `s` is null or a live session; `ranks` has `n` readable entries; `out` is a writable
+// `shmbroker_group *`.
+int shmbroker_regroup(struct shmbroker_session *s,
+                      const uint32_t *ranks,
+                      size_t n,
+                      uint64_t timeout_ms,
+                      struct shmbroker_group **out);
 
 // After a death: the group of every rank still there, agreed on by every survivor that calls
 // it, stored in `*out`. A live rank that does not call it is named by `SHMBROKER_E_TIMEOUT`;

@@ -509,6 +509,16 @@ class Session : public Collectives {
         return Group(g);
     }
 
+    // After deaths: waits until every member of `ranks` is alive (a dead one replaced), makes
+    // their group by agreement, and tries again through deaths and rejoins until `timeout`.
+    // Every member calls it, replacements included.
+    Group regroup(const std::vector<std::uint32_t> &ranks, std::chrono::milliseconds timeout) {
+        shmbroker_group *g = nullptr;
+        detail::check(
+            shmbroker_regroup(s_, ranks.data(), ranks.size(), detail::milliseconds(timeout), &g));
+        return Group(g);
+    }
+
     // After a death: the group of every rank still there, the same on every survivor.
     Group shrink() {
         shmbroker_group *g = nullptr;

@@ -39,6 +39,9 @@ unsafe fn give(out: *mut *mut shmbroker_group, group: Group) {
 /// Makes a group of the `n` world ranks at `ranks` (their order numbers them in the group) and
 /// stores it in `*out`. Every member calls it with the same ranks; other ranks do not. A member
 /// that passed other ranks is named (`SHMBROKER_E_PROTOCOL`, `shmbroker_last_error_rank`).
+/// Making a group is an agreement: every member gets the group, or every member gets the same
+/// error (a member that died meanwhile: `SHMBROKER_E_PEER_LOST`, naming it). A member's
+/// replacement that has rejoined is taken on first; `shmbroker_regroup` also waits for one.
 /// Threads: as `shmbroker_barrier`.
 ///
 /// # Safety
@@ -61,6 +64,44 @@ pub unsafe extern "C" fn shmbroker_group_create(
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
         let group = entered.handle.sender.session().group(ranks)?;
+        // SAFETY: `out` is writable, per the contract, and not null.
+        unsafe { give(out, group) };
+        Ok(())
+    })
+}
+
+/// After deaths: waits until every one of the `n` world ranks at `ranks` is alive (a dead one
+/// replaced, as `shmbroker_wait_for_rank`), makes their group by agreement and stores it in
+/// `*out`, trying again through deaths and rejoins that happen meanwhile, up to `timeout_ms`
+/// milliseconds (`SHMBROKER_TIMEOUT_FOREVER`: no deadline). Every member calls it, replacements
+/// included; it replaces the loop of `shmbroker_wait_for_rank` and `shmbroker_group_create`
+/// retried on `SHMBROKER_E_PEER_LOST`. Errors: `SHMBROKER_E_TIMEOUT` naming a member still dead,
+/// or not calling it, at the deadline; `SHMBROKER_E_PEER_LEFT` for a member that left (nobody
+/// replaces it); `SHMBROKER_E_BROKER_LOST`; and as for `shmbroker_group_create`. Threads: as
+/// `shmbroker_barrier`.
+///
+/// # Safety
+///
+/// `s` is null or a live session; `ranks` has `n` readable entries; `out` is a writable
+/// `shmbroker_group *`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_regroup(
+    s: *mut shmbroker_session,
+    ranks: *const u32,
+    n: usize,
+    timeout_ms: u64,
+    out: *mut *mut shmbroker_group,
+) -> c_int {
+    guard("shmbroker_regroup", || {
+        if out.is_null() || ranks.is_null() {
+            return Err(misuse("ranks and out must not be NULL"));
+        }
+        let timeout = crate::session::timeout_of(timeout_ms)?;
+        // SAFETY: `n` readable ranks, per the contract (not null, checked above).
+        let ranks = unsafe { std::slice::from_raw_parts(ranks, n) };
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let group = entered.handle.sender.session().regroup(ranks, timeout)?;
         // SAFETY: `out` is writable, per the contract, and not null.
         unsafe { give(out, group) };
         Ok(())

@@ -4,8 +4,8 @@
  * launcher starts it again (`--restart 1`), and the new process rejoins the job in its place. Rank 0 hears
  * SHMBROKER_E_PEER_LOST for the dead process, then SHMBROKER_E_PEER_REJOINED, and gives the
  * newcomer tasks again; the task the dead process held is given to another. Then every rank
- * waits for the others (shmbroker_wait_for_rank takes the newcomer on where it has not been yet),
- * makes a group of the whole world and sums on it.
+ * recovers the whole world's group (shmbroker_regroup takes the newcomer on where it has not
+ * been yet) and sums on it.
  *
  *     cargo build --release -p shmbroker-capi -p shmbroker-cli
  *     cc examples/c/restart.c -Icapi/include -Ltarget/release -lshmbroker \
@@ -138,13 +138,12 @@ int main(void) {
             CHECK(shmbroker_send(s, 0, reply, sizeof reply));
         }
     }
-    /* Every rank there (the replacement taken on), a group of the whole world, a sum. */
-    for (uint32_t r = 0; r < world; r++)
-        if (r != rank) CHECK(shmbroker_wait_for_rank(s, r, 30000));
+    /* Every rank there (the replacement taken on), a group of the whole world, a sum:
+     * shmbroker_regroup waits for replacements and agrees on the group, whatever dies meanwhile. */
     uint32_t ranks[64];
     for (uint32_t r = 0; r < world; r++) ranks[r] = r;
     struct shmbroker_group *g = NULL;
-    CHECK(shmbroker_group_create(s, ranks, world, &g));
+    CHECK(shmbroker_regroup(s, ranks, world, 30000, &g));
     uint32_t sum = rank + 1;
     CHECK(shmbroker_group_all_reduce(s, g, &sum, 1, SHMBROKER_DTYPE_U32, SHMBROKER_OP_SUM));
     if (sum != world * (world + 1) / 2) {

@@ -151,8 +151,14 @@ class Session:
         """Whether :meth:`close` was called."""
     def group(self, ranks: Sequence[int], *, timeout: Optional[float] = ...) -> Group:
         """A group of ``ranks`` (world ranks; their order numbers them in the group), made by
-        every member with the same ranks. Raises :class:`ProtocolError` naming a member that
-        passed other ranks."""
+        every member with the same ranks, by agreement: every member gets the group or every
+        member raises the same error. Raises :class:`ProtocolError` naming a member that passed
+        other ranks."""
+    def regroup(self, ranks: Sequence[int], *, timeout: Optional[float] = ...) -> Group:
+        """After deaths: waits until every member of ``ranks`` is alive (a dead one replaced),
+        makes their group by agreement, and tries again through deaths and rejoins until
+        ``timeout``. Every member calls it, replacements included. Raises :class:`Timeout`
+        naming a member still dead at the deadline, :class:`PeerLeft` for one that left."""
     def shrink(self, *, timeout: Optional[float] = ...) -> Group:
         """After a death: the group of every rank still there, the same on every survivor.
         Raises :class:`PeerLost` naming a rank that died after the survivors agreed (call it

@@ -607,7 +607,10 @@ impl PySession {
     }
 
     /// A group of ``ranks`` (world ranks; their order numbers them in the group), made by every
-    /// member with the same ranks; pass it as ``group=`` to any collective.
+    /// member with the same ranks; pass it as ``group=`` to any collective. Making a group is an
+    /// agreement: every member gets the group, or every member raises the same error. A
+    /// member's replacement that has rejoined is taken on first (:meth:`regroup` also waits for
+    /// one).
     ///
     /// Raises :class:`MisuseError` for a repeated rank or one that leaves this rank out;
     /// :class:`ProtocolError` naming a member that passed other ranks; :class:`Timeout`,
@@ -616,6 +619,22 @@ impl PySession {
     fn group(&self, py: Python<'_>, ranks: Vec<u32>, timeout: CallTimeout) -> PyResult<PyGroup> {
         let timeout = self.deadline(timeout)?;
         let group = self.blocking(py, |session| session.group_timeout(&ranks, timeout))?;
+        Ok(PyGroup { group })
+    }
+
+    /// After deaths: waits until every member of ``ranks`` is alive (a dead one replaced, as
+    /// :meth:`wait_for_rank`), makes their group by agreement, and tries again through deaths
+    /// and rejoins that happen meanwhile, until ``timeout``. Every member calls it, replacements
+    /// included; it replaces a loop of :meth:`wait_for_rank` and :meth:`group` retried on
+    /// :class:`PeerLost`.
+    ///
+    /// Raises :class:`Timeout` naming a member still dead, or not calling it, at the deadline;
+    /// :class:`PeerLeft` for a member that left (nobody replaces it); :class:`BrokerLost`; and
+    /// as :meth:`group` does.
+    #[pyo3(signature = (ranks, *, timeout=CallTimeout::Session))]
+    fn regroup(&self, py: Python<'_>, ranks: Vec<u32>, timeout: CallTimeout) -> PyResult<PyGroup> {
+        let timeout = self.deadline(timeout)?;
+        let group = self.blocking(py, |session| session.regroup(&ranks, timeout))?;
         Ok(PyGroup { group })
     }
 

@@ -42,8 +42,8 @@ def clean_env(extra=None):
     return env
 
 
-def run_job(copies, *argv, env=None, timeout=LAUNCHER_TIMEOUT):
-    """`shmbroker run -n COPIES --tag-output --timeout T -- python ARGV...`, finished."""
+def run_job(copies, *argv, env=None, timeout=LAUNCHER_TIMEOUT, options=()):
+    """`shmbroker run -n COPIES --tag-output --timeout T OPTIONS -- python ARGV...`, finished."""
     command = [
         str(launcher()),
         "run",
@@ -52,6 +52,7 @@ def run_job(copies, *argv, env=None, timeout=LAUNCHER_TIMEOUT):
         "--tag-output",
         "--timeout",
         str(timeout),
+        *options,
         "--",
         sys.executable,
         *map(str, argv),
@@ -66,8 +67,8 @@ def run_job(copies, *argv, env=None, timeout=LAUNCHER_TIMEOUT):
     )
 
 
-def run_scenario(copies, scenario, *args, env=None):
-    return run_job(copies, WORKERS, scenario, *args, env=env)
+def run_scenario(copies, scenario, *args, env=None, options=()):
+    return run_job(copies, WORKERS, scenario, *args, env=env, options=options)
 
 
 def describe(job):

@@ -43,6 +43,14 @@ def test_groups_and_shrinking_after_a_death():
         assert f"[{rank}] OK groups rank {rank}" in job.stdout, describe(job)
 
 
+def test_survivors_and_a_replacement_regroup_while_a_rank_dies():
+    # Rank 1 dies 300 ms after a send while rank 2 already recovers the world's group; the
+    # launcher starts it again and every rank ends in one group of the same processes.
+    for _ in range(3):
+        job = run_scenario(3, "regroup", options=("--restart", "1"))
+        assert_ok(job, 3, "regroup")
+
+
 def test_a_member_that_passes_other_ranks_is_named():
     job = run_scenario(3, "group_mismatch")
     assert_ok(job, 3, "group_mismatch")

@@ -1436,6 +1436,36 @@ def scenario_rejoin(_session, args):
     session.close()
 
 
+def scenario_regroup(session, _):
+    """Issue 44's scenario, under ``run -n 3 --restart 1``: rank 1 sends rank 0 a message and
+    dies 300 ms later (its first process only); rank 2 at once recovers the world's group. Every
+    rank, the replacement included, calls ``regroup``; a barrier and a sum of each member's
+    incarnation (``[0, 1, 0]``) check that all hold one group of the same processes."""
+    rank = session.rank
+    if not session.rejoined:
+        if rank == 0:
+            for sender in (1, 2):
+                data = session.recv(sender)
+                check(data == f"hello from {sender}".encode(), f"rank {sender} sent {data!r}")
+        else:
+            session.send(0, f"hello from {rank}".encode())
+            if rank == 1:
+                time.sleep(0.3)
+                os.kill(os.getpid(), signal.SIGKILL)
+    for tries in range(10):
+        group = session.regroup([0, 1, 2], timeout=30)
+        incarnations = array.array("I", [0, 0, 0])
+        incarnations[group.rank] = session.rejoins
+        try:
+            session.barrier(group=group)
+            session.all_reduce(incarnations, group=group)
+            break
+        except shmbroker.PeerLost:
+            # A death after the group was made: recover again.
+            continue
+    check(list(incarnations) == [0, 1, 0], f"incarnations {list(incarnations)}")
+
+
 def main():
     scenario, args = sys.argv[1], sys.argv[2:]
     run = globals()[f"scenario_{scenario}"]

@@ -50,10 +50,12 @@
 //!
 //! A liar can waste an attempt (every member then names it), not split the group or exclude a
 //! live rank: proposals and decided streams beyond [`MAX_STREAM_JUMP`] of this member's own are
-//! refused, naming the sender.
+//! refused, naming the sender, and a decision that blames another rank is believed only once
+//! this member has seen the same (its own watcher confirms a departure within
+//! `CONFIRM_DEPARTURE`); otherwise it names the coordinator that sent it.
 
 use super::demux::{Expect, SEQ_BITS};
-use super::groups::SETUP_STREAM;
+use super::groups::{CONFIRM_DEPARTURE, SETUP_STREAM};
 use super::send::Targets;
 use super::{Deadline, Error, Session};
 use shmbroker_bindings::kind;
@@ -336,15 +338,9 @@ impl Session {
     ) -> Result<Outcome, Error> {
         let members = attempt.members;
         let mut standing = vec![Standing::In; members.len()];
-        let mut estimate: Option<Outcome> = None;
-        let note = |estimate: &mut Option<Outcome>, why: Outcome| {
-            if estimate
-                .as_ref()
-                .is_none_or(|held| why.weight() > held.weight())
-            {
-                *estimate = Some(why);
-            }
-        };
+        // Every reason this member saw itself (a decision is checked against them).
+        let mut estimate: Vec<Outcome> = Vec::new();
+        let note = |estimate: &mut Vec<Outcome>, why: Outcome| estimate.push(why);
         let propose = Setup {
             step: Step::Propose,
             ballot: attempt.ballot,
@@ -435,7 +431,14 @@ impl Session {
                 break;
             }
         }
-        let mut estimate = estimate.unwrap_or(Outcome::Made(stream));
+        let seen = estimate;
+        // The weightiest reason, the first seen of equals.
+        let mut estimate = seen
+            .iter()
+            .rev()
+            .max_by_key(|why| why.weight())
+            .cloned()
+            .unwrap_or(Outcome::Made(stream));
         // 2. Decision: rotating coordinators, as `shrink`.
         for coordinator in 0..members.len() {
             if coordinator == attempt.me {
@@ -477,7 +480,7 @@ impl Session {
                                     ),
                                 );
                             }
-                            decided => estimate = decided,
+                            decided => estimate = self.believe(peer, decided, &seen, deadline),
                         }
                     }
                     Ok(Fit::Ahead(_)) => {
@@ -493,6 +496,80 @@ impl Session {
             }
         }
         Ok(estimate)
+    }
+
+    /// A coordinator's decision, once this member has confirmed what it says of another rank:
+    /// a departure (its own watcher sees it, within `CONFIRM_DEPARTURE`), a replacement, a
+    /// mismatch or a forgery (this member saw the same). A decision that cannot be confirmed
+    /// names its coordinator instead: a liar cannot make the members blame a live, honest rank.
+    fn believe(
+        &mut self,
+        coordinator: u32,
+        decided: Outcome,
+        seen: &[Outcome],
+        deadline: &Deadline,
+    ) -> Outcome {
+        let me = self.rank();
+        let saw_gone = |rank: u32| {
+            seen.iter()
+                .any(|why| matches!(why, Outcome::Departed(r) | Outcome::Replaced(r) if *r == rank))
+        };
+        let saw_lie = |rank: u32| {
+            seen.iter().any(
+                |why| matches!(why, Outcome::Mismatch(r, _) | Outcome::Forged(r) if *r == rank),
+            )
+        };
+        let doubt = match &decided {
+            Outcome::Made(_) | Outcome::Superseded => None,
+            Outcome::Departed(rank) | Outcome::Replaced(rank) if *rank == me => Some(format!(
+                "it decided that this rank {me}, which is here, departed or was replaced"
+            )),
+            &Outcome::Departed(rank) | &Outcome::Replaced(rank) => {
+                let gone = |session: &Self| {
+                    session.departed_member(rank)
+                        || session.inner.rejoins_pending() & 1 << rank != 0
+                        || session.adopted_at[rank as usize] > 0
+                };
+                let confirmed = saw_gone(rank) || self.confirm_within(deadline, gone);
+                (!confirmed).then(|| {
+                    format!(
+                        "it decided that rank {rank} departed or was replaced, but rank {rank}'s \
+                         process is alive here {} ms later",
+                        CONFIRM_DEPARTURE.as_millis()
+                    )
+                })
+            }
+            &Outcome::Mismatch(rank, _) | &Outcome::Forged(rank)
+                if rank == coordinator || saw_lie(rank) =>
+            {
+                None
+            }
+            Outcome::Mismatch(rank, _) | Outcome::Forged(rank) => Some(format!(
+                "it says rank {rank} passed other ranks or sent what no honest member sends, \
+                 which this rank did not see: one of the two lies"
+            )),
+        };
+        match doubt {
+            None => decided,
+            Some(detail) => {
+                self.forged_setup(coordinator, &detail);
+                Outcome::Forged(coordinator)
+            }
+        }
+    }
+
+    /// Whether `holds` comes true within `CONFIRM_DEPARTURE` (and the deadline).
+    fn confirm_within(&self, deadline: &Deadline, holds: impl Fn(&Self) -> bool) -> bool {
+        let until = std::time::Instant::now() + CONFIRM_DEPARTURE.min(deadline.left());
+        loop {
+            if holds(self) {
+                return true;
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// Sends a setup message to `peer`: `false` when it departed instead.

@@ -19,13 +19,14 @@
 //! two groups with a common rank differ in stream. Nothing needs the whole world, and no rank
 //! outside a group hears of it.
 //!
-//! **Making a group** is a small exchange among its members on [`SETUP_STREAM`]: each sends every
-//! other its proposal and the ranks it passed, and checks theirs against its own, so a member
-//! that passed other ranks is named ([`Error::GroupMismatch`]). Setup messages between two ranks
-//! are numbered per pair and direction (`Peer::setup_sent`, `setup_received`), like
-//! point-to-point messages: two ranks that make groups together must make them in the same
-//! order (MPI asks the same of communicators), and one that does not is named by a
-//! [`Error::CollectiveMismatch`].
+//! **Making a group** is an agreement among its members on [`SETUP_STREAM`] (see `agree`): each
+//! sends every other its proposal, the ranks it passed and which process of each member's rank
+//! it reaches, and then the members agree on one outcome, so that every member gets the group
+//! or every member gets the same error ([`Error::GroupMismatch`] naming a member that passed
+//! other ranks; a departure naming a member that died). Setup messages between two ranks are
+//! numbered per pair and direction (`Peer::setup_sent`, `setup_received`), like point-to-point
+//! messages: two ranks that make groups together must make them in the same order (MPI asks
+//! the same of communicators).
 //!
 //! # Deaths
 //!
@@ -98,7 +99,7 @@ const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 
 /// How long a shrinking rank waits for its own watcher to confirm a departure a coordinator
 /// reports.
-const CONFIRM_DEPARTURE: Duration = Duration::from_secs(1);
+pub(super) const CONFIRM_DEPARTURE: Duration = Duration::from_secs(1);
 
 /// The ranks a collective runs among, with the next sequence number of their stream.
 #[derive(Clone, Debug)]

@@ -9,7 +9,7 @@
 //! replacement (`PeerRejoined` with `times` 0). It makes fresh rings between the
 //! newcomer and every survivor and passes each survivor its two rings, the newcomer's readiness
 //! eventfd and pidfd; the survivor's watcher files them (the handshake's `liveness` module). The
-//! session takes them on (*adopts* the replacement) at one of two moments, never in the middle
+//! session takes them on (*adopts* the replacement) at one of these moments, never in the middle
 //! of another call:
 //!
 //! - [`Session::recv_any`] and its kin, once they have reported the dead process's
@@ -17,10 +17,10 @@
 //!   adopted it. A farm's reader learns of its new worker where it learns of the death;
 //! - [`Session::wait_for_rank`] waits for it and adopts it.
 //!
-//! [`Session::group`] does not: making a group is an exchange every member must make in the
-//! same order, and a rank that took a replacement on in the middle of one would send it a
-//! setup message the replacement never asked for. Every member waits for the ranks it needs
-//! first (`wait_for_rank`), then makes the group.
+//! - [`Session::group`] and [`Session::regroup`] take on every member's replacement that has
+//!   rejoined before each attempt (`regroup` also waits for one); an attempt whose members
+//!   reach different processes of a rank fails on every member, and the next takes the
+//!   replacement on (see `agree`).
 //!
 //! Adopting forgets everything about the dead process: its rings (and what it sent that nobody
 //! took), the point-to-point numbers both ways, its outbox, the blocks it owed. Messages to and

@@ -87,20 +87,20 @@ impl Listener {
                             frame.job
                         ),
                     )),
+                    // The id first: a reason is cut at `REASON_LEN` bytes.
                     current => Some((
                         RejectReason::JobUnnamed,
                         format!(
-                            "{}, and a process that joins a job after it lost a worker must \
-                             name the job (SHMBROKER_JOB); {}",
+                            "must name the job to join after a death: {} ({})",
+                            current.map_or_else(
+                                || "SHMBROKER_JOB".to_string(),
+                                |id| format!("SHMBROKER_JOB={id:#x}")
+                            ),
                             if late {
                                 self.winding_down().unwrap_or_default()
                             } else {
                                 format!("rank {rank} died")
                             },
-                            current.map_or_else(
-                                || "this job has no id".to_string(),
-                                |id| format!("this job is {id:#x}")
-                            )
                         ),
                     )),
                 }
@@ -166,9 +166,15 @@ impl Listener {
         // a worker that names none is no more of a named job than one that names another.
         let anyone_in = self.workers.iter().any(Option::is_some);
         let stranger = match (self.job_id, frame.job) {
+            // The broker made the id: its workers named none, as this one.
+            (Some(_), 0) if !self.job_named => None,
             (Some(current), 0) => Some(format!(
                 "this broker serves job {current:#x}, and this worker names no job (set \
                  SHMBROKER_JOB to the job's id)"
+            )),
+            (Some(current), job) if job != current && !self.job_named => Some(format!(
+                "this broker serves job {current:#x}, whose workers named no job, and this \
+                 worker is of job {job:#x}"
             )),
             (Some(current), job) if job != current => Some(format!(
                 "this broker serves job {current:#x}, and this worker is of job {job:#x}"
@@ -228,8 +234,13 @@ impl Listener {
         }
         match self.reply(&pending, rank, 0) {
             Ok((pidfd, introductions)) => {
-                if frame.job != 0 {
-                    self.job_id.get_or_insert(frame.job);
+                if frame.job != 0 && self.job_id.is_none() {
+                    self.job_id = Some(frame.job);
+                    self.job_named = true;
+                } else if self.job_id.is_none() {
+                    // A job always has an id: a replacement names it to rejoin.
+                    self.job_id = Some(made_job_id());
+                    self.job_named = false;
                 }
                 self.welcome(pending, rank, 0, pidfd, introductions, events);
             }
@@ -519,4 +530,16 @@ fn exited_now(pidfd: &OwnedFd) -> bool {
         nix::poll::PollFlags::POLLIN,
     )];
     nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).is_ok_and(|ready| ready > 0)
+}
+
+/// A job id for a job whose first worker named none: not 0, and unlike any other job's (a
+/// process of the broker's user that names it may rejoin the job; see `log_on`).
+fn made_job_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    if let Ok(since) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        hasher.write_u128(since.as_nanos());
+    }
+    hasher.finish().max(1)
 }

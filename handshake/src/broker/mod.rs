@@ -345,9 +345,12 @@ pub struct Listener {
     left: Option<u32>,
     /// Jobs ended so far.
     jobs: u64,
-    /// The current job's id (from its first worker that gave one), and the ids of the last
-    /// [`ENDED_JOBS_KEPT`] jobs that ended, with how: a worker of a job that ended is refused.
+    /// The current job's id (from its first worker that gave one, or made by this broker when
+    /// its first worker gave none), and the ids of the last [`ENDED_JOBS_KEPT`] jobs that ended,
+    /// with how: a worker of a job that ended is refused.
     job_id: Option<u64>,
+    /// Whether the current job's workers named its id (rather than this broker making it).
+    job_named: bool,
     ended: VecDeque<(u64, String)>,
     /// Complaints about connections that never logged on, by uid.
     rejections: HashMap<u32, RateLimit>,
@@ -493,6 +496,7 @@ impl Listener {
             left: None,
             jobs: 0,
             job_id: None,
+            job_named: false,
             ended: VecDeque::new(),
             rejections: HashMap::new(),
             comings: HashMap::new(),
