@@ -48,6 +48,26 @@ fn a_short_soak_with_kills_and_rejoins_finds_nothing() {
     assert!(checked > 0 && kills > 0, "{stderr}");
 }
 
+/// `chaos --rejoin 10`: jobs of 4 ranks under `shmbroker run --restart 3` in which ranks die at
+/// random moments (inside `regroup`, collectives, logons and rejoins) while every rank recovers
+/// the world's group: no hang, no failed job, every rank ending in the same group.
+#[test]
+fn ten_jobs_of_deaths_and_rejoins_during_regroup_end_in_one_group() {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_chaos"));
+    command
+        .args(["--rejoin", "10", "--workers", "4", "--launcher"])
+        .arg(env!("CARGO_BIN_EXE_shmbroker-under-test"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (ok, stdout, stderr) = finish(spawn(&mut command));
+    eprintln!("{stderr}");
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("10 trials of 4 ranks") && stderr.contains(": 0 hangs, 0 failed"),
+        "{stderr}"
+    );
+}
+
 /// Symmetric all-reduces of 4 ranks at every piece size (the chaos module's
 /// `SYMMETRIC_LENGTHS`): 170 trials with a rank killed at a random moment (510 survivor
 /// reports), then 100 with a rank leaving between two calls. Every survivor names the victim, or

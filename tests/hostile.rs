@@ -1,18 +1,20 @@
 //! Peers that attack: real processes that try to write other ranks' outboxes, scribble over every
-//! region they can write, or die in the middle of large transfers. Nobody else may get a signal,
-//! a panic or a hang; the kernel must refuse every write to an outbox but its owner's own
-//! mapping. Every child is waited for with a deadline and killed on the way out.
+//! region they can write, die in the middle of large transfers, or lie in the setup messages of
+//! making a group and shrinking. Nobody else may get a signal, a panic or a hang; the kernel must
+//! refuse every write to an outbox but its owner's own mapping, and a liar is named. Every child
+//! is waited for with a deadline and killed on the way out.
 
 mod common;
 
 use common::{Broker, finish, finish_status};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use shmbroker::session::{Error, Session};
+use shmbroker::session::{Error, Group, Session};
 use shmbroker_test_support::hostile as hostile_peer;
 use shmbroker_test_support::process::{ChildGuard, spawn_with_fds};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// `hostile MODE --socket S --rank R EXTRA...`.
@@ -225,5 +227,225 @@ fn death_mid_transfer(trial: u32, after: Duration) {
 fn a_peer_dying_mid_transfer_is_named_and_gives_back_every_block() {
     for (trial, ms) in [(0, 5), (1, 37), (2, 120), (3, 301)] {
         death_mid_transfer(trial, Duration::from_millis(ms));
+    }
+}
+
+/// Trials per run of the liar tests below: `HOSTILE_TRIALS`, 2 unless set.
+fn trials() -> u32 {
+    std::env::var("HOSTILE_TRIALS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(2)
+}
+
+/// What a victim thread of [`lie_then_recover`] reports.
+enum Report {
+    /// What the call the liar attacked returned.
+    Attacked(u32, Result<Group, Error>),
+    /// Whether the survivors shrank without the liar, made their group again and summed on
+    /// both.
+    Recovered(u32, Result<(), String>),
+}
+
+/// A victim's life: logs on, waits for the liar's messages (`go`), makes the attacked call,
+/// and once the liar is gone (the test kills it when every victim has reported), shrinks to
+/// `survivors`, makes their group again and checks an all-reduce on each.
+fn victim(
+    socket: String,
+    rank: u32,
+    liar: u32,
+    survivors: Vec<u32>,
+    attacked: fn(&mut Session) -> Result<Group, Error>,
+    go: mpsc::Receiver<()>,
+    report: mpsc::Sender<Report>,
+) {
+    const TIMEOUT: Duration = Duration::from_secs(10);
+    let mut session = match Session::connect(socket, Some(rank), TIMEOUT) {
+        Ok(session) => session,
+        Err(error) => {
+            let _ = report.send(Report::Attacked(rank, Err(error)));
+            return;
+        }
+    };
+    session.set_timeout(TIMEOUT);
+    if go.recv_timeout(common::CHILD_DEADLINE).is_err() {
+        return;
+    }
+    let _ = report.send(Report::Attacked(rank, attacked(&mut session)));
+    let recovered = (|| {
+        let until = Instant::now() + common::CHILD_DEADLINE;
+        while session.raw().departure(liar).is_none() {
+            if Instant::now() >= until {
+                return Err(format!("rank {liar}'s death was never seen"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let shrunk = session.shrink().map_err(|e| format!("shrink: {e}"))?;
+        if shrunk.ranks() != survivors.as_slice() {
+            return Err(format!("shrink gave ranks {:?}", shrunk.ranks()));
+        }
+        let again = session
+            .group(&survivors)
+            .map_err(|e| format!("group({survivors:?}) after shrink: {e}"))?;
+        for group in [&shrunk, &again] {
+            let mut data = vec![rank as f32 + 1.0; 16];
+            session
+                .on(group)
+                .all_reduce(&mut data, shmbroker::ReduceOp::Sum)
+                .map_err(|e| format!("all_reduce on {:?}: {e}", group.ranks()))?;
+            let sum: f32 = survivors.iter().map(|&r| r as f32 + 1.0).sum();
+            if data.iter().any(|&value| value != sum) {
+                return Err(format!("all_reduce gave {data:?}; {sum} was due"));
+            }
+        }
+        Ok(())
+    })();
+    let _ = report.send(Report::Recovered(rank, recovered));
+}
+
+/// One trial: the hostile `mode` (with `extra` arguments) logs on as rank `liar` of 3 and lies
+/// to every other rank, which then make the `attacked` call; `check` judges each victim's
+/// outcome. Then the liar is killed, and the victims must shrink without it and carry on.
+fn lie_then_recover(
+    trial: u32,
+    mode: &str,
+    extra: &[&str],
+    liar: u32,
+    attacked: fn(&mut Session) -> Result<Group, Error>,
+    check: impl Fn(u32, &Result<Group, Error>),
+) {
+    let name: String = extra
+        .iter()
+        .flat_map(|arg| arg.chars())
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    let broker = Broker::start(&format!("{mode}{name}{trial}"), 3);
+    let mut attacker = hostile(&broker, mode, liar, extra);
+    let survivors: Vec<u32> = (0..3).filter(|&rank| rank != liar).collect();
+    let (report, reports) = mpsc::channel();
+    let mut gos = Vec::new();
+    for &rank in &survivors {
+        let (go, started) = mpsc::channel();
+        gos.push(go);
+        let (socket, report, survivors) = (broker.socket(), report.clone(), survivors.clone());
+        std::thread::spawn(move || {
+            victim(socket, rank, liar, survivors, attacked, started, report);
+        });
+    }
+    let said = common::read_line_within(attacker.take_stdout().unwrap(), common::CHILD_DEADLINE);
+    if said.trim() != "forged" {
+        attacker.kill();
+        let mut stderr = String::new();
+        if let Some(mut pipe) = attacker.take_stderr() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
+        panic!("trial {trial}: the liar said {said:?}: {stderr}");
+    }
+    for go in gos {
+        let _ = go.send(());
+    }
+    for _ in &survivors {
+        match reports.recv_timeout(common::CHILD_DEADLINE) {
+            Ok(Report::Attacked(rank, outcome)) => {
+                match &outcome {
+                    Ok(group) => eprintln!(
+                        "{mode} {name}, trial {trial}: rank {rank}: Ok({:?})",
+                        group.ranks()
+                    ),
+                    Err(error) => eprintln!("{mode} {name}, trial {trial}: rank {rank}: {error}"),
+                }
+                check(rank, &outcome);
+            }
+            Ok(Report::Recovered(rank, outcome)) => {
+                panic!("trial {trial}: rank {rank} skipped the attacked call: {outcome:?}")
+            }
+            Err(_) => panic!("trial {trial}: a victim hung in the attacked call"),
+        }
+    }
+    attacker.kill();
+    for _ in &survivors {
+        match reports.recv_timeout(common::CHILD_DEADLINE) {
+            Ok(Report::Recovered(rank, outcome)) => {
+                assert_eq!(outcome, Ok(()), "trial {trial}: rank {rank}");
+            }
+            Ok(Report::Attacked(rank, _)) => panic!("trial {trial}: rank {rank} reported twice"),
+            Err(_) => panic!("trial {trial}: a victim hung after the liar was killed"),
+        }
+    }
+}
+
+/// Rank 2 sends ranks 0 and 1 one proposal for the group of all three that names the last
+/// stream below the setup stream. Each victim's `group` fails with a protocol error naming
+/// rank 2 (not a misuse: the lie must not use up this rank's streams), and once rank 2 is gone
+/// the victims shrink to [0, 1], make that group again and sum on both.
+#[test]
+fn a_member_proposing_a_forged_stream_is_named_and_spends_no_streams() {
+    for trial in 0..trials() {
+        lie_then_recover(
+            trial,
+            "group-forge",
+            &[],
+            2,
+            |session| session.group_timeout(&[0, 1, 2], Duration::from_secs(5)),
+            |rank, outcome| {
+                assert!(
+                    matches!(outcome, Err(Error::Protocol { peer: 2, .. })),
+                    "trial {trial}: rank {rank}: {outcome:?}"
+                );
+            },
+        );
+    }
+}
+
+/// Rank 0, the first coordinator of `shrink`, tells ranks 1 and 2 that rank 2 departed. No
+/// victim may shrink to a group without rank 2: rank 1 names rank 0 (rank 2 is alive there),
+/// and rank 2 names rank 0 (the estimate names rank 2 itself). Once rank 0 is gone they shrink
+/// to [1, 2], make that group again and sum on both.
+#[test]
+fn a_shrink_coordinator_calling_a_live_rank_departed_is_named() {
+    for trial in 0..trials() {
+        lie_then_recover(
+            trial,
+            "shrink-liar",
+            &[],
+            0,
+            |session| session.shrink_timeout(Duration::from_secs(5)),
+            |rank, outcome| {
+                let Err(Error::Protocol { peer: 0, detail }) = outcome else {
+                    panic!("trial {trial}: rank {rank}: {outcome:?}");
+                };
+                let why = match rank {
+                    1 => "rank 2 is alive here",
+                    _ => "this rank 2",
+                };
+                assert!(detail.contains(why), "trial {trial}: rank {rank}: {detail}");
+            },
+        );
+    }
+}
+
+/// Rank 0, the first coordinator of making the group of all three, sends ranks 1 and 2 an
+/// honest proposal and then a decision blaming rank 1: that it departed, sent a forgery, or
+/// passed other ranks. Neither victim may believe it (rank 1 is alive, and nobody saw it lie):
+/// each one's `group` fails with a protocol error naming rank 0, never rank 1 or 2. Once rank
+/// 0 is gone they shrink to [1, 2], make that group again and sum on both.
+#[test]
+fn a_coordinator_blaming_a_live_rank_is_named_itself() {
+    for outcome in ["departed", "forged", "mismatch"] {
+        for trial in 0..trials() {
+            lie_then_recover(
+                trial,
+                "blame-liar",
+                &["--outcome", outcome, "--blamed", "1"],
+                0,
+                |session| session.group_timeout(&[0, 1, 2], Duration::from_secs(5)),
+                |rank, result| {
+                    assert!(
+                        matches!(result, Err(Error::Protocol { peer: 0, .. })),
+                        "{outcome}, trial {trial}: rank {rank}: {result:?}"
+                    );
+                },
+            );
+        }
     }
 }

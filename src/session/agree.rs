@@ -431,7 +431,7 @@ impl Session {
                 break;
             }
         }
-        let seen = estimate;
+        let mut seen = estimate;
         // The weightiest reason, the first seen of equals.
         let mut estimate = seen
             .iter()
@@ -479,8 +479,17 @@ impl Session {
                                         attempt.proposal
                                     ),
                                 );
+                                seen.push(Outcome::Forged(peer));
+                                estimate = Outcome::Forged(peer);
                             }
-                            decided => estimate = self.believe(peer, decided, &seen, deadline),
+                            decided => {
+                                estimate = self.believe(peer, decided, &seen, deadline);
+                                // A coordinator found lying is a lie this member saw: a later
+                                // coordinator that names it is believed.
+                                if estimate == Outcome::Forged(peer) {
+                                    seen.push(Outcome::Forged(peer));
+                                }
+                            }
                         }
                     }
                     Ok(Fit::Ahead(_)) => {

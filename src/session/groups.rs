@@ -537,7 +537,11 @@ impl Session {
                 Outcome::Forged(peer) => {
                     let detail = match self.groups.forged.take() {
                         Some((liar, detail)) if liar == peer => detail,
-                        _ => "another member saw what no honest member sends".to_string(),
+                        Some((liar, detail)) => format!(
+                            "another member saw what no honest member sends (this rank saw \
+                             rank {liar}: {detail})"
+                        ),
+                        None => "another member saw what no honest member sends".to_string(),
                     };
                     return Err(Error::Protocol {
                         peer,

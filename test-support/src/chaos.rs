@@ -20,6 +20,9 @@
 //!   first survivor to fail must name it as having left; the others, it or a survivor that left
 //!   before them (each survivor leaves once its call fails). Detection counts from the leave.
 //!
+//! `--rejoin TRIALS` runs other trials: deaths and rejoins while every rank recovers the
+//! world's group (see the `rejoin_chaos` module).
+//!
 //! Each survivor reports the monotonic time its pending call failed, and what it named; then it
 //! drops its session and reports its fd count against the one it had before logging on. The
 //! trial records, per survivor, the time from the kill to its error (an error that came first,
@@ -73,6 +76,15 @@ pub struct Args {
     /// The soak's bound on a process's fd count growth after its warm-up.
     #[arg(long, value_name = "N", default_value_t = 2)]
     soak_fds: i64,
+    /// Instead of these trials: TRIALS jobs under `shmbroker run --restart` in which ranks die
+    /// at random moments (inside `regroup`, collectives, logons and rejoins) while every rank
+    /// recovers the world's group (see the `rejoin_chaos` module).
+    #[arg(long, value_name = "TRIALS")]
+    rejoin: Option<u32>,
+    /// With `--rejoin`: the `shmbroker` command that launches each job (default: `shmbroker`
+    /// beside this executable).
+    #[arg(long, value_name = "PATH")]
+    launcher: Option<std::path::PathBuf>,
 }
 
 const AFTER_HELP: &str = "\
@@ -85,7 +97,9 @@ still running --hang-ms after the kill), survivors naming another rank than the 
 that could not carry on after shrinking, fds leaked by the broker and the survivors, and
 processes killed by a signal the trial did not send.
 Exits 1 if any of those is not zero. Trials cycle through the scenarios and operations unless
---scenario or --op picks one.";
+--scenario or --op picks one. --rejoin TRIALS runs jobs under `shmbroker run --restart` instead,
+whose ranks die at random moments while every rank recovers the world's group with regroup, and
+exits 1 on a hang, a failed job or ranks that end in different groups.";
 
 /// `chaos worker`: one worker of a trial.
 #[derive(Debug, clap::Args)]
@@ -500,6 +514,15 @@ struct Report {
 pub fn run(args: &Args) -> Result<(), String> {
     let (trials, workers, json) = (args.trials, args.workers, args.json);
     let seed = args.seed.unwrap_or_else(monotonic_ns);
+    if let Some(trials) = args.rejoin {
+        let launcher = match &args.launcher {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| format!("finding my own binary: {e}"))?
+                .with_file_name("shmbroker"),
+        };
+        return crate::rejoin_chaos::run(&launcher, trials, workers, seed);
+    }
     if let Some(seconds) = args.soak {
         let exe = std::env::current_exe().map_err(|e| format!("finding my own binary: {e}"))?;
         let soak = crate::soak::Soak {

@@ -28,6 +28,21 @@
 //!   was the world's barrier #0, naming `--named` (any number), and never takes part in it: the
 //!   victims' barrier must fail at once naming this rank, and its word only as a rank of the
 //!   world. Prints `forging` once the words are written, then lingers.
+//! * `group-forge`: publishes an outbox (process 1 of its rank, as an honest first process
+//!   says) and writes one forged proposal for the group of every rank to each peer, as its
+//!   first setup message there: ballot 1, every member's first process, and stream `--stream`
+//!   (by default the last one below the setup stream), which no honest member proposes. The
+//!   victims' `group` must fail naming this rank, and leave group-making to the survivors.
+//!   Prints `forged` once the messages are in the rings, then lingers.
+//! * `shrink-liar`: publishes an outbox likewise and, as `shrink`'s first coordinator, sends
+//!   each peer an estimate saying rank `--departed` departed, as its first setup message there.
+//!   Prints `forged`, then lingers: no victim may shrink without that live rank.
+//! * `blame-liar`: publishes an outbox likewise and, as the first coordinator of making the
+//!   group of every rank, sends each peer an honest proposal (ballot 1, every member's first
+//!   process, stream 1) as its first setup message there, then, reading nothing, a decision of
+//!   that attempt blaming rank `--blamed` (`--outcome`: it departed, sent a forgery, or passed
+//!   other ranks, naming none) as its second. Prints `forged`, then lingers: no victim may blame
+//!   that live, honest rank, each must name this one.
 
 use nix::fcntl::{FallocateFlags, OFlag, fallocate, open};
 use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags, madvise, mmap, mprotect, munmap};
@@ -69,6 +84,40 @@ pub struct Args {
     /// gave-up-forge: the rank it says its failed call named (its low 32 bits).
     #[arg(long, default_value_t = 0)]
     named: u64,
+    /// group-forge: the stream it proposes.
+    #[arg(long, default_value_t = SETUP_STREAM - 1)]
+    stream: u32,
+    /// shrink-liar: the rank it says departed.
+    #[arg(long, default_value_t = 2)]
+    departed: u32,
+    /// blame-liar: what its decision blames `--blamed` for.
+    #[arg(long, value_enum, default_value_t = Blame::Departed)]
+    outcome: Blame,
+    /// blame-liar: the rank its decision blames.
+    #[arg(long, default_value_t = 1)]
+    blamed: u32,
+}
+
+/// What `blame-liar`'s decision says of the rank it blames: the outcome codes of
+/// `agree::Outcome::code`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Blame {
+    /// It departed (code 3).
+    Departed,
+    /// It sent what no honest member sends (code 5).
+    Forged,
+    /// It passed other ranks (code 4), naming none.
+    Mismatch,
+}
+
+impl Blame {
+    fn code(self) -> u32 {
+        match self {
+            Self::Departed => 3,
+            Self::Mismatch => 4,
+            Self::Forged => 5,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -80,6 +129,9 @@ enum Attack {
     NoticeFlood,
     StatusForge,
     GaveUpForge,
+    GroupForge,
+    ShrinkLiar,
+    BlameLiar,
 }
 
 pub fn run(args: &Args) -> Result<(), String> {
@@ -97,6 +149,9 @@ pub fn run(args: &Args) -> Result<(), String> {
         Attack::NoticeFlood => notice_flood(socket, rank, args.count),
         Attack::StatusForge => status_forge(socket, rank),
         Attack::GaveUpForge => gave_up_forge(socket, rank, args.named),
+        Attack::GroupForge => group_forge(socket, rank, args.stream),
+        Attack::ShrinkLiar => shrink_liar(socket, rank, args.departed),
+        Attack::BlameLiar => blame_liar(socket, rank, args.outcome, args.blamed),
     }
 }
 
@@ -181,6 +236,143 @@ fn gave_up_forge(socket: &str, rank: Option<u32>, named: u64) -> Result<(), Stri
     println!("forging");
     std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
     linger()
+}
+
+/// The stream that making groups and shrinking use (`session::groups::SETUP_STREAM`): the
+/// largest of the tag's top 24 bits.
+const SETUP_STREAM: u32 = (1 << 24) - 1;
+
+/// Bits of a tag below its stream (`session::demux::SEQ_BITS`).
+const SEQ_BITS: u32 = 40;
+
+/// The tag of setup message `n` of a pair and direction.
+fn setup_tag(n: u64) -> u64 {
+    (u64::from(SETUP_STREAM) << SEQ_BITS) | n
+}
+
+/// Logs on and publishes an outbox that says this is the job's first process of its rank, as
+/// an honest session does: peers making a group wait for that word.
+fn log_on_with_outbox(
+    socket: &str,
+    rank: Option<u32>,
+) -> Result<(shmbroker::handshake::Connection, Outbox), String> {
+    use shmbroker::bindings::status_word::{ALIVE_SLOT, INCARNATION};
+    let mut raw = log_on(socket, rank)?;
+    let own = Outbox::create(raw.rank(), 1 << 20).map_err(|e| e.to_string())?;
+    // Incarnation 0, plus one.
+    own.status().slot(ALIVE_SLOT)[INCARNATION].store(1, std::sync::atomic::Ordering::Release);
+    raw.publish_outbox(own.fd(), TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    Ok((raw, own))
+}
+
+/// Writes one eager message of `kind` and `tag` carrying `payload` (inline) to `peer`'s ring;
+/// the ring wakes the peer.
+fn send_inline(
+    raw: &mut shmbroker::handshake::Connection,
+    peer: u32,
+    kind: u32,
+    tag: u64,
+    payload: &[u8],
+) -> Result<(), String> {
+    use shmbroker::bindings::{INLINE_BYTES, Message};
+    let mut inline = [0u8; INLINE_BYTES];
+    inline
+        .get_mut(..payload.len())
+        .ok_or_else(|| format!("{} bytes do not fit one slot", payload.len()))?
+        .copy_from_slice(payload);
+    let message = Message {
+        kind,
+        len: payload.len() as u32,
+        tag,
+        inline,
+    };
+    let link = raw
+        .link(peer)
+        .ok_or_else(|| format!("no link to rank {peer}"))?;
+    link.to
+        .try_send(message)
+        .map_err(|e| format!("to rank {peer}: {e}"))
+}
+
+/// Prints `forged` and waits to be killed.
+fn forged() -> Result<(), String> {
+    println!("forged");
+    std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
+    linger()
+}
+
+fn group_forge(socket: &str, rank: Option<u32>, stream: u32) -> Result<(), String> {
+    use shmbroker::bindings::kind;
+    let (mut raw, _own) = log_on_with_outbox(socket, rank)?;
+    let (me, world) = (raw.rank(), raw.world_size());
+    // Ballot 1, every member's first process.
+    let members: Vec<u32> = (0..world).collect();
+    let proposal = setup_message(1, 1, (stream, 0), &members, &vec![0; world as usize]);
+    for peer in (0..world).filter(|&peer| peer != me) {
+        send_inline(&mut raw, peer, kind::GROUP, setup_tag(0), &proposal)?;
+    }
+    forged()
+}
+
+fn shrink_liar(socket: &str, rank: Option<u32>, departed: u32) -> Result<(), String> {
+    use shmbroker::bindings::kind;
+    let (mut raw, _own) = log_on_with_outbox(socket, rank)?;
+    let me = raw.rank();
+    let estimate = 1u64
+        .checked_shl(departed)
+        .ok_or_else(|| format!("rank {departed} is past a 64-rank set"))?;
+    for peer in (0..raw.world_size()).filter(|&peer| peer != me) {
+        send_inline(
+            &mut raw,
+            peer,
+            kind::SHRINK,
+            setup_tag(0),
+            &estimate.to_le_bytes(),
+        )?;
+    }
+    forged()
+}
+
+/// A setup message of making a group as `agree::Setup::encode` writes it: `step` (1 propose,
+/// 2 decide), the member count, `ballot`, two words of payload (a proposal's stream and zero, or
+/// a decision's outcome code and value), the members, then each one's incarnation.
+fn setup_message(
+    step: u32,
+    ballot: u64,
+    (a, b): (u32, u32),
+    members: &[u32],
+    view: &[u32],
+) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    bytes.extend(step.to_le_bytes());
+    bytes.extend((members.len() as u32).to_le_bytes());
+    bytes.extend(ballot.to_le_bytes());
+    bytes.extend(a.to_le_bytes());
+    bytes.extend(b.to_le_bytes());
+    for word in members.iter().chain(view) {
+        bytes.extend(word.to_le_bytes());
+    }
+    bytes
+}
+
+fn blame_liar(socket: &str, rank: Option<u32>, blame: Blame, blamed: u32) -> Result<(), String> {
+    use shmbroker::bindings::kind;
+    let (mut raw, _own) = log_on_with_outbox(socket, rank)?;
+    let (me, world) = (raw.rank(), raw.world_size());
+    if me != 0 {
+        return Err(format!("rank {me}: the first coordinator is rank 0"));
+    }
+    let members: Vec<u32> = (0..world).collect();
+    // Every member's first process; the stream an honest first group proposes.
+    let view = vec![0u32; world as usize];
+    let proposal = setup_message(1, 1, (1, 0), &members, &view);
+    let decision = setup_message(2, 1, (blame.code(), blamed), &members, &view);
+    for peer in (0..world).filter(|&peer| peer != me) {
+        send_inline(&mut raw, peer, kind::GROUP, setup_tag(0), &proposal)?;
+        send_inline(&mut raw, peer, kind::GROUP, setup_tag(1), &decision)?;
+    }
+    forged()
 }
 
 fn status_forge(socket: &str, rank: Option<u32>) -> Result<(), String> {

@@ -27,4 +27,5 @@ pub mod cuda;
 pub mod farm;
 pub mod hostile;
 pub mod regroup;
+pub mod rejoin_chaos;
 pub mod soak;

@@ -20,6 +20,9 @@ enum Part {
     /// One worker of a trial.
     #[command(hide = true)]
     Worker(chaos::WorkerArgs),
+    /// One rank of a `--rejoin` trial.
+    #[command(hide = true)]
+    RejoinWorker(shmbroker_test_support::rejoin_chaos::WorkerArgs),
     /// One rank of the soak's job.
     #[command(hide = true)]
     SoakWorker(shmbroker_test_support::soak::WorkerArgs),
@@ -35,6 +38,9 @@ fn main() -> ExitCode {
         Some(Part::Worker(args)) => {
             shmbroker_cli::run_tool("chaos worker", || chaos::worker(&args))
         }
+        Some(Part::RejoinWorker(args)) => shmbroker_cli::run_tool("chaos rejoin-worker", || {
+            shmbroker_test_support::rejoin_chaos::worker(&args)
+        }),
         Some(Part::SoakWorker(args)) => shmbroker_cli::run_tool("chaos soak-worker", || {
             shmbroker_test_support::soak::worker(&args)
         }),
