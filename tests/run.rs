@@ -691,5 +691,26 @@ fn a_verbose_run_says_where_its_broker_is_and_status_finds_it_by_pid() {
     let (ok, _, stderr) = common::finish(common::spawn(&mut status));
     let said = format!("no job of a `shmbroker run` of pid {me}");
     assert!(!ok && stderr.contains(&said), "{stderr}");
+    // Neither socket nor pid: the jobs of this user, found where launchers put them.
+    let mut status = common::shmbroker(&["status"]);
+    status
+        .env("TMPDIR", tmp.path())
+        .env("XDG_RUNTIME_DIR", tmp.path())
+        .env_remove("SHMBROKER_SOCKET");
+    let (ok, stdout, stderr) = common::finish(common::spawn(&mut status));
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with(&format!("{socket}:\n")), "{stdout}");
     launcher.kill();
+    // Once it is gone, nothing answers.
+    let _ = launcher.wait_timeout(common::CHILD_DEADLINE);
+    let mut status = common::shmbroker(&["status"]);
+    status
+        .env("TMPDIR", tmp.path())
+        .env("XDG_RUNTIME_DIR", tmp.path())
+        .env_remove("SHMBROKER_SOCKET");
+    let (ok, _, stderr) = common::finish(common::spawn(&mut status));
+    assert!(
+        !ok && stderr.contains("no job of this user answers"),
+        "{stderr}"
+    );
 }

@@ -1,5 +1,6 @@
-//! `shmbroker status --socket PATH | --pid LAUNCHER [--json] [--watch [SECS]]`: what a running
-//! job's ranks are doing, asked of its broker (see `shmbroker::status`).
+//! `shmbroker status [--socket PATH | --pid LAUNCHER] [--json] [--watch [SECS]]`: what a
+//! running job's ranks are doing, asked of its broker (see `shmbroker::status`); with neither,
+//! every job of this user that a launcher hosts.
 
 use shmbroker::status::{StatusReport, json_lines, table};
 use std::io::{IsTerminal, Write};
@@ -10,7 +11,6 @@ use std::time::Duration;
 /// `shmbroker status`.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = AFTER_HELP)]
-#[command(group(clap::ArgGroup::new("broker").required(true).args(["socket", "pid"])))]
 pub struct Args {
     /// The broker's socket: a `serve` socket, or the `SHMBROKER_SOCKET` a `run` gave its copies.
     #[arg(long, value_name = "PATH", env = "SHMBROKER_SOCKET")]
@@ -32,6 +32,11 @@ pub struct Args {
 }
 
 const AFTER_HELP: &str = "\
+Without --socket or --pid: every job of this user that answers, found where launchers put their
+sockets (the shmbroker-run-* directories of `shmbroker run` under TMPDIR or /tmp, and
+shmbroker-UID/*.sock under XDG_RUNTIME_DIR or the temp directory, for jobs under mpirun,
+torchrun and srun), each under a line naming its socket.
+
 Columns: each rank's pid; its state (running, stopped with how long since it last ran, left,
 dead, never joined); the call it is in and for
 how long (a split session shows both halves), and the rank it waits for once it has waited long
@@ -54,16 +59,21 @@ stopped_seconds (a stopped rank's time since it last ran), outbox_bytes, outbox_
 pub fn run(args: &Args) -> Result<(), String> {
     let terminal = std::io::stdout().is_terminal();
     let socket = match (&args.socket, args.pid) {
-        (_, Some(pid)) => run_socket(pid)?,
-        (Some(socket), None) => socket.clone(),
-        (None, None) => return Err("give --socket PATH or --pid PID".into()),
+        (_, Some(pid)) => Some(run_socket(pid)?),
+        (Some(socket), None) => Some(socket.clone()),
+        (None, None) => None,
     };
     loop {
-        let report = ask(&socket, args.timeout)?;
-        let text = if args.json {
-            json_lines(&report)
-        } else {
-            table(&report)
+        let text = match &socket {
+            Some(socket) => {
+                let report = ask(socket, args.timeout)?;
+                if args.json {
+                    json_lines(&report)
+                } else {
+                    table(&report)
+                }
+            }
+            None => my_jobs(args)?,
         };
         let mut out = std::io::stdout().lock();
         if args.watch.is_some() && terminal && !args.json {
@@ -78,6 +88,71 @@ pub fn run(args: &Args) -> Result<(), String> {
             None => return Ok(()),
         }
     }
+}
+
+/// Every job of this user that answers, each under a line naming its socket (see
+/// `AFTER_HELP`).
+///
+/// # Errors
+///
+/// None found.
+fn my_jobs(args: &Args) -> Result<String, String> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let temp = std::env::var_os("TMPDIR")
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute())
+        .unwrap_or_else(std::env::temp_dir);
+    let mine = |path: &Path| {
+        std::fs::symlink_metadata(path)
+            .is_ok_and(|meta| std::os::unix::fs::MetadataExt::uid(&meta) == uid)
+    };
+    let entries = |dir: &Path| -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map(|entries| entries.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        paths.sort();
+        paths
+    };
+    let mut sockets: Vec<PathBuf> = entries(&temp)
+        .into_iter()
+        .filter(|dir| {
+            dir.file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with("shmbroker-run-"))
+                && mine(dir)
+        })
+        .map(|dir| dir.join("broker.sock"))
+        .collect();
+    let private = runtime.join(format!("shmbroker-{uid}"));
+    if mine(&private) {
+        sockets.extend(
+            entries(&private)
+                .into_iter()
+                .filter(|path| path.extension().is_some_and(|ext| ext == "sock")),
+        );
+    }
+    let mut text = String::new();
+    for socket in sockets.iter().filter(|socket| socket.exists()) {
+        // A socket left by a job that ended answers nothing: it is no job.
+        let Ok(report) = ask(socket, args.timeout) else {
+            continue;
+        };
+        if args.json {
+            text.push_str(&json_lines(&report));
+        } else {
+            text.push_str(&format!("{}:\n{}\n", socket.display(), table(&report)));
+        }
+    }
+    if text.is_empty() {
+        return Err(format!(
+            "no job of this user answers in {} or {}; give --socket PATH or --pid LAUNCHER_PID",
+            temp.display(),
+            private.display()
+        ));
+    }
+    Ok(text)
 }
 
 /// The socket of the job the `shmbroker run` of pid `pid` serves: `broker.sock` in its
