@@ -2,9 +2,12 @@
 //! world's group, under `shmbroker run --restart`.
 //!
 //! Each trial is one job of `--workers` ranks (`chaos rejoin-worker`) under `shmbroker run
-//! --restart 3`. Every rank loops: `regroup` of the whole world, then an all-reduce on the group
-//! that sums each member's incarnation at its group rank (so every member learns which process
-//! holds each rank, and checks its own) and the members' votes to stop. Meanwhile one or two
+//! --restart 3`, recovering one of three ways in turn ([`Way`]): `regroup` of the whole world;
+//! `group` of the whole world, called again on every error; or `shrink` (then nobody is started
+//! again, and `run --on-failure continue` lets the others go on). Every rank loops: recover the
+//! group, then an all-reduce on it that sums each member's incarnation (plus one) at its world
+//! rank (so every member learns which process holds each rank, and checks its own and who is a
+//! member) and the members' votes to stop. Meanwhile one or two
 //! ranks kill themselves (SIGKILL) at random moments from their start, which land inside
 //! `regroup`, the all-reduce, the logon and the rejoin itself; sometimes the replacement dies
 //! too, within 30 ms of its start. The launcher starts each dead rank again, and the replacement
@@ -41,6 +44,30 @@ pub struct WorkerArgs {
     /// When the churn ends: `CLOCK_REALTIME` milliseconds.
     #[arg(long)]
     churn_until_ms: u128,
+    /// How every rank recovers the group (see [`Way`]).
+    #[arg(long, value_enum, default_value = "regroup")]
+    way: Way,
+}
+
+/// How the ranks of a trial recover their group after a death.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Way {
+    /// `regroup` of the whole world (replacements started by the launcher).
+    Regroup,
+    /// `group` of the whole world, called again on every error.
+    Group,
+    /// `shrink`: nobody is started again, the survivors go on without the dead.
+    Shrink,
+}
+
+impl Way {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Regroup => "regroup",
+            Self::Group => "group",
+            Self::Shrink => "shrink",
+        }
+    }
 }
 
 fn now_ms() -> u128 {
@@ -98,7 +125,13 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
             // No more kills from this process once it votes to stop.
             finishing.store(true, Ordering::SeqCst);
         }
-        match step(&mut session, &world, stop, Duration::from_secs(20)) {
+        match step(
+            &mut session,
+            args.way,
+            &world,
+            stop,
+            Duration::from_secs(20),
+        ) {
             Ok((incarnations, stopping)) => {
                 steps += 1;
                 first_collective.get_or_insert_with(now_ms);
@@ -138,25 +171,34 @@ enum Failure {
 /// to stop: the incarnations, and whether any member voted.
 fn step(
     session: &mut Session,
+    way: Way,
     world: &[u32],
     stop: bool,
     timeout: Duration,
 ) -> Result<(Vec<u32>, bool), Failure> {
-    let group = session.regroup(world, timeout).map_err(Failure::Call)?;
+    let group = match way {
+        Way::Regroup => session.regroup(world, timeout),
+        Way::Group => session.group_timeout(world, timeout),
+        Way::Shrink => session.shrink_timeout(timeout),
+    }
+    .map_err(Failure::Call)?;
+    // By world rank: each member's incarnation plus one (0: not a member), and the votes.
     let mut sums = vec![0u32; world.len() + 1];
-    let mine = session.rejoins();
-    let me = group.rank() as usize;
+    let mine = session.rejoins() + 1;
+    let me = session.rank() as usize;
     sums[me] = mine;
     sums[world.len()] = u32::from(stop);
     session
         .on(&group)
         .all_reduce(&mut sums, ReduceOp::Sum)
         .map_err(Failure::Call)?;
-    if sums[me] != mine {
+    let member = |rank: usize| group.ranks().contains(&(rank as u32));
+    if sums[me] != mine || (0..world.len()).any(|rank| member(rank) != (sums[rank] > 0)) {
         return Err(Failure::Wrong(format!(
-            "rank {}: the group says this rank is process {}, it is process {mine}",
+            "rank {}, process {}: the group {:?} sums to {sums:?}",
             session.rank(),
-            sums[me]
+            mine - 1,
+            group.ranks()
         )));
     }
     let stopping = sums.pop().is_some_and(|votes| votes > 0);
@@ -184,13 +226,17 @@ pub fn run(launcher: &Path, trials: u32, workers: u32, seed: u64) -> Result<(), 
     let mut rejoin_ms = Vec::new();
     let started = Instant::now();
     for trial in 0..trials {
-        let schedule = schedule(&mut rng, workers);
-        let result = one_trial(launcher, &exe, workers, &schedule);
+        let way = [Way::Regroup, Way::Group, Way::Shrink][trial as usize % 3];
+        let schedule = schedule(&mut rng, workers, way);
+        let result = one_trial(launcher, &exe, workers, way, &schedule);
         kills += result.kills;
         rejoin_ms.extend(result.rejoin_ms);
         hangs += usize::from(result.hang);
         if let Some(why) = result.failed {
-            eprintln!("chaos --rejoin: trial {trial} (kills {schedule}): {why}");
+            eprintln!(
+                "chaos --rejoin: trial {trial} ({}, kills {schedule}): {why}",
+                way.name()
+            );
             failed.push(trial);
         }
     }
@@ -222,10 +268,10 @@ pub fn run(launcher: &Path, trials: u32, workers: u32, seed: u64) -> Result<(), 
 
 /// A trial's kills: one rank's first process at a random moment of the churn; sometimes its
 /// replacement too, within 30 ms of its start; sometimes a second rank.
-fn schedule(rng: &mut Rng, workers: u32) -> String {
+fn schedule(rng: &mut Rng, workers: u32, way: Way) -> String {
     let victim = rng.below(u64::from(workers));
     let mut kills = vec![format!("{victim}:0:{}", rng.below(CHURN_MS / 2))];
-    if rng.below(3) == 0 {
+    if way != Way::Shrink && rng.below(3) == 0 {
         kills.push(format!("{victim}:1:{}", rng.below(30)));
     }
     if rng.below(3) == 0 {
@@ -235,7 +281,7 @@ fn schedule(rng: &mut Rng, workers: u32) -> String {
     kills.join(",")
 }
 
-fn one_trial(launcher: &Path, exe: &Path, workers: u32, kills: &str) -> Trial {
+fn one_trial(launcher: &Path, exe: &Path, workers: u32, way: Way, kills: &str) -> Trial {
     let tmp = match shmbroker_sys::TempDir::new("chaos-rejoin") {
         Ok(tmp) => tmp,
         Err(error) => {
@@ -248,10 +294,15 @@ fn one_trial(launcher: &Path, exe: &Path, workers: u32, kills: &str) -> Trial {
     let churn_until = now_ms() + u128::from(CHURN_MS) + 300;
     let mut command = Command::new(launcher);
     command
-        .args(["run", "-n", &workers.to_string(), "--restart", "3"])
+        .args(["run", "-n", &workers.to_string()])
+        // Shrinking: the dead stay dead, and the others run on.
+        .args(match way {
+            Way::Shrink => ["--on-failure", "continue"],
+            _ => ["--restart", "3"],
+        })
         .args(["--timeout", &JOB_DEADLINE.as_secs().to_string(), "--"])
         .arg(exe)
-        .args(["rejoin-worker", "--kills", kills])
+        .args(["rejoin-worker", "--kills", kills, "--way", way.name()])
         .args(["--churn-until-ms", &churn_until.to_string()])
         .env("TMPDIR", tmp.path())
         .stdin(Stdio::null())
@@ -313,11 +364,17 @@ fn one_trial(launcher: &Path, exe: &Path, workers: u32, kills: &str) -> Trial {
             };
         }
     };
-    check(workers, &status, &stdout, &stderr)
+    check(workers, way, &status, &stdout, &stderr)
 }
 
 /// A finished trial's output, checked.
-fn check(workers: u32, status: &std::process::ExitStatus, stdout: &str, stderr: &str) -> Trial {
+fn check(
+    workers: u32,
+    way: Way,
+    status: &std::process::ExitStatus,
+    stdout: &str,
+    stderr: &str,
+) -> Trial {
     let mut trial = Trial::default();
     let mut deaths = vec![0u32; workers as usize];
     let mut finals: Vec<Option<String>> = vec![None; workers as usize];
@@ -347,34 +404,43 @@ fn check(workers: u32, status: &std::process::ExitStatus, stdout: &str, stderr: 
             _ => {}
         }
     }
-    // Every rank agrees on which process holds each rank, and none holds a process that
-    // cannot exist: a rank's incarnation counts its replacements that logged on, so at most its
-    // deaths (a process killed before its logon is no incarnation).
-    let first = finals.first().cloned().flatten().unwrap_or_default();
+    // Every rank that ends agrees on which process holds each rank (incarnation plus one, 0
+    // for a rank outside the group), and none holds a process that cannot exist: a rank's
+    // incarnation counts its replacements that logged on, so at most its deaths (a process
+    // killed before its logon is no incarnation). Shrinking, the dead are outside the group and
+    // every other rank inside it.
+    let survivors: Vec<usize> = (0..workers as usize)
+        .filter(|&rank| way != Way::Shrink || deaths[rank] == 0)
+        .collect();
+    let first = survivors
+        .first()
+        .and_then(|&rank| finals[rank].clone())
+        .unwrap_or_default();
     let agreed: Vec<u32> = first
         .split(", ")
         .filter_map(|value| value.parse().ok())
         .collect();
-    let why = if !status.success() {
+    let fits = agreed.len() == deaths.len()
+        && agreed.iter().zip(&deaths).all(|(&value, &died)| match way {
+            Way::Shrink => (value == 0) == (died > 0) && value <= 1,
+            _ => value >= 1 && value - 1 <= died,
+        });
+    let why = if way != Way::Shrink && !status.success() {
         Some(format!("the job ended {status}"))
-    } else if let Some(rank) = finals.iter().position(Option::is_none) {
+    } else if let Some(&rank) = survivors.iter().find(|&&rank| finals[rank].is_none()) {
         Some(format!("rank {rank} printed no final group"))
-    } else if let Some(rank) = finals
+    } else if let Some(&rank) = survivors
         .iter()
-        .position(|theirs| theirs.as_deref() != Some(first.as_str()))
+        .find(|&&rank| finals[rank].as_deref() != Some(first.as_str()))
     {
         Some(format!(
-            "split: rank {rank} ended in a group of incarnations [{}], rank 0 in [{first}]",
-            finals[rank].as_deref().unwrap_or_default()
+            "split: rank {rank} ended in a group of [{}], rank {} in [{first}]",
+            finals[rank].as_deref().unwrap_or_default(),
+            survivors[0]
         ))
-    } else if agreed.len() != deaths.len()
-        || agreed
-            .iter()
-            .zip(&deaths)
-            .any(|(incarnation, died)| incarnation > died)
-    {
+    } else if !fits {
         Some(format!(
-            "the group's incarnations [{first}] do not fit the deaths {deaths:?}"
+            "the group [{first}] (incarnations plus one) does not fit the deaths {deaths:?}"
         ))
     } else {
         None
