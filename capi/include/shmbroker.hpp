@@ -406,6 +406,14 @@ class Collectives {
         broadcast(root, &value, sizeof(T));
     }
 
+    // `root`'s elements into every rank's `data`, which has as many on every rank (as `send`
+    // takes a vector).
+    template <typename T>
+    void broadcast(std::uint32_t root, std::vector<T> &data) {
+        static_assert(std::is_trivially_copyable_v<T>, "broadcast copies bytes");
+        broadcast(root, data.data(), data.size() * sizeof(T));
+    }
+
    protected:
     Collectives(shmbroker_session *s, const shmbroker_group *g) noexcept : s_(s), g_(g) {}
 
