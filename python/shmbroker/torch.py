@@ -45,8 +45,15 @@ complex (as pairs of floats: sum and average only), or ``bool`` (``SUM`` is a lo
 - The deadline of every call is the ``timeout`` given to ``init_process_group`` (torch's
   default: 30 minutes). A peer's death ends a wait at once with :class:`shmbroker.PeerLost`
   naming it, whatever the deadline.
-- Tags of ``send``/``recv`` must be 0: messages between two ranks arrive in the order they were
-  sent, and there is no matching on tags.
+- ``send``/``recv`` match on tags, as gloo does: a message whose tag no receive asked for yet is
+  kept (copied) until one does; messages of one tag between two ranks arrive in order. Every
+  message carries an 8-byte tag ahead of it.
+- A deadline that passes raises :class:`Timeout` (a :class:`shmbroker.Timeout`, and torch's
+  ``DistBackendError`` when torch has it), whose text says "Timed out", as torch's callers
+  look for.
+- ``monitored_barrier`` is a barrier whose timeout names every rank that did not come
+  ("Ranks 1, 3 failed to pass monitoredBarrier in 2000 ms"), as gloo's does with
+  ``wait_all_ranks=True``.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ import datetime
 import functools
 import os
 import shutil
+import struct
 import tempfile
 import threading
 from typing import Any, Callable, Iterator
@@ -218,6 +226,31 @@ class _Done(dist.Work):
 # What every barrier returns: a barrier's work holds nothing, so one object serves them all.
 _BARRIER_DONE = _Done()
 
+_BackendError: type = getattr(dist, "DistBackendError", RuntimeError)
+
+
+class Timeout(shmbroker.Timeout, _BackendError):  # type: ignore[misc, valid-type]
+    """A deadline passed in a backend call: :class:`shmbroker.Timeout` (``op``,
+    ``waiting_for``, ``diagnosis``), also torch's ``DistBackendError``, with "Timed out" in its
+    text, where torch's callers look for it."""
+
+    def __str__(self) -> str:
+        return f"[shmbroker] Timed out after {self.timeout:g} s: {self.args[0]}"
+
+
+def _backend_error(error: BaseException) -> BaseException:
+    """`error` as torch's callers expect it: a deadline is a :class:`Timeout`."""
+    if isinstance(error, shmbroker.Timeout) and not isinstance(error, Timeout):
+        return Timeout(
+            error.args[0],
+            error.op,
+            error.waiting_for,
+            error.timeout,
+            error.diagnosis,
+            error.stopped,
+        )
+    return error
+
 
 class _World:
     """This process's session, which every group is made on; the lock by which calls from
@@ -228,6 +261,9 @@ class _World:
         self.session = session
         self.lock = threading.Lock()
         self.posted: collections.deque[_Receive] = collections.deque()
+        # Messages that came before a receive of their tag asked for them: (world rank, tag)
+        # in the order they came, and their bytes.
+        self.kept: collections.deque[tuple[int, int, bytes]] = collections.deque()
 
     def take(self, timeout: float) -> None:
         """Takes the lock within `timeout` seconds (the caller's deadline), or raises."""
@@ -264,21 +300,22 @@ class _Receive(dist.Work):
     Waiting for one receives every receive posted before it first, in order. (torch's C++ side
     reaches `wait` and `get_future` of a Python work; its Python functions reach the rest.)"""
 
-    def __init__(self, calls: "_Calls", tensor: torch.Tensor, source: int | None):
+    def __init__(self, calls: "_Calls", tensor: torch.Tensor, source: int | None, tag: int):
         super().__init__()
         self._calls = calls
         self._tensor = tensor
         # The world rank it comes from; None: whichever rank sends first (the world only).
         self._source = source
+        self._tag = tag
         self.done = False
         self._error: BaseException | None = None
 
     def complete(self) -> None:
         """Receives the message (the world's lock is held), keeping a failure for `wait`."""
         try:
-            self._source = self._calls._receive(self._tensor, self._source)
+            self._source = self._calls._receive(self._tensor, self._source, self._tag)
         except BaseException as error:  # noqa: BLE001 - kept for wait(), which raises it
-            self._error = error
+            self._error = _backend_error(error)
         self.done = True
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
@@ -322,12 +359,8 @@ class _Receive(dist.Work):
         pass
 
 
-def _check_tag(tag: int) -> None:
-    if tag != 0:
-        raise ValueError(
-            f"shmbroker backend: tag {tag}: tags are not matched (messages between two ranks "
-            "arrive in order); pass tag=0"
-        )
+# What goes ahead of every point-to-point message: its tag.
+_TAG = struct.Struct("<q")
 
 
 def _turn(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -340,6 +373,8 @@ def _turn(method: Callable[..., Any]) -> Callable[..., Any]:
             self._world.take(self._timeout)
         try:
             return method(self, *args, **kwargs)
+        except shmbroker.Timeout as error:
+            raise _backend_error(error) from None
         finally:
             lock.release()
 
@@ -388,9 +423,34 @@ class _Calls:
             self._world.take(self._timeout)
         try:
             self._session.barrier(**self._on)
+        except shmbroker.Timeout as error:
+            raise _backend_error(error) from None
         finally:
             lock.release()
         return _BARRIER_DONE
+
+    def monitored_barrier(
+        self, timeout: datetime.timedelta | None = None, wait_all_ranks: bool = False
+    ) -> None:
+        """A barrier whose timeout names every rank that did not come, in group ranks, as
+        gloo's does (every rank waits for every other here, so all are named either way)."""
+        seconds = self._timeout if timeout is None else timeout.total_seconds()
+        with self._world.turn(seconds):
+            try:
+                group = {"group": self._group} if self._group is not None else {}
+                self._session.barrier(timeout=seconds, **group)
+            except shmbroker.Timeout as error:
+                missing = [self._world_ranks.index(r) for r in error.waiting_for]
+                text = ", ".join(map(str, missing))
+                raise Timeout(
+                    f"Rank{'s' if len(missing) > 1 else ''} {text} failed to pass "
+                    f"monitoredBarrier in {int(seconds * 1000)} ms: {error.args[0]}",
+                    error.op,
+                    error.waiting_for,
+                    error.timeout,
+                    error.diagnosis,
+                    error.stopped,
+                ) from None
 
     # --- reductions
 
@@ -480,6 +540,11 @@ class _Calls:
             for part, block in zip(parts, flat.chunk(len(parts)), strict=True):
                 part.copy_(block.view_as(part))
         return _Done(outputs)
+
+    def allgather_coalesced(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        return self.allgather(outputs, inputs, opts)
 
     @_turn
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
@@ -589,48 +654,65 @@ class _Calls:
 
     @_turn
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        _check_tag(tag)
         (tensor,) = tensors
+        rank = self._world_ranks[dst]
         with _Contiguous(tensor, write_back=False) as dense:
-            self._session.send(self._world_ranks[dst], _memory(dense), timeout=self._timeout)
+            self._session.send(rank, _TAG.pack(tag), timeout=self._timeout)
+            self._session.send(rank, _memory(dense), timeout=self._timeout)
         return _Done(tensors)
 
-    def _receive(self, tensor: torch.Tensor, world_rank: int | None) -> int:
-        """Receives into `tensor` a message that must fill it, from `world_rank` (None:
-        whichever rank sends first); returns the sender's world rank."""
+    def _receive(self, tensor: torch.Tensor, world_rank: int | None, tag: int) -> int:
+        """Receives into `tensor` a message of `tag` that must fill it, from `world_rank`
+        (None: whichever rank sends first); returns the sender's world rank. Messages of other
+        tags that come first are kept for the receives that ask for them."""
+        kept = self._world.kept
         with _Contiguous(tensor) as dense:
             memory = _memory(dense)
-            if world_rank is None:
-                world_rank, length = self._session.recv_any_into(memory, timeout=self._timeout)
-            else:
-                length = self._session.recv_into(world_rank, memory, timeout=self._timeout)
-            if length != len(memory):
-                raise ValueError(
-                    f"shmbroker backend: rank {world_rank} sent {length} bytes for a tensor "
-                    f"of {len(memory)}"
-                )
-        return world_rank
+            for at, (sender, theirs, data) in enumerate(kept):
+                if theirs == tag and world_rank in (None, sender):
+                    del kept[at]
+                    _fill(memory, data, f"rank {sender}'s message of tag {tag}")
+                    return sender
+            while True:
+                if world_rank is None:
+                    sender, head = self._session.recv_any(timeout=self._timeout)
+                else:
+                    sender, head = world_rank, self._session.recv(world_rank, timeout=self._timeout)
+                if len(head) != _TAG.size:
+                    raise ValueError(
+                        f"shmbroker backend: rank {sender} sent {len(head)} bytes where a "
+                        f"message's {_TAG.size}-byte tag belongs"
+                    )
+                (theirs,) = _TAG.unpack(head)
+                if theirs != tag:
+                    kept.append((sender, theirs, self._session.recv(sender, timeout=self._timeout)))
+                    continue
+                length = self._session.recv_into(sender, memory, timeout=self._timeout)
+                if length != len(memory):
+                    raise ValueError(
+                        f"shmbroker backend: rank {sender} sent {length} bytes for a tensor "
+                        f"of {len(memory)}"
+                    )
+                return sender
 
-    def _post(self, tensor: torch.Tensor, world_rank: int | None) -> "_Receive":
-        receive = _Receive(self, tensor, world_rank)
+    def _post(self, tensor: torch.Tensor, world_rank: int | None, tag: int) -> "_Receive":
+        receive = _Receive(self, tensor, world_rank, tag)
         with self._world.turn(self._timeout):
             self._world.posted.append(receive)
         return receive
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
-        _check_tag(tag)
         (tensor,) = tensors
-        return self._post(tensor, self._world_ranks[src])
+        return self._post(tensor, self._world_ranks[src], tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
-        _check_tag(tag)
         if self._group is not None:
             raise ValueError(
                 "shmbroker backend: a receive from any source works on the whole world only "
                 "(it would take a message from a rank outside this group)"
             )
         (tensor,) = tensors
-        return self._post(tensor, None)
+        return self._post(tensor, None, tag)
 
 
 class ShmbrokerBackend(_Calls, c10d.Backend):

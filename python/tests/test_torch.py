@@ -27,6 +27,11 @@ def test_every_call_gives_what_gloo_gives(copies):
     assert_ok(job, copies, "against_gloo")
 
 
+def test_tags_coalesced_gathers_monitored_barriers_and_timeouts_work_as_under_gloo():
+    job = run_job(3, WORKERS, "trips", timeout=DEADLINE)
+    assert_ok(job, 3, "trips")
+
+
 def test_the_group_destroyed_and_made_again_under_the_launcher():
     job = run_job(2, WORKERS, "again", timeout=DEADLINE)
     assert_ok(job, 2, "again")

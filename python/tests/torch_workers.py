@@ -16,6 +16,7 @@ import datetime
 import os
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -323,6 +324,56 @@ def death():
     check(False, "every all_reduce succeeded after rank 1 died")
 
 
+def trips():
+    """What torch programs trip on where gloo works: tags, all_gather_coalesced,
+    monitored_barrier, and a timeout's text."""
+    import re
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    # Tags: two messages sent in one order, received in the other, and one from any source.
+    if rank == 0:
+        dist.send(torch.full((3,), 7.0), 1, tag=7)
+        dist.send(torch.full((5,), 3.0), 1, tag=3)
+    elif rank == 1:
+        three, seven = torch.zeros(5), torch.zeros(3)
+        dist.recv(three, 0, tag=3)
+        dist.recv(seven, 0, tag=7)
+        check(torch.equal(three, torch.full((5,), 3.0)), f"tag 3 gave {three}")
+        check(torch.equal(seven, torch.full((3,), 7.0)), f"tag 7 gave {seven}")
+    if rank == 2:
+        dist.send(torch.full((2,), 9.0), 0, tag=1)
+        dist.send(torch.full((2,), 2.0), 0, tag=2)
+    if rank == 0:
+        first = torch.zeros(2)
+        sender = dist.recv(first, tag=2)  # any source
+        later = torch.zeros(2)
+        dist.recv(later, 2, tag=1)
+        check(sender == 2 and torch.equal(first, torch.full((2,), 2.0)), f"tag 2: {first}")
+        check(torch.equal(later, torch.full((2,), 9.0)), f"tag 1 gave {later}")
+    dist.barrier()
+    # all_gather_coalesced.
+    inputs = [torch.full((2,), float(rank)), torch.full((3,), float(10 * rank))]
+    outputs = [[torch.zeros(2) for _ in range(size)], [torch.zeros(3) for _ in range(size)]]
+    dist.all_gather_coalesced(outputs, inputs)
+    for r in range(size):
+        check(torch.equal(outputs[0][r], torch.full((2,), float(r))), f"coalesced 0: {outputs}")
+        check(torch.equal(outputs[1][r], torch.full((3,), float(10 * r))), f"coalesced 1: {outputs}")
+    # monitored_barrier: passes with everyone; names the ranks that do not come.
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
+    if rank == 0:
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
+            check(False, "a monitored_barrier nobody else came to passed")
+        except dist.DistBackendError as error:
+            text = str(error)
+            check("Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms" in text, text)
+            check(isinstance(error, shmbroker.Timeout), f"{type(error)}")
+            # What torch's own callers look for in a timeout's text.
+            check(re.search(" (Timed out|closed|timeout) ", text) is not None, text)
+    else:
+        time.sleep(2)
+
+
 def init():
     if len(sys.argv) > 2:
         rank, size, method = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -338,7 +389,9 @@ def main():
     init()
     global GLOO
     GLOO = dist.new_group(backend="gloo") if scenario == "against_gloo" else None
-    {"against_gloo": against_gloo, "basic": basic, "again": again, "death": death}[scenario]()
+    scenarios = {"against_gloo": against_gloo, "basic": basic, "again": again, "death": death}
+    scenarios["trips"] = trips
+    scenarios[scenario]()
     rank = dist.get_rank()
     dist.destroy_process_group()
     print(f"OK {scenario} rank {rank}", flush=True)
