@@ -19,7 +19,10 @@ pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"SHMBRPLY");
 /// relay ([`NoticeKind::RelayDelivered`] or a refusal), and workers say which relayed fds they
 /// took ([`NoticeKind::Claimed`]).
 /// 6: a dead rank's replacement may rejoin ([`ReplyHeader::rejoins`], the `Rejoin*` notices).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7: making a group is an agreement (setup messages carry a view and a ballot), and every
+/// outbox says which process of its rank it is (`status_word::INCARNATION`): a worker of an
+/// older version would not take part in it, so it is refused at logon.
+pub const PROTOCOL_VERSION: u32 = 7;
 /// `requested_rank` meaning "any free rank".
 pub const ANY_RANK: u32 = u32::MAX;
 /// `peer` in a notice that concerns no other rank.

@@ -365,6 +365,8 @@ impl Session {
         }
         // 1. Proposals.
         let mut stream = attempt.proposal;
+        // Members that make a group of other ranks: their ranks and ballot.
+        let mut elsewhere: Vec<(u32, Vec<u32>, u64)> = Vec::new();
         for &at in &peers {
             if standing[at] == Standing::Out {
                 continue;
@@ -426,6 +428,11 @@ impl Session {
                     Fit::Other(why) => {
                         note(&mut estimate, why);
                         standing[at] = Standing::Out;
+                        // It makes a group of other ranks, this one among them: its decision
+                        // comes here too, and is read once this attempt is over.
+                        if message.step == Step::Propose && message.members.contains(&self.rank()) {
+                            elsewhere.push((peer, message.members, message.ballot));
+                        }
                     }
                 }
                 break;
@@ -502,6 +509,18 @@ impl Session {
                     Err(detail) => self.forged_setup(peer, &detail),
                 }
                 break;
+            }
+        }
+        // What a member making another group sends this one in that call (its decision) is
+        // taken too, so that the next call on these links starts in step (a `shrink` after a
+        // mismatch, say); anything else it sent is kept for that call.
+        for (peer, theirs, ballot) in elsewhere {
+            if let Ok(Next::Message(message)) = self.next_setup(peer, deadline)
+                && !(message.step == Step::Decide
+                    && message.members == theirs
+                    && message.ballot == ballot)
+            {
+                self.peers[peer as usize].setup_stash = Some(Box::new(message));
             }
         }
         Ok(estimate)
