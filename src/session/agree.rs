@@ -8,10 +8,19 @@
 //! - the view says, for each member, which process of its rank this member's links lead to
 //!   (its *incarnation*: how many processes held the rank before it). Every process writes its
 //!   own into its outbox before publishing it (`status_word::INCARNATION`), so a member reads
-//!   it for each peer from the outbox its links came with. A member whose outbox cannot be had
-//!   because it departed is [`GONE`];
+//!   it for each peer from the outbox its links came with. An entry also says whether that
+//!   process has departed, as this member knows ([`DEAD`]); one whose outbox was never read
+//!   because it departed first is [`GONE`]. Two entries compare (`order`) by incarnation while
+//!   both are alive; two departed ones are the same (an attempt with either fails on the
+//!   departure); a departed one is older than a live one of a later incarnation (or of one
+//!   not known), and the same as a live one of its own or an earlier incarnation (that member
+//!   has not seen the death yet). The comparison uses only the two entries, so both members
+//!   of a pair reach the same answer: an attempt in which one member takes the other's message
+//!   as its own while the other drops it as stale would leave the first waiting for the
+//!   second's decision and the second for the first's next message (`chaos --rejoin` found
+//!   that cycle when the dead flag was each member's own knowledge);
 //! - the ballot counts this member's attempts on the same ranks, and goes up to any later
-//!   ballot a peer is already in.
+//!   ballot a peer is already in (whatever its view): ballots only rise.
 //!
 //! Every setup message of an attempt carries both, and the ranks. A message from an attempt
 //! whose view is older than the receiver's (it reached a process that has since been
@@ -65,8 +74,29 @@ use shmbroker_bindings::kind;
 /// one lie can use up.
 pub(super) const MAX_STREAM_JUMP: u32 = 1 << 16;
 
-/// A view's entry for a member this rank cannot reach: it departed before its outbox came.
+/// The bit of a view's entry that says its process has departed (see the module docs).
+pub(super) const DEAD: u32 = 1 << 31;
+
+/// A view's entry for a member that departed before this rank read its outbox.
 pub(super) const GONE: u32 = u32::MAX;
+
+/// How two view entries compare (see the module docs): `theirs` against `ours`.
+fn order(theirs: u32, ours: u32) -> std::cmp::Ordering {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    let known = |entry: u32| (entry != GONE).then_some(entry & !DEAD);
+    match (theirs & DEAD != 0, ours & DEAD != 0) {
+        (true, true) => Equal,
+        (false, false) => (theirs & !DEAD).cmp(&(ours & !DEAD)),
+        (true, false) => match known(theirs) {
+            Some(dead) if dead >= ours => Equal,
+            _ => Less,
+        },
+        (false, true) => match known(ours) {
+            Some(dead) if dead >= theirs => Equal,
+            _ => Greater,
+        },
+    }
+}
 
 /// The bytes before the ranks: step, rank count, ballot, two words of payload.
 const HEAD: usize = 24;
@@ -270,29 +300,23 @@ impl Attempt<'_> {
             )));
         }
         let (theirs, ours) = (&message.view, &self.view);
-        if theirs[from] == GONE || (ours[from] != GONE && theirs[from] != ours[from]) {
+        if theirs[from] & DEAD != 0 || (ours[from] != GONE && theirs[from] != ours[from] & !DEAD) {
             return Err(format!(
                 "it says it is process {} of its rank; its outbox says {}",
                 theirs[from], ours[from]
             ));
         }
-        if theirs[self.me] != GONE && theirs[self.me] > ours[self.me] {
+        if theirs[self.me] != GONE && theirs[self.me] & !DEAD > ours[self.me] {
             return Err(format!(
                 "it reaches process {} of this rank, which is process {}",
                 theirs[self.me], ours[self.me]
             ));
         }
-        let known = || {
-            theirs
-                .iter()
-                .zip(ours)
-                .enumerate()
-                .filter(|(_, (t, o))| **t != GONE && **o != GONE)
-        };
-        if let Some((at, _)) = known().find(|(_, (t, o))| t > o) {
+        let order = |at: usize| order(theirs[at], ours[at]);
+        if let Some(at) = (0..ours.len()).find(|&at| order(at).is_gt()) {
             return Ok(Fit::Ahead(Outcome::Replaced(self.members[at])));
         }
-        if known().any(|(_, (t, o))| t < o) {
+        if (0..ours.len()).any(|at| order(at).is_lt()) {
             return Ok(Fit::Stale);
         }
         Ok(match message.ballot.cmp(&self.ballot) {
@@ -307,16 +331,10 @@ impl Attempt<'_> {
         stream <= self.proposal.saturating_add(MAX_STREAM_JUMP)
     }
 
-    /// Whether `message` could join this attempt's ballot (a later attempt on these ranks with
-    /// this view): what the next attempt's ballot rises to.
-    pub(super) fn joins(members: &[u32], view: &[u32], message: &Setup) -> Option<u64> {
-        let same = message.members == members
-            && message
-                .view
-                .iter()
-                .zip(view)
-                .all(|(t, o)| *t == GONE || *o == GONE || t == o);
-        same.then_some(message.ballot)
+    /// The ballot of a later attempt on these ranks that `message` is from: what the next
+    /// attempt's ballot rises to.
+    pub(super) fn joins(members: &[u32], message: &Setup) -> Option<u64> {
+        (message.members == members).then_some(message.ballot)
     }
 }
 
@@ -351,9 +369,15 @@ impl Session {
         }
         .encode();
         let peers: Vec<usize> = (0..members.len()).filter(|&at| at != attempt.me).collect();
+        tracing::debug!(
+            rank = self.rank(),
+            ballot = attempt.ballot,
+            view = ?attempt.view,
+            "making a group: attempt"
+        );
         for &at in &peers {
             let peer = members[at];
-            if attempt.view[at] == GONE {
+            if attempt.view[at] & DEAD != 0 {
                 standing[at] = Standing::Out;
                 note(&mut estimate, Outcome::Departed(peer));
                 continue;
@@ -386,6 +410,15 @@ impl Session {
                         break;
                     }
                 };
+                tracing::debug!(
+                    rank = self.rank(),
+                    peer,
+                    step = ?message.step,
+                    ballot = message.ballot,
+                    view = ?message.view,
+                    fit = ?attempt.fit(at, &message),
+                    "making a group: proposal read"
+                );
                 let fit = match attempt.fit(at, &message) {
                     Ok(fit) => fit,
                     Err(detail) => {
@@ -409,7 +442,8 @@ impl Session {
                             );
                             note(&mut estimate, Outcome::Forged(peer));
                             standing[at] = Standing::Out;
-                        } else if let Some(gone) = message.view.iter().position(|&v| v == GONE) {
+                        } else if let Some(gone) = message.view.iter().position(|&v| v & DEAD != 0)
+                        {
                             note(&mut estimate, Outcome::Departed(members[gone]));
                         } else {
                             stream = stream.max(message.proposal);
@@ -446,6 +480,12 @@ impl Session {
             .max_by_key(|why| why.weight())
             .cloned()
             .unwrap_or(Outcome::Made(stream));
+        tracing::debug!(
+            rank = self.rank(),
+            ?estimate,
+            ?standing,
+            "making a group: estimate"
+        );
         // 2. Decision: rotating coordinators, as `shrink`.
         for coordinator in 0..members.len() {
             if coordinator == attempt.me {
@@ -459,7 +499,7 @@ impl Session {
                 }
                 .encode();
                 for &at in &peers {
-                    if attempt.view[at] != GONE && !self.departed_member(members[at]) {
+                    if attempt.view[at] & DEAD == 0 && !self.departed_member(members[at]) {
                         self.send_setup(members[at], &decide, deadline)?;
                     }
                 }
@@ -470,6 +510,15 @@ impl Session {
             }
             let peer = members[coordinator];
             while let Next::Message(message) = self.next_setup(peer, deadline)? {
+                tracing::debug!(
+                    rank = self.rank(),
+                    peer,
+                    step = ?message.step,
+                    ballot = message.ballot,
+                    outcome = ?message.outcome,
+                    fit = ?attempt.fit(coordinator, &message),
+                    "making a group: decision read"
+                );
                 match attempt.fit(coordinator, &message) {
                     Ok(Fit::Stale) => continue,
                     Ok(Fit::Current) if message.step == Step::Decide => {
@@ -511,6 +560,7 @@ impl Session {
                 break;
             }
         }
+        tracing::debug!(rank = self.rank(), ?estimate, "making a group: decided");
         // What a member making another group sends this one in that call (its decision) is
         // taken too, so that the next call on these links starts in step (a `shrink` after a
         // mismatch, say); anything else it sent is kept for that call.
@@ -761,7 +811,8 @@ mod tests {
             fit(&propose(1, &members, &[0, 2, 0])),
             Ok(Fit::Ahead(Outcome::Replaced(1)))
         );
-        assert_eq!(fit(&propose(4, &members, &[0, GONE, 0])), Ok(Fit::Current));
+        // It reaches no process of rank 1, which this rank reaches alive: it is behind.
+        assert_eq!(fit(&propose(4, &members, &[0, GONE, 0])), Ok(Fit::Stale));
         assert!(matches!(
             fit(&propose(4, &[0, 2], &[0, 0])),
             Ok(Fit::Other(Outcome::Mismatch(2, _)))
@@ -773,12 +824,40 @@ mod tests {
             attempt.believable(5 + MAX_STREAM_JUMP) && !attempt.believable(6 + MAX_STREAM_JUMP)
         );
         assert_eq!(
-            Attempt::joins(&members, &[0, 1, 0], &propose(7, &members, &[0, 1, GONE])),
+            Attempt::joins(&members, &propose(7, &members, &[0, 1, GONE])),
             Some(7)
         );
         assert_eq!(
-            Attempt::joins(&members, &[0, 1, 0], &propose(7, &members, &[0, 2, 0])),
+            Attempt::joins(&members, &propose(7, &[0, 1], &[0, 1])),
             None
         );
+        // A member that saw rank 1's process depart, against one that has not yet, or one
+        // that reaches its replacement; and both ways round, the same answer.
+        assert_eq!(
+            fit(&propose(4, &members, &[0, 1 | DEAD, 0])),
+            Ok(Fit::Current)
+        );
+        assert_eq!(fit(&propose(4, &members, &[0, DEAD, 0])), Ok(Fit::Stale));
+        let dead = Attempt {
+            view: vec![0, GONE, 0],
+            ..attempt
+        };
+        assert_eq!(
+            dead.fit(2, &propose(4, &members, &[0, 1, 0])),
+            Ok(Fit::Ahead(Outcome::Replaced(1)))
+        );
+        assert_eq!(
+            dead.fit(2, &propose(4, &members, &[0, 1 | DEAD, 0])),
+            Ok(Fit::Current)
+        );
+        for (a, b) in [
+            (1, GONE),
+            (1 | DEAD, 2),
+            (3, 3 | DEAD),
+            (GONE, GONE),
+            (0, 2),
+        ] {
+            assert_eq!(order(a, b), order(b, a).reverse(), "{a:#x} {b:#x}");
+        }
     }
 }

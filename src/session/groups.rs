@@ -496,7 +496,7 @@ impl Session {
                 )));
             }
             let view = self.member_view(&members, deadline)?;
-            let ballot = self.next_ballot(&members, &view);
+            let ballot = self.next_ballot(&members);
             let attempt = agree::Attempt {
                 members: &members,
                 me: me as usize,
@@ -508,7 +508,11 @@ impl Session {
             let setup = Team::of(SETUP_STREAM, members.clone(), me).formed_at(self.adoptions);
             let outcome = {
                 let on = OnTeam::new(self, setup, false);
-                on.session.attempt_group(&attempt, deadline)?
+                let outcome = on.session.attempt_group(&attempt, deadline);
+                if let Err(error) = &outcome {
+                    tracing::debug!(rank = on.session.rank(), %error, "making a group: attempt failed");
+                }
+                outcome?
             };
             match outcome {
                 Outcome::Made(stream) => {
@@ -565,8 +569,14 @@ impl Session {
                 view.push(self.inner.rejoins());
                 continue;
             }
+            // A process this rank knows departed says so (see `agree`).
+            let dead = if self.departed_member(rank) {
+                agree::DEAD
+            } else {
+                0
+            };
             if let Some(known) = self.peers[rank as usize].incarnation {
-                view.push(known);
+                view.push(known | dead);
                 continue;
             }
             let word = match self
@@ -583,7 +593,7 @@ impl Session {
             let incarnation = word
                 .checked_sub(1)
                 .and_then(|value| u32::try_from(value).ok())
-                .filter(|&value| value != agree::GONE)
+                .filter(|&value| value & agree::DEAD == 0)
                 .ok_or_else(|| Error::Protocol {
                     peer: rank,
                     detail: format!(
@@ -592,20 +602,22 @@ impl Session {
                     ),
                 })?;
             self.peers[rank as usize].incarnation = Some(incarnation);
-            view.push(incarnation);
+            view.push(incarnation | dead);
         }
         Ok(view)
     }
 
-    /// The ballot of this rank's next attempt on `members` with `view`: one more than its last
-    /// on them, or the highest a member is already in (see `agree`).
-    fn next_ballot(&mut self, members: &[u32], view: &[u32]) -> u64 {
+    /// The ballot of this rank's next attempt on `members`: one more than its last on them, or
+    /// the highest a member is already in, whatever its view (see `agree`): ballots only rise,
+    /// so every member reaches the highest one in use, and no two attempts of one member share
+    /// one.
+    fn next_ballot(&mut self, members: &[u32]) -> u64 {
         let last = self.groups.ballots.get(members).copied().unwrap_or(0);
         let joined = members
             .iter()
             .filter_map(|&rank| self.peers.get(rank as usize))
             .filter_map(|peer| peer.setup_stash.as_deref())
-            .filter_map(|kept| agree::Attempt::joins(members, view, kept))
+            .filter_map(|kept| agree::Attempt::joins(members, kept))
             .max()
             .unwrap_or(0);
         let ballot = (last + 1).max(joined);
@@ -614,10 +626,15 @@ impl Session {
     }
 
     /// Waits until `rank`'s replacement, which some member has taken on, can be taken on here
-    /// too, and takes it on; at once when this rank has already.
+    /// too, and takes it on; at once when this rank has already, or when no replacement has
+    /// rejoined here at all (the member may only have seen the death first: the next attempt
+    /// says).
     fn await_replacement(&mut self, rank: u32, deadline: &Deadline) -> Result<(), Error> {
         loop {
-            if self.adopt_rejoin(rank)?.is_some() || !self.inner.is_dead(rank) {
+            if self.adopt_rejoin(rank)?.is_some()
+                || !self.inner.is_dead(rank)
+                || self.inner.rejoins_pending() & 1 << rank == 0
+            {
                 return Ok(());
             }
             self.check_interrupted(deadline)?;

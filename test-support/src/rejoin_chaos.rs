@@ -91,14 +91,23 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
         .ok()
         .and_then(|count| count.parse().ok())
         .unwrap_or(0);
-    // The kill is armed before logging on, so that it can land in the logon or the rejoin.
+    // A replacement's kill is armed before it logs on, so that it can land in the logon or the
+    // rejoin; a first process's once every rank has been in one group (a rank that dies before
+    // the others have logged on ends the job: nobody is left to rejoin).
     let finishing = Arc::new(AtomicBool::new(false));
-    for kill in args.kills.split(',').filter(|kill| !kill.is_empty()) {
-        let fields: Vec<u64> = kill.split(':').filter_map(|f| f.parse().ok()).collect();
-        if let [r, i, ms] = fields[..]
-            && r == u64::from(rank)
-            && i == u64::from(incarnation)
-        {
+    let mut kills: Vec<u64> = args
+        .kills
+        .split(',')
+        .filter_map(|kill| {
+            let fields: Vec<u64> = kill.split(':').filter_map(|f| f.parse().ok()).collect();
+            match fields[..] {
+                [r, i, ms] if r == u64::from(rank) && i == u64::from(incarnation) => Some(ms),
+                _ => None,
+            }
+        })
+        .collect();
+    let arm = |kills: &mut Vec<u64>| {
+        for ms in kills.drain(..) {
             let finishing = Arc::clone(&finishing);
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(ms));
@@ -109,6 +118,9 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
                 }
             });
         }
+    };
+    if incarnation > 0 {
+        arm(&mut kills);
     }
     let mut session = Session::from_env(Duration::from_secs(30)).map_err(|e| e.to_string())?;
     let logged_on = now_ms();
@@ -116,6 +128,7 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
     let world: Vec<u32> = (0..session.world_size()).collect();
     let mut first_collective = None;
     let (mut steps, mut errors) = (0u64, 0u64);
+    let mut last_error = String::new();
     // Every rank stops at the same step: the first whose all-reduce shows a rank past the
     // churn (each member votes, and all see the same sum).
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -134,6 +147,7 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
         ) {
             Ok((incarnations, stopping)) => {
                 steps += 1;
+                arm(&mut kills);
                 first_collective.get_or_insert_with(now_ms);
                 if stopping {
                     break incarnations;
@@ -143,7 +157,16 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
             Err(Failure::Call(error)) if Instant::now() >= deadline => {
                 return Err(format!("no group in 60 s: {error}"));
             }
-            Err(Failure::Call(_)) => errors += 1,
+            Err(Failure::Call(error)) => {
+                errors += 1;
+                // What a slow recovery waited on, for the report of a slow trial: each error
+                // once in a row (`group` called again at once fails many times alike).
+                let text = error.to_string();
+                if text != last_error {
+                    eprintln!("rank {rank} ({incarnation}) at {} ms: {text}", now_ms());
+                    last_error = text;
+                }
+            }
         }
     };
     finishing.store(true, Ordering::SeqCst);
@@ -205,6 +228,9 @@ fn step(
     Ok((sums, stopping))
 }
 
+/// A replacement slower than this from its logon to its first collective is reported.
+const SLOW_MS: u64 = 1000;
+
 /// What one trial came to.
 #[derive(Debug, Default)]
 struct Trial {
@@ -212,6 +238,8 @@ struct Trial {
     failed: Option<String>,
     kills: usize,
     rejoin_ms: Vec<u64>,
+    /// The job's output.
+    output: String,
 }
 
 /// `chaos --rejoin TRIALS` (see the module docs).
@@ -230,6 +258,16 @@ pub fn run(launcher: &Path, trials: u32, workers: u32, seed: u64) -> Result<(), 
         let schedule = schedule(&mut rng, workers, way);
         let result = one_trial(launcher, &exe, workers, way, &schedule);
         kills += result.kills;
+        if result.rejoin_ms.iter().any(|&ms| ms > SLOW_MS) {
+            // Not a failure (the targets are on p99), but what held it up is worth a look.
+            eprintln!(
+                "chaos --rejoin: trial {trial} ({}, kills {schedule}): a replacement took {:?} \
+                 ms to its first collective\n{}",
+                way.name(),
+                result.rejoin_ms,
+                result.output
+            );
+        }
         rejoin_ms.extend(result.rejoin_ms);
         hangs += usize::from(result.hang);
         if let Some(why) = result.failed {
@@ -445,6 +483,7 @@ fn check(
     } else {
         None
     };
-    trial.failed = why.map(|why| format!("{why}\nstdout:\n{stdout}\nstderr:\n{stderr}"));
+    trial.output = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
+    trial.failed = why.map(|why| format!("{why}\n{}", trial.output));
     trial
 }
