@@ -162,7 +162,7 @@ pub const SPIN_VAR: &str = "SHMBROKER_SPIN";
 /// [`DEFAULT_OUTBOX_BYTES`]).
 pub const OUTBOX_BYTES_VAR: &str = "SHMBROKER_OUTBOX_BYTES";
 
-pub use error::Error;
+pub use error::{Error, ErrorKind};
 
 /// A worker's session: its rank, its links to every peer, and the collectives over them.
 #[derive(Debug)]

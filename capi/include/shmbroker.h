@@ -27,7 +27,9 @@
 // Success.
 #define SHMBROKER_OK 0
 
-// A peer this call needed died (its process ended without leaving).
+// A peer this call needed died (its process ended without leaving); also a logon or an fd
+// relay that saw it die. Every code is one kind of the library's one table of errors
+// (`shmbroker::ErrorKind`), as every Python exception class is.
 #define SHMBROKER_E_PEER_LOST -1
 
 // A peer this call needed left the session on purpose.
@@ -42,10 +44,11 @@
 // A mistake in the calling program: a null pointer, a short buffer, a rank out of range.
 #define SHMBROKER_E_MISUSE -5
 
-// The operating system refused something the call needed.
+// The operating system refused something the call needed (memory, fds, a system call), or the
+// broker would not pass an fd on.
 #define SHMBROKER_E_IO -6
 
-// The broker is gone, and this call needed it.
+// The broker is gone, and this call (a logon or an fd relay too) needed it.
 #define SHMBROKER_E_BROKER_LOST -7
 
 // Logging on failed (no broker, refused, or the environment says no rank).

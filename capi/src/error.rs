@@ -7,7 +7,7 @@ use crate::{
     SHMBROKER_E_PEER_LOST, SHMBROKER_E_PEER_NEVER_JOINED, SHMBROKER_E_PEER_REJOINED,
     SHMBROKER_E_PROTOCOL, SHMBROKER_E_TIMEOUT, SHMBROKER_E_TOO_SMALL, SHMBROKER_OK,
 };
-use shmbroker::Error;
+use shmbroker::{Error, ErrorKind};
 use std::cell::RefCell;
 use std::ffi::{CString, c_char, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -23,19 +23,22 @@ pub(crate) struct Failure(pub(crate) c_int, pub(crate) String, pub(crate) Option
 
 impl From<Error> for Failure {
     fn from(error: Error) -> Self {
-        let code = match &error {
-            Error::PeerLost { .. } => SHMBROKER_E_PEER_LOST,
-            Error::PeerRejoined { .. } => SHMBROKER_E_PEER_REJOINED,
-            Error::PeerLeft { .. } => SHMBROKER_E_PEER_LEFT,
-            Error::PeerNeverJoined { .. } => SHMBROKER_E_PEER_NEVER_JOINED,
-            Error::PeerGaveUp { .. } => SHMBROKER_E_PEER_GAVE_UP,
-            Error::Timeout { .. } => SHMBROKER_E_TIMEOUT,
-            Error::BrokerLost => SHMBROKER_E_BROKER_LOST,
-            Error::Logon(_) | Error::Launch(_) => SHMBROKER_E_LOGON,
-            Error::BufferTooSmall { .. } => SHMBROKER_E_TOO_SMALL,
-            Error::Misuse(_) | Error::RankOutOfRange { .. } => SHMBROKER_E_MISUSE,
-            Error::Io { .. } | Error::OwnOutbox(_) | Error::FdTransport(_) => SHMBROKER_E_IO,
-            Error::Interrupted => SHMBROKER_E_INTERRUPTED,
+        // One to one with the library's table (`shmbroker::ErrorKind`).
+        let code = match error.kind() {
+            ErrorKind::PeerLost => SHMBROKER_E_PEER_LOST,
+            ErrorKind::PeerRejoined => SHMBROKER_E_PEER_REJOINED,
+            ErrorKind::PeerLeft => SHMBROKER_E_PEER_LEFT,
+            ErrorKind::PeerNeverJoined => SHMBROKER_E_PEER_NEVER_JOINED,
+            ErrorKind::PeerGaveUp => SHMBROKER_E_PEER_GAVE_UP,
+            ErrorKind::Timeout => SHMBROKER_E_TIMEOUT,
+            ErrorKind::BrokerLost => SHMBROKER_E_BROKER_LOST,
+            ErrorKind::Logon => SHMBROKER_E_LOGON,
+            ErrorKind::BufferTooSmall => SHMBROKER_E_TOO_SMALL,
+            ErrorKind::Misuse => SHMBROKER_E_MISUSE,
+            ErrorKind::Resource => SHMBROKER_E_IO,
+            ErrorKind::Interrupted => SHMBROKER_E_INTERRUPTED,
+            ErrorKind::Protocol => SHMBROKER_E_PROTOCOL,
+            // A kind added later than this ABI: the nearest code it has.
             _ => SHMBROKER_E_PROTOCOL,
         };
         Failure(code, error.to_string(), error.rank())

@@ -113,7 +113,9 @@ pub const SHMBROKER_TIMEOUT_FOREVER: u64 = u64::MAX;
 
 /// Success.
 pub const SHMBROKER_OK: c_int = 0;
-/// A peer this call needed died (its process ended without leaving).
+/// A peer this call needed died (its process ended without leaving); also a logon or an fd
+/// relay that saw it die. Every code is one kind of the library's one table of errors
+/// (`shmbroker::ErrorKind`), as every Python exception class is.
 pub const SHMBROKER_E_PEER_LOST: c_int = -1;
 /// A peer this call needed left the session on purpose.
 pub const SHMBROKER_E_PEER_LEFT: c_int = -2;
@@ -123,9 +125,10 @@ pub const SHMBROKER_E_TIMEOUT: c_int = -3;
 pub const SHMBROKER_E_PROTOCOL: c_int = -4;
 /// A mistake in the calling program: a null pointer, a short buffer, a rank out of range.
 pub const SHMBROKER_E_MISUSE: c_int = -5;
-/// The operating system refused something the call needed.
+/// The operating system refused something the call needed (memory, fds, a system call), or the
+/// broker would not pass an fd on.
 pub const SHMBROKER_E_IO: c_int = -6;
-/// The broker is gone, and this call needed it.
+/// The broker is gone, and this call (a logon or an fd relay too) needed it.
 pub const SHMBROKER_E_BROKER_LOST: c_int = -7;
 /// Logging on failed (no broker, refused, or the environment says no rank).
 pub const SHMBROKER_E_LOGON: c_int = -8;

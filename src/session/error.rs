@@ -25,7 +25,7 @@ pub enum Error {
     /// so, and that a new group is what to make.
     #[error(
         "peer rank {rank} was lost (its process exited without leaving){}",
-        lost_text(diagnosis)
+        diagnosis_text(diagnosis)
     )]
     PeerLost {
         /// The rank that was lost.
@@ -274,13 +274,116 @@ pub enum Error {
     Launch(String),
 }
 
+/// What kind of failure an [`Error`] is: the one table every language maps from, one to one
+/// (the C ABI's `SHMBROKER_E_*` codes, which the C++ header's `shmbroker::Error::code()`
+/// carries, and the Python exception classes). [`Error::kind`] is the only place that sorts
+/// errors into kinds.
+///
+/// | kind | errors | C | Python |
+/// |---|---|---|---|
+/// | `PeerLost` | `PeerLost`; a logon or fd relay that saw a peer die | `SHMBROKER_E_PEER_LOST` | `PeerLost` |
+/// | `PeerRejoined` | `PeerRejoined` | `SHMBROKER_E_PEER_REJOINED` | `PeerRejoined` |
+/// | `PeerLeft` | `PeerLeft` | `SHMBROKER_E_PEER_LEFT` | `PeerLeft` |
+/// | `PeerNeverJoined` | `PeerNeverJoined`; a logon or relay that waited for it | `SHMBROKER_E_PEER_NEVER_JOINED` | `PeerNeverJoined` |
+/// | `PeerGaveUp` | `PeerGaveUp` | `SHMBROKER_E_PEER_GAVE_UP` | `PeerGaveUp` |
+/// | `Timeout` | `Timeout` | `SHMBROKER_E_TIMEOUT` | `Timeout` |
+/// | `BrokerLost` | `BrokerLost`; a logon or relay that found the broker gone | `SHMBROKER_E_BROKER_LOST` | `BrokerLost` |
+/// | `Logon` | `Logon` (otherwise), `Launch` | `SHMBROKER_E_LOGON` | `LogonError` |
+/// | `BufferTooSmall` | `BufferTooSmall` | `SHMBROKER_E_TOO_SMALL` | `BufferTooSmall` |
+/// | `Misuse` | `Misuse`, `RankOutOfRange` | `SHMBROKER_E_MISUSE` | `MisuseError` |
+/// | `Resource` | `Io`, `OwnOutbox`, `FdTransport`, `Relay` (otherwise) | `SHMBROKER_E_IO` | `ResourceError` |
+/// | `Interrupted` | `Interrupted` | `SHMBROKER_E_INTERRUPTED` | `Error` (a signal's own exception, such as `KeyboardInterrupt`, comes first) |
+/// | `Protocol` | `Protocol`, `Corrupted`, `CollectiveMismatch`, `GroupMismatch`, `Outbox`, `StaleFdTicket` | `SHMBROKER_E_PROTOCOL` | `ProtocolError` |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A peer's process died.
+    PeerLost,
+    /// A dead peer's replacement was taken on.
+    PeerRejoined,
+    /// A peer dropped its session.
+    PeerLeft,
+    /// A peer never logged on, and no longer can.
+    PeerNeverJoined,
+    /// A peer failed its part of this collective and left it.
+    PeerGaveUp,
+    /// The call's deadline passed.
+    Timeout,
+    /// The broker is gone, and the call needed it.
+    BrokerLost,
+    /// Logging on (or finding the job from the environment) failed.
+    Logon,
+    /// A receive's buffer is smaller than the message, which is kept.
+    BufferTooSmall,
+    /// A mistake of the calling program.
+    Misuse,
+    /// The operating system refused what the call needed (memory, fds, a system call).
+    Resource,
+    /// An interrupt ended the call.
+    Interrupted,
+    /// A peer sent what the protocol does not allow, or called another collective.
+    Protocol,
+}
+
 impl Error {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    #[must_use]
+    pub fn kind(&self) -> ErrorKind {
+        use shmbroker_handshake::Error as Handshake;
+        match self {
+            Self::PeerLost { .. }
+            | Self::Logon(Handshake::PeerLost { .. })
+            | Self::Relay {
+                source: Handshake::PeerLost { .. },
+                ..
+            } => ErrorKind::PeerLost,
+            Self::PeerRejoined { .. } => ErrorKind::PeerRejoined,
+            Self::PeerLeft { .. } => ErrorKind::PeerLeft,
+            Self::PeerNeverJoined { .. }
+            | Self::Logon(Handshake::PeerNeverJoined { .. })
+            | Self::Relay {
+                source: Handshake::PeerNeverJoined { .. },
+                ..
+            } => ErrorKind::PeerNeverJoined,
+            Self::PeerGaveUp { .. } => ErrorKind::PeerGaveUp,
+            Self::Timeout { .. } => ErrorKind::Timeout,
+            Self::BrokerLost
+            | Self::Logon(Handshake::BrokerLost { .. })
+            | Self::Relay {
+                source: Handshake::BrokerLost { .. },
+                ..
+            } => ErrorKind::BrokerLost,
+            Self::Logon(_) | Self::Launch(_) => ErrorKind::Logon,
+            Self::BufferTooSmall { .. } => ErrorKind::BufferTooSmall,
+            Self::Misuse(_) | Self::RankOutOfRange { .. } => ErrorKind::Misuse,
+            Self::Io { .. } | Self::OwnOutbox(_) | Self::FdTransport(_) | Self::Relay { .. } => {
+                ErrorKind::Resource
+            }
+            Self::Interrupted => ErrorKind::Interrupted,
+            Self::Protocol { .. }
+            | Self::Corrupted { .. }
+            | Self::CollectiveMismatch { .. }
+            | Self::GroupMismatch { .. }
+            | Self::Outbox { .. }
+            | Self::StaleFdTicket { .. } => ErrorKind::Protocol,
+        }
+    }
+
     /// The rank this error is about, when it names one: the peer that died, left, never came,
-    /// sent bad bytes or disagreed; for a timeout, the stopped rank its wait leads to if it found
-    /// one, else the first rank it waited for; a rank out of range.
+    /// sent bad bytes or disagreed (also when a logon or an fd relay failed on it); for a
+    /// timeout, the stopped rank its wait leads to if it found one, else the first rank it
+    /// waited for; a rank out of range.
     #[must_use]
     pub fn rank(&self) -> Option<u32> {
+        use shmbroker_handshake::Error as Handshake;
         match self {
+            Self::Logon(
+                Handshake::PeerLost { rank, .. } | Handshake::PeerNeverJoined { rank, .. },
+            ) => Some(*rank),
+            Self::Relay {
+                source: Handshake::PeerLost { rank, .. } | Handshake::PeerNeverJoined { rank, .. },
+                ..
+            } => Some(*rank),
             Self::PeerLost { rank, .. }
             | Self::PeerRejoined { rank, .. }
             | Self::PeerLeft { rank, .. }
@@ -312,15 +415,6 @@ impl Error {
     }
 }
 
-/// What a [`Error::PeerLost`] adds to its message: ": " and its diagnosis, if it has one.
-fn lost_text(diagnosis: &[String]) -> String {
-    if diagnosis.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", diagnosis.join("; "))
-    }
-}
-
 /// A collective's tag as people read it: "#3" for the world's third collective, "#3 of group
 /// stream 2" for a group's (see `session::groups`).
 fn seq_text(tag: u64) -> String {
@@ -347,7 +441,6 @@ pub(super) fn op_text(op: u32) -> String {
     shmbroker_bindings::kind::name(op).map_or_else(|| format!("operation {op}"), str::to_owned)
 }
 
-/// "rank 3", or "ranks 1, 2 and 5".
 /// `: ` and the diagnosis sentences, or nothing.
 fn diagnosis_text(diagnosis: &[String]) -> String {
     if diagnosis.is_empty() {
@@ -357,6 +450,7 @@ fn diagnosis_text(diagnosis: &[String]) -> String {
     }
 }
 
+/// "rank 3", or "ranks 1, 2 and 5".
 pub(super) fn ranks_text(ranks: &[u32]) -> String {
     match ranks {
         [] => "no rank".into(),
