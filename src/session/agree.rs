@@ -63,7 +63,7 @@
 //! this member has seen the same (its own watcher confirms a departure within
 //! `CONFIRM_DEPARTURE`); otherwise it names the coordinator that sent it.
 
-use super::demux::{Expect, SEQ_BITS};
+use super::demux::Expect;
 use super::groups::{CONFIRM_DEPARTURE, SETUP_STREAM};
 use super::send::Targets;
 use super::{Deadline, Error, Session};
@@ -652,9 +652,7 @@ impl Session {
 
     /// Sends a setup message to `peer`: `false` when it departed instead.
     fn send_setup(&mut self, peer: u32, bytes: &[u8], deadline: &Deadline) -> Result<bool, Error> {
-        let sent = &mut self.peers[peer as usize].setup_sent;
-        let tag = (u64::from(SETUP_STREAM) << SEQ_BITS) | (*sent & SEQ_MASK);
-        *sent += 1;
+        let tag = self.setup_tag_to(peer);
         match self.send_to(kind::GROUP, tag, bytes, Targets::One(peer), deadline) {
             Ok(()) => Ok(true),
             Err(_) if self.departed_member(peer) => Ok(false),
@@ -668,10 +666,9 @@ impl Session {
         if let Some(kept) = self.peers[peer as usize].setup_stash.take() {
             return Ok(Next::Message(*kept));
         }
-        let received = self.peers[peer as usize].setup_received;
         let expect = Expect::Collective {
             op: kind::GROUP,
-            seq: (u64::from(SETUP_STREAM) << SEQ_BITS) | (received & SEQ_MASK),
+            seq: self.setup_tag_from(peer),
         };
         let bytes = match self.receive_vec(peer, expect, deadline) {
             Ok(bytes) => bytes,
@@ -715,9 +712,6 @@ enum Next {
     /// It sent what no honest member sends (kept by `forged_setup`).
     Forged,
 }
-
-/// A stream's sequence numbers.
-const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 
 #[cfg(test)]
 mod tests {

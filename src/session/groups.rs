@@ -528,7 +528,13 @@ impl Session {
                     });
                 }
                 Outcome::Superseded => {}
-                Outcome::Replaced(rank) => self.await_replacement(rank, deadline)?,
+                // A member reaches a newer process of `rank`: taken on here if it has rejoined here
+                // too (a rejoin is noted only once complete, so there is nothing to wait for);
+                // otherwise the member may only have seen the death first, and the next attempt
+                // says.
+                Outcome::Replaced(rank) => {
+                    self.adopt_rejoin(rank)?;
+                }
                 Outcome::Departed(_) if wait => {}
                 Outcome::Departed(rank) => return Err(self.departed_from_group(rank)),
                 Outcome::Mismatch(peer, found) => {
@@ -623,28 +629,6 @@ impl Session {
         let ballot = (last + 1).max(joined);
         self.groups.ballots.insert(members.to_vec(), ballot);
         ballot
-    }
-
-    /// Waits until `rank`'s replacement, which some member has taken on, can be taken on here
-    /// too, and takes it on; at once when this rank has already, or when no replacement has
-    /// rejoined here at all (the member may only have seen the death first: the next attempt
-    /// says).
-    fn await_replacement(&mut self, rank: u32, deadline: &Deadline) -> Result<(), Error> {
-        loop {
-            if self.adopt_rejoin(rank)?.is_some()
-                || !self.inner.is_dead(rank)
-                || self.inner.rejoins_pending() & 1 << rank == 0
-            {
-                return Ok(());
-            }
-            self.check_interrupted(deadline)?;
-            let left = deadline.left();
-            if left.is_zero() {
-                return Err(deadline.timed_out(vec![rank]));
-            }
-            self.inner
-                .wait_for_rejoin(rank, left.min(Duration::from_millis(100)));
-        }
     }
 
     /// The error every member of a group returns when member `rank` departed while it was
@@ -810,14 +794,14 @@ impl Session {
     }
 
     /// The tag of the next setup message to `peer`.
-    fn setup_tag_to(&mut self, peer: u32) -> u64 {
+    pub(super) fn setup_tag_to(&mut self, peer: u32) -> u64 {
         let sent = &mut self.peers[peer as usize].setup_sent;
         *sent += 1;
         (u64::from(SETUP_STREAM) << SEQ_BITS) | ((*sent - 1) & SEQ_MASK)
     }
 
     /// The tag of the next setup message due from `peer` (counted once it is taken).
-    fn setup_tag_from(&self, peer: u32) -> u64 {
+    pub(super) fn setup_tag_from(&self, peer: u32) -> u64 {
         let received = self.peers[peer as usize].setup_received;
         (u64::from(SETUP_STREAM) << SEQ_BITS) | (received & SEQ_MASK)
     }
