@@ -107,6 +107,7 @@ mod rooted;
 mod send;
 mod split;
 mod status;
+mod stepwise;
 mod symmetric;
 #[cfg(feature = "tokio")]
 mod tokio_receiver;

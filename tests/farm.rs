@@ -1,6 +1,6 @@
 //! Receiving from any peer: a task farm of real worker processes, flood fairness, a worker killed
-//! mid-farm, a rank that never came, a split session driven from two threads, and an event loop
-//! on the readiness fd.
+//! mid-farm, a rank that never came, a split session driven from two threads (its receives going
+//! on while a send waits for a slow peer), and an event loop on the readiness fd.
 
 use shmbroker::Error;
 use shmbroker::session::Session;
@@ -607,6 +607,143 @@ fn a_split_session_sends_and_receives_a_million_messages_each_way_from_two_threa
         // Whole again, for a collective.
         let mut session = sender.rejoin(receiver).unwrap();
         std::thread::spawn(move || session.barrier().unwrap());
+    }
+}
+
+/// Bytes that say which message they are and where in it each lies.
+fn pattern(id: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (id.wrapping_mul(31).wrapping_add(i as u64 / 7)) as u8)
+        .collect()
+}
+
+/// A split rank 0 whose sender waits for slow rank 1 (a message larger than its outbox, or
+/// broadcasts that fill it), while its receiver takes rank 2's reply. The reply must come
+/// first: rank 1 receives only once it has. Before the sender gave the session up while it
+/// waited, the receiver waited for the send, which waited for rank 1: both timed out.
+fn receive_beside_a_waiting_send(broadcast: bool) {
+    // Four broadcasts of 400 KiB, of which the outbox (1 MiB) holds two; or one 4 MiB send.
+    let messages: Vec<Vec<u8>> = if broadcast {
+        (0..4).map(|id| pattern(id, 400 << 10)).collect()
+    } else {
+        vec![pattern(1, 4 << 20)]
+    };
+    let (_world, mut sessions) = World::start_with_outbox("beside", 3, 1 << 20);
+    let mut fast = sessions.pop().unwrap();
+    let mut slow = sessions.pop().unwrap();
+    let (sender, receiver) = sessions.pop().unwrap().split();
+    let (replied_tx, replied_rx) = mpsc::channel::<()>();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sending = {
+        let sent = std::sync::Arc::clone(&sent);
+        let messages = messages.clone();
+        std::thread::spawn(move || {
+            for data in &messages {
+                if broadcast {
+                    sender.broadcast(data).unwrap();
+                } else {
+                    sender.send(1, data).unwrap();
+                }
+            }
+            sent.store(true, std::sync::atomic::Ordering::SeqCst);
+            sender
+        })
+    };
+    let count = messages.len();
+    let fast = std::thread::spawn(move || {
+        if broadcast {
+            fast.broadcast(0, None).unwrap();
+            fast.send(0, b"reply").unwrap();
+            for _ in 1..count {
+                fast.broadcast(0, None).unwrap();
+            }
+        } else {
+            fast.send(0, b"reply").unwrap();
+        }
+        fast
+    });
+    let slow = std::thread::spawn(move || {
+        // Not receiving until rank 0 has the reply (or gave up on it).
+        let _ = replied_rx.recv_timeout(common::SESSION_TIMEOUT);
+        let got: Vec<Vec<u8>> = (0..count)
+            .map(|_| {
+                if broadcast {
+                    slow.broadcast(0, None).unwrap()
+                } else {
+                    slow.recv(0).unwrap()
+                }
+            })
+            .collect();
+        (slow, got)
+    });
+    let reply = receiver.recv_any();
+    let still_sending = !sent.load(std::sync::atomic::Ordering::SeqCst);
+    replied_tx.send(()).unwrap();
+    assert_eq!(reply.unwrap(), (2, b"reply".to_vec()));
+    assert!(still_sending, "the sends finished before rank 1 received");
+    let sender = sending.join().unwrap();
+    let (_slow, got) = slow.join().unwrap();
+    assert!(got == messages, "rank 1 got other bytes than were sent");
+    let _fast = fast.join().unwrap();
+    sender.rejoin(receiver).unwrap();
+}
+
+#[test]
+fn a_split_receive_goes_on_while_a_send_waits_for_a_slow_peer() {
+    receive_beside_a_waiting_send(false);
+}
+
+#[test]
+fn a_split_receive_goes_on_while_a_broadcast_waits_for_a_slow_peer() {
+    receive_beside_a_waiting_send(true);
+}
+
+/// Sizes from one slot to several chunks, so that sends that wait give the session up between
+/// pieces of eager and pipelined messages alike.
+const MIXED: [usize; 7] = [0, 9, 200, 3000, 40_000, 300_000, 1_500_000];
+
+#[test]
+fn split_halves_keep_every_message_whole_and_in_order_both_ways() {
+    const ROUNDS: u64 = 40;
+    let (_world, sessions) = World::start_with_outbox("mixed", 3, 1 << 20);
+    let ranks: Vec<_> = sessions
+        .into_iter()
+        .map(|session| {
+            let me = session.rank();
+            let (sender, receiver) = session.split();
+            let sending = std::thread::spawn(move || {
+                for id in 0..ROUNDS {
+                    for peer in (0..3).filter(|&p| p != me) {
+                        let len = MIXED[(id as usize + peer as usize) % MIXED.len()];
+                        sender
+                            .send(peer, &pattern(id * 3 + u64::from(me), len))
+                            .unwrap();
+                    }
+                }
+                sender
+            });
+            let receiving = std::thread::spawn(move || {
+                let mut next = [0u64; 3];
+                for _ in 0..ROUNDS * 2 {
+                    let (peer, got) = receiver.recv_any().unwrap();
+                    let id = next[peer as usize];
+                    let len = MIXED[(id as usize + me as usize) % MIXED.len()];
+                    assert!(
+                        got == pattern(id * 3 + u64::from(peer), len),
+                        "rank {me}: message {id} from rank {peer} ({} bytes) came garbled",
+                        got.len()
+                    );
+                    next[peer as usize] += 1;
+                }
+                receiver
+            });
+            (sending, receiving)
+        })
+        .collect();
+    for (sending, receiving) in ranks {
+        let sender = sending.join().unwrap();
+        let receiver = receiving.join().unwrap();
+        sender.rejoin(receiver).unwrap();
     }
 }
 

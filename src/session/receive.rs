@@ -50,11 +50,15 @@ pub(super) const MISMATCH_LOOK: Duration = Duration::from_millis(100);
 /// past [`PARK_AFTER`], sleeps an eighth of the time waited so far (at most [`PARK_MAX`]), so a
 /// long stall costs almost no CPU and a short one little latency.
 pub(super) fn idle_wait(stalled: Duration) {
-    if stalled < PARK_AFTER {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep((stalled / 8).clamp(Duration::from_micros(50), PARK_MAX));
+    match idle_pause(stalled) {
+        None => std::thread::yield_now(),
+        Some(nap) => std::thread::sleep(nap),
     }
+}
+
+/// How [`idle_wait`] gives the core away after `stalled`: `None` to yield, or how long to sleep.
+pub(super) fn idle_pause(stalled: Duration) -> Option<Duration> {
+    (stalled >= PARK_AFTER).then(|| (stalled / 8).clamp(Duration::from_micros(50), PARK_MAX))
 }
 
 /// The bytes of one peer's outbox, for the demultiplexer: read from its mapping (made when

@@ -50,7 +50,7 @@ pub const MIN_CHUNK_BYTES: usize = 16 << 10;
 pub const CHUNKS_IN_FLIGHT: usize = 8;
 
 /// How long a pipelined transfer may make no progress before it widens its window.
-const STALL: Duration = Duration::from_millis(1);
+pub(super) const STALL: Duration = Duration::from_millis(1);
 
 /// Slots of the largest eager message: a header and [`kind::continuation_slots`] of
 /// [`kind::EAGER_MAX`].
@@ -85,11 +85,11 @@ pub(super) struct Outgoing<'d> {
     /// cannot hold this send up while the outbox has room.
     window: usize,
     /// A collective's (any operation but `SEND`): a death anywhere ends it.
-    collective: bool,
+    pub(super) collective: bool,
 }
 
 impl<'d> Outgoing<'d> {
-    fn new(op: u32, tag: u64, data: &'d [u8], targets: Vec<u32>) -> Self {
+    pub(super) fn new(op: u32, tag: u64, data: &'d [u8], targets: Vec<u32>) -> Self {
         let mut inline = [0u8; INLINE_BYTES];
         inline[..8].copy_from_slice(&(data.len() as u64).to_le_bytes());
         let header = message(op | kind::PIPELINED, tag, 0, inline);
@@ -106,13 +106,18 @@ impl<'d> Outgoing<'d> {
         }
     }
 
-    fn is_done(&self) -> bool {
+    pub(super) fn is_done(&self) -> bool {
         self.written == self.data.len() && self.delivered.iter().all(|&d| d == self.messages.len())
     }
 
     /// Whether nothing of the message has left this rank: no chunk written, no ring message sent.
     fn untouched(&self) -> bool {
         self.written == 0 && self.delivered.iter().all(|&d| d == 0)
+    }
+
+    /// Doubles the chunks it may keep unacknowledged: its transfer stalled (see `window`).
+    pub(super) fn widen(&mut self) {
+        self.window = self.window.saturating_mul(2);
     }
 
     /// The same transfer, owning a copy of its data, to go on after its caller returned.
@@ -147,7 +152,7 @@ impl<'d> Outgoing<'d> {
 
 /// How far `outgoing` and every `incoming` have come, as one number that grows with each byte
 /// written, each message delivered and each byte received (and with nothing else).
-fn transfer_progress(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>]) -> u64 {
+pub(super) fn transfer_progress(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>]) -> u64 {
     let out = outgoing.written as u64 + outgoing.delivered.iter().sum::<usize>() as u64;
     incoming
         .iter()
@@ -157,7 +162,11 @@ fn transfer_progress(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>]) -> u64 
 /// The ranks a transfer still waits for: targets not yet sent the whole message, and senders not
 /// yet received from. Never empty while the transfer is not done: if no target owes anything
 /// (which no wait should end on), every target is named.
-fn waiting(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>], peers: &[Peer]) -> Vec<u32> {
+pub(super) fn waiting(
+    outgoing: &Outgoing<'_>,
+    incoming: &[Incoming<'_>],
+    peers: &[Peer],
+) -> Vec<u32> {
     let mut ranks: Vec<u32> = outgoing
         .undelivered(peers)
         .chain(incoming.iter().filter(|i| !i.is_done()).map(|i| i.peer))
@@ -166,6 +175,27 @@ fn waiting(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>], peers: &[Peer]) -
         ranks.clone_from(&outgoing.targets);
     }
     ranks
+}
+
+/// Writes `data` as operation `op` with `tag` into `slots`, zeroed, exactly as many as it takes:
+/// a header and [`kind::continuation_slots`] of its length.
+fn fill_eager(slots: &mut [Message], op: u32, tag: u64, data: &[u8]) {
+    let head = data.len().min(INLINE_BYTES);
+    slots[0].kind = op;
+    slots[0].len = data.len() as u32;
+    slots[0].tag = tag;
+    slots[0].inline[..head].copy_from_slice(&data[..head]);
+    let body: &mut [u8] = bytemuck::cast_slice_mut(&mut slots[1..]);
+    body[..data.len() - head].copy_from_slice(&data[head..]);
+}
+
+/// The slots of an eager message, on the heap (for a send that outlives a step, see the
+/// `stepwise` module).
+pub(super) fn eager_slots(op: u32, tag: u64, data: &[u8]) -> Vec<Message> {
+    let mut slots =
+        vec![message(0, 0, 0, [0; INLINE_BYTES]); 1 + kind::continuation_slots(data.len())];
+    fill_eager(&mut slots, op, tag, data);
+    slots
 }
 
 /// The slots of an eager message: a header and its continuation, in a stack buffer of `N`.
@@ -178,14 +208,8 @@ impl<const N: usize> EagerSlots<N> {
     /// `data` as operation `op` with `tag`; `data` must take at most `N` slots.
     fn new(op: u32, tag: u64, data: &[u8]) -> Self {
         let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); N];
-        let head = data.len().min(INLINE_BYTES);
-        slots[0].kind = op;
-        slots[0].len = data.len() as u32;
-        slots[0].tag = tag;
-        slots[0].inline[..head].copy_from_slice(&data[..head]);
         let count = 1 + kind::continuation_slots(data.len());
-        let body: &mut [u8] = bytemuck::cast_slice_mut(&mut slots[1..count]);
-        body[..data.len() - head].copy_from_slice(&data[head..]);
+        fill_eager(&mut slots[..count], op, tag, data);
         Self { slots, count }
     }
 
@@ -353,22 +377,36 @@ impl Session {
         let mut outgoing = Outgoing::new(op, tag, data, targets);
         match self.drive(&mut outgoing, incoming, deadline) {
             Ok(()) => Ok(()),
+            Err(error) => self.transfer_failed(outgoing, incoming, error, deadline),
+        }
+    }
+
+    /// What a pipelined transfer that ended with `error` leaves behind, and what its call
+    /// returns.
+    pub(super) fn transfer_failed(
+        &mut self,
+        outgoing: Outgoing<'_>,
+        incoming: &[Incoming<'_>],
+        error: Error,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        match error {
             // A point-to-point message that has started going out cannot be called back: it is
             // set aside, and reported sent (see `set_aside_send`).
-            Err(Error::Interrupted) if !outgoing.collective && !outgoing.untouched() => {
+            Error::Interrupted if !outgoing.collective && !outgoing.untouched() => {
                 self.set_aside_send(outgoing);
                 Ok(())
             }
             // Whichever wait ran out (a full ring, a silent sender), name every rank the
             // transfer still waits for.
-            Err(Error::Timeout {
+            Error::Timeout {
                 mut waiting_for, ..
-            }) => {
+            } => {
                 self.release_undelivered(&outgoing);
                 waiting_for.extend(waiting(&outgoing, incoming, &self.peers));
                 Err(self.timed_out_waiting(deadline, waiting_for))
             }
-            Err(other) => {
+            other => {
                 self.release_undelivered(&outgoing);
                 Err(other)
             }
@@ -611,7 +649,7 @@ impl Session {
             }
             let since = *stalled_since.get_or_insert(now);
             if now.duration_since(since) >= STALL {
-                outgoing.window = outgoing.window.saturating_mul(2);
+                outgoing.widen();
                 stalled_since = Some(now);
             }
             idle_wait(now.duration_since(*idle_since.get_or_insert(now)));
@@ -624,7 +662,7 @@ impl Session {
 
     /// Writes the next chunks `outgoing` has room for and delivers every message its targets
     /// have room for, without waiting. Returns whether anything moved.
-    fn step_out(&mut self, outgoing: &mut Outgoing<'_>) -> Result<bool, Error> {
+    pub(super) fn step_out(&mut self, outgoing: &mut Outgoing<'_>) -> Result<bool, Error> {
         let mut moved = false;
         // Acknowledgements from every peer, not only the targets: blocks of earlier transfers
         // that another peer still holds count against the window.

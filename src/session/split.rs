@@ -5,17 +5,27 @@
 //! Both halves share the session behind one mutex. Every ring end is touched only while that
 //! mutex is held, so each ring still has exactly one producer and one consumer at any instant,
 //! and the ring protocol (and its loom models) apply unchanged. What makes two threads useful is
-//! where the halves *wait*: a [`Receiver`] waiting for a message holds nothing while it sleeps
-//! (on the readiness eventfd, see the `any` module), so a [`Sender`] sends meanwhile; it takes
-//! the lock only to look at the rings and to copy a message out. A send holds the lock while it
-//! copies its message in; when a ring is full it keeps it while it waits for room (taking in what
-//! that peer sent meanwhile, as every send does), so a receive waits for that send.
+//! that **neither half holds the session while it waits**:
 //!
-//! So: a send and a receive run concurrently except for the moments each touches the rings. A
-//! large pipelined message holds the lock for its whole transfer, in either direction.
+//! - a [`Receiver`] waiting for a message sleeps on the readiness eventfd holding nothing (see
+//!   the `any` module); once one is there, it takes the session a step at a time, and gives it
+//!   up whenever it waits for the next chunk of a large message;
+//! - a [`Sender`]'s send, and the root's side of its world broadcast, send what goes at once
+//!   and give the session up whenever a peer's ring or this rank's outbox has no room (see the
+//!   `stepwise` module, which argues why a message can be left half sent meanwhile). Its calls
+//!   run one at a time (a second waits for the first), so nothing else goes on a ring between
+//!   the pieces of a message.
+//!
+//! So **a receive never waits behind a send**: a scheduler's response thread takes a fast
+//! worker's reply while its main thread's broadcast waits for a slow worker. The two wait on
+//! each other only for the moments each copies bytes. Neither can hold the other up
+//! indefinitely either: ranks whose halves each held the session while they waited could wait
+//! on each other in a cycle (see the `stepwise` module).
+//!
 //! Collectives need every ring at once and the whole session: [`Sender::session`] lends it (a
-//! receive that waits meanwhile goes on when it is given back), and [`Sender::rejoin`] gives it
-//! back for good.
+//! receive that waits meanwhile goes on when it is given back; a receive mid-message waits for
+//! the collective to end), and [`Sender::rejoin`] gives it back for good. A world broadcast of
+//! more than [`FLAT_BROADCAST_MAX`] ranks goes down a tree and holds the session too.
 //!
 //! # A receive asleep while the session is lent
 //!
@@ -26,7 +36,12 @@
 //! once, counted as owed like any waker's write, and the sleeping receive looks again.
 
 use super::any::{Access, wait_for_sender};
+use super::demux::Sink;
+use super::rooted::FLAT_BROADCAST_MAX;
+use super::send::Targets;
+use super::stepwise::{PendingSend, Step};
 use super::{Deadline, Error, Interrupter, Session};
+use shmbroker_bindings::kind;
 use shmbroker_queues::Notifier;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -38,6 +53,10 @@ use std::time::Duration;
 #[derive(Debug)]
 struct Shared {
     session: Mutex<Session>,
+    /// Held by the [`Sender`] for each of its calls, across the pauses in which it gives
+    /// `session` up: one send at a time, so that nothing else goes on a ring between the
+    /// pieces of a message.
+    sending: Mutex<()>,
     /// The session's readiness eventfd, for waits that hold no lock.
     readiness: Notifier,
     /// The session's interrupter: a receive notes its count before it may wait for the lock.
@@ -84,7 +103,13 @@ impl Shared {
         SessionGuard {
             was_armed: session.readiness_armed(),
             session,
+            sending: None,
         }
+    }
+
+    /// The [`Sender`]'s turn: see [`Self::sending`].
+    fn sending(&self) -> MutexGuard<'_, ()> {
+        self.sending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -95,6 +120,9 @@ impl Shared {
 pub struct SessionGuard<'a> {
     session: MutexGuard<'a, Session>,
     was_armed: bool,
+    /// The [`Sender`]'s turn, for a guard lent by [`Sender::session`]. Declared last: dropped
+    /// after the session is given back.
+    sending: Option<MutexGuard<'a, ()>>,
 }
 
 impl Deref for SessionGuard<'_> {
@@ -152,6 +180,7 @@ impl Session {
             timeout: AtomicU64::new(u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX)),
             publisher: Arc::clone(&self.publisher),
             session: Mutex::new(self),
+            sending: Mutex::new(()),
         });
         (
             Sender {
@@ -196,7 +225,91 @@ impl Sender {
     ///
     /// As for [`Session::send`].
     pub fn send_timeout(&self, rank: u32, data: &[u8], timeout: Duration) -> Result<(), Error> {
-        self.shared.lend().send_timeout(rank, data, timeout)
+        let _turn = self.shared.sending();
+        let mut session = self.shared.lend();
+        session.check_peer(rank)?;
+        let tag = session.peers[rank as usize].send_tag;
+        if !session.send_one_slot(rank, tag, data)? {
+            let deadline = session.track(Deadline::new("send", timeout));
+            session.publisher.peer("send", rank);
+            let pending = session.begin_send(kind::SEND, tag, data, Targets::One(rank), &deadline);
+            let result;
+            (session, result) = self.drive(session, pending, &deadline);
+            result?;
+        }
+        session.peers[rank as usize].send_tag += 1;
+        Ok(())
+    }
+
+    /// [`Session::broadcast`] from this rank, its root, to the world, with the session's
+    /// deadline. Every other rank calls [`Session::broadcast`] (or its language's broadcast)
+    /// with this rank as the root.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::broadcast`].
+    pub fn broadcast(&self, data: &[u8]) -> Result<(), Error> {
+        self.broadcast_timeout(data, self.shared.timeout())
+    }
+
+    /// [`Self::broadcast`] with its own deadline.
+    ///
+    /// While a receiver is slow to make room, this waits without holding the session, as
+    /// [`Self::send`] does, in a world of up to [`FLAT_BROADCAST_MAX`] ranks. A larger world's
+    /// broadcast goes down a tree, and holds the session for the whole call.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::broadcast`].
+    pub fn broadcast_timeout(&self, data: &[u8], timeout: Duration) -> Result<(), Error> {
+        let root = self.rank();
+        let _turn = self.shared.sending();
+        let mut session = self.shared.lend();
+        if self.world_size() > FLAT_BROADCAST_MAX {
+            return session
+                .broadcast_timeout(root, Some(data), timeout)
+                .map(drop);
+        }
+        let deadline = session.track(Deadline::collective("broadcast", timeout));
+        let pending = session
+            .check_root(root, true, "broadcast")
+            .and_then(|()| session.next_seq(kind::BROADCAST))
+            .and_then(|seq| {
+                session.begin_send(kind::BROADCAST, seq, data, Targets::Peers, &deadline)
+            });
+        let result;
+        (session, result) = self.drive(session, pending, &deadline);
+        session.settled(&deadline, result)
+    }
+
+    /// Drives `pending` (a send [`Session::begin_send`] started) to its end, giving the session
+    /// up whenever it has to wait, so that the [`Receiver`] receives meanwhile (see the
+    /// `stepwise` module). Returns the session, held again, with the outcome.
+    fn drive<'s>(
+        &'s self,
+        mut session: SessionGuard<'s>,
+        pending: Result<Option<PendingSend<'_>>, Error>,
+        deadline: &Deadline,
+    ) -> (SessionGuard<'s>, Result<(), Error>) {
+        let mut pending = match pending {
+            Ok(Some(pending)) => pending,
+            Ok(None) => return (session, Ok(())),
+            Err(error) => return (session, Err(error)),
+        };
+        loop {
+            match session.advance_send(&mut pending, deadline) {
+                Ok(Step::Done) => return (session, Ok(())),
+                Ok(step) => {
+                    drop(session);
+                    step.pause();
+                    session = self.shared.lend();
+                }
+                Err(error) => {
+                    let result = session.send_failed(pending, error, deadline);
+                    return (session, result);
+                }
+            }
+        }
     }
 
     /// Sets the deadline of every call on either half given none, from the next call on
@@ -229,7 +342,10 @@ impl Sender {
     /// waiting for a message), and holds it off until the guard is dropped. Do not call the
     /// [`Receiver`] from the same thread while holding it.
     pub fn session(&self) -> SessionGuard<'_> {
-        self.shared.lend()
+        let sending = self.shared.sending();
+        let mut guard = self.shared.lend();
+        guard.sending = Some(sending);
+        guard
     }
 
     /// Puts the two halves of one session back together.
@@ -298,9 +414,60 @@ impl Receiver {
     ///
     /// As for [`Session::recv`].
     pub fn recv_timeout(&self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
-        self.once_ready("recv", Some(rank), timeout, |session, peer, left| {
-            session.recv_timeout(peer, left)
-        })
+        let (_, _, sink) = self.receive("recv", Some(rank), Sink::Vec(Vec::new()), timeout)?;
+        Ok(sink.into_vec())
+    }
+
+    /// Waits without holding the session (up to `timeout`, under the name `op`) until `only`
+    /// (or any peer) has a message ready, then receives it into `sink`, giving the session up
+    /// whenever it waits for the next piece (see the `stepwise` module). Returns the sender,
+    /// the length and the sink.
+    fn receive<'a>(
+        &self,
+        op: &'static str,
+        only: Option<u32>,
+        sink: Sink<'a>,
+        timeout: Duration,
+    ) -> Result<(u32, u64, Sink<'a>), Error> {
+        let deadline = self.deadline(op, only, timeout)?;
+        let peer = wait_for_sender(&mut &*self.shared, self.readiness_fd(), only, &deadline)?;
+        let mut session = self.shared.lock();
+        let mut pending = session.begin_receive(peer, sink, &deadline)?;
+        loop {
+            match session.advance_receive(&mut pending, &deadline) {
+                Ok(Step::Done) => {
+                    let (len, sink) = session.end_receive(pending, Ok(()), &deadline)?;
+                    return Ok((peer, len, sink));
+                }
+                Ok(step) => {
+                    drop(session);
+                    step.pause();
+                    session = self.shared.lock();
+                }
+                Err(error) => {
+                    return session
+                        .end_receive(pending, Err(error), &deadline)
+                        .map(|(len, sink)| (peer, len, sink));
+                }
+            }
+        }
+    }
+
+    /// The deadline of a call `op` on this half, published, and `only` checked.
+    fn deadline(
+        &self,
+        op: &'static str,
+        only: Option<u32>,
+        timeout: Duration,
+    ) -> Result<Deadline, Error> {
+        let deadline = Deadline::new(op, timeout)
+            .noting_interrupts(self.shared.interrupter.count())
+            .tracked_by(&self.shared.publisher);
+        if let Some(rank) = only {
+            self.shared.publisher.peer(op, rank);
+            self.shared.lock().check_peer(rank)?;
+        }
+        Ok(deadline)
     }
 
     /// Waits without holding the session (up to `timeout`, under the name `op`) until `only`
@@ -313,15 +480,7 @@ impl Receiver {
         timeout: Duration,
         take: impl FnOnce(&mut Session, u32, Duration) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let deadline = Deadline::new(op, timeout)
-            .noting_interrupts(self.shared.interrupter.count())
-            .tracked_by(&self.shared.publisher);
-        if let Some(rank) = only {
-            self.shared.publisher.peer(op, rank);
-        }
-        if let Some(rank) = only {
-            self.shared.lock().check_peer(rank)?;
-        }
+        let deadline = self.deadline(op, only, timeout)?;
         let peer = wait_for_sender(&mut &*self.shared, self.readiness_fd(), only, &deadline)?;
         take(&mut self.shared.lock(), peer, deadline.left())
     }
@@ -341,9 +500,8 @@ impl Receiver {
     ///
     /// As for [`Session::recv_any`].
     pub fn recv_any_timeout(&self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
-        self.once_ready("recv_any", None, timeout, |session, peer, left| {
-            Ok((peer, session.recv_timeout(peer, left)?))
-        })
+        let (peer, _, sink) = self.receive("recv_any", None, Sink::Vec(Vec::new()), timeout)?;
+        Ok((peer, sink.into_vec()))
     }
 
     /// [`Session::recv_into`], waiting without holding the session.
@@ -366,9 +524,8 @@ impl Receiver {
         buffer: &mut [u8],
         timeout: Duration,
     ) -> Result<usize, Error> {
-        self.once_ready("recv", Some(rank), timeout, |session, peer, left| {
-            session.recv_into_timeout(peer, buffer, left)
-        })
+        let (_, len, _) = self.receive("recv", Some(rank), Sink::Slice(buffer), timeout)?;
+        Ok(len as usize)
     }
 
     /// [`Session::recv_any_into`], waiting without holding the session.
@@ -390,9 +547,8 @@ impl Receiver {
         buffer: &mut [u8],
         timeout: Duration,
     ) -> Result<(u32, usize), Error> {
-        self.once_ready("recv_any", None, timeout, |session, peer, left| {
-            Ok((peer, session.recv_into_timeout(peer, buffer, left)?))
-        })
+        let (peer, len, _) = self.receive("recv_any", None, Sink::Slice(buffer), timeout)?;
+        Ok((peer, len as usize))
     }
 
     /// [`Session::probe`], waiting without holding the session.
