@@ -6,9 +6,12 @@
  * shmbroker_last_error() says what happened and names the rank involved. Link with
  * -lshmbroker (see capi/shmbroker.pc).
  *
- * Threads: a session handle may be called from several threads at once. Sends and collectives
- * run one at a time; one receive runs at a time (a second returns SHMBROKER_E_BUSY at once),
- * and a receive waiting for a message lets sends and collectives on other threads go on.
+ * Threads: a session handle may be called from several threads at once: it is a sending half
+ * and a receiving half. Sends and collectives run one at a time; one receive runs at a time (a
+ * second returns SHMBROKER_E_BUSY at once). A receive never waits behind a send: a send, and
+ * the root of a world broadcast of up to 8 ranks, hold nothing while they wait for a slow
+ * peer's room, and a receive holds nothing while it waits. Other collectives hold the session
+ * while they wait: a receive on another thread waits for them.
  * shmbroker_interrupt() (async-signal-safe) ends a wait on any thread; shmbroker_close() while
  * another thread is in a call returns SHMBROKER_E_BUSY and frees nothing. Each function's
  * comment gives its own rule. shmbroker_last_error() is per thread.
@@ -346,8 +349,8 @@ int shmbroker_wait_for_rank(struct shmbroker_session *s, uint32_t rank, uint64_t
 // `s` is null or a live session.
 int shmbroker_set_timeout(struct shmbroker_session *s, uint64_t timeout_ms);
 
-// Waits until every rank has called it. Threads: as a send (one collective or send at a time;
-// a receive on another thread goes on).
+// Waits until every rank has called it. Threads: one collective or send at a time; the
+// collective holds the session while it waits, so a receive on another thread waits for it.
 //
 // # Safety
 //
@@ -393,7 +396,9 @@ int shmbroker_group_all_gather(struct shmbroker_session *s,
                                void *out);
 
 // `root`'s `len` bytes into every rank's `buf`: the root's `buf` is what is sent, every other
-// rank's is filled. Every rank passes the same `len`. Threads: as [`shmbroker_barrier`].
+// rank's is filled. Every rank passes the same `len`. Threads: as [`shmbroker_barrier`], but
+// the root of a world of up to 8 ranks waits for a slow rank's room as a send does, holding
+// nothing a receive on another thread needs.
 //
 // # Safety
 //
@@ -689,7 +694,7 @@ int64_t shmbroker_group_world_rank(const struct shmbroker_group *g, uint32_t ran
 void shmbroker_group_free(struct shmbroker_group *g);
 
 // Sends `len` bytes to `rank`. Threads: one send or collective at a time (a second waits for
-// the first); a receive on another thread goes on.
+// the first); a receive on another thread goes on, also while this waits for `rank`'s room.
 //
 // # Safety
 //

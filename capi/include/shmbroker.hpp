@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -58,8 +59,21 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+template <typename Self>
+class ReceiveCalls;
+
 inline void check(int rc) {
     if (rc != SHMBROKER_OK) throw Error(rc, shmbroker_last_error(), shmbroker_last_error_rank());
+}
+
+// Leaves without throwing: a call still running on another thread is interrupted and waited
+// for (a destructor must not free what that thread uses).
+inline void leave(shmbroker_session *s) noexcept {
+    if (s == nullptr) return;
+    while (shmbroker_close(s) == SHMBROKER_E_BUSY) {
+        shmbroker_interrupt(s);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
 }
 
 inline std::uint64_t milliseconds(std::chrono::milliseconds timeout) {
@@ -274,6 +288,8 @@ class LoanView {
 
    private:
     friend class Session;
+    template <typename>
+    friend class detail::ReceiveCalls;
     LoanView(shmbroker_loan_view *view, const void *data, std::size_t size) noexcept
         : view_(view), data_(data), size_(size) {}
     shmbroker_loan_view *view_ = nullptr;
@@ -457,7 +473,220 @@ class GroupView : public Collectives {
     GroupView(shmbroker_session *s, const Group &group) noexcept : Collectives(s, group.get()) {}
 };
 
-class Session : public Collectives {
+namespace detail {
+// The receiving calls, shared by a Session and the Receiver half of a split one (`Self` has
+// get(), the C handle).
+template <typename Self>
+class ReceiveCalls {
+   public:
+    // The next message from `rank` into `buf`; its length. A longer message throws Error with
+    // code() SHMBROKER_E_TOO_SMALL and is kept for the next receive.
+    std::size_t recv(std::uint32_t rank, void *buf, std::size_t cap) {
+        std::size_t len = 0;
+        detail::check(shmbroker_recv(handle(), rank, buf, cap, &len));
+        return len;
+    }
+
+    // recv with a deadline of its own (shmbroker::forever: none) instead of the session's.
+    std::size_t recv(std::uint32_t rank, void *buf, std::size_t cap,
+                     std::chrono::milliseconds timeout) {
+        std::size_t len = 0;
+        detail::check(
+            shmbroker_recv_timeout(handle(), rank, buf, cap, &len, detail::milliseconds(timeout)));
+        return len;
+    }
+
+    // The next message from `rank`, whatever its size.
+    std::vector<unsigned char> recv(std::uint32_t rank) {
+        std::vector<unsigned char> message(probe(rank));
+        message.resize(recv(rank, message.data(), message.size()));
+        return message;
+    }
+
+    // The next message from whichever peer has one, into `buf`.
+    Received recv_any(void *buf, std::size_t cap) {
+        Received got{0, 0};
+        detail::check(shmbroker_recv_any(handle(), &got.rank, buf, cap, &got.size));
+        return got;
+    }
+
+    // recv_any with a deadline of its own (shmbroker::forever: a response thread that waits as
+    // long as it takes while the main thread's collectives keep the session's deadline).
+    Received recv_any(void *buf, std::size_t cap, std::chrono::milliseconds timeout) {
+        Received got{0, 0};
+        detail::check(shmbroker_recv_any_timeout(handle(), &got.rank, buf, cap, &got.size,
+                                                 detail::milliseconds(timeout)));
+        return got;
+    }
+
+    // The next message from whichever peer has one, whatever its size: `message` is resized to
+    // it (its capacity is kept, so a loop that reuses it stops allocating).
+    std::uint32_t recv_any(std::vector<unsigned char> &message) {
+        message.resize(message.capacity() > 0 ? message.capacity() : 4096);
+        Received got{0, 0};
+        int rc = shmbroker_recv_any(handle(), &got.rank, message.data(), message.size(), &got.size);
+        if (rc == SHMBROKER_E_TOO_SMALL) {
+            // Kept for us: take it from its sender with a buffer of its size.
+            message.resize(got.size);
+            got.size = recv(got.rank, message.data(), message.size());
+        } else {
+            detail::check(rc);
+        }
+        message.resize(got.size);
+        return got.rank;
+    }
+
+    // recv without waiting: the length, or empty when nothing from `rank` has arrived.
+    std::optional<std::size_t> try_recv(std::uint32_t rank, void *buf, std::size_t cap) {
+        std::size_t len = 0;
+        int rc = shmbroker_try_recv(handle(), rank, buf, cap, &len);
+        if (rc == SHMBROKER_E_AGAIN) return std::nullopt;
+        detail::check(rc);
+        return len;
+    }
+
+    // recv_any without waiting: empty when nothing has arrived.
+    std::optional<Received> try_recv_any(void *buf, std::size_t cap) {
+        Received got{0, 0};
+        int rc = shmbroker_try_recv_any(handle(), &got.rank, buf, cap, &got.size);
+        if (rc == SHMBROKER_E_AGAIN) return std::nullopt;
+        detail::check(rc);
+        return got;
+    }
+
+    // The length of the next message from `rank`, without receiving it.
+    std::size_t probe(std::uint32_t rank) {
+        std::size_t len = 0;
+        detail::check(shmbroker_probe(handle(), rank, &len));
+        return len;
+    }
+
+    // probe with a deadline of its own (shmbroker::forever: none).
+    std::size_t probe(std::uint32_t rank, std::chrono::milliseconds timeout) {
+        std::size_t len = 0;
+        detail::check(shmbroker_probe_timeout(handle(), rank, &len, detail::milliseconds(timeout)));
+        return len;
+    }
+
+#if __cplusplus >= 202002L
+    template <typename T, std::size_t N>
+    std::size_t recv(std::uint32_t rank, std::span<T, N> buf) {
+        static_assert(std::is_trivially_copyable_v<T>, "recv copies bytes");
+        return recv(rank, buf.data(), buf.size_bytes());
+    }
+#endif
+
+    // The next message from `rank`, which must be a loan, viewed in place.
+    LoanView recv_loan(std::uint32_t rank) {
+        shmbroker_loan_view *view = nullptr;
+        const void *data = nullptr;
+        std::size_t len = 0;
+        detail::check(shmbroker_recv_loan(handle(), rank, &view, &data, &len));
+        return LoanView(view, data, len);
+    }
+
+    // Ends the current wait on any thread (SHMBROKER_E_INTERRUPTED there). Async-signal-safe.
+    void interrupt() const noexcept { shmbroker_interrupt(handle()); }
+
+    // For poll/epoll, with try_recv_any (see shmbroker_readiness_fd).
+    int readiness_fd() const noexcept { return shmbroker_readiness_fd(handle()); }
+
+
+   private:
+    shmbroker_session *handle() const noexcept { return static_cast<const Self *>(this)->get(); }
+};
+
+// The sending calls, shared by a Session and the Sender half of a split one.
+template <typename Self>
+class SendCalls {
+   public:
+    void send(std::uint32_t rank, const void *data, std::size_t len) {
+        detail::check(shmbroker_send(handle(), rank, data, len));
+    }
+
+    // send with a deadline of its own (shmbroker::forever: none) instead of the session's.
+    void send(std::uint32_t rank, const void *data, std::size_t len,
+              std::chrono::milliseconds timeout) {
+        detail::check(shmbroker_send_timeout(handle(), rank, data, len, detail::milliseconds(timeout)));
+    }
+
+    template <typename T>
+    void send(std::uint32_t rank, const std::vector<T> &data) {
+        static_assert(std::is_trivially_copyable_v<T>, "send copies bytes");
+        send(rank, data.data(), data.size() * sizeof(T));
+    }
+
+#if __cplusplus >= 202002L
+    template <typename T, std::size_t N>
+    void send(std::uint32_t rank, std::span<const T, N> data) {
+        static_assert(std::is_trivially_copyable_v<T>, "send copies bytes");
+        send(rank, data.data(), data.size_bytes());
+    }
+#endif
+
+    // Hands `loan` to `rank` by reference (it is consumed, whatever the result).
+    void send_loan(std::uint32_t rank, Loan loan) {
+        detail::check(shmbroker_send_loan(handle(), rank, loan.release()));
+    }
+
+   private:
+    shmbroker_session *handle() const noexcept { return static_cast<const Self *>(this)->get(); }
+};
+
+// A session's C handle while its halves share it: closed when the last half goes.
+struct SharedHandle {
+    explicit SharedHandle(shmbroker_session *s) noexcept : s(s) {}
+    SharedHandle(const SharedHandle &) = delete;
+    SharedHandle &operator=(const SharedHandle &) = delete;
+    ~SharedHandle() { leave(s); }
+    shmbroker_session *s;
+};
+}  // namespace detail
+
+// The sending half of a split session (Session::split): sends, and every collective. Calls on
+// it run one at a time; they go on beside the Receiver's on another thread.
+class Sender : public Collectives, public detail::SendCalls<Sender> {
+   public:
+    Sender(Sender &&) noexcept = default;
+    Sender &operator=(Sender &&) noexcept = default;
+    Sender(const Sender &) = delete;
+    Sender &operator=(const Sender &) = delete;
+
+    std::uint32_t world_size() const noexcept { return shmbroker_world_size(s_); }
+    // The C handle (shared with the Receiver), for calls this header does not wrap.
+    shmbroker_session *get() const noexcept { return s_; }
+
+   private:
+    friend class Session;
+    explicit Sender(std::shared_ptr<detail::SharedHandle> shared) noexcept
+        : Collectives(shared->s, nullptr), shared_(std::move(shared)) {}
+    std::shared_ptr<detail::SharedHandle> shared_;
+};
+
+// The receiving half of a split session (Session::split): receives, one at a time. A receive
+// never waits behind the Sender's send or broadcast on another thread (see shmbroker.h).
+class Receiver : public detail::ReceiveCalls<Receiver> {
+   public:
+    Receiver(Receiver &&) noexcept = default;
+    Receiver &operator=(Receiver &&) noexcept = default;
+    Receiver(const Receiver &) = delete;
+    Receiver &operator=(const Receiver &) = delete;
+
+    std::uint32_t rank() const noexcept { return shmbroker_rank(get()); }
+    std::uint32_t world_size() const noexcept { return shmbroker_world_size(get()); }
+    // The C handle (shared with the Sender), for calls this header does not wrap.
+    shmbroker_session *get() const noexcept { return shared_ ? shared_->s : nullptr; }
+
+   private:
+    friend class Session;
+    explicit Receiver(std::shared_ptr<detail::SharedHandle> shared) noexcept
+        : shared_(std::move(shared)) {}
+    std::shared_ptr<detail::SharedHandle> shared_;
+};
+
+class Session : public Collectives,
+                public detail::SendCalls<Session>,
+                public detail::ReceiveCalls<Session> {
    public:
     // Logs on to the broker at `path` as `rank` (-1: any free rank); `timeout` is also every
     // later call's deadline (shmbroker::forever: none).
@@ -536,113 +765,31 @@ class Session : public Collectives {
 
     // The collectives among `group`'s members.
     GroupView on(const Group &group) const noexcept { return GroupView(s_, group); }
+
+    // Splits the session into its two halves, for two threads: a Sender (sends and
+    // collectives) and a Receiver (receives), which never waits behind the Sender's send or
+    // broadcast. The session is left empty; the halves close it when the last one goes, or
+    // Session::rejoin puts them back together.
+    std::pair<Sender, Receiver> split() && {
+        auto shared = std::make_shared<detail::SharedHandle>(s_);
+        s_ = nullptr;
+        return {Sender(shared), Receiver(shared)};
+    }
+
+    // The session `sender` and `receiver` were split from; throws Error (SHMBROKER_E_MISUSE)
+    // for halves of different sessions.
+    static Session rejoin(Sender &&sender, Receiver &&receiver) {
+        if (!sender.shared_ || sender.shared_ != receiver.shared_) {
+            throw Error(SHMBROKER_E_MISUSE,
+                        "a sender rejoins only the receiver of the session it was split from", -1);
+        }
+        shmbroker_session *s = std::exchange(sender.shared_->s, nullptr);
+        sender.shared_.reset();
+        receiver.shared_.reset();
+        return Session(s);
+    }
     // The C handle, for calls this header does not wrap.
     shmbroker_session *get() const noexcept { return s_; }
-
-    void send(std::uint32_t rank, const void *data, std::size_t len) {
-        detail::check(shmbroker_send(s_, rank, data, len));
-    }
-
-    // send with a deadline of its own (shmbroker::forever: none) instead of the session's.
-    void send(std::uint32_t rank, const void *data, std::size_t len,
-              std::chrono::milliseconds timeout) {
-        detail::check(shmbroker_send_timeout(s_, rank, data, len, detail::milliseconds(timeout)));
-    }
-
-    template <typename T>
-    void send(std::uint32_t rank, const std::vector<T> &data) {
-        static_assert(std::is_trivially_copyable_v<T>, "send copies bytes");
-        send(rank, data.data(), data.size() * sizeof(T));
-    }
-
-    // The next message from `rank` into `buf`; its length. A longer message throws Error with
-    // code() SHMBROKER_E_TOO_SMALL and is kept for the next receive.
-    std::size_t recv(std::uint32_t rank, void *buf, std::size_t cap) {
-        std::size_t len = 0;
-        detail::check(shmbroker_recv(s_, rank, buf, cap, &len));
-        return len;
-    }
-
-    // recv with a deadline of its own (shmbroker::forever: none) instead of the session's.
-    std::size_t recv(std::uint32_t rank, void *buf, std::size_t cap,
-                     std::chrono::milliseconds timeout) {
-        std::size_t len = 0;
-        detail::check(
-            shmbroker_recv_timeout(s_, rank, buf, cap, &len, detail::milliseconds(timeout)));
-        return len;
-    }
-
-    // The next message from `rank`, whatever its size.
-    std::vector<unsigned char> recv(std::uint32_t rank) {
-        std::vector<unsigned char> message(probe(rank));
-        message.resize(recv(rank, message.data(), message.size()));
-        return message;
-    }
-
-    // The next message from whichever peer has one, into `buf`.
-    Received recv_any(void *buf, std::size_t cap) {
-        Received got{0, 0};
-        detail::check(shmbroker_recv_any(s_, &got.rank, buf, cap, &got.size));
-        return got;
-    }
-
-    // recv_any with a deadline of its own (shmbroker::forever: a response thread that waits as
-    // long as it takes while the main thread's collectives keep the session's deadline).
-    Received recv_any(void *buf, std::size_t cap, std::chrono::milliseconds timeout) {
-        Received got{0, 0};
-        detail::check(shmbroker_recv_any_timeout(s_, &got.rank, buf, cap, &got.size,
-                                                 detail::milliseconds(timeout)));
-        return got;
-    }
-
-    // The next message from whichever peer has one, whatever its size: `message` is resized to
-    // it (its capacity is kept, so a loop that reuses it stops allocating).
-    std::uint32_t recv_any(std::vector<unsigned char> &message) {
-        message.resize(message.capacity() > 0 ? message.capacity() : 4096);
-        Received got{0, 0};
-        int rc = shmbroker_recv_any(s_, &got.rank, message.data(), message.size(), &got.size);
-        if (rc == SHMBROKER_E_TOO_SMALL) {
-            // Kept for us: take it from its sender with a buffer of its size.
-            message.resize(got.size);
-            got.size = recv(got.rank, message.data(), message.size());
-        } else {
-            detail::check(rc);
-        }
-        message.resize(got.size);
-        return got.rank;
-    }
-
-    // recv without waiting: the length, or empty when nothing from `rank` has arrived.
-    std::optional<std::size_t> try_recv(std::uint32_t rank, void *buf, std::size_t cap) {
-        std::size_t len = 0;
-        int rc = shmbroker_try_recv(s_, rank, buf, cap, &len);
-        if (rc == SHMBROKER_E_AGAIN) return std::nullopt;
-        detail::check(rc);
-        return len;
-    }
-
-    // recv_any without waiting: empty when nothing has arrived.
-    std::optional<Received> try_recv_any(void *buf, std::size_t cap) {
-        Received got{0, 0};
-        int rc = shmbroker_try_recv_any(s_, &got.rank, buf, cap, &got.size);
-        if (rc == SHMBROKER_E_AGAIN) return std::nullopt;
-        detail::check(rc);
-        return got;
-    }
-
-    // The length of the next message from `rank`, without receiving it.
-    std::size_t probe(std::uint32_t rank) {
-        std::size_t len = 0;
-        detail::check(shmbroker_probe(s_, rank, &len));
-        return len;
-    }
-
-    // probe with a deadline of its own (shmbroker::forever: none).
-    std::size_t probe(std::uint32_t rank, std::chrono::milliseconds timeout) {
-        std::size_t len = 0;
-        detail::check(shmbroker_probe_timeout(s_, rank, &len, detail::milliseconds(timeout)));
-        return len;
-    }
 
     // barrier with a deadline of its own (shmbroker::forever: none); the other collectives take
     // the session's (set_timeout).
@@ -651,18 +798,6 @@ class Session : public Collectives {
         detail::check(shmbroker_barrier_timeout(s_, detail::milliseconds(timeout)));
     }
 
-#if __cplusplus >= 202002L
-    template <typename T, std::size_t N>
-    void send(std::uint32_t rank, std::span<const T, N> data) {
-        static_assert(std::is_trivially_copyable_v<T>, "send copies bytes");
-        send(rank, data.data(), data.size_bytes());
-    }
-    template <typename T, std::size_t N>
-    std::size_t recv(std::uint32_t rank, std::span<T, N> buf) {
-        static_assert(std::is_trivially_copyable_v<T>, "recv copies bytes");
-        return recv(rank, buf.data(), buf.size_bytes());
-    }
-#endif
 
     // Every rank's `fd`, in rank order, as fds this process owns.
     std::vector<Fd> exchange_fds(int fd) {
@@ -762,20 +897,6 @@ class Session : public Collectives {
         return count;
     }
 
-    // Hands `loan` to `rank` by reference (it is consumed, whatever the result).
-    void send_loan(std::uint32_t rank, Loan loan) {
-        detail::check(shmbroker_send_loan(s_, rank, loan.release()));
-    }
-
-    // The next message from `rank`, which must be a loan, viewed in place.
-    LoanView recv_loan(std::uint32_t rank) {
-        shmbroker_loan_view *view = nullptr;
-        const void *data = nullptr;
-        std::size_t len = 0;
-        detail::check(shmbroker_recv_loan(s_, rank, &view, &data, &len));
-        return LoanView(view, data, len);
-    }
-
     // `root`'s loan on every other rank, viewed in place; the root passes its loan and gets an
     // empty view.
     LoanView broadcast_loan(std::uint32_t root, Loan loan = Loan()) {
@@ -804,23 +925,11 @@ class Session : public Collectives {
         return transport;
     }
 
-    // Ends the current wait on any thread (SHMBROKER_E_INTERRUPTED there). Async-signal-safe.
-    void interrupt() const noexcept { shmbroker_interrupt(s_); }
-
-    // For poll/epoll, with try_recv_any (see shmbroker_readiness_fd).
-    int readiness_fd() const noexcept { return shmbroker_readiness_fd(s_); }
-
    private:
     explicit Session(shmbroker_session *s) noexcept : Collectives(s, nullptr) {}
 
-    // Leaves without throwing: a call still running on another thread is interrupted and
-    // waited for (a destructor must not free what that thread uses).
     void leave() noexcept {
-        if (s_ == nullptr) return;
-        while (shmbroker_close(s_) == SHMBROKER_E_BUSY) {
-            shmbroker_interrupt(s_);
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
+        detail::leave(s_);
         s_ = nullptr;
     }
 };

@@ -9,8 +9,8 @@ use crate::groups::{group_of, on_comm, rank_and_size, shmbroker_group};
 use crate::handle::{enter, shmbroker_session};
 use std::ffi::{c_int, c_void};
 
-/// Waits until every rank has called it. Threads: as a send (one collective or send at a time;
-/// a receive on another thread goes on).
+/// Waits until every rank has called it. Threads: one collective or send at a time; the
+/// collective holds the session while it waits, so a receive on another thread waits for it.
 ///
 /// # Safety
 ///
@@ -140,7 +140,9 @@ unsafe fn all_gather(
 }
 
 /// `root`'s `len` bytes into every rank's `buf`: the root's `buf` is what is sent, every other
-/// rank's is filled. Every rank passes the same `len`. Threads: as [`shmbroker_barrier`].
+/// rank's is filled. Every rank passes the same `len`. Threads: as [`shmbroker_barrier`], but
+/// the root of a world of up to 8 ranks waits for a slow rank's room as a send does, holding
+/// nothing a receive on another thread needs.
 ///
 /// # Safety
 ///
@@ -198,7 +200,12 @@ unsafe fn broadcast(
         let entered = unsafe { enter(s) }?;
         let (rank, _) = rank_and_size(entered.handle, group);
         if rank == root {
-            on_comm!(entered, group, |c| c.broadcast(root, Some(&*buf)))?;
+            // The world's root waits for slow ranks' room without holding the session, so a
+            // receive on another thread goes on (see `Sender::broadcast`).
+            match group {
+                None => entered.handle.sender.broadcast(buf)?,
+                Some(_) => drop(on_comm!(entered, group, |c| c.broadcast(root, Some(&*buf)))?),
+            }
             return Ok(());
         }
         let received = on_comm!(entered, group, |c| c.broadcast(root, None))?;

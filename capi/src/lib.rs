@@ -20,14 +20,17 @@
 //! A session handle may be called from any number of threads at once, with no undefined
 //! behaviour and nothing lost. Inside, it is a [`Sender`] and a [`Receiver`] (a split session):
 //!
-//! - sends and collectives run one at a time (a second waits for the first to finish touching
-//!   the rings);
+//! - sends and collectives run one at a time (a second waits for the first to finish);
 //! - one receive (`shmbroker_recv`, `shmbroker_recv_any`, `shmbroker_probe`,
 //!   `shmbroker_recv_loan`) runs at a time; a receive called while another thread's is in
 //!   progress returns `SHMBROKER_E_BUSY` at once;
-//! - a receive that waits for a message holds nothing while it sleeps, so another thread's
-//!   sends and collectives go on meanwhile (a scheduler broadcasting while a response thread
-//!   waits in `shmbroker_recv_any`);
+//! - **a receive never waits behind a send**: a send (`shmbroker_send`), and the root's side
+//!   of a world broadcast of up to 8 ranks (`shmbroker_broadcast`), hold nothing while they wait
+//!   for a slow peer's room, and a receive holds nothing while it waits for a message or its
+//!   next chunk. So a response thread in `shmbroker_recv_any` takes a fast worker's reply while
+//!   the main thread's broadcast waits for a slow one;
+//! - other collectives hold the session while they wait: a receive on another thread waits
+//!   for them to end (a collective's own receives must see every message in order);
 //! - `shmbroker_interrupt` (async-signal-safe) ends another thread's wait with
 //!   `SHMBROKER_E_INTERRUPTED`; `shmbroker_close` while a call is in progress on another thread
 //!   returns `SHMBROKER_E_BUSY` and frees nothing, so interrupt, wait for that thread's call to
@@ -35,9 +38,9 @@
 //!
 //! A handle used after `shmbroker_close` returned `SHMBROKER_OK` is freed memory, as for any C
 //! object. Limits, each bounded by the deadline (see `capi/README.md`): an interrupt does not
-//! end a transfer in the middle of a large message; a collective
-//! holds the session while it waits, so a message larger than its sender's outbox sent to this
-//! rank meanwhile waits for the collective to end.
+//! end a transfer in the middle of a large message; a collective (other than the broadcast root
+//! above) holds the session while it waits, so a message larger than its sender's outbox sent to
+//! this rank meanwhile waits for the collective to end.
 
 #![allow(non_camel_case_types)]
 

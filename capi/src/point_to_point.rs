@@ -10,7 +10,7 @@ use shmbroker::{Error, Receiver};
 use std::ffi::{c_int, c_void};
 
 /// Sends `len` bytes to `rank`. Threads: one send or collective at a time (a second waits for
-/// the first); a receive on another thread goes on.
+/// the first); a receive on another thread goes on, also while this waits for `rank`'s room.
 ///
 /// # Safety
 ///
