@@ -33,7 +33,16 @@ from . import _logs  # noqa: F401  (the library's log events into logging, logge
 from ._event_loop import recv_any_async
 from ._gpu import GpuHandle
 from ._objects import all_gather_object, broadcast_object, recv_object, send_object
-from ._shmbroker import MAX_FDS_PER_EXCHANGE, Group, Loan, LoanView, Session, connect
+from ._shmbroker import (
+    MAX_FDS_PER_EXCHANGE,
+    Group,
+    Loan,
+    LoanView,
+    Receiver,
+    Sender,
+    Session,
+    connect,
+)
 from ._status import status
 
 __all__ = [
@@ -53,7 +62,9 @@ __all__ = [
     "PeerNeverJoined",
     "PeerRejoined",
     "ProtocolError",
+    "Receiver",
     "ResourceError",
+    "Sender",
     "Session",
     "Timeout",
     "all_gather_object",

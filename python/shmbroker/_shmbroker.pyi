@@ -323,6 +323,11 @@ class Session:
     def reductions_read_in_place(self) -> int:
         """How many pieces of this session's all-reduces the peers read in place (symmetric
         buffers)."""
+    def split(self) -> Tuple["Sender", "Receiver"]:
+        """Splits the session into a :class:`Sender` and a :class:`Receiver` for two threads;
+        each releases the GIL while it waits, and a receive never waits behind a send (or the
+        root's side of a world broadcast) waiting for a slow peer. This object is closed from
+        then on; :meth:`Sender.rejoin` gives the whole session back."""
     def send_loan(self, rank: int, loan: Loan, *, timeout: Optional[float] = ...) -> None:
         """Hands ``loan`` to ``rank`` by reference (it is sent whether or not this raises)."""
     def recv_loan(self, rank: int, *, timeout: Optional[float] = ...) -> LoanView:
@@ -431,6 +436,49 @@ def connect(
     is not private, or the environment does not say where this process stands;
     :class:`MisuseError` for a bad argument.
     """
+
+@final
+class Sender:
+    """The sending half of a split session (:meth:`Session.split`). While a send waits for a slow
+    peer's room it holds nothing the :class:`Receiver` needs. Calls run one at a time."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    def send(self, rank: int, data: _Data, *, timeout: Optional[float] = ...) -> None:
+        """:meth:`Session.send`."""
+    def broadcast(self, data: _Data, *, timeout: Optional[float] = ...) -> None:
+        """:meth:`Session.broadcast` from this rank, the root, to the world; every other rank
+        calls ``broadcast(this rank)``. Up to 8 ranks it waits for a slow rank's room holding
+        nothing the receiver needs."""
+    def rejoin(self, receiver: "Receiver") -> Session:
+        """The :class:`Session` both halves were split from; raises :class:`MisuseError` for
+        another session's receiver."""
+
+@final
+class Receiver:
+    """The receiving half of a split session (:meth:`Session.split`): one receive at a time (a
+    second thread's raises :class:`shmbroker.Error`), never waiting behind the sender."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    def recv(self, rank: int, *, timeout: Optional[float] = ...) -> bytes:
+        """:meth:`Session.recv`."""
+    def recv_into(self, rank: int, buffer: _Data, *, timeout: Optional[float] = ...) -> int:
+        """:meth:`Session.recv_into`."""
+    def recv_any(self, *, timeout: Optional[float] = ...) -> Tuple[int, bytes]:
+        """:meth:`Session.recv_any`."""
+    def recv_any_into(
+        self, buffer: _Data, *, timeout: Optional[float] = ...
+    ) -> Tuple[int, int]:
+        """:meth:`Session.recv_any_into`."""
+    def try_recv_any(self) -> Optional[Tuple[int, bytes]]:
+        """:meth:`Session.try_recv_any`."""
+    def readiness_fd(self) -> int:
+        """:meth:`Session.readiness_fd`."""
 
 def _forward_logs(forward: Callable[[int, str, str], None]) -> None:
     """Sends the library's log events to ``forward(levelno, target, message)`` on a thread of

@@ -24,6 +24,7 @@ mod loans;
 mod logs;
 mod process;
 mod sigint;
+mod split;
 
 use buffer::Bytes;
 use pyo3::prelude::*;
@@ -167,7 +168,7 @@ impl PyGroup {
 /// this rank is then told it left (:class:`shmbroker.PeerLeft`) instead of that it died.
 #[pyclass(module = "shmbroker", name = "Session", frozen)]
 #[derive(Debug)]
-struct PySession {
+pub(crate) struct PySession {
     rank: u32,
     world_size: u32,
     rejoins: u32,
@@ -215,7 +216,7 @@ impl Waits<'_> {
 }
 
 impl PySession {
-    fn new(session: Session, timeout: Duration) -> Self {
+    pub(crate) fn new(session: Session, timeout: Duration) -> Self {
         Self {
             rank: session.rank(),
             world_size: session.world_size(),
@@ -384,7 +385,7 @@ impl PySession {
 /// A call's ``timeout=``: left out (the session's deadline), or what the caller gave (``None``
 /// or a number of seconds, see [`deadline_arg`]).
 #[derive(Clone, Copy, Debug)]
-enum CallTimeout {
+pub(crate) enum CallTimeout {
     Session,
     Given(Option<f64>),
 }
@@ -407,7 +408,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for CallTimeout {
 
 /// A deadline a caller gave: `None` (or infinity) for none at all (deaths and departures still
 /// end a wait), otherwise a number of seconds above 0.
-fn deadline_arg(secs: Option<f64>) -> PyResult<Duration> {
+pub(crate) fn deadline_arg(secs: Option<f64>) -> PyResult<Duration> {
     match secs {
         None => Ok(Duration::MAX),
         Some(secs) if secs == f64::INFINITY => Ok(Duration::MAX),
@@ -428,7 +429,7 @@ fn seconds(secs: f64) -> PyResult<Duration> {
 }
 
 /// A rank argument: 0 or more (whether it is in the world is the library's to say).
-fn rank_arg(rank: i64) -> PyResult<u32> {
+pub(crate) fn rank_arg(rank: i64) -> PyResult<u32> {
     u32::try_from(rank).map_err(|_| {
         errors::misuse(format!(
             "rank {rank}: a rank is a number from 0 to the world size - 1"
@@ -1494,6 +1495,22 @@ impl PySession {
         Ok(())
     }
 
+    /// Splits the session into a :class:`Sender` (sends, and the root's side of a world
+    /// broadcast) and a :class:`Receiver` (receives), for two threads: each releases the GIL
+    /// while it waits, and a receive never waits behind a send or broadcast that waits for a
+    /// slow peer's room. This object is closed from then on (its other calls raise);
+    /// :meth:`Sender.rejoin` gives the whole session back, for collectives.
+    ///
+    /// Raises :class:`shmbroker.Error` while another thread is in a call on the session.
+    fn split(&self) -> PyResult<(split::PySender, split::PyReceiver)> {
+        let mut slot = self.lock()?;
+        let session = slot
+            .session
+            .take()
+            .ok_or_else(|| errors::plain("session is closed"))?;
+        Ok(split::split(session, self.timeout, self.pid))
+    }
+
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
@@ -1611,6 +1628,8 @@ fn _shmbroker(module: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     module.add_class::<PySession>()?;
     module.add_class::<PyGroup>()?;
+    module.add_class::<split::PySender>()?;
+    module.add_class::<split::PyReceiver>()?;
     module.add_class::<loans::PyLoan>()?;
     module.add_class::<loans::PyLoanView>()?;
     module.add_function(wrap_pyfunction!(connect, module)?)?;

@@ -62,6 +62,14 @@ def test_recv_into_recv_any_try_recv_and_probe():
     assert_ok(run_scenario(3, "receives"), 3, "receives")
 
 
+def test_a_split_receive_never_waits_behind_a_send_and_halves_rejoin(tmp_path):
+    # A 1 MiB outbox: two of rank 0's 400 KiB broadcasts fit, the third waits for rank 1.
+    job = run_scenario(
+        3, "split", tmp_path / "replied", env={"SHMBROKER_OUTBOX_BYTES": str(1 << 20)}
+    )
+    assert_ok(job, 3, "split")
+
+
 def test_bad_arguments_raise_and_leave_the_session_usable():
     assert_ok(run_scenario(2, "arguments"), 2, "arguments")
 

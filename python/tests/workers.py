@@ -1466,6 +1466,79 @@ def scenario_regroup(session, _):
     check(list(incarnations) == [0, 1, 0], f"incarnations {list(incarnations)}")
 
 
+def scenario_split(session, args):
+    """Rank 0's session split in two: its receiver takes rank 2's reply while its sender's
+    broadcasts wait for rank 1, which receives only once the reply is in (a file says so). Then
+    every rank splits and sends messages of every size both ways, each checked, and rejoins."""
+    flag = str(args[0])
+    rank = session.rank
+    batches = [pattern(n, 400 << 10) for n in range(4)]
+    if rank == 0:
+        sender, receiver = session.split()
+        raises(shmbroker.Error, lambda: session.barrier())
+        done = threading.Event()
+
+        def broadcast_all():
+            for batch in batches:
+                sender.broadcast(batch)
+            done.set()
+
+        thread = threading.Thread(target=broadcast_all)
+        thread.start()
+        got = receiver.recv_any(timeout=20)
+        still_sending = not done.is_set()
+        open(flag, "w").close()
+        check(got == (2, b"reply"), f"reply {got!r}")
+        check(still_sending, "the broadcasts ended before rank 1 received")
+        # One receive at a time: a second thread's receive while this one waits raises.
+        second = []
+        waiting = threading.Thread(target=lambda: second.append(receiver.recv(1, timeout=20)))
+        waiting.start()
+        time.sleep(0.2)
+        raises(shmbroker.Error, lambda: receiver.try_recv_any())
+        open(flag + ".busy", "w").close()
+        waiting.join(30)
+        check(second == [b"ack"], f"rank 1's ack {second!r}")
+        thread.join(30)
+        check(done.is_set(), "the broadcasts did not end")
+        session = sender.rejoin(receiver)
+        raises(shmbroker.Error, lambda: sender.send(1, b"x"))
+    elif rank == 1:
+        wait_for_file(flag, "rank 0's reply")
+        for batch in batches:
+            check(session.broadcast(0) == batch, "a broadcast came garbled")
+        # Once rank 0 has seen its second receive refused while the first waits for this.
+        wait_for_file(flag + ".busy", "rank 0's busy check")
+        session.send(0, b"ack")
+    else:
+        check(session.broadcast(0) == batches[0], "the first broadcast came garbled")
+        session.send(0, b"reply")
+        for batch in batches[1:]:
+            check(session.broadcast(0) == batch, "a broadcast came garbled")
+    session.barrier()
+    sizes = [0, 9, 3000, 40_000, 300_000, 1_500_000]
+    peers = [p for p in range(session.world_size) if p != rank]
+    sender, receiver = session.split()
+
+    def send_all():
+        for n, size in enumerate(sizes * 3):
+            for peer in peers:
+                sender.send(peer, pattern(rank, size, salt=n))
+
+    thread = threading.Thread(target=send_all)
+    thread.start()
+    counts = {peer: 0 for peer in peers}
+    for _ in range(len(sizes) * 3 * len(peers)):
+        peer, data = receiver.recv_any(timeout=20)
+        n = counts[peer]
+        counts[peer] += 1
+        check(data == pattern(peer, sizes[n % len(sizes)], salt=n), f"message {n} from {peer}")
+    thread.join(30)
+    session = sender.rejoin(receiver)
+    session.barrier()
+    return session
+
+
 def main():
     scenario, args = sys.argv[1], sys.argv[2:]
     run = globals()[f"scenario_{scenario}"]
@@ -1481,7 +1554,8 @@ def main():
     # peer_lost runs with no deadline at all: the death must end its waits.
     timeout = {"timeout": 5.0, "peer_lost": None}.get(scenario, 30)
     session = shmbroker.connect(timeout=timeout)
-    run(session, args)
+    # A scenario that splits its session returns the one it rejoined.
+    session = run(session, args) or session
     session.close()
     say(f"OK {scenario} rank {session.rank}")
 
