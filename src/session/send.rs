@@ -591,7 +591,7 @@ impl Session {
         loop {
             // Between chunks: an interrupt ends the transfer here (two atomic loads a turn).
             self.check_interrupted(deadline)?;
-            let mut moved = self.step_out(outgoing)?;
+            let mut moved = self.step_out(outgoing, usize::MAX)?;
             for incoming in incoming.iter_mut() {
                 // What is queued first: `step_out` may have taken the whole message into the
                 // inbox already, and its sender may have finished its call and left since, its
@@ -660,9 +660,14 @@ impl Session {
         Ok(())
     }
 
-    /// Writes the next chunks `outgoing` has room for and delivers every message its targets
-    /// have room for, without waiting. Returns whether anything moved.
-    pub(super) fn step_out(&mut self, outgoing: &mut Outgoing<'_>) -> Result<bool, Error> {
+    /// Writes the next chunks `outgoing` has room for (at most `max_chunks`) and delivers every
+    /// message its targets have room for, without waiting. Returns whether anything moved.
+    pub(super) fn step_out(
+        &mut self,
+        outgoing: &mut Outgoing<'_>,
+        max_chunks: usize,
+    ) -> Result<bool, Error> {
+        let mut chunks = 0;
         let mut moved = false;
         // Acknowledgements from every peer, not only the targets: blocks of earlier transfers
         // that another peer still holds count against the window.
@@ -670,7 +675,11 @@ impl Session {
             self.drain_from(peer)?;
             self.flush_acks(peer)?;
         }
-        while outgoing.written < outgoing.data.len() && self.chunks_in_window(outgoing) {
+        while chunks < max_chunks
+            && outgoing.written < outgoing.data.len()
+            && self.chunks_in_window(outgoing)
+        {
+            chunks += 1;
             let len = self
                 .chunk_bytes(outgoing.data.len())
                 .min(outgoing.data.len() - outgoing.written);

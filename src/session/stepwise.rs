@@ -175,7 +175,10 @@ impl Session {
             }
             Pending::Pipelined(outgoing) => {
                 let before = transfer_progress(outgoing, &[]);
-                self.step_out(outgoing)?;
+                // One chunk a step: a window of chunks copied at once would hold the session
+                // for a millisecond or more (8 MiB when a stalled window widened), and the
+                // receiving half with it.
+                self.step_out(outgoing, 1)?;
                 if outgoing.is_done() {
                     return Ok(Step::Done);
                 }
