@@ -33,3 +33,7 @@ grep -q '"impl":"open-mpi","workers":2' "$bench_out/results.jsonl"
 grep -q '"bench":"capi_all_gather_64B","impl":"C ABI: shmbroker_all_gather"' "$bench_out/results.jsonl"
 grep -q '"bench":"capi_all_reduce_64B","impl":"C ABI: shmbroker_all_reduce (f32 sum)"' "$bench_out/results.jsonl"
 grep -q '"bench":"capi_recv_any_64B","impl":"C ABI: shmbroker_send + shmbroker_recv_any, round trip"' "$bench_out/results.jsonl"
+# The MindIE loop from C ran, both modes (the Python one runs in ci/python.sh, once the package is
+# installed).
+grep -q '"bench":"response_wait_c","impl":"broadcasts wait for the 20 ms-slow worker"' "$bench_out/results.jsonl"
+grep -q '"bench":"response_wait_c","impl":"paced: no broadcast waits (the floor)"' "$bench_out/results.jsonl"

@@ -46,4 +46,9 @@ env PATH="/usr/bin:/bin" "$py_scratch/venv/bin/python" -c \
 "$py_scratch/venv/bin/pip" install --quiet torch
 SHMBROKER_REQUIRE_TORCH=1 SHMBROKER_BIN="$PWD/target/release/shmbroker" \
   "$py_scratch/venv/bin/python" -m pytest python/tests -q -rsxX
+# The MindIE loop on a split Python session, quick (no timing is asserted): both modes ran.
+SHMBROKER_BENCH_PYTHON="$py_scratch/venv/bin/python" cargo run --release -p shmbroker-benchmarks \
+  -- farm --only response_wait_python --quick --json > "$py_scratch/response.jsonl"
+grep -q '"bench":"response_wait_python","impl":"paced: no broadcast waits (the floor)"' \
+  "$py_scratch/response.jsonl"
 rm -rf "$py_scratch"

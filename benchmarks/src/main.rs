@@ -16,6 +16,7 @@ mod logon;
 mod mpi;
 mod queue;
 mod reductions;
+mod response;
 mod results;
 
 use clap::{Parser, Subcommand};
@@ -113,7 +114,10 @@ enum Suite {
     /// A task farm, 1 reader and 3 workers, 64 B to 64 KiB tasks: `recv_any` against
     /// `MPI_ANY_SOURCE` and `poll` over UNIX sockets; an epoll waiter woken through the
     /// readiness fd against a raw eventfd ping-pong; `try_recv_any` with 8 idle peers against
-    /// `try_recv` on each (farm, readiness_wake, try_recv_any_idle).
+    /// `try_recv` on each; the MindIE loop (1 MiB broadcasts, one worker 20 ms slow) from C
+    /// and from Python, its fast replies' wait against the same loop paced so that no
+    /// broadcast waits (farm, readiness_wake, try_recv_any_idle, response_wait_c,
+    /// response_wait_python).
     Farm,
     /// Every suite, then a results folder.
     All,
@@ -161,7 +165,10 @@ fn run(args: &Args) -> Result<(), String> {
         Suite::Logon => logon::run(plan, &mut report)?,
         Suite::Collectives => collectives::run(plan, &mut report)?,
         Suite::Bulk => bulk::run(plan, &mut report)?,
-        Suite::Farm => farm::run(plan, &mut report)?,
+        Suite::Farm => {
+            farm::run(plan, &mut report)?;
+            response::run(plan, &mut report)?;
+        }
         // Every suite, the queue first: it forks, and no thread may exist yet.
         Suite::All => {
             queue::run(plan, &mut report)?;
@@ -169,6 +176,7 @@ fn run(args: &Args) -> Result<(), String> {
             collectives::run(plan, &mut report)?;
             bulk::run(plan, &mut report)?;
             farm::run(plan, &mut report)?;
+            response::run(plan, &mut report)?;
             out.get_or_insert_with(|| "bench-results".into());
         }
     }

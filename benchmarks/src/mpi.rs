@@ -164,33 +164,7 @@ pub fn compile(
     headers: &[(&str, &str)],
     extra_args: &[std::ffi::OsString],
 ) -> Result<Program, String> {
-    if name.is_empty()
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    {
-        return Err(format!("C program name {name:?} is not [A-Za-z0-9_-]+"));
-    }
-    let dir = std::env::temp_dir().join(format!(
-        "shmbroker-c-{}-{name}-{}",
-        std::process::id(),
-        SEQUENCE.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    // From here on the directory is removed on every path out, error or not.
-    let program = Program {
-        exe: dir.join(name),
-        dir,
-    };
-    let src = program.dir.join(format!("{name}.c"));
-    for (file, text) in std::iter::once((src.clone(), source)).chain(
-        headers
-            .iter()
-            .map(|&(file, text)| (program.dir.join(file), text)),
-    ) {
-        std::fs::write(&file, text).map_err(|e| format!("writing {}: {e}", file.display()))?;
-    }
+    let (program, src) = Program::written(name, &format!("{name}.c"), source, headers)?;
     let mut cc = Command::new(compiler);
     cc.arg("-O2")
         .arg("-I")
@@ -210,6 +184,58 @@ pub fn compile(
             done.status,
             done.stderr.trim()
         ))
+    }
+}
+
+/// `source` written as `file` into a fresh temporary directory, beside nothing: a script its
+/// interpreter runs (the program's executable is the script).
+///
+/// # Errors
+///
+/// `name` not `[A-Za-z0-9_-]+`, or the file not written.
+pub fn script(name: &str, file: &str, source: &str) -> Result<Program, String> {
+    let (mut program, path) = Program::written(name, file, source, &[])?;
+    program.exe = path;
+    Ok(program)
+}
+
+impl Program {
+    /// A fresh temporary directory for `name` with `source` in it as `file` and each of
+    /// `headers` beside it; the program (its executable `name` in it) and the source's path.
+    fn written(
+        name: &str,
+        file: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(Self, PathBuf), String> {
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!("program name {name:?} is not [A-Za-z0-9_-]+"));
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "shmbroker-c-{}-{name}-{}",
+            std::process::id(),
+            SEQUENCE.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        // From here on the directory is removed on every path out, error or not.
+        let program = Program {
+            exe: dir.join(name),
+            dir,
+        };
+        let src = program.dir.join(file);
+        for (file, text) in std::iter::once((src.clone(), source)).chain(
+            headers
+                .iter()
+                .map(|&(file, text)| (program.dir.join(file), text)),
+        ) {
+            std::fs::write(&file, text).map_err(|e| format!("writing {}: {e}", file.display()))?;
+        }
+        Ok((program, src))
     }
 }
 
