@@ -284,12 +284,15 @@ impl<'a> Incoming<'a> {
 
 /// A pipelined message a receive is taking: its tag, and the index in the queue of its next
 /// chunk. The index stays right while the receive goes on: chunks are taken from there, and
-/// nothing before it is removed meanwhile (one receive at a time per peer; closing a stream,
-/// which rebuilds the queue, ends it).
+/// nothing before it is removed meanwhile (one receive at a time per peer). Closing a stream
+/// rebuilds the queue: it ends a collective's receive, and moves a point-to-point one's index
+/// to where its message went (see [`Inbox::taking_at`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Taking {
     tag: u64,
     at: usize,
+    /// A point-to-point message's (not a collective's): closing a stream leaves it be.
+    point_to_point: bool,
 }
 
 /// What one peer sent that no receive has taken yet: its slots in arrival order, grouped into
@@ -448,18 +451,29 @@ impl Inbox {
     /// dropped messages referred to are handed out by [`Self::take_dropped`], to be
     /// acknowledged: the peer then frees them.
     ///
-    /// A stream is closed only where no receive is under way, or as a failed call's receives
-    /// end: a receive still taking a message then has ended, and the rest of that message goes,
-    /// queued or to come, as [`Self::abandon`] would drop it.
+    /// A stream is closed only where no collective's receive is under way, or as a failed
+    /// call's receives end: a collective's receive still taking a message then has ended, and
+    /// the rest of that message goes, queued or to come, as [`Self::abandon`] would drop it. A
+    /// point-to-point receive under way goes on: its message stays, and it finds where.
     pub fn close_stream(&mut self, stream: u32) {
         if !self.closed.contains(&stream) {
             self.closed.push(stream);
         }
         let peer = self.peer;
-        // First the message a receive was taking, found where it is: the groups queued ahead of
-        // it (that receive passed over them) say nothing about whether its sender gave up on it.
-        let taken = self.drop_taken();
+        // A point-to-point message a receive is taking belongs to no stream: it stays taken, and
+        // the receive goes on with it where it moves to (a split session's sending half may
+        // close a stream while its receiving half is between the chunks of one).
+        let kept = self.taking.filter(|taking| taking.point_to_point);
+        // Otherwise, first the message a receive was taking, found where it is: the groups queued
+        // ahead of it (that receive passed over them) say nothing about whether its sender gave
+        // up on it.
+        let taken = if kept.is_some() {
+            None
+        } else {
+            self.drop_taken()
+        };
         let old = std::mem::take(&mut self.queue);
+        let mut kept_at = None;
         let drop_ref = |slot: &Message, dropped: &mut Vec<PayloadRef>| {
             if let Ok(piece) = read_ref(peer, slot) {
                 dropped.push(piece);
@@ -469,6 +483,22 @@ impl Inbox {
         // The tag of a dropped message whose last chunks may be still to come.
         let mut cut = None;
         while let Some(&slot) = old.get(at) {
+            if let Some(kept) = kept
+                && at == kept.at
+                && kept_at.is_none()
+            {
+                // The kept message's chunks queued so far, where its header was.
+                kept_at = Some(self.queue.len());
+                while let Some(&chunk) = old.get(at)
+                    && chunk.kind == kind::CHUNK
+                    && chunk.tag == kept.tag
+                {
+                    self.queue.push_back(chunk);
+                    at += 1;
+                }
+                cut = None;
+                continue;
+            }
             if slot.kind == kind::CHUNK {
                 // Where a header belongs: the rest of a message whose receive ended (or junk).
                 drop_ref(&slot, &mut self.dropped);
@@ -511,6 +541,13 @@ impl Inbox {
                 at += 1;
             }
         }
+        if let Some(kept) = kept {
+            // No chunk of it was queued: its next one will come after all that is.
+            let at = kept_at.unwrap_or(self.queue.len());
+            self.taking = Some(Taking { at, ..kept });
+            // Its sender is still sending it: every other message's chunks came before it.
+            cut = None;
+        }
         // Chunks still to come belong to the taken message if nothing was queued after it, else
         // to the last message queued, if that one was dropped (a message whose continuation
         // slots are owed is eager, and kept).
@@ -525,7 +562,7 @@ impl Inbox {
     /// blocks to acknowledge), and its tag is returned when the rest of them may still come
     /// (nothing is queued after them), for [`Self::orphans`] to drop as they arrive.
     fn drop_taken(&mut self) -> Option<u64> {
-        let Taking { tag, at } = self.taking.take()?;
+        let Taking { tag, at, .. } = self.taking.take()?;
         let mut end = at;
         while let Some(chunk) = self.queue.get(end)
             && chunk.kind == kind::CHUNK
@@ -539,6 +576,16 @@ impl Inbox {
         // Anything after it (a header, or whatever the next receive will name) means its sender
         // gave up on it.
         (at >= self.queue.len() && self.owed == 0).then_some(tag)
+    }
+
+    /// Where the message a receive takes as `tag` continues: `at`, as the receive last saw it,
+    /// unless [`Self::close_stream`] has moved it since (a point-to-point message stays taken
+    /// while a stream closes around it).
+    fn taking_at(&self, tag: u64, at: usize) -> usize {
+        match self.taking {
+            Some(taking) if taking.tag == tag => taking.at,
+            _ => at,
+        }
     }
 
     /// Whether [`Self::take_dropped`] has blocks to hand out.
@@ -679,6 +726,7 @@ impl Inbox {
                         self.taking = Some(Taking {
                             tag: header.tag,
                             at,
+                            point_to_point: header.kind & kind::OP_MASK == kind::SEND,
                         });
                         continue;
                     }
@@ -699,6 +747,7 @@ impl Inbox {
                             self.taking = Some(Taking {
                                 tag: header.tag,
                                 at,
+                                point_to_point: header.kind & kind::OP_MASK == kind::SEND,
                             });
                             InState::Chunks {
                                 at,
@@ -729,6 +778,7 @@ impl Inbox {
                     done,
                     fits,
                 } => {
+                    let at = self.taking_at(tag, at);
                     if done == total {
                         self.taking = None;
                         incoming.state = InState::Done { len: total, fits };
@@ -812,6 +862,7 @@ impl Inbox {
         inline[..8].copy_from_slice(&(total - done).to_le_bytes());
         inline[8..16].copy_from_slice(&total.to_le_bytes());
         let header = message(op | kind::PIPELINED | RESUMED, tag, 0, inline);
+        let at = self.taking_at(tag, at);
         self.queue.insert(at, header);
         self.taking = None;
         self.partial = Some(Box::new(Partial { tag, total, bytes }));
@@ -833,7 +884,9 @@ impl Inbox {
             return;
         };
         incoming.state = InState::Header;
-        if self.taking == Some(Taking { tag, at })
+        if self
+            .taking
+            .is_some_and(|taking| taking.tag == tag && taking.at == self.taking_at(tag, at))
             && let Some(rest) = self.drop_taken()
         {
             self.orphans = Some(rest);

@@ -609,6 +609,37 @@ fn closing_a_stream_drops_the_rest_of_a_message_a_receive_was_taking() {
 }
 
 #[test]
+fn closing_a_stream_leaves_a_point_to_point_message_a_receive_is_taking() {
+    // A world collective's messages queued before and after it, and one of its chunks queued:
+    // closing the world's stream drops the collective's (moving the message's chunks up the
+    // queue), and the receive goes on with the rest of it, whole and in order.
+    let mut region = Region::new(900);
+    let mut slots = Vec::new();
+    slots.extend(pipelined(kind::ALL_GATHER, on_stream(0, 2), 300, 300));
+    slots.extend(eager(kind::BARRIER, on_stream(0, 3), &[]));
+    let message = pipelined(kind::SEND, 5, 900, 300);
+    slots.extend(&message[..2]);
+    let mut inbox = inbox_with(&slots);
+    let mut incoming = Incoming::new(PEER, send(5), Sink::Vec(Vec::new()));
+    inbox.step(&mut incoming, &mut region).unwrap();
+    assert!(incoming.mid_transfer());
+    inbox.push(message[2]).unwrap();
+    inbox.close_stream(0);
+    assert_eq!(
+        inbox.take_dropped(),
+        vec![reference(0, 300)],
+        "the collective's chunk"
+    );
+    inbox.push(message[3]).unwrap();
+    inbox.step(&mut incoming, &mut region).unwrap();
+    assert!(incoming.is_done());
+    let (len, sink) = incoming.finish().unwrap();
+    assert_eq!(len, 900);
+    assert_eq!(sink.into_vec(), region.bytes);
+    assert!(inbox.is_empty());
+}
+
+#[test]
 fn closing_a_stream_keeps_other_streams_and_point_to_point_messages_in_order() {
     let mut region = Region::new(600);
     let mut slots = Vec::new();
