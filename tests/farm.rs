@@ -619,8 +619,8 @@ fn pattern(id: u64, len: usize) -> Vec<u8> {
 
 /// A split rank 0 whose sender waits for slow rank 1 (a message larger than its outbox, or
 /// broadcasts that fill it), while its receiver takes rank 2's reply. The reply must come
-/// first: rank 1 receives only once it has. Before the sender gave the session up while it
-/// waited, the receiver waited for the send, which waited for rank 1: both timed out.
+/// first: rank 1 receives only once it has. A sender that held the session while it waited
+/// would keep the receiver out until the send ended, which is never: both would time out.
 fn receive_beside_a_waiting_send(broadcast: bool) {
     // Four broadcasts of 400 KiB, of which the outbox (1 MiB) holds two; or one 4 MiB send.
     let messages: Vec<Vec<u8>> = if broadcast {
@@ -745,6 +745,96 @@ fn split_halves_keep_every_message_whole_and_in_order_both_ways() {
         let receiver = receiving.join().unwrap();
         sender.rejoin(receiver).unwrap();
     }
+}
+
+#[test]
+fn a_collective_on_the_sender_waits_out_a_receive_part_way_through_a_message() {
+    // Rank 1 sends a pipelined message that fits its outbox, then joins a barrier. Rank 0's
+    // receiver takes the message while its sender runs the barrier through `session()`: the
+    // barrier must not take messages out of the inbox under the receive. Trials start the
+    // barrier at different points of the transfer. (A message larger than the outbox would
+    // wait for the receive, which a barrier that started first holds off: the documented
+    // limit of a collective on a split session.)
+    const BIG: usize = 700 << 10;
+    for (trial, delay_us) in (0..20u64).map(|n| n * 25).enumerate() {
+        let (_world, mut sessions) = World::start_with_outbox("mid-receive", 2, 1 << 20);
+        let mut one = sessions.pop().unwrap();
+        let (sender, receiver) = sessions.pop().unwrap().split();
+        let data = pattern(trial as u64, BIG);
+        let one = {
+            let data = data.clone();
+            std::thread::spawn(move || {
+                one.send(0, &data).unwrap();
+                one.barrier().unwrap();
+                one.send(0, b"after").unwrap();
+                one
+            })
+        };
+        let barrier = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_micros(delay_us));
+            sender.session().barrier().unwrap();
+            sender
+        });
+        let got = receiver.recv(1).unwrap();
+        assert!(got == data, "trial {trial}: the message came garbled");
+        assert_eq!(receiver.recv(1).unwrap(), b"after", "trial {trial}");
+        let sender = barrier.join().unwrap();
+        let _one = one.join().unwrap();
+        sender.rejoin(receiver).unwrap();
+    }
+}
+
+#[test]
+fn a_death_seen_by_the_sender_leaves_a_receive_from_a_live_peer_whole() {
+    // Rank 2 is a worker process waiting in its self-test's first collective; rank 1 streams a
+    // message 64 times the outbox to rank 0, whose receiver takes it while its sender sends to
+    // rank 1. Rank 2 is killed mid-transfer: the sender learns of the death, which ends the
+    // world's collectives (their stream closes), but the point-to-point message goes on whole.
+    // (Where the death lands in the transfer is up to the machine: the demux unit test
+    // `closing_a_stream_leaves_a_point_to_point_message_a_receive_is_taking` pins the case.)
+    const BIG: usize = 64 << 20;
+    let broker = Broker::start("split-death", 3);
+    let connect = |rank| {
+        let socket = broker.socket();
+        std::thread::spawn(move || {
+            let mut session =
+                Session::connect_with_outbox(&socket, Some(rank), common::SESSION_TIMEOUT, 1 << 20)
+                    .unwrap();
+            session.set_timeout(common::SESSION_TIMEOUT);
+            session
+        })
+    };
+    let (zero, one) = (connect(0), connect(1));
+    let mut doomed = broker.worker(2, &[]);
+    let (mut one, zero) = (one.join().unwrap(), zero.join().unwrap());
+    let (sender, receiver) = zero.split();
+    let data = pattern(7, BIG);
+    let streaming = {
+        let data = data.clone();
+        std::thread::spawn(move || {
+            one.send(0, &data).unwrap();
+            for n in 0..200u32 {
+                assert_eq!(one.recv(0).unwrap(), pattern(u64::from(n), 100));
+            }
+            one
+        })
+    };
+    let sending = std::thread::spawn(move || {
+        // Sends that look at the peers (and so learn of the death) while the receive goes on.
+        // Past one slot, so that each send looks for departures first.
+        for n in 0..200u32 {
+            sender.send(1, &pattern(u64::from(n), 100)).unwrap();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        sender
+    });
+    std::thread::sleep(Duration::from_millis(5));
+    doomed.kill();
+    let got = receiver.recv(1).unwrap();
+    assert!(got == data, "the message from live rank 1 came garbled");
+    let sender = sending.join().unwrap();
+    let _one = streaming.join().unwrap();
+    sender.rejoin(receiver).unwrap();
 }
 
 #[test]

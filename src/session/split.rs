@@ -23,8 +23,9 @@
 //! on each other in a cycle (see the `stepwise` module).
 //!
 //! Collectives need every ring at once and the whole session: [`Sender::session`] lends it (a
-//! receive that waits meanwhile goes on when it is given back; a receive mid-message waits for
-//! the collective to end), and [`Sender::rejoin`] gives it back for good. A world broadcast of
+//! receive that waits for a message meanwhile goes on when it is given back; one part way through
+//! a message finishes it first, since a collective takes messages out of the inboxes), and
+//! [`Sender::rejoin`] gives it back for good. A world broadcast of
 //! more than [`FLAT_BROADCAST_MAX`] ranks goes down a tree and holds the session too.
 //!
 //! # A receive asleep while the session is lent
@@ -57,6 +58,11 @@ struct Shared {
     /// `session` up: one send at a time, so that nothing else goes on a ring between the
     /// pieces of a message.
     sending: Mutex<()>,
+    /// Held by the [`Receiver`] from when it starts taking a message to when it has it, across
+    /// its pauses, and by [`Sender::session`] for a whole call (taken after `sending`, before
+    /// `session`): a collective must not take messages out of an inbox while a receive is part
+    /// way through one of its messages (the receive knows where its next chunk is queued).
+    receiving: Mutex<()>,
     /// The session's readiness eventfd, for waits that hold no lock.
     readiness: Notifier,
     /// The session's interrupter: a receive notes its count before it may wait for the lock.
@@ -103,13 +109,20 @@ impl Shared {
         SessionGuard {
             was_armed: session.readiness_armed(),
             session,
-            sending: None,
+            turns: None,
         }
     }
 
     /// The [`Sender`]'s turn: see [`Self::sending`].
     fn sending(&self) -> MutexGuard<'_, ()> {
         self.sending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The [`Receiver`]'s turn: see [`Self::receiving`].
+    fn receiving(&self) -> MutexGuard<'_, ()> {
+        self.receiving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -120,9 +133,9 @@ impl Shared {
 pub struct SessionGuard<'a> {
     session: MutexGuard<'a, Session>,
     was_armed: bool,
-    /// The [`Sender`]'s turn, for a guard lent by [`Sender::session`]. Declared last: dropped
-    /// after the session is given back.
-    sending: Option<MutexGuard<'a, ()>>,
+    /// The [`Sender`]'s and the [`Receiver`]'s turns, for a guard lent by [`Sender::session`].
+    /// Declared last: dropped after the session is given back.
+    turns: Option<(MutexGuard<'a, ()>, MutexGuard<'a, ()>)>,
 }
 
 impl Deref for SessionGuard<'_> {
@@ -181,6 +194,7 @@ impl Session {
             publisher: Arc::clone(&self.publisher),
             session: Mutex::new(self),
             sending: Mutex::new(()),
+            receiving: Mutex::new(()),
         });
         (
             Sender {
@@ -343,8 +357,9 @@ impl Sender {
     /// [`Receiver`] from the same thread while holding it.
     pub fn session(&self) -> SessionGuard<'_> {
         let sending = self.shared.sending();
+        let receiving = self.shared.receiving();
         let mut guard = self.shared.lend();
-        guard.sending = Some(sending);
+        guard.turns = Some((sending, receiving));
         guard
     }
 
@@ -419,9 +434,8 @@ impl Receiver {
     }
 
     /// Waits without holding the session (up to `timeout`, under the name `op`) until `only`
-    /// (or any peer) has a message ready, then receives it into `sink`, giving the session up
-    /// whenever it waits for the next piece (see the `stepwise` module). Returns the sender,
-    /// the length and the sink.
+    /// (or any peer) has a message ready, then receives it into `sink` (see [`Self::take`]).
+    /// Returns the sender, the length and the sink.
     fn receive<'a>(
         &self,
         op: &'static str,
@@ -431,12 +445,57 @@ impl Receiver {
     ) -> Result<(u32, u64, Sink<'a>), Error> {
         let deadline = self.deadline(op, only, timeout)?;
         let peer = wait_for_sender(&mut &*self.shared, self.readiness_fd(), only, &deadline)?;
+        let turn = self.shared.receiving();
+        self.take(turn, self.shared.lock(), peer, sink, &deadline)
+    }
+
+    /// [`Self::receive`] without waiting for a message: `None` when nothing from `only` (or
+    /// any peer) has started to arrive. One that has is taken as [`Self::take`] does, within
+    /// the session's deadline.
+    fn try_receive<'a>(
+        &self,
+        op: &'static str,
+        only: Option<u32>,
+        sink: Sink<'a>,
+    ) -> Result<Option<(u32, u64, Sink<'a>)>, Error> {
+        let turn = self.shared.receiving();
         let mut session = self.shared.lock();
-        let mut pending = session.begin_receive(peer, sink, &deadline)?;
+        let peer = match only {
+            Some(rank) => {
+                session.check_peer(rank)?;
+                if !session.sender_ready(rank)? {
+                    return Ok(None);
+                }
+                rank
+            }
+            None => match session.next_sender()? {
+                Some(peer) => peer,
+                None => return Ok(None),
+            },
+        };
+        let deadline = Deadline::new(op, self.shared.timeout())
+            .noting_interrupts(self.shared.interrupter.count())
+            .tracked_by(&self.shared.publisher);
+        self.take(turn, session, peer, sink, &deadline).map(Some)
+    }
+
+    /// Receives the next message from `peer`, which has started to arrive, into `sink`, a step
+    /// at a time, giving the session up whenever it waits for the next piece (see the
+    /// `stepwise` module); `turn` is held throughout. Returns the sender, the length and the
+    /// sink.
+    fn take<'a, 's>(
+        &'s self,
+        _turn: MutexGuard<'s, ()>,
+        mut session: MutexGuard<'s, Session>,
+        peer: u32,
+        sink: Sink<'a>,
+        deadline: &Deadline,
+    ) -> Result<(u32, u64, Sink<'a>), Error> {
+        let mut pending = session.begin_receive(peer, sink, deadline)?;
         loop {
-            match session.advance_receive(&mut pending, &deadline) {
+            match session.advance_receive(&mut pending, deadline) {
                 Ok(Step::Done) => {
-                    let (len, sink) = session.end_receive(pending, Ok(()), &deadline)?;
+                    let (len, sink) = session.end_receive(pending, Ok(()), deadline)?;
                     return Ok((peer, len, sink));
                 }
                 Ok(step) => {
@@ -446,7 +505,7 @@ impl Receiver {
                 }
                 Err(error) => {
                     return session
-                        .end_receive(pending, Err(error), &deadline)
+                        .end_receive(pending, Err(error), deadline)
                         .map(|(len, sink)| (peer, len, sink));
                 }
             }
@@ -577,7 +636,8 @@ impl Receiver {
     ///
     /// As for [`Session::try_recv`].
     pub fn try_recv(&self, rank: u32) -> Result<Option<Vec<u8>>, Error> {
-        self.shared.lock().try_recv(rank)
+        let taken = self.try_receive("recv", Some(rank), Sink::Vec(Vec::new()))?;
+        Ok(taken.map(|(_, _, sink)| sink.into_vec()))
     }
 
     /// [`Session::try_recv_any`].
@@ -586,7 +646,8 @@ impl Receiver {
     ///
     /// As for [`Session::try_recv_any`].
     pub fn try_recv_any(&self) -> Result<Option<(u32, Vec<u8>)>, Error> {
-        self.shared.lock().try_recv_any()
+        let taken = self.try_receive("recv_any", None, Sink::Vec(Vec::new()))?;
+        Ok(taken.map(|(peer, _, sink)| (peer, sink.into_vec())))
     }
 
     /// [`Session::try_recv_into`].
@@ -595,7 +656,8 @@ impl Receiver {
     ///
     /// As for [`Session::try_recv_into`].
     pub fn try_recv_into(&self, rank: u32, buffer: &mut [u8]) -> Result<Option<usize>, Error> {
-        self.shared.lock().try_recv_into(rank, buffer)
+        let taken = self.try_receive("recv", Some(rank), Sink::Slice(buffer))?;
+        Ok(taken.map(|(_, len, _)| len as usize))
     }
 
     /// [`Session::try_recv_any_into`].
@@ -604,7 +666,8 @@ impl Receiver {
     ///
     /// As for [`Session::try_recv_any_into`].
     pub fn try_recv_any_into(&self, buffer: &mut [u8]) -> Result<Option<(u32, usize)>, Error> {
-        self.shared.lock().try_recv_any_into(buffer)
+        let taken = self.try_receive("recv_any", None, Sink::Slice(buffer))?;
+        Ok(taken.map(|(peer, len, _)| (peer, len as usize)))
     }
 
     /// [`Session::readiness_fd`]: readable when a message is waiting, once

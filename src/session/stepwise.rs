@@ -12,9 +12,8 @@
 //! [`Session::advance_receive`].
 //!
 //! Holding nothing while it waits is also what keeps split ranks from waiting on each other in a
-//! cycle. A receive that held the session while its sender's next chunk was due kept this rank's
-//! own sender out; that sender's receiver, on another rank, could be waiting for it in turn (three
-//! ranks sending messages larger than their outboxes to each other found that at once).
+//! cycle: a receive that held the session while its sender's next chunk was due would keep this
+//! rank's own sender out, and that sender's receiver, on another rank, may be waiting for it.
 //!
 //! # Why giving the session up mid-message is sound
 //!
@@ -28,10 +27,13 @@
 //! - the acknowledgements the receive takes in free this transfer's chunks, which the next step
 //!   counts, as it counts those it takes in itself.
 //!
-//! Between two steps of a receive, the sender (or a collective it runs) may take messages in from
-//! the same peer: they queue behind the message under way, or, for a collective's, beside it
-//! (collectives take the first group that is not a point-to-point send, see the `demux` module).
-//! The receive's own group stays where it is, and its next step goes on with it.
+//! Between two steps of a receive, the sending half may take messages in from the same peer
+//! (they queue behind the message under way), and close a stream when it learns of a death: the
+//! inbox keeps a point-to-point message under way, and tells the receive where it moved (see
+//! `demux::Inbox::close_stream`). No collective runs meanwhile: [`Sender::session`] waits for
+//! the receive to end, since a collective takes messages out of the inbox.
+//!
+//! [`Sender::session`]: super::Sender::session
 //!
 //! The rings stay single-producer and single-consumer: every ring end is touched only while the
 //! session is held.
@@ -175,9 +177,9 @@ impl Session {
             }
             Pending::Pipelined(outgoing) => {
                 let before = transfer_progress(outgoing, &[]);
-                // One chunk a step: a window of chunks copied at once would hold the session
-                // for a millisecond or more (8 MiB when a stalled window widened), and the
-                // receiving half with it.
+                // One chunk a step: a window of chunks copied at once (up to the whole outbox,
+                // once a stalled window widened) would hold the session, and the receiving half
+                // with it, for as long as the copy takes.
                 self.step_out(outgoing, 1)?;
                 if outgoing.is_done() {
                     return Ok(Step::Done);
@@ -189,6 +191,8 @@ impl Session {
             pending.idle = 0;
             pending.idle_since = None;
             pending.stalled_since = None;
+            // A new stall is published anew (the receiving half publishes its own meanwhile).
+            pending.published = false;
             return Ok(Step::Moved);
         }
         pending.idle += 1;
@@ -288,6 +292,8 @@ impl PendingSend<'_> {
 #[derive(Debug)]
 pub(super) struct PendingReceive<'a> {
     incoming: Incoming<'a>,
+    /// Steps so far: the clock is read every 1024th even while things move.
+    turns: u32,
     /// Steps in a row in which nothing moved.
     idle: u32,
     /// Since when nothing of this receive has moved.
@@ -314,6 +320,7 @@ impl Session {
         self.take_direct(&mut incoming, deadline)?;
         Ok(PendingReceive {
             incoming,
+            turns: 0,
             idle: 0,
             idle_since: None,
         })
@@ -334,6 +341,12 @@ impl Session {
             self.check_interrupted(deadline)?;
         }
         let peer = incoming.peer;
+        pending.turns = pending.turns.wrapping_add(1);
+        // A peer that keeps sending what this receive does not wait for (acknowledgements of
+        // the sending half's chunks, later messages) must not keep it past its deadline.
+        if pending.turns.is_multiple_of(1024) && deadline.left().is_zero() {
+            return Err(self.timed_out(deadline, peer));
+        }
         if self.step_in(incoming, deadline)? || self.pull(peer, None)? {
             pending.idle = 0;
             pending.idle_since = None;
@@ -357,6 +370,9 @@ impl Session {
         // The sender may be waiting for these before it can send more.
         self.flush_all_acks()?;
         let now = Instant::now();
+        if pending.idle_since.is_none() {
+            deadline.waits_for(peer);
+        }
         let since = *pending.idle_since.get_or_insert(now);
         Ok(Step::Pause(idle_pause(now.duration_since(since))))
     }
