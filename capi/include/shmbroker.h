@@ -9,9 +9,9 @@
  * Threads: a session handle may be called from several threads at once: it is a sending half
  * and a receiving half. Sends and collectives run one at a time; one receive runs at a time (a
  * second returns SHMBROKER_E_BUSY at once). A receive never waits behind a send: a send, and
- * the root of a world broadcast of up to 8 ranks, hold nothing while they wait for a slow
- * peer's room, and a receive holds nothing while it waits. Other collectives hold the session
- * while they wait: a receive on another thread waits for them.
+ * the root of a world broadcast of up to SHMBROKER_FLAT_BROADCAST_MAX ranks, hold nothing
+ * while they wait for a slow peer's room, and a receive holds nothing while it waits. Other
+ * collectives hold the session while they wait: a receive on another thread waits for them.
  * shmbroker_interrupt() (async-signal-safe) ends a wait on any thread; shmbroker_close() while
  * another thread is in a call returns SHMBROKER_E_BUSY and frees nothing. Each function's
  * comment gives its own rule. shmbroker_last_error() is per thread.
@@ -102,6 +102,10 @@
 
 // Patch part of [`SHMBROKER_VERSION_MAJOR`].
 #define SHMBROKER_VERSION_PATCH 0
+
+// The most ranks a world broadcast's root serves without holding the session while it waits
+// for a slow rank's room (see [`shmbroker_broadcast`]); a larger world's goes down a tree.
+#define SHMBROKER_FLAT_BROADCAST_MAX 8
 
 // Unsigned 8-bit integers.
 #define SHMBROKER_DTYPE_U8 0
@@ -397,8 +401,8 @@ int shmbroker_group_all_gather(struct shmbroker_session *s,
 
 // `root`'s `len` bytes into every rank's `buf`: the root's `buf` is what is sent, every other
 // rank's is filled. Every rank passes the same `len`. Threads: as [`shmbroker_barrier`], but
-// the root of a world of up to 8 ranks waits for a slow rank's room as a send does, holding
-// nothing a receive on another thread needs.
+// the root of a world of up to `SHMBROKER_FLAT_BROADCAST_MAX` ranks waits for a slow rank's
+// room as a send does, holding nothing a receive on another thread needs.
 //
 // # Safety
 //

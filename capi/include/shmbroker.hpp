@@ -643,18 +643,29 @@ struct SharedHandle {
 };
 }  // namespace detail
 
-// The sending half of a split session (Session::split): sends, and every collective. Calls on
-// it run one at a time; they go on beside the Receiver's on another thread.
+// The sending half of a split session (Session::split): sends, loans sent, and the world's
+// collectives (the Collectives calls; a world broadcast's root waits for a slow rank's room
+// holding nothing the Receiver needs). Calls on it run one at a time; they go on beside the
+// Receiver's on another thread. Rejoin for groups and the other Session calls.
 class Sender : public Collectives, public detail::SendCalls<Sender> {
    public:
-    Sender(Sender &&) noexcept = default;
-    Sender &operator=(Sender &&) noexcept = default;
+    Sender(Sender &&other) noexcept
+        : Collectives(std::exchange(other.s_, nullptr), nullptr),
+          shared_(std::move(other.shared_)) {}
+    Sender &operator=(Sender &&other) noexcept {
+        if (this != &other) {
+            s_ = std::exchange(other.s_, nullptr);
+            shared_ = std::move(other.shared_);
+        }
+        return *this;
+    }
     Sender(const Sender &) = delete;
     Sender &operator=(const Sender &) = delete;
 
-    std::uint32_t world_size() const noexcept { return shmbroker_world_size(s_); }
-    // The C handle (shared with the Receiver), for calls this header does not wrap.
-    shmbroker_session *get() const noexcept { return s_; }
+    std::uint32_t world_size() const noexcept { return shmbroker_world_size(get()); }
+    // The C handle (shared with the Receiver), for calls this header does not wrap; null once
+    // moved from or rejoined.
+    shmbroker_session *get() const noexcept { return shared_ ? shared_->s : nullptr; }
 
    private:
     friend class Session;
@@ -674,7 +685,8 @@ class Receiver : public detail::ReceiveCalls<Receiver> {
 
     std::uint32_t rank() const noexcept { return shmbroker_rank(get()); }
     std::uint32_t world_size() const noexcept { return shmbroker_world_size(get()); }
-    // The C handle (shared with the Sender), for calls this header does not wrap.
+    // The C handle (shared with the Sender), for calls this header does not wrap; null once
+    // moved from or rejoined.
     shmbroker_session *get() const noexcept { return shared_ ? shared_->s : nullptr; }
 
    private:
@@ -784,6 +796,7 @@ class Session : public Collectives,
                         "a sender rejoins only the receiver of the session it was split from", -1);
         }
         shmbroker_session *s = std::exchange(sender.shared_->s, nullptr);
+        sender.s_ = nullptr;
         sender.shared_.reset();
         receiver.shared_.reset();
         return Session(s);

@@ -9,6 +9,11 @@ use crate::groups::{group_of, on_comm, rank_and_size, shmbroker_group};
 use crate::handle::{enter, shmbroker_session};
 use std::ffi::{c_int, c_void};
 
+/// The most ranks a world broadcast's root serves without holding the session while it waits
+/// for a slow rank's room (see [`shmbroker_broadcast`]); a larger world's goes down a tree.
+pub const SHMBROKER_FLAT_BROADCAST_MAX: u32 = 8;
+const _: () = assert!(SHMBROKER_FLAT_BROADCAST_MAX == shmbroker::session::FLAT_BROADCAST_MAX);
+
 /// Waits until every rank has called it. Threads: one collective or send at a time; the
 /// collective holds the session while it waits, so a receive on another thread waits for it.
 ///
@@ -141,8 +146,8 @@ unsafe fn all_gather(
 
 /// `root`'s `len` bytes into every rank's `buf`: the root's `buf` is what is sent, every other
 /// rank's is filled. Every rank passes the same `len`. Threads: as [`shmbroker_barrier`], but
-/// the root of a world of up to 8 ranks waits for a slow rank's room as a send does, holding
-/// nothing a receive on another thread needs.
+/// the root of a world of up to `SHMBROKER_FLAT_BROADCAST_MAX` ranks waits for a slow rank's
+/// room as a send does, holding nothing a receive on another thread needs.
 ///
 /// # Safety
 ///

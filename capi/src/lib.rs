@@ -25,12 +25,13 @@
 //!   `shmbroker_recv_loan`) runs at a time; a receive called while another thread's is in
 //!   progress returns `SHMBROKER_E_BUSY` at once;
 //! - **a receive never waits behind a send**: a send (`shmbroker_send`), and the root's side
-//!   of a world broadcast of up to 8 ranks (`shmbroker_broadcast`), hold nothing while they wait
-//!   for a slow peer's room, and a receive holds nothing while it waits for a message or its
-//!   next chunk. So a response thread in `shmbroker_recv_any` takes a fast worker's reply while
-//!   the main thread's broadcast waits for a slow one;
+//!   of a world broadcast of up to `SHMBROKER_FLAT_BROADCAST_MAX` ranks (`shmbroker_broadcast`),
+//!   hold nothing while they wait for a slow peer's room, and a receive holds nothing while it
+//!   waits for a message or its next chunk. So a response thread in `shmbroker_recv_any` takes
+//!   a fast worker's reply while the main thread's broadcast waits for a slow one;
 //! - other collectives hold the session while they wait: a receive on another thread waits
-//!   for them to end (a collective's own receives must see every message in order);
+//!   for them to end, and they wait for a receive part way through a message to end (a
+//!   collective takes messages out of the queues that receive reads);
 //! - `shmbroker_interrupt` (async-signal-safe) ends another thread's wait with
 //!   `SHMBROKER_E_INTERRUPTED`; `shmbroker_close` while a call is in progress on another thread
 //!   returns `SHMBROKER_E_BUSY` and frees nothing, so interrupt, wait for that thread's call to

@@ -475,6 +475,10 @@ class Receiver:
         self, buffer: _Data, *, timeout: Optional[float] = ...
     ) -> Tuple[int, int]:
         """:meth:`Session.recv_any_into`."""
+    def try_recv(self, rank: int) -> Optional[bytes]:
+        """:meth:`Session.try_recv`."""
+    def probe(self, rank: int, *, timeout: Optional[float] = ...) -> int:
+        """:meth:`Session.probe`."""
     def try_recv_any(self) -> Optional[Tuple[int, bytes]]:
         """:meth:`Session.try_recv_any`."""
     def readiness_fd(self) -> int:

@@ -177,7 +177,7 @@ impl PySender {
     }
 
     /// :meth:`Session.broadcast` with this rank as the root, to the whole world: every other
-    /// rank calls ``broadcast(this rank)``. In a world of up to 8 ranks, while a slow rank's
+    /// rank calls ``broadcast(this rank)``. In a world of up to ``FLAT_BROADCAST_MAX`` (8) ranks, while a slow rank's
     /// room is short, waits holding nothing the :class:`Receiver` needs (a larger world's
     /// broadcast holds the session for the whole call).
     ///
@@ -212,6 +212,18 @@ impl PySender {
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => return Err(busy()),
         };
+        if sender.is_none() || receiver_half.is_none() {
+            return Err(rejoined());
+        }
+        // Checked before either half is taken: a mismatch leaves both usable.
+        if self.facts.readiness != receiver.facts.readiness || self.facts.pid != receiver.facts.pid
+        {
+            return Err(errors::misuse(format!(
+                "rank {}'s sender cannot rejoin rank {}'s receiver: they are halves of different \
+                 sessions",
+                self.facts.rank, receiver.facts.rank
+            )));
+        }
         let (Some(tx), Some(rx)) = (sender.take(), receiver_half.take()) else {
             return Err(rejoined());
         };
@@ -229,7 +241,9 @@ impl PySender {
 
 impl PyReceiver {
     /// Runs `call` on the receiver with the GIL released, or raises at once while another
-    /// thread is receiving.
+    /// thread is receiving. The lock is held across the GIL's release and return: safe because
+    /// nothing takes it but with `try_lock` (a thread blocked on it holding the GIL would keep
+    /// this one from returning).
     fn with<T: Send>(
         &self,
         py: Python<'_>,
@@ -322,6 +336,23 @@ impl PyReceiver {
         self.with(py, |receiver| receiver.recv_any_into_timeout(out, timeout))
     }
 
+    /// :meth:`Session.try_recv`: the next message from ``rank`` if one has started to arrive,
+    /// else ``None`` at once.
+    fn try_recv<'py>(&self, py: Python<'py>, rank: i64) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let rank = rank_arg(rank)?;
+        let received = self.with(py, |receiver| receiver.try_recv(rank))?;
+        Ok(received.map(|bytes| PyBytes::new(py, &bytes)))
+    }
+
+    /// :meth:`Session.probe`: the length of the next message from ``rank``, waiting for it to
+    /// arrive, without receiving it.
+    #[pyo3(signature = (rank, *, timeout=CallTimeout::Session))]
+    fn probe(&self, py: Python<'_>, rank: i64, timeout: CallTimeout) -> PyResult<usize> {
+        let rank = rank_arg(rank)?;
+        let timeout = self.facts.deadline(timeout)?;
+        self.with(py, |receiver| receiver.probe_timeout(rank, timeout))
+    }
+
     /// :meth:`Session.try_recv_any`: ``(rank, bytes)`` if a message has started to arrive,
     /// else ``None`` at once.
     fn try_recv_any<'py>(&self, py: Python<'py>) -> PyResult<Option<(u32, Bound<'py, PyBytes>)>> {
@@ -330,7 +361,8 @@ impl PyReceiver {
     }
 
     /// :meth:`Session.readiness_fd`: readable when a message is waiting, once
-    /// :meth:`try_recv_any` has returned ``None``.
+    /// :meth:`try_recv_any` has returned ``None``. Open as long as the session is (rejoined
+    /// too).
     fn readiness_fd(&self) -> RawFd {
         // Not through the lock: a receive may hold it, waiting, with the GIL released.
         self.facts.readiness

@@ -1499,6 +1499,7 @@ def scenario_split(session, args):
         open(flag + ".busy", "w").close()
         waiting.join(30)
         check(second == [b"ack"], f"rank 1's ack {second!r}")
+        check(receiver.try_recv(2) is None, "a message from rank 2 nobody sent")
         thread.join(30)
         check(done.is_set(), "the broadcasts did not end")
         session = sender.rejoin(receiver)
