@@ -84,6 +84,7 @@
 mod acks;
 mod agree;
 mod any;
+mod channel;
 mod collectives;
 /// The demultiplexer of a peer's ring slots, public for the `demux` fuzz target only.
 #[cfg(feature = "fuzzing")]
@@ -112,6 +113,9 @@ mod symmetric;
 #[cfg(feature = "tokio")]
 mod tokio_receiver;
 
+pub use channel::{
+    ChannelReceiver, ChannelSender, LOOK_EVERY, RawChannelReceiver, RawChannelSender,
+};
 pub use collectives::{
     ALL_GATHER_LEND_MAX_RANKS, ALL_GATHER_SLOTS_MAX_BYTES, BRUCK_MAX_BYTES, FLAT_BARRIER_MAX,
     FLAT_GATHER_MAX,

@@ -36,9 +36,9 @@ mod ring;
 
 pub use gpu::{GPU_HANDLE_BYTES, GpuHandle, GpuHandleKind};
 pub use logon::{
-    ANY_RANK, FdRole, LOGON_MAGIC, LogonFrame, MAX_REJOINS, MAX_REPLY_FDS, ManifestEntry, NO_PEER,
-    NOTICE_MAGIC, NoticeKind, PROTOCOL_VERSION, REASON_LEN, REPLY_MAGIC, RejectReason, ReplyHeader,
-    WorkerNotice, job_id,
+    ANY_RANK, ChannelToken, FdRole, LOGON_MAGIC, LogonFrame, MAX_REJOINS, MAX_REPLY_FDS,
+    ManifestEntry, NO_PEER, NOTICE_MAGIC, NoticeKind, PROTOCOL_VERSION, REASON_LEN, REPLY_MAGIC,
+    RejectReason, ReplyHeader, WorkerNotice, job_id,
 };
 pub use message::{FdTicket, INLINE_BYTES, Message, PayloadRef, kind};
 pub use outbox::{

@@ -22,7 +22,8 @@ pub const REPLY_MAGIC: u64 = u64::from_le_bytes(*b"SHMBRPLY");
 /// 7: making a group is an agreement (setup messages carry a view and a ballot), and every
 /// outbox says which process of its rank it is (`status_word::INCARNATION`): a worker of an
 /// older version would not take part in it, so it is refused at logon.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 8: typed channels: a worker asks the broker for a ring to a peer ([`NoticeKind::ChannelRequest`]).
+pub const PROTOCOL_VERSION: u32 = 8;
 /// `requested_rank` meaning "any free rank".
 pub const ANY_RANK: u32 = u32::MAX;
 /// `peer` in a notice that concerns no other rank.
@@ -367,6 +368,79 @@ pub enum NoticeKind {
     /// Broker to worker: the last notice of a rejoin: the attached fd is a pidfd of the new
     /// process of rank `peer`, and `token` its pid (as for [`Self::Peer`]).
     Rejoined = 17,
+    /// Worker to broker: make a ring of records from this worker to rank `peer`, as `token`
+    /// ([`ChannelToken`]) says: the record's size, the ring's capacity and the channel's number.
+    ChannelRequest = 18,
+    /// Broker to worker: the attached fd is the ring this worker asked for to rank `peer` with
+    /// `token` (this worker produces).
+    ChannelMade = 19,
+    /// Broker to worker: the attached fd is a ring rank `peer` asked for to this worker with
+    /// `token` (this worker consumes); it counts as a relayed fd until claimed
+    /// ([`Self::Claimed`]).
+    ChannelOffered = 20,
+    /// Broker to worker: the ring this worker asked for to rank `peer` with `token` was not
+    /// made: `peer` is not logged on or holds as many unclaimed fds as it may, or `token` asks
+    /// for more than [`ChannelToken`] allows.
+    ChannelRefused = 21,
+}
+
+/// What a [`NoticeKind::ChannelRequest`] asks for, packed into its token: the record's size in
+/// bytes (bits 0 to 15), the base-2 logarithm of the ring's capacity (bits 16 to 20) and the
+/// channel's number among those from its producer to its consumer (bits 21 to 63).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChannelToken {
+    /// Bytes of one record: 1 to [`ChannelToken::MAX_RECORD_BYTES`].
+    pub record_bytes: u32,
+    /// Records the ring holds: a power of two from 2 to [`ChannelToken::MAX_CAPACITY`].
+    pub capacity: u64,
+    /// The channel's number from its producer to its consumer, from 0.
+    pub number: u64,
+}
+
+impl ChannelToken {
+    /// The largest record a channel carries (larger data travels as a loan a record refers to).
+    pub const MAX_RECORD_BYTES: u32 = 4096;
+    /// The most records a channel's ring holds.
+    pub const MAX_CAPACITY: u64 = 1 << 20;
+    /// The largest ring file the broker makes for a channel.
+    pub const MAX_FILE_BYTES: u64 = 256 << 20;
+
+    /// The slot class of a record of `record_bytes`: the power of two of at least 8 bytes that
+    /// holds it. Every channel's ring holds records of its class.
+    #[must_use]
+    pub const fn class_bytes(record_bytes: u32) -> u32 {
+        let bytes = if record_bytes < 8 { 8 } else { record_bytes };
+        bytes.next_power_of_two()
+    }
+
+    /// The token's 64 bits.
+    #[must_use]
+    pub const fn pack(self) -> u64 {
+        (self.record_bytes as u64 & 0xffff)
+            | ((self.capacity.trailing_zeros() as u64 & 0x1f) << 16)
+            | (self.number << 21)
+    }
+
+    /// The request a token packs, if it is one a broker serves: a record of 1 to
+    /// [`Self::MAX_RECORD_BYTES`], a capacity of 2 to [`Self::MAX_CAPACITY`].
+    #[must_use]
+    pub const fn unpack(token: u64) -> Option<Self> {
+        let record_bytes = (token & 0xffff) as u32;
+        let log2 = (token >> 16) & 0x1f;
+        let capacity = 1u64 << log2;
+        if record_bytes == 0
+            || record_bytes > Self::MAX_RECORD_BYTES
+            || capacity < 2
+            || capacity > Self::MAX_CAPACITY
+        {
+            return None;
+        }
+        Some(Self {
+            record_bytes,
+            capacity,
+            number: token >> 21,
+        })
+    }
 }
 
 impl NoticeKind {
@@ -375,7 +449,7 @@ impl NoticeKind {
     pub const fn from_broker(self) -> bool {
         !matches!(
             self,
-            Self::Goodbye | Self::RelayFd | Self::Outbox | Self::Claimed
+            Self::Goodbye | Self::RelayFd | Self::Outbox | Self::Claimed | Self::ChannelRequest
         )
     }
 
@@ -400,6 +474,10 @@ impl NoticeKind {
             15 => Some(Self::RejoinRingFrom),
             16 => Some(Self::RejoinReadiness),
             17 => Some(Self::Rejoined),
+            18 => Some(Self::ChannelRequest),
+            19 => Some(Self::ChannelMade),
+            20 => Some(Self::ChannelOffered),
+            21 => Some(Self::ChannelRefused),
             _ => None,
         }
     }
@@ -410,8 +488,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn channel_tokens_round_trip_and_refuse_what_no_broker_makes() {
+        let token = ChannelToken {
+            record_bytes: 60,
+            capacity: 1024,
+            number: (1 << 43) - 1,
+        };
+        assert_eq!(ChannelToken::unpack(token.pack()), Some(token));
+        for bad in [0u64, 4097 | 4 << 16, 8, 21 << 16 | 8] {
+            assert_eq!(ChannelToken::unpack(bad), None, "{bad:#x}");
+        }
+        assert_eq!(ChannelToken::class_bytes(1), 8);
+        assert_eq!(ChannelToken::class_bytes(60), 64);
+        assert_eq!(ChannelToken::class_bytes(64), 64);
+        assert_eq!(ChannelToken::class_bytes(4096), 4096);
+    }
+
+    #[test]
     fn codes_round_trip() {
-        for code in 0..20 {
+        for code in 0..30 {
             if let Some(reason) = RejectReason::from_code(code) {
                 assert_eq!(reason as u32, code);
             }

@@ -169,6 +169,10 @@ pub const SHMBROKER_E_PEER_REJOINED: c_int = -15;
 /// named, as its word.
 pub const SHMBROKER_E_PEER_GAVE_UP: c_int = -16;
 
+/// The other end of a typed channel (`shmbroker_last_error_rank`) closed it; what it sent
+/// before was received first.
+pub const SHMBROKER_E_CLOSED: c_int = -17;
+
 /// The version of this library and header, major part (`shmbroker_version` gives the library's
 /// at run time).
 pub const SHMBROKER_VERSION_MAJOR: c_int = 0;

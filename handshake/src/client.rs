@@ -166,6 +166,13 @@ impl Connection {
         Interrupter::new(Arc::clone(&self.shared))
     }
 
+    /// A handle on who is gone and on interrupts, for a thread that does not hold the
+    /// connection (a typed channel's end).
+    #[must_use]
+    pub fn peer_watch(&self) -> crate::liveness::PeerWatch {
+        crate::liveness::PeerWatch::new(Arc::clone(&self.shared))
+    }
+
     /// How many times an [`Interrupter`] has asked so far: a call compares the number it saw
     /// first with the number now, so that one request ends every call waiting when it came.
     #[must_use]
@@ -521,6 +528,69 @@ impl Connection {
         )?;
         self.claim(from, token);
         Ok(fd)
+    }
+
+    /// Asks the broker for the ring of a typed channel from this worker to rank `to` (`token`
+    /// is a [`ChannelToken`](shmbroker_bindings::ChannelToken)), and waits for it: this worker
+    /// produces; `to` is offered the same ring ([`Self::take_channel`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RelayRefused`] when the broker made none (`to` is not logged on, or holds as
+    /// many fds it has not taken as it may); [`Error::Timeout`]; [`Error::BrokerLost`];
+    /// [`Error::PeerLost`] if `to` died.
+    pub fn request_channel(
+        &mut self,
+        to: u32,
+        token: u64,
+        timeout: Duration,
+    ) -> Result<OwnedFd, Error> {
+        if to >= self.world_size || to == self.rank {
+            return Err(Error::RelayRefused {
+                to,
+                reason: "no such rank: a channel goes to another rank of this world",
+                full: false,
+            });
+        }
+        let deadline = deadline_after(timeout);
+        let stage = "asking the broker for a channel";
+        let notice = WorkerNotice::new(NoticeKind::ChannelRequest, to, token);
+        self.send_notice(notice, None, stage, timeout)?;
+        let answer = self
+            .shared
+            .wait_for(to, deadline, stage, timeout, |inbox| {
+                inbox.channel_answers.remove(&(to, token))
+            })?;
+        answer.ok_or(Error::RelayRefused {
+            to,
+            reason: "it is not logged on, or holds as many fds it has not taken as it may",
+            full: false,
+        })
+    }
+
+    /// The ring of channel number `number` that rank `from` asked for to this worker, waiting
+    /// up to `timeout` for the broker's offer: the request's token and the ring (this worker
+    /// consumes). The broker is told it was taken.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`]; [`Error::BrokerLost`]; [`Error::PeerLost`] if `from` died.
+    pub fn take_channel(
+        &mut self,
+        from: u32,
+        number: u64,
+        timeout: Duration,
+    ) -> Result<(u64, OwnedFd), Error> {
+        let deadline = deadline_after(timeout);
+        let (token, fd) = self.shared.wait_for(
+            from,
+            deadline,
+            "waiting for a channel's ring",
+            timeout,
+            |inbox| inbox.channel_offers.remove(&(from, number)),
+        )?;
+        self.claim(from, token);
+        Ok((token, fd))
     }
 
     /// Tells the broker the fd `from` relayed with `token` was taken (or closed), within

@@ -87,7 +87,7 @@ pub use client::{
 #[cfg(not(loom))]
 pub use error::{Error, ProtocolError};
 #[cfg(not(loom))]
-pub use liveness::{Departure, Interrupter, LeftAfter, TIMED_OUT};
+pub use liveness::{Departure, Interrupter, LeftAfter, PeerWatch, TIMED_OUT};
 #[cfg(not(loom))]
 pub use trust::{BROKER_UID_VAR, private_dir};
 #[cfg(not(loom))]

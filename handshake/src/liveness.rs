@@ -190,6 +190,12 @@ pub(crate) struct Inbox {
     pub peers: HashMap<u32, PeerProcess>,
     /// The broker's answers to this worker's relays, by (receiver, token): delivered or not.
     pub relay_answers: HashMap<(u32, u64), RelayAnswer>,
+    /// The broker's answers to this worker's channel requests, by (consumer, token): the ring,
+    /// or the refusal.
+    pub channel_answers: HashMap<(u32, u64), Option<OwnedFd>>,
+    /// Channels peers asked for to this worker, not yet taken, by (producer, channel number):
+    /// the request's token and the ring.
+    pub channel_offers: HashMap<(u32, u64), (u64, OwnedFd)>,
     /// Peers that died and whose replacement rejoined, not yet adopted by the session (see
     /// [`Shared::adopt`]), by rank.
     pub rejoins: HashMap<u32, Rejoin>,
@@ -280,6 +286,32 @@ impl Interrupter {
         self.shared
             .state
             .request_interrupt(closers.iter().map(|(_, from)| from));
+    }
+}
+
+/// What a channel end asks of its session without borrowing it: whether its peer is still
+/// there, and whether an interrupt came. Cheap to clone; any thread.
+#[derive(Clone, Debug)]
+pub struct PeerWatch {
+    shared: Arc<Shared>,
+}
+
+impl PeerWatch {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Why `peer` is gone, or `None` while it is there (see
+    /// [`Connection::departure`](crate::Connection::departure)).
+    #[must_use]
+    pub fn departure(&self, peer: u32) -> Option<Departure> {
+        self.shared.departure(peer)
+    }
+
+    /// [`Interrupter::count`].
+    #[must_use]
+    pub fn interrupt_count(&self) -> u64 {
+        self.shared.interrupt_count()
     }
 }
 

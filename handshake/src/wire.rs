@@ -295,7 +295,7 @@ pub fn decode_broker_notice(
         _ => {
             return Err(ProtocolError::Field {
                 field: "notice kind",
-                expected: "one the broker sends (3, 5 to 9, 11 to 17)".into(),
+                expected: "one the broker sends (3, 5 to 9, 11 to 17, 19 to 21)".into(),
                 found: u64::from(notice.kind),
             });
         }
@@ -316,6 +316,8 @@ pub fn decode_broker_notice(
             | NoticeKind::RejoinRingFrom
             | NoticeKind::RejoinReadiness
             | NoticeKind::Rejoined
+            | NoticeKind::ChannelMade
+            | NoticeKind::ChannelOffered
     );
     if carries_fd != fd_attached {
         return Err(ProtocolError::FdCount {
@@ -342,6 +344,17 @@ pub fn decode_broker_notice(
         return Err(ProtocolError::Field {
             field: "notice token (a peer's pid)",
             expected: "a process id".into(),
+            found: notice.token,
+        });
+    }
+    let channel = matches!(
+        kind,
+        NoticeKind::ChannelMade | NoticeKind::ChannelOffered | NoticeKind::ChannelRefused
+    );
+    if channel && shmbroker_bindings::ChannelToken::unpack(notice.token).is_none() {
+        return Err(ProtocolError::Field {
+            field: "channel notice token (record size, capacity, number)",
+            expected: "records of 1 to 4096 bytes, 2 to 2^20 of them".into(),
             found: notice.token,
         });
     }

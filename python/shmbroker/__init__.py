@@ -17,6 +17,7 @@ as :class:`PeerLost` or :class:`PeerLeft`, naming its rank, instead of hanging.
 from ._errors import (
     BrokerLost,
     BufferTooSmall,
+    ChannelClosed,
     Error,
     LogonError,
     MisuseError,
@@ -48,6 +49,7 @@ from ._status import status
 __all__ = [
     "BrokerLost",
     "BufferTooSmall",
+    "ChannelClosed",
     "Error",
     "GpuHandle",
     "Group",

@@ -165,6 +165,11 @@ class LogonError(Error):
     environment does not say where this process stands (``path=None`` outside a launcher)."""
 
 
+class ChannelClosed(_RankError):
+    """The other end of a typed channel, on rank ``rank``, closed it; what it sent before was
+    received first."""
+
+
 class MisuseError(Error, ValueError):
     """A mistake in the calling program: a rank out of range, a message to this rank itself, a
     broadcast root without data, a non-contiguous buffer, a bad timeout. Also a ``ValueError``."""

@@ -27,6 +27,7 @@ mod py {
     pyo3::import_exception!(shmbroker._errors, MisuseError);
     pyo3::import_exception!(shmbroker._errors, BufferTooSmall);
     pyo3::import_exception!(shmbroker._errors, ResourceError);
+    pyo3::import_exception!(shmbroker._errors, ChannelClosed);
 }
 
 /// `shmbroker.Error` with `message`: a closed session, a busy one, a fork's copy.
@@ -127,6 +128,7 @@ pub fn to_py(error: Error) -> PyErr {
         }
         ErrorKind::Misuse => py::MisuseError::new_err(message),
         ErrorKind::Resource => py::ResourceError::new_err(message),
+        ErrorKind::ChannelClosed => py::ChannelClosed::new_err((message, rank)),
         // An interrupt (a signal's own exception comes first where there is one), and a kind
         // added later: at least an Error.
         _ => py::Error::new_err(message),

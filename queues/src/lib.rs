@@ -70,7 +70,7 @@ pub use interrupt::Interrupt;
 pub use readiness::{Notifier, ReadyRings, ReadySet};
 pub use ring::{Closer, Consumer, HEADER_SIZE, MAX_CAPACITY, Producer, pair};
 #[cfg(not(loom))]
-pub use ring::{close, create, fill};
+pub use ring::{close, create, create_sized, fill};
 pub use waiting::{CROWDED_SPIN_MAX, SPIN_MAX, Waiting};
 #[cfg(not(loom))]
 pub use waiting::{CROWDED_YIELD_MAX, LONG_WAIT_FACTOR, YIELD_MAX};

@@ -97,6 +97,17 @@ pub enum Error {
     /// out of step.
     #[error("interrupted while waiting")]
     Interrupted,
+    /// The other end of a typed channel closed it (dropped its end). What it sent before is
+    /// received first; a peer whose process died is [`Error::PeerLost`] instead.
+    #[error("rank {peer} closed channel #{number} {direction} it")]
+    ChannelClosed {
+        /// The rank at the other end.
+        peer: u32,
+        /// The channel's number among those between the two ranks in its direction.
+        number: u64,
+        /// `"to"` or `"from"`, as seen from this rank.
+        direction: &'static str,
+    },
     /// The deadline passed.
     #[error(
         "{op} timed out after {timeout:?} waiting for {}{}",
@@ -321,6 +332,8 @@ pub enum ErrorKind {
     Resource,
     /// An interrupt ended the call.
     Interrupted,
+    /// The other end of a typed channel closed it.
+    ChannelClosed,
     /// A peer sent what the protocol does not allow, or called another collective.
     Protocol,
 }
@@ -360,6 +373,7 @@ impl Error {
                 ErrorKind::Resource
             }
             Self::Interrupted => ErrorKind::Interrupted,
+            Self::ChannelClosed { .. } => ErrorKind::ChannelClosed,
             Self::Protocol { .. }
             | Self::Corrupted { .. }
             | Self::CollectiveMismatch { .. }
@@ -396,6 +410,7 @@ impl Error {
             | Self::Protocol { peer, .. }
             | Self::Corrupted { peer, .. }
             | Self::Outbox { peer, .. }
+            | Self::ChannelClosed { peer, .. }
             | Self::Relay { peer, .. } => Some(*peer),
             Self::StaleFdTicket { exporter, .. } => Some(*exporter),
             Self::Timeout {

@@ -35,6 +35,10 @@ pub(super) struct Peer {
     /// Which process of its rank this rank's links lead to (see `agree`), once read from its
     /// outbox.
     pub(super) incarnation: Option<u32>,
+    /// Typed channels made to it, and from it: the number of the next each way (see
+    /// `channel`).
+    pub(super) channels_to: u64,
+    pub(super) channels_from: u64,
 }
 
 impl Peer {
@@ -51,6 +55,8 @@ impl Peer {
             setup_received: 0,
             setup_stash: None,
             incarnation: None,
+            channels_to: 0,
+            channels_from: 0,
         }
     }
 }

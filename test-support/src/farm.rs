@@ -56,6 +56,11 @@ pub struct Args {
     /// for the rank in the other bits), print `forged`, and hang, alive, without answering.
     #[arg(long, value_name = "CAUSE")]
     leave_citing: Option<u32>,
+    /// Instead of working: make a channel of u64 records to rank 0 (tag 7), send 0 to N - 1
+    /// on it, print `streamed`, and hang with the channel open (for a test that kills this
+    /// worker and expects rank 0 to receive every record, then its death).
+    #[arg(long, value_name = "N")]
+    channel_records: Option<u64>,
 }
 
 /// FNV-1a, 64 bits.
@@ -87,6 +92,20 @@ pub fn run(args: &Args) -> Result<(), String> {
     let mut session =
         Session::connect(socket, Some(rank), timeout).map_err(|error| format!("logon: {error}"))?;
     session.set_timeout(timeout);
+    if let Some(records) = args.channel_records {
+        let mut channel = session
+            .channel_to::<u64>(0, 7, 1 << 16)
+            .map_err(|error| format!("channel_to: {error}"))?;
+        for n in 0..records {
+            channel
+                .send(&n)
+                .map_err(|error| format!("channel send: {error}"))?;
+        }
+        println!("streamed");
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
     serve(&mut session, args).map_err(|error| format!("rank {rank}: {error}"))
 }
 

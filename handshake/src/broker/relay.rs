@@ -3,7 +3,7 @@
 
 use super::{Event, Listener, MAX_UNCLAIMED_FDS, MAX_UNCLAIMED_RELAYS};
 use nix::errno::Errno;
-use shmbroker_bindings::{NOTICE_MAGIC, NoticeKind, WorkerNotice};
+use shmbroker_bindings::{ChannelToken, NOTICE_MAGIC, NoticeKind, WorkerNotice};
 use shmbroker_sys::fdpass::{recv_with_fds, send_with_fds};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Instant;
@@ -127,6 +127,13 @@ impl Listener {
                     self.complain(rank, detail, events);
                 }
             }
+            Some(NoticeKind::ChannelRequest) => {
+                if fd.is_some() {
+                    let detail = "a channel request came with an fd".into();
+                    return self.complain(rank, detail, events);
+                }
+                self.make_channel(rank, notice.peer, notice.token, events);
+            }
             Some(NoticeKind::Outbox) => {
                 let Some(fd) = fd else {
                     let detail = "an outbox notice came without an fd".into();
@@ -193,6 +200,93 @@ impl Listener {
             self.complain(from, detail, events);
         }
         self.send(from, WorkerNotice::new(answer, to, token), None);
+    }
+
+    /// Makes the ring of records `from` asked for to rank `to` (a typed channel: `token` is a
+    /// [`ChannelToken`]), and passes it to both: to `to` as an offer it claims like a relayed
+    /// fd (so an unclaimed one counts against the same limit), to `from` as made. Refused, with
+    /// `from` told, when `to` is not there or holds its share, or the token asks for more than
+    /// a channel may hold.
+    pub(super) fn make_channel(&mut self, from: u32, to: u32, token: u64, events: &mut Vec<Event>) {
+        let made = self.channel_ring(from, to, token);
+        let fd = match made {
+            Ok(fd) => fd,
+            Err(detail) => {
+                self.send(
+                    from,
+                    WorkerNotice::new(NoticeKind::ChannelRefused, to, token),
+                    None,
+                );
+                return self.complain(from, detail, events);
+            }
+        };
+        let Ok(copy) = fd.try_clone() else {
+            self.send(
+                from,
+                WorkerNotice::new(NoticeKind::ChannelRefused, to, token),
+                None,
+            );
+            return self.complain(from, "could not duplicate a channel's ring".into(), events);
+        };
+        if let Some(target) = self.workers[to as usize].as_mut() {
+            target.unclaimed.insert((from, token));
+            target.outgoing.push_back((
+                WorkerNotice::new(NoticeKind::ChannelOffered, from, token),
+                Some(copy),
+            ));
+            self.flush(to as usize);
+        }
+        self.send(
+            from,
+            WorkerNotice::new(NoticeKind::ChannelMade, to, token),
+            Some(fd),
+        );
+    }
+
+    /// The ring of a channel request, or why there is none.
+    fn channel_ring(&self, from: u32, to: u32, token: u64) -> Result<OwnedFd, String> {
+        let Some(request) = ChannelToken::unpack(token) else {
+            return Err(format!(
+                "a channel request's token {token:#x} asks for records of 1 to {} bytes, 2 to {}                  of them",
+                ChannelToken::MAX_RECORD_BYTES,
+                ChannelToken::MAX_CAPACITY
+            ));
+        };
+        let class = ChannelToken::class_bytes(request.record_bytes);
+        let file_bytes = (u64::from(class) + 8).saturating_mul(request.capacity);
+        if file_bytes > ChannelToken::MAX_FILE_BYTES {
+            return Err(format!(
+                "a channel of {} records of {} bytes needs {file_bytes} bytes, more than {}",
+                request.capacity,
+                request.record_bytes,
+                ChannelToken::MAX_FILE_BYTES
+            ));
+        }
+        let target = self
+            .workers
+            .get(to as usize)
+            .and_then(Option::as_ref)
+            .filter(|w| w.stream.is_some() && to != from);
+        match target {
+            None => return Err(format!("channel to rank {to} refused: it is not logged on")),
+            Some(target)
+                if target.unclaimed.len() >= MAX_UNCLAIMED_RELAYS
+                    || target
+                        .outgoing
+                        .iter()
+                        .filter(|(_, fd)| fd.is_some())
+                        .count()
+                        >= MAX_UNCLAIMED_RELAYS =>
+            {
+                return Err(format!(
+                    "channel to rank {to} refused: it holds {MAX_UNCLAIMED_RELAYS} fds it has                      not taken"
+                ));
+            }
+            Some(_) => {}
+        }
+        let capacity = usize::try_from(request.capacity).unwrap_or(usize::MAX);
+        shmbroker_queues::create_sized(class, 8, capacity)
+            .map_err(|e| format!("making a channel's ring: {e}"))
     }
 
     /// Queues a notice (and its fd) for `to` and sends what its socket has room for.

@@ -281,6 +281,17 @@ impl Reader {
                     self.shared.signal_rejoin();
                 }
             }
+            (NoticeKind::ChannelMade, fd @ Some(_)) | (NoticeKind::ChannelRefused, fd @ None) => {
+                inbox.channel_answers.insert(key, fd);
+            }
+            (NoticeKind::ChannelOffered, Some(fd)) => {
+                // The decoder checked the token is one.
+                let number = shmbroker_bindings::ChannelToken::unpack(notice.token)
+                    .map_or(0, |token| token.number);
+                inbox
+                    .channel_offers
+                    .insert((notice.peer, number), (notice.token, fd));
+            }
             (NoticeKind::RelayDelivered, None) => {
                 inbox.relay_answers.insert(key, RelayAnswer::Delivered);
             }
@@ -326,6 +337,8 @@ fn file_rejoin(
         inbox.outboxes.remove(&peer);
         inbox.relayed.retain(|(from, _), _| *from != peer);
         inbox.relay_answers.retain(|(to, _), _| *to != peer);
+        inbox.channel_offers.retain(|(from, _), _| *from != peer);
+        inbox.channel_answers.retain(|(to, _), _| *to != peer);
         inbox.rejoins.insert(
             peer,
             super::Rejoin {

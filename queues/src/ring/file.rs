@@ -167,7 +167,33 @@ fn validate_layout<T: Pod>(found: &RingLayout, file_size: u64) -> Result<RingLay
 #[cfg(not(loom))]
 pub fn create<T: Pod>(capacity: usize) -> Result<OwnedFd, Error> {
     let capacity = check_capacity(capacity)?;
-    let layout = Geometry::<T>::layout(capacity);
+    create_with_layout(Geometry::<T>::layout(capacity))
+}
+
+/// [`create`] for messages known only at run time: `elem_size` bytes aligned to `elem_align`
+/// (a power of two up to 4096), as a type of that size and alignment would have them. For a
+/// process that makes rings for others without their types (the broker makes typed channels'
+/// rings); they join with the type.
+///
+/// # Errors
+///
+/// As for [`create`], and [`Error::ElementAlign`] for an alignment that is not a power of two
+/// up to 4096.
+#[cfg(not(loom))]
+pub fn create_sized(elem_size: u32, elem_align: u32, capacity: usize) -> Result<OwnedFd, Error> {
+    let capacity = check_capacity(capacity)?;
+    if !elem_align.is_power_of_two() || elem_align > 4096 {
+        return Err(Error::ElementAlign {
+            expected: 8,
+            found: elem_align,
+        });
+    }
+    create_with_layout(super::shared::layout_sized(elem_size, elem_align, capacity))
+}
+
+/// A fresh sealed memfd holding a ring of `layout`.
+#[cfg(not(loom))]
+fn create_with_layout(layout: RingLayout) -> Result<OwnedFd, Error> {
     let fd = crate::memfd::create_sealed(c"shmbroker-ring", layout.file_size)?;
     // Only the layout: every other byte of a fresh file is zero, which is what the control
     // blocks start as and what slot sequence words read as "pending" in the first lap.

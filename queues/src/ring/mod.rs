@@ -88,7 +88,7 @@ mod tests;
 pub use closer::Closer;
 pub use consumer::Consumer;
 #[cfg(not(loom))]
-pub use file::{close, create, fill};
+pub use file::{close, create, create_sized, fill};
 pub use producer::Producer;
 
 use crate::error::{Corruption, Error, TryRecvError, TrySendError};

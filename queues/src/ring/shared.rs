@@ -88,6 +88,24 @@ impl<T> Geometry<T> {
     }
 }
 
+/// The layout [`Geometry::layout`] gives a type of `elem_size` bytes aligned to `elem_align`
+/// (a power of two), worked out at run time: a slot is the sequence word, then the message at
+/// the next multiple of its alignment, padded to the slot's alignment (the larger of 8 and the
+/// message's); the slots start at the first multiple of that alignment past the header.
+#[cfg(not(loom))]
+pub(super) fn layout_sized(elem_size: u32, elem_align: u32, capacity: u64) -> RingLayout {
+    let slot_align = u64::from(elem_align.max(8));
+    let message_at = 8u64.next_multiple_of(u64::from(elem_align));
+    let slot_size = (message_at + u64::from(elem_size)).next_multiple_of(slot_align);
+    RingLayout::new(
+        elem_size,
+        elem_align,
+        u32::try_from(slot_size).unwrap_or(u32::MAX),
+        capacity,
+        (HEADER_SIZE as u64).next_multiple_of(slot_align),
+    )
+}
+
 /// What keeps a ring's memory alive: shared by the endpoint and any [`Closer`] made from it.
 #[derive(Clone)]
 pub(super) enum Backing {

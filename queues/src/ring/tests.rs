@@ -47,3 +47,32 @@ fn one_wake_syscall_for_a_parked_consumer() {
     assert_eq!(wake_syscalls(), before + 1);
     assert_eq!(rx.try_recv(), Ok(43));
 }
+
+#[test]
+fn a_ring_made_from_a_size_is_the_ring_of_a_type_of_that_size() {
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    #[repr(C, align(16))]
+    struct Wide([u8; 48]);
+    fn same<T: Pod>() {
+        for capacity in [2u64, 64, 1024] {
+            assert_eq!(
+                shared::layout_sized(size_of::<T>() as u32, align_of::<T>() as u32, capacity),
+                shared::Geometry::<T>::layout(capacity),
+                "{} x {capacity}",
+                std::any::type_name::<T>()
+            );
+        }
+        // And one end of each kind joins it.
+        let fd = create_sized(size_of::<T>() as u32, align_of::<T>() as u32, 64).unwrap();
+        let mut tx = Producer::<T>::join(std::os::fd::AsFd::as_fd(&fd)).unwrap();
+        let mut rx = Consumer::<T>::join(std::os::fd::AsFd::as_fd(&fd)).unwrap();
+        assert!(tx.try_send(T::zeroed()).is_ok());
+        assert!(rx.try_recv().is_ok());
+    }
+    same::<u8>();
+    same::<u64>();
+    same::<[u8; 60]>();
+    same::<[u64; 8]>();
+    same::<Wide>();
+    same::<[u8; 4096]>();
+}

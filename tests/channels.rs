@@ -1,0 +1,240 @@
+//! Typed channels: records streamed in order one at a time and in batches, records that do not
+//! fill their slots, a tag or size the other end does not share, closing from either end, a
+//! producer killed with records still in the ring, and a channel beside the session's own calls.
+
+use bytemuck::{Pod, Zeroable};
+use shmbroker::Error;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{Broker, World, farm_worker_with, read_line_within};
+
+#[test]
+fn records_stream_in_order_one_at_a_time_and_in_batches() {
+    const COUNT: u64 = 200_000;
+    let (_world, mut sessions) = World::start("channel-stream", 2);
+    let mut consumer = sessions.pop().unwrap();
+    let mut producer = sessions.pop().unwrap();
+    let sending = std::thread::spawn(move || {
+        let mut tx = producer.channel_to::<u64>(1, 42, 256).unwrap();
+        for n in 0..COUNT {
+            tx.send(&n).unwrap();
+        }
+        let batch: Vec<u64> = (COUNT..COUNT * 2).collect();
+        for part in batch.chunks(1000) {
+            tx.send_batch(part).unwrap();
+        }
+        // The session goes on with its own calls beside the channel.
+        producer.send(1, b"done").unwrap();
+        (producer, tx)
+    });
+    let mut rx = consumer.channel_from::<u64>(0, 42).unwrap();
+    for n in 0..COUNT {
+        assert_eq!(rx.recv().unwrap(), n);
+    }
+    let mut next = COUNT;
+    let mut buffer = vec![0u64; 300];
+    while next < COUNT * 2 {
+        let got = rx.recv_batch(&mut buffer).unwrap();
+        assert!(got >= 1);
+        for &value in &buffer[..got] {
+            assert_eq!(value, next);
+            next += 1;
+        }
+    }
+    assert_eq!(rx.try_recv().unwrap(), None);
+    assert_eq!(consumer.recv(0).unwrap(), b"done");
+    let (_producer, _tx) = sending.join().unwrap();
+}
+
+/// A record of 60 bytes: its slots are 64, and only its own bytes travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+struct Transaction {
+    id: u32,
+    payload: [u8; 56],
+}
+
+fn transaction(id: u32) -> Transaction {
+    let mut payload = [0u8; 56];
+    for (i, byte) in payload.iter_mut().enumerate() {
+        *byte = (id as u8).wrapping_mul(7).wrapping_add(i as u8);
+    }
+    Transaction { id, payload }
+}
+
+#[test]
+fn records_that_do_not_fill_their_slots_arrive_whole() {
+    let (_world, mut sessions) = World::start("channel-odd", 2);
+    let mut consumer = sessions.pop().unwrap();
+    let mut producer = sessions.pop().unwrap();
+    let sending = std::thread::spawn(move || {
+        let mut tx = producer.channel_to::<Transaction>(1, 9, 64).unwrap();
+        let all: Vec<Transaction> = (0..5000).map(transaction).collect();
+        tx.send_batch(&all).unwrap();
+        for id in 5000..5100 {
+            while !tx.try_send(&transaction(id)).unwrap() {
+                std::thread::yield_now();
+            }
+        }
+        producer
+    });
+    let mut rx = consumer.channel_from::<Transaction>(0, 9).unwrap();
+    let mut buffer = vec![Transaction::zeroed(); 37];
+    let mut next = 0;
+    while next < 5100 {
+        let got = rx.recv_batch(&mut buffer).unwrap();
+        for record in &buffer[..got] {
+            assert_eq!(*record, transaction(next));
+            next += 1;
+        }
+    }
+    let _producer = sending.join().unwrap();
+}
+
+#[test]
+fn a_tag_or_size_the_ends_do_not_share_fails_at_both_naming_what_each_has() {
+    let (_world, mut sessions) = World::start("channel-mismatch", 2);
+    let mut consumer = sessions.pop().unwrap();
+    let mut producer = sessions.pop().unwrap();
+    let sending = std::thread::spawn(move || {
+        let mut tagged = producer.channel_to::<u64>(1, 1, 16).unwrap();
+        let mut sized = producer.channel_to::<u32>(1, 2, 16).unwrap();
+        (
+            producer,
+            tagged.send(&5).err(),
+            sized.send(&5).err(),
+            tagged,
+            sized,
+        )
+    });
+    let error = consumer.channel_from::<u64>(0, 99).unwrap_err();
+    assert!(
+        matches!(&error, Error::Misuse(text) if text.contains("0x1") && text.contains("0x63")),
+        "{error}"
+    );
+    let error = consumer.channel_from::<u64>(0, 2).unwrap_err();
+    assert!(
+        matches!(&error, Error::Misuse(text) if text.contains("records of 4 bytes") && text.contains("expects 8")),
+        "{error}"
+    );
+    let (mut producer, first, second, mut tagged, mut sized) = sending.join().unwrap();
+    // Each send raced the refusal; by now both are refused.
+    for (error, tx) in [
+        (first, tagged.send(&6).err()),
+        (second, sized.send(&6).err()),
+    ] {
+        let error = tx.or(error).expect("a refused channel keeps failing");
+        assert!(
+            matches!(&error, Error::Misuse(text) if text.contains("refused channel")),
+            "{error}"
+        );
+    }
+    // The session goes on, and the next channel between them is numbered past the refused ones.
+    let next = std::thread::spawn(move || {
+        let mut tx = producer.channel_to::<u64>(1, 3, 16).unwrap();
+        tx.send(&77).unwrap();
+        (producer, tx)
+    });
+    let mut rx = consumer.channel_from::<u64>(0, 3).unwrap();
+    assert_eq!(rx.recv().unwrap(), 77);
+    let _ = next.join().unwrap();
+}
+
+#[test]
+fn closing_either_end_is_channel_closed_after_what_was_sent() {
+    let (_world, mut sessions) = World::start("channel-close", 2);
+    let mut consumer = sessions.pop().unwrap();
+    let mut producer = sessions.pop().unwrap();
+    let sending = std::thread::spawn(move || {
+        let mut tx = producer.channel_to::<u64>(1, 5, 16).unwrap();
+        tx.send_batch(&[1, 2, 3]).unwrap();
+        drop(tx);
+        // And one the consumer drops.
+        let mut second = producer.channel_to::<u64>(1, 6, 16).unwrap();
+        let deadline = Instant::now() + common::SESSION_TIMEOUT;
+        loop {
+            match second.try_send(&1) {
+                Ok(_) => assert!(Instant::now() < deadline, "the consumer never closed"),
+                Err(error) => return (producer, error),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    let mut rx = consumer.channel_from::<u64>(0, 5).unwrap();
+    let mut got = [0u64; 8];
+    let mut all = Vec::new();
+    loop {
+        match rx.recv_batch(&mut got) {
+            Ok(n) => all.extend_from_slice(&got[..n]),
+            Err(Error::ChannelClosed {
+                peer: 0, number: 0, ..
+            }) => break,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(all, [1, 2, 3]);
+    drop(consumer.channel_from::<u64>(0, 6).unwrap());
+    let (_producer, error) = sending.join().unwrap();
+    assert!(
+        matches!(
+            error,
+            Error::ChannelClosed {
+                peer: 1,
+                number: 1,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(error.kind(), shmbroker::ErrorKind::ChannelClosed);
+}
+
+#[test]
+fn a_killed_producers_records_arrive_then_its_death_is_peer_lost() {
+    const RECORDS: &str = "5000";
+    let broker = Broker::start("channel-death", 2);
+    let socket = broker.socket();
+    let connecting = std::thread::spawn(move || {
+        let mut session =
+            shmbroker::Session::connect(&socket, Some(0), common::SESSION_TIMEOUT).unwrap();
+        session.set_timeout(common::SESSION_TIMEOUT);
+        session
+    });
+    let mut producer = farm_worker_with(
+        &broker,
+        1,
+        &["--channel-records", RECORDS],
+        std::process::Stdio::piped(),
+    );
+    let mut consumer = connecting.join().unwrap();
+    let mut rx = consumer.channel_from::<u64>(1, 7).unwrap();
+    let line = read_line_within(producer.take_stdout().unwrap(), common::CHILD_DEADLINE);
+    assert_eq!(line.trim(), "streamed");
+    producer.kill();
+    let killed = Instant::now();
+    for n in 0..5000u64 {
+        assert_eq!(rx.recv().unwrap(), n);
+    }
+    let error = rx.recv().unwrap_err();
+    assert!(matches!(error, Error::PeerLost { rank: 1, .. }), "{error}");
+    assert!(
+        killed.elapsed() < common::SESSION_TIMEOUT / 2,
+        "the death was seen at the deadline, not as it happened"
+    );
+}
+
+#[test]
+fn a_channel_to_a_rank_out_of_range_or_with_a_bad_shape_is_misuse() {
+    let (_world, mut sessions) = World::start("channel-misuse", 2);
+    let mut session = sessions.remove(0);
+    for error in [
+        session.channel_to::<u64>(0, 1, 16).unwrap_err(),
+        session.channel_to::<u64>(5, 1, 16).unwrap_err(),
+        session.channel_to::<u64>(1, 1, 3).unwrap_err(),
+        session.raw_channel_to(1, 1, 5000, 16).unwrap_err(),
+    ] {
+        assert_eq!(error.kind(), shmbroker::ErrorKind::Misuse, "{error}");
+    }
+}
