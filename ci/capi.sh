@@ -53,11 +53,21 @@ for run in 1 2 3 4 5; do
     test "$(grep -c 'incarnations \[0, 1, 0\]' <<<"$out")" = 3 || { echo "$program: $out"; exit 1; }
   done
 done
+# Typed channels: records of a size C declares, one at a time and in batches, a tag refused at
+# both ends and a close (C); templates over structs, a scheduler and its workers each way (C++).
+cc -Wall -Wextra -Werror examples/c/channels.c -Icapi/include -Ltarget/release -lshmbroker \
+  -Wl,-rpath,"$PWD/target/release" -o "$examples_out/channels-c"
+target/release/shmbroker run -n 2 --timeout 60 "$examples_out/channels-c"
+c++ -std=c++17 -Wall -Wextra -Werror examples/cpp/channels.cpp -Icapi/include -Ltarget/release \
+  -lshmbroker -Wl,-rpath,"$PWD/target/release" -o "$examples_out/channels-cpp"
+target/release/shmbroker run -n 2 --timeout 60 "$examples_out/channels-cpp"
+target/release/shmbroker run -n 4 --timeout 60 "$examples_out/channels-cpp"
 cc examples/c/example.c $(PKG_CONFIG_PATH="$PWD/capi" pkg-config --cflags --libs shmbroker) \
   -o "$examples_out/example-pc"
 target/release/shmbroker run -n 2 --timeout 60 "$examples_out/example-pc"
-# The C++ header's MindIE pattern (a response thread in recv_any; a late worker delays nobody
-# else's reply), then the package as a project outside the tree uses it: cmake --install of capi/
+# The C++ header's MindIE pattern (1 MiB batch broadcasts, rank 1 always 20 ms slow, replies
+# taken on the Receiver half; it fails if the fast replies waited behind the slow worker), then
+# the package as a project outside the tree uses it: cmake --install of capi/
 # into a prefix, find_package(shmbroker CONFIG) for the C++ examples (shared and static), and
 # pkg-config from the installed .pc.
 c++ -std=c++17 -pthread -Wall -Wextra -Werror examples/cpp/scheduler.cpp -Icapi/include \

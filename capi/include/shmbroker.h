@@ -93,6 +93,10 @@
 // named, as its word.
 #define SHMBROKER_E_PEER_GAVE_UP -16
 
+// The other end of a typed channel (`shmbroker_last_error_rank`) closed it; what it sent
+// before was received first.
+#define SHMBROKER_E_CLOSED -17
+
 // The version of this library and header, major part (`shmbroker_version` gives the library's
 // at run time).
 #define SHMBROKER_VERSION_MAJOR 0
@@ -225,6 +229,14 @@
 
 // More details.
 #define SHMBROKER_LOG_TRACE 5
+
+// The receiving end of a typed channel (`shmbroker_channel_from`): opaque; freed with
+// `shmbroker_channel_rx_free`, which closes the channel.
+typedef struct shmbroker_channel_rx shmbroker_channel_rx;
+
+// The sending end of a typed channel (`shmbroker_channel_to`): opaque; freed with
+// `shmbroker_channel_tx_free`, which closes the channel.
+typedef struct shmbroker_channel_tx shmbroker_channel_tx;
 
 // A group of ranks: opaque, made by `shmbroker_group_create` or `shmbroker_shrink`, freed by
 // `shmbroker_group_free`. It belongs to the session that made it, and does not keep that
@@ -920,6 +932,140 @@ int shmbroker_broadcast_loan(struct shmbroker_session *s,
 // `view` is null or a view `shmbroker_recv_loan` or `shmbroker_broadcast_loan` made and
 // nothing has freed; its bytes are not read after this call.
 void shmbroker_loan_view_free(struct shmbroker_loan_view *view);
+
+// Makes a channel of records of `record_bytes` bytes (1 to 4096) from this rank to `peer`,
+// holding `capacity` of them (a power of two from 2 to 2^20): the broker makes its ring and
+// passes it to both ends. `peer` calls `shmbroker_channel_from` with the same `tag` and
+// `record_bytes`. Calls on the end that wait have the session's deadline as it is now.
+// Threads: as [`shmbroker_barrier`].
+//
+// Errors: `SHMBROKER_E_MISUSE` for a bad size, capacity or peer; `SHMBROKER_E_IO` when the
+// broker made no ring (`peer` is not logged on, or holds as many fds it has not taken as it
+// may); `SHMBROKER_E_TIMEOUT`; `SHMBROKER_E_BROKER_LOST`.
+//
+// # Safety
+//
+// `s` is null or a live session; `out` points at a writable `shmbroker_channel_tx *`.
+int shmbroker_channel_to(struct shmbroker_session *s,
+                         uint32_t peer,
+                         uint64_t tag,
+                         size_t record_bytes,
+                         size_t capacity,
+                         struct shmbroker_channel_tx **out);
+
+// The channel `peer` makes to this rank with `shmbroker_channel_to`, its next one: waits for
+// it within the session's deadline, then checks that `peer`'s tag and record size are `tag`
+// and `record_bytes`. Threads: as [`shmbroker_barrier`].
+//
+// Errors: `SHMBROKER_E_MISUSE` when they are not (the message says what each end has; the
+// channel is closed, and `peer`'s next call on it fails too) or for a bad size or peer;
+// `SHMBROKER_E_TIMEOUT`; `peer`'s departure; `SHMBROKER_E_BROKER_LOST`.
+//
+// # Safety
+//
+// `s` is null or a live session; `out` points at a writable `shmbroker_channel_rx *`.
+int shmbroker_channel_from(struct shmbroker_session *s,
+                           uint32_t peer,
+                           uint64_t tag,
+                           size_t record_bytes,
+                           struct shmbroker_channel_rx **out);
+
+// Sends `count` records from `records` (`count * record_bytes` bytes), waiting for room as
+// it needs within the deadline. Errors: `SHMBROKER_E_CLOSED` once the consumer closed the
+// channel; the consumer's departure (`SHMBROKER_E_PEER_LOST`, ...); `SHMBROKER_E_TIMEOUT`;
+// `SHMBROKER_E_INTERRUPTED`; the records before the one that failed went.
+//
+// # Safety
+//
+// `tx` is null or a live end; `records` has `count * record_bytes` readable bytes.
+int shmbroker_channel_send_batch(struct shmbroker_channel_tx *tx,
+                                 const void *records,
+                                 size_t count);
+
+// Sends one record (`record_bytes` bytes at `record`), waiting for room within the deadline.
+// Errors: as [`shmbroker_channel_send_batch`].
+//
+// # Safety
+//
+// As for [`shmbroker_channel_send_batch`], with `count` 1.
+int shmbroker_channel_send(struct shmbroker_channel_tx *tx, const void *record);
+
+// Sends as many of `count` records as the ring has room for now, without waiting: `*sent`
+// says how many (0 to `count`). Errors: as [`shmbroker_channel_send_batch`], less the
+// timeout.
+//
+// # Safety
+//
+// As for [`shmbroker_channel_send_batch`]; `sent` points at a writable `size_t`.
+int shmbroker_channel_try_send_batch(struct shmbroker_channel_tx *tx,
+                                     const void *records,
+                                     size_t count,
+                                     size_t *sent);
+
+// Sends one record if the ring has room now; `SHMBROKER_E_AGAIN` if not. Errors: as
+// [`shmbroker_channel_try_send_batch`].
+//
+// # Safety
+//
+// As for [`shmbroker_channel_send`].
+int shmbroker_channel_try_send(struct shmbroker_channel_tx *tx, const void *record);
+
+// Receives into `records` (room for `max` records) those that have arrived, waiting for the
+// first within the deadline: `*received` says how many (1 to `max`). Errors:
+// `SHMBROKER_E_CLOSED` once the producer closed the channel and everything it sent was
+// received; the producer's departure once everything it sent was received;
+// `SHMBROKER_E_TIMEOUT`; `SHMBROKER_E_INTERRUPTED`.
+//
+// # Safety
+//
+// `rx` is null or a live end; `records` has `max * record_bytes` writable bytes; `received`
+// points at a writable `size_t`.
+int shmbroker_channel_recv_batch(struct shmbroker_channel_rx *rx,
+                                 void *records,
+                                 size_t max,
+                                 size_t *received);
+
+// [`shmbroker_channel_recv_batch`] without waiting: `*received` may be 0.
+//
+// # Safety
+//
+// As for [`shmbroker_channel_recv_batch`].
+int shmbroker_channel_try_recv_batch(struct shmbroker_channel_rx *rx,
+                                     void *records,
+                                     size_t max,
+                                     size_t *received);
+
+// Receives one record into `record` (`record_bytes` writable bytes), waiting for it within
+// the deadline. Errors: as [`shmbroker_channel_recv_batch`].
+//
+// # Safety
+//
+// `rx` is null or a live end; `record` has `record_bytes` writable bytes.
+int shmbroker_channel_recv(struct shmbroker_channel_rx *rx, void *record);
+
+// Receives one record if one has arrived; `SHMBROKER_E_AGAIN` if none. Errors: as
+// [`shmbroker_channel_recv_batch`], less the timeout.
+//
+// # Safety
+//
+// As for [`shmbroker_channel_recv`].
+int shmbroker_channel_try_recv(struct shmbroker_channel_rx *rx, void *record);
+
+// Closes the channel from the sending end and frees it (NULL: nothing): the consumer receives
+// what was sent, then `SHMBROKER_E_CLOSED`. Any thread, with no call on it in progress.
+//
+// # Safety
+//
+// `tx` is null or an end `shmbroker_channel_to` made that nothing has freed.
+void shmbroker_channel_tx_free(struct shmbroker_channel_tx *tx);
+
+// Closes the channel from the receiving end and frees it (NULL: nothing): the producer's next
+// call fails with `SHMBROKER_E_CLOSED`. Any thread, with no call on it in progress.
+//
+// # Safety
+//
+// `rx` is null or an end `shmbroker_channel_from` made that nothing has freed.
+void shmbroker_channel_rx_free(struct shmbroker_channel_rx *rx);
 
 // Every rank's `fd`, in rank order, as new fds in `out_fds` (`world_size` entries) that the
 // caller owns and closes; this rank's own slot gets a duplicate of `fd`. Threads: as

@@ -61,6 +61,8 @@ class Error : public std::runtime_error {
 namespace detail {
 template <typename Self>
 class ReceiveCalls;
+template <typename Self>
+class SendCalls;
 
 inline void check(int rc) {
     if (rc != SHMBROKER_OK) throw Error(rc, shmbroker_last_error(), shmbroker_last_error_rank());
@@ -473,6 +475,110 @@ class GroupView : public Collectives {
     GroupView(shmbroker_session *s, const Group &group) noexcept : Collectives(s, group.get()) {}
 };
 
+// The sending end of a typed channel of `T` records (SendCalls::channel_to): RAII, move-only;
+// destroying it closes the channel (the receiver gets what was sent, then Error with
+// SHMBROKER_E_CLOSED). One thread at a time.
+template <typename T>
+class ChannelSender {
+    static_assert(std::is_trivially_copyable_v<T>, "a channel copies records' bytes");
+    static_assert(alignof(T) <= 8, "a channel's records are aligned to 8");
+
+   public:
+    ChannelSender(ChannelSender &&other) noexcept : tx_(std::exchange(other.tx_, nullptr)) {}
+    ChannelSender &operator=(ChannelSender &&other) noexcept {
+        if (this != &other) {
+            shmbroker_channel_tx_free(tx_);
+            tx_ = std::exchange(other.tx_, nullptr);
+        }
+        return *this;
+    }
+    ChannelSender(const ChannelSender &) = delete;
+    ChannelSender &operator=(const ChannelSender &) = delete;
+    ~ChannelSender() { shmbroker_channel_tx_free(tx_); }
+
+    // `record` if the ring has room now: whether it went.
+    bool try_send(const T &record) {
+        const int rc = shmbroker_channel_try_send(tx_, &record);
+        if (rc == SHMBROKER_E_AGAIN) return false;
+        detail::check(rc);
+        return true;
+    }
+    // `record`, waiting for room within the session's deadline.
+    void send(const T &record) { detail::check(shmbroker_channel_send(tx_, &record)); }
+    // Every one of `count` records, waiting for room as it needs.
+    void send_batch(const T *records, std::size_t count) {
+        detail::check(shmbroker_channel_send_batch(tx_, records, count));
+    }
+    void send_batch(const std::vector<T> &records) { send_batch(records.data(), records.size()); }
+    // As many of `count` records as fit now: how many.
+    std::size_t try_send_batch(const T *records, std::size_t count) {
+        std::size_t sent = 0;
+        detail::check(shmbroker_channel_try_send_batch(tx_, records, count, &sent));
+        return sent;
+    }
+    shmbroker_channel_tx *get() const noexcept { return tx_; }
+
+   private:
+    template <typename>
+    friend class detail::SendCalls;
+    explicit ChannelSender(shmbroker_channel_tx *tx) noexcept : tx_(tx) {}
+    shmbroker_channel_tx *tx_;
+};
+
+// The receiving end of a typed channel of `T` records (SendCalls::channel_from).
+template <typename T>
+class ChannelReceiver {
+    static_assert(std::is_trivially_copyable_v<T>, "a channel copies records' bytes");
+    static_assert(alignof(T) <= 8, "a channel's records are aligned to 8");
+
+   public:
+    ChannelReceiver(ChannelReceiver &&other) noexcept : rx_(std::exchange(other.rx_, nullptr)) {}
+    ChannelReceiver &operator=(ChannelReceiver &&other) noexcept {
+        if (this != &other) {
+            shmbroker_channel_rx_free(rx_);
+            rx_ = std::exchange(other.rx_, nullptr);
+        }
+        return *this;
+    }
+    ChannelReceiver(const ChannelReceiver &) = delete;
+    ChannelReceiver &operator=(const ChannelReceiver &) = delete;
+    ~ChannelReceiver() { shmbroker_channel_rx_free(rx_); }
+
+    // The next record if one has arrived.
+    std::optional<T> try_recv() {
+        T record{};
+        const int rc = shmbroker_channel_try_recv(rx_, &record);
+        if (rc == SHMBROKER_E_AGAIN) return std::nullopt;
+        detail::check(rc);
+        return record;
+    }
+    // The next record, waiting within the deadline.
+    T recv() {
+        T record{};
+        detail::check(shmbroker_channel_recv(rx_, &record));
+        return record;
+    }
+    // Records that have arrived, into `out` (room for `max`), waiting for the first: how many.
+    std::size_t recv_batch(T *out, std::size_t max) {
+        std::size_t got = 0;
+        detail::check(shmbroker_channel_recv_batch(rx_, out, max, &got));
+        return got;
+    }
+    // recv_batch without waiting: may be 0.
+    std::size_t try_recv_batch(T *out, std::size_t max) {
+        std::size_t got = 0;
+        detail::check(shmbroker_channel_try_recv_batch(rx_, out, max, &got));
+        return got;
+    }
+    shmbroker_channel_rx *get() const noexcept { return rx_; }
+
+   private:
+    template <typename>
+    friend class detail::SendCalls;
+    explicit ChannelReceiver(shmbroker_channel_rx *rx) noexcept : rx_(rx) {}
+    shmbroker_channel_rx *rx_;
+};
+
 namespace detail {
 // The receiving calls, shared by a Session and the Receiver half of a split one (`Self` has
 // get(), the C handle).
@@ -600,6 +706,26 @@ class ReceiveCalls {
 template <typename Self>
 class SendCalls {
    public:
+    // A typed channel of `T` records from this rank to `peer`, holding `capacity` of them (a
+    // power of two from 2 to 2^20): a ring of its own the broker makes. `peer` calls
+    // channel_from<T> with the same `tag`. Threads: as a collective.
+    template <typename T>
+    ChannelSender<T> channel_to(std::uint32_t peer, std::uint64_t tag,
+                                std::size_t capacity = 1024) {
+        shmbroker_channel_tx *tx = nullptr;
+        detail::check(shmbroker_channel_to(handle(), peer, tag, sizeof(T), capacity, &tx));
+        return ChannelSender<T>(tx);
+    }
+
+    // The typed channel of `T` records `peer` makes to this rank (its next one); throws Error
+    // with SHMBROKER_E_MISUSE when `peer`'s tag or record size is not this end's.
+    template <typename T>
+    ChannelReceiver<T> channel_from(std::uint32_t peer, std::uint64_t tag) {
+        shmbroker_channel_rx *rx = nullptr;
+        detail::check(shmbroker_channel_from(handle(), peer, tag, sizeof(T), &rx));
+        return ChannelReceiver<T>(rx);
+    }
+
     void send(std::uint32_t rank, const void *data, std::size_t len) {
         detail::check(shmbroker_send(handle(), rank, data, len));
     }

@@ -65,6 +65,9 @@ mod point_to_point;
 // shmbroker_loan_create, shmbroker_send_loan, shmbroker_loan_free, shmbroker_recv_loan,
 // shmbroker_broadcast_loan, shmbroker_loan_view_free
 mod loans;
+// shmbroker_channel_to, shmbroker_channel_from, shmbroker_channel_(try_)send(_batch),
+// shmbroker_channel_(try_)recv(_batch), shmbroker_channel_tx_free, shmbroker_channel_rx_free
+mod channels;
 // shmbroker_exchange_fds, shmbroker_broadcast_fd, shmbroker_exchange_fd_batch,
 // shmbroker_broadcast_fd_batch
 mod fds;
@@ -90,6 +93,7 @@ mod buffer;
 )]
 mod tests;
 
+pub use channels::*;
 pub use collectives::*;
 pub use error::{shmbroker_last_error, shmbroker_last_error_rank};
 pub use fds::*;

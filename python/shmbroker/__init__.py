@@ -36,6 +36,8 @@ from ._gpu import GpuHandle
 from ._objects import all_gather_object, broadcast_object, recv_object, send_object
 from ._shmbroker import (
     MAX_FDS_PER_EXCHANGE,
+    ChannelReceiver,
+    ChannelSender,
     Group,
     Loan,
     LoanView,
@@ -50,6 +52,8 @@ __all__ = [
     "BrokerLost",
     "BufferTooSmall",
     "ChannelClosed",
+    "ChannelReceiver",
+    "ChannelSender",
     "Error",
     "GpuHandle",
     "Group",

@@ -26,6 +26,10 @@ __all__ = [
     "Group",
     "Loan",
     "LoanView",
+    "Sender",
+    "Receiver",
+    "ChannelSender",
+    "ChannelReceiver",
     "connect",
     "_forward_logs",
     "_status_json",
@@ -323,6 +327,15 @@ class Session:
     def reductions_read_in_place(self) -> int:
         """How many pieces of this session's all-reduces the peers read in place (symmetric
         buffers)."""
+    def channel_to(
+        self, peer: int, tag: int, record: Any, capacity: int = 1024
+    ) -> "ChannelSender":
+        """A typed channel of ``capacity`` records of ``record`` (bytes, or a NumPy dtype) from
+        this rank to ``peer``, a ring of its own the broker makes; ``peer`` calls
+        :meth:`channel_from` with the same ``tag`` and ``record``."""
+    def channel_from(self, peer: int, tag: int, record: Any) -> "ChannelReceiver":
+        """The typed channel ``peer`` makes to this rank with :meth:`channel_to`; raises
+        :class:`MisuseError` when its tag or record size is not this end's."""
     def split(self) -> Tuple["Sender", "Receiver"]:
         """Splits the session into a :class:`Sender` and a :class:`Receiver` for two threads;
         each releases the GIL while it waits, and a receive never waits behind a send (or the
@@ -436,6 +449,41 @@ def connect(
     is not private, or the environment does not say where this process stands;
     :class:`MisuseError` for a bad argument.
     """
+
+@final
+class ChannelSender:
+    """The sending end of a typed channel (:meth:`Session.channel_to`): one thread at a time;
+    :meth:`close` (or dropping it) closes the channel."""
+
+    @property
+    def record_bytes(self) -> int: ...
+    def try_send(self, record: _Data) -> bool:
+        """One record if the ring has room now: whether it went."""
+    def send(self, record: _Data) -> None:
+        """One record, waiting for room within the deadline."""
+    def send_batch(self, records: _Data) -> None:
+        """Every record of ``records`` (whole records: a NumPy array of the dtype, ...)."""
+    def try_send_batch(self, records: _Data) -> int:
+        """As many records as fit now: how many."""
+    def close(self) -> None:
+        """Closes the channel: the receiver gets what was sent, then :class:`ChannelClosed`."""
+
+@final
+class ChannelReceiver:
+    """The receiving end of a typed channel (:meth:`Session.channel_from`)."""
+
+    @property
+    def record_bytes(self) -> int: ...
+    def try_recv(self) -> Optional[bytes]:
+        """The next record's bytes if one has arrived."""
+    def recv(self) -> bytes:
+        """The next record's bytes, waiting within the deadline."""
+    def recv_batch(self, records: _Data) -> int:
+        """Into ``records`` (a NumPy array of the dtype, ...), waiting for the first: how many."""
+    def try_recv_batch(self, records: _Data) -> int:
+        """:meth:`recv_batch` without waiting: may be 0."""
+    def close(self) -> None:
+        """Closes the channel: the sender's next call raises :class:`ChannelClosed`."""
 
 @final
 class Sender:

@@ -19,6 +19,7 @@
 //! one waits is told so at once instead of blocking behind it.
 
 mod buffer;
+mod channels;
 mod errors;
 mod loans;
 mod logs;
@@ -1495,6 +1496,49 @@ impl PySession {
         Ok(())
     }
 
+    /// A typed channel from this rank to ``peer``: a ring of its own, made by the broker, of
+    /// ``capacity`` records (a power of two from 2 to 2**20) of ``record`` (a number of bytes
+    /// from 1 to 4096, or a NumPy dtype, structured or not). ``peer`` calls
+    /// :meth:`channel_from` with the same ``tag`` and ``record``.
+    ///
+    /// Raises :class:`MisuseError` for a bad record, capacity or peer;
+    /// :class:`ResourceError` when the broker made no ring; :class:`Timeout`.
+    #[pyo3(signature = (peer, tag, record, capacity=1024))]
+    fn channel_to(
+        &self,
+        py: Python<'_>,
+        peer: i64,
+        tag: u64,
+        record: &Bound<'_, PyAny>,
+        capacity: usize,
+    ) -> PyResult<channels::PyChannelSender> {
+        let peer = rank_arg(peer)?;
+        let bytes = channels::record_bytes(record)?;
+        let end = self.blocking(py, |session| {
+            session.raw_channel_to(peer, tag, bytes, capacity)
+        })?;
+        Ok(channels::PyChannelSender::new(end))
+    }
+
+    /// The typed channel ``peer`` makes to this rank with :meth:`channel_to` (its next one),
+    /// waiting for it within the session's deadline.
+    ///
+    /// Raises :class:`MisuseError` when ``peer``'s tag or record size is not this end's (the
+    /// message says what each has; the channel is closed); :class:`Timeout`; ``peer``'s
+    /// departure.
+    fn channel_from(
+        &self,
+        py: Python<'_>,
+        peer: i64,
+        tag: u64,
+        record: &Bound<'_, PyAny>,
+    ) -> PyResult<channels::PyChannelReceiver> {
+        let peer = rank_arg(peer)?;
+        let bytes = channels::record_bytes(record)?;
+        let end = self.blocking(py, |session| session.raw_channel_from(peer, tag, bytes))?;
+        Ok(channels::PyChannelReceiver::new(end))
+    }
+
     /// Splits the session into a :class:`Sender` (sends, and the root's side of a world
     /// broadcast) and a :class:`Receiver` (receives), for two threads: each releases the GIL
     /// while it waits, and a receive never waits behind a send or broadcast that waits for a
@@ -1629,6 +1673,8 @@ fn _shmbroker(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<PySession>()?;
     module.add_class::<PyGroup>()?;
     module.add_class::<split::PySender>()?;
+    module.add_class::<channels::PyChannelSender>()?;
+    module.add_class::<channels::PyChannelReceiver>()?;
     module.add_class::<split::PyReceiver>()?;
     module.add_class::<loans::PyLoan>()?;
     module.add_class::<loans::PyLoanView>()?;

@@ -70,6 +70,10 @@ def test_a_split_receive_never_waits_behind_a_send_and_halves_rejoin(tmp_path):
     assert_ok(job, 3, "split")
 
 
+def test_typed_channels_carry_structured_records_and_refuse_a_tag_they_do_not_share():
+    assert_ok(run_scenario(3, "channels"), 3, "channels")
+
+
 def test_bad_arguments_raise_and_leave_the_session_usable():
     assert_ok(run_scenario(2, "arguments"), 2, "arguments")
 

@@ -133,16 +133,14 @@ struct Ends {
 }
 
 impl Ends {
-    /// The error for a ring the other end closed: the channel closed, unless its process is
-    /// gone (then its departure).
+    /// The error for a ring the other end closed. Only an end that is dropped closes it (a
+    /// process that dies leaves it open, and is seen gone between waits), so this is the
+    /// channel closing, whether or not the other end's session has gone since.
     fn closed(&self, direction: &'static str) -> Error {
-        match self.watch.departure(self.peer) {
-            Some(departure) => departure_error(departure),
-            None => Error::ChannelClosed {
-                peer: self.peer,
-                number: self.number,
-                direction,
-            },
+        Error::ChannelClosed {
+            peer: self.peer,
+            number: self.number,
+            direction,
         }
     }
 
@@ -698,6 +696,11 @@ impl Session {
             )));
         }
         let number = self.peers[peer as usize].channels_to;
+        // A peer not logged on yet has nothing the broker could pass the ring to: wait for it
+        // (the broker tells every worker of each peer's process as it logs on).
+        self.inner
+            .peer_pid(peer, self.timeout)
+            .map_err(|source| Error::Relay { peer, source })?;
         let token = ChannelToken {
             record_bytes: record,
             capacity: capacity as u64,
