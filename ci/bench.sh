@@ -37,3 +37,6 @@ grep -q '"bench":"capi_recv_any_64B","impl":"C ABI: shmbroker_send + shmbroker_r
 # installed).
 grep -q '"bench":"response_wait_c","impl":"broadcasts wait for the 20 ms-slow worker"' "$bench_out/results.jsonl"
 grep -q '"bench":"response_wait_c","impl":"paced: no broadcast waits (the floor)"' "$bench_out/results.jsonl"
+# Typed channels beside the raw ring and shaq, and the farm beside send/recv_any and Open MPI.
+grep -q '"bench":"channel_stream_single","impl":"typed channel"' "$bench_out/results.jsonl"
+grep -q '"bench":"typed_farm","impl":"open-mpi"' "$bench_out/results.jsonl"

@@ -10,6 +10,7 @@
 
 mod bulk;
 mod capi;
+mod channels;
 mod collectives;
 mod farm;
 mod logon;
@@ -116,8 +117,10 @@ enum Suite {
     /// readiness fd against a raw eventfd ping-pong; `try_recv_any` with 8 idle peers against
     /// `try_recv` on each; the MindIE loop (1 MiB broadcasts, one worker 20 ms slow) from C
     /// and from Python, its fast replies' wait against the same loop paced so that no
-    /// broadcast waits (farm, readiness_wake, try_recv_any_idle, response_wait_c,
-    /// response_wait_python).
+    /// broadcast waits; typed channels against the raw ring and shaq, and a scheduler farm over
+    /// them against send/recv_any and Open MPI (farm, readiness_wake, try_recv_any_idle,
+    /// response_wait_c, response_wait_python, channel_stream_single, channel_stream_batched,
+    /// typed_farm).
     Farm,
     /// Every suite, then a results folder.
     All,
@@ -168,6 +171,7 @@ fn run(args: &Args) -> Result<(), String> {
         Suite::Farm => {
             farm::run(plan, &mut report)?;
             response::run(plan, &mut report)?;
+            channels::run(plan, &mut report)?;
         }
         // Every suite, the queue first: it forks, and no thread may exist yet.
         Suite::All => {
@@ -177,6 +181,7 @@ fn run(args: &Args) -> Result<(), String> {
             bulk::run(plan, &mut report)?;
             farm::run(plan, &mut report)?;
             response::run(plan, &mut report)?;
+            channels::run(plan, &mut report)?;
             out.get_or_insert_with(|| "bench-results".into());
         }
     }

@@ -85,6 +85,14 @@ pub const FARM_C: &str = concat!(
     include_str!("mpi/farm.c")
 );
 
+/// Source of `typed_farm`: a scheduler and its workers, 64-byte records each way over
+/// `MPI_Send` and `MPI_Irecv` from `MPI_ANY_SOURCE`.
+pub const TYPED_FARM_C: &str = concat!(
+    include_str!("c/bench.h"),
+    include_str!("mpi/common.h"),
+    include_str!("mpi/typed_farm.c")
+);
+
 /// How long `mpicc` and `ompi_info` may run before they are killed.
 const TOOL_DEADLINE: Duration = Duration::from_secs(120);
 

@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 /// How long either side of a measurement waits for the other before failing.
 const PARTNER_TIMEOUT: Duration = Duration::from_secs(20);
 /// Messages to stream before timing starts.
-const STREAM_WARMUP: usize = 10_000;
-const BATCH: usize = 32;
+pub(super) const STREAM_WARMUP: usize = 10_000;
+pub(super) const BATCH: usize = 32;
 const OURS: &str = "shmbroker";
 const SHAQ: &str = "shaq-4.3";
 
@@ -398,11 +398,11 @@ fn futex_pingpong(samples: usize) -> Result<Measure, String> {
 // Streaming
 
 /// Capacity in messages for a ring of `[u64; W]`: about 1 MiB of slots, at most 1024.
-fn stream_capacity<const W: usize>() -> usize {
+pub(super) fn stream_capacity<const W: usize>() -> usize {
     (1 << 20) / (8 * W + 8).next_power_of_two()
 }
 
-fn stream_count<const W: usize>(plan: Plan<'_>) -> usize {
+pub(super) fn stream_count<const W: usize>(plan: Plan<'_>) -> usize {
     match W {
         512 => plan.size(200_000, 20_000),
         _ => plan.size(2_000_000, 100_000),
@@ -511,7 +511,7 @@ fn check_deadline(deadline: Instant, spins: &mut u32) -> Result<(), String> {
     Ok(())
 }
 
-fn ours_stream<const W: usize>(count: usize, batched: bool) -> Result<Measure, String>
+pub(super) fn ours_stream<const W: usize>(count: usize, batched: bool) -> Result<Measure, String>
 where
     [u64; W]: Pod,
 {
@@ -579,7 +579,7 @@ where
     )
 }
 
-fn shaq_stream<const W: usize>(count: usize, batched: bool) -> Result<Measure, String>
+pub(super) fn shaq_stream<const W: usize>(count: usize, batched: bool) -> Result<Measure, String>
 where
     [u64; W]: Pod,
 {

@@ -44,7 +44,6 @@ use shmbroker_handshake::PeerWatch;
 use shmbroker_queues::{
     Consumer, Producer, RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError,
 };
-use std::marker::PhantomData;
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
@@ -107,12 +106,12 @@ macro_rules! classes {
             };
         }
 
-        /// Slots of each class copied at a time through the stack: 4 KiB of them.
+        /// Slots of each class copied at a time through the stack ([`SCRATCH_BYTES`] of them).
         trait Batch {
             const SLOTS: usize;
         }
         $(impl Batch for $name {
-            const SLOTS: usize = if $bytes >= 4096 { 1 } else { 4096 / $bytes };
+            const SLOTS: usize = SCRATCH_BYTES / $bytes;
         })*
     };
 }
@@ -123,6 +122,7 @@ classes! {
 }
 
 /// What both ends of a channel know about it.
+#[derive(Debug)]
 struct Ends {
     peer: u32,
     number: u64,
@@ -135,12 +135,27 @@ struct Ends {
 impl Ends {
     /// The error for a ring the other end closed. Only an end that is dropped closes it (a
     /// process that dies leaves it open, and is seen gone between waits), so this is the
-    /// channel closing, whether or not the other end's session has gone since.
-    fn closed(&self, direction: &'static str) -> Error {
+    /// channel closing, whether or not the other end's session has gone since; or, closed with
+    /// [`MISMATCH`] by a consumer, its refusal.
+    fn closed(&self, direction: &'static str, cause: Option<u32>) -> Error {
+        if cause == Some(MISMATCH) {
+            return Error::Misuse(format!(
+                "rank {} refused channel #{} from this rank: its type tag or record size is not \
+                 this end's ({} bytes; its error says what it expected)",
+                self.peer, self.number, self.record
+            ));
+        }
         Error::ChannelClosed {
             peer: self.peer,
             number: self.number,
             direction,
+        }
+    }
+
+    fn corrupted(&self, corruption: shmbroker_queues::Corruption) -> Error {
+        Error::Corrupted {
+            peer: self.peer,
+            corruption,
         }
     }
 
@@ -159,6 +174,11 @@ impl Ends {
             diagnosis: Vec::new(),
             stopped: None,
         })
+    }
+
+    /// The time left to wait in a slice from `started`.
+    fn slice(&self, started: Instant) -> Duration {
+        LOOK_EVERY.min(self.timeout.saturating_sub(started.elapsed()))
     }
 
     fn check_record(&self, len: usize) -> Result<(), Error> {
@@ -180,6 +200,115 @@ impl Ends {
         }
         Ok(len / self.record)
     }
+}
+
+// The operations on a ring of slots `S`, with a channel's errors: the typed ends run them on
+// their records themselves when those fill their slots, the raw ends on their class's slots.
+
+/// Sends what of `slots` fits now; how many went.
+fn try_send_slots<S: Pod>(
+    ring: &mut Producer<S>,
+    ends: &Ends,
+    slots: &[S],
+) -> Result<usize, Error> {
+    let went = if let [slot] = slots {
+        ring.try_send(*slot).map(|()| 1).map_err(|e| match e {
+            TrySendError::Full(_) => TrySendError::Full(()),
+            TrySendError::Disconnected(_) => TrySendError::Disconnected(()),
+            TrySendError::Corrupted(_, c) => TrySendError::Corrupted((), c),
+        })
+    } else {
+        ring.try_send_batch(slots)
+    };
+    match went {
+        Ok(n) => Ok(n),
+        Err(TrySendError::Full(())) => Ok(0),
+        Err(TrySendError::Disconnected(())) => Err(ends.closed("from", ring.close_cause())),
+        Err(TrySendError::Corrupted((), corruption)) => Err(ends.corrupted(corruption)),
+    }
+}
+
+/// Sends every one of `slots`, waiting for room within the channel's deadline.
+fn send_slots<S: Pod>(ring: &mut Producer<S>, ends: &Ends, slots: &[S]) -> Result<(), Error> {
+    let mut sent = try_send_slots(ring, ends, slots)?;
+    if sent == slots.len() {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let interrupts = ends.watch.interrupt_count();
+    while sent < slots.len() {
+        match ring.send_timeout(slots[sent], ends.slice(started)) {
+            Ok(()) => sent += 1 + try_send_slots(ring, ends, &slots[sent + 1..])?,
+            Err(SendTimeoutError::Timeout(_)) => {
+                if let Some(error) = ends.look("channel send", started, interrupts) {
+                    return Err(error);
+                }
+            }
+            Err(SendTimeoutError::Disconnected(_)) => {
+                return Err(ends.closed("from", ring.close_cause()));
+            }
+            Err(SendTimeoutError::Corrupted(_, corruption)) => {
+                return Err(ends.corrupted(corruption));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Receives into `out` what has arrived, up to its length; how many. Once the producer closed
+/// the channel, what it sent comes first.
+fn try_recv_slots<S: Pod>(
+    ring: &mut Consumer<S>,
+    ends: &Ends,
+    out: &mut [S],
+) -> Result<usize, Error> {
+    let got = if let [slot] = out {
+        ring.try_recv().map(|received| {
+            *slot = received;
+            1
+        })
+    } else {
+        ring.try_recv_batch(out)
+    };
+    match got {
+        Ok(n) => Ok(n),
+        Err(TryRecvError::Empty) => Ok(0),
+        Err(TryRecvError::Disconnected) => Err(ends.closed("to", None)),
+        Err(TryRecvError::Corrupted(corruption)) => Err(ends.corrupted(corruption)),
+    }
+}
+
+/// Receives into `out` what has arrived, up to its length, waiting for the first within the
+/// channel's deadline; how many (at least 1 unless `out` is empty).
+fn recv_slots<S: Pod>(ring: &mut Consumer<S>, ends: &Ends, out: &mut [S]) -> Result<usize, Error> {
+    let got = try_recv_slots(ring, ends, out)?;
+    if got > 0 || out.is_empty() {
+        return Ok(got);
+    }
+    let started = Instant::now();
+    let interrupts = ends.watch.interrupt_count();
+    loop {
+        match ring.recv_timeout(ends.slice(started)) {
+            Ok(slot) => {
+                out[0] = slot;
+                return Ok(1 + try_recv_slots(ring, ends, &mut out[1..])?);
+            }
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Interrupted) => {
+                if let Some(error) = ends.look("channel recv", started, interrupts) {
+                    return Err(error);
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => return Err(ends.closed("to", None)),
+            Err(RecvTimeoutError::Corrupted(corruption)) => return Err(ends.corrupted(corruption)),
+        }
+    }
+}
+
+/// The first slot a producer sends: its type tag in the first 8 bytes.
+fn hello<S: Pod>(tag: u64) -> S {
+    let mut slot = S::zeroed();
+    bytemuck::bytes_of_mut(&mut slot)[..8].copy_from_slice(&tag.to_le_bytes());
+    slot
 }
 
 /// The sending end of a channel of records known by their size (see the module docs); the C
@@ -215,11 +344,118 @@ impl std::fmt::Debug for RawChannelReceiver {
     }
 }
 
+/// Bytes of slots copied at a time through the stack.
+const SCRATCH_BYTES: usize = 4096;
+
+/// Stack room for slots of any class, aligned as they are.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(8))]
+struct Scratch([u8; SCRATCH_BYTES]);
+
 /// Copies `record` into the front of a zeroed slot of class `S`.
 fn slot_of<S: Pod>(record: &[u8]) -> S {
     let mut slot = S::zeroed();
     bytemuck::bytes_of_mut(&mut slot)[..record.len()].copy_from_slice(record);
     slot
+}
+
+/// Sends `records` (whole records of `record` bytes) on `ring`, as slots of `S`: from where
+/// they are when they fill their slots and are aligned as slots are, else copied into slots a
+/// stack's worth at a time. `wait`: for room, within the deadline; or only what fits now.
+/// Returns how many went.
+fn send_records<S: Pod + Batch>(
+    ring: &mut Producer<S>,
+    ends: &Ends,
+    records: &[u8],
+    wait: bool,
+) -> Result<usize, Error> {
+    let record = ends.record;
+    if record == size_of::<S>()
+        && let Ok(slots) = bytemuck::try_cast_slice::<u8, S>(records)
+    {
+        return if wait {
+            send_slots(ring, ends, slots).map(|()| slots.len())
+        } else {
+            try_send_slots(ring, ends, slots)
+        };
+    }
+    let count = records.len() / record;
+    if count == 1 {
+        let slot: S = slot_of(records);
+        return if wait {
+            send_slots(ring, ends, &[slot]).map(|()| 1)
+        } else {
+            try_send_slots(ring, ends, &[slot])
+        };
+    }
+    let mut scratch = Scratch([0; SCRATCH_BYTES]);
+    let mut sent = 0;
+    while sent < count {
+        let take = (count - sent).min(S::SLOTS);
+        let slots: &mut [S] = bytemuck::cast_slice_mut(&mut scratch.0[..take * size_of::<S>()]);
+        for (slot, bytes) in slots
+            .iter_mut()
+            .zip(records[sent * record..].chunks_exact(record))
+        {
+            *slot = slot_of(bytes);
+        }
+        if wait {
+            send_slots(ring, ends, slots)?;
+            sent += take;
+        } else {
+            let went = try_send_slots(ring, ends, slots)?;
+            sent += went;
+            if went < take {
+                break;
+            }
+        }
+    }
+    Ok(sent)
+}
+
+/// Receives into `records` (room for whole records) as [`send_records`] sends: `wait` for the
+/// first within the deadline, or not. Returns how many.
+fn recv_records<S: Pod + Batch>(
+    ring: &mut Consumer<S>,
+    ends: &Ends,
+    records: &mut [u8],
+    wait: bool,
+) -> Result<usize, Error> {
+    let record = ends.record;
+    if record == size_of::<S>()
+        && let Ok(slots) = bytemuck::try_cast_slice_mut::<u8, S>(records)
+    {
+        return if wait {
+            recv_slots(ring, ends, slots)
+        } else {
+            try_recv_slots(ring, ends, slots)
+        };
+    }
+    let count = records.len() / record;
+    if count == 1 {
+        let mut slot = [S::zeroed()];
+        let got = if wait {
+            recv_slots(ring, ends, &mut slot)?
+        } else {
+            try_recv_slots(ring, ends, &mut slot)?
+        };
+        if got == 1 {
+            records.copy_from_slice(&bytemuck::bytes_of(&slot[0])[..record]);
+        }
+        return Ok(got);
+    }
+    let mut scratch = Scratch([0; SCRATCH_BYTES]);
+    let want = count.min(S::SLOTS);
+    let slots: &mut [S] = bytemuck::cast_slice_mut(&mut scratch.0[..want * size_of::<S>()]);
+    let got = if wait {
+        recv_slots(ring, ends, slots)?
+    } else {
+        try_recv_slots(ring, ends, slots)?
+    };
+    for (bytes, slot) in records.chunks_exact_mut(record).zip(&slots[..got]) {
+        bytes.copy_from_slice(&bytemuck::bytes_of(slot)[..record]);
+    }
+    Ok(got)
 }
 
 impl RawChannelSender {
@@ -240,49 +476,15 @@ impl RawChannelSender {
     ///
     /// # Errors
     ///
-    /// [`Error::ChannelClosed`] once the consumer closed the channel, its departure once its
-    /// process is gone, [`Error::Misuse`] for a length that is not a whole number of records.
+    /// [`Error::ChannelClosed`] once the consumer closed the channel, [`Error::Misuse`] once it
+    /// refused it (its tag or record size is not this end's) or for a length that is not a
+    /// whole number of records.
     pub fn try_send_batch(&mut self, records: &[u8]) -> Result<usize, Error> {
-        let count = self.ends.check_len(records.len(), "a batch")?;
-        let record = self.ends.record;
-        let mut sent = 0;
-        while sent < count {
-            let rest = &records[sent * record..];
-            let went = with_class!(Tx, &mut self.ring, |ring, Slot| {
-                // Records that fill their slots, aligned as slots are: sent from where they are.
-                if let Some(slots) = (record == size_of::<Slot>())
-                    .then(|| bytemuck::try_cast_slice::<u8, Slot>(rest).ok())
-                    .flatten()
-                {
-                    ring.try_send_batch(slots).map(|n| (n, count - sent))
-                } else {
-                    let take = (count - sent).min(<Slot as Batch>::SLOTS);
-                    let mut slots = [Slot::zeroed(); <Slot as Batch>::SLOTS];
-                    for (slot, bytes) in slots.iter_mut().zip(rest.chunks_exact(record)) {
-                        *slot = slot_of(bytes);
-                    }
-                    ring.try_send_batch(&slots[..take]).map(|n| (n, take))
-                }
-            });
-            let went = went.map(|(n, take)| (n, n == take));
-            match went {
-                Ok((n, all)) => {
-                    sent += n;
-                    if !all {
-                        break;
-                    }
-                }
-                Err(TrySendError::Full(())) => break,
-                Err(TrySendError::Disconnected(())) => return Err(self.closed()),
-                Err(TrySendError::Corrupted((), corruption)) => {
-                    return Err(Error::Corrupted {
-                        peer: self.ends.peer,
-                        corruption,
-                    });
-                }
-            }
-        }
-        Ok(sent)
+        self.ends.check_len(records.len(), "a batch")?;
+        let ends = &self.ends;
+        with_class!(Tx, &mut self.ring, |ring, Slot| send_records(
+            ring, ends, records, false
+        ))
     }
 
     /// Sends one record if the ring has room now: `false` if not.
@@ -292,29 +494,15 @@ impl RawChannelSender {
     /// As for [`Self::try_send_batch`].
     pub fn try_send(&mut self, record: &[u8]) -> Result<bool, Error> {
         self.ends.check_record(record.len())?;
-        let went = with_class!(Tx, &mut self.ring, |ring, Slot| ring
-            .try_send(slot_of::<Slot>(record))
-            .map_err(|e| match e {
-                TrySendError::Full(_) => TrySendError::Full(()),
-                TrySendError::Disconnected(_) => TrySendError::Disconnected(()),
-                TrySendError::Corrupted(_, c) => TrySendError::Corrupted((), c),
-            }));
-        match went {
-            Ok(()) => Ok(true),
-            Err(TrySendError::Full(())) => Ok(false),
-            Err(TrySendError::Disconnected(())) => Err(self.closed()),
-            Err(TrySendError::Corrupted((), corruption)) => Err(Error::Corrupted {
-                peer: self.ends.peer,
-                corruption,
-            }),
-        }
+        self.try_send_batch(record).map(|sent| sent == 1)
     }
 
     /// Sends one record, waiting for room within the channel's deadline.
     ///
     /// # Errors
     ///
-    /// As for [`Self::try_send_batch`], and [`Error::Timeout`], [`Error::Interrupted`].
+    /// As for [`Self::try_send_batch`], and [`Error::Timeout`], [`Error::Interrupted`], the
+    /// consumer's departure once its process is gone.
     pub fn send(&mut self, record: &[u8]) -> Result<(), Error> {
         self.ends.check_record(record.len())?;
         self.send_batch(record)
@@ -327,54 +515,12 @@ impl RawChannelSender {
     ///
     /// As for [`Self::send`]; the records before the one that failed went.
     pub fn send_batch(&mut self, records: &[u8]) -> Result<(), Error> {
-        let count = self.ends.check_len(records.len(), "a batch")?;
-        let record = self.ends.record;
-        let mut sent = self.try_send_batch(records)?;
-        if sent == count {
-            return Ok(());
-        }
-        let started = Instant::now();
-        let interrupts = self.ends.watch.interrupt_count();
-        while sent < count {
-            let bytes = &records[sent * record..(sent + 1) * record];
-            let slice = LOOK_EVERY.min(self.ends.timeout.saturating_sub(started.elapsed()));
-            let went = with_class!(Tx, &mut self.ring, |ring, Slot| ring
-                .send_timeout(slot_of::<Slot>(bytes), slice)
-                .map_err(|e| match e {
-                    SendTimeoutError::Timeout(_) => None,
-                    SendTimeoutError::Disconnected(_) => Some(TrySendError::Disconnected(())),
-                    SendTimeoutError::Corrupted(_, c) => Some(TrySendError::Corrupted((), c)),
-                }));
-            match went {
-                Ok(()) => sent += 1 + self.try_send_batch(&records[(sent + 1) * record..])?,
-                Err(None) => {
-                    if let Some(error) = self.ends.look("channel send", started, interrupts) {
-                        return Err(error);
-                    }
-                }
-                Err(Some(TrySendError::Corrupted((), corruption))) => {
-                    return Err(Error::Corrupted {
-                        peer: self.ends.peer,
-                        corruption,
-                    });
-                }
-                Err(Some(_)) => return Err(self.closed()),
-            }
-        }
-        Ok(())
-    }
-
-    /// The error for a ring the consumer closed.
-    fn closed(&self) -> Error {
-        let cause = with_class!(Tx, &self.ring, |ring, Slot| ring.close_cause());
-        if cause == Some(MISMATCH) {
-            return Error::Misuse(format!(
-                "rank {} refused channel #{} from this rank: its type tag or record size is not \
-                 this end's ({} bytes; its error says what it expected)",
-                self.ends.peer, self.ends.number, self.ends.record
-            ));
-        }
-        self.ends.closed("from")
+        self.ends.check_len(records.len(), "a batch")?;
+        let ends = &self.ends;
+        with_class!(Tx, &mut self.ring, |ring, Slot| send_records(
+            ring, ends, records, true
+        ))
+        .map(drop)
     }
 }
 
@@ -397,53 +543,13 @@ impl RawChannelReceiver {
     /// # Errors
     ///
     /// [`Error::ChannelClosed`] once the producer closed the channel and everything it sent was
-    /// received; its departure once its process is gone and everything it sent was received;
-    /// [`Error::Misuse`] for a length that is not a whole number of records.
+    /// received; [`Error::Misuse`] for a length that is not a whole number of records.
     pub fn try_recv_batch(&mut self, records: &mut [u8]) -> Result<usize, Error> {
-        let count = self.ends.check_len(records.len(), "a buffer")?;
-        let record = self.ends.record;
-        let mut taken = 0;
-        while taken < count {
-            let rest = &mut records[taken * record..];
-            let left = count - taken;
-            let got = with_class!(Rx, &mut self.ring, |ring, Slot| {
-                // Records that fill their slots, aligned as slots are: received in place.
-                if let Some(slots) = (record == size_of::<Slot>())
-                    .then(|| bytemuck::try_cast_slice_mut::<u8, Slot>(rest).ok())
-                    .flatten()
-                {
-                    ring.try_recv_batch(slots).map(|n| (n, n == left))
-                } else {
-                    let want = left.min(<Slot as Batch>::SLOTS);
-                    let mut slots = [Slot::zeroed(); <Slot as Batch>::SLOTS];
-                    let got = ring.try_recv_batch(&mut slots[..want]);
-                    if let Ok(n) = got {
-                        for (bytes, slot) in rest.chunks_exact_mut(record).zip(&slots[..n]) {
-                            bytes.copy_from_slice(&bytemuck::bytes_of(slot)[..record]);
-                        }
-                    }
-                    got.map(|n| (n, n == want))
-                }
-            });
-            match got {
-                Ok((n, all)) => {
-                    taken += n;
-                    if !all {
-                        break;
-                    }
-                }
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) if taken > 0 => break,
-                Err(TryRecvError::Disconnected) => return Err(self.ends.closed("to")),
-                Err(TryRecvError::Corrupted(corruption)) => {
-                    return Err(Error::Corrupted {
-                        peer: self.ends.peer,
-                        corruption,
-                    });
-                }
-            }
-        }
-        Ok(taken)
+        self.ends.check_len(records.len(), "a buffer")?;
+        let ends = &self.ends;
+        with_class!(Rx, &mut self.ring, |ring, Slot| recv_records(
+            ring, ends, records, false
+        ))
     }
 
     /// Receives one record into `record` if one has arrived: `false` if none.
@@ -453,28 +559,15 @@ impl RawChannelReceiver {
     /// As for [`Self::try_recv_batch`].
     pub fn try_recv(&mut self, record: &mut [u8]) -> Result<bool, Error> {
         self.ends.check_record(record.len())?;
-        let len = record.len();
-        let got = with_class!(Rx, &mut self.ring, |ring, Slot| ring.try_recv().map(
-            |slot| {
-                record.copy_from_slice(&bytemuck::bytes_of::<Slot>(&slot)[..len]);
-            }
-        ));
-        match got {
-            Ok(()) => Ok(true),
-            Err(TryRecvError::Empty) => Ok(false),
-            Err(TryRecvError::Disconnected) => Err(self.ends.closed("to")),
-            Err(TryRecvError::Corrupted(corruption)) => Err(Error::Corrupted {
-                peer: self.ends.peer,
-                corruption,
-            }),
-        }
+        self.try_recv_batch(record).map(|got| got == 1)
     }
 
     /// Receives one record, waiting for it within the channel's deadline.
     ///
     /// # Errors
     ///
-    /// As for [`Self::try_recv_batch`], and [`Error::Timeout`], [`Error::Interrupted`].
+    /// As for [`Self::try_recv_batch`], and [`Error::Timeout`], [`Error::Interrupted`], the
+    /// producer's departure once its process is gone and everything it sent was received.
     pub fn recv(&mut self, record: &mut [u8]) -> Result<(), Error> {
         self.ends.check_record(record.len())?;
         self.recv_batch(record).map(drop)
@@ -487,58 +580,65 @@ impl RawChannelReceiver {
     ///
     /// As for [`Self::recv`].
     pub fn recv_batch(&mut self, records: &mut [u8]) -> Result<usize, Error> {
-        let taken = self.try_recv_batch(records)?;
-        if taken > 0 || records.is_empty() {
-            return Ok(taken);
-        }
-        let record = self.ends.record;
-        let started = Instant::now();
-        let interrupts = self.ends.watch.interrupt_count();
-        loop {
-            let slice = LOOK_EVERY.min(self.ends.timeout.saturating_sub(started.elapsed()));
-            let got = with_class!(Rx, &mut self.ring, |ring, Slot| ring
-                .recv_timeout(slice)
-                .map(|slot| {
-                    records[..record].copy_from_slice(&bytemuck::bytes_of::<Slot>(&slot)[..record]);
-                }));
-            match got {
-                Ok(()) => return Ok(1 + self.try_recv_batch(&mut records[record..])?),
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Interrupted) => {
-                    if let Some(error) = self.ends.look("channel recv", started, interrupts) {
-                        return Err(error);
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => return Err(self.ends.closed("to")),
-                Err(RecvTimeoutError::Corrupted(corruption)) => {
-                    return Err(Error::Corrupted {
-                        peer: self.ends.peer,
-                        corruption,
-                    });
-                }
+        self.ends.check_len(records.len(), "a buffer")?;
+        let ends = &self.ends;
+        with_class!(Rx, &mut self.ring, |ring, Slot| recv_records(
+            ring, ends, records, true
+        ))
+    }
+}
+
+/// A typed end's ring: its records' own when they fill their slots exactly and are aligned as
+/// slots are (no copy into a slot, no class to choose), else the raw end's.
+enum Typed<End, Raw> {
+    Direct(End, Ends),
+    Raw(Raw),
+}
+
+/// The sending end of a channel of `T` records ([`Session::channel_to`]).
+pub struct ChannelSender<T: Pod> {
+    end: Typed<Producer<T>, RawChannelSender>,
+}
+
+/// The receiving end of a channel of `T` records ([`Session::channel_from`]).
+pub struct ChannelReceiver<T: Pod> {
+    end: Typed<Consumer<T>, RawChannelReceiver>,
+}
+
+impl<T: Pod> std::fmt::Debug for ChannelSender<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.end {
+            Typed::Direct(_, ends) => {
+                write!(f, "ChannelSender(to rank {}, #{})", ends.peer, ends.number)
             }
+            Typed::Raw(raw) => raw.fmt(f),
         }
     }
 }
 
-/// The sending end of a channel of `T` records ([`Session::channel_to`]).
-#[derive(Debug)]
-pub struct ChannelSender<T> {
-    raw: RawChannelSender,
-    _records: PhantomData<fn(T)>,
-}
-
-/// The receiving end of a channel of `T` records ([`Session::channel_from`]).
-#[derive(Debug)]
-pub struct ChannelReceiver<T> {
-    raw: RawChannelReceiver,
-    _records: PhantomData<fn() -> T>,
+impl<T: Pod> std::fmt::Debug for ChannelReceiver<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.end {
+            Typed::Direct(_, ends) => {
+                write!(
+                    f,
+                    "ChannelReceiver(from rank {}, #{})",
+                    ends.peer, ends.number
+                )
+            }
+            Typed::Raw(raw) => raw.fmt(f),
+        }
+    }
 }
 
 impl<T: Pod> ChannelSender<T> {
     /// The rank at the other end.
     #[must_use]
     pub fn peer(&self) -> u32 {
-        self.raw.peer()
+        match &self.end {
+            Typed::Direct(_, ends) => ends.peer,
+            Typed::Raw(raw) => raw.peer(),
+        }
     }
 
     /// Sends `record` if the ring has room now: `false` if not.
@@ -546,8 +646,18 @@ impl<T: Pod> ChannelSender<T> {
     /// # Errors
     ///
     /// As for [`RawChannelSender::try_send_batch`].
+    #[inline]
     pub fn try_send(&mut self, record: &T) -> Result<bool, Error> {
-        self.raw.try_send(bytemuck::bytes_of(record))
+        match &mut self.end {
+            // The ring's own call, and an error made only when there is one: this is the hot
+            // path of a stream.
+            Typed::Direct(ring, ends) => match ring.try_send(*record) {
+                Ok(()) => Ok(true),
+                Err(TrySendError::Full(_)) => Ok(false),
+                Err(_) => Err(send_failed(ring, ends, record)),
+            },
+            Typed::Raw(raw) => raw.try_send(bytemuck::bytes_of(record)),
+        }
     }
 
     /// Sends `record`, waiting for room within the deadline.
@@ -556,7 +666,7 @@ impl<T: Pod> ChannelSender<T> {
     ///
     /// As for [`RawChannelSender::send`].
     pub fn send(&mut self, record: &T) -> Result<(), Error> {
-        self.raw.send(bytemuck::bytes_of(record))
+        self.send_batch(std::slice::from_ref(record))
     }
 
     /// Sends as many of `records` as the ring has room for now; returns how many.
@@ -564,8 +674,12 @@ impl<T: Pod> ChannelSender<T> {
     /// # Errors
     ///
     /// As for [`RawChannelSender::try_send_batch`].
+    #[inline]
     pub fn try_send_batch(&mut self, records: &[T]) -> Result<usize, Error> {
-        self.raw.try_send_batch(bytemuck::cast_slice(records))
+        match &mut self.end {
+            Typed::Direct(ring, ends) => try_send_slots(ring, ends, records),
+            Typed::Raw(raw) => raw.try_send_batch(bytemuck::cast_slice(records)),
+        }
     }
 
     /// Sends every record of `records`, waiting for room as it needs.
@@ -574,7 +688,10 @@ impl<T: Pod> ChannelSender<T> {
     ///
     /// As for [`RawChannelSender::send_batch`].
     pub fn send_batch(&mut self, records: &[T]) -> Result<(), Error> {
-        self.raw.send_batch(bytemuck::cast_slice(records))
+        match &mut self.end {
+            Typed::Direct(ring, ends) => send_slots(ring, ends, records),
+            Typed::Raw(raw) => raw.send_batch(bytemuck::cast_slice(records)),
+        }
     }
 }
 
@@ -582,7 +699,10 @@ impl<T: Pod> ChannelReceiver<T> {
     /// The rank at the other end.
     #[must_use]
     pub fn peer(&self) -> u32 {
-        self.raw.peer()
+        match &self.end {
+            Typed::Direct(_, ends) => ends.peer,
+            Typed::Raw(raw) => raw.peer(),
+        }
     }
 
     /// The next record if one has arrived.
@@ -590,12 +710,21 @@ impl<T: Pod> ChannelReceiver<T> {
     /// # Errors
     ///
     /// As for [`RawChannelReceiver::try_recv_batch`].
+    #[inline]
     pub fn try_recv(&mut self) -> Result<Option<T>, Error> {
-        let mut record = T::zeroed();
-        Ok(self
-            .raw
-            .try_recv(bytemuck::bytes_of_mut(&mut record))?
-            .then_some(record))
+        match &mut self.end {
+            // As `ChannelSender::try_send`: the ring's own call on the hot path.
+            Typed::Direct(ring, ends) => match ring.try_recv() {
+                Ok(record) => Ok(Some(record)),
+                Err(TryRecvError::Empty) => Ok(None),
+                Err(_) => Err(recv_failed(ring, ends)),
+            },
+            Typed::Raw(raw) => {
+                let mut record = T::zeroed();
+                let got = raw.try_recv(bytemuck::bytes_of_mut(&mut record))?;
+                Ok(got.then_some(record))
+            }
+        }
     }
 
     /// The next record, waiting for it within the deadline.
@@ -605,7 +734,7 @@ impl<T: Pod> ChannelReceiver<T> {
     /// As for [`RawChannelReceiver::recv`].
     pub fn recv(&mut self) -> Result<T, Error> {
         let mut record = T::zeroed();
-        self.raw.recv(bytemuck::bytes_of_mut(&mut record))?;
+        self.recv_batch(std::slice::from_mut(&mut record))?;
         Ok(record)
     }
 
@@ -614,8 +743,12 @@ impl<T: Pod> ChannelReceiver<T> {
     /// # Errors
     ///
     /// As for [`RawChannelReceiver::try_recv_batch`].
+    #[inline]
     pub fn try_recv_batch(&mut self, records: &mut [T]) -> Result<usize, Error> {
-        self.raw.try_recv_batch(bytemuck::cast_slice_mut(records))
+        match &mut self.end {
+            Typed::Direct(ring, ends) => try_recv_slots(ring, ends, records),
+            Typed::Raw(raw) => raw.try_recv_batch(bytemuck::cast_slice_mut(records)),
+        }
     }
 
     /// Records that have arrived, into `records`, waiting for the first; how many.
@@ -624,7 +757,53 @@ impl<T: Pod> ChannelReceiver<T> {
     ///
     /// As for [`RawChannelReceiver::recv_batch`].
     pub fn recv_batch(&mut self, records: &mut [T]) -> Result<usize, Error> {
-        self.raw.recv_batch(bytemuck::cast_slice_mut(records))
+        match &mut self.end {
+            Typed::Direct(ring, ends) => recv_slots(ring, ends, records),
+            Typed::Raw(raw) => raw.recv_batch(bytemuck::cast_slice_mut(records)),
+        }
+    }
+}
+
+/// The error of a typed end's send that found the ring closed or corrupted (once: the
+/// ring's own `try_send` said so), by the general path.
+#[cold]
+fn send_failed<T: Pod>(ring: &mut Producer<T>, ends: &Ends, record: &T) -> Error {
+    match try_send_slots(ring, ends, std::slice::from_ref(record)) {
+        Err(error) => error,
+        Ok(_) => ends.closed("from", ring.close_cause()),
+    }
+}
+
+/// As [`send_failed`], for a receive.
+#[cold]
+fn recv_failed<T: Pod>(ring: &mut Consumer<T>, ends: &Ends) -> Error {
+    let mut record = [T::zeroed()];
+    match try_recv_slots(ring, ends, &mut record) {
+        Err(error) => error,
+        Ok(_) => ends.closed("to", None),
+    }
+}
+
+/// Whether a channel of `T` records uses `T` as its slots: `T` fills its class exactly and is
+/// aligned as the broker's slots are.
+fn direct<T>() -> bool {
+    let record = size_of::<T>() as u32;
+    ChannelToken::class_bytes(record) == record && align_of::<T>() == 8
+}
+
+/// A channel's ring as the broker made it, before an end joins it.
+struct Made {
+    fd: std::os::fd::OwnedFd,
+    ends: Ends,
+    class: u32,
+    /// What the producer asked for (for the consumer's checks).
+    offered: ChannelToken,
+}
+
+fn join_error(source: shmbroker_queues::Error) -> Error {
+    Error::Io {
+        what: "joining a channel's ring the broker made",
+        source: std::io::Error::other(source),
     }
 }
 
@@ -647,9 +826,18 @@ impl Session {
         capacity: usize,
     ) -> Result<ChannelSender<T>, Error> {
         check_type::<T>()?;
+        let made = self.ring_to(peer, size_of::<T>(), capacity)?;
+        if !direct::<T>() {
+            return Ok(ChannelSender {
+                end: Typed::Raw(open_raw_sender(made, tag)?),
+            });
+        }
+        let mut ring = Producer::<T>::join(made.fd.as_fd()).map_err(join_error)?;
+        if try_send_slots(&mut ring, &made.ends, &[hello::<T>(tag)])? != 1 {
+            return Err(made.ends.closed("from", ring.close_cause()));
+        }
         Ok(ChannelSender {
-            raw: self.raw_channel_to(peer, tag, size_of::<T>(), capacity)?,
-            _records: PhantomData,
+            end: Typed::Direct(ring, made.ends),
         })
     }
 
@@ -667,9 +855,20 @@ impl Session {
         tag: u64,
     ) -> Result<ChannelReceiver<T>, Error> {
         check_type::<T>()?;
+        let made = self.ring_from(peer, size_of::<T>())?;
+        if !direct::<T>() || made.offered.record_bytes as usize != size_of::<T>() {
+            return Ok(ChannelReceiver {
+                end: Typed::Raw(open_raw_receiver(made, tag)?),
+            });
+        }
+        let mut ring = Consumer::<T>::join(made.fd.as_fd()).map_err(join_error)?;
+        let mut first = T::zeroed();
+        recv_hello(&mut ring, &made, std::slice::from_mut(&mut first))?;
+        check_hello(&made, tag, bytemuck::bytes_of(&first), || {
+            ring.closer().close(MISMATCH);
+        })?;
         Ok(ChannelReceiver {
-            raw: self.raw_channel_from(peer, tag, size_of::<T>())?,
-            _records: PhantomData,
+            end: Typed::Direct(ring, made.ends),
         })
     }
 
@@ -685,6 +884,27 @@ impl Session {
         record_bytes: usize,
         capacity: usize,
     ) -> Result<RawChannelSender, Error> {
+        let made = self.ring_to(peer, record_bytes, capacity)?;
+        open_raw_sender(made, tag)
+    }
+
+    /// [`Self::channel_from`] for records of `record_bytes` bytes (1 to 4096).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::channel_from`].
+    pub fn raw_channel_from(
+        &mut self,
+        peer: u32,
+        tag: u64,
+        record_bytes: usize,
+    ) -> Result<RawChannelReceiver, Error> {
+        let made = self.ring_from(peer, record_bytes)?;
+        open_raw_receiver(made, tag)
+    }
+
+    /// Asks the broker for the ring of this rank's next channel to `peer`.
+    fn ring_to(&mut self, peer: u32, record_bytes: usize, capacity: usize) -> Result<Made, Error> {
         self.check_peer(peer)?;
         let record = check_record(record_bytes)?;
         if !capacity.is_power_of_two()
@@ -711,45 +931,16 @@ impl Session {
             .request_channel(peer, token.pack(), self.timeout)
             .map_err(|source| Error::Relay { peer, source })?;
         self.peers[peer as usize].channels_to += 1;
-        let class = ChannelToken::class_bytes(record);
-        let ring = Tx::join(class, fd.as_fd()).map_err(|source| Error::Io {
-            what: "joining a channel's ring the broker made",
-            source: std::io::Error::other(source),
-        })?;
-        let mut sender = RawChannelSender {
-            ring,
-            ends: Ends {
-                peer,
-                number,
-                record: record as usize,
-                watch: self.inner.peer_watch(),
-                timeout: self.timeout,
-            },
-        };
-        // The first record is the tag, for the consumer to check: a slot of the class, the tag
-        // in its first 8 bytes. The ring is empty, so it goes.
-        let hello = with_class!(Tx, &mut sender.ring, |ring, Slot| {
-            let mut slot = Slot::zeroed();
-            bytemuck::bytes_of_mut(&mut slot)[..8].copy_from_slice(&tag.to_le_bytes());
-            ring.try_send(slot).is_ok()
-        });
-        if !hello {
-            return Err(sender.closed());
-        }
-        Ok(sender)
+        Ok(Made {
+            fd,
+            ends: self.ends(peer, number, record as usize),
+            class: ChannelToken::class_bytes(record),
+            offered: token,
+        })
     }
 
-    /// [`Self::channel_from`] for records of `record_bytes` bytes (1 to 4096).
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::channel_from`].
-    pub fn raw_channel_from(
-        &mut self,
-        peer: u32,
-        tag: u64,
-        record_bytes: usize,
-    ) -> Result<RawChannelReceiver, Error> {
+    /// The ring of `peer`'s next channel to this rank, as the broker offers it.
+    fn ring_from(&mut self, peer: u32, record_bytes: usize) -> Result<Made, Error> {
         self.check_peer(peer)?;
         let record = check_record(record_bytes)?;
         let number = self.peers[peer as usize].channels_from;
@@ -761,70 +952,102 @@ impl Session {
         let Some(offered) = ChannelToken::unpack(token) else {
             unreachable!("the watcher files only tokens that unpack")
         };
-        let class = ChannelToken::class_bytes(offered.record_bytes);
-        let ring = Rx::join(class, fd.as_fd()).map_err(|source| Error::Io {
-            what: "joining a channel's ring the broker made",
-            source: std::io::Error::other(source),
-        })?;
-        let mut receiver = RawChannelReceiver {
-            ring,
-            ends: Ends {
-                peer,
-                number,
-                record: offered.record_bytes as usize,
-                watch: self.inner.peer_watch(),
-                timeout: self.timeout,
-            },
-        };
-        let mut first = [0u8; 8];
-        let read_tag = with_class!(Rx, &mut receiver.ring, |ring, Slot| ring
-            .recv_timeout(self.timeout)
-            .map(|slot| first.copy_from_slice(&bytemuck::bytes_of::<Slot>(&slot)[..8])));
-        let refuse = |receiver: &RawChannelReceiver, detail: String| {
-            with_class!(Rx, &receiver.ring, |ring, Slot| ring
-                .closer()
-                .close(MISMATCH));
-            Err(Error::Misuse(detail))
-        };
-        match read_tag {
-            Ok(()) => {}
-            Err(RecvTimeoutError::Interrupted) => return Err(Error::Interrupted),
-            Err(RecvTimeoutError::Timeout) => {
-                return Err(Error::Timeout {
-                    op: "channel_from",
-                    waiting_for: vec![peer],
-                    timeout: self.timeout,
-                    diagnosis: Vec::new(),
-                    stopped: None,
-                });
-            }
-            Err(RecvTimeoutError::Disconnected) => return Err(receiver.ends.closed("to")),
-            Err(RecvTimeoutError::Corrupted(corruption)) => {
-                return Err(Error::Corrupted { peer, corruption });
-            }
-        }
-        let theirs = u64::from_le_bytes(first);
-        if offered.record_bytes != record {
-            return refuse(
-                &receiver,
-                format!(
-                    "rank {peer}'s channel #{number} to this rank carries records of {} bytes; \
-                     this end expects {record}",
-                    offered.record_bytes
-                ),
-            );
-        }
-        if theirs != tag {
-            return refuse(
-                &receiver,
-                format!(
-                    "rank {peer}'s channel #{number} to this rank has type tag {theirs:#x}; this \
-                     end expects {tag:#x}"
-                ),
-            );
-        }
-        Ok(receiver)
+        Ok(Made {
+            fd,
+            ends: self.ends(peer, number, record as usize),
+            class: ChannelToken::class_bytes(offered.record_bytes),
+            offered,
+        })
     }
+
+    fn ends(&self, peer: u32, number: u64, record: usize) -> Ends {
+        Ends {
+            peer,
+            number,
+            record,
+            watch: self.inner.peer_watch(),
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// Joins `made` as its producer, of its class, and sends the tag.
+fn open_raw_sender(made: Made, tag: u64) -> Result<RawChannelSender, Error> {
+    let mut ring = Tx::join(made.class, made.fd.as_fd()).map_err(join_error)?;
+    let ends = made.ends;
+    // The ring is empty: the tag goes.
+    let sent = with_class!(Tx, &mut ring, |ring, Slot| try_send_slots(
+        ring,
+        &ends,
+        &[hello::<Slot>(tag)]
+    ))?;
+    if sent != 1 {
+        return Err(ends.closed("from", None));
+    }
+    Ok(RawChannelSender { ring, ends })
+}
+
+/// Joins `made` as its consumer, of the class the producer asked for, and checks the tag and
+/// the record size against this end's.
+fn open_raw_receiver(made: Made, tag: u64) -> Result<RawChannelReceiver, Error> {
+    let mut ring = Rx::join(made.class, made.fd.as_fd()).map_err(join_error)?;
+    let mut first = [0u8; 8];
+    with_class!(Rx, &mut ring, |ring, Slot| {
+        let mut slot = Slot::zeroed();
+        recv_hello(ring, &made, std::slice::from_mut(&mut slot))?;
+        first.copy_from_slice(&bytemuck::bytes_of(&slot)[..8]);
+        Ok::<(), Error>(())
+    })?;
+    check_hello(&made, tag, &first, || {
+        with_class!(Rx, &ring, |ring, Slot| ring.closer().close(MISMATCH));
+    })?;
+    Ok(RawChannelReceiver {
+        ring,
+        ends: made.ends,
+    })
+}
+
+/// The producer's first slot, within the deadline.
+fn recv_hello<S: Pod>(ring: &mut Consumer<S>, made: &Made, out: &mut [S]) -> Result<(), Error> {
+    recv_slots(ring, &made.ends, out).map_err(|error| match error {
+        Error::Timeout {
+            waiting_for,
+            timeout,
+            ..
+        } => Error::Timeout {
+            op: "channel_from",
+            waiting_for,
+            timeout,
+            diagnosis: Vec::new(),
+            stopped: None,
+        },
+        other => other,
+    })?;
+    Ok(())
+}
+
+/// Checks the producer's record size and tag (the first 8 bytes of `first`) against this
+/// end's; on a mismatch runs `refuse` (which closes the ring with [`MISMATCH`]) and says what
+/// each end has.
+fn check_hello(made: &Made, tag: u64, first: &[u8], refuse: impl FnOnce()) -> Result<(), Error> {
+    let (peer, number, record) = (made.ends.peer, made.ends.number, made.ends.record);
+    let theirs = u64::from_le_bytes(first[..8].try_into().unwrap_or([0; 8]));
+    let detail = if made.offered.record_bytes as usize != record {
+        format!(
+            "rank {peer}'s channel #{number} to this rank carries records of {} bytes; this end \
+             expects {record}",
+            made.offered.record_bytes
+        )
+    } else if theirs != tag {
+        format!(
+            "rank {peer}'s channel #{number} to this rank has type tag {theirs:#x}; this end \
+             expects {tag:#x}"
+        )
+    } else {
+        return Ok(());
+    };
+    refuse();
+    Err(Error::Misuse(detail))
 }
 
 /// A record size a channel carries, or the error.
