@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 # The API docs build with no broken link, and every example runs (each as four processes).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --features shmbroker/tokio
-for example in hello all_gather fd_sharing gpu_handles; do
+for example in hello all_gather fd_sharing gpu_handles scheduler; do
   cargo run --example "$example"
 done
 

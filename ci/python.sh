@@ -46,6 +46,9 @@ env PATH="/usr/bin:/bin" "$py_scratch/venv/bin/python" -c \
 "$py_scratch/venv/bin/pip" install --quiet torch
 SHMBROKER_REQUIRE_TORCH=1 SHMBROKER_BIN="$PWD/target/release/shmbroker" \
   "$py_scratch/venv/bin/python" -m pytest python/tests -q -rsxX
+# The event reader and its workers over typed channels (NumPy records when NumPy is there).
+target/release/shmbroker run -n 4 --timeout 60 -- "$py_scratch/venv/bin/python" \
+  examples/python/event_reader.py
 # The MindIE loop on a split Python session, quick (no timing is asserted): both modes ran.
 SHMBROKER_BENCH_PYTHON="$py_scratch/venv/bin/python" cargo run --release -p shmbroker-benchmarks \
   -- farm --only response_wait_python --quick --json > "$py_scratch/response.jsonl"

@@ -238,3 +238,39 @@ fn a_channel_to_a_rank_out_of_range_or_with_a_bad_shape_is_misuse() {
         assert_eq!(error.kind(), shmbroker::ErrorKind::Misuse, "{error}");
     }
 }
+
+#[test]
+fn a_payload_travels_by_a_reference_in_a_record_and_a_forged_one_is_refused() {
+    use shmbroker::bindings::PayloadRef;
+    let (_world, mut sessions) = World::start("channel-loan", 2);
+    let mut consumer = sessions.pop().unwrap();
+    let mut producer = sessions.pop().unwrap();
+    let sending = std::thread::spawn(move || {
+        let mut refs = producer.channel_to::<PayloadRef>(1, 4, 16).unwrap();
+        for round in 0..50u8 {
+            let mut loan = producer.loan(10_000).unwrap();
+            loan.fill(round);
+            let lent = producer.lend_ref(1, loan).unwrap();
+            refs.send(&lent).unwrap();
+        }
+        producer.barrier().unwrap();
+        (producer, refs)
+    });
+    let mut refs = consumer.channel_from::<PayloadRef>(0, 4).unwrap();
+    for round in 0..50u8 {
+        let lent = refs.recv().unwrap();
+        let view = consumer.view_loan_ref(0, lent).unwrap();
+        assert_eq!(view.len(), 10_000);
+        assert!(view.iter().all(|&b| b == round), "round {round}");
+    }
+    let forged = PayloadRef {
+        offset: 1 << 40,
+        len: 16,
+        _pad0: 0,
+    };
+    let error = consumer.view_loan_ref(0, forged).unwrap_err();
+    assert_eq!(error.rank(), Some(0), "{error}");
+    assert_eq!(error.kind(), shmbroker::ErrorKind::Protocol, "{error}");
+    consumer.barrier().unwrap();
+    let _ = sending.join().unwrap();
+}

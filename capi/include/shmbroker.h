@@ -256,6 +256,18 @@ typedef struct shmbroker_loan_view shmbroker_loan_view;
 // `shmbroker_close`. Safe to call from several threads at once (see the header's thread rules).
 typedef struct shmbroker_session shmbroker_session;
 
+// A loan lent by reference (`shmbroker_lend_ref`): where it is in its lender's outbox. Plain
+// data, 16 bytes, to carry in a typed channel's record; the receiving rank views it with
+// `shmbroker_view_loan_ref`, once.
+typedef struct shmbroker_loan_ref {
+  // Byte offset in the lender's outbox.
+  uint64_t offset;
+  // Bytes lent.
+  uint32_t len;
+  // Zero.
+  uint32_t _pad0;
+} shmbroker_loan_ref;
+
 // A GPU memory handle as it travels: 112 bytes, the same on every rank.
 typedef struct shmbroker_gpu_handle {
   // A `SHMBROKER_GPU_*` kind.
@@ -923,6 +935,40 @@ int shmbroker_broadcast_loan(struct shmbroker_session *s,
                              struct shmbroker_loan_view **out,
                              const void **data,
                              size_t *len);
+
+// Lends `loan` to `rank` by reference: `*out` is what a typed channel's record carries, and
+// `rank` views it with `shmbroker_view_loan_ref`. Nothing is sent. `loan` is consumed,
+// whatever the result. Threads: as [`shmbroker_barrier`].
+//
+// Errors: `SHMBROKER_E_MISUSE` for a NULL loan or out, or a rank out of range;
+// `SHMBROKER_E_IO` for a loan of another session.
+//
+// # Safety
+//
+// `s` is null or a live session; `loan` as for `shmbroker_send_loan`; `out` points at a
+// writable `shmbroker_loan_ref`.
+int shmbroker_lend_ref(struct shmbroker_session *s,
+                       uint32_t rank,
+                       struct shmbroker_loan *loan,
+                       struct shmbroker_loan_ref *out);
+
+// A view of the loan `rank` lent this rank as `*lent` (from a record of a typed channel), as
+// from `shmbroker_recv_loan`: `*data` and `*len` are its bytes until `*out` is freed with
+// `shmbroker_loan_view_free`. View each reference once. Threads: as [`shmbroker_barrier`].
+//
+// Errors: `SHMBROKER_E_PROTOCOL` naming `rank` for a reference outside its outbox;
+// `SHMBROKER_E_MISUSE` for a NULL argument.
+//
+// # Safety
+//
+// `s` is null or a live session; `lent` is null or readable; `out`, `data` and `len` as for
+// `shmbroker_recv_loan`.
+int shmbroker_view_loan_ref(struct shmbroker_session *s,
+                            uint32_t rank,
+                            const struct shmbroker_loan_ref *lent,
+                            struct shmbroker_loan_view **out,
+                            const void **data,
+                            size_t *len);
 
 // Frees `view` (NULL: nothing), which gives the buffer back to its owner with the session's
 // next call. Any thread.

@@ -691,6 +691,15 @@ class ReceiveCalls {
         return LoanView(view, data, len);
     }
 
+    // The loan `rank` lent this rank as `lent` (from a channel record), viewed in place.
+    LoanView view_loan_ref(std::uint32_t rank, const shmbroker_loan_ref &lent) {
+        shmbroker_loan_view *view = nullptr;
+        const void *data = nullptr;
+        std::size_t len = 0;
+        detail::check(shmbroker_view_loan_ref(handle(), rank, &lent, &view, &data, &len));
+        return LoanView(view, data, len);
+    }
+
     // Ends the current wait on any thread (SHMBROKER_E_INTERRUPTED there). Async-signal-safe.
     void interrupt() const noexcept { shmbroker_interrupt(handle()); }
 
@@ -724,6 +733,14 @@ class SendCalls {
         shmbroker_channel_rx *rx = nullptr;
         detail::check(shmbroker_channel_from(handle(), peer, tag, sizeof(T), &rx));
         return ChannelReceiver<T>(rx);
+    }
+
+    // Lends `loan` to `rank` by reference, for a channel record to carry (consumed, whatever the
+    // result); `rank` views it with view_loan_ref, once. Nothing is sent.
+    shmbroker_loan_ref lend_ref(std::uint32_t rank, Loan loan) {
+        shmbroker_loan_ref lent{};
+        detail::check(shmbroker_lend_ref(handle(), rank, loan.release(), &lent));
+        return lent;
     }
 
     void send(std::uint32_t rank, const void *data, std::size_t len) {

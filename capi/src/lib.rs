@@ -63,7 +63,7 @@ mod groups;
 // shmbroker_readiness_fd
 mod point_to_point;
 // shmbroker_loan_create, shmbroker_send_loan, shmbroker_loan_free, shmbroker_recv_loan,
-// shmbroker_broadcast_loan, shmbroker_loan_view_free
+// shmbroker_broadcast_loan, shmbroker_lend_ref, shmbroker_view_loan_ref, shmbroker_loan_view_free
 mod loans;
 // shmbroker_channel_to, shmbroker_channel_from, shmbroker_channel_(try_)send(_batch),
 // shmbroker_channel_(try_)recv(_batch), shmbroker_channel_tx_free, shmbroker_channel_rx_free

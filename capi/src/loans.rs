@@ -187,6 +187,102 @@ pub unsafe extern "C" fn shmbroker_broadcast_loan(
     })
 }
 
+/// A loan lent by reference (`shmbroker_lend_ref`): where it is in its lender's outbox. Plain
+/// data, 16 bytes, to carry in a typed channel's record; the receiving rank views it with
+/// `shmbroker_view_loan_ref`, once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct shmbroker_loan_ref {
+    /// Byte offset in the lender's outbox.
+    pub offset: u64,
+    /// Bytes lent.
+    pub len: u32,
+    /// Zero.
+    pub _pad0: u32,
+}
+
+/// Lends `loan` to `rank` by reference: `*out` is what a typed channel's record carries, and
+/// `rank` views it with `shmbroker_view_loan_ref`. Nothing is sent. `loan` is consumed,
+/// whatever the result. Threads: as [`shmbroker_barrier`].
+///
+/// Errors: `SHMBROKER_E_MISUSE` for a NULL loan or out, or a rank out of range;
+/// `SHMBROKER_E_IO` for a loan of another session.
+///
+/// # Safety
+///
+/// `s` is null or a live session; `loan` as for `shmbroker_send_loan`; `out` points at a
+/// writable `shmbroker_loan_ref`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_lend_ref(
+    s: *mut shmbroker_session,
+    rank: u32,
+    loan: *mut shmbroker_loan,
+    out: *mut shmbroker_loan_ref,
+) -> c_int {
+    guard("shmbroker_lend_ref", || {
+        // SAFETY: per the contract, a pointer from Box::into_raw that nothing has taken back.
+        let loan = unsafe { take(loan) }.ok_or_else(|| misuse("loan is NULL"))?;
+        if out.is_null() {
+            return Err(misuse("out is NULL"));
+        }
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let lent = entered.handle.sender.session().lend_ref(rank, loan.loan)?;
+        // SAFETY: checked non-null above, writable per the contract.
+        unsafe {
+            out.write(shmbroker_loan_ref {
+                offset: lent.offset,
+                len: lent.len,
+                _pad0: 0,
+            });
+        }
+        Ok(())
+    })
+}
+
+/// A view of the loan `rank` lent this rank as `*lent` (from a record of a typed channel), as
+/// from `shmbroker_recv_loan`: `*data` and `*len` are its bytes until `*out` is freed with
+/// `shmbroker_loan_view_free`. View each reference once. Threads: as [`shmbroker_barrier`].
+///
+/// Errors: `SHMBROKER_E_PROTOCOL` naming `rank` for a reference outside its outbox;
+/// `SHMBROKER_E_MISUSE` for a NULL argument.
+///
+/// # Safety
+///
+/// `s` is null or a live session; `lent` is null or readable; `out`, `data` and `len` as for
+/// `shmbroker_recv_loan`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmbroker_view_loan_ref(
+    s: *mut shmbroker_session,
+    rank: u32,
+    lent: *const shmbroker_loan_ref,
+    out: *mut *mut shmbroker_loan_view,
+    data: *mut *const c_void,
+    len: *mut usize,
+) -> c_int {
+    guard("shmbroker_view_loan_ref", || {
+        // SAFETY: the three are null or writable, per the contract.
+        unsafe { clear(out, data, len) }?;
+        // SAFETY: null or readable, per the contract.
+        let lent = unsafe { lent.as_ref() }.ok_or_else(|| misuse("lent is NULL"))?;
+        let payload = shmbroker::bindings::PayloadRef {
+            offset: lent.offset,
+            len: lent.len,
+            _pad0: 0,
+        };
+        // SAFETY: null or a live session, per the contract.
+        let entered = unsafe { enter(s) }?;
+        let view = entered
+            .handle
+            .sender
+            .session()
+            .view_loan_ref(rank, payload)?;
+        // SAFETY: all three checked non-null above, writable per the contract.
+        unsafe { give_view(view, out, data, len) };
+        Ok(())
+    })
+}
+
 /// Frees `view` (NULL: nothing), which gives the buffer back to its owner with the session's
 /// next call. Any thread.
 ///

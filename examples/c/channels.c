@@ -74,6 +74,18 @@ int main(void) {
         expect(shmbroker_channel_send(refused, &t), SHMBROKER_E_MISUSE, "send on a refused channel");
         shmbroker_channel_tx_free(refused);
         shmbroker_channel_tx_free(tx);
+        /* A payload by reference: a loan filled here, its reference in a record. */
+        shmbroker_channel_tx *refs = NULL;
+        CHECK(shmbroker_channel_to(s, 1, 0x4ef, sizeof(shmbroker_loan_ref), 16, &refs));
+        shmbroker_loan *loan = NULL;
+        void *bytes = NULL;
+        CHECK(shmbroker_loan_create(s, 100000, &loan, &bytes));
+        for (size_t i = 0; i < 100000; ++i) ((unsigned char *)bytes)[i] = (unsigned char)(i * 13);
+        shmbroker_loan_ref lent;
+        CHECK(shmbroker_lend_ref(s, 1, loan, &lent));
+        CHECK(shmbroker_channel_send(refs, &lent));
+        CHECK(shmbroker_barrier(s));
+        shmbroker_channel_tx_free(refs);
     } else {
         shmbroker_channel_rx *rx = NULL;
         CHECK(shmbroker_channel_from(s, 0, 0xfeed, sizeof(struct transaction), &rx));
@@ -115,6 +127,33 @@ int main(void) {
             return 1;
         }
         shmbroker_channel_rx_free(rx);
+        shmbroker_channel_rx *refs = NULL;
+        CHECK(shmbroker_channel_from(s, 0, 0x4ef, sizeof(shmbroker_loan_ref), &refs));
+        shmbroker_loan_ref lent;
+        CHECK(shmbroker_channel_recv(refs, &lent));
+        shmbroker_loan_view *view = NULL;
+        const void *bytes = NULL;
+        size_t len = 0;
+        CHECK(shmbroker_view_loan_ref(s, 0, &lent, &view, &bytes, &len));
+        if (len != 100000) {
+            fprintf(stderr, "a lent payload of %zu bytes\n", len);
+            return 1;
+        }
+        for (size_t i = 0; i < len; ++i) {
+            if (((const unsigned char *)bytes)[i] != (unsigned char)(i * 13)) {
+                fprintf(stderr, "the lent payload came garbled at %zu\n", i);
+                return 1;
+            }
+        }
+        /* A forged reference, past the lender's outbox, is refused naming the lender. */
+        shmbroker_loan_ref forged = lent;
+        forged.offset = (uint64_t)1 << 40;
+        shmbroker_loan_view *none = NULL;
+        expect(shmbroker_view_loan_ref(s, 0, &forged, &none, &bytes, &len), SHMBROKER_E_PROTOCOL,
+               "a forged loan reference");
+        shmbroker_loan_view_free(view);
+        CHECK(shmbroker_barrier(s));
+        shmbroker_channel_rx_free(refs);
         printf("rank 1: %u records one at a time and %u in batches, each checked\n", COUNT, COUNT);
     }
     CHECK(shmbroker_close(s));

@@ -80,6 +80,13 @@ int main() try {
             while (owed[w] > 0) take(w, true);
         }
         if (fills[0].try_recv()) fail("a fill nobody asked for");
+        // A payload by reference: a loan filled here, its reference in a record, read in place.
+        auto refs = session.channel_to<shmbroker_loan_ref>(1, kTag + 1, 16);
+        auto loan = session.loan(4096);
+        for (std::size_t i = 0; i < loan.size(); ++i) {
+            static_cast<unsigned char *>(loan.data())[i] = static_cast<unsigned char>(i * 3);
+        }
+        refs.send(session.lend_ref(1, std::move(loan)));
         // The workers keep their ends open until here: then every end closes, none early.
         session.barrier();
         std::printf("rank 0: %llu orders to %u workers, every fill checked\n",
@@ -93,6 +100,16 @@ int main() try {
         for (std::uint64_t n = 0; n < mine; ++n) {
             const Order order = orders.recv();
             fills.send(Fill{order.id, std::uint64_t(order.quantity) * order.price});
+        }
+        if (rank == 1) {
+            auto refs = session.channel_from<shmbroker_loan_ref>(0, kTag + 1);
+            auto view = session.view_loan_ref(0, refs.recv());
+            if (view.size() != 4096) fail("a lent payload of the wrong size");
+            for (std::size_t i = 0; i < view.size(); ++i) {
+                if (static_cast<const unsigned char *>(view.data())[i] != static_cast<unsigned char>(i * 3)) {
+                    fail("a lent payload came garbled");
+                }
+            }
         }
         session.barrier();
     }

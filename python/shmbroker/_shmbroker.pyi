@@ -336,6 +336,11 @@ class Session:
     def channel_from(self, peer: int, tag: int, record: Any) -> "ChannelReceiver":
         """The typed channel ``peer`` makes to this rank with :meth:`channel_to`; raises
         :class:`MisuseError` when its tag or record size is not this end's."""
+    def lend_ref(self, rank: int, loan: Loan) -> bytes:
+        """Lends ``loan`` to ``rank`` by reference: 16 bytes for a channel record to carry;
+        ``rank`` views it with :meth:`view_loan_ref`, once."""
+    def view_loan_ref(self, rank: int, lent: _Data) -> LoanView:
+        """A view of the loan ``rank`` lent this rank as ``lent`` (16 bytes), read in place."""
     def split(self) -> Tuple["Sender", "Receiver"]:
         """Splits the session into a :class:`Sender` and a :class:`Receiver` for two threads;
         each releases the GIL while it waits, and a receive never waits behind a send (or the

@@ -1374,6 +1374,51 @@ impl PySession {
         )
     }
 
+    /// Lends ``loan`` to ``rank`` by reference, for a typed channel's record to carry: the 16
+    /// ``bytes`` returned (offset and length in this rank's outbox, little-endian ``<QI4x``).
+    /// ``rank`` views it with :meth:`view_loan_ref`, once. Nothing is sent.
+    ///
+    /// Raises :class:`MisuseError` for a rank out of range or this rank.
+    fn lend_ref<'py>(
+        &self,
+        py: Python<'py>,
+        rank: i64,
+        loan: &loans::PyLoan,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let rank = rank_arg(rank)?;
+        let loan = loan.take(py)?;
+        self.blocking_then(
+            py,
+            |session| session.lend_ref(rank, loan),
+            |lent| Ok(PyBytes::new(py, bytemuck::bytes_of(&lent))),
+        )
+    }
+
+    /// A :class:`LoanView` of the loan ``rank`` lent this rank as ``lent`` (the 16 bytes
+    /// :meth:`lend_ref` gave it, from a channel record), read in place.
+    ///
+    /// Raises :class:`ProtocolError` naming ``rank`` for a reference outside its outbox;
+    /// :class:`MisuseError` for ``lent`` not 16 bytes.
+    fn view_loan_ref(
+        &self,
+        py: Python<'_>,
+        rank: i64,
+        lent: &Bound<'_, PyAny>,
+    ) -> PyResult<loans::PyLoanView> {
+        let rank = rank_arg(rank)?;
+        let lent = Bytes::get(lent)?;
+        let lent: shmbroker::bindings::PayloadRef =
+            bytemuck::try_pod_read_unaligned(lent.as_slice()).map_err(|_| {
+                errors::misuse("a loan reference is 16 bytes (from Session.lend_ref)")
+            })?;
+        let lent = shmbroker::bindings::PayloadRef { _pad0: 0, ..lent };
+        self.blocking_then(
+            py,
+            |session| session.view_loan_ref(rank, lent),
+            |view| loans::PyLoanView::new(py, view),
+        )
+    }
+
     /// ``root``'s loan on every other rank, by reference: the root passes ``loan`` and gets
     /// ``None``; the others pass nothing and get a :class:`LoanView` of the root's buffer.
     ///

@@ -1581,6 +1581,12 @@ def scenario_channels(session, _):
         raises(shmbroker.MisuseError, lambda: wrong.send(make(1)))
         tx.close()
         raises(shmbroker.Error, lambda: tx.send(make(0)))
+        # A payload by reference: a loan, its 16-byte reference in a record.
+        refs = session.channel_to(1, 78, 16)
+        loan = session.loan(50000)
+        loan.buffer[:] = pattern(0, 50000)
+        refs.send(session.lend_ref(1, loan))
+        session.barrier()
     elif rank == 1:
         rx = session.channel_from(0, 77, record)
         for n in range(count):
@@ -1601,7 +1607,15 @@ def scenario_channels(session, _):
         raises(shmbroker.MisuseError, lambda: session.channel_from(0, 6, record))
         session.barrier()
         raises(shmbroker.ChannelClosed, lambda: rx.recv())
+        refs = session.channel_from(0, 78, 16)
+        view = session.view_loan_ref(0, refs.recv())
+        check(bytes(view.buffer) == pattern(0, 50000), "the lent payload came garbled")
+        forged = struct.pack("<QI4x", 1 << 40, 16)
+        raises(shmbroker.ProtocolError, lambda: session.view_loan_ref(0, forged))
+        view.release()
+        session.barrier()
     else:
+        session.barrier()
         session.barrier()
 
 

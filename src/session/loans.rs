@@ -291,6 +291,55 @@ impl Session {
         Ok(())
     }
 
+    /// Lends `loan` to `rank` by a reference to carry in a record of a typed channel (see the
+    /// `channel` module), as Agave's transaction regions travel: `rank` views it in place with
+    /// [`Self::view_loan_ref`], and dropping that view gives the buffer back. Nothing is sent:
+    /// the reference is the record's to carry, once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] for a rank out of range or this rank; [`Error::OwnOutbox`] for a loan
+    /// of another session; [`Error::Timeout`] while the loan is still read in place by a
+    /// collective that failed.
+    pub fn lend_ref(&mut self, rank: u32, loan: Loan) -> Result<PayloadRef, Error> {
+        self.check_peer(rank)?;
+        let deadline = self.track(Deadline::new("lend_ref", self.timeout));
+        self.flush_view_acks()?;
+        let mut since = None;
+        while self.outbox.lent_in_place(&loan) {
+            self.await_acks(&deadline, &mut since)?;
+        }
+        self.outbox
+            .send_loan(loan, Outbox::receivers([rank]))
+            .map_err(Error::OwnOutbox)
+    }
+
+    /// A read-only view of the buffer `rank` lent this rank with [`Self::lend_ref`] as
+    /// `lent` (the reference a channel record carried); dropping it gives the buffer back.
+    /// Take each reference once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Outbox`] naming `rank` for a reference outside its outbox; `rank`'s departure,
+    /// [`Error::Timeout`] while its outbox has not arrived.
+    pub fn view_loan_ref(&mut self, rank: u32, lent: PayloadRef) -> Result<LoanView, Error> {
+        self.check_peer(rank)?;
+        let deadline = self.track(Deadline::new("view_loan_ref", self.timeout));
+        self.flush_view_acks()?;
+        let view = self
+            .peer_outbox(rank, &deadline)?
+            .view(lent)
+            .map_err(|source| Error::Outbox { peer: rank, source })?;
+        Ok(LoanView {
+            view,
+            owner: rank,
+            payload: lent,
+            acks: self.view_acks.clone(),
+            process: self.adopted_at[rank as usize],
+            note: LoanNote::default(),
+        })
+    }
+
     /// The next message `rank` sent this rank, which must be a loan, as a read-only view of the
     /// lender's buffer; dropping the view gives the buffer back to its owner.
     ///
