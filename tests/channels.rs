@@ -234,6 +234,8 @@ fn a_channel_to_a_rank_out_of_range_or_with_a_bad_shape_is_misuse() {
         session.channel_to::<u64>(5, 1, 16).unwrap_err(),
         session.channel_to::<u64>(1, 1, 3).unwrap_err(),
         session.raw_channel_to(1, 1, 5000, 16).unwrap_err(),
+        // 4096-byte records, 2^20 of them: past the most ring a channel may have.
+        session.raw_channel_to(1, 1, 4096, 1 << 20).unwrap_err(),
     ] {
         assert_eq!(error.kind(), shmbroker::ErrorKind::Misuse, "{error}");
     }
@@ -273,4 +275,30 @@ fn a_payload_travels_by_a_reference_in_a_record_and_a_forged_one_is_refused() {
     assert_eq!(error.kind(), shmbroker::ErrorKind::Protocol, "{error}");
     consumer.barrier().unwrap();
     let _ = sending.join().unwrap();
+}
+
+#[test]
+fn a_producer_cannot_offer_a_consumer_more_channels_than_it_takes() {
+    // Rank 1 never takes its channels: past 8 offered and not taken, the broker makes no more
+    // for rank 0, which is told so; other ranks' channels to rank 1 are not held up by them.
+    let (_world, mut sessions) = World::start("channel-flood", 3);
+    let mut third = sessions.pop().unwrap();
+    let mut idle = sessions.pop().unwrap();
+    let mut flooder = sessions.pop().unwrap();
+    let mut kept = Vec::new();
+    for _ in 0..8 {
+        kept.push(flooder.channel_to::<u64>(1, 1, 16).unwrap());
+    }
+    let error = flooder.channel_to::<u64>(1, 1, 16).unwrap_err();
+    assert!(matches!(error, Error::Relay { peer: 1, .. }), "{error}");
+    let other = std::thread::spawn(move || {
+        let mut tx = third.channel_to::<u64>(1, 2, 16).unwrap();
+        tx.send(&5).unwrap();
+        (third, tx)
+    });
+    // Rank 1 takes rank 2's channel (its own numbering from rank 2), and one of rank 0's.
+    let mut rx = idle.channel_from::<u64>(2, 2).unwrap();
+    assert_eq!(rx.recv().unwrap(), 5);
+    let _first = idle.channel_from::<u64>(0, 1).unwrap();
+    let _ = other.join().unwrap();
 }

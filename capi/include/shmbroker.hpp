@@ -482,6 +482,7 @@ template <typename T>
 class ChannelSender {
     static_assert(std::is_trivially_copyable_v<T>, "a channel copies records' bytes");
     static_assert(alignof(T) <= 8, "a channel's records are aligned to 8");
+    static_assert(sizeof(T) <= 4096, "a channel's records are 4096 bytes at most: lend more");
 
    public:
     ChannelSender(ChannelSender &&other) noexcept : tx_(std::exchange(other.tx_, nullptr)) {}
@@ -530,6 +531,8 @@ template <typename T>
 class ChannelReceiver {
     static_assert(std::is_trivially_copyable_v<T>, "a channel copies records' bytes");
     static_assert(alignof(T) <= 8, "a channel's records are aligned to 8");
+    static_assert(sizeof(T) <= 4096, "a channel's records are 4096 bytes at most: lend more");
+    static_assert(std::is_default_constructible_v<T>, "recv returns a T it makes first");
 
    public:
     ChannelReceiver(ChannelReceiver &&other) noexcept : rx_(std::exchange(other.rx_, nullptr)) {}
@@ -574,7 +577,7 @@ class ChannelReceiver {
 
    private:
     template <typename>
-    friend class detail::SendCalls;
+    friend class detail::ReceiveCalls;
     explicit ChannelReceiver(shmbroker_channel_rx *rx) noexcept : rx_(rx) {}
     shmbroker_channel_rx *rx_;
 };
@@ -585,6 +588,15 @@ namespace detail {
 template <typename Self>
 class ReceiveCalls {
    public:
+    // The typed channel of `T` records `peer` makes to this rank (its next one); throws Error
+    // with SHMBROKER_E_MISUSE when `peer`'s tag or record size is not this end's.
+    template <typename T>
+    ChannelReceiver<T> channel_from(std::uint32_t peer, std::uint64_t tag) {
+        shmbroker_channel_rx *rx = nullptr;
+        detail::check(shmbroker_channel_from(handle(), peer, tag, sizeof(T), &rx));
+        return ChannelReceiver<T>(rx);
+    }
+
     // The next message from `rank` into `buf`; its length. A longer message throws Error with
     // code() SHMBROKER_E_TOO_SMALL and is kept for the next receive.
     std::size_t recv(std::uint32_t rank, void *buf, std::size_t cap) {
@@ -726,14 +738,6 @@ class SendCalls {
         return ChannelSender<T>(tx);
     }
 
-    // The typed channel of `T` records `peer` makes to this rank (its next one); throws Error
-    // with SHMBROKER_E_MISUSE when `peer`'s tag or record size is not this end's.
-    template <typename T>
-    ChannelReceiver<T> channel_from(std::uint32_t peer, std::uint64_t tag) {
-        shmbroker_channel_rx *rx = nullptr;
-        detail::check(shmbroker_channel_from(handle(), peer, tag, sizeof(T), &rx));
-        return ChannelReceiver<T>(rx);
-    }
 
     // Lends `loan` to `rank` by reference, for a channel record to carry (consumed, whatever the
     // result); `rank` views it with view_loan_ref, once. Nothing is sent.

@@ -149,7 +149,9 @@ pub unsafe extern "C" fn shmbroker_channel_send_batch(
     guard("shmbroker_channel_send_batch", || {
         // SAFETY: null or a live end, per the contract.
         let mut end = lock(unsafe { tx.as_ref() }.map(|tx| &tx.end))?;
-        let len = count.saturating_mul(end.record_bytes());
+        let len = count
+            .checked_mul(end.record_bytes())
+            .ok_or_else(|| misuse(format!("{count} records overflow the address space")))?;
         // SAFETY: `len` readable bytes, per the contract.
         let records = unsafe { crate::buffer::bytes(records, len, "records") }?;
         Ok(end.send_batch(records)?)
@@ -193,7 +195,9 @@ pub unsafe extern "C" fn shmbroker_channel_try_send_batch(
         unsafe { sent.write(0) };
         // SAFETY: null or a live end, per the contract.
         let mut end = lock(unsafe { tx.as_ref() }.map(|tx| &tx.end))?;
-        let len = count.saturating_mul(end.record_bytes());
+        let len = count
+            .checked_mul(end.record_bytes())
+            .ok_or_else(|| misuse(format!("{count} records overflow the address space")))?;
         // SAFETY: `len` readable bytes, per the contract.
         let records = unsafe { crate::buffer::bytes(records, len, "records") }?;
         let went = end.try_send_batch(records)?;
@@ -326,7 +330,9 @@ unsafe fn receive(
     unsafe { received.write(0) };
     // SAFETY: null or a live end, per the contract.
     let mut end = lock(unsafe { rx.as_ref() }.map(|rx| &rx.end))?;
-    let len = max.saturating_mul(end.record_bytes());
+    let len = max
+        .checked_mul(end.record_bytes())
+        .ok_or_else(|| misuse(format!("{max} records overflow the address space")))?;
     // SAFETY: `len` writable bytes, per the contract.
     let records = unsafe { crate::buffer::bytes_mut(records, len, "records") }?;
     let got = if wait {

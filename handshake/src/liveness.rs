@@ -308,6 +308,13 @@ impl PeerWatch {
         self.shared.departure(peer)
     }
 
+    /// Whether `peer`'s process is known to have died (not merely its session closed).
+    #[must_use]
+    pub fn is_dead(&self, peer: u32) -> bool {
+        self.shared.check_now();
+        self.shared.is_dead(peer)
+    }
+
     /// [`Interrupter::count`].
     #[must_use]
     pub fn interrupt_count(&self) -> u64 {

@@ -103,9 +103,9 @@ impl PyChannelSender {
     /// Sends one record (a buffer of ``record_bytes``) if the ring has room now: whether it
     /// went.
     ///
-    /// Raises :class:`ChannelClosed` once the receiver closed the channel, its departure
-    /// (:class:`PeerLost`, ...) once its process is gone, :class:`MisuseError` for a record of
-    /// another size.
+    /// Raises :class:`ChannelClosed` once the receiver closed the channel,
+    /// :class:`MisuseError` once it refused it or for a record of another size. (A call that
+    /// waits also raises :class:`PeerLost` once the receiver's process is gone.)
     fn try_send(&self, record: &Bound<'_, PyAny>) -> PyResult<bool> {
         let record = Bytes::get(record)?;
         let mut end = lock(&self.end)?;
@@ -165,8 +165,8 @@ impl PyChannelReceiver {
     /// with the channel's dtype reads it).
     ///
     /// Raises :class:`ChannelClosed` once the sender closed the channel and everything it
-    /// sent was received; its departure once its process is gone and everything it sent was
-    /// received.
+    /// sent was received. (A call that waits also raises :class:`PeerLost` once the sender's
+    /// process is gone and everything it sent was received.)
     fn try_recv<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let mut record = vec![0u8; self.record];
         let mut end = lock(&self.end)?;

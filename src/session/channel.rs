@@ -159,10 +159,18 @@ impl Ends {
         }
     }
 
-    /// After a slice of waiting: the error that ends the wait, if any.
+    /// After a slice of waiting: the error that ends the wait, if any. Only the other end's
+    /// process dying ends it for that end: a channel end outlives its session (its session
+    /// leaving closes the session's rings, not the channel's).
     fn look(&self, op: &'static str, started: Instant, interrupts: u64) -> Option<Error> {
-        if let Some(departure) = self.watch.departure(self.peer) {
-            return Some(departure_error(departure));
+        if self.watch.is_dead(self.peer) {
+            return Some(self.watch.departure(self.peer).map_or_else(
+                || Error::PeerLost {
+                    rank: self.peer,
+                    diagnosis: Vec::new(),
+                },
+                departure_error,
+            ));
         }
         if self.watch.interrupt_count() != interrupts {
             return Some(Error::Interrupted);
@@ -501,8 +509,8 @@ impl RawChannelSender {
     ///
     /// # Errors
     ///
-    /// As for [`Self::try_send_batch`], and [`Error::Timeout`], [`Error::Interrupted`], the
-    /// consumer's departure once its process is gone.
+    /// As for [`Self::try_send_batch`], and, while it waits for room, [`Error::Timeout`],
+    /// [`Error::Interrupted`], and [`Error::PeerLost`] once the consumer's process is gone.
     pub fn send(&mut self, record: &[u8]) -> Result<(), Error> {
         self.ends.check_record(record.len())?;
         self.send_batch(record)
@@ -566,8 +574,9 @@ impl RawChannelReceiver {
     ///
     /// # Errors
     ///
-    /// As for [`Self::try_recv_batch`], and [`Error::Timeout`], [`Error::Interrupted`], the
-    /// producer's departure once its process is gone and everything it sent was received.
+    /// As for [`Self::try_recv_batch`], and, while it waits, [`Error::Timeout`],
+    /// [`Error::Interrupted`], and [`Error::PeerLost`] once the producer's process is gone and
+    /// everything it sent was received.
     pub fn recv(&mut self, record: &mut [u8]) -> Result<(), Error> {
         self.ends.check_record(record.len())?;
         self.recv_batch(record).map(drop)
@@ -926,15 +935,31 @@ impl Session {
             capacity: capacity as u64,
             number,
         };
-        let fd = self
-            .inner
-            .request_channel(peer, token.pack(), self.timeout)
-            .map_err(|source| Error::Relay { peer, source })?;
+        let class = ChannelToken::class_bytes(record);
+        let file_bytes = (u64::from(class) + 8).saturating_mul(capacity as u64);
+        if file_bytes > ChannelToken::MAX_FILE_BYTES {
+            return Err(Error::Misuse(format!(
+                "a channel of {capacity} records of {record} bytes needs {file_bytes} bytes of \
+                 ring, more than {}",
+                ChannelToken::MAX_FILE_BYTES
+            )));
+        }
+        // The number is spent once asked for, unless the broker refused it: it may make the
+        // ring after this call gave up waiting, and offer it to `peer` as this number.
         self.peers[peer as usize].channels_to += 1;
+        let fd = match self.inner.request_channel(peer, token.pack(), self.timeout) {
+            Ok(fd) => fd,
+            Err(source) => {
+                if matches!(source, shmbroker_handshake::Error::RelayRefused { .. }) {
+                    self.peers[peer as usize].channels_to -= 1;
+                }
+                return Err(Error::Relay { peer, source });
+            }
+        };
         Ok(Made {
             fd,
             ends: self.ends(peer, number, record as usize),
-            class: ChannelToken::class_bytes(record),
+            class,
             offered: token,
         })
     }

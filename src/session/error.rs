@@ -99,13 +99,13 @@ pub enum Error {
     Interrupted,
     /// The other end of a typed channel closed it (dropped its end). What it sent before is
     /// received first; a peer whose process died is [`Error::PeerLost`] instead.
-    #[error("rank {peer} closed channel #{number} {direction} it")]
+    #[error("rank {peer} closed channel #{number} {direction} this rank")]
     ChannelClosed {
         /// The rank at the other end.
         peer: u32,
         /// The channel's number among those between the two ranks in its direction.
         number: u64,
-        /// `"to"` or `"from"`, as seen from this rank.
+        /// `"from"` (this rank produces) or `"to"` (this rank consumes).
         direction: &'static str,
     },
     /// The deadline passed.

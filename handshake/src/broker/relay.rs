@@ -8,6 +8,10 @@ use shmbroker_sys::fdpass::{recv_with_fds, send_with_fds};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
+/// Rings a worker may have made for it and not yet read off its socket, and channels it may
+/// have offered one peer that the peer has not taken: past either, its requests are refused.
+const CHANNELS_IN_FLIGHT: usize = 8;
+
 impl Listener {
     pub(super) fn read_worker(&mut self, rank: usize, events: &mut Vec<Event>) {
         // Notices arrive as fixed-size frames, an fd riding on the first byte of a frame that
@@ -128,10 +132,6 @@ impl Listener {
                 }
             }
             Some(NoticeKind::ChannelRequest) => {
-                if fd.is_some() {
-                    let detail = "a channel request came with an fd".into();
-                    return self.complain(rank, detail, events);
-                }
                 self.make_channel(rank, notice.peer, notice.token, events);
             }
             Some(NoticeKind::Outbox) => {
@@ -247,7 +247,8 @@ impl Listener {
     fn channel_ring(&self, from: u32, to: u32, token: u64) -> Result<OwnedFd, String> {
         let Some(request) = ChannelToken::unpack(token) else {
             return Err(format!(
-                "a channel request's token {token:#x} asks for records of 1 to {} bytes, 2 to {}                  of them",
+                "a channel request's token {token:#x} asks for records of 1 to {} bytes, 2 to {} of \
+                 them",
                 ChannelToken::MAX_RECORD_BYTES,
                 ChannelToken::MAX_CAPACITY
             ));
@@ -262,11 +263,41 @@ impl Listener {
                 ChannelToken::MAX_FILE_BYTES
             ));
         }
+        // The requester's own rings not yet read off its socket: a worker that asks and never
+        // reads cannot make the broker hold fds without bound.
+        let made = NoticeKind::ChannelMade as u32;
+        let queued_here = self.workers[from as usize].as_ref().map_or(0, |w| {
+            w.outgoing
+                .iter()
+                .filter(|(notice, _)| notice.kind == made)
+                .count()
+        });
+        if queued_here >= CHANNELS_IN_FLIGHT {
+            return Err(format!(
+                "channel refused: {queued_here} rings made for this worker are still queued to \
+                 it (it does not read its socket)"
+            ));
+        }
         let target = self
             .workers
             .get(to as usize)
             .and_then(Option::as_ref)
             .filter(|w| w.stream.is_some() && to != from);
+        // A producer's offers a consumer has not taken count against the consumer's relays: a
+        // few per producer, so that one cannot take them all.
+        if let Some(target) = target {
+            let offered = target
+                .unclaimed
+                .iter()
+                .filter(|(peer, _)| *peer == from)
+                .count();
+            if offered >= CHANNELS_IN_FLIGHT {
+                return Err(format!(
+                    "channel to rank {to} refused: it has not taken this worker's last \
+                     {offered} channels"
+                ));
+            }
+        }
         match target {
             None => return Err(format!("channel to rank {to} refused: it is not logged on")),
             Some(target)
@@ -279,7 +310,8 @@ impl Listener {
                         >= MAX_UNCLAIMED_RELAYS =>
             {
                 return Err(format!(
-                    "channel to rank {to} refused: it holds {MAX_UNCLAIMED_RELAYS} fds it has                      not taken"
+                    "channel to rank {to} refused: it holds {MAX_UNCLAIMED_RELAYS} fds it has not \
+                     taken"
                 ));
             }
             Some(_) => {}
