@@ -296,26 +296,7 @@ impl PySession {
         };
         let result = Self::look_for_ctrl_c(py, main).and_then(|()| body(&mut waits));
         let caught = armed.is_some_and(sigint::Armed::disarm);
-        match result {
-            // A result is never thrown away for a Ctrl-C: that waits for the next call.
-            Ok(value) => {
-                if caught {
-                    sigint::defer();
-                }
-                Ok(value)
-            }
-            Err(error) => {
-                if caught {
-                    sigint::deliver();
-                }
-                if waits.interrupted {
-                    // Runs Python's handler for the SIGINT that ended the call
-                    // (KeyboardInterrupt); if it raises nothing, the call still did not finish.
-                    py.check_signals()?;
-                }
-                Err(error)
-            }
-        }
+        sigint::settle(py, caught, waits.interrupted, result)
     }
 
     /// A call's first step, once armed: a Ctrl-C that came before it raises now, before the

@@ -101,6 +101,36 @@ pub fn caught() -> bool {
     CAUGHT.load(Ordering::SeqCst)
 }
 
+/// Ends a call that was armed: `caught` says whether a SIGINT came meanwhile (from
+/// [`Armed::disarm`]). A result is never thrown away for it: a success keeps it for the next
+/// call; a failure passes it on, and, when the failure is the interrupt's (`interrupted`), runs
+/// Python's handler for it (`KeyboardInterrupt`), which raises in its place.
+pub fn settle<T>(
+    py: pyo3::Python<'_>,
+    caught: bool,
+    interrupted: bool,
+    result: pyo3::PyResult<T>,
+) -> pyo3::PyResult<T> {
+    match result {
+        Ok(value) => {
+            if caught {
+                defer();
+            }
+            Ok(value)
+        }
+        Err(error) => {
+            if caught {
+                deliver();
+            }
+            if interrupted {
+                // If the handler raises nothing, the call still did not finish.
+                py.check_signals()?;
+            }
+            Err(error)
+        }
+    }
+}
+
 /// Keeps a SIGINT that came during a call that succeeded, for [`take_deferred`].
 pub fn defer() {
     DEFERRED.store(true, Ordering::SeqCst);

@@ -51,25 +51,8 @@ impl Facts {
             .flatten();
         let result = py.detach(call);
         let caught = armed.is_some_and(sigint::Armed::disarm);
-        match result {
-            Ok(value) => {
-                if caught {
-                    sigint::defer();
-                }
-                Ok(value)
-            }
-            Err(error) => {
-                if caught {
-                    sigint::deliver();
-                }
-                let interrupted = matches!(error, Error::Interrupted);
-                let error = errors::to_py(error);
-                if interrupted {
-                    py.check_signals()?;
-                }
-                Err(error)
-            }
-        }
+        let interrupted = matches!(result, Err(Error::Interrupted));
+        sigint::settle(py, caught, interrupted, result.map_err(errors::to_py))
     }
 }
 
