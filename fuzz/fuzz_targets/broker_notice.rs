@@ -1,11 +1,11 @@
 //! A worker's decoder of the notices its broker sends (peers' pidfds and outboxes, relayed fds,
-//! relay answers, rejoins), fed arbitrary bytes, world sizes, ranks, fd flags and whether the
+//! relay answers, rejoins, typed channels' rings), fed arbitrary bytes, world sizes, ranks, fd flags and whether the
 //! worker is a replacement (the first two bytes): a notice that passed every check, or an
 //! error, never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use shmbroker_bindings::{MAX_REJOINS, NoticeKind};
+use shmbroker_bindings::{ChannelToken, MAX_REJOINS, NoticeKind};
 use shmbroker_handshake::wire::decode_broker_notice;
 
 fuzz_target!(|data: &[u8]| {
@@ -34,8 +34,17 @@ fuzz_target!(|data: &[u8]| {
                     | NoticeKind::PeerOutbox
                     | NoticeKind::Peer
                     | NoticeKind::Rejoined
+                    | NoticeKind::ChannelMade
+                    | NoticeKind::ChannelOffered
             );
         assert_eq!(carries_fd, fd_attached);
+        if matches!(
+            decoded.kind,
+            NoticeKind::ChannelMade | NoticeKind::ChannelOffered | NoticeKind::ChannelRefused
+        ) {
+            // A channel's ring is one a broker makes: a record size and capacity it serves.
+            assert!(ChannelToken::unpack(decoded.token).is_some());
+        }
         if matches!(
             decoded.kind,
             NoticeKind::Peer | NoticeKind::PeerOutbox | NoticeKind::Rejoined
