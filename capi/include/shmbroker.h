@@ -1017,7 +1017,8 @@ int shmbroker_channel_from(struct shmbroker_session *s,
                            struct shmbroker_channel_rx **out);
 
 // Sends `count` records from `records` (`count * record_bytes` bytes), waiting for room as
-// it needs within the deadline. Errors: `SHMBROKER_E_CLOSED` once the consumer closed the
+// it needs within the deadline. Threads: one call at a time on an end (another thread's
+// returns `SHMBROKER_E_BUSY`); the session's calls go on beside it. Errors: `SHMBROKER_E_CLOSED` once the consumer closed the
 // channel; the consumer's departure (`SHMBROKER_E_PEER_LOST`, ...); `SHMBROKER_E_TIMEOUT`;
 // `SHMBROKER_E_INTERRUPTED`; the records before the one that failed went.
 //
@@ -1029,6 +1030,7 @@ int shmbroker_channel_send_batch(struct shmbroker_channel_tx *tx,
                                  size_t count);
 
 // Sends one record (`record_bytes` bytes at `record`), waiting for room within the deadline.
+// Threads: as [`shmbroker_channel_send_batch`].
 // Errors: as [`shmbroker_channel_send_batch`].
 //
 // # Safety
@@ -1037,7 +1039,7 @@ int shmbroker_channel_send_batch(struct shmbroker_channel_tx *tx,
 int shmbroker_channel_send(struct shmbroker_channel_tx *tx, const void *record);
 
 // Sends as many of `count` records as the ring has room for now, without waiting: `*sent`
-// says how many (0 to `count`). Errors: as [`shmbroker_channel_send_batch`], less the
+// says how many (0 to `count`). Threads: as [`shmbroker_channel_send_batch`]. Errors: as [`shmbroker_channel_send_batch`], less the
 // timeout.
 //
 // # Safety
@@ -1048,7 +1050,8 @@ int shmbroker_channel_try_send_batch(struct shmbroker_channel_tx *tx,
                                      size_t count,
                                      size_t *sent);
 
-// Sends one record if the ring has room now; `SHMBROKER_E_AGAIN` if not. Errors: as
+// Sends one record if the ring has room now; `SHMBROKER_E_AGAIN` if not. Threads: as
+// [`shmbroker_channel_send_batch`]. Errors: as
 // [`shmbroker_channel_try_send_batch`].
 //
 // # Safety
@@ -1057,7 +1060,8 @@ int shmbroker_channel_try_send_batch(struct shmbroker_channel_tx *tx,
 int shmbroker_channel_try_send(struct shmbroker_channel_tx *tx, const void *record);
 
 // Receives into `records` (room for `max` records) those that have arrived, waiting for the
-// first within the deadline: `*received` says how many (1 to `max`). Errors:
+// first within the deadline: `*received` says how many (1 to `max`). Threads: as
+// [`shmbroker_channel_send_batch`]. Errors:
 // `SHMBROKER_E_CLOSED` once the producer closed the channel and everything it sent was
 // received; the producer's departure once everything it sent was received;
 // `SHMBROKER_E_TIMEOUT`; `SHMBROKER_E_INTERRUPTED`.
@@ -1071,7 +1075,8 @@ int shmbroker_channel_recv_batch(struct shmbroker_channel_rx *rx,
                                  size_t max,
                                  size_t *received);
 
-// [`shmbroker_channel_recv_batch`] without waiting: `*received` may be 0.
+// [`shmbroker_channel_recv_batch`] without waiting: `*received` may be 0. Threads: as
+// [`shmbroker_channel_send_batch`].
 //
 // # Safety
 //
@@ -1082,14 +1087,16 @@ int shmbroker_channel_try_recv_batch(struct shmbroker_channel_rx *rx,
                                      size_t *received);
 
 // Receives one record into `record` (`record_bytes` writable bytes), waiting for it within
-// the deadline. Errors: as [`shmbroker_channel_recv_batch`].
+// the deadline. Threads: as [`shmbroker_channel_send_batch`]. Errors: as [`shmbroker_channel_recv_batch`].
 //
 // # Safety
 //
 // `rx` is null or a live end; `record` has `record_bytes` writable bytes.
-int shmbroker_channel_recv(struct shmbroker_channel_rx *rx, void *record);
+int shmbroker_channel_recv(struct shmbroker_channel_rx *rx,
+                           void *record);
 
-// Receives one record if one has arrived; `SHMBROKER_E_AGAIN` if none. Errors: as
+// Receives one record if one has arrived; `SHMBROKER_E_AGAIN` if none. Threads: as
+// [`shmbroker_channel_send_batch`]. Errors: as
 // [`shmbroker_channel_recv_batch`], less the timeout.
 //
 // # Safety

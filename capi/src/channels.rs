@@ -133,7 +133,8 @@ pub unsafe extern "C" fn shmbroker_channel_from(
 }
 
 /// Sends `count` records from `records` (`count * record_bytes` bytes), waiting for room as
-/// it needs within the deadline. Errors: `SHMBROKER_E_CLOSED` once the consumer closed the
+/// it needs within the deadline. Threads: one call at a time on an end (another thread's
+/// returns `SHMBROKER_E_BUSY`); the session's calls go on beside it. Errors: `SHMBROKER_E_CLOSED` once the consumer closed the
 /// channel; the consumer's departure (`SHMBROKER_E_PEER_LOST`, ...); `SHMBROKER_E_TIMEOUT`;
 /// `SHMBROKER_E_INTERRUPTED`; the records before the one that failed went.
 ///
@@ -159,6 +160,7 @@ pub unsafe extern "C" fn shmbroker_channel_send_batch(
 }
 
 /// Sends one record (`record_bytes` bytes at `record`), waiting for room within the deadline.
+/// Threads: as [`shmbroker_channel_send_batch`].
 /// Errors: as [`shmbroker_channel_send_batch`].
 ///
 /// # Safety
@@ -174,7 +176,7 @@ pub unsafe extern "C" fn shmbroker_channel_send(
 }
 
 /// Sends as many of `count` records as the ring has room for now, without waiting: `*sent`
-/// says how many (0 to `count`). Errors: as [`shmbroker_channel_send_batch`], less the
+/// says how many (0 to `count`). Threads: as [`shmbroker_channel_send_batch`]. Errors: as [`shmbroker_channel_send_batch`], less the
 /// timeout.
 ///
 /// # Safety
@@ -207,7 +209,8 @@ pub unsafe extern "C" fn shmbroker_channel_try_send_batch(
     })
 }
 
-/// Sends one record if the ring has room now; `SHMBROKER_E_AGAIN` if not. Errors: as
+/// Sends one record if the ring has room now; `SHMBROKER_E_AGAIN` if not. Threads: as
+/// [`shmbroker_channel_send_batch`]. Errors: as
 /// [`shmbroker_channel_try_send_batch`].
 ///
 /// # Safety
@@ -233,7 +236,8 @@ pub unsafe extern "C" fn shmbroker_channel_try_send(
 }
 
 /// Receives into `records` (room for `max` records) those that have arrived, waiting for the
-/// first within the deadline: `*received` says how many (1 to `max`). Errors:
+/// first within the deadline: `*received` says how many (1 to `max`). Threads: as
+/// [`shmbroker_channel_send_batch`]. Errors:
 /// `SHMBROKER_E_CLOSED` once the producer closed the channel and everything it sent was
 /// received; the producer's departure once everything it sent was received;
 /// `SHMBROKER_E_TIMEOUT`; `SHMBROKER_E_INTERRUPTED`.
@@ -255,7 +259,8 @@ pub unsafe extern "C" fn shmbroker_channel_recv_batch(
     })
 }
 
-/// [`shmbroker_channel_recv_batch`] without waiting: `*received` may be 0.
+/// [`shmbroker_channel_recv_batch`] without waiting: `*received` may be 0. Threads: as
+/// [`shmbroker_channel_send_batch`].
 ///
 /// # Safety
 ///
@@ -274,7 +279,7 @@ pub unsafe extern "C" fn shmbroker_channel_try_recv_batch(
 }
 
 /// Receives one record into `record` (`record_bytes` writable bytes), waiting for it within
-/// the deadline. Errors: as [`shmbroker_channel_recv_batch`].
+/// the deadline. Threads: as [`shmbroker_channel_send_batch`]. Errors: as [`shmbroker_channel_recv_batch`].
 ///
 /// # Safety
 ///
@@ -289,7 +294,8 @@ pub unsafe extern "C" fn shmbroker_channel_recv(
     unsafe { shmbroker_channel_recv_batch(rx, record, 1, &raw mut received) }
 }
 
-/// Receives one record if one has arrived; `SHMBROKER_E_AGAIN` if none. Errors: as
+/// Receives one record if one has arrived; `SHMBROKER_E_AGAIN` if none. Threads: as
+/// [`shmbroker_channel_send_batch`]. Errors: as
 /// [`shmbroker_channel_recv_batch`], less the timeout.
 ///
 /// # Safety
