@@ -6,16 +6,23 @@
 //! | `channel_stream` (8 and 64 B, one at a time and in batches of 32) | a `ChannelSender<[u64; W]>` in one process, its `ChannelReceiver` in another, `try_send`/`try_recv` (or `_batch`) loops, records per second | the raw ring of `bench queue`'s `stream_*` rows, the same loops (`raw ring`); shaq 4.3's (`shaq-4.3`) |
 //! | `typed_farm` (1 and 3 workers, 64 B records each way) | a scheduler with a channel to and from each worker, up to [`WINDOW`] records out per worker, answers taken in batches; each worker answers every record with one; transactions per second | the same loop over `send` and `recv_any_into` (`send/recv_any`); over Open MPI, `MPI_Send` and `MPI_Irecv` from `MPI_ANY_SOURCE` (`mpi/typed_farm.c`, `open-mpi`) |
 //!
+//! `channel_stream`'s typed channel and raw ring run the very same two loops
+//! (`queue::produce_stream` and `queue::consume_stream`, generic over the ends), so the rows
+//! differ only in the ends. Rank 0, which only waits, parks rather than spins.
+//!
 //! Every contender checks every record. 2 (stream) or 2 to 4 (farm) processes share the
 //! machine's CPUs; every loop spins on `try_*` as `bench queue`'s streams do, so these figures
 //! say what the calls cost, not how they wait.
 
 use super::collectives::{connect, open_mpi, with_broker};
-use super::queue::{BATCH, STREAM_WARMUP, ours_stream, shaq_stream, stream_capacity, stream_count};
+use super::queue::{
+    STREAM_WARMUP, StreamReceiver, StreamSender, consume_stream, ours_stream, produce_stream,
+    shaq_stream, stream_capacity, stream_count,
+};
 use super::{Comparison, Measure, Plan, Report, Run, Size, alternate};
 use bytemuck::Pod;
+use shmbroker::session::{ChannelReceiver, ChannelSender};
 use shmbroker_sys::TempDir;
-use std::hint::spin_loop;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -148,20 +155,24 @@ where
                 if let Some((cpu, _)) = cpus {
                     super::pin_to(cpu);
                 }
-                produce(&mut tx, total, batched)?;
+                // Both ends ready before the stream starts, as the raw ring's are.
+                session.recv(2).map_err(e)?;
+                produce_stream(&mut tx, total, batched)?;
             } else {
                 let mut rx = session.channel_from::<[u64; W]>(1, 1).map_err(e)?;
                 if let Some((_, cpu)) = cpus {
                     super::pin_to(cpu);
                 }
-                let rate = consume(&mut rx, total, count, batched)?;
+                session.send(1, &[]).map_err(e)?;
+                let rate = consume_stream(&mut rx, total, batched)?.rate(total)?;
                 std::fs::write(&rate_file, rate.to_string()).map_err(|e| e.to_string())?;
             }
             // The consumer counts before anyone leaves: the channel stays open until then.
             session.barrier().map_err(e)
         },
         || {
-            let mut session = connect(socket, 0, None)?;
+            // Parked while it waits, so that it takes no CPU from the two ends (each has one).
+            let mut session = connect(socket, 0, Some(0))?;
             session.barrier().map_err(e)?;
             let rate: f64 = std::fs::read_to_string(&rate_file)
                 .map_err(|e| format!("the consumer's rate: {e}"))?
@@ -172,86 +183,31 @@ where
     )
 }
 
-/// The producing loop of [`channel_stream`]: records numbered 0 to `total - 1`.
-fn produce<const W: usize>(
-    tx: &mut shmbroker::session::ChannelSender<[u64; W]>,
-    total: usize,
-    batched: bool,
-) -> Result<(), String>
-where
-    [u64; W]: Pod,
-{
-    let e = |e: shmbroker::Error| e.to_string();
-    let mut chunk = vec![[0u64; W]; if batched { BATCH } else { 1 }];
-    let (deadline, mut spins) = (Instant::now() + DEADLINE, 0u32);
-    let mut sent = 0;
-    while sent < total {
-        let n = chunk.len().min(total - sent);
-        for (i, record) in chunk[..n].iter_mut().enumerate() {
-            record[0] = (sent + i) as u64;
+impl<M: Pod> StreamSender<M> for ChannelSender<M> {
+    #[inline]
+    fn put(&mut self, messages: &[M]) -> Result<usize, String> {
+        match messages {
+            [one] => self.try_send(one).map(usize::from),
+            _ => self.try_send_batch(messages),
         }
-        let went = if batched {
-            tx.try_send_batch(&chunk[..n]).map_err(e)?
-        } else {
-            usize::from(tx.try_send(&chunk[0]).map_err(e)?)
-        };
-        if went == 0 {
-            spin_loop();
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(4096) && Instant::now() > deadline {
-                return Err("consumer silent".into());
-            }
-        }
-        sent += went;
+        .map_err(|e| e.to_string())
     }
-    Ok(())
 }
 
-/// The consuming loop of [`channel_stream`]: records per second after the warm-up.
-fn consume<const W: usize>(
-    rx: &mut shmbroker::session::ChannelReceiver<[u64; W]>,
-    total: usize,
-    count: usize,
-    batched: bool,
-) -> Result<f64, String>
-where
-    [u64; W]: Pod,
-{
-    let e = |e: shmbroker::Error| e.to_string();
-    let mut buffer = vec![[0u64; W]; if batched { BATCH } else { 1 }];
-    let (deadline, mut spins) = (Instant::now() + DEADLINE, 0u32);
-    let (mut next, mut start) = (0u64, None);
-    while (next as usize) < total {
-        let got = if batched {
-            rx.try_recv_batch(&mut buffer).map_err(e)?
-        } else {
-            match rx.try_recv().map_err(e)? {
-                Some(record) => {
-                    buffer[0] = record;
+impl<M: Pod> StreamReceiver<M> for ChannelReceiver<M> {
+    #[inline]
+    fn take(&mut self, buffer: &mut [M]) -> Result<usize, String> {
+        match buffer {
+            [one] => self.try_recv().map(|record| {
+                record.map_or(0, |record| {
+                    *one = record;
                     1
-                }
-                None => 0,
-            }
-        };
-        if got == 0 {
-            spin_loop();
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(4096) && Instant::now() > deadline {
-                return Err("producer silent".into());
-            }
+                })
+            }),
+            _ => self.try_recv_batch(buffer),
         }
-        for record in &buffer[..got] {
-            if record[0] != next {
-                return Err(format!("expected record {next}, got {}", record[0]));
-            }
-            next += 1;
-            if next == STREAM_WARMUP as u64 {
-                start = Some(Instant::now());
-            }
-        }
+        .map_err(|e| e.to_string())
     }
-    let elapsed = start.ok_or("stream shorter than its warm-up")?.elapsed();
-    Ok(count as f64 / elapsed.as_secs_f64().max(1e-9))
 }
 
 /// A farm's record: a transaction's id and 56 bytes of it.

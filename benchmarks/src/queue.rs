@@ -469,7 +469,7 @@ fn read_rate(mut pipe: PipeReader) -> Result<Measure, String> {
 }
 
 /// Checks the streamed sequence numbers and starts the clock after the warm-up.
-struct StreamCheck {
+pub(super) struct StreamCheck {
     next: u64,
     start: Option<Instant>,
 }
@@ -497,6 +497,12 @@ impl StreamCheck {
         let start = self.start.ok_or("stream shorter than its warm-up")?;
         report_rate(pipe, total - STREAM_WARMUP, start)
     }
+
+    /// Messages a second after the warm-up, of a stream of `total`.
+    pub(super) fn rate(&self, total: usize) -> Result<f64, String> {
+        let start = self.start.ok_or("stream shorter than its warm-up")?;
+        Ok((total - STREAM_WARMUP) as f64 / start.elapsed().as_secs_f64().max(1e-9))
+    }
 }
 
 fn partner_deadline() -> Instant {
@@ -511,6 +517,109 @@ fn check_deadline(deadline: Instant, spins: &mut u32) -> Result<(), String> {
     Ok(())
 }
 
+/// The sending end of a stream that [`produce_stream`] drives: a ring's, or a typed channel's
+/// (`bench farm`'s `channel_stream`), so that both run the very same loop.
+pub(super) trait StreamSender<M> {
+    /// Sends what of `messages` fits now (one: `try_send`; more: `try_send_batch`); how many.
+    fn put(&mut self, messages: &[M]) -> Result<usize, String>;
+}
+
+/// The receiving end of a stream that [`consume_stream`] drives.
+pub(super) trait StreamReceiver<M> {
+    /// Takes what has arrived into `buffer` (one: `try_recv`; more: `try_recv_batch`); how many.
+    fn take(&mut self, buffer: &mut [M]) -> Result<usize, String>;
+}
+
+impl<M: Pod> StreamSender<M> for Producer<M> {
+    #[inline]
+    fn put(&mut self, messages: &[M]) -> Result<usize, String> {
+        let outcome = match messages {
+            [one] => self.try_send(*one).map(|()| 1).map_err(|e| match e {
+                TrySendError::Full(_) => TrySendError::Full(()),
+                TrySendError::Disconnected(_) => TrySendError::Disconnected(()),
+                TrySendError::Corrupted(_, c) => TrySendError::Corrupted((), c),
+            }),
+            _ => self.try_send_batch(messages),
+        };
+        match outcome {
+            Ok(sent) => Ok(sent),
+            Err(TrySendError::Full(())) => Ok(0),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+impl<M: Pod> StreamReceiver<M> for Consumer<M> {
+    #[inline]
+    fn take(&mut self, buffer: &mut [M]) -> Result<usize, String> {
+        let received = match buffer {
+            [one] => self.try_recv().map(|m| {
+                *one = m;
+                1
+            }),
+            _ => self.try_recv_batch(buffer),
+        };
+        match received {
+            Ok(n) => Ok(n),
+            Err(TryRecvError::Empty) => Ok(0),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Sends messages numbered 0 to `total - 1` through `tx`, one at a time or in batches of
+/// [`BATCH`], spinning while it is full.
+pub(super) fn produce_stream<const W: usize>(
+    tx: &mut impl StreamSender<[u64; W]>,
+    total: usize,
+    batched: bool,
+) -> Result<(), String>
+where
+    [u64; W]: Pod,
+{
+    let mut chunk = vec![[0u64; W]; if batched { BATCH } else { 1 }];
+    let (deadline, mut spins) = (partner_deadline(), 0);
+    let mut sent = 0;
+    while sent < total {
+        let n = chunk.len().min(total - sent);
+        for (i, message) in chunk[..n].iter_mut().enumerate() {
+            message[0] = (sent + i) as u64;
+        }
+        match tx.put(&chunk[..n])? {
+            0 => {
+                spin_loop();
+                check_deadline(deadline, &mut spins)?;
+            }
+            went => sent += went,
+        }
+    }
+    Ok(())
+}
+
+/// Takes `total` messages from `rx` into a private buffer, checking each; its timing.
+pub(super) fn consume_stream<const W: usize>(
+    rx: &mut impl StreamReceiver<[u64; W]>,
+    total: usize,
+    batched: bool,
+) -> Result<StreamCheck, String>
+where
+    [u64; W]: Pod,
+{
+    let mut check = StreamCheck::new();
+    let mut buffer = vec![[0u64; W]; if batched { BATCH } else { 1 }];
+    let (deadline, mut spins) = (partner_deadline(), 0);
+    while (check.next as usize) < total {
+        match rx.take(&mut buffer)? {
+            0 => {
+                spin_loop();
+                check_deadline(deadline, &mut spins)?;
+            }
+            n => buffer[..n].iter().try_for_each(|m| check.saw(m[0]))?,
+        }
+    }
+    Ok(check)
+}
+
 pub(super) fn ours_stream<const W: usize>(count: usize, batched: bool) -> Result<Measure, String>
 where
     [u64; W]: Pod,
@@ -522,57 +631,12 @@ where
         || {
             drop(reader.take());
             let mut rx = Consumer::<[u64; W]>::join(ring.as_fd()).map_err(ring_err)?;
-            let mut check = StreamCheck::new();
-            let mut buffer = vec![[0u64; W]; if batched { BATCH } else { 1 }];
-            let (deadline, mut spins) = (partner_deadline(), 0);
-            while (check.next as usize) < total {
-                let received = if batched {
-                    rx.try_recv_batch(&mut buffer)
-                } else {
-                    rx.try_recv().map(|m| {
-                        buffer[0] = m;
-                        1
-                    })
-                };
-                match received {
-                    Ok(n) => buffer[..n].iter().try_for_each(|m| check.saw(m[0]))?,
-                    Err(TryRecvError::Empty) => {
-                        spin_loop();
-                        check_deadline(deadline, &mut spins)?;
-                    }
-                    Err(e) => return Err(e.to_string()),
-                }
-            }
+            let check = consume_stream(&mut rx, total, batched)?;
             check.finish(writer.take().ok_or("pipe taken twice")?, total)
         },
         || {
             let mut tx = Producer::<[u64; W]>::join(ring.as_fd()).map_err(ring_err)?;
-            let mut chunk = vec![[0u64; W]; if batched { BATCH } else { 1 }];
-            let (deadline, mut spins) = (partner_deadline(), 0);
-            let mut sent = 0;
-            while sent < total {
-                let n = chunk.len().min(total - sent);
-                for (i, message) in chunk[..n].iter_mut().enumerate() {
-                    message[0] = (sent + i) as u64;
-                }
-                let outcome = if batched {
-                    tx.try_send_batch(&chunk[..n])
-                } else {
-                    tx.try_send(chunk[0]).map(|()| 1).map_err(|e| match e {
-                        TrySendError::Full(_) => TrySendError::Full(()),
-                        TrySendError::Disconnected(_) => TrySendError::Disconnected(()),
-                        TrySendError::Corrupted(_, c) => TrySendError::Corrupted((), c),
-                    })
-                };
-                match outcome {
-                    Ok(k) => sent += k,
-                    Err(TrySendError::Full(())) => {
-                        spin_loop();
-                        check_deadline(deadline, &mut spins)?;
-                    }
-                    Err(e) => return Err(e.to_string()),
-                }
-            }
+            produce_stream(&mut tx, total, batched)?;
             drop(writer.take());
             read_rate(reader.take().ok_or("pipe taken twice")?)
         },
