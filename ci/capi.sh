@@ -77,6 +77,8 @@ c++ -std=c++20 -pthread -Wall -Wextra -Werror -fsyntax-only -Icapi/include examp
 cmake -S capi -B "$examples_out/capi" -DCMAKE_INSTALL_PREFIX="$examples_out/prefix"
 cmake --build "$examples_out/capi"
 cmake --install "$examples_out/capi"
+# Every C and C++ block of the README files and the guide compiles against the installed headers.
+python3 ci/doc_blocks.py --include "$examples_out/prefix/include" c cpp
 cmake -S examples/cpp -B "$examples_out/cmake" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$examples_out/prefix"
 cmake --build "$examples_out/cmake"

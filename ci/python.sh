@@ -46,6 +46,8 @@ env PATH="/usr/bin:/bin" "$py_scratch/venv/bin/python" -c \
 "$py_scratch/venv/bin/pip" install --quiet torch
 SHMBROKER_REQUIRE_TORCH=1 SHMBROKER_BIN="$PWD/target/release/shmbroker" \
   "$py_scratch/venv/bin/python" -m pytest python/tests -q -rsxX
+# Every Python block of the README files and the guide parses, and uses only names the package has.
+"$py_scratch/venv/bin/python" ci/doc_blocks.py python
 # The event reader and its workers over typed channels (NumPy records when NumPy is there).
 target/release/shmbroker run -n 4 --timeout 60 -- "$py_scratch/venv/bin/python" \
   examples/python/event_reader.py
