@@ -1,6 +1,7 @@
 //! Typed channels: records streamed in order one at a time and in batches, records that do not
 //! fill their slots, a tag or size the other end does not share, closing from either end, a
-//! producer killed with records still in the ring, and a channel beside the session's own calls.
+//! producer killed with records still in the ring, records taken ahead of the caller, and a
+//! channel beside the session's own calls.
 
 use bytemuck::{Pod, Zeroable};
 use shmbroker::Error;
@@ -140,6 +141,75 @@ fn a_tag_or_size_the_ends_do_not_share_fails_at_both_naming_what_each_has() {
     let mut rx = consumer.channel_from::<u64>(0, 3).unwrap();
     assert_eq!(rx.recv().unwrap(), 77);
     let _ = next.join().unwrap();
+}
+
+/// A record of 64 bytes: a receive of one takes what has arrived ahead of its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+struct Wide {
+    id: u64,
+    words: [u64; 7],
+}
+
+#[test]
+fn records_taken_ahead_come_first_in_order_whatever_call_takes_them() {
+    const COUNT: u64 = 20_000;
+    let (_world, mut sessions) = World::start("channel-ahead", 2);
+    let mut consumer = sessions.pop().unwrap();
+    let mut producer = sessions.pop().unwrap();
+    let sending = std::thread::spawn(move || {
+        let mut tx = producer.channel_to::<Wide>(1, 9, 64).unwrap();
+        for id in 0..COUNT {
+            tx.send(&Wide { id, words: [id; 7] }).unwrap();
+        }
+        // Closed with records still in the ring: they come before `ChannelClosed`.
+        drop(tx);
+        producer
+    });
+    let mut rx = consumer.channel_from::<Wide>(0, 9).unwrap();
+    let mut next = 0u64;
+    let mut buffer = [Wide::zeroed(); 5];
+    let check = |record: Wide, next: &mut u64| {
+        assert_eq!(
+            record,
+            Wide {
+                id: *next,
+                words: [*next; 7]
+            }
+        );
+        *next += 1;
+    };
+    // Each call in turn, so that records one call took ahead are handed out by the others.
+    let closed = loop {
+        let taken = match next % 4 {
+            0 => rx.recv().map(|record| check(record, &mut next)),
+            1 => rx.try_recv().map(|record| {
+                if let Some(record) = record {
+                    check(record, &mut next);
+                }
+            }),
+            2 => rx.try_recv_batch(&mut buffer[..3]).map(|count| {
+                buffer[..count]
+                    .iter()
+                    .for_each(|&record| check(record, &mut next));
+            }),
+            _ => rx.recv_batch(&mut buffer).map(|count| {
+                assert!(count >= 1);
+                buffer[..count]
+                    .iter()
+                    .for_each(|&record| check(record, &mut next));
+            }),
+        };
+        if let Err(error) = taken {
+            break error;
+        }
+    };
+    assert_eq!(next, COUNT, "{closed}");
+    assert!(
+        matches!(closed, Error::ChannelClosed { peer: 0, .. }),
+        "{closed}"
+    );
+    let _producer = sending.join().unwrap();
 }
 
 #[test]
