@@ -11,7 +11,7 @@
 //! Open MPI runs when `mpicc` and `mpirun` are on `PATH`: a small C program (`mpi/bulk.c`) is built
 //! at run time and run once per round for every size; its per-sample output is pooled like ours.
 
-use super::collectives::{time_loop, warmup, with_broker};
+use super::workers::{time_loop, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Size, cpu_pair, fork_pair, mpi, pin_to};
 use shmbroker::session::Session;
 use shmbroker_sys::TempDir;

@@ -14,11 +14,11 @@
 //! machine's CPUs; every loop spins on `try_*` as `bench queue`'s streams do, so these figures
 //! say what the calls cost, not how they wait.
 
-use super::collectives::{connect, open_mpi, with_broker};
 use super::queue::{
     STREAM_WARMUP, StreamReceiver, StreamSender, consume_stream, ours_stream, produce_stream,
     shaq_stream, stream_capacity, stream_count,
 };
+use super::workers::{connect, open_mpi, with_broker};
 use super::{Comparison, Measure, Plan, Report, Run, Size, alternate};
 use bytemuck::Pod;
 use shmbroker::session::{ChannelReceiver, ChannelSender};

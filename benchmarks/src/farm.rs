@@ -21,7 +21,7 @@
 //! clock. Each round is a fresh set of processes.
 
 use super::bulk::{batched, two_ranks};
-use super::collectives::{connect, fork_workers, open_mpi, reap, warmup, with_broker};
+use super::workers::{connect, fork_workers, open_mpi, reap, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Run, Size, alternate, fork_pair};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};

@@ -19,6 +19,7 @@ mod queue;
 mod reductions;
 mod response;
 mod results;
+mod workers;
 
 use clap::{Parser, Subcommand};
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};

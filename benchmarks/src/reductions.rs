@@ -12,7 +12,7 @@
 //! inputs of 512 KiB each into 512 KiB, all in L2 once warm, for f32, f64, i32, bf16 and f16,
 //! against one core's `memcpy` of the output's 512 KiB from one input, alternately.
 
-use super::collectives::{connect, connect_with_outbox, open_mpi, warmup, with_broker};
+use super::workers::{connect, connect_with_outbox, open_mpi, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Size};
 use shmbroker::{ReduceOp, Session};
 use std::path::Path;
