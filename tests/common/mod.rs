@@ -423,3 +423,56 @@ pub fn text_of(fd: &std::os::fd::OwnedFd) -> String {
         .trim_end_matches('\0')
         .to_owned()
 }
+
+// The session suite's (session*.rs) own: a pair of ranks and the bytes only a forger sends.
+
+/// A deadline long enough for anything in these tests.
+pub const SESSION: Duration = Duration::from_secs(30);
+
+/// `outcome` must be [`Error::Protocol`] from rank `from`, saying `text`.
+pub fn expect_protocol<T: std::fmt::Debug>(
+    outcome: Result<T, shmbroker::session::Error>,
+    from: u32,
+    text: &str,
+) {
+    match outcome {
+        Err(shmbroker::session::Error::Protocol { peer, detail }) => {
+            assert_eq!(peer, from, "{detail}");
+            assert!(detail.contains(text), "{detail}");
+        }
+        other => panic!("expected a protocol error from rank {from} saying {text:?}: {other:?}"),
+    }
+}
+
+/// A fresh world of two ranks: its broker (keep it alive) and sessions 0 and 1.
+pub fn pair(name: &str) -> (World, shmbroker::Session, shmbroker::Session) {
+    let (world, sessions) = World::start(name, 2);
+    let mut sessions = sessions.into_iter();
+    (world, sessions.next().unwrap(), sessions.next().unwrap())
+}
+
+/// Sends `message` straight on `session`'s ring to rank 0, as only a forger would.
+pub fn raw_send(session: &mut shmbroker::Session, message: shmbroker::bindings::Message) {
+    session
+        .raw()
+        .link(0)
+        .unwrap()
+        .to
+        .send_timeout(message, Duration::from_secs(5))
+        .unwrap();
+}
+
+/// A ring message of `kind`, `tag`, `len` and `inline` bytes, whatever they say.
+pub fn raw(
+    kind: u32,
+    tag: u64,
+    len: u32,
+    inline: [u8; shmbroker::bindings::INLINE_BYTES],
+) -> shmbroker::bindings::Message {
+    shmbroker::bindings::Message {
+        kind,
+        len,
+        tag,
+        inline,
+    }
+}
