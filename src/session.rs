@@ -596,6 +596,10 @@ impl Session {
     ///
     /// [`Error::OwnOutbox`] when the outbox cannot be created; [`Error::Logon`] when it cannot be
     /// published within `timeout`.
+    ///
+    /// **Unstable:** plumbing for shmbroker's own tests, benchmarks and bindings, hidden from the
+    /// documentation and outside the API's stability promise; it may change or go without notice.
+    #[doc(hidden)]
     pub fn from_handshake_with(
         mut inner: shmbroker_handshake::Connection,
         outbox_bytes: u64,
@@ -701,6 +705,10 @@ impl Session {
     }
 
     /// The handshake-level session: raw rings and the broker socket.
+    ///
+    /// **Unstable:** plumbing for shmbroker's own tests, benchmarks and bindings, hidden from the
+    /// documentation and outside the API's stability promise; it may change or go without notice.
+    #[doc(hidden)]
     pub fn raw(&mut self) -> &mut shmbroker_handshake::Connection {
         &mut self.inner
     }

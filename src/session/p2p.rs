@@ -112,6 +112,10 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::recv`].
+    ///
+    /// **Unstable:** plumbing for shmbroker's own tests, benchmarks and bindings, hidden from the
+    /// documentation and outside the API's stability promise; it may change or go without notice.
+    #[doc(hidden)]
     pub fn probe_for_recv(&mut self, rank: u32, timeout: Duration) -> Result<usize, Error> {
         self.probe_as("recv", rank, timeout)
     }

@@ -271,6 +271,10 @@ impl Session {
     /// `Session` docs): its peers' timeouts and `shmbroker status` then say nothing about it.
     /// Publishing costs a few stores per call; this exists to measure them (as
     /// `SHMBROKER_STATUS=0` does for a whole process).
+    ///
+    /// **Unstable:** plumbing for shmbroker's own tests, benchmarks and bindings, hidden from the
+    /// documentation and outside the API's stability promise; it may change or go without notice.
+    #[doc(hidden)]
     pub fn set_publishing(&self, on: bool) {
         self.publisher.on.store(on, Ordering::Relaxed);
     }
