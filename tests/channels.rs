@@ -348,6 +348,79 @@ fn a_payload_travels_by_a_reference_in_a_record_and_a_forged_one_is_refused() {
 }
 
 #[test]
+fn a_channel_to_or_from_a_rank_that_left_fails_at_once_naming_it() {
+    // Rank 1 logs on, meets rank 0 at a barrier, and drops its session (its process goes on).
+    // The broker then has no worker to pass a ring to (it refuses the request), and its word
+    // that rank 1 is gone comes after anything it passed on from it: both calls fail well
+    // before their deadline with `PeerLeft` naming rank 1. (`channel_from` waited for its
+    // deadline, and failed as a logon timeout, before.)
+    let (_world, mut sessions) = World::start("channel-left", 2);
+    let mut leaver = sessions.pop().unwrap();
+    let mut stayer = sessions.pop().unwrap();
+    let leaving = std::thread::spawn(move || {
+        leaver.barrier().unwrap();
+        drop(leaver);
+    });
+    stayer.barrier().unwrap();
+    leaving.join().unwrap();
+    for attempt in ["channel_to", "channel_from"] {
+        let started = Instant::now();
+        let error = if attempt == "channel_to" {
+            stayer.channel_to::<u64>(1, 3, 16).map(drop).unwrap_err()
+        } else {
+            stayer.channel_from::<u64>(1, 3).map(drop).unwrap_err()
+        };
+        assert!(
+            matches!(error, Error::PeerLeft { rank: 1, .. }),
+            "{attempt}: {error}"
+        );
+        assert!(
+            started.elapsed() < common::SESSION_TIMEOUT / 2,
+            "{attempt} waited for its deadline: {error}"
+        );
+    }
+}
+
+#[test]
+fn a_channel_its_producer_made_before_it_left_is_still_taken_whole() {
+    // The broker's word that rank 1 is gone comes after the channel it offered: taking the
+    // channel after rank 1 left gets it, and every record, then `ChannelClosed`.
+    let (_world, mut sessions) = World::start("channel-made-then-left", 2);
+    let mut producer = sessions.pop().unwrap();
+    let mut consumer = sessions.pop().unwrap();
+    std::thread::spawn(move || {
+        let mut tx = producer.channel_to::<u64>(0, 4, 128).unwrap();
+        tx.send_batch(&(0..100).collect::<Vec<u64>>()).unwrap();
+        drop(tx);
+        drop(producer);
+    })
+    .join()
+    .unwrap();
+    // Until rank 1 is seen gone, and a while more for the broker's word of it: the offer could
+    // be overtaken by either.
+    let deadline = Instant::now() + common::SESSION_TIMEOUT;
+    while consumer.raw().departure(1).is_none() {
+        assert!(Instant::now() < deadline, "rank 1 never seen gone");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let mut rx = consumer.channel_from::<u64>(1, 4).unwrap();
+    let mut got = Vec::new();
+    let mut buffer = [0u64; 16];
+    let closed = loop {
+        match rx.recv_batch(&mut buffer) {
+            Ok(count) => got.extend_from_slice(&buffer[..count]),
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(got, (0..100).collect::<Vec<u64>>());
+    assert!(
+        matches!(closed, Error::ChannelClosed { peer: 1, .. }),
+        "{closed}"
+    );
+}
+
+#[test]
 fn a_producer_cannot_offer_a_consumer_more_channels_than_it_takes() {
     // Rank 1 never takes its channels: past 8 offered and not taken, the broker makes no more
     // for rank 0, which is told so; other ranks' channels to rank 1 are not held up by them.

@@ -157,6 +157,18 @@ pub enum Error {
         /// What was being waited for.
         stage: &'static str,
     },
+    /// The broker said the peer is gone (it left, or its process ended) while this call waited
+    /// for something that peer was to send through the broker. The broker sends its word after
+    /// everything it passed on from that peer, so nothing more will come.
+    #[error("peer rank {rank} is gone (the broker saw it {}) while {stage}", if *left { "leave" } else { "end" })]
+    PeerGone {
+        /// The rank.
+        rank: u32,
+        /// Whether it said goodbye first (it left) rather than its process ending without one.
+        left: bool,
+        /// What was being waited for.
+        stage: &'static str,
+    },
     /// The peer this call waited for never logged on, and no longer can: the broker closed the
     /// job to newcomers when rank `after` died or left.
     #[error(

@@ -201,6 +201,10 @@ pub(crate) struct Inbox {
     pub rejoins: HashMap<u32, Rejoin>,
     /// The first notice from the broker that broke the protocol; the socket is not read after it.
     pub fault: Option<ProtocolError>,
+    /// Peers the broker said are gone (`PeerGone`), until a replacement rejoins. Filed in the
+    /// order of the broker's notices, so nothing it passed on from such a peer is still to come.
+    /// Whether each said goodbye first.
+    pub gone: HashMap<u32, bool>,
 }
 
 /// A dead peer's replacement, as the broker announced it (its `Rejoin*` notices, in order).
@@ -868,6 +872,13 @@ impl Shared {
             }
             if self.is_dead(peer) {
                 return Err(Error::PeerLost { rank: peer, stage });
+            }
+            if let Some(&left) = inbox.gone.get(&peer) {
+                return Err(Error::PeerGone {
+                    rank: peer,
+                    left,
+                    stage,
+                });
             }
             if let Some(Departure::NeverJoined {
                 rank,

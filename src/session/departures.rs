@@ -425,7 +425,13 @@ pub(super) fn handshake_failed(
 ) -> Error {
     match error {
         shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(vec![peer]),
-        shmbroker_handshake::Error::PeerLost { rank, .. } => lost(rank),
+        shmbroker_handshake::Error::PeerLost { rank, .. }
+        | shmbroker_handshake::Error::PeerGone {
+            rank, left: false, ..
+        } => lost(rank),
+        shmbroker_handshake::Error::PeerGone {
+            rank, left: true, ..
+        } => departure_error(Departure::Left { rank, after: None }),
         shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
         shmbroker_handshake::Error::PeerNeverJoined {
             rank,

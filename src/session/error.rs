@@ -345,13 +345,18 @@ impl Error {
         use shmbroker_handshake::Error as Handshake;
         match self {
             Self::PeerLost { .. }
-            | Self::Logon(Handshake::PeerLost { .. })
+            | Self::Logon(Handshake::PeerLost { .. } | Handshake::PeerGone { left: false, .. })
             | Self::Relay {
-                source: Handshake::PeerLost { .. },
+                source: Handshake::PeerLost { .. } | Handshake::PeerGone { left: false, .. },
                 ..
             } => ErrorKind::PeerLost,
             Self::PeerRejoined { .. } => ErrorKind::PeerRejoined,
-            Self::PeerLeft { .. } => ErrorKind::PeerLeft,
+            Self::PeerLeft { .. }
+            | Self::Logon(Handshake::PeerGone { left: true, .. })
+            | Self::Relay {
+                source: Handshake::PeerGone { left: true, .. },
+                ..
+            } => ErrorKind::PeerLeft,
             Self::PeerNeverJoined { .. }
             | Self::Logon(Handshake::PeerNeverJoined { .. })
             | Self::Relay {
@@ -392,10 +397,15 @@ impl Error {
         use shmbroker_handshake::Error as Handshake;
         match self {
             Self::Logon(
-                Handshake::PeerLost { rank, .. } | Handshake::PeerNeverJoined { rank, .. },
+                Handshake::PeerLost { rank, .. }
+                | Handshake::PeerNeverJoined { rank, .. }
+                | Handshake::PeerGone { rank, .. },
             ) => Some(*rank),
             Self::Relay {
-                source: Handshake::PeerLost { rank, .. } | Handshake::PeerNeverJoined { rank, .. },
+                source:
+                    Handshake::PeerLost { rank, .. }
+                    | Handshake::PeerNeverJoined { rank, .. }
+                    | Handshake::PeerGone { rank, .. },
                 ..
             } => Some(*rank),
             Self::PeerLost { rank, .. }

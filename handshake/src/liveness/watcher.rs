@@ -258,6 +258,9 @@ impl Reader {
                 self.shared.never_joins(notice.peer, notice.token);
             }
             (NoticeKind::PeerGone, None) => {
+                // Nothing the broker passes on from it comes after this: waits for its relays
+                // and channels end (see `Shared::wait_for`).
+                inbox.gone.insert(notice.peer, notice.token == 1);
                 // Weighed like this worker's own pidfd: the ring ends it left say whether it
                 // left or died.
                 drop(inbox);
@@ -274,6 +277,7 @@ impl Reader {
                     file_rejoin(&mut inbox, kind, notice.peer, notice.token, fd, own_pid)?;
                 // The pending bit under the lock, as the adoption reads and clears it.
                 if complete {
+                    inbox.gone.remove(&notice.peer);
                     self.shared.note_rejoin(notice.peer);
                 }
                 drop(inbox);
