@@ -1018,9 +1018,10 @@ int shmbroker_channel_from(struct shmbroker_session *s,
 
 // Sends `count` records from `records` (`count * record_bytes` bytes), waiting for room as
 // it needs within the deadline. Threads: one call at a time on an end (another thread's
-// returns `SHMBROKER_E_BUSY`); the session's calls go on beside it. Errors: `SHMBROKER_E_CLOSED` once the consumer closed the
-// channel; the consumer's departure (`SHMBROKER_E_PEER_LOST`, ...); `SHMBROKER_E_TIMEOUT`;
-// `SHMBROKER_E_INTERRUPTED`; the records before the one that failed went.
+// returns `SHMBROKER_E_BUSY`); the session's calls go on beside it. Errors:
+// `SHMBROKER_E_CLOSED` once the consumer closed the channel; the consumer's departure
+// (`SHMBROKER_E_PEER_LOST`, ...); `SHMBROKER_E_TIMEOUT`; `SHMBROKER_E_INTERRUPTED`; the
+// records before the one that failed went.
 //
 // # Safety
 //
@@ -1039,8 +1040,8 @@ int shmbroker_channel_send_batch(struct shmbroker_channel_tx *tx,
 int shmbroker_channel_send(struct shmbroker_channel_tx *tx, const void *record);
 
 // Sends as many of `count` records as the ring has room for now, without waiting: `*sent`
-// says how many (0 to `count`). Threads: as [`shmbroker_channel_send_batch`]. Errors: as [`shmbroker_channel_send_batch`], less the
-// timeout.
+// says how many (0 to `count`). Threads: as [`shmbroker_channel_send_batch`]. Errors: as
+// [`shmbroker_channel_send_batch`], less the timeout.
 //
 // # Safety
 //
@@ -1087,13 +1088,13 @@ int shmbroker_channel_try_recv_batch(struct shmbroker_channel_rx *rx,
                                      size_t *received);
 
 // Receives one record into `record` (`record_bytes` writable bytes), waiting for it within
-// the deadline. Threads: as [`shmbroker_channel_send_batch`]. Errors: as [`shmbroker_channel_recv_batch`].
+// the deadline. Threads: as [`shmbroker_channel_send_batch`]. Errors: as
+// [`shmbroker_channel_recv_batch`].
 //
 // # Safety
 //
 // `rx` is null or a live end; `record` has `record_bytes` writable bytes.
-int shmbroker_channel_recv(struct shmbroker_channel_rx *rx,
-                           void *record);
+int shmbroker_channel_recv(struct shmbroker_channel_rx *rx, void *record);
 
 // Receives one record if one has arrived; `SHMBROKER_E_AGAIN` if none. Threads: as
 // [`shmbroker_channel_send_batch`]. Errors: as

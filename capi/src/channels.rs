@@ -134,9 +134,10 @@ pub unsafe extern "C" fn shmbroker_channel_from(
 
 /// Sends `count` records from `records` (`count * record_bytes` bytes), waiting for room as
 /// it needs within the deadline. Threads: one call at a time on an end (another thread's
-/// returns `SHMBROKER_E_BUSY`); the session's calls go on beside it. Errors: `SHMBROKER_E_CLOSED` once the consumer closed the
-/// channel; the consumer's departure (`SHMBROKER_E_PEER_LOST`, ...); `SHMBROKER_E_TIMEOUT`;
-/// `SHMBROKER_E_INTERRUPTED`; the records before the one that failed went.
+/// returns `SHMBROKER_E_BUSY`); the session's calls go on beside it. Errors:
+/// `SHMBROKER_E_CLOSED` once the consumer closed the channel; the consumer's departure
+/// (`SHMBROKER_E_PEER_LOST`, ...); `SHMBROKER_E_TIMEOUT`; `SHMBROKER_E_INTERRUPTED`; the
+/// records before the one that failed went.
 ///
 /// # Safety
 ///
@@ -176,8 +177,8 @@ pub unsafe extern "C" fn shmbroker_channel_send(
 }
 
 /// Sends as many of `count` records as the ring has room for now, without waiting: `*sent`
-/// says how many (0 to `count`). Threads: as [`shmbroker_channel_send_batch`]. Errors: as [`shmbroker_channel_send_batch`], less the
-/// timeout.
+/// says how many (0 to `count`). Threads: as [`shmbroker_channel_send_batch`]. Errors: as
+/// [`shmbroker_channel_send_batch`], less the timeout.
 ///
 /// # Safety
 ///
@@ -279,7 +280,8 @@ pub unsafe extern "C" fn shmbroker_channel_try_recv_batch(
 }
 
 /// Receives one record into `record` (`record_bytes` writable bytes), waiting for it within
-/// the deadline. Threads: as [`shmbroker_channel_send_batch`]. Errors: as [`shmbroker_channel_recv_batch`].
+/// the deadline. Threads: as [`shmbroker_channel_send_batch`]. Errors: as
+/// [`shmbroker_channel_recv_batch`].
 ///
 /// # Safety
 ///

@@ -1037,7 +1037,7 @@ impl Session {
         // (the broker tells every worker of each peer's process as it logs on).
         self.inner
             .peer_pid(peer, self.timeout)
-            .map_err(|source| self.relay_failed_on(peer, source))?;
+            .map_err(|source| self.relay_failed(peer, source))?;
         let token = ChannelToken {
             record_bytes: record,
             capacity: capacity as u64,
@@ -1061,7 +1061,7 @@ impl Session {
                 if matches!(source, shmbroker_handshake::Error::RelayRefused { .. }) {
                     self.peers[peer as usize].channels_to -= 1;
                 }
-                return Err(self.relay_failed_on(peer, source));
+                return Err(self.relay_failed(peer, source));
             }
         };
         Ok(Made {
@@ -1080,7 +1080,7 @@ impl Session {
         let (token, fd) = self
             .inner
             .take_channel(peer, number, self.timeout)
-            .map_err(|source| self.relay_failed_on(peer, source))?;
+            .map_err(|source| self.relay_failed(peer, source))?;
         self.peers[peer as usize].channels_from += 1;
         let Some(offered) = ChannelToken::unpack(token) else {
             unreachable!("the watcher files only tokens that unpack")
@@ -1091,15 +1091,6 @@ impl Session {
             class: ChannelToken::class_bytes(offered.record_bytes),
             offered,
         })
-    }
-
-    /// The error of a channel's request or wait that failed on `peer`: its departure when it
-    /// has gone (a channel from a rank that left is never coming), else the broker's answer.
-    fn relay_failed_on(&self, peer: u32, source: shmbroker_handshake::Error) -> Error {
-        match self.inner.departure(peer) {
-            Some(departure) => departure_error(departure),
-            None => Error::Relay { peer, source },
-        }
     }
 
     fn ends(&self, peer: u32, number: u64, record: usize) -> Ends {

@@ -1133,11 +1133,11 @@ impl Session {
         }
     }
 
-    /// The error for a relay to or from `peer` that failed: who is gone if someone is, else what
-    /// the handshake said. A relay is tried when `pidfd_getfd` failed, which it also does for a
+    /// The error for a relay to or from `peer` that failed (an fd's, or a typed channel's ring):
+    /// who is gone if someone is, else what the handshake said. A relay is tried when `pidfd_getfd` failed, which it also does for a
     /// process that is exiting (its fds already gone, its pidfd not yet readable): so a death
     /// is waited for a little before the relay's own failure is reported.
-    fn relay_failed(&self, peer: u32, error: shmbroker_handshake::Error) -> Error {
+    pub(super) fn relay_failed(&self, peer: u32, error: shmbroker_handshake::Error) -> Error {
         const GRACE: Duration = Duration::from_millis(50);
         let refused = matches!(error, shmbroker_handshake::Error::RelayRefused { .. });
         let give_up = std::time::Instant::now() + if refused { Duration::ZERO } else { GRACE };
