@@ -89,7 +89,9 @@ pub use half;
 pub use reduce::{DType, Element, ReduceOp};
 #[cfg(feature = "tokio")]
 pub use session::AsyncReceiver;
-pub use session::{Error, ErrorKind, Group, GroupView, Receiver, Sender, Session, Symmetric};
+pub use session::{
+    Error, ErrorKind, Group, GroupView, Receiver, Sender, Session, Symmetric, Timed,
+};
 pub use shmbroker_bindings::{GpuHandle, GpuHandleKind};
 
 pub use shmbroker_allocator as allocator;

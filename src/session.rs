@@ -129,10 +129,10 @@ pub use reductions::{
 };
 pub use rooted::{FLAT_BROADCAST_MAX, TREE_PART_MAX};
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
-pub use split::{Receiver, Sender, SessionGuard};
+pub use split::{Receiver, Sender, SessionGuard, TimedHalf};
 pub use symmetric::Symmetric;
 #[cfg(feature = "tokio")]
-pub use tokio_receiver::AsyncReceiver;
+pub use tokio_receiver::{AsyncReceiver, TimedAsyncReceiver};
 
 use departures::{departure_error, handshake_failed};
 use loans::ViewAcks;
@@ -671,11 +671,39 @@ impl Session {
         self.inner.world_size()
     }
 
-    /// Sets the deadline every call without `_timeout` uses. `Duration::MAX` (here, in every
-    /// `_timeout` call, and in [`Self::connect`]) waits without a deadline, for as long as it
-    /// takes: a peer's death or departure, a dead broker and an interrupt still end the wait.
+    /// Sets the deadline of every call that is not given its own with [`Self::with_timeout`].
+    /// `Duration::MAX` (here, in [`Self::with_timeout`], and in [`Self::connect`]) waits
+    /// without a deadline, for as long as it takes: a peer's death or departure, a dead broker
+    /// and an interrupt still end the wait.
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// The deadline of every call that is not given its own ([`Self::set_timeout`]).
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The session, with `timeout` as the deadline of every call made through the value
+    /// returned, as torch's per-call `timeout` and MPI's lack of one would have it:
+    ///
+    /// ```no_run
+    /// # fn demo(session: &mut shmbroker::Session) -> Result<(), shmbroker::Error> {
+    /// use std::time::Duration;
+    /// session.with_timeout(Duration::from_secs(2)).barrier()?;
+    /// let reply = session.with_timeout(Duration::from_millis(50)).recv(1)?;
+    /// # let _ = reply; Ok(()) }
+    /// ```
+    ///
+    /// The session's own deadline is back when the value is dropped (so a
+    /// [`Self::set_timeout`] made through it lasts as long as it does).
+    pub fn with_timeout(&mut self, timeout: Duration) -> Timed<'_> {
+        let saved = std::mem::replace(&mut self.timeout, timeout);
+        Timed {
+            session: self,
+            saved,
+        }
     }
 
     /// How every wait of this session spends its time before parking. By default
@@ -894,6 +922,34 @@ impl Session {
         let (stream, seq) = (self.team.stream(), self.team.seq());
         self.publisher.collective(stream, seq, kind);
         Ok(self.team.next_tag())
+    }
+}
+
+/// A session whose calls have their own deadline, from [`Session::with_timeout`]: every
+/// [`Session`] call works on it. Dropping it gives the session its own deadline back.
+#[derive(Debug)]
+pub struct Timed<'a> {
+    session: &'a mut Session,
+    saved: Duration,
+}
+
+impl std::ops::Deref for Timed<'_> {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        self.session
+    }
+}
+
+impl std::ops::DerefMut for Timed<'_> {
+    fn deref_mut(&mut self) -> &mut Session {
+        self.session
+    }
+}
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        self.session.timeout = self.saved;
     }
 }
 

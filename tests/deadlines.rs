@@ -38,13 +38,17 @@ fn deadlines_rank() {
             }
             // (Each wait ends with what the slow peer did only after it slept: no deadline
             // passed early, and adding Duration::MAX to the clock did not panic.)
-            assert_eq!(session.recv_timeout(1, Duration::MAX).unwrap(), b"late");
+            assert_eq!(
+                session.with_timeout(Duration::MAX).recv(1).unwrap(),
+                b"late"
+            );
             let mut data = [2u64; 3];
             session
-                .all_reduce_timeout(&mut data, ReduceOp::Sum, Duration::MAX)
+                .with_timeout(Duration::MAX)
+                .all_reduce(&mut data, ReduceOp::Sum)
                 .unwrap();
             assert_eq!(data, [3; 3]);
-            session.barrier_timeout(Duration::MAX).unwrap();
+            session.with_timeout(Duration::MAX).barrier().unwrap();
         }
         "death" => {
             session.barrier().unwrap();
@@ -52,7 +56,7 @@ fn deadlines_rank() {
                 std::thread::sleep(slow);
                 nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).unwrap();
             }
-            let error = session.barrier_timeout(Duration::MAX).unwrap_err();
+            let error = session.with_timeout(Duration::MAX).barrier().unwrap_err();
             assert!(matches!(error, Error::PeerLost { rank: 1, .. }), "{error}");
             // What rank 1 last published: the barrier it finished before it slept and died.
             assert!(
@@ -62,7 +66,7 @@ fn deadlines_rank() {
                 ),
                 "{error}"
             );
-            let error = session.recv_timeout(1, Duration::MAX).unwrap_err();
+            let error = session.with_timeout(Duration::MAX).recv(1).unwrap_err();
             assert!(matches!(error, Error::PeerLost { rank: 1, .. }), "{error}");
         }
         // Rank 0 calls broadcast (root 1) and rank 1 gather (root 1): each waits for the other,
@@ -114,7 +118,9 @@ fn deadlines_rank() {
             }
             let started = std::time::Instant::now();
             let result = if rank == 1 {
-                session.all_reduce_timeout(&mut data, ReduceOp::Sum, Duration::from_millis(100))
+                session
+                    .with_timeout(Duration::from_millis(100))
+                    .all_reduce(&mut data, ReduceOp::Sum)
             } else {
                 session.all_reduce(&mut data, ReduceOp::Sum)
             };
@@ -165,7 +171,9 @@ fn deadlines_rank() {
             let started = std::time::Instant::now();
             let data = (rank == 0).then_some(&b"down the tree"[..]);
             let result = if rank == 4 {
-                let result = session.broadcast_timeout(0, data, Duration::from_millis(100));
+                let result = session
+                    .with_timeout(Duration::from_millis(100))
+                    .broadcast(0, data);
                 if scenario == "gave-up-next" {
                     let _ = session.broadcast(4, Some(b"next".as_slice()));
                 }

@@ -91,7 +91,10 @@ fn a_flooding_peer_cannot_starve_another() {
         std::thread::spawn(move || {
             let mut sent = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                match flooder.send_timeout(0, &sent.to_le_bytes(), Duration::from_millis(50)) {
+                match flooder
+                    .with_timeout(Duration::from_millis(50))
+                    .send(0, &sent.to_le_bytes())
+                {
                     Ok(()) => sent += 1,
                     Err(Error::Timeout { .. }) => {}
                     Err(other) => panic!("{other}"),
@@ -244,7 +247,7 @@ fn a_worker_killed_mid_farm_is_named_after_its_last_messages_and_the_farm_goes_o
         Err(Error::PeerLost { rank: 2, .. })
     ));
     assert!(matches!(
-        reader.barrier_timeout(Duration::from_secs(5)),
+        reader.with_timeout(Duration::from_secs(5)).barrier(),
         Err(Error::PeerLost { rank: 2, .. })
     ));
 
@@ -303,7 +306,7 @@ fn a_rank_that_never_came_before_a_death_is_named_at_once_and_the_farm_goes_on_w
         Err(Error::PeerLost { rank: 2, .. })
     ));
     assert!(matches!(
-        reader.barrier_timeout(Duration::from_secs(5)),
+        reader.with_timeout(Duration::from_secs(5)).barrier(),
         Err(Error::PeerLost { rank: 2, .. })
     ));
     let tasks: Vec<Vec<u8>> = (0..100).map(|id| task(id, 64)).collect();
@@ -362,7 +365,8 @@ fn a_collective_waiting_on_a_live_peer_ends_when_a_third_rank_dies_and_messages_
         doomed.wait_timeout(Duration::from_secs(10)).unwrap()
     });
     let error = reader
-        .broadcast_timeout(1, None, Duration::from_secs(60))
+        .with_timeout(Duration::from_secs(60))
+        .broadcast(1, None)
         .unwrap_err();
     assert!(matches!(error, Error::PeerLost { rank: 2, .. }), "{error}");
     killer.join().unwrap();
@@ -922,7 +926,8 @@ fn recv_any_waits_in_the_library_as_well_as_in_epoll() {
     });
     assert_eq!(reader.recv_any().unwrap(), (2, b"from two".to_vec()));
     let error = reader
-        .recv_any_timeout(Duration::from_millis(100))
+        .with_timeout(Duration::from_millis(100))
+        .recv_any()
         .unwrap_err();
     assert!(
         matches!(&error, Error::Timeout { op: "recv_any", waiting_for, .. } if waiting_for == &[1, 2]),

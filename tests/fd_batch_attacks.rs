@@ -162,7 +162,8 @@ fn victim_of(
     let before = fd_table();
     let start = Instant::now();
     let outcome = zero
-        .exchange_fd_batch_timeout(&borrowed, Duration::from_millis(800))
+        .with_timeout(Duration::from_millis(800))
+        .exchange_fd_batch(&borrowed)
         .map(drop);
     let took = start.elapsed();
     let new = gained(&before, &fd_table());
@@ -324,7 +325,8 @@ fn a_rank_waiting_for_the_victim_of_a_malformed_ticket_fails_at_once_naming_both
             let borrowed: Vec<_> = mine.iter().map(AsFd::as_fd).collect();
             let start = Instant::now();
             let outcome = session
-                .exchange_fd_batch_timeout(&borrowed, Duration::from_secs(20))
+                .with_timeout(Duration::from_secs(20))
+                .exchange_fd_batch(&borrowed)
                 .map(drop);
             (outcome, start.elapsed(), session)
         })
@@ -438,7 +440,8 @@ fn a_relayed_fd_that_comes_after_the_importer_gave_up_is_not_kept() {
         .relay_fd(0, token(0), theirs[0].as_fd(), Duration::from_secs(5))
         .unwrap();
     let outcome = zero
-        .exchange_fd_batch_timeout(&borrowed, Duration::from_millis(500))
+        .with_timeout(Duration::from_millis(500))
+        .exchange_fd_batch(&borrowed)
         .map(drop);
     assert!(
         matches!(&outcome, Err(Error::Timeout { waiting_for, .. }) if waiting_for == &[1]),
@@ -484,7 +487,8 @@ fn a_relayed_fd_other_than_its_ticket_names_is_refused_naming_the_exporter_and_l
     let borrowed: Vec<_> = mine.iter().map(AsFd::as_fd).collect();
     let before = fd_table();
     let outcome = zero
-        .exchange_fd_batch_timeout(&borrowed, Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5))
+        .exchange_fd_batch(&borrowed)
         .map(drop);
     let named = ticket(theirs[1].as_fd());
     let found = ticket(other.as_fd());

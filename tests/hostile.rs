@@ -386,7 +386,11 @@ fn a_member_proposing_a_forged_stream_is_named_and_spends_no_streams() {
             "group-forge",
             &[],
             2,
-            |session| session.group_timeout(&[0, 1, 2], Duration::from_secs(5)),
+            |session| {
+                session
+                    .with_timeout(Duration::from_secs(5))
+                    .group(&[0, 1, 2])
+            },
             |rank, outcome| {
                 assert!(
                     matches!(outcome, Err(Error::Protocol { peer: 2, .. })),
@@ -409,7 +413,7 @@ fn a_shrink_coordinator_calling_a_live_rank_departed_is_named() {
             "shrink-liar",
             &[],
             0,
-            |session| session.shrink_timeout(Duration::from_secs(5)),
+            |session| session.with_timeout(Duration::from_secs(5)).shrink(),
             |rank, outcome| {
                 let Err(Error::Protocol { peer: 0, detail }) = outcome else {
                     panic!("trial {trial}: rank {rank}: {outcome:?}");
@@ -438,7 +442,11 @@ fn a_coordinator_blaming_a_live_rank_is_named_itself() {
                 "blame-liar",
                 &["--outcome", outcome, "--blamed", "1"],
                 0,
-                |session| session.group_timeout(&[0, 1, 2], Duration::from_secs(5)),
+                |session| {
+                    session
+                        .with_timeout(Duration::from_secs(5))
+                        .group(&[0, 1, 2])
+                },
                 |rank, result| {
                     assert!(
                         matches!(result, Err(Error::Protocol { peer: 0, .. })),

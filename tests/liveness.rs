@@ -94,7 +94,7 @@ fn with_the_broker_dead_peers_still_talk_what_needs_it_fails_and_a_later_death_i
     }
     // A death after the broker's is still seen, by every survivor, naming the right rank.
     kill(Pid::from_raw(rank2.id() as i32), Signal::SIGKILL).unwrap();
-    let waiter = std::thread::spawn(move || one.recv_timeout(2, TIMEOUT));
+    let waiter = std::thread::spawn(move || one.with_timeout(TIMEOUT).recv(2));
     match waiter.join().unwrap() {
         Err(Error::PeerLost { rank: 2, .. }) => {}
         other => panic!("expected rank 2 lost, got {other:?}"),

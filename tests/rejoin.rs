@@ -272,7 +272,7 @@ fn the_broker_refuses_what_is_no_rejoin() {
     // Rank 0 sees the death before anyone asks to replace it.
     zero.set_timeout(TIMEOUT);
     assert!(matches!(
-        zero.recv_timeout(2, TIMEOUT),
+        zero.with_timeout(TIMEOUT).recv(2),
         Err(Error::PeerLost { rank: 2, .. })
     ));
     let (reason, text) = refused(1, Some(job));
@@ -290,7 +290,7 @@ fn the_broker_refuses_what_is_no_rejoin() {
     // Rank 1 leaves: nobody takes its place.
     drop(one);
     assert!(matches!(
-        zero.recv_timeout(1, TIMEOUT),
+        zero.with_timeout(TIMEOUT).recv(1),
         Err(Error::PeerLeft { rank: 1, .. })
     ));
     // The broker hears of the goodbye on its own socket, a moment after rank 0 may: until then
@@ -329,7 +329,7 @@ fn a_job_that_named_no_id_is_rejoined_by_the_id_the_broker_made() {
     killed(victim);
     zero.set_timeout(TIMEOUT);
     assert!(matches!(
-        zero.recv_timeout(2, TIMEOUT),
+        zero.with_timeout(TIMEOUT).recv(2),
         Err(Error::PeerLost { rank: 2, .. })
     ));
     let id = shmbroker::status::query(&socket, TIMEOUT)
@@ -431,7 +431,8 @@ fn a_survivor_that_dies_during_a_rejoin_holds_nobody_up() {
     assert!(ok, "{stdout}{stderr}");
     // Rank 1 is gone for good: nobody replaces it, so waiting for it times out.
     assert!(matches!(
-        zero.wait_for_rank_timeout(1, Duration::from_millis(200)),
+        zero.with_timeout(Duration::from_millis(200))
+            .wait_for_rank(1),
         Err(Error::Timeout { .. })
     ));
 }

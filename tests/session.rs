@@ -186,7 +186,8 @@ fn a_rank_whose_own_loans_fill_its_outbox_gathers_in_slots_and_blames_no_peer() 
         let part = [rank as u8 + 1; 1024];
         let mut out = vec![0u8; 3 * 1024];
         session
-            .all_gather_into_timeout(&part, &mut out, Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(5))
+            .all_gather_into(&part, &mut out)
             .unwrap_or_else(|error| panic!("rank {rank}: {error}"));
         for (peer, got) in out.chunks(1024).enumerate() {
             assert!(
@@ -195,7 +196,10 @@ fn a_rank_whose_own_loans_fill_its_outbox_gathers_in_slots_and_blames_no_peer() 
             );
         }
         let mut data = [1.0f32; 256];
-        match session.all_reduce_timeout(&mut data, ReduceOp::Sum, Duration::from_millis(300)) {
+        match session
+            .with_timeout(Duration::from_millis(300))
+            .all_reduce(&mut data, ReduceOp::Sum)
+        {
             Err(Error::Misuse(text)) => assert!(
                 text.contains("own outbox") && !text.contains("  "),
                 "rank {rank}: {text}"
@@ -223,7 +227,9 @@ fn making_a_group_with_a_member_that_left_names_it_and_the_others_group_after() 
     drop(sessions.remove(1));
     let results = each_on_a_thread(sessions, |session| {
         let rank = session.rank();
-        let failed = session.group_timeout(&[0, 1, 2, 3], Duration::from_secs(3));
+        let failed = session
+            .with_timeout(Duration::from_secs(3))
+            .group(&[0, 1, 2, 3]);
         assert!(
             matches!(failed, Err(Error::PeerLeft { rank: 1, .. })),
             "rank {rank}: {failed:?}"
@@ -300,7 +306,9 @@ fn a_collective_interrupted_between_chunks_leaves_nothing_in_the_way_of_the_next
     let interrupter = one.interrupter();
     let zero = std::thread::spawn(move || {
         let mut out = vec![0u8; 3 * (16 << 20)];
-        let failed = zero.all_gather_into_timeout(&part(0), &mut out, Duration::from_secs(2));
+        let failed = zero
+            .with_timeout(Duration::from_secs(2))
+            .all_gather_into(&part(0), &mut out);
         assert!(matches!(failed, Err(Error::Timeout { .. })), "{failed:?}");
         zero.send(1, b"after").unwrap();
         zero
@@ -319,7 +327,9 @@ fn a_collective_interrupted_between_chunks_leaves_nothing_in_the_way_of_the_next
     interrupter.interrupt();
     std::thread::sleep(Duration::from_millis(200));
     let mut out = vec![0u8; 3 * (16 << 20)];
-    let failed = two.all_gather_into_timeout(&part(2), &mut out, Duration::from_secs(1));
+    let failed = two
+        .with_timeout(Duration::from_secs(1))
+        .all_gather_into(&part(2), &mut out);
     assert!(matches!(failed, Err(Error::Timeout { .. })), "{failed:?}");
     let mut sessions = [zero.join().unwrap(), one.join().unwrap(), two];
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -552,13 +562,13 @@ fn forged_messages_of_the_scalable_collectives_are_refused_naming_the_forger() {
     // Rank 1's parent in a tree rooted at 0 is rank 0: a routing slot naming route 7.
     let (_world, mut sessions) = World::start("forged-route", 9);
     forge(&mut sessions, 0, 1, slot(kind::BROADCAST, 8, 7));
-    let outcome = sessions[1].broadcast_timeout(0, None, short);
+    let outcome = sessions[1].with_timeout(short).broadcast(0, None);
     expect_protocol(outcome, 0, "names route 7");
 
     // In round 0 of a dissemination barrier rank 1 hears from rank 0: a round-3 message.
     let (_world, mut sessions) = World::start("forged-round", 9);
     forge(&mut sessions, 0, 1, slot(kind::BARRIER, 0, 3));
-    let outcome = sessions[1].barrier_timeout(short);
+    let outcome = sessions[1].with_timeout(short).barrier();
     expect_protocol(outcome, 0, "dissemination round 0");
 
     // In Bruck's round 0 rank 1 receives one 8-byte part from rank 2: 16 bytes instead.
@@ -581,9 +591,9 @@ fn forged_messages_of_the_scalable_collectives_are_refused_naming_the_forger() {
     let leaf = sessions.remove(1);
     let helper = std::thread::spawn(move || {
         let mut leaf = leaf;
-        leaf.gather_timeout(0, b"", short).map(drop)
+        leaf.with_timeout(short).gather(0, b"").map(drop)
     });
-    let outcome = sessions[0].gather_timeout(0, b"", short);
+    let outcome = sessions[0].with_timeout(short).gather(0, b"");
     expect_protocol(outcome, 2, "part 1 claims 30 bytes");
     helper.join().unwrap().unwrap();
 
@@ -592,7 +602,7 @@ fn forged_messages_of_the_scalable_collectives_are_refused_naming_the_forger() {
     let mut bundle = slot(kind::GATHER, 5, 0);
     bundle.inline[..4].copy_from_slice(&0u32.to_le_bytes());
     forge(&mut sessions, 1, 0, bundle);
-    let outcome = sessions[0].gather_timeout(0, b"", short);
+    let outcome = sessions[0].with_timeout(short).gather(0, b"");
     expect_protocol(outcome, 1, "1 bytes left over");
 
     // Rank 1 marks its part as sent straight to the root, then sends one byte that way: small
@@ -606,9 +616,9 @@ fn forged_messages_of_the_scalable_collectives_are_refused_naming_the_forger() {
     let helpers: Vec<_> = others
         .into_iter()
         .filter(|session| session.rank() != 1)
-        .map(|mut session| std::thread::spawn(move || session.gather_timeout(0, b"", short)))
+        .map(|mut session| std::thread::spawn(move || session.with_timeout(short).gather(0, b"")))
         .collect();
-    let outcome = sessions[0].gather_timeout(0, b"", short);
+    let outcome = sessions[0].with_timeout(short).gather(0, b"");
     expect_protocol(outcome, 1, "straight to the root");
     for helper in helpers {
         helper.join().unwrap().unwrap();
@@ -643,7 +653,7 @@ fn misuse_is_an_error_not_a_hang() {
         }
         other => panic!("unexpected {other:?}"),
     }
-    match zero.recv_timeout(1, Duration::from_millis(50)) {
+    match zero.with_timeout(Duration::from_millis(50)).recv(1) {
         Err(Error::Timeout {
             op: "recv",
             waiting_for,
@@ -657,7 +667,9 @@ fn misuse_is_an_error_not_a_hang() {
 fn ranks_in_different_collectives_get_a_mismatch_naming_both() {
     let (_world, mut zero, mut one) = pair("mismatch");
     let other = std::thread::spawn(move || {
-        let result = one.all_gather_timeout(b"x", Duration::from_millis(500));
+        let result = one
+            .with_timeout(Duration::from_millis(500))
+            .all_gather(b"x");
         (result.map(|_| ()), one)
     });
     match zero.barrier() {
@@ -698,18 +710,18 @@ fn a_collective_timeout_names_every_rank_still_missing() {
     let mut one = sessions.next().unwrap();
     let _silent: Vec<Session> = sessions.collect();
     let helper = std::thread::spawn(move || {
-        let _ = one.barrier_timeout(Duration::from_millis(300));
-        let _ = one.all_gather_timeout(&[1; 100_000], Duration::from_millis(300));
+        let _ = one.with_timeout(Duration::from_millis(300)).barrier();
+        let _ = one
+            .with_timeout(Duration::from_millis(300))
+            .all_gather(&[1; 100_000]);
         one
     });
-    for (op, outcome) in [
-        ("barrier", zero.barrier_timeout(Duration::from_millis(200))),
-        (
-            "all_gather",
-            zero.all_gather_timeout(&[0; 100_000], Duration::from_millis(200))
-                .map(drop),
-        ),
-    ] {
+    let barrier = zero.with_timeout(Duration::from_millis(200)).barrier();
+    let all_gather = zero
+        .with_timeout(Duration::from_millis(200))
+        .all_gather(&[0; 100_000])
+        .map(drop);
+    for (op, outcome) in [("barrier", barrier), ("all_gather", all_gather)] {
         match outcome {
             Err(error @ Error::Timeout { .. }) => {
                 let Error::Timeout {

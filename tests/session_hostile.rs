@@ -124,7 +124,7 @@ fn an_eager_message_cut_short_times_out_without_harm_and_completes_later() {
     let slot = |i: usize| -> Message { bytemuck::pod_read_unaligned(&data[48 + 64 * i..][..64]) };
     raw_send(&mut one, slot(0));
     for _ in 0..2 {
-        match zero.recv_timeout(1, Duration::from_millis(50)) {
+        match zero.with_timeout(Duration::from_millis(50)).recv(1) {
             Err(Error::Timeout {
                 op: "recv",
                 waiting_for,
@@ -150,7 +150,10 @@ fn a_stray_chunk_or_unknown_kind_in_a_collective_is_a_protocol_error_naming_the_
         let mut inline = [0u8; INLINE_BYTES];
         inline[..8].copy_from_slice(&0u64.to_le_bytes());
         raw_send(&mut one, raw(kind, 0, 8, inline));
-        match zero.all_gather_timeout(b"zero", Duration::from_millis(500)) {
+        match zero
+            .with_timeout(Duration::from_millis(500))
+            .all_gather(b"zero")
+        {
             Err(Error::Protocol { peer: 1, detail }) => {
                 assert!(detail.contains(expected), "{name}: {detail}");
             }
@@ -199,7 +202,7 @@ fn chunks_and_pipelined_headers_no_correct_peer_sends_are_refused() {
         for message in messages {
             raw_send(&mut one, message);
         }
-        match zero.recv_timeout(1, Duration::from_millis(500)) {
+        match zero.with_timeout(Duration::from_millis(500)).recv(1) {
             Err(Error::Protocol { peer: 1, detail }) => {
                 assert!(detail.contains(expected), "{name}: {detail}");
             }
@@ -217,7 +220,7 @@ fn a_pipelined_message_cut_off_by_another_is_refused_while_skipped() {
     raw_send(&mut one, raw(kind::BARRIER, 0, 0, [0; INLINE_BYTES]));
     // The barrier looks past the point-to-point message, and finds it cut off.
     expect_protocol(
-        zero.barrier_timeout(Duration::from_millis(500)),
+        zero.with_timeout(Duration::from_millis(500)).barrier(),
         1,
         "was cut off after 0 bytes",
     );
@@ -243,7 +246,7 @@ fn a_peer_flooding_messages_nobody_receives_cannot_hold_a_call_past_its_deadline
         one
     });
     let start = Instant::now();
-    let outcome = zero.barrier_timeout(Duration::from_millis(300));
+    let outcome = zero.with_timeout(Duration::from_millis(300)).barrier();
     let took = start.elapsed();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(flooder.join().unwrap());
@@ -320,7 +323,7 @@ fn an_acknowledgement_for_a_block_not_awaiting_one_is_refused() {
         inline,
     };
     one.raw().link(0).unwrap().to.try_send(ack).unwrap();
-    match zero.recv_timeout(1, Duration::from_millis(200)) {
+    match zero.with_timeout(Duration::from_millis(200)).recv(1) {
         Err(Error::Protocol { peer: 1, detail }) => {
             assert!(
                 detail.contains("offset 4096 (10 bytes) refused: no block was sent"),

@@ -46,7 +46,10 @@ fn a_payload_reference_outside_the_senders_outbox_is_refused() {
         inline,
     };
     one.raw().link(0).unwrap().to.try_send(message).unwrap();
-    match zero.all_gather_timeout(b"mine", Duration::from_millis(500)) {
+    match zero
+        .with_timeout(Duration::from_millis(500))
+        .all_gather(b"mine")
+    {
         Err(Error::Outbox {
             peer: 1,
             source:
@@ -407,7 +410,9 @@ fn a_receiver_that_never_reads_holds_the_sender_back_until_its_deadline() {
     // Large: the chunks it may have in flight fill, then the window widens until the outbox is
     // full; the send gives up at its deadline, with every block still accounted for.
     let start = Instant::now();
-    let outcome = zero.send_timeout(1, &vec![1u8; 256 << 20], Duration::from_millis(300));
+    let outcome = zero
+        .with_timeout(Duration::from_millis(300))
+        .send(1, &vec![1u8; 256 << 20]);
     let waited = start.elapsed();
     match outcome {
         Err(Error::Timeout {
@@ -422,7 +427,10 @@ fn a_receiver_that_never_reads_holds_the_sender_back_until_its_deadline() {
     assert!(blocks > 0 && blocks as u64 <= zero.outbox_bytes() / (64 << 10));
     // Small: the ring fills, and the send gives up at its deadline as well.
     let small = loop {
-        if let Err(error) = zero.send_timeout(1, &[2u8; 1000], Duration::from_millis(100)) {
+        if let Err(error) = zero
+            .with_timeout(Duration::from_millis(100))
+            .send(1, &[2u8; 1000])
+        {
             break error;
         }
     };

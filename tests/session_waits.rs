@@ -79,7 +79,10 @@ fn a_receive_asleep_on_one_thread_goes_on_while_another_runs_collectives() {
     let reader = std::thread::spawn(move || {
         let started = Instant::now();
         for round in 0..rounds {
-            let got = receiver.recv_timeout(1, Duration::from_secs(20)).unwrap();
+            let got = receiver
+                .with_timeout(Duration::from_secs(20))
+                .recv(1)
+                .unwrap();
             assert_eq!(got, vec![round as u8; 8]);
         }
         (receiver, started.elapsed())
@@ -104,7 +107,8 @@ fn a_rank_that_leaves_after_a_timeout_is_named_with_whom_it_gave_up_on() {
     let mut giver_up = sessions.pop().unwrap();
     let mut waiter = sessions.pop().unwrap();
     let error = giver_up
-        .recv_timeout(2, Duration::from_millis(50))
+        .with_timeout(Duration::from_millis(50))
+        .recv(2)
         .unwrap_err();
     assert!(matches!(&error, Error::Timeout { waiting_for, .. } if waiting_for == &[2]));
     drop(giver_up);
@@ -152,12 +156,17 @@ fn one_interrupt_ends_every_wait_in_progress_and_nothing_more() {
     let (sender, receiver) = session.split();
     let sender = std::sync::Arc::new(sender);
     let receiving = std::thread::spawn(move || {
-        let result = receiver.recv_timeout(1, Duration::from_secs(30));
+        let result = receiver.with_timeout(Duration::from_secs(30)).recv(1);
         (result, receiver)
     });
     let barrier = {
         let sender = std::sync::Arc::clone(&sender);
-        std::thread::spawn(move || sender.session().barrier_timeout(Duration::from_secs(30)))
+        std::thread::spawn(move || {
+            sender
+                .session()
+                .with_timeout(Duration::from_secs(30))
+                .barrier()
+        })
     };
     std::thread::sleep(Duration::from_millis(200)); // both are waiting
     let started = Instant::now();
@@ -174,12 +183,20 @@ fn one_interrupt_ends_every_wait_in_progress_and_nothing_more() {
     // Nothing is left over: the next receive gets what rank 1 sends.
     peer.send(0, b"after").unwrap();
     assert_eq!(
-        receiver.recv_timeout(1, Duration::from_secs(10)).unwrap(),
+        receiver
+            .with_timeout(Duration::from_secs(10))
+            .recv(1)
+            .unwrap(),
         b"after"
     );
     drop((receiver, sender));
     // The barrier cut short leaves the other ranks to find rank 0 gone.
-    assert!(quiet.barrier_timeout(Duration::from_secs(10)).is_err());
+    assert!(
+        quiet
+            .with_timeout(Duration::from_secs(10))
+            .barrier()
+            .is_err()
+    );
 }
 
 /// Bytes of the large message of the interrupt tests: far more than either side can copy in the
@@ -318,4 +335,69 @@ fn an_interrupt_ends_a_large_send_between_chunks_which_is_then_delivered_once() 
     session.barrier().unwrap();
     let (ok, _, stderr) = common::finish(child);
     assert!(ok, "{stderr}");
+}
+
+/// The deadline `err` reports, for a [`Error::Timeout`] of `op`.
+fn timed_out_after(err: Result<impl std::fmt::Debug, Error>, op: &str) -> Duration {
+    match err {
+        Err(Error::Timeout {
+            op: named, timeout, ..
+        }) if named == op => timeout,
+        other => panic!("{op}: expected a timeout, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_call_given_its_own_deadline_keeps_it_to_itself() {
+    // Each handle: the call made through `with_timeout` times out at its deadline, and the next
+    // call, made on the handle itself, has the session's again.
+    let (_world, mut sessions) = World::start("own-deadline", 3);
+    let mut two = sessions.pop().unwrap();
+    let _one = sessions.pop().unwrap();
+    let mut zero = sessions.pop().unwrap();
+    zero.set_timeout(Duration::from_millis(400));
+    let short = Duration::from_millis(30);
+
+    // The session, and a `set_timeout` made through the view lasting only as long as the view.
+    assert_eq!(
+        timed_out_after(zero.with_timeout(short).recv(1), "recv"),
+        short
+    );
+    assert_eq!(
+        timed_out_after(zero.recv(1), "recv"),
+        Duration::from_millis(400)
+    );
+    {
+        let mut timed = zero.with_timeout(short);
+        timed.set_timeout(Duration::from_secs(9));
+        assert_eq!(timed.timeout(), Duration::from_secs(9));
+    }
+    assert_eq!(zero.timeout(), Duration::from_millis(400));
+
+    // A group view: rank 2 is a member that never calls.
+    let helper = std::thread::spawn(move || {
+        two.group(&[0, 2]).unwrap();
+        two
+    });
+    let group = zero.group(&[0, 2]).unwrap();
+    let two = helper.join().unwrap();
+    let barrier = zero.on(&group).with_timeout(short).barrier();
+    assert_eq!(timed_out_after(barrier, "barrier"), short);
+    drop(two);
+
+    // The halves of a split session: each timed value is a handle of its own.
+    let (sender, receiver) = zero.split();
+    assert_eq!(
+        timed_out_after(receiver.with_timeout(short).recv_any(), "recv_any"),
+        short
+    );
+    assert_eq!(receiver.timeout(), Duration::from_millis(400));
+    assert_eq!(
+        timed_out_after(receiver.recv(1), "recv"),
+        Duration::from_millis(400)
+    );
+    assert_eq!(sender.with_timeout(short).timeout(), short);
+    assert_eq!(sender.timeout(), Duration::from_millis(400));
+    let whole = sender.rejoin(receiver).unwrap();
+    assert_eq!(whole.timeout(), Duration::from_millis(400));
 }

@@ -138,7 +138,8 @@ fn a_rank_that_forges_a_given_up_collective_can_end_it_only_naming_itself() {
         assert_eq!(said.trim(), "forging");
         let started = std::time::Instant::now();
         let error = session
-            .barrier_timeout(Duration::from_secs(30))
+            .with_timeout(Duration::from_secs(30))
+            .barrier()
             .unwrap_err();
         assert!(
             matches!(

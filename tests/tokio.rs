@@ -125,7 +125,8 @@ fn a_deadline_names_the_peers_and_the_thread_runs_other_tasks_meanwhile() {
             }
         });
         let error = receiver
-            .recv_any_timeout(Duration::from_millis(300))
+            .with_timeout(Duration::from_millis(300))
+            .recv_any()
             .await
             .unwrap_err();
         ticker.abort();

@@ -43,7 +43,12 @@ pub unsafe extern "C" fn shmbroker_barrier_timeout(
         let timeout = crate::session::timeout_of(timeout_ms)?;
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        Ok(entered.handle.sender.session().barrier_timeout(timeout)?)
+        Ok(entered
+            .handle
+            .sender
+            .session()
+            .with_timeout(timeout)
+            .barrier()?)
     })
 }
 

@@ -52,7 +52,11 @@ pub unsafe extern "C" fn shmbroker_send_timeout(
         let data = unsafe { bytes(data, len, "data") }?;
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        Ok(entered.handle.sender.send_timeout(rank, data, timeout)?)
+        Ok(entered
+            .handle
+            .sender
+            .with_timeout(timeout)
+            .send(rank, data)?)
     })
 }
 
@@ -218,7 +222,7 @@ pub unsafe extern "C" fn shmbroker_recv_timeout(
         receive(name, s, None, buf, cap, len, |receiver, buf| {
             Ok(Some((
                 rank,
-                receiver.recv_into_timeout(rank, buf, timeout)?,
+                receiver.with_timeout(timeout).recv_into(rank, buf)?,
             )))
         })
     }
@@ -249,7 +253,7 @@ pub unsafe extern "C" fn shmbroker_recv_any_timeout(
     // writable memory: this function's contract is `receive`'s.
     unsafe {
         receive(name, s, Some(rank), buf, cap, len, |receiver, buf| {
-            receiver.recv_any_into_timeout(buf, timeout).map(Some)
+            receiver.with_timeout(timeout).recv_any_into(buf).map(Some)
         })
     }
 }
@@ -378,7 +382,11 @@ pub unsafe extern "C" fn shmbroker_probe_timeout(
         }
         // SAFETY: null or a live session, per the contract.
         let entered = unsafe { enter(s) }?;
-        let needed = entered.handle.receiver()?.probe_timeout(rank, timeout)?;
+        let needed = entered
+            .handle
+            .receiver()?
+            .with_timeout(timeout)
+            .probe(rank)?;
         // SAFETY: checked non-null above; writable per the contract.
         unsafe { len.write(needed) };
         Ok(())

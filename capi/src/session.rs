@@ -153,7 +153,8 @@ pub unsafe extern "C" fn shmbroker_wait_for_rank(
             .handle
             .sender
             .session()
-            .wait_for_rank_timeout(rank, timeout)?)
+            .with_timeout(timeout)
+            .wait_for_rank(rank)?)
     })
 }
 

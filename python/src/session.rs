@@ -15,14 +15,15 @@ use std::time::Duration;
 /// Runs `$call` with `$c` the session `$session`, or its view through `$group` (an
 /// `Option<&Group>`; `None` for the whole world): the methods share their names.
 macro_rules! on_comm {
-    ($session:expr, $group:expr, |$c:ident| $call:expr) => {
+    ($session:expr, $group:expr, $timeout:expr, |$c:ident| $call:expr) => {
         match $group {
             None => {
-                let $c = &mut *$session;
+                let mut timed = $session.with_timeout($timeout);
+                let $c = &mut *timed;
                 $call
             }
             Some(group) => {
-                let mut view = $session.on(group);
+                let mut view = $session.on(group).with_timeout($timeout);
                 let $c = &mut view;
                 $call
             }
@@ -40,8 +41,8 @@ macro_rules! in_to_out {
         let group = $group.map(|group| group.group.clone());
         let (input, output) = (input.as_slice(), output.as_mut_slice());
         $self.blocking($py, |session| {
-            on_comm!(session, group.as_ref(), |c| c
-                .$method(input, output, timeout))
+            on_comm!(session, group.as_ref(), timeout, |c| c
+                .$method(input, output))
         })
     }};
 }
@@ -325,7 +326,9 @@ impl PySession {
     fn wait_for_rank(&self, py: Python<'_>, rank: i64, timeout: CallTimeout) -> PyResult<()> {
         let rank = rank_arg(rank)?;
         let timeout = self.deadline(timeout)?;
-        self.blocking(py, |session| session.wait_for_rank_timeout(rank, timeout))
+        self.blocking(py, |session| {
+            session.with_timeout(timeout).wait_for_rank(rank)
+        })
     }
 
     /// The deadline, in seconds, of every call not given its own ``timeout=``; ``None`` when
@@ -358,7 +361,7 @@ impl PySession {
     #[pyo3(signature = (ranks, *, timeout=CallTimeout::Session))]
     fn group(&self, py: Python<'_>, ranks: Vec<u32>, timeout: CallTimeout) -> PyResult<PyGroup> {
         let timeout = self.deadline(timeout)?;
-        let group = self.blocking(py, |session| session.group_timeout(&ranks, timeout))?;
+        let group = self.blocking(py, |session| session.with_timeout(timeout).group(&ranks))?;
         Ok(PyGroup { group })
     }
 
@@ -386,7 +389,7 @@ impl PySession {
     #[pyo3(signature = (*, timeout=CallTimeout::Session))]
     fn shrink(&self, py: Python<'_>, timeout: CallTimeout) -> PyResult<PyGroup> {
         let timeout = self.deadline(timeout)?;
-        let group = self.blocking(py, |session| session.shrink_timeout(timeout))?;
+        let group = self.blocking(py, |session| session.with_timeout(timeout).shrink())?;
         Ok(PyGroup { group })
     }
 
@@ -405,7 +408,7 @@ impl PySession {
         let timeout = self.deadline(timeout)?;
         let group = group.map(|group| group.group.clone());
         self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c.barrier_timeout(timeout))
+            on_comm!(session, group.as_ref(), timeout, |c| c.barrier())
         })
     }
 
@@ -427,10 +430,7 @@ impl PySession {
         let bytes = data.as_slice();
         self.blocking_then(
             py,
-            |session| {
-                on_comm!(session, group.as_ref(), |c| c
-                    .all_gather_timeout(bytes, timeout))
-            },
+            |session| on_comm!(session, group.as_ref(), timeout, |c| c.all_gather(bytes)),
             |parts| PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part))),
         )
     }
@@ -450,15 +450,7 @@ impl PySession {
         timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
-        in_to_out!(
-            self,
-            py,
-            data,
-            output,
-            timeout,
-            group,
-            all_gather_into_timeout
-        )
+        in_to_out!(self, py, data, output, timeout, group, all_gather_into)
     }
 
     /// Every rank's ``data`` at ``root``, in rank order, as a list of ``bytes`` (ranks may give
@@ -481,10 +473,7 @@ impl PySession {
         let bytes = data.as_slice();
         self.blocking_then(
             py,
-            |session| {
-                on_comm!(session, group.as_ref(), |c| c
-                    .gather_timeout(root, bytes, timeout))
-            },
+            |session| on_comm!(session, group.as_ref(), timeout, |c| c.gather(root, bytes)),
             |parts| {
                 parts
                     .map(|parts| PyList::new(py, parts.iter().map(|part| PyBytes::new(py, part))))
@@ -519,8 +508,8 @@ impl PySession {
         let group = group.map(|group| group.group.clone());
         let data = data.as_mut_slice();
         self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c
-                .all_reduce_bytes_timeout(data, dtype, op, timeout))
+            on_comm!(session, group.as_ref(), timeout, |c| c
+                .all_reduce_bytes(data, dtype, op))
         })
     }
 
@@ -551,8 +540,8 @@ impl PySession {
         let group = group.map(|group| group.group.clone());
         let data = data.as_mut_slice();
         self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c
-                .reduce_bytes_timeout(root, data, dtype, op, timeout))
+            on_comm!(session, group.as_ref(), timeout, |c| c
+                .reduce_bytes(root, data, dtype, op))
         })
     }
 
@@ -583,8 +572,8 @@ impl PySession {
         let group = group.map(|group| group.group.clone());
         let (input, output) = (input.as_slice(), output.as_mut_slice());
         self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c
-                .reduce_scatter_bytes_timeout(input, output, dtype, op, timeout))
+            on_comm!(session, group.as_ref(), timeout, |c| c
+                .reduce_scatter_bytes(input, output, dtype, op))
         })
     }
 
@@ -614,8 +603,8 @@ impl PySession {
             .map(Bytes::as_slice);
         let output = output.as_mut_slice();
         self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c
-                .scatter_timeout(root, input, output, timeout))
+            on_comm!(session, group.as_ref(), timeout, |c| c
+                .scatter(root, input, output))
         })
     }
 
@@ -633,7 +622,7 @@ impl PySession {
         timeout: CallTimeout,
         group: Option<PyRef<'_, PyGroup>>,
     ) -> PyResult<()> {
-        in_to_out!(self, py, input, output, timeout, group, all_to_all_timeout)
+        in_to_out!(self, py, input, output, timeout, group, all_to_all)
     }
 
     /// :meth:`all_to_all` with a byte count per rank: ``send_counts[q]`` bytes of ``input`` go
@@ -663,12 +652,11 @@ impl PySession {
         let group = group.map(|group| group.group.clone());
         let (input, output) = (input.as_slice(), output.as_mut_slice());
         self.blocking(py, |session| {
-            on_comm!(session, group.as_ref(), |c| c.all_to_all_v_timeout(
+            on_comm!(session, group.as_ref(), timeout, |c| c.all_to_all_v(
                 input,
                 &send_counts,
                 output,
-                &recv_counts,
-                timeout
+                &recv_counts
             ))
         })
     }
@@ -700,8 +688,8 @@ impl PySession {
         self.blocking_then(
             py,
             |session| {
-                on_comm!(session, group.as_ref(), |c| c
-                    .broadcast_timeout(root, bytes, timeout))
+                on_comm!(session, group.as_ref(), timeout, |c| c
+                    .broadcast(root, bytes))
             },
             |received| Ok(PyBytes::new(py, &received)),
         )
@@ -725,7 +713,9 @@ impl PySession {
         let data = Bytes::get(data)?;
         let timeout = self.deadline(timeout)?;
         let bytes = data.as_slice();
-        self.blocking(py, |session| session.send_timeout(rank, bytes, timeout))
+        self.blocking(py, |session| {
+            session.with_timeout(timeout).send(rank, bytes)
+        })
     }
 
     /// The next message ``rank`` sent this rank with :meth:`send`.
@@ -755,8 +745,9 @@ impl PySession {
                 .max(Duration::from_millis(1));
             PyBytes::new_with(py, len, |buffer| {
                 waits.stop_if_interrupted()?;
-                let received =
-                    waits.wait(py, |session| session.recv_into_timeout(rank, buffer, left))?;
+                let received = waits.wait(py, |session| {
+                    session.with_timeout(left).recv_into(rank, buffer)
+                })?;
                 if received != len {
                     // The session is locked for the whole call: the probed message is the one
                     // received.
@@ -788,7 +779,9 @@ impl PySession {
         let mut buffer = Bytes::get_mut(buffer)?;
         let timeout = self.deadline(timeout)?;
         let out = buffer.as_mut_slice();
-        self.blocking(py, |session| session.recv_into_timeout(rank, out, timeout))
+        self.blocking(py, |session| {
+            session.with_timeout(timeout).recv_into(rank, out)
+        })
     }
 
     /// The next message from whichever peer has one (served round-robin), as ``(rank,
@@ -806,7 +799,7 @@ impl PySession {
         let timeout = self.deadline(timeout)?;
         self.blocking_then(
             py,
-            |session| session.recv_any_timeout(timeout),
+            |session| session.with_timeout(timeout).recv_any(),
             |(rank, received)| Ok((rank, PyBytes::new(py, &received))),
         )
     }
@@ -825,7 +818,9 @@ impl PySession {
         let mut buffer = Bytes::get_mut(buffer)?;
         let timeout = self.deadline(timeout)?;
         let out = buffer.as_mut_slice();
-        self.blocking(py, |session| session.recv_any_into_timeout(out, timeout))
+        self.blocking(py, |session| {
+            session.with_timeout(timeout).recv_any_into(out)
+        })
     }
 
     /// The next message from ``rank`` if one has started to arrive, else ``None`` at once.
@@ -897,7 +892,7 @@ impl PySession {
     fn probe(&self, py: Python<'_>, rank: i64, timeout: CallTimeout) -> PyResult<usize> {
         let rank = rank_arg(rank)?;
         let timeout = self.deadline(timeout)?;
-        self.blocking(py, |session| session.probe_timeout(rank, timeout))
+        self.blocking(py, |session| session.with_timeout(timeout).probe(rank))
     }
 
     /// Every rank's ``fd`` (an int, or an object with ``fileno()``), in rank order, as new file
@@ -920,7 +915,7 @@ impl PySession {
         let timeout = self.deadline(timeout)?;
         self.blocking_then(
             py,
-            |session| session.exchange_fds_timeout(fd, timeout),
+            |session| session.with_timeout(timeout).exchange_fds(fd),
             |fds| PyList::new(py, fds.into_iter().map(IntoRawFd::into_raw_fd)),
         )
     }
@@ -945,7 +940,7 @@ impl PySession {
         };
         let timeout = self.deadline(timeout)?;
         let received = self.blocking(py, |session| {
-            session.broadcast_fd_timeout(root, fd, timeout)
+            session.with_timeout(timeout).broadcast_fd(root, fd)
         })?;
         Ok(received.into_raw_fd())
     }
@@ -969,7 +964,7 @@ impl PySession {
         let timeout = self.deadline(timeout)?;
         self.blocking_then(
             py,
-            |session| session.exchange_fd_batch_timeout(&fds, timeout),
+            |session| session.with_timeout(timeout).exchange_fd_batch(&fds),
             |batches| {
                 let numbers = batches.into_iter().map(|batch| {
                     batch
@@ -1016,7 +1011,11 @@ impl PySession {
         let timeout = self.deadline(timeout)?;
         self.blocking_then(
             py,
-            |session| session.broadcast_fd_batch_timeout(root, &fds, count, timeout),
+            |session| {
+                session
+                    .with_timeout(timeout)
+                    .broadcast_fd_batch(root, &fds, count)
+            },
             |received| PyList::new(py, received.into_iter().map(IntoRawFd::into_raw_fd)),
         )
     }

@@ -156,7 +156,7 @@ impl PySender {
         let data = Bytes::get(data)?;
         let timeout = self.facts.deadline(timeout)?;
         let bytes = data.as_slice();
-        self.with(py, |sender| sender.send_timeout(rank, bytes, timeout))
+        self.with(py, |sender| sender.with_timeout(timeout).send(rank, bytes))
     }
 
     /// :meth:`Session.broadcast` with this rank as the root, to the whole world: every other
@@ -175,7 +175,7 @@ impl PySender {
         let data = Bytes::get(data)?;
         let timeout = self.facts.deadline(timeout)?;
         let bytes = data.as_slice();
-        self.with(py, |sender| sender.broadcast_timeout(bytes, timeout))
+        self.with(py, |sender| sender.with_timeout(timeout).broadcast(bytes))
     }
 
     /// Puts the two halves back together: the :class:`Session` they were split from (this
@@ -270,7 +270,7 @@ impl PyReceiver {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let rank = rank_arg(rank)?;
         let timeout = self.facts.deadline(timeout)?;
-        let received = self.with(py, |receiver| receiver.recv_timeout(rank, timeout))?;
+        let received = self.with(py, |receiver| receiver.with_timeout(timeout).recv(rank))?;
         Ok(PyBytes::new(py, &received))
     }
 
@@ -288,7 +288,7 @@ impl PyReceiver {
         let timeout = self.facts.deadline(timeout)?;
         let out = buffer.as_mut_slice();
         self.with(py, |receiver| {
-            receiver.recv_into_timeout(rank, out, timeout)
+            receiver.with_timeout(timeout).recv_into(rank, out)
         })
     }
 
@@ -301,7 +301,8 @@ impl PyReceiver {
         timeout: CallTimeout,
     ) -> PyResult<(u32, Bound<'py, PyBytes>)> {
         let timeout = self.facts.deadline(timeout)?;
-        let (rank, received) = self.with(py, |receiver| receiver.recv_any_timeout(timeout))?;
+        let (rank, received) =
+            self.with(py, |receiver| receiver.with_timeout(timeout).recv_any())?;
         Ok((rank, PyBytes::new(py, &received)))
     }
 
@@ -316,7 +317,9 @@ impl PyReceiver {
         let mut buffer = Bytes::get_mut(buffer)?;
         let timeout = self.facts.deadline(timeout)?;
         let out = buffer.as_mut_slice();
-        self.with(py, |receiver| receiver.recv_any_into_timeout(out, timeout))
+        self.with(py, |receiver| {
+            receiver.with_timeout(timeout).recv_any_into(out)
+        })
     }
 
     /// :meth:`Session.try_recv`: the next message from ``rank`` if one has started to arrive,
@@ -333,7 +336,7 @@ impl PyReceiver {
     fn probe(&self, py: Python<'_>, rank: i64, timeout: CallTimeout) -> PyResult<usize> {
         let rank = rank_arg(rank)?;
         let timeout = self.facts.deadline(timeout)?;
-        self.with(py, |receiver| receiver.probe_timeout(rank, timeout))
+        self.with(py, |receiver| receiver.with_timeout(timeout).probe(rank))
     }
 
     /// :meth:`Session.try_recv_any`: ``(rank, bytes)`` if a message has started to arrive,

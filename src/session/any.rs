@@ -127,7 +127,7 @@ impl Session {
     /// last messages have been taken; [`Error::PeerLeft`] when every peer has left;
     /// [`Error::Protocol`] or [`Error::Outbox`] for bad bytes.
     pub fn recv_any(&mut self) -> Result<(u32, Vec<u8>), Error> {
-        self.recv_any_timeout(self.timeout)
+        self.recv_any_within(self.timeout)
     }
 
     /// [`Self::recv_any`] with its own deadline.
@@ -135,10 +135,10 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::recv_any`].
-    pub fn recv_any_timeout(&mut self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
+    pub(crate) fn recv_any_within(&mut self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
         let deadline = self.track(Deadline::new("recv_any", timeout));
         let peer = self.wait_any(&deadline)?;
-        Ok((peer, self.recv_timeout(peer, deadline.left())?))
+        Ok((peer, self.recv_within(peer, deadline.left())?))
     }
 
     /// Like [`Self::recv_any`], into `buffer`, with no allocation; returns the sender and the
@@ -150,7 +150,7 @@ impl Session {
     /// `peer`: [`Self::recv_into`] from it with a large enough buffer gets it); otherwise as for
     /// [`Self::recv_any`].
     pub fn recv_any_into(&mut self, buffer: &mut [u8]) -> Result<(u32, usize), Error> {
-        self.recv_any_into_timeout(buffer, self.timeout)
+        self.recv_any_into_within(buffer, self.timeout)
     }
 
     /// [`Self::recv_any_into`] with its own deadline.
@@ -158,14 +158,14 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::recv_any_into`].
-    pub fn recv_any_into_timeout(
+    pub(crate) fn recv_any_into_within(
         &mut self,
         buffer: &mut [u8],
         timeout: Duration,
     ) -> Result<(u32, usize), Error> {
         let deadline = self.track(Deadline::new("recv_any", timeout));
         let peer = self.wait_any(&deadline)?;
-        Ok((peer, self.recv_into_timeout(peer, buffer, deadline.left())?))
+        Ok((peer, self.recv_into_within(peer, buffer, deadline.left())?))
     }
 
     /// The next message from `rank` if one has started to arrive, without waiting for one: no

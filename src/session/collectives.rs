@@ -78,7 +78,7 @@ impl Session {
     /// [`Error::PeerGaveUp`] (a rank this call waits for failed its part and left it: every
     /// collective can fail so).
     pub fn barrier(&mut self) -> Result<(), Error> {
-        self.barrier_timeout(self.timeout)
+        self.barrier_within(self.timeout)
     }
 
     /// [`Self::barrier`] with its own deadline.
@@ -86,13 +86,13 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::barrier`].
-    pub fn barrier_timeout(&mut self, timeout: Duration) -> Result<(), Error> {
+    pub(crate) fn barrier_within(&mut self, timeout: Duration) -> Result<(), Error> {
         let deadline = self.track(Deadline::collective("barrier", timeout));
         let result = self.barrier_tracked(&deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::barrier_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::barrier_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn barrier_tracked(&mut self, deadline: &Deadline) -> Result<(), Error> {
         let seq = self.next_seq(kind::BARRIER)?;
@@ -150,7 +150,7 @@ impl Session {
     /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
     /// [`Error::PeerGaveUp`], [`Error::Protocol`], [`Error::Outbox`].
     pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
-        self.all_gather_timeout(data, self.timeout)
+        self.all_gather_within(data, self.timeout)
     }
 
     /// [`Self::all_gather`] with its own deadline.
@@ -158,7 +158,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::all_gather`].
-    pub fn all_gather_timeout(
+    pub(crate) fn all_gather_within(
         &mut self,
         data: &[u8],
         timeout: Duration,
@@ -220,7 +220,7 @@ impl Session {
     /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
     /// contribution has another size; otherwise as for [`Self::all_gather`].
     pub fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
-        self.all_gather_into_timeout(data, out, self.timeout)
+        self.all_gather_into_within(data, out, self.timeout)
     }
 
     /// [`Self::all_gather_into`] with its own deadline.
@@ -228,7 +228,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::all_gather_into`].
-    pub fn all_gather_into_timeout(
+    pub(crate) fn all_gather_into_within(
         &mut self,
         data: &[u8],
         out: &mut [u8],
@@ -239,7 +239,7 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::all_gather_into_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::all_gather_into_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn all_gather_into_tracked(
         &mut self,

@@ -48,7 +48,7 @@ impl Session {
         input: Option<&[u8]>,
         output: &mut [u8],
     ) -> Result<(), Error> {
-        self.scatter_timeout(root, input, output, self.timeout)
+        self.scatter_within(root, input, output, self.timeout)
     }
 
     /// [`Self::scatter`] with its own deadline.
@@ -56,7 +56,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::scatter`].
-    pub fn scatter_timeout(
+    pub(crate) fn scatter_within(
         &mut self,
         root: u32,
         input: Option<&[u8]>,
@@ -68,7 +68,7 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::scatter_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::scatter_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn scatter_tracked(
         &mut self,
@@ -119,7 +119,7 @@ impl Session {
     /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
     /// [`Self::all_gather`].
     pub fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
-        self.all_to_all_timeout(input, output, self.timeout)
+        self.all_to_all_within(input, output, self.timeout)
     }
 
     /// [`Self::all_to_all`] with its own deadline.
@@ -127,7 +127,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::all_to_all`].
-    pub fn all_to_all_timeout(
+    pub(crate) fn all_to_all_within(
         &mut self,
         input: &[u8],
         output: &mut [u8],
@@ -138,7 +138,7 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::all_to_all_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::all_to_all_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn all_to_all_tracked(
         &mut self,
@@ -222,7 +222,7 @@ impl Session {
         output: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), Error> {
-        self.all_to_all_v_timeout(input, send_counts, output, recv_counts, self.timeout)
+        self.all_to_all_v_within(input, send_counts, output, recv_counts, self.timeout)
     }
 
     /// [`Self::all_to_all_v`] with its own deadline.
@@ -230,7 +230,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::all_to_all_v`].
-    pub fn all_to_all_v_timeout(
+    pub(crate) fn all_to_all_v_within(
         &mut self,
         input: &[u8],
         send_counts: &[usize],
@@ -243,7 +243,7 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::all_to_all_v_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::all_to_all_v_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn all_to_all_v_tracked(
         &mut self,

@@ -384,7 +384,7 @@ impl Session {
     /// [`Error::Protocol`] naming a rank that sent a ticket naming another process; otherwise as
     /// for [`Session::all_gather`].
     pub fn exchange_fds(&mut self, fd: BorrowedFd<'_>) -> Result<Vec<OwnedFd>, Error> {
-        self.exchange_fds_timeout(fd, self.timeout)
+        self.exchange_fds_within(fd, self.timeout)
     }
 
     /// [`Self::exchange_fds`] with its own deadline.
@@ -392,7 +392,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::exchange_fds`].
-    pub fn exchange_fds_timeout(
+    pub(crate) fn exchange_fds_within(
         &mut self,
         fd: BorrowedFd<'_>,
         timeout: Duration,
@@ -418,7 +418,7 @@ impl Session {
         &mut self,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Vec<Vec<OwnedFd>>, Error> {
-        self.exchange_fd_batch_timeout(fds, self.timeout)
+        self.exchange_fd_batch_within(fds, self.timeout)
     }
 
     /// [`Self::exchange_fd_batch`] with its own deadline.
@@ -426,7 +426,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::exchange_fd_batch`].
-    pub fn exchange_fd_batch_timeout(
+    pub(crate) fn exchange_fd_batch_within(
         &mut self,
         fds: &[BorrowedFd<'_>],
         timeout: Duration,
@@ -458,7 +458,7 @@ impl Session {
         root: u32,
         fd: Option<BorrowedFd<'_>>,
     ) -> Result<OwnedFd, Error> {
-        self.broadcast_fd_timeout(root, fd, self.timeout)
+        self.broadcast_fd_within(root, fd, self.timeout)
     }
 
     /// [`Self::broadcast_fd`] with its own deadline.
@@ -466,7 +466,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::broadcast_fd`].
-    pub fn broadcast_fd_timeout(
+    pub(crate) fn broadcast_fd_within(
         &mut self,
         root: u32,
         fd: Option<BorrowedFd<'_>>,
@@ -511,7 +511,7 @@ impl Session {
         fds: &[BorrowedFd<'_>],
         count: usize,
     ) -> Result<Vec<OwnedFd>, Error> {
-        self.broadcast_fd_batch_timeout(root, fds, count, self.timeout)
+        self.broadcast_fd_batch_within(root, fds, count, self.timeout)
     }
 
     /// [`Self::broadcast_fd_batch`] with its own deadline.
@@ -519,7 +519,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::broadcast_fd_batch`].
-    pub fn broadcast_fd_batch_timeout(
+    pub(crate) fn broadcast_fd_batch_within(
         &mut self,
         root: u32,
         fds: &[BorrowedFd<'_>],

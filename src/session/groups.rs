@@ -278,6 +278,8 @@ impl Group {
 pub struct GroupView<'s> {
     session: &'s mut Session,
     group: &'s Group,
+    /// The deadline of its calls, when [`Self::with_timeout`] gave it one.
+    timeout: Option<Duration>,
 }
 
 /// The session with `team` as its current team, until dropped (even by a panic in a user's
@@ -345,8 +347,28 @@ impl GroupView<'_> {
         self.group
     }
 
-    /// Runs `call` with the group's team current.
+    /// The view with its own deadline for every call made through it, in place of the
+    /// session's ([`Session::set_timeout`]), as [`Session::with_timeout`] gives one to the
+    /// session's calls.
+    #[must_use]
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Self {
+            timeout: Some(timeout),
+            ..self
+        }
+    }
+
+    /// Runs `call` with the group's team current (and the view's deadline, if it has one).
     fn run<R>(&mut self, call: impl FnOnce(&mut Session) -> Result<R, Error>) -> Result<R, Error> {
+        if let Some(timeout) = self.timeout {
+            let mut timed = self.session.with_timeout(timeout);
+            return GroupView {
+                session: &mut timed,
+                group: self.group,
+                timeout: None,
+            }
+            .run(call);
+        }
         let stream = self.group.stream;
         let team = match self.session.groups.teams.remove(&stream) {
             Some(team) if team.members.as_deref() == Some(&*self.group.ranks) => team,
@@ -366,34 +388,20 @@ impl GroupView<'_> {
 
     on_group! {
         fn barrier(&mut self) -> ();
-        fn barrier_timeout(&mut self, timeout: Duration) -> ();
         fn all_gather(&mut self, data: &[u8]) -> Vec<Vec<u8>>;
-        fn all_gather_timeout(&mut self, data: &[u8], timeout: Duration) -> Vec<Vec<u8>>;
         fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> ();
-        fn all_gather_into_timeout(&mut self, data: &[u8], out: &mut [u8], timeout: Duration) -> ();
         fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Vec<u8>;
-        fn broadcast_timeout(&mut self, root: u32, data: Option<&[u8]>, timeout: Duration) -> Vec<u8>;
         fn gather(&mut self, root: u32, data: &[u8]) -> Option<Vec<Vec<u8>>>;
-        fn gather_timeout(&mut self, root: u32, data: &[u8], timeout: Duration) -> Option<Vec<Vec<u8>>>;
         fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> ();
-        fn all_reduce_timeout<T: Element>(&mut self, data: &mut [T], op: ReduceOp, timeout: Duration) -> ();
         fn all_reduce_into<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> ();
         fn all_reduce_bytes(&mut self, data: &mut [u8], dtype: DType, op: ReduceOp) -> ();
-        fn all_reduce_bytes_timeout(&mut self, data: &mut [u8], dtype: DType, op: ReduceOp, timeout: Duration) -> ();
         fn reduce<T: Element>(&mut self, root: u32, data: &mut [T], op: ReduceOp) -> ();
-        fn reduce_timeout<T: Element>(&mut self, root: u32, data: &mut [T], op: ReduceOp, timeout: Duration) -> ();
         fn reduce_bytes(&mut self, root: u32, data: &mut [u8], dtype: DType, op: ReduceOp) -> ();
-        fn reduce_bytes_timeout(&mut self, root: u32, data: &mut [u8], dtype: DType, op: ReduceOp, timeout: Duration) -> ();
         fn reduce_scatter<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> ();
-        fn reduce_scatter_timeout<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp, timeout: Duration) -> ();
         fn reduce_scatter_bytes(&mut self, input: &[u8], output: &mut [u8], dtype: DType, op: ReduceOp) -> ();
-        fn reduce_scatter_bytes_timeout(&mut self, input: &[u8], output: &mut [u8], dtype: DType, op: ReduceOp, timeout: Duration) -> ();
         fn scatter(&mut self, root: u32, input: Option<&[u8]>, output: &mut [u8]) -> ();
-        fn scatter_timeout(&mut self, root: u32, input: Option<&[u8]>, output: &mut [u8], timeout: Duration) -> ();
         fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> ();
-        fn all_to_all_timeout(&mut self, input: &[u8], output: &mut [u8], timeout: Duration) -> ();
         fn all_to_all_v(&mut self, input: &[u8], send_counts: &[usize], output: &mut [u8], recv_counts: &[usize]) -> ();
-        fn all_to_all_v_timeout(&mut self, input: &[u8], send_counts: &[usize], output: &mut [u8], recv_counts: &[usize], timeout: Duration) -> ();
     }
 }
 
@@ -415,7 +423,7 @@ impl Session {
     /// and the other departures naming a member that departed (on every member alike);
     /// [`Error::Protocol`] naming a member that sent what no honest member sends.
     pub fn group(&mut self, ranks: &[u32]) -> Result<Group, Error> {
-        self.group_timeout(ranks, self.timeout)
+        self.group_within(ranks, self.timeout)
     }
 
     /// Recovers the group of `ranks` after deaths: waits until every member is alive (a dead
@@ -453,13 +461,17 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::group`].
-    pub fn group_timeout(&mut self, ranks: &[u32], timeout: Duration) -> Result<Group, Error> {
+    pub(crate) fn group_within(
+        &mut self,
+        ranks: &[u32],
+        timeout: Duration,
+    ) -> Result<Group, Error> {
         let deadline = self.track(Deadline::new("group", timeout));
         let result = self.group_tracked(ranks, &deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::group_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::group_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn group_tracked(&mut self, ranks: &[u32], deadline: &Deadline) -> Result<Group, Error> {
         self.make_group(ranks, false, deadline)
@@ -688,6 +700,7 @@ impl Session {
         GroupView {
             session: self,
             group,
+            timeout: None,
         }
     }
 
@@ -702,7 +715,7 @@ impl Session {
     /// rank that died after the survivors agreed (call it again); [`Error::Protocol`] for an
     /// estimate no honest rank sends.
     pub fn shrink(&mut self) -> Result<Group, Error> {
-        self.shrink_timeout(self.timeout)
+        self.shrink_within(self.timeout)
     }
 
     /// [`Self::shrink`] with its own deadline.
@@ -710,13 +723,13 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::shrink`].
-    pub fn shrink_timeout(&mut self, timeout: Duration) -> Result<Group, Error> {
+    pub(crate) fn shrink_within(&mut self, timeout: Duration) -> Result<Group, Error> {
         let deadline = self.track(Deadline::new("shrink", timeout));
         let result = self.shrink_tracked(&deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::shrink_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::shrink_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn shrink_tracked(&mut self, deadline: &Deadline) -> Result<Group, Error> {
         let (me, world) = (self.rank(), self.world_size());

@@ -16,7 +16,7 @@ impl Session {
     /// [`Error::RankOutOfRange`], [`Error::Misuse`] for this rank's own, [`Error::PeerLost`],
     /// [`Error::Timeout`].
     pub fn send(&mut self, rank: u32, data: &[u8]) -> Result<(), Error> {
-        self.send_timeout(rank, data, self.timeout)
+        self.send_within(rank, data, self.timeout)
     }
 
     /// [`Self::send`] with its own deadline.
@@ -24,7 +24,12 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::send`].
-    pub fn send_timeout(&mut self, rank: u32, data: &[u8], timeout: Duration) -> Result<(), Error> {
+    pub(crate) fn send_within(
+        &mut self,
+        rank: u32,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(), Error> {
         self.check_peer(rank)?;
         let tag = self.peers[rank as usize].send_tag;
         if self.send_one_slot(rank, tag, data)? {
@@ -45,7 +50,7 @@ impl Session {
     ///
     /// As for [`Self::send`], and [`Error::Protocol`] or [`Error::Outbox`] for bad bytes.
     pub fn recv(&mut self, rank: u32) -> Result<Vec<u8>, Error> {
-        self.recv_timeout(rank, self.timeout)
+        self.recv_within(rank, self.timeout)
     }
 
     /// [`Self::recv`] with its own deadline.
@@ -53,7 +58,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::recv`].
-    pub fn recv_timeout(&mut self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
+    pub(crate) fn recv_within(&mut self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
         let (_, sink) = self.recv_with(rank, Sink::Vec(Vec::new()), timeout)?;
         Ok(sink.into_vec())
     }
@@ -66,7 +71,7 @@ impl Session {
     /// `rank` gets it whole (with a buffer of at least `needed` bytes, see also [`Self::probe`]);
     /// otherwise as for [`Self::recv`].
     pub fn recv_into(&mut self, rank: u32, buffer: &mut [u8]) -> Result<usize, Error> {
-        self.recv_into_timeout(rank, buffer, self.timeout)
+        self.recv_into_within(rank, buffer, self.timeout)
     }
 
     /// [`Self::recv_into`] with its own deadline.
@@ -74,7 +79,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::recv_into`].
-    pub fn recv_into_timeout(
+    pub(crate) fn recv_into_within(
         &mut self,
         rank: u32,
         buffer: &mut [u8],
@@ -92,7 +97,7 @@ impl Session {
     ///
     /// As for [`Self::recv`].
     pub fn probe(&mut self, rank: u32) -> Result<usize, Error> {
-        self.probe_timeout(rank, self.timeout)
+        self.probe_within(rank, self.timeout)
     }
 
     /// [`Self::probe`] with its own deadline.
@@ -100,13 +105,13 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::recv`].
-    pub fn probe_timeout(&mut self, rank: u32, timeout: Duration) -> Result<usize, Error> {
+    pub(crate) fn probe_within(&mut self, rank: u32, timeout: Duration) -> Result<usize, Error> {
         self.probe_as("probe", rank, timeout)
     }
 
-    /// [`Self::probe_timeout`] as the first half of a receive: published, and timed out, as a
+    /// [`Self::probe_within`] as the first half of a receive: published, and timed out, as a
     /// `recv` from `rank`. For a binding that sizes a new buffer for the message before it
-    /// receives it with [`Self::recv_into_timeout`] (Python's `recv` does), so that what its
+    /// receives it with [`Self::recv_into_within`] (Python's `recv` does), so that what its
     /// peers read about it, and its timeout, name the call its user made.
     ///
     /// # Errors

@@ -268,7 +268,7 @@ impl Session {
     /// operations of floats); [`Error::Protocol`] naming a rank that passed another length;
     /// otherwise as for [`Self::all_gather`].
     pub fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.all_reduce_timeout(data, op, self.timeout)
+        self.all_reduce_within(data, op, self.timeout)
     }
 
     /// [`Self::all_reduce`] with its own deadline.
@@ -276,7 +276,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::all_reduce`].
-    pub fn all_reduce_timeout<T: Element>(
+    pub(crate) fn all_reduce_within<T: Element>(
         &mut self,
         data: &mut [T],
         op: ReduceOp,
@@ -287,7 +287,7 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::all_reduce_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::all_reduce_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn all_reduce_tracked<T: Element>(
         &mut self,
@@ -381,7 +381,7 @@ impl Session {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.all_reduce_bytes_timeout(data, dtype, op, self.timeout)
+        self.all_reduce_bytes_within(data, dtype, op, self.timeout)
     }
 
     /// [`Self::all_reduce_bytes`] with its own deadline.
@@ -389,14 +389,14 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::all_reduce_bytes`].
-    pub fn all_reduce_bytes_timeout(
+    pub(crate) fn all_reduce_bytes_within(
         &mut self,
         data: &mut [u8],
         dtype: DType,
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
-        for_dtype!(dtype, T => self.all_reduce_timeout(cast_mut::<T>(data)?, op, timeout))
+        for_dtype!(dtype, T => self.all_reduce_within(cast_mut::<T>(data)?, op, timeout))
     }
 
     /// Combines every rank's `data` with `op`, in rank order, into the root's `data`; the other
@@ -411,7 +411,7 @@ impl Session {
         data: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.reduce_timeout(root, data, op, self.timeout)
+        self.reduce_within(root, data, op, self.timeout)
     }
 
     /// [`Self::reduce`] with its own deadline.
@@ -419,7 +419,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::reduce`].
-    pub fn reduce_timeout<T: Element>(
+    pub(crate) fn reduce_within<T: Element>(
         &mut self,
         root: u32,
         data: &mut [T],
@@ -431,7 +431,7 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::reduce_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::reduce_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn reduce_tracked<T: Element>(
         &mut self,
@@ -464,7 +464,7 @@ impl Session {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.reduce_bytes_timeout(root, data, dtype, op, self.timeout)
+        self.reduce_bytes_within(root, data, dtype, op, self.timeout)
     }
 
     /// [`Self::reduce_bytes`] with its own deadline.
@@ -472,7 +472,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::reduce_bytes`].
-    pub fn reduce_bytes_timeout(
+    pub(crate) fn reduce_bytes_within(
         &mut self,
         root: u32,
         data: &mut [u8],
@@ -480,7 +480,7 @@ impl Session {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
-        for_dtype!(dtype, T => self.reduce_timeout(root, cast_mut::<T>(data)?, op, timeout))
+        for_dtype!(dtype, T => self.reduce_within(root, cast_mut::<T>(data)?, op, timeout))
     }
 
     /// Combines every rank's `input` with `op`, in rank order, and gives rank `r` block `r` of the
@@ -497,7 +497,7 @@ impl Session {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.reduce_scatter_timeout(input, output, op, self.timeout)
+        self.reduce_scatter_within(input, output, op, self.timeout)
     }
 
     /// [`Self::reduce_scatter`] with its own deadline.
@@ -505,7 +505,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::reduce_scatter`].
-    pub fn reduce_scatter_timeout<T: Element>(
+    pub(crate) fn reduce_scatter_within<T: Element>(
         &mut self,
         input: &[T],
         output: &mut [T],
@@ -517,7 +517,7 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::reduce_scatter_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::reduce_scatter_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn reduce_scatter_tracked<T: Element>(
         &mut self,
@@ -602,7 +602,7 @@ impl Session {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.reduce_scatter_bytes_timeout(input, output, dtype, op, self.timeout)
+        self.reduce_scatter_bytes_within(input, output, dtype, op, self.timeout)
     }
 
     /// [`Self::reduce_scatter_bytes`] with its own deadline.
@@ -610,7 +610,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::reduce_scatter_bytes`].
-    pub fn reduce_scatter_bytes_timeout(
+    pub(crate) fn reduce_scatter_bytes_within(
         &mut self,
         input: &[u8],
         output: &mut [u8],
@@ -619,7 +619,7 @@ impl Session {
         timeout: Duration,
     ) -> Result<(), Error> {
         for_dtype!(dtype, T => {
-            self.reduce_scatter_timeout(cast::<T>(input)?, cast_mut::<T>(output)?, op, timeout)
+            self.reduce_scatter_within(cast::<T>(input)?, cast_mut::<T>(output)?, op, timeout)
         })
     }
 

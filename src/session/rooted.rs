@@ -240,7 +240,7 @@ impl Session {
     /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
     /// [`Self::all_gather`].
     pub fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
-        self.broadcast_timeout(root, data, self.timeout)
+        self.broadcast_within(root, data, self.timeout)
     }
 
     /// [`Self::broadcast`] with its own deadline.
@@ -248,7 +248,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::broadcast`].
-    pub fn broadcast_timeout(
+    pub(crate) fn broadcast_within(
         &mut self,
         root: u32,
         data: Option<&[u8]>,
@@ -259,7 +259,7 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::broadcast_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::broadcast_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn broadcast_tracked(
         &mut self,
@@ -369,7 +369,7 @@ impl Session {
     ///
     /// As for [`Self::all_gather`], and [`Error::RankOutOfRange`] for a bad root.
     pub fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.gather_timeout(root, data, self.timeout)
+        self.gather_within(root, data, self.timeout)
     }
 
     /// [`Self::gather`] with its own deadline.
@@ -377,7 +377,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::gather`].
-    pub fn gather_timeout(
+    pub(crate) fn gather_within(
         &mut self,
         root: u32,
         data: &[u8],
@@ -388,7 +388,7 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::gather_timeout`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::gather_within`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn gather_tracked(
         &mut self,

@@ -170,12 +170,33 @@ impl Access for &Shared {
 #[derive(Debug)]
 pub struct Sender {
     shared: Arc<Shared>,
+    /// This handle's own deadline ([`Sender::with_timeout`]), in place of the session's.
+    timeout: Option<Duration>,
 }
 
 /// The receiving half of a split session ([`Session::split`]).
 #[derive(Debug)]
 pub struct Receiver {
     shared: Arc<Shared>,
+    /// This handle's own deadline ([`Receiver::with_timeout`]), in place of the session's.
+    timeout: Option<Duration>,
+}
+
+/// A half of a split session whose calls have their own deadline: [`Sender::with_timeout`],
+/// [`Receiver::with_timeout`]. Every call of the half works on it; the half itself keeps the
+/// session's deadline.
+#[derive(Debug)]
+pub struct TimedHalf<'a, H> {
+    half: H,
+    _borrowed: std::marker::PhantomData<&'a H>,
+}
+
+impl<H> Deref for TimedHalf<'_, H> {
+    type Target = H;
+
+    fn deref(&self) -> &H {
+        &self.half
+    }
 }
 
 impl Session {
@@ -199,8 +220,12 @@ impl Session {
         (
             Sender {
                 shared: Arc::clone(&shared),
+                timeout: None,
             },
-            Receiver { shared },
+            Receiver {
+                shared,
+                timeout: None,
+            },
         )
     }
 }
@@ -230,15 +255,20 @@ impl Sender {
     ///
     /// As for [`Session::send`].
     pub fn send(&self, rank: u32, data: &[u8]) -> Result<(), Error> {
-        self.send_timeout(rank, data, self.shared.timeout())
+        self.send_within(rank, data, self.timeout())
     }
 
-    /// [`Session::send_timeout`].
+    /// [`Session::send_within`].
     ///
     /// # Errors
     ///
     /// As for [`Session::send`].
-    pub fn send_timeout(&self, rank: u32, data: &[u8], timeout: Duration) -> Result<(), Error> {
+    pub(crate) fn send_within(
+        &self,
+        rank: u32,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(), Error> {
         let _turn = self.shared.sending();
         let mut session = self.shared.lend();
         session.check_peer(rank)?;
@@ -263,7 +293,7 @@ impl Sender {
     ///
     /// As for [`Session::broadcast`].
     pub fn broadcast(&self, data: &[u8]) -> Result<(), Error> {
-        self.broadcast_timeout(data, self.shared.timeout())
+        self.broadcast_within(data, self.timeout())
     }
 
     /// [`Self::broadcast`] with its own deadline.
@@ -275,13 +305,13 @@ impl Sender {
     /// # Errors
     ///
     /// As for [`Session::broadcast`].
-    pub fn broadcast_timeout(&self, data: &[u8], timeout: Duration) -> Result<(), Error> {
+    pub(crate) fn broadcast_within(&self, data: &[u8], timeout: Duration) -> Result<(), Error> {
         let root = self.rank();
         let _turn = self.shared.sending();
         let mut session = self.shared.lend();
         if self.world_size() > FLAT_BROADCAST_MAX {
             return session
-                .broadcast_timeout(root, Some(data), timeout)
+                .broadcast_within(root, Some(data), timeout)
                 .map(drop);
         }
         let deadline = session.track(Deadline::collective("broadcast", timeout));
@@ -332,23 +362,43 @@ impl Sender {
         self.shared.set_timeout(timeout);
     }
 
+    /// The deadline of its calls: its own ([`Self::with_timeout`]), else the session's.
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        self.timeout.unwrap_or_else(|| self.shared.timeout())
+    }
+
+    /// This half, with `timeout` as the deadline of every call made through the value returned
+    /// (as [`Session::with_timeout`]); other calls on either half keep the session's. The
+    /// session that [`Self::session`] lends has its own: `sender.session().with_timeout(d)`.
+    #[must_use]
+    pub fn with_timeout(&self, timeout: Duration) -> TimedHalf<'_, Sender> {
+        TimedHalf {
+            half: Sender {
+                shared: Arc::clone(&self.shared),
+                timeout: Some(timeout),
+            },
+            _borrowed: std::marker::PhantomData,
+        }
+    }
+
     /// [`Session::wait_for_rank`], with the session's deadline.
     ///
     /// # Errors
     ///
     /// As for [`Session::wait_for_rank`].
     pub fn wait_for_rank(&self, rank: u32) -> Result<(), Error> {
-        self.wait_for_rank_timeout(rank, self.shared.timeout())
+        self.wait_for_rank_within(rank, self.timeout())
     }
 
-    /// [`Session::wait_for_rank_timeout`]: waits until `rank` is there, taking on a
+    /// [`Session::wait_for_rank_within`]: waits until `rank` is there, taking on a
     /// replacement of it (the session is held meanwhile, as for [`Self::session`]).
     ///
     /// # Errors
     ///
     /// As for [`Session::wait_for_rank`].
-    pub fn wait_for_rank_timeout(&self, rank: u32, timeout: Duration) -> Result<(), Error> {
-        self.session().wait_for_rank_timeout(rank, timeout)
+    pub(crate) fn wait_for_rank_within(&self, rank: u32, timeout: Duration) -> Result<(), Error> {
+        self.session().wait_for_rank_within(rank, timeout)
     }
 
     /// The whole session, for a collective (or any [`Session`] call) while the halves are apart:
@@ -407,11 +457,24 @@ impl Receiver {
         self.shared.world_size
     }
 
-    /// The deadline its receives use when given none: the session's timeout (as
+    /// The deadline of its receives: its own ([`Self::with_timeout`]), else the session's (as
     /// [`Sender::set_timeout`] last set it).
     #[must_use]
     pub fn timeout(&self) -> Duration {
-        self.shared.timeout()
+        self.timeout.unwrap_or_else(|| self.shared.timeout())
+    }
+
+    /// This half, with `timeout` as the deadline of every receive made through the value
+    /// returned (as [`Session::with_timeout`]); other calls on either half keep the session's.
+    #[must_use]
+    pub fn with_timeout(&self, timeout: Duration) -> TimedHalf<'_, Receiver> {
+        TimedHalf {
+            half: Receiver {
+                shared: Arc::clone(&self.shared),
+                timeout: Some(timeout),
+            },
+            _borrowed: std::marker::PhantomData,
+        }
     }
 
     /// [`Session::recv`], waiting without holding the session (a [`Sender`] sends meanwhile).
@@ -420,7 +483,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv`].
     pub fn recv(&self, rank: u32) -> Result<Vec<u8>, Error> {
-        self.recv_timeout(rank, self.shared.timeout())
+        self.recv_within(rank, self.timeout())
     }
 
     /// [`Self::recv`] with its own deadline.
@@ -428,7 +491,7 @@ impl Receiver {
     /// # Errors
     ///
     /// As for [`Session::recv`].
-    pub fn recv_timeout(&self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
+    pub(crate) fn recv_within(&self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
         let (_, _, sink) = self.receive("recv", Some(rank), Sink::Vec(Vec::new()), timeout)?;
         Ok(sink.into_vec())
     }
@@ -473,7 +536,7 @@ impl Receiver {
                 None => return Ok(None),
             },
         };
-        let deadline = Deadline::new(op, self.shared.timeout())
+        let deadline = Deadline::new(op, self.timeout())
             .noting_interrupts(self.shared.interrupter.count())
             .tracked_by(&self.shared.publisher);
         self.take(turn, session, peer, sink, &deadline).map(Some)
@@ -550,7 +613,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv_any`].
     pub fn recv_any(&self) -> Result<(u32, Vec<u8>), Error> {
-        self.recv_any_timeout(self.shared.timeout())
+        self.recv_any_within(self.timeout())
     }
 
     /// [`Self::recv_any`] with its own deadline.
@@ -558,7 +621,7 @@ impl Receiver {
     /// # Errors
     ///
     /// As for [`Session::recv_any`].
-    pub fn recv_any_timeout(&self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
+    pub(crate) fn recv_any_within(&self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
         let (peer, _, sink) = self.receive("recv_any", None, Sink::Vec(Vec::new()), timeout)?;
         Ok((peer, sink.into_vec()))
     }
@@ -569,7 +632,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv_into`]: a message too long for `buffer` is kept.
     pub fn recv_into(&self, rank: u32, buffer: &mut [u8]) -> Result<usize, Error> {
-        self.recv_into_timeout(rank, buffer, self.shared.timeout())
+        self.recv_into_within(rank, buffer, self.timeout())
     }
 
     /// [`Self::recv_into`] with its own deadline.
@@ -577,7 +640,7 @@ impl Receiver {
     /// # Errors
     ///
     /// As for [`Session::recv_into`].
-    pub fn recv_into_timeout(
+    pub(crate) fn recv_into_within(
         &self,
         rank: u32,
         buffer: &mut [u8],
@@ -593,7 +656,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv_any_into`]: a message too long for `buffer` is kept.
     pub fn recv_any_into(&self, buffer: &mut [u8]) -> Result<(u32, usize), Error> {
-        self.recv_any_into_timeout(buffer, self.shared.timeout())
+        self.recv_any_into_within(buffer, self.timeout())
     }
 
     /// [`Self::recv_any_into`] with its own deadline.
@@ -601,7 +664,7 @@ impl Receiver {
     /// # Errors
     ///
     /// As for [`Session::recv_any_into`].
-    pub fn recv_any_into_timeout(
+    pub(crate) fn recv_any_into_within(
         &self,
         buffer: &mut [u8],
         timeout: Duration,
@@ -616,7 +679,7 @@ impl Receiver {
     ///
     /// As for [`Session::probe`].
     pub fn probe(&self, rank: u32) -> Result<usize, Error> {
-        self.probe_timeout(rank, self.shared.timeout())
+        self.probe_within(rank, self.timeout())
     }
 
     /// [`Self::probe`] with its own deadline.
@@ -624,9 +687,9 @@ impl Receiver {
     /// # Errors
     ///
     /// As for [`Session::probe`].
-    pub fn probe_timeout(&self, rank: u32, timeout: Duration) -> Result<usize, Error> {
+    pub(crate) fn probe_within(&self, rank: u32, timeout: Duration) -> Result<usize, Error> {
         self.once_ready("probe", Some(rank), timeout, |session, peer, left| {
-            session.probe_timeout(peer, left)
+            session.probe_within(peer, left)
         })
     }
 

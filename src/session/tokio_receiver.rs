@@ -87,6 +87,25 @@ impl Receiver {
     }
 }
 
+/// An [`AsyncReceiver`] whose receives have their own deadline: [`AsyncReceiver::with_timeout`].
+#[derive(Debug)]
+pub struct TimedAsyncReceiver<'a> {
+    receiver: &'a AsyncReceiver,
+    timeout: Duration,
+}
+
+impl TimedAsyncReceiver<'_> {
+    /// [`AsyncReceiver::recv_any`], within this value's deadline.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Session::recv_any`](super::Session::recv_any): [`Error::Timeout`] names every
+    /// peer still there.
+    pub async fn recv_any(&self) -> Result<(u32, Vec<u8>), Error> {
+        self.receiver.recv_any_within(self.timeout).await
+    }
+}
+
 impl AsyncReceiver {
     /// [`Receiver::recv_any`], waiting as a task: the next message from any peer, round-robin,
     /// within the session's timeout.
@@ -95,16 +114,23 @@ impl AsyncReceiver {
     ///
     /// As for [`Session::recv_any`](super::Session::recv_any).
     pub async fn recv_any(&self) -> Result<(u32, Vec<u8>), Error> {
-        self.recv_any_timeout(self.receiver.timeout()).await
+        self.recv_any_within(self.receiver.timeout()).await
+    }
+
+    /// This receiver, with `timeout` as the deadline of the receives made through the value
+    /// returned, as [`Receiver::with_timeout`] gives one to a blocking receiver's. Rather than
+    /// `tokio::time::timeout` around [`Self::recv_any`]: its [`Error::Timeout`] names every peer
+    /// still there.
+    #[must_use]
+    pub fn with_timeout(&self, timeout: Duration) -> TimedAsyncReceiver<'_> {
+        TimedAsyncReceiver {
+            receiver: self,
+            timeout,
+        }
     }
 
     /// [`Self::recv_any`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Session::recv_any`](super::Session::recv_any): [`Error::Timeout`] names every
-    /// peer still there.
-    pub async fn recv_any_timeout(&self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
+    async fn recv_any_within(&self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
         let wait = async {
             loop {
                 if let Some(message) = self.receiver.try_recv_any()? {
@@ -124,7 +150,7 @@ impl AsyncReceiver {
         match tokio::time::timeout(timeout, wait).await {
             Ok(received) => received,
             // One last look, which also names the peers still there, as the blocking call does.
-            Err(_elapsed) => match self.receiver.recv_any_timeout(Duration::ZERO) {
+            Err(_elapsed) => match self.receiver.recv_any_within(Duration::ZERO) {
                 Err(Error::Timeout {
                     op,
                     waiting_for,

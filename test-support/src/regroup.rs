@@ -123,7 +123,7 @@ fn recover(
         Way::WaitThenGroup => {
             let me = session.rank();
             for &rank in ranks.iter().filter(|&&rank| rank != me) {
-                session.wait_for_rank_timeout(rank, left)?;
+                session.with_timeout(left).wait_for_rank(rank)?;
             }
             session.group(ranks)?
         }

@@ -201,8 +201,8 @@ fn step(
 ) -> Result<(Vec<u32>, bool), Failure> {
     let group = match way {
         Way::Regroup => session.regroup(world, timeout),
-        Way::Group => session.group_timeout(world, timeout),
-        Way::Shrink => session.shrink_timeout(timeout),
+        Way::Group => session.with_timeout(timeout).group(world),
+        Way::Shrink => session.with_timeout(timeout).shrink(),
     }
     .map_err(Failure::Call)?;
     // By world rank: each member's incarnation plus one (0: not a member), and the votes.

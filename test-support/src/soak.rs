@@ -212,7 +212,8 @@ fn everyone(session: &mut Session) -> Result<(), String> {
     for rank in 0..session.world_size() {
         if rank != session.rank() {
             session
-                .wait_for_rank_timeout(rank, CALL_TIMEOUT)
+                .with_timeout(CALL_TIMEOUT)
+                .wait_for_rank(rank)
                 .map_err(|e| format!("waiting for rank {rank}: {e}"))?;
         }
     }
