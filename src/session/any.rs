@@ -48,7 +48,6 @@ use shmbroker_bindings::Message;
 use shmbroker_queues::{CROWDED_SPIN_MAX, Consumer, ReadyRings, ReadySet, SPIN_MAX, Waiting};
 use shmbroker_sys::eventfd;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::time::Duration;
 
 /// Where the session stands with its readiness eventfd.
 #[derive(Debug, Default)]
@@ -127,18 +126,10 @@ impl Session {
     /// last messages have been taken; [`Error::PeerLeft`] when every peer has left;
     /// [`Error::Protocol`] or [`Error::Outbox`] for bad bytes.
     pub fn recv_any(&mut self) -> Result<(u32, Vec<u8>), Error> {
-        self.recv_any_within(self.timeout)
-    }
-
-    /// [`Self::recv_any`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::recv_any`].
-    pub(crate) fn recv_any_within(&mut self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::new("recv_any", timeout));
         let peer = self.wait_any(&deadline)?;
-        Ok((peer, self.recv_within(peer, deadline.left())?))
+        Ok((peer, self.with_timeout(deadline.left()).recv(peer)?))
     }
 
     /// Like [`Self::recv_any`], into `buffer`, with no allocation; returns the sender and the
@@ -150,22 +141,13 @@ impl Session {
     /// `peer`: [`Self::recv_into`] from it with a large enough buffer gets it); otherwise as for
     /// [`Self::recv_any`].
     pub fn recv_any_into(&mut self, buffer: &mut [u8]) -> Result<(u32, usize), Error> {
-        self.recv_any_into_within(buffer, self.timeout)
-    }
-
-    /// [`Self::recv_any_into`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::recv_any_into`].
-    pub(crate) fn recv_any_into_within(
-        &mut self,
-        buffer: &mut [u8],
-        timeout: Duration,
-    ) -> Result<(u32, usize), Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::new("recv_any", timeout));
         let peer = self.wait_any(&deadline)?;
-        Ok((peer, self.recv_into_within(peer, buffer, deadline.left())?))
+        Ok((
+            peer,
+            self.with_timeout(deadline.left()).recv_into(peer, buffer)?,
+        ))
     }
 
     /// The next message from `rank` if one has started to arrive, without waiting for one: no

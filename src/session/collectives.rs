@@ -5,7 +5,6 @@ use super::demux::{Expect, Incoming, Sink, message};
 use super::send::Targets;
 use super::{Deadline, Error, Session};
 use shmbroker_bindings::kind;
-use std::time::Duration;
 
 /// The largest world whose barrier is flat: every rank tells every other, and waits for all of
 /// them at once (one hop; at most 56 messages in all). Larger worlds disseminate, in
@@ -78,21 +77,13 @@ impl Session {
     /// [`Error::PeerGaveUp`] (a rank this call waits for failed its part and left it: every
     /// collective can fail so).
     pub fn barrier(&mut self) -> Result<(), Error> {
-        self.barrier_within(self.timeout)
-    }
-
-    /// [`Self::barrier`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::barrier`].
-    pub(crate) fn barrier_within(&mut self, timeout: Duration) -> Result<(), Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("barrier", timeout));
         let result = self.barrier_tracked(&deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::barrier_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::barrier`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn barrier_tracked(&mut self, deadline: &Deadline) -> Result<(), Error> {
         let seq = self.next_seq(kind::BARRIER)?;
@@ -150,19 +141,7 @@ impl Session {
     /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
     /// [`Error::PeerGaveUp`], [`Error::Protocol`], [`Error::Outbox`].
     pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
-        self.all_gather_within(data, self.timeout)
-    }
-
-    /// [`Self::all_gather`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::all_gather`].
-    pub(crate) fn all_gather_within(
-        &mut self,
-        data: &[u8],
-        timeout: Duration,
-    ) -> Result<Vec<Vec<u8>>, Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("all_gather", timeout));
         let result = self.all_gather_with(data, &deadline);
         self.settled(&deadline, result)
@@ -220,26 +199,13 @@ impl Session {
     /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
     /// contribution has another size; otherwise as for [`Self::all_gather`].
     pub fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
-        self.all_gather_into_within(data, out, self.timeout)
-    }
-
-    /// [`Self::all_gather_into`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::all_gather_into`].
-    pub(crate) fn all_gather_into_within(
-        &mut self,
-        data: &[u8],
-        out: &mut [u8],
-        timeout: Duration,
-    ) -> Result<(), Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("all_gather", timeout));
         let result = self.all_gather_into_tracked(data, out, &deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::all_gather_into_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::all_gather_into`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn all_gather_into_tracked(
         &mut self,

@@ -18,7 +18,6 @@ use super::demux::{Expect, Incoming, Sink};
 use super::send::Targets;
 use super::{Deadline, Error, Session};
 use shmbroker_bindings::kind;
-use std::time::Duration;
 
 /// [`Session::all_to_all`] blocks from this many bytes up to [`LEND_MAX_BLOCK_BYTES`] are lent
 /// from the outboxes to every peer at once; others go pairwise through the rings. Measured with
@@ -48,27 +47,13 @@ impl Session {
         input: Option<&[u8]>,
         output: &mut [u8],
     ) -> Result<(), Error> {
-        self.scatter_within(root, input, output, self.timeout)
-    }
-
-    /// [`Self::scatter`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::scatter`].
-    pub(crate) fn scatter_within(
-        &mut self,
-        root: u32,
-        input: Option<&[u8]>,
-        output: &mut [u8],
-        timeout: Duration,
-    ) -> Result<(), Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("scatter", timeout));
         let result = self.scatter_tracked(root, input, output, &deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::scatter_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::scatter`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn scatter_tracked(
         &mut self,
@@ -119,26 +104,13 @@ impl Session {
     /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
     /// [`Self::all_gather`].
     pub fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
-        self.all_to_all_within(input, output, self.timeout)
-    }
-
-    /// [`Self::all_to_all`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::all_to_all`].
-    pub(crate) fn all_to_all_within(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        timeout: Duration,
-    ) -> Result<(), Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("all_to_all", timeout));
         let result = self.all_to_all_tracked(input, output, &deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::all_to_all_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::all_to_all`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn all_to_all_tracked(
         &mut self,
@@ -222,28 +194,13 @@ impl Session {
         output: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), Error> {
-        self.all_to_all_v_within(input, send_counts, output, recv_counts, self.timeout)
-    }
-
-    /// [`Self::all_to_all_v`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::all_to_all_v`].
-    pub(crate) fn all_to_all_v_within(
-        &mut self,
-        input: &[u8],
-        send_counts: &[usize],
-        output: &mut [u8],
-        recv_counts: &[usize],
-        timeout: Duration,
-    ) -> Result<(), Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("all_to_all_v", timeout));
         let result = self.all_to_all_v_tracked(input, send_counts, output, recv_counts, &deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::all_to_all_v_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::all_to_all_v`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn all_to_all_v_tracked(
         &mut self,

@@ -384,19 +384,7 @@ impl Session {
     /// [`Error::Protocol`] naming a rank that sent a ticket naming another process; otherwise as
     /// for [`Session::all_gather`].
     pub fn exchange_fds(&mut self, fd: BorrowedFd<'_>) -> Result<Vec<OwnedFd>, Error> {
-        self.exchange_fds_within(fd, self.timeout)
-    }
-
-    /// [`Self::exchange_fds`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::exchange_fds`].
-    pub(crate) fn exchange_fds_within(
-        &mut self,
-        fd: BorrowedFd<'_>,
-        timeout: Duration,
-    ) -> Result<Vec<OwnedFd>, Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("exchange_fds", timeout));
         let exporters: Vec<u32> = (0..self.world_size()).collect();
         let moved = self.move_fds(&exporters, &[fd], 1, &deadline);
@@ -418,19 +406,7 @@ impl Session {
         &mut self,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Vec<Vec<OwnedFd>>, Error> {
-        self.exchange_fd_batch_within(fds, self.timeout)
-    }
-
-    /// [`Self::exchange_fd_batch`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::exchange_fd_batch`].
-    pub(crate) fn exchange_fd_batch_within(
-        &mut self,
-        fds: &[BorrowedFd<'_>],
-        timeout: Duration,
-    ) -> Result<Vec<Vec<OwnedFd>>, Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("exchange_fd_batch", timeout));
         let result = self.exchange_fd_batch_with(fds, &deadline);
         self.settled(&deadline, result)
@@ -458,20 +434,7 @@ impl Session {
         root: u32,
         fd: Option<BorrowedFd<'_>>,
     ) -> Result<OwnedFd, Error> {
-        self.broadcast_fd_within(root, fd, self.timeout)
-    }
-
-    /// [`Self::broadcast_fd`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::broadcast_fd`].
-    pub(crate) fn broadcast_fd_within(
-        &mut self,
-        root: u32,
-        fd: Option<BorrowedFd<'_>>,
-        timeout: Duration,
-    ) -> Result<OwnedFd, Error> {
+        let timeout = self.timeout;
         let rank = self.rank();
         match (root == rank, fd) {
             (true, None) => {
@@ -511,21 +474,7 @@ impl Session {
         fds: &[BorrowedFd<'_>],
         count: usize,
     ) -> Result<Vec<OwnedFd>, Error> {
-        self.broadcast_fd_batch_within(root, fds, count, self.timeout)
-    }
-
-    /// [`Self::broadcast_fd_batch`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::broadcast_fd_batch`].
-    pub(crate) fn broadcast_fd_batch_within(
-        &mut self,
-        root: u32,
-        fds: &[BorrowedFd<'_>],
-        count: usize,
-        timeout: Duration,
-    ) -> Result<Vec<OwnedFd>, Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("broadcast_fd_batch", timeout));
         let result = self.broadcast_fd_batch_with(root, fds, count, &deadline);
         self.settled(&deadline, result)

@@ -423,7 +423,10 @@ impl Session {
     /// and the other departures naming a member that departed (on every member alike);
     /// [`Error::Protocol`] naming a member that sent what no honest member sends.
     pub fn group(&mut self, ranks: &[u32]) -> Result<Group, Error> {
-        self.group_within(ranks, self.timeout)
+        let timeout = self.timeout;
+        let deadline = self.track(Deadline::new("group", timeout));
+        let result = self.group_tracked(ranks, &deadline);
+        self.settled(&deadline, result)
     }
 
     /// Recovers the group of `ranks` after deaths: waits until every member is alive (a dead
@@ -456,22 +459,7 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::group`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::group`].
-    pub(crate) fn group_within(
-        &mut self,
-        ranks: &[u32],
-        timeout: Duration,
-    ) -> Result<Group, Error> {
-        let deadline = self.track(Deadline::new("group", timeout));
-        let result = self.group_tracked(ranks, &deadline);
-        self.settled(&deadline, result)
-    }
-
-    /// [`Self::group_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::group`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn group_tracked(&mut self, ranks: &[u32], deadline: &Deadline) -> Result<Group, Error> {
         self.make_group(ranks, false, deadline)
@@ -715,21 +703,13 @@ impl Session {
     /// rank that died after the survivors agreed (call it again); [`Error::Protocol`] for an
     /// estimate no honest rank sends.
     pub fn shrink(&mut self) -> Result<Group, Error> {
-        self.shrink_within(self.timeout)
-    }
-
-    /// [`Self::shrink`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::shrink`].
-    pub(crate) fn shrink_within(&mut self, timeout: Duration) -> Result<Group, Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::new("shrink", timeout));
         let result = self.shrink_tracked(&deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::shrink_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::shrink`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn shrink_tracked(&mut self, deadline: &Deadline) -> Result<Group, Error> {
         let (me, world) = (self.rank(), self.world_size());

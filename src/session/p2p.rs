@@ -16,20 +16,7 @@ impl Session {
     /// [`Error::RankOutOfRange`], [`Error::Misuse`] for this rank's own, [`Error::PeerLost`],
     /// [`Error::Timeout`].
     pub fn send(&mut self, rank: u32, data: &[u8]) -> Result<(), Error> {
-        self.send_within(rank, data, self.timeout)
-    }
-
-    /// [`Self::send`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::send`].
-    pub(crate) fn send_within(
-        &mut self,
-        rank: u32,
-        data: &[u8],
-        timeout: Duration,
-    ) -> Result<(), Error> {
+        let timeout = self.timeout;
         self.check_peer(rank)?;
         let tag = self.peers[rank as usize].send_tag;
         if self.send_one_slot(rank, tag, data)? {
@@ -50,15 +37,7 @@ impl Session {
     ///
     /// As for [`Self::send`], and [`Error::Protocol`] or [`Error::Outbox`] for bad bytes.
     pub fn recv(&mut self, rank: u32) -> Result<Vec<u8>, Error> {
-        self.recv_within(rank, self.timeout)
-    }
-
-    /// [`Self::recv`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::recv`].
-    pub(crate) fn recv_within(&mut self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
+        let timeout = self.timeout;
         let (_, sink) = self.recv_with(rank, Sink::Vec(Vec::new()), timeout)?;
         Ok(sink.into_vec())
     }
@@ -71,20 +50,7 @@ impl Session {
     /// `rank` gets it whole (with a buffer of at least `needed` bytes, see also [`Self::probe`]);
     /// otherwise as for [`Self::recv`].
     pub fn recv_into(&mut self, rank: u32, buffer: &mut [u8]) -> Result<usize, Error> {
-        self.recv_into_within(rank, buffer, self.timeout)
-    }
-
-    /// [`Self::recv_into`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::recv_into`].
-    pub(crate) fn recv_into_within(
-        &mut self,
-        rank: u32,
-        buffer: &mut [u8],
-        timeout: Duration,
-    ) -> Result<usize, Error> {
+        let timeout = self.timeout;
         let (len, _) = self.recv_with(rank, Sink::Slice(buffer), timeout)?;
         Ok(len as usize)
     }
@@ -97,21 +63,13 @@ impl Session {
     ///
     /// As for [`Self::recv`].
     pub fn probe(&mut self, rank: u32) -> Result<usize, Error> {
-        self.probe_within(rank, self.timeout)
-    }
-
-    /// [`Self::probe`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::recv`].
-    pub(crate) fn probe_within(&mut self, rank: u32, timeout: Duration) -> Result<usize, Error> {
+        let timeout = self.timeout;
         self.probe_as("probe", rank, timeout)
     }
 
-    /// [`Self::probe_within`] as the first half of a receive: published, and timed out, as a
+    /// [`Self::probe`] as the first half of a receive: published, and timed out, as a
     /// `recv` from `rank`. For a binding that sizes a new buffer for the message before it
-    /// receives it with [`Self::recv_into_within`] (Python's `recv` does), so that what its
+    /// receives it with [`Self::recv_into`] (Python's `recv` does), so that what its
     /// peers read about it, and its timeout, name the call its user made.
     ///
     /// # Errors

@@ -77,7 +77,6 @@ use bytemuck::Pod;
 use shmbroker_allocator::{Outbox, rank_bit};
 use shmbroker_bindings::PayloadRef;
 use shmbroker_bindings::kind;
-use std::time::Duration;
 
 /// The largest contribution an all-reduce (and a reduce-scatter, a reduce) combines in one
 /// shot; larger ones take two (see the module docs). One shot sends each contribution to every
@@ -268,26 +267,13 @@ impl Session {
     /// operations of floats); [`Error::Protocol`] naming a rank that passed another length;
     /// otherwise as for [`Self::all_gather`].
     pub fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.all_reduce_within(data, op, self.timeout)
-    }
-
-    /// [`Self::all_reduce`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::all_reduce`].
-    pub(crate) fn all_reduce_within<T: Element>(
-        &mut self,
-        data: &mut [T],
-        op: ReduceOp,
-        timeout: Duration,
-    ) -> Result<(), Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("all_reduce", timeout));
         let result = self.all_reduce_tracked(data, op, &deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::all_reduce_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::all_reduce`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn all_reduce_tracked<T: Element>(
         &mut self,
@@ -381,22 +367,7 @@ impl Session {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.all_reduce_bytes_within(data, dtype, op, self.timeout)
-    }
-
-    /// [`Self::all_reduce_bytes`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::all_reduce_bytes`].
-    pub(crate) fn all_reduce_bytes_within(
-        &mut self,
-        data: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        for_dtype!(dtype, T => self.all_reduce_within(cast_mut::<T>(data)?, op, timeout))
+        for_dtype!(dtype, T => self.all_reduce(cast_mut::<T>(data)?, op))
     }
 
     /// Combines every rank's `data` with `op`, in rank order, into the root's `data`; the other
@@ -411,27 +382,13 @@ impl Session {
         data: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.reduce_within(root, data, op, self.timeout)
-    }
-
-    /// [`Self::reduce`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::reduce`].
-    pub(crate) fn reduce_within<T: Element>(
-        &mut self,
-        root: u32,
-        data: &mut [T],
-        op: ReduceOp,
-        timeout: Duration,
-    ) -> Result<(), Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("reduce", timeout));
         let result = self.reduce_tracked(root, data, op, &deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::reduce_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::reduce`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn reduce_tracked<T: Element>(
         &mut self,
@@ -464,23 +421,7 @@ impl Session {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.reduce_bytes_within(root, data, dtype, op, self.timeout)
-    }
-
-    /// [`Self::reduce_bytes`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::reduce_bytes`].
-    pub(crate) fn reduce_bytes_within(
-        &mut self,
-        root: u32,
-        data: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        for_dtype!(dtype, T => self.reduce_within(root, cast_mut::<T>(data)?, op, timeout))
+        for_dtype!(dtype, T => self.reduce(root, cast_mut::<T>(data)?, op))
     }
 
     /// Combines every rank's `input` with `op`, in rank order, and gives rank `r` block `r` of the
@@ -497,27 +438,13 @@ impl Session {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.reduce_scatter_within(input, output, op, self.timeout)
-    }
-
-    /// [`Self::reduce_scatter`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::reduce_scatter`].
-    pub(crate) fn reduce_scatter_within<T: Element>(
-        &mut self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-        timeout: Duration,
-    ) -> Result<(), Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("reduce_scatter", timeout));
         let result = self.reduce_scatter_tracked(input, output, op, &deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::reduce_scatter_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::reduce_scatter`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn reduce_scatter_tracked<T: Element>(
         &mut self,
@@ -602,24 +529,8 @@ impl Session {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.reduce_scatter_bytes_within(input, output, dtype, op, self.timeout)
-    }
-
-    /// [`Self::reduce_scatter_bytes`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::reduce_scatter_bytes`].
-    pub(crate) fn reduce_scatter_bytes_within(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-        timeout: Duration,
-    ) -> Result<(), Error> {
         for_dtype!(dtype, T => {
-            self.reduce_scatter_within(cast::<T>(input)?, cast_mut::<T>(output)?, op, timeout)
+            self.reduce_scatter(cast::<T>(input)?, cast_mut::<T>(output)?, op)
         })
     }
 

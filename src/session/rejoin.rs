@@ -72,25 +72,13 @@ impl Session {
     /// the broker is gone (nobody can rejoin);
     /// [`Error::RankOutOfRange`]; [`Error::Misuse`] for this session's own rank.
     pub fn wait_for_rank(&mut self, rank: u32) -> Result<(), Error> {
-        self.wait_for_rank_within(rank, self.timeout)
-    }
-
-    /// [`Self::wait_for_rank`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::wait_for_rank`].
-    pub(crate) fn wait_for_rank_within(
-        &mut self,
-        rank: u32,
-        timeout: Duration,
-    ) -> Result<(), Error> {
+        let timeout = self.timeout;
         self.check_peer(rank)?;
         let deadline = self.track(Deadline::new("wait_for_rank", timeout));
         self.await_rank(rank, &deadline)
     }
 
-    /// [`Self::wait_for_rank_within`] within `deadline`.
+    /// [`Self::wait_for_rank`] within `deadline`.
     pub(super) fn await_rank(&mut self, rank: u32, deadline: &Deadline) -> Result<(), Error> {
         loop {
             if self.adopt_rejoin(rank)?.is_some() {

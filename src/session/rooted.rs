@@ -6,7 +6,6 @@ use super::demux::{Expect, Incoming, Sink, message};
 use super::send::Targets;
 use super::{Deadline, Error, Session};
 use shmbroker_bindings::{Message, kind};
-use std::time::Duration;
 
 /// The largest world whose broadcast is flat (the root sends to every rank); larger worlds
 /// broadcast down a binomial tree, so the root sends ceil(log2(n)) messages instead of n - 1
@@ -240,26 +239,13 @@ impl Session {
     /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
     /// [`Self::all_gather`].
     pub fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
-        self.broadcast_within(root, data, self.timeout)
-    }
-
-    /// [`Self::broadcast`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::broadcast`].
-    pub(crate) fn broadcast_within(
-        &mut self,
-        root: u32,
-        data: Option<&[u8]>,
-        timeout: Duration,
-    ) -> Result<Vec<u8>, Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("broadcast", timeout));
         let result = self.broadcast_tracked(root, data, &deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::broadcast_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::broadcast`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn broadcast_tracked(
         &mut self,
@@ -369,26 +355,13 @@ impl Session {
     ///
     /// As for [`Self::all_gather`], and [`Error::RankOutOfRange`] for a bad root.
     pub fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.gather_within(root, data, self.timeout)
-    }
-
-    /// [`Self::gather`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::gather`].
-    pub(crate) fn gather_within(
-        &mut self,
-        root: u32,
-        data: &[u8],
-        timeout: Duration,
-    ) -> Result<Option<Vec<Vec<u8>>>, Error> {
+        let timeout = self.timeout;
         let deadline = self.track(Deadline::collective("gather", timeout));
         let result = self.gather_tracked(root, data, &deadline);
         self.settled(&deadline, result)
     }
 
-    /// [`Self::gather_within`] within its tracked deadline (which [`Deadline::settle`] then
+    /// [`Self::gather`] within its tracked deadline (which [`Deadline::settle`] then
     /// notes the outcome of).
     fn gather_tracked(
         &mut self,

@@ -255,20 +255,7 @@ impl Sender {
     ///
     /// As for [`Session::send`].
     pub fn send(&self, rank: u32, data: &[u8]) -> Result<(), Error> {
-        self.send_within(rank, data, self.timeout())
-    }
-
-    /// [`Session::send_within`].
-    ///
-    /// # Errors
-    ///
-    /// As for [`Session::send`].
-    pub(crate) fn send_within(
-        &self,
-        rank: u32,
-        data: &[u8],
-        timeout: Duration,
-    ) -> Result<(), Error> {
+        let timeout = self.timeout();
         let _turn = self.shared.sending();
         let mut session = self.shared.lend();
         session.check_peer(rank)?;
@@ -285,18 +272,8 @@ impl Sender {
         Ok(())
     }
 
-    /// [`Session::broadcast`] from this rank, its root, to the world, with the session's
-    /// deadline. Every other rank calls [`Session::broadcast`] (or its language's broadcast)
-    /// with this rank as the root.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Session::broadcast`].
-    pub fn broadcast(&self, data: &[u8]) -> Result<(), Error> {
-        self.broadcast_within(data, self.timeout())
-    }
-
-    /// [`Self::broadcast`] with its own deadline.
+    /// [`Session::broadcast`] from this rank, its root, to the world. Every other rank calls
+    /// [`Session::broadcast`] (or its language's broadcast) with this rank as the root.
     ///
     /// While a receiver is slow to make room, this waits without holding the session, as
     /// [`Self::send`] does, in a world of up to [`FLAT_BROADCAST_MAX`] ranks. A larger world's
@@ -305,13 +282,15 @@ impl Sender {
     /// # Errors
     ///
     /// As for [`Session::broadcast`].
-    pub(crate) fn broadcast_within(&self, data: &[u8], timeout: Duration) -> Result<(), Error> {
+    pub fn broadcast(&self, data: &[u8]) -> Result<(), Error> {
+        let timeout = self.timeout();
         let root = self.rank();
         let _turn = self.shared.sending();
         let mut session = self.shared.lend();
         if self.world_size() > FLAT_BROADCAST_MAX {
             return session
-                .broadcast_within(root, Some(data), timeout)
+                .with_timeout(timeout)
+                .broadcast(root, Some(data))
                 .map(drop);
         }
         let deadline = session.track(Deadline::collective("broadcast", timeout));
@@ -382,23 +361,15 @@ impl Sender {
         }
     }
 
-    /// [`Session::wait_for_rank`], with the session's deadline.
+    /// [`Session::wait_for_rank`]: waits until `rank` is there, taking on a replacement of it
+    /// (the session is held meanwhile, as for [`Self::session`]).
     ///
     /// # Errors
     ///
     /// As for [`Session::wait_for_rank`].
     pub fn wait_for_rank(&self, rank: u32) -> Result<(), Error> {
-        self.wait_for_rank_within(rank, self.timeout())
-    }
-
-    /// [`Session::wait_for_rank_within`]: waits until `rank` is there, taking on a
-    /// replacement of it (the session is held meanwhile, as for [`Self::session`]).
-    ///
-    /// # Errors
-    ///
-    /// As for [`Session::wait_for_rank`].
-    pub(crate) fn wait_for_rank_within(&self, rank: u32, timeout: Duration) -> Result<(), Error> {
-        self.session().wait_for_rank_within(rank, timeout)
+        let timeout = self.timeout();
+        self.session().with_timeout(timeout).wait_for_rank(rank)
     }
 
     /// The whole session, for a collective (or any [`Session`] call) while the halves are apart:
@@ -483,15 +454,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv`].
     pub fn recv(&self, rank: u32) -> Result<Vec<u8>, Error> {
-        self.recv_within(rank, self.timeout())
-    }
-
-    /// [`Self::recv`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Session::recv`].
-    pub(crate) fn recv_within(&self, rank: u32, timeout: Duration) -> Result<Vec<u8>, Error> {
+        let timeout = self.timeout();
         let (_, _, sink) = self.receive("recv", Some(rank), Sink::Vec(Vec::new()), timeout)?;
         Ok(sink.into_vec())
     }
@@ -613,15 +576,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv_any`].
     pub fn recv_any(&self) -> Result<(u32, Vec<u8>), Error> {
-        self.recv_any_within(self.timeout())
-    }
-
-    /// [`Self::recv_any`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Session::recv_any`].
-    pub(crate) fn recv_any_within(&self, timeout: Duration) -> Result<(u32, Vec<u8>), Error> {
+        let timeout = self.timeout();
         let (peer, _, sink) = self.receive("recv_any", None, Sink::Vec(Vec::new()), timeout)?;
         Ok((peer, sink.into_vec()))
     }
@@ -632,20 +587,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv_into`]: a message too long for `buffer` is kept.
     pub fn recv_into(&self, rank: u32, buffer: &mut [u8]) -> Result<usize, Error> {
-        self.recv_into_within(rank, buffer, self.timeout())
-    }
-
-    /// [`Self::recv_into`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Session::recv_into`].
-    pub(crate) fn recv_into_within(
-        &self,
-        rank: u32,
-        buffer: &mut [u8],
-        timeout: Duration,
-    ) -> Result<usize, Error> {
+        let timeout = self.timeout();
         let (_, len, _) = self.receive("recv", Some(rank), Sink::Slice(buffer), timeout)?;
         Ok(len as usize)
     }
@@ -656,19 +598,7 @@ impl Receiver {
     ///
     /// As for [`Session::recv_any_into`]: a message too long for `buffer` is kept.
     pub fn recv_any_into(&self, buffer: &mut [u8]) -> Result<(u32, usize), Error> {
-        self.recv_any_into_within(buffer, self.timeout())
-    }
-
-    /// [`Self::recv_any_into`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Session::recv_any_into`].
-    pub(crate) fn recv_any_into_within(
-        &self,
-        buffer: &mut [u8],
-        timeout: Duration,
-    ) -> Result<(u32, usize), Error> {
+        let timeout = self.timeout();
         let (peer, len, _) = self.receive("recv_any", None, Sink::Slice(buffer), timeout)?;
         Ok((peer, len as usize))
     }
@@ -679,17 +609,9 @@ impl Receiver {
     ///
     /// As for [`Session::probe`].
     pub fn probe(&self, rank: u32) -> Result<usize, Error> {
-        self.probe_within(rank, self.timeout())
-    }
-
-    /// [`Self::probe`] with its own deadline.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Session::probe`].
-    pub(crate) fn probe_within(&self, rank: u32, timeout: Duration) -> Result<usize, Error> {
+        let timeout = self.timeout();
         self.once_ready("probe", Some(rank), timeout, |session, peer, left| {
-            session.probe_within(peer, left)
+            session.with_timeout(left).probe(peer)
         })
     }
 

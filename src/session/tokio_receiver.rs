@@ -150,7 +150,7 @@ impl AsyncReceiver {
         match tokio::time::timeout(timeout, wait).await {
             Ok(received) => received,
             // One last look, which also names the peers still there, as the blocking call does.
-            Err(_elapsed) => match self.receiver.recv_any_within(Duration::ZERO) {
+            Err(_elapsed) => match self.receiver.with_timeout(Duration::ZERO).recv_any() {
                 Err(Error::Timeout {
                     op,
                     waiting_for,
