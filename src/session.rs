@@ -112,27 +112,21 @@ mod stepwise;
 mod symmetric;
 #[cfg(feature = "tokio")]
 mod tokio_receiver;
+#[doc(hidden)]
+pub mod tuning;
 
 pub use channel::{
     ChannelReceiver, ChannelSender, LOOK_EVERY, RawChannelReceiver, RawChannelSender,
 };
-pub use collectives::{
-    ALL_GATHER_LEND_MAX_RANKS, ALL_GATHER_SLOTS_MAX_BYTES, BRUCK_MAX_BYTES, FLAT_BARRIER_MAX,
-    FLAT_GATHER_MAX,
-};
-pub use exchange::{LEND_MAX_BLOCK_BYTES, LEND_MIN_BLOCK_BYTES};
 pub use fds::{FdTransport, MAX_FDS_PER_EXCHANGE};
 pub use groups::{Group, GroupView};
 pub use loans::LoanView;
-pub use reductions::{
-    ALL_REDUCE_SLOTS_MAX_BYTES, LENT_ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES, PIECE_MAX_BYTES,
-};
-pub use rooted::{FLAT_BROADCAST_MAX, TREE_PART_MAX};
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
 pub use split::{Receiver, Sender, SessionGuard, TimedHalf};
 pub use symmetric::Symmetric;
 #[cfg(feature = "tokio")]
 pub use tokio_receiver::{AsyncReceiver, TimedAsyncReceiver};
+pub use tuning::FLAT_BROADCAST_MAX;
 
 use departures::{departure_error, handshake_failed};
 use loans::ViewAcks;

@@ -366,7 +366,7 @@ fn reductions_rank() {
             // in place; two shots.
             let len = match scenario.as_str() {
                 "mismatch-small" => 4,
-                "mismatch-edge" => shmbroker::session::ALL_REDUCE_SLOTS_MAX_BYTES / 4,
+                "mismatch-edge" => shmbroker::session::tuning::ALL_REDUCE_SLOTS_MAX_BYTES / 4,
                 "mismatch-lent" => 1024,
                 _ => 1 << 18,
             };
@@ -416,7 +416,8 @@ fn reductions_rank() {
         "mismatch-lent-blocks" => {
             // all_to_all of lent blocks: rank 1's blocks are one byte longer.
             let world = session.world_size() as usize;
-            let block = shmbroker::session::LEND_MIN_BLOCK_BYTES * 4 + usize::from(rank == 1);
+            let block =
+                shmbroker::session::tuning::LEND_MIN_BLOCK_BYTES * 4 + usize::from(rank == 1);
             let input = vec![7u8; block * world];
             let mut output = vec![0u8; block * world];
             session.barrier().unwrap();
@@ -451,12 +452,12 @@ fn check_symmetric(session: &mut Session) {
             // A world of one sends nothing.
             // Up to LENT_ONE_SHOT_MAX_BYTES of all contributions, one shot copies them.
             let pieces = if world == 1
-                || len * 4 <= shmbroker::session::ONE_SHOT_MAX_BYTES
-                || len * 4 * world <= shmbroker::session::LENT_ONE_SHOT_MAX_BYTES
+                || len * 4 <= shmbroker::session::tuning::ONE_SHOT_MAX_BYTES
+                || len * 4 * world <= shmbroker::session::tuning::LENT_ONE_SHOT_MAX_BYTES
             {
                 0
             } else {
-                (len * 4).div_ceil(shmbroker::session::PIECE_MAX_BYTES) as u64
+                (len * 4).div_ceil(shmbroker::session::tuning::PIECE_MAX_BYTES) as u64
             };
             let mut sym = session.symmetric::<i32>(len).unwrap();
             let mut plain = vec![0i32; len];

@@ -423,7 +423,14 @@ fn no_rank_leaves_a_barrier_before_every_rank_has_entered_it_in_worlds_of_one_to
 fn all_gather_into_gives_every_part_in_rank_order_in_worlds_of_one_to_seventeen() {
     // Flat up to FLAT_GATHER_MAX ranks, Bruck beyond (non-powers of two included), at part sizes
     // on both sides of BRUCK_MAX_BYTES, and of zero bytes.
-    let sizes = [0usize, 1, 8, 100, shmbroker::session::BRUCK_MAX_BYTES, 3000];
+    let sizes = [
+        0usize,
+        1,
+        8,
+        100,
+        shmbroker::session::tuning::BRUCK_MAX_BYTES,
+        3000,
+    ];
     for world in (1..=9).chain([12, 16, 17]) {
         let (_world, sessions) = World::start(&format!("gather-into-{world}"), world);
         each_on_a_thread(sessions, move |session| {
@@ -475,7 +482,7 @@ fn every_root_broadcasts_every_size_in_worlds_of_one_to_seventeen() {
 fn every_root_gathers_parts_of_mixed_sizes_in_worlds_of_one_to_seventeen() {
     // Flat up to FLAT_GATHER_MAX ranks, a binomial tree beyond: parts up to TREE_PART_MAX ride in
     // the bundles, larger ones go straight to the root, and ranks of one gather mix both.
-    let max = shmbroker::session::TREE_PART_MAX;
+    let max = shmbroker::session::tuning::TREE_PART_MAX;
     for world in (1..=9).chain([12, 16, 17]) {
         let (_world, sessions) = World::start(&format!("gather-{world}"), world);
         each_on_a_thread(sessions, move |session| {

@@ -150,8 +150,8 @@ fn ours(
             }
         }
         // One shot (copied) up to the thresholds every rank shares; two shots read in place.
-        let one_shot = bytes <= shmbroker::session::ONE_SHOT_MAX_BYTES
-            || bytes * workers as usize <= shmbroker::session::LENT_ONE_SHOT_MAX_BYTES;
+        let one_shot = bytes <= shmbroker::session::tuning::ONE_SHOT_MAX_BYTES
+            || bytes * workers as usize <= shmbroker::session::tuning::LENT_ONE_SHOT_MAX_BYTES;
         if symmetric && !one_shot && session.reductions_read_in_place() < total as u64 {
             return Err(format!(
                 "rank {rank}: {} of {total} symmetric all-reduces were read in place",

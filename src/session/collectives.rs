@@ -3,39 +3,9 @@
 
 use super::demux::{Expect, Incoming, Sink, message};
 use super::send::Targets;
+use super::tuning::{self, ALL_GATHER_LEND_MAX_RANKS};
 use super::{Deadline, Error, Session};
 use shmbroker_bindings::kind;
-
-/// The largest world whose barrier is flat: every rank tells every other, and waits for all of
-/// them at once (one hop; at most 56 messages in all). Larger worlds disseminate, in
-/// ceil(log2(world)) rounds of one message each way: O(n log n) messages instead of O(n²), but
-/// one hop per round. Crowded on 2 CPUs both take about as long at 4 and 8 ranks; parked, the
-/// hops are wake-ups in a row (8 ranks: 86 µs disseminating, 63 µs flat), hence 8.
-pub const FLAT_BARRIER_MAX: u32 = 8;
-
-/// The largest world whose [`Session::all_gather_into`] of a small part is flat (every rank
-/// sends its part to every other); larger worlds gather by Bruck's algorithm, in ceil(log2(n))
-/// rounds, when each part is at most [`BRUCK_MAX_BYTES`] (parts are forwarded, so large ones are
-/// cheaper sent once into the outbox, flat). It is also the largest world whose
-/// [`Session::gather`] is flat; larger worlds gather up a binomial tree (see [`TREE_PART_MAX`](super::TREE_PART_MAX)).
-pub const FLAT_GATHER_MAX: u32 = 8;
-
-/// The largest part [`Session::all_gather_into`] gathers by Bruck's algorithm.
-pub const BRUCK_MAX_BYTES: usize = 1024;
-
-/// The largest part an all-gather into a buffer sends in ring slots (one per 64 bytes); a larger
-/// one, up to the eager limit, is copied into the outbox and lent to every peer, one slot each,
-/// in teams of up to [`ALL_GATHER_LEND_MAX_RANKS`]. Measured with `bench collectives`
-/// (2026-11-27, slots and lent in turn, p50): 1 KiB between 2 hot ranks 1.66-1.79 us in slots,
-/// 1.04-1.22 us lent (1.57-1.64x Open MPI, against 1.01-1.21x).
-pub const ALL_GATHER_SLOTS_MAX_BYTES: usize = 512;
-
-/// The largest team whose all-gather lends parts above [`ALL_GATHER_SLOTS_MAX_BYTES`]: the
-/// largest measured where lending did not lose. With 8 ranks parked on 2 cores, 1 KiB lent took
-/// 74-78 us against 60-72 us in slots (four runs each; every lent part brings an
-/// acknowledgement back, which wakes a parked sender); 4 ranks took the same time either way
-/// (34-40 us), and 2 ranks were faster lent (see [`ALL_GATHER_SLOTS_MAX_BYTES`]).
-pub const ALL_GATHER_LEND_MAX_RANKS: u32 = 4;
 
 /// A barrier message's inline bytes in dissemination round `round`.
 fn round_inline(round: u32) -> [u8; shmbroker_bindings::INLINE_BYTES] {
@@ -88,7 +58,7 @@ impl Session {
     fn barrier_tracked(&mut self, deadline: &Deadline) -> Result<(), Error> {
         let seq = self.next_seq(kind::BARRIER)?;
         let world = self.size();
-        if world <= FLAT_BARRIER_MAX {
+        if tuning::barrier(world) == tuning::Barrier::Flat {
             let arrival = message(kind::BARRIER, seq, 0, [0; shmbroker_bindings::INLINE_BYTES]);
             for peer in self.team_peers() {
                 self.send_message(peer, arrival, deadline)?;
@@ -236,11 +206,11 @@ impl Session {
     ) -> Result<(), Error> {
         let expect = Expect::Collective { op, seq };
         let rank = self.me();
-        if self.size() > FLAT_GATHER_MAX && data.len() <= BRUCK_MAX_BYTES {
+        if tuning::all_gather(self.size(), data.len()) == tuning::AllGather::Bruck {
             return self.bruck_all_gather(op, data, out, seq, deadline);
         }
         // Small: sent at once (in ring slots, or lent from the outbox above
-        // [`ALL_GATHER_SLOTS_MAX_BYTES`]), then each peer's part received in turn.
+        // [`ALL_GATHER_SLOTS_MAX_BYTES`](super::tuning::ALL_GATHER_SLOTS_MAX_BYTES)), then each peer's part received in turn.
         if self.send_small_part(op, seq, data, deadline)? {
             let mut rest = out;
             for peer in 0..self.size() {
@@ -281,14 +251,14 @@ impl Session {
 
     /// Sends this rank's `data` to every peer as collective `op` number `seq` when it is small
     /// enough to go at once: in ring slots, or, for an all-gather's part above
-    /// [`ALL_GATHER_SLOTS_MAX_BYTES`] in a team of up to [`ALL_GATHER_LEND_MAX_RANKS`], copied
+    /// [`ALL_GATHER_SLOTS_MAX_BYTES`](super::tuning::ALL_GATHER_SLOTS_MAX_BYTES) in a team of up to [`ALL_GATHER_LEND_MAX_RANKS`], copied
     /// into this rank's outbox and lent to every peer (one slot each, where slots take one per
     /// 64 bytes). A part the outbox has no room for at once (full of symmetric buffers, say)
     /// goes in slots: a receiver takes either form the same way. Returns `false`, having sent
     /// nothing, above the eager limit.
     ///
     /// Only the all-gather lends: the reductions that gather their first shot here (a reduce
-    /// and a reduce-scatter to [`ONE_SHOT_MAX_BYTES`](super::ONE_SHOT_MAX_BYTES)) were measured
+    /// and a reduce-scatter to [`ONE_SHOT_MAX_BYTES`](super::tuning::ONE_SHOT_MAX_BYTES)) were measured
     /// in slots.
     fn send_small_part(
         &mut self,
@@ -298,9 +268,7 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<bool, Error> {
         if op != kind::ALL_GATHER
-            || data.len() <= ALL_GATHER_SLOTS_MAX_BYTES
-            || data.len() > self.eager_limit()
-            || self.size() > ALL_GATHER_LEND_MAX_RANKS
+            || !tuning::all_gather_lends(self.size(), data.len(), self.eager_limit())
         {
             return self.send_if_eager(op, seq, data, Targets::Peers, deadline);
         }

@@ -2,7 +2,7 @@
 //! (and the block exchange under a small reduce-scatter).
 //!
 //! Scatter: the root sends each rank its block. All-to-all with blocks under
-//! [`LEND_MIN_BLOCK_BYTES`] or over [`LEND_MAX_BLOCK_BYTES`], and every all-to-all-v: `world - 1` rounds of pairwise exchange
+//! [`LEND_MIN_BLOCK_BYTES`](super::tuning::LEND_MIN_BLOCK_BYTES) or over [`LEND_MAX_BLOCK_BYTES`](super::tuning::LEND_MAX_BLOCK_BYTES), and every all-to-all-v: `world - 1` rounds of pairwise exchange
 //! through the rings, in round `k` sending to rank `rank + k` while receiving from rank
 //! `rank - k`, so that no round waits on a third rank. All-to-all with blocks between: each rank
 //! lends its blocks for the others once, piece by piece, and copies its own out of every peer's
@@ -16,20 +16,9 @@
 use super::collectives::check_part;
 use super::demux::{Expect, Incoming, Sink};
 use super::send::Targets;
+use super::tuning;
 use super::{Deadline, Error, Session};
 use shmbroker_bindings::kind;
-
-/// [`Session::all_to_all`] blocks from this many bytes up to [`LEND_MAX_BLOCK_BYTES`] are lent
-/// from the outboxes to every peer at once; others go pairwise through the rings. Measured with
-/// `bench collectives` (2 and 4 ranks on 2 cores, each way in turn): lent, 1-2 KiB blocks took
-/// 0.65-0.75 of the pairwise time and 16-32 KiB blocks 0.6-0.8; no smaller block was measured.
-pub const LEND_MIN_BLOCK_BYTES: usize = 1 << 10;
-
-/// The largest [`Session::all_to_all`] block that is lent: from 512 KiB blocks up the pairwise
-/// exchange was as fast or faster (8 MiB blocks: 0.83-0.91x Open MPI pairwise, 0.92-0.99x lent,
-/// 2 ranks), as its chunks let a sender copy the next while its receiver copies the last, where
-/// lent pieces go in lock step.
-pub const LEND_MAX_BLOCK_BYTES: usize = 256 << 10;
 
 impl Session {
     /// The root's `input` cut into `world_size` equal blocks, block `r` into rank `r`'s `output`
@@ -128,7 +117,7 @@ impl Session {
             )));
         }
         let block = input.len() / world;
-        if world > 1 && (LEND_MIN_BLOCK_BYTES..=LEND_MAX_BLOCK_BYTES).contains(&block) {
+        if tuning::all_to_all(world, block) == tuning::AllToAll::Lent {
             return self.lend_blocks(input, output, deadline);
         }
         let seq = self.next_seq(kind::ALL_TO_ALL)?;

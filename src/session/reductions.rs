@@ -3,11 +3,11 @@
 //!
 //! # Algorithms
 //!
-//! - **One shot** (up to [`ONE_SHOT_MAX_BYTES`], an all-reduce up to
-//!   [`ALL_REDUCE_SLOTS_MAX_BYTES`]): every rank sends its whole contribution to every other (in
+//! - **One shot** (up to [`ONE_SHOT_MAX_BYTES`](super::tuning::ONE_SHOT_MAX_BYTES), an all-reduce up to
+//!   [`ALL_REDUCE_SLOTS_MAX_BYTES`](super::tuning::ALL_REDUCE_SLOTS_MAX_BYTES)): every rank sends its whole contribution to every other (in
 //!   ring slots while it fits: [`Session::all_gather_into`]'s path), and every rank combines all
 //!   of them itself, in rank order.
-//! - **One shot, read in place** (up to [`LENT_ONE_SHOT_MAX_BYTES`] of all contributions
+//! - **One shot, read in place** (up to [`LENT_ONE_SHOT_MAX_BYTES`](super::tuning::LENT_ONE_SHOT_MAX_BYTES) of all contributions
 //!   together, all-reduce only): every rank copies its contribution into its outbox, lends it to
 //!   every peer, and combines every contribution itself straight from the peers' outboxes.
 //! - **Two shots, in place** (larger): every rank copies its contribution once into its own
@@ -17,7 +17,7 @@
 //!   result slice, and copies every other rank's result slice out of that rank's outbox. Data
 //!   moves once into an outbox and once out of one, with no staging copy of what peers read. A
 //!   reduce-scatter is the first shot alone; a reduce sends the results to the root only. Data
-//!   larger than [`PIECE_MAX_BYTES`] goes piece by piece, so that pieces stay in cache between
+//!   larger than [`PIECE_MAX_BYTES`](super::tuning::PIECE_MAX_BYTES) goes piece by piece, so that pieces stay in cache between
 //!   the owner's copy and the peers' reads, and any size fits the outbox (an outbox under four
 //!   pieces makes its pieces a quarter of its size; the ranks' outboxes must then be the same
 //!   size).
@@ -71,43 +71,13 @@
 
 use super::collectives::wrong_size;
 use super::demux::{Expect, LoanNote};
+use super::tuning;
 use super::{Deadline, Error, LoanView, Session};
 use crate::reduce::{DType, Element, ReduceOp, check_op, combine, combine_with};
 use bytemuck::Pod;
 use shmbroker_allocator::{Outbox, rank_bit};
 use shmbroker_bindings::PayloadRef;
 use shmbroker_bindings::kind;
-
-/// The largest contribution an all-reduce (and a reduce-scatter, a reduce) combines in one
-/// shot; larger ones take two (see the module docs). One shot sends each contribution to every
-/// peer slot by slot through the rings, two shots lend it at once: `bench collectives`'
-/// all_reduce rows put 4 KiB at 2 ranks at 2.4-3.7 µs in one shot and 1.7 µs in two (three runs
-/// each), and at 4 ranks on 2 CPUs both between 12 and 18 µs.
-pub const ONE_SHOT_MAX_BYTES: usize = 2 << 10;
-
-/// The largest contribution an all-reduce sends through the ring slots; a larger one, up to
-/// [`LENT_ONE_SHOT_MAX_BYTES`] of all contributions together, is lent (one shot read in place),
-/// which files one slot per peer instead of a slot per 64 bytes. Measured with `bench
-/// collectives` (2026-11-27, this bound and [`ONE_SHOT_MAX_BYTES`] in turn, twice, p50): 2 ranks,
-/// 1 KiB 1.22-1.57 µs lent against 1.60-1.65 µs in slots, 2 KiB 1.44-1.89 against 1.99-2.13; 4
-/// ranks on 2 cores, 1 KiB 2.3-8.0 against 7.4-8.6, 2 KiB 7.0-8.3 against 4.0-11.7. Lent was
-/// slower below it: 64 B took 1.07 µs against 0.50, 256 B 1.02 against 0.74.
-pub const ALL_REDUCE_SLOTS_MAX_BYTES: usize = 512;
-
-/// An all-reduce whose contributions, all together, take at most this many bytes (and one
-/// contribution more than [`ALL_REDUCE_SLOTS_MAX_BYTES`]) is combined in one shot read in place: every
-/// rank combines every peer's lent contribution itself. Larger ones take two shots. Measured
-/// with `bench collectives` (2026-11-26, each way in turn, p50 over Open MPI): 2 ranks, 4 KiB
-/// 0.81-0.92x against 1.01-1.21x in two shots, 64 KiB 0.85x against 1.09-1.12x; 4 ranks on 2
-/// cores, 4 KiB 0.23-0.65x against 0.69-1.01x, but 64 KiB 1.88-1.93x against 0.64-0.84x, where
-/// every rank combining all four contributions costs more than a second exchange. Measured again
-/// with the faster kernels (2026-11-27): with this bound at 1 MiB, the one shot took 1.15x the
-/// two shots' time between 2 ranks at 128 and 256 KiB, and 2.5x at 4 ranks and 64 KiB.
-pub const LENT_ONE_SHOT_MAX_BYTES: usize = 128 << 10;
-
-/// The most bytes of a contribution the two-shot algorithm lends at once: a piece in flight
-/// stays in the last-level cache between the owner's copy and the peers' reads.
-pub const PIECE_MAX_BYTES: usize = 1 << 20;
 
 /// How many bytes of its slice a rank combines at a time in two shots: each chunk of the result
 /// is copied into the caller's data while it is still in the first-level cache (from scratch
@@ -322,7 +292,7 @@ impl Session {
     /// # Errors
     ///
     /// As for [`Self::all_reduce`], and [`Error::Misuse`] (on every rank, before anything is
-    /// sent) for more than [`ONE_SHOT_MAX_BYTES`] a rank of elements aligned to more than 64
+    /// sent) for more than [`ONE_SHOT_MAX_BYTES`](super::tuning::ONE_SHOT_MAX_BYTES) a rank of elements aligned to more than 64
     /// bytes: those are read from outbox blocks, which are aligned to 64.
     pub fn all_reduce_with<T: Pod>(
         &mut self,
@@ -468,7 +438,7 @@ impl Session {
             output.copy_from_slice(input);
             return combiner(&[input], output);
         }
-        if size_of_val(input) <= ONE_SHOT_MAX_BYTES {
+        if tuning::reduce_scatter_exchanges(size_of_val(input)) {
             // Block r of every contribution comes to rank r, which combines them.
             let mut blocks = vec![T::zeroed(); input.len()];
             let seq = self.next_seq(kind::REDUCE_SCATTER)?;
@@ -555,12 +525,10 @@ impl Session {
         // An all-reduce lends from a smaller size, but for elements that outbox blocks are not
         // aligned for, which still go through the slots up to the one-shot limit.
         let lendable = align_of::<T>() as u64 <= shmbroker_allocator::ranges::ALIGN;
-        let slots_max = if results == Results::All && lendable {
-            ALL_REDUCE_SLOTS_MAX_BYTES
-        } else {
-            ONE_SHOT_MAX_BYTES
-        };
-        if size_of_val(data) <= slots_max {
+        let all = results == Results::All;
+        let slots_max = tuning::reduction_slots_max(all, lendable);
+        let algorithm = tuning::reduction(all, lendable, size_of_val(data), world);
+        if algorithm == tuning::Reduction::Slots {
             let seq = self.next_seq(op)?;
             let me = self.me();
             return self.with_scratch(data.len() * world, |session, gathered: &mut [T]| {
@@ -589,7 +557,7 @@ impl Session {
         }
         // Every rank picks the algorithm from what they all share (the length and the world), so
         // a symmetric buffer here takes the one shot too, with a copy.
-        if results == Results::All && size_of_val(data) * world <= LENT_ONE_SHOT_MAX_BYTES {
+        if algorithm == tuning::Reduction::LentOneShot {
             return self.lent_one_shot(op, data, combiner, deadline);
         }
         // Pieces of about equal length, each at most `piece_bytes` (and, as the data is
@@ -606,12 +574,12 @@ impl Session {
         Ok(())
     }
 
-    /// The most bytes one piece of a large reduction lends: [`PIECE_MAX_BYTES`], or a quarter of
+    /// The most bytes one piece of a large reduction lends: [`PIECE_MAX_BYTES`](super::tuning::PIECE_MAX_BYTES), or a quarter of
     /// an outbox smaller than four of them (a piece, its result slice and the previous piece's
     /// blocks not yet given back must fit together). Every rank of a reduction must then have
     /// the same outbox size, or their pieces differ and the call fails naming the rank.
     pub(super) fn piece_bytes(&self) -> usize {
-        PIECE_MAX_BYTES.min(self.max_loan_bytes() / 4).max(64)
+        tuning::piece_bytes(self.max_loan_bytes())
     }
 
     /// An all-reduce in one shot, read in place: every rank lends a copy of its contribution to
@@ -817,7 +785,7 @@ impl Session {
 
     /// Combines slice `mine` of every contribution (this rank's from `data`, the others' from
     /// their `views`) into `data[mine]`, where this rank's own lies, through a chunk of scratch
-    /// space (see [`Self::combine_slice`]).
+    /// space (see [`combine_slice`]).
     fn combine_in_place<T: Pod>(
         &mut self,
         data: &mut [T],

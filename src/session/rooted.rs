@@ -1,16 +1,11 @@
 //! Collectives with a root: broadcast and gather, flat in small worlds and down (or up) a
 //! binomial tree in large ones.
 
-use super::collectives::{BRUCK_MAX_BYTES, FLAT_GATHER_MAX};
 use super::demux::{Expect, Incoming, Sink, message};
 use super::send::Targets;
+use super::tuning::{self, TREE_PART_MAX};
 use super::{Deadline, Error, Session};
 use shmbroker_bindings::{Message, kind};
-
-/// The largest world whose broadcast is flat (the root sends to every rank); larger worlds
-/// broadcast down a binomial tree, so the root sends ceil(log2(n)) messages instead of n - 1
-/// (see [`Session::broadcast`]).
-pub const FLAT_BROADCAST_MAX: u32 = 8;
 
 /// Bytes of a tree broadcast's routing slot before any data it carries: the route and the
 /// length.
@@ -141,10 +136,6 @@ impl BinomialTree {
     }
 }
 
-/// The largest part a tree [`Session::gather`] (past [`FLAT_GATHER_MAX`] ranks) forwards up the
-/// tree; larger parts go straight to the root.
-pub const TREE_PART_MAX: usize = BRUCK_MAX_BYTES;
-
 /// A subtree's parts on their way up a tree gather, in relative rank order.
 ///
 /// On the wire: one little-endian `u32` per part, its length, or [`Bundle::DIRECT`] for a part
@@ -255,7 +246,7 @@ impl Session {
     ) -> Result<Vec<u8>, Error> {
         self.check_root(root, data.is_some(), "broadcast")?;
         let seq = self.next_seq(kind::BROADCAST)?;
-        if self.size() > FLAT_BROADCAST_MAX {
+        if tuning::broadcast(self.size()) == tuning::Rooted::Tree {
             return self.tree_broadcast(root, data, seq, deadline);
         }
         if let Some(data) = data {
@@ -273,7 +264,7 @@ impl Session {
         Ok(incoming.finish()?.1.into_vec())
     }
 
-    /// [`Self::broadcast`] down a binomial tree rooted at `root` (see [`FLAT_BROADCAST_MAX`]).
+    /// [`Self::broadcast`] down a binomial tree rooted at `root` (see [`FLAT_BROADCAST_MAX`](super::tuning::FLAT_BROADCAST_MAX)).
     /// Each rank first hears one slot from its parent saying where the data is ([`Route`]): in
     /// that slot, in the next message from the parent (up to the eager limit), or in the root's
     /// outbox, streamed to every rank at once as in a flat broadcast (larger data: forwarding it
@@ -371,7 +362,7 @@ impl Session {
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
         self.check_team_rank(root)?;
         let seq = self.next_seq(kind::GATHER)?;
-        if self.size() > FLAT_GATHER_MAX {
+        if tuning::gather(self.size()) == tuning::Rooted::Tree {
             return self.tree_gather(root, data, seq, deadline);
         }
         if root != self.me() {
@@ -384,7 +375,7 @@ impl Session {
         self.gathered(data, incoming).map(Some)
     }
 
-    /// [`Self::gather`] up a binomial tree rooted at `root` (see [`FLAT_GATHER_MAX`]), so the
+    /// [`Self::gather`] up a binomial tree rooted at `root` (see [`FLAT_GATHER_MAX`](super::tuning::FLAT_GATHER_MAX)), so the
     /// root receives ceil(log2(n)) messages instead of n - 1. Each rank sends its parent one
     /// bundle for its subtree (see [`Bundle`]): parts of at most [`TREE_PART_MAX`] bytes travel
     /// in it; a larger part is only marked there and goes straight to the root afterwards, once

@@ -26,7 +26,7 @@
 //! receive that waits for a message meanwhile goes on when it is given back; one part way through
 //! a message finishes it first, since a collective takes messages out of the inboxes), and
 //! [`Sender::rejoin`] gives it back for good. A world broadcast of
-//! more than [`FLAT_BROADCAST_MAX`] ranks goes down a tree and holds the session too.
+//! more than [`FLAT_BROADCAST_MAX`](super::FLAT_BROADCAST_MAX) ranks goes down a tree and holds the session too.
 //!
 //! # A receive asleep while the session is lent
 //!
@@ -38,9 +38,9 @@
 
 use super::any::{Access, wait_for_sender};
 use super::demux::Sink;
-use super::rooted::FLAT_BROADCAST_MAX;
 use super::send::Targets;
 use super::stepwise::{PendingSend, Step};
+use super::tuning;
 use super::{Deadline, Error, Interrupter, Session};
 use shmbroker_bindings::kind;
 use shmbroker_queues::Notifier;
@@ -276,7 +276,7 @@ impl Sender {
     /// [`Session::broadcast`] (or its language's broadcast) with this rank as the root.
     ///
     /// While a receiver is slow to make room, this waits without holding the session, as
-    /// [`Self::send`] does, in a world of up to [`FLAT_BROADCAST_MAX`] ranks. A larger world's
+    /// [`Self::send`] does, in a world of up to [`FLAT_BROADCAST_MAX`](super::FLAT_BROADCAST_MAX) ranks. A larger world's
     /// broadcast goes down a tree, and holds the session for the whole call.
     ///
     /// # Errors
@@ -287,7 +287,7 @@ impl Sender {
         let root = self.rank();
         let _turn = self.shared.sending();
         let mut session = self.shared.lend();
-        if self.world_size() > FLAT_BROADCAST_MAX {
+        if tuning::broadcast(self.world_size()) == tuning::Rooted::Tree {
             return session
                 .with_timeout(timeout)
                 .broadcast(root, Some(data))

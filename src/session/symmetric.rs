@@ -106,9 +106,9 @@ impl Session {
 
     /// How many pieces of all-reduces this session lent where they lay (a [`Symmetric`] buffer
     /// or a loan), with no copy in: a way to check that a program's buffers are on that path.
-    /// An all-reduce in one shot (up to [`super::ONE_SHOT_MAX_BYTES`], or up to
-    /// [`super::LENT_ONE_SHOT_MAX_BYTES`] of all ranks' contributions together) has none; a
-    /// larger one has one per [`super::PIECE_MAX_BYTES`] or part of it.
+    /// An all-reduce in one shot (up to [`ONE_SHOT_MAX_BYTES`](super::tuning::ONE_SHOT_MAX_BYTES), or up to
+    /// [`LENT_ONE_SHOT_MAX_BYTES`](super::tuning::LENT_ONE_SHOT_MAX_BYTES) of all ranks' contributions together) has none; a
+    /// larger one has one per [`PIECE_MAX_BYTES`](super::tuning::PIECE_MAX_BYTES) or part of it.
     #[must_use]
     pub fn reductions_read_in_place(&self) -> u64 {
         self.read_in_place

@@ -612,8 +612,8 @@ fn scribble(
 
 /// The sizes, in f32 elements, of [`reductions_round`]: in ring slots (64 B), lent in one shot
 /// (1 KiB, and 32 KiB whose three contributions stay under
-/// [`shmbroker::session::LENT_ONE_SHOT_MAX_BYTES`]), and in two shots (256 KiB in one piece,
-/// 2 MiB in two of [`shmbroker::session::PIECE_MAX_BYTES`]).
+/// [`shmbroker::session::tuning::LENT_ONE_SHOT_MAX_BYTES`]), and in two shots (256 KiB in one piece,
+/// 2 MiB in two of [`shmbroker::session::tuning::PIECE_MAX_BYTES`]).
 pub const REDUCTION_ELEMENTS: [usize; 5] = [16, 256, 8 << 10, 64 << 10, 512 << 10];
 
 /// What rank `rank` contributes to round `round`'s reductions: small whole numbers, so that
