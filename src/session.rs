@@ -1,7 +1,20 @@
 //! A logged-on worker's collectives and point-to-point messages, worker to worker over the rings.
 //!
-//! Every call has the session's default deadline ([`Session::set_timeout`], [`DEFAULT_TIMEOUT`])
-//! and a `_timeout` variant; the broker is not on any of these paths.
+//! Every call has the session's default deadline ([`Session::set_timeout`], [`DEFAULT_TIMEOUT`]),
+//! or its own through [`Session::with_timeout`]; the broker is not on any of these paths.
+//!
+//! # How a call is entered
+//!
+//! Every public call that waits enters through one of three guards in the `status` module:
+//! `call` (or `collective`) for the calls that settle, `on_peer` for a call on one peer,
+//! `tracked` for the rest (`recv_any`, `loan`). Only the split halves' `send` and `broadcast`
+//! track by hand, as they give the session up while they wait. Each reads the call's deadline,
+//! publishes the call in this rank's status words until it returns, and closes the streams of
+//! ranks recorded dead since the last call; `call` also settles the outcome (a peer that gave
+//! the call up named as such, the cause noted for this worker's leaving). Interrupts and
+//! departures are checked in the waits themselves, where a call can block, and view
+//! acknowledgements are flushed where a call is about to send. Which algorithm a collective
+//! runs is asked of the `tuning` module.
 //!
 //! # Messages of any size
 //!

@@ -126,10 +126,10 @@ impl Session {
     /// last messages have been taken; [`Error::PeerLeft`] when every peer has left;
     /// [`Error::Protocol`] or [`Error::Outbox`] for bad bytes.
     pub fn recv_any(&mut self) -> Result<(u32, Vec<u8>), Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::new("recv_any", timeout));
-        let peer = self.wait_any(&deadline)?;
-        Ok((peer, self.with_timeout(deadline.left()).recv(peer)?))
+        self.tracked("recv_any", |session, deadline| {
+            let peer = session.wait_any(deadline)?;
+            Ok((peer, session.with_timeout(deadline.left()).recv(peer)?))
+        })
     }
 
     /// Like [`Self::recv_any`], into `buffer`, with no allocation; returns the sender and the
@@ -141,13 +141,13 @@ impl Session {
     /// `peer`: [`Self::recv_into`] from it with a large enough buffer gets it); otherwise as for
     /// [`Self::recv_any`].
     pub fn recv_any_into(&mut self, buffer: &mut [u8]) -> Result<(u32, usize), Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::new("recv_any", timeout));
-        let peer = self.wait_any(&deadline)?;
-        Ok((
-            peer,
-            self.with_timeout(deadline.left()).recv_into(peer, buffer)?,
-        ))
+        self.tracked("recv_any", |session, deadline| {
+            let peer = session.wait_any(deadline)?;
+            let len = session
+                .with_timeout(deadline.left())
+                .recv_into(peer, buffer)?;
+            Ok((peer, len))
+        })
     }
 
     /// The next message from `rank` if one has started to arrive, without waiting for one: no

@@ -47,10 +47,7 @@ impl Session {
     /// [`Error::PeerGaveUp`] (a rank this call waits for failed its part and left it: every
     /// collective can fail so).
     pub fn barrier(&mut self) -> Result<(), Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("barrier", timeout));
-        let result = self.barrier_tracked(&deadline);
-        self.settled(&deadline, result)
+        self.collective("barrier", Self::barrier_tracked)
     }
 
     /// [`Self::barrier`] within its tracked deadline (which [`Deadline::settle`] then
@@ -111,10 +108,9 @@ impl Session {
     /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
     /// [`Error::PeerGaveUp`], [`Error::Protocol`], [`Error::Outbox`].
     pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("all_gather", timeout));
-        let result = self.all_gather_with(data, &deadline);
-        self.settled(&deadline, result)
+        self.collective("all_gather", |session, deadline| {
+            session.all_gather_with(data, deadline)
+        })
     }
 
     /// [`Self::all_gather`] within an existing deadline, whose name a timeout gives (for
@@ -169,10 +165,9 @@ impl Session {
     /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
     /// contribution has another size; otherwise as for [`Self::all_gather`].
     pub fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("all_gather", timeout));
-        let result = self.all_gather_into_tracked(data, out, &deadline);
-        self.settled(&deadline, result)
+        self.collective("all_gather", |session, deadline| {
+            session.all_gather_into_tracked(data, out, deadline)
+        })
     }
 
     /// [`Self::all_gather_into`] within its tracked deadline (which [`Deadline::settle`] then
@@ -344,9 +339,9 @@ impl Session {
     ///
     /// As for [`Self::all_gather`], and [`Error::Protocol`] if a peer's value has another size.
     pub fn all_gather_pod<T: bytemuck::Pod>(&mut self, value: &T) -> Result<Vec<T>, Error> {
-        let deadline = self.track(Deadline::collective("all_gather", self.timeout));
-        let result = self.all_gather_pod_with(value, &deadline);
-        self.settled(&deadline, result)
+        self.collective("all_gather", |session, deadline| {
+            session.all_gather_pod_with(value, deadline)
+        })
     }
 
     /// [`Self::all_gather_pod`] within an existing deadline (for collectives built on it).

@@ -36,10 +36,9 @@ impl Session {
         input: Option<&[u8]>,
         output: &mut [u8],
     ) -> Result<(), Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("scatter", timeout));
-        let result = self.scatter_tracked(root, input, output, &deadline);
-        self.settled(&deadline, result)
+        self.collective("scatter", |session, deadline| {
+            session.scatter_tracked(root, input, output, deadline)
+        })
     }
 
     /// [`Self::scatter`] within its tracked deadline (which [`Deadline::settle`] then
@@ -93,10 +92,9 @@ impl Session {
     /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
     /// [`Self::all_gather`].
     pub fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("all_to_all", timeout));
-        let result = self.all_to_all_tracked(input, output, &deadline);
-        self.settled(&deadline, result)
+        self.collective("all_to_all", |session, deadline| {
+            session.all_to_all_tracked(input, output, deadline)
+        })
     }
 
     /// [`Self::all_to_all`] within its tracked deadline (which [`Deadline::settle`] then
@@ -183,10 +181,9 @@ impl Session {
         output: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("all_to_all_v", timeout));
-        let result = self.all_to_all_v_tracked(input, send_counts, output, recv_counts, &deadline);
-        self.settled(&deadline, result)
+        self.collective("all_to_all_v", |session, deadline| {
+            session.all_to_all_v_tracked(input, send_counts, output, recv_counts, deadline)
+        })
     }
 
     /// [`Self::all_to_all_v`] within its tracked deadline (which [`Deadline::settle`] then

@@ -384,11 +384,11 @@ impl Session {
     /// [`Error::Protocol`] naming a rank that sent a ticket naming another process; otherwise as
     /// for [`Session::all_gather`].
     pub fn exchange_fds(&mut self, fd: BorrowedFd<'_>) -> Result<Vec<OwnedFd>, Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("exchange_fds", timeout));
-        let exporters: Vec<u32> = (0..self.world_size()).collect();
-        let moved = self.move_fds(&exporters, &[fd], 1, &deadline);
-        self.settled(&deadline, moved)?.into_all()
+        self.collective("exchange_fds", |session, deadline| {
+            let exporters: Vec<u32> = (0..session.world_size()).collect();
+            session.move_fds(&exporters, &[fd], 1, deadline)
+        })?
+        .into_all()
     }
 
     /// Every rank's `fds`, indexed by rank and then as each rank passed them (this rank's own as
@@ -406,10 +406,9 @@ impl Session {
         &mut self,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Vec<Vec<OwnedFd>>, Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("exchange_fd_batch", timeout));
-        let result = self.exchange_fd_batch_with(fds, &deadline);
-        self.settled(&deadline, result)
+        self.collective("exchange_fd_batch", |session, deadline| {
+            session.exchange_fd_batch_with(fds, deadline)
+        })
     }
 
     fn exchange_fd_batch_with(
@@ -434,7 +433,6 @@ impl Session {
         root: u32,
         fd: Option<BorrowedFd<'_>>,
     ) -> Result<OwnedFd, Error> {
-        let timeout = self.timeout;
         let rank = self.rank();
         match (root == rank, fd) {
             (true, None) => {
@@ -449,12 +447,12 @@ impl Session {
             }
             _ => {}
         }
-        let deadline = self.track(Deadline::collective("broadcast_fd", timeout));
         let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
-        let moved = self.broadcast_fd_batch_with(root, &fds, 1, &deadline);
-        self.settled(&deadline, moved)?
-            .pop()
-            .ok_or_else(|| Error::Misuse(format!("no fd from rank {root}")))
+        self.collective("broadcast_fd", |session, deadline| {
+            session.broadcast_fd_batch_with(root, &fds, 1, deadline)
+        })?
+        .pop()
+        .ok_or_else(|| Error::Misuse(format!("no fd from rank {root}")))
     }
 
     /// `root`'s `count` fds on every rank, in the root's order: [`Self::broadcast_fd`] for many
@@ -474,10 +472,9 @@ impl Session {
         fds: &[BorrowedFd<'_>],
         count: usize,
     ) -> Result<Vec<OwnedFd>, Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("broadcast_fd_batch", timeout));
-        let result = self.broadcast_fd_batch_with(root, fds, count, &deadline);
-        self.settled(&deadline, result)
+        self.collective("broadcast_fd_batch", |session, deadline| {
+            session.broadcast_fd_batch_with(root, fds, count, deadline)
+        })
     }
 
     fn broadcast_fd_batch_with(

@@ -52,16 +52,13 @@ impl Session {
         let fds: Vec<Option<OwnedFd>> = if exporters.is_empty() {
             handles.iter().map(|_| None).collect()
         } else {
-            let deadline = self.track(super::Deadline::collective(
-                "all_gather_gpu_handles",
-                self.timeout,
-            ));
             let mine: Vec<BorrowedFd<'_>> = fd
                 .filter(|_| exporters.contains(&self.rank()))
                 .into_iter()
                 .collect();
-            let moved = self.move_fds(&exporters, &mine, 1, &deadline);
-            let mut moved = self.settled(&deadline, moved)?;
+            let mut moved = self.collective("all_gather_gpu_handles", |session, deadline| {
+                session.move_fds(&exporters, &mine, 1, deadline)
+            })?;
             (0..self.world_size())
                 .map(|rank| moved.take_one(rank))
                 .collect()

@@ -423,10 +423,9 @@ impl Session {
     /// and the other departures naming a member that departed (on every member alike);
     /// [`Error::Protocol`] naming a member that sent what no honest member sends.
     pub fn group(&mut self, ranks: &[u32]) -> Result<Group, Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::new("group", timeout));
-        let result = self.group_tracked(ranks, &deadline);
-        self.settled(&deadline, result)
+        self.call(Deadline::new("group", self.timeout), |session, deadline| {
+            session.group_tracked(ranks, deadline)
+        })
     }
 
     /// Recovers the group of `ranks` after deaths: waits until every member is alive (a dead
@@ -454,9 +453,9 @@ impl Session {
     /// [`Error::BrokerLost`] when the broker is gone; and, as for [`Self::group`], misuse,
     /// mismatches and forgeries.
     pub fn regroup(&mut self, ranks: &[u32], timeout: Duration) -> Result<Group, Error> {
-        let deadline = self.track(Deadline::new("regroup", timeout));
-        let result = self.make_group(ranks, true, &deadline);
-        self.settled(&deadline, result)
+        self.call(Deadline::new("regroup", timeout), |session, deadline| {
+            session.make_group(ranks, true, deadline)
+        })
     }
 
     /// [`Self::group`] within its tracked deadline (which [`Deadline::settle`] then
@@ -703,10 +702,7 @@ impl Session {
     /// rank that died after the survivors agreed (call it again); [`Error::Protocol`] for an
     /// estimate no honest rank sends.
     pub fn shrink(&mut self) -> Result<Group, Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::new("shrink", timeout));
-        let result = self.shrink_tracked(&deadline);
-        self.settled(&deadline, result)
+        self.call(Deadline::new("shrink", self.timeout), Self::shrink_tracked)
     }
 
     /// [`Self::shrink`] within its tracked deadline (which [`Deadline::settle`] then

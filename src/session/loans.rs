@@ -119,8 +119,9 @@ impl Session {
     /// ([`Self::max_loan_bytes`]); [`Error::Timeout`]; [`Error::Protocol`] or
     /// [`Error::Corrupted`] from what peers sent meanwhile.
     pub fn loan(&mut self, len: usize) -> Result<Loan, Error> {
-        let deadline = self.track(Deadline::new("loan", self.timeout));
-        self.loan_within(len, &deadline)
+        self.tracked("loan", |session, deadline| {
+            session.loan_within(len, deadline)
+        })
     }
 
     /// [`Self::loan`] within `deadline` (a collective's, which names it).
@@ -204,13 +205,12 @@ impl Session {
     ///
     /// [`Error::OwnOutbox`] for a loan of another session; otherwise as for [`Self::send`].
     pub fn send_loan(&mut self, rank: u32, loan: Loan) -> Result<(), Error> {
-        self.check_peer(rank)?;
-        let deadline = self.track(Deadline::new("send_loan", self.timeout));
-        self.publisher.peer("send_loan", rank);
-        let tag = self.peers[rank as usize].send_tag;
-        self.lend(kind::SEND, tag, loan, &[rank], &deadline)?;
-        self.peers[rank as usize].send_tag += 1;
-        Ok(())
+        self.on_peer("send_loan", rank, self.timeout, |session, deadline| {
+            let tag = session.peers[rank as usize].send_tag;
+            session.lend(kind::SEND, tag, loan, &[rank], deadline)?;
+            session.peers[rank as usize].send_tag += 1;
+            Ok(())
+        })
     }
 
     /// Sends the reference to `loan` to `targets` as operation `op` number `tag`.
@@ -302,16 +302,17 @@ impl Session {
     /// of another session; [`Error::Timeout`] while the loan is still read in place by a
     /// collective that failed.
     pub fn lend_ref(&mut self, rank: u32, loan: Loan) -> Result<PayloadRef, Error> {
-        self.check_peer(rank)?;
-        let deadline = self.track(Deadline::new("lend_ref", self.timeout));
-        self.flush_view_acks()?;
-        let mut since = None;
-        while self.outbox.lent_in_place(&loan) {
-            self.await_acks(&deadline, &mut since)?;
-        }
-        self.outbox
-            .send_loan(loan, Outbox::receivers([rank]))
-            .map_err(Error::OwnOutbox)
+        self.on_peer("lend_ref", rank, self.timeout, |session, deadline| {
+            session.flush_view_acks()?;
+            let mut since = None;
+            while session.outbox.lent_in_place(&loan) {
+                session.await_acks(deadline, &mut since)?;
+            }
+            session
+                .outbox
+                .send_loan(loan, Outbox::receivers([rank]))
+                .map_err(Error::OwnOutbox)
+        })
     }
 
     /// A read-only view of the buffer `rank` lent this rank with [`Self::lend_ref`] as
@@ -323,13 +324,13 @@ impl Session {
     /// [`Error::Outbox`] naming `rank` for a reference outside its outbox; `rank`'s departure,
     /// [`Error::Timeout`] while its outbox has not arrived.
     pub fn view_loan_ref(&mut self, rank: u32, lent: PayloadRef) -> Result<LoanView, Error> {
-        self.check_peer(rank)?;
-        let deadline = self.track(Deadline::new("view_loan_ref", self.timeout));
-        self.flush_view_acks()?;
-        let view = self
-            .peer_outbox(rank, &deadline)?
-            .view(lent)
-            .map_err(|source| Error::Outbox { peer: rank, source })?;
+        let view = self.on_peer("view_loan_ref", rank, self.timeout, |session, deadline| {
+            session.flush_view_acks()?;
+            session
+                .peer_outbox(rank, deadline)?
+                .view(lent)
+                .map_err(|source| Error::Outbox { peer: rank, source })
+        })?;
         Ok(LoanView {
             view,
             owner: rank,
@@ -348,15 +349,14 @@ impl Session {
     /// [`Error::Misuse`] when the next message from `rank` is not a loan (it stays queued, and
     /// [`Self::recv`] takes it); otherwise as for [`Self::recv`].
     pub fn recv_loan(&mut self, rank: u32) -> Result<LoanView, Error> {
-        self.check_peer(rank)?;
-        let deadline = self.track(Deadline::new("recv_loan", self.timeout));
-        self.publisher.peer("recv_loan", rank);
-        let expect = Expect::Send {
-            tag: self.peers[rank as usize].recv_tag,
-        };
-        let view = self.take_loan(rank, expect, &deadline)?;
-        self.peers[rank as usize].recv_tag += 1;
-        Ok(view)
+        self.on_peer("recv_loan", rank, self.timeout, |session, deadline| {
+            let expect = Expect::Send {
+                tag: session.peers[rank as usize].recv_tag,
+            };
+            let view = session.take_loan(rank, expect, deadline)?;
+            session.peers[rank as usize].recv_tag += 1;
+            Ok(view)
+        })
     }
 
     /// `root`'s loan on every other rank, by reference: the root passes `Some(loan)` and gets
@@ -370,9 +370,9 @@ impl Session {
         root: u32,
         loan: Option<Loan>,
     ) -> Result<Option<LoanView>, Error> {
-        let deadline = self.track(Deadline::collective("broadcast_loan", self.timeout));
-        let result = self.broadcast_loan_tracked(root, loan, &deadline);
-        self.settled(&deadline, result)
+        self.collective("broadcast_loan", |session, deadline| {
+            session.broadcast_loan_tracked(root, loan, deadline)
+        })
     }
 
     /// [`Self::broadcast_loan`] within its tracked deadline (which [`Deadline::settle`] then

@@ -2,7 +2,7 @@
 
 use super::demux::{Expect, Incoming, Sink};
 use super::send::Targets;
-use super::{Deadline, Error, Session};
+use super::{Error, Session};
 use shmbroker_bindings::kind;
 use std::time::Duration;
 
@@ -23,9 +23,9 @@ impl Session {
             self.peers[rank as usize].send_tag += 1;
             return Ok(());
         }
-        let deadline = self.track(Deadline::new("send", timeout));
-        self.publisher.peer("send", rank);
-        self.send_to(kind::SEND, tag, data, Targets::One(rank), &deadline)?;
+        self.on_peer("send", rank, timeout, |session, deadline| {
+            session.send_to(kind::SEND, tag, data, Targets::One(rank), deadline)
+        })?;
         self.peers[rank as usize].send_tag += 1;
         Ok(())
     }
@@ -84,11 +84,10 @@ impl Session {
     }
 
     fn probe_as(&mut self, op: &'static str, rank: u32, timeout: Duration) -> Result<usize, Error> {
-        self.check_peer(rank)?;
-        let deadline = self.track(Deadline::new(op, timeout));
-        self.publisher.peer(op, rank);
-        self.flush_view_acks()?;
-        let len = self.probe_send(rank, &deadline)?;
+        let len = self.on_peer(op, rank, timeout, |session, deadline| {
+            session.flush_view_acks()?;
+            session.probe_send(rank, deadline)
+        })?;
         usize::try_from(len).map_err(|_| Error::Protocol {
             peer: rank,
             detail: format!(
@@ -103,20 +102,19 @@ impl Session {
         sink: Sink<'a>,
         timeout: Duration,
     ) -> Result<(u64, Sink<'a>), Error> {
-        self.check_peer(rank)?;
-        let deadline = self.track(Deadline::new("recv", timeout));
-        self.publisher.peer("recv", rank);
-        let expect = Expect::Send {
-            tag: self.peers[rank as usize].recv_tag,
-        };
-        let mut incoming = [Incoming::keeping_too_long(rank, expect, sink)];
-        self.flush_view_acks()?;
-        self.take_direct(&mut incoming[0], &deadline)?;
-        if !incoming[0].is_done() {
-            self.receive_all(&mut incoming, &deadline)?;
-        }
-        self.peers[rank as usize].recv_tag += 1;
-        let [incoming] = incoming;
-        incoming.finish()
+        self.on_peer("recv", rank, timeout, |session, deadline| {
+            let expect = Expect::Send {
+                tag: session.peers[rank as usize].recv_tag,
+            };
+            let mut incoming = [Incoming::keeping_too_long(rank, expect, sink)];
+            session.flush_view_acks()?;
+            session.take_direct(&mut incoming[0], deadline)?;
+            if !incoming[0].is_done() {
+                session.receive_all(&mut incoming, deadline)?;
+            }
+            session.peers[rank as usize].recv_tag += 1;
+            let [incoming] = incoming;
+            incoming.finish()
+        })
     }
 }

@@ -237,10 +237,9 @@ impl Session {
     /// operations of floats); [`Error::Protocol`] naming a rank that passed another length;
     /// otherwise as for [`Self::all_gather`].
     pub fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("all_reduce", timeout));
-        let result = self.all_reduce_tracked(data, op, &deadline);
-        self.settled(&deadline, result)
+        self.collective("all_reduce", |session, deadline| {
+            session.all_reduce_tracked(data, op, deadline)
+        })
     }
 
     /// [`Self::all_reduce`] within its tracked deadline (which [`Deadline::settle`] then
@@ -299,9 +298,9 @@ impl Session {
         data: &mut [T],
         op: impl FnMut(&mut [T], &[T]),
     ) -> Result<(), Error> {
-        let deadline = self.track(Deadline::collective("all_reduce", self.timeout));
-        let result = self.all_reduce_with_tracked(data, op, &deadline);
-        self.settled(&deadline, result)
+        self.collective("all_reduce", |session, deadline| {
+            session.all_reduce_with_tracked(data, op, deadline)
+        })
     }
 
     /// [`Self::all_reduce_with`] within its tracked deadline (which [`Deadline::settle`] then
@@ -352,10 +351,9 @@ impl Session {
         data: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("reduce", timeout));
-        let result = self.reduce_tracked(root, data, op, &deadline);
-        self.settled(&deadline, result)
+        self.collective("reduce", |session, deadline| {
+            session.reduce_tracked(root, data, op, deadline)
+        })
     }
 
     /// [`Self::reduce`] within its tracked deadline (which [`Deadline::settle`] then
@@ -408,10 +406,9 @@ impl Session {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("reduce_scatter", timeout));
-        let result = self.reduce_scatter_tracked(input, output, op, &deadline);
-        self.settled(&deadline, result)
+        self.collective("reduce_scatter", |session, deadline| {
+            session.reduce_scatter_tracked(input, output, op, deadline)
+        })
     }
 
     /// [`Self::reduce_scatter`] within its tracked deadline (which [`Deadline::settle`] then

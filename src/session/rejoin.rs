@@ -72,10 +72,9 @@ impl Session {
     /// the broker is gone (nobody can rejoin);
     /// [`Error::RankOutOfRange`]; [`Error::Misuse`] for this session's own rank.
     pub fn wait_for_rank(&mut self, rank: u32) -> Result<(), Error> {
-        let timeout = self.timeout;
-        self.check_peer(rank)?;
-        let deadline = self.track(Deadline::new("wait_for_rank", timeout));
-        self.await_rank(rank, &deadline)
+        self.on_peer("wait_for_rank", rank, self.timeout, |session, deadline| {
+            session.await_rank(rank, deadline)
+        })
     }
 
     /// [`Self::wait_for_rank`] within `deadline`.

@@ -230,10 +230,9 @@ impl Session {
     /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
     /// [`Self::all_gather`].
     pub fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("broadcast", timeout));
-        let result = self.broadcast_tracked(root, data, &deadline);
-        self.settled(&deadline, result)
+        self.collective("broadcast", |session, deadline| {
+            session.broadcast_tracked(root, data, deadline)
+        })
     }
 
     /// [`Self::broadcast`] within its tracked deadline (which [`Deadline::settle`] then
@@ -346,10 +345,9 @@ impl Session {
     ///
     /// As for [`Self::all_gather`], and [`Error::RankOutOfRange`] for a bad root.
     pub fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        let timeout = self.timeout;
-        let deadline = self.track(Deadline::collective("gather", timeout));
-        let result = self.gather_tracked(root, data, &deadline);
-        self.settled(&deadline, result)
+        self.collective("gather", |session, deadline| {
+            session.gather_tracked(root, data, deadline)
+        })
     }
 
     /// [`Self::gather`] within its tracked deadline (which [`Deadline::settle`] then

@@ -279,6 +279,59 @@ impl Session {
         self.publisher.on.store(on, Ordering::Relaxed);
     }
 
+    /// Runs one public call that settles (every collective, and the calls that agree, as
+    /// `group` does), the way each is entered: `deadline` tracked ([`Self::track`]: published
+    /// as this rank's call from now until it returns), `body` run under it, and its outcome
+    /// settled ([`Self::settled`]). The deadline is the session's, or the one
+    /// [`Session::with_timeout`] gave the call.
+    pub(super) fn call<R>(
+        &mut self,
+        deadline: Deadline,
+        body: impl FnOnce(&mut Self, &Deadline) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let deadline = self.track(deadline);
+        let result = body(self, &deadline);
+        self.settled(&deadline, result)
+    }
+
+    /// [`Self::call`] for the collective `op`, within the session's deadline.
+    pub(super) fn collective<R>(
+        &mut self,
+        op: &'static str,
+        body: impl FnOnce(&mut Self, &Deadline) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        self.call(Deadline::collective(op, self.timeout), body)
+    }
+
+    /// Runs one public call `op` that neither settles nor waits on one peer (`recv_any`,
+    /// `loan`), the way each is entered: tracked ([`Self::track`]) within the session's
+    /// deadline, `body` run under it.
+    pub(super) fn tracked<R>(
+        &mut self,
+        op: &'static str,
+        body: impl FnOnce(&mut Self, &Deadline) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let deadline = self.track(Deadline::new(op, self.timeout));
+        body(self, &deadline)
+    }
+
+    /// Runs one public call `op` on `rank` alone, the way each is entered: `rank` checked, the
+    /// call tracked ([`Self::track`]) and published as waiting for `rank`, `body` run under
+    /// its deadline. Not settled: its failure names `rank` already, and no peer gives a
+    /// point-to-point call up.
+    pub(super) fn on_peer<R>(
+        &mut self,
+        op: &'static str,
+        rank: u32,
+        timeout: Duration,
+        body: impl FnOnce(&mut Self, &Deadline) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        self.check_peer(rank)?;
+        let deadline = self.track(Deadline::new(op, timeout));
+        self.publisher.peer(op, rank);
+        body(self, &deadline)
+    }
+
     /// `deadline`, publishing its call as this rank's (see the module docs). Every call that
     /// waits begins here, where no receive is under way: the streams of ranks recorded dead
     /// since the last call are closed first (see `departures::Session::catch_up_on_departures`).
