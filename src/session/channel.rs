@@ -299,7 +299,9 @@ fn recv_slots<S: Pod>(ring: &mut Consumer<S>, ends: &Ends, out: &mut [S]) -> Res
         match ring.recv_timeout(ends.slice(started)) {
             Ok(slot) => {
                 out[0] = slot;
-                return Ok(1 + try_recv_slots(ring, ends, &mut out[1..])?);
+                // What else has arrived; a close or a corruption after it shows on the next
+                // call, so that the record in hand is not lost with it.
+                return Ok(1 + try_recv_slots(ring, ends, &mut out[1..]).unwrap_or(0));
             }
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Interrupted) => {
                 if let Some(error) = ends.look("channel recv", started, interrupts) {
