@@ -152,9 +152,9 @@ struct Wide {
 }
 
 #[test]
-fn records_taken_ahead_come_first_in_order_whatever_call_takes_them() {
+fn records_released_in_batches_come_in_order_whatever_call_takes_them() {
     const COUNT: u64 = 20_000;
-    let (_world, mut sessions) = World::start("channel-ahead", 2);
+    let (_world, mut sessions) = World::start("channel-batches", 2);
     let mut consumer = sessions.pop().unwrap();
     let mut producer = sessions.pop().unwrap();
     let sending = std::thread::spawn(move || {
@@ -179,7 +179,7 @@ fn records_taken_ahead_come_first_in_order_whatever_call_takes_them() {
         );
         *next += 1;
     };
-    // Each call in turn, so that records one call took ahead are handed out by the others.
+    // Each call in turn, so that slots one call kept are given back by the others.
     let closed = loop {
         let taken = match next % 4 {
             0 => rx.recv().map(|record| check(record, &mut next)),
@@ -210,6 +210,53 @@ fn records_taken_ahead_come_first_in_order_whatever_call_takes_them() {
         "{closed}"
     );
     let _producer = sending.join().unwrap();
+}
+
+#[test]
+fn a_producer_waiting_for_room_gets_the_slots_a_receiver_kept_once_it_reads_on() {
+    // 64-byte records in a ring of 64: the receiver keeps up to 16 read slots while the next
+    // record is there. What that costs, and that it costs no wake-up: a full ring stays full
+    // after one receive, and a send parked on it goes once the receiver has read on.
+    let (_world, mut sessions) = World::start("channel-kept", 2);
+    let mut consumer = sessions.pop().unwrap();
+    let mut producer = sessions.pop().unwrap();
+    let (to_producer, go) = std::sync::mpsc::channel::<()>();
+    let (to_consumer, filled) = std::sync::mpsc::channel::<bool>();
+    let sending = std::thread::spawn(move || {
+        let mut tx = producer.channel_to::<Wide>(1, 4, 64).unwrap();
+        go.recv().unwrap();
+        let mut id = 0;
+        while tx.try_send(&Wide { id, words: [id; 7] }).unwrap() {
+            id += 1;
+        }
+        assert_eq!(id, 64, "a ring of 64 slots takes 64 records");
+        to_consumer.send(true).unwrap();
+        go.recv().unwrap();
+        // One record taken, its slot kept: still full.
+        let after_one = tx.try_send(&Wide { id, words: [id; 7] }).unwrap();
+        to_consumer.send(after_one).unwrap();
+        // Parked until the receiver gives its batch back.
+        tx.send(&Wide { id, words: [id; 7] }).unwrap();
+        producer
+    });
+    let mut rx = consumer.channel_from::<Wide>(0, 4).unwrap();
+    to_producer.send(()).unwrap();
+    assert!(filled.recv().unwrap());
+    assert_eq!(rx.recv().unwrap().id, 0);
+    to_producer.send(()).unwrap();
+    assert!(
+        !filled.recv().unwrap(),
+        "a kept slot is not free room until the batch is given back"
+    );
+    for id in 1..=64 {
+        let record = rx.recv().unwrap();
+        assert_eq!(record, Wide { id, words: [id; 7] });
+    }
+    let _producer = sending.join().unwrap();
+    assert!(matches!(
+        rx.try_recv(),
+        Err(Error::ChannelClosed { peer: 0, .. })
+    ));
 }
 
 #[test]

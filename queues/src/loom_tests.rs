@@ -62,6 +62,31 @@ fn loom_parked_producer_and_consumer_are_woken() {
     });
 }
 
+/// Release in batches loses no wake-up and no message: a consumer keeping up to 2 read slots
+/// of 8 while the next message is there, against a producer that fills the ring and parks on it
+/// (nothing spins). The producer's tenth message needs slots the consumer keeps until it has
+/// read on.
+#[test]
+fn loom_slots_released_in_batches_wake_a_parked_producer() {
+    loom::model(|| {
+        let (mut tx, mut rx) = pair::<u64>(8).unwrap();
+        tx.set_waiting(Waiting::Spin(0));
+        rx.set_waiting(Waiting::Spin(0));
+        rx.set_release_batch(2);
+        for value in 0..8 {
+            tx.try_send(value).unwrap();
+        }
+        let producer = thread::spawn(move || {
+            tx.send_timeout(8, FOREVER).unwrap();
+            tx.send_timeout(9, FOREVER).unwrap();
+        });
+        for value in 0..10 {
+            assert_eq!(rx.recv_timeout(FOREVER), Ok(value));
+        }
+        producer.join().unwrap();
+    });
+}
+
 /// Full and empty boundaries: with 2 slots, a third message is refused until the consumer frees a
 /// slot, and the consumer never sees more messages than were sent.
 #[test]

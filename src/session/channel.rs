@@ -614,70 +614,29 @@ pub struct ChannelSender<T: Pod> {
 /// The receiving end of a channel of `T` records ([`Session::channel_from`]).
 pub struct ChannelReceiver<T: Pod> {
     end: Typed<Consumer<T>, RawChannelReceiver>,
-    ahead: Ahead<T>,
 }
 
-/// Bytes of records a typed receiver takes from its ring ahead of its caller (see [`Ahead`]).
-const AHEAD_BYTES: usize = 1024;
+/// The smallest record whose channel gives its ring's slots back in batches of up to
+/// [`RELEASE_BATCH`] (`Consumer::set_release_batch`, which says how). A consumer a little slower
+/// than its producer lets the ring fill; then each slot given back alone costs a round trip
+/// between the cores, and the stream settles at one record per round trip. With 64-byte
+/// records on the 2-vCPU guests `channel_stream` runs on, a typed receiver giving back every
+/// slot took 15.7-16.6 M records a second, one taking ahead what had arrived (its read-ahead
+/// until then) 21-27 M, and one giving back in batches of 16 to 128 42-48 M (the raw ring in the
+/// same runs: 12-54 M, as it fell into one regime or the other). At 8 bytes batches did not pay
+/// (about 37 M against 55 to 79 M): the extra look at the next slot costs more than the round
+/// trips it saves.
+const RELEASE_BATCH_MIN_RECORD: usize = 64;
 
-/// The smallest record a typed receiver takes ahead: a 64-byte record's slot spans two cache
-/// lines, and there a full ring cost 2 to 3 times the records a second (13 to 20 M against 25 to
-/// 38 M on the 2-vCPU guests `channel_stream` ran on). At 8 bytes taking ahead did not pay (about
-/// 38 M against 50 M): the consumer, cheaper per record, polled the line the producer was writing
-/// more often.
-const AHEAD_MIN_RECORD: usize = 64;
+/// The most slots a channel's receiver keeps before it gives them back, while the next record
+/// is already there (at most a quarter of the ring): what its producer may see as missing room
+/// while the receiver holds unread records. 16, 32 and 128 measured alike (42-48 M at 64 bytes).
+const RELEASE_BATCH: usize = 32;
 
-/// Records a typed receiver took from the ring before its caller asked for them, handed out
-/// first, in order.
-///
-/// For records of [`AHEAD_MIN_RECORD`] bytes or more, a receive of one record takes every record
-/// that has arrived, up to [`AHEAD_BYTES`] of them, and releases their slots in one store. Released one at a time, a ring that a slower consumer
-/// let fill stays full: the producer polls the consumer's cursor for each free slot, and each of
-/// the consumer's releases waits for that cache line to come back (one round trip between the
-/// cores per record). Taking what is there at once empties the ring again. Slots are released
-/// earlier than the caller takes the records, never later, so the producer never waits for room
-/// a receive has taken; records still here when the end is dropped are lost as records still in
-/// the ring are.
-struct Ahead<T> {
-    records: Box<[T]>,
-    next: usize,
-    len: usize,
-}
-
-impl<T: Pod> Ahead<T> {
-    fn new(direct: bool) -> Self {
-        let count = if direct && size_of::<T>() >= AHEAD_MIN_RECORD {
-            (AHEAD_BYTES / size_of::<T>()).max(1)
-        } else {
-            0
-        };
-        Self {
-            records: vec![T::zeroed(); count].into_boxed_slice(),
-            next: 0,
-            len: 0,
-        }
-    }
-
-    /// The next record taken ahead, if any.
-    #[inline]
-    fn pop(&mut self) -> Option<T> {
-        (self.next < self.len).then(|| {
-            self.next += 1;
-            self.records[self.next - 1]
-        })
-    }
-
-    /// Moves records taken ahead into `out`; how many.
-    fn drain_into(&mut self, out: &mut [T]) -> usize {
-        let count = out.len().min(self.len - self.next);
-        out[..count].copy_from_slice(&self.records[self.next..self.next + count]);
-        self.next += count;
-        count
-    }
-
-    /// Records taken ahead that the caller has not had yet.
-    fn held(&self) -> usize {
-        self.len - self.next
+/// Gives `ring`'s slots back in batches when its records are large enough to gain from it.
+fn batch_releases<S: Pod>(ring: &mut Consumer<S>, record_bytes: usize) {
+    if record_bytes >= RELEASE_BATCH_MIN_RECORD {
+        ring.set_release_batch(RELEASE_BATCH);
     }
 }
 
@@ -788,23 +747,10 @@ impl<T: Pod> ChannelReceiver<T> {
     /// As for [`RawChannelReceiver::try_recv_batch`].
     #[inline]
     pub fn try_recv(&mut self) -> Result<Option<T>, Error> {
-        if let Some(record) = self.ahead.pop() {
-            return Ok(Some(record));
-        }
         match &mut self.end {
-            // As `ChannelSender::try_send`: the ring's own call on the hot path, taking what has
-            // arrived (see `Ahead`).
-            Typed::Direct(ring, ends) if self.ahead.records.is_empty() => match ring.try_recv() {
+            // As `ChannelSender::try_send`: the ring's own call on the hot path.
+            Typed::Direct(ring, ends) => match ring.try_recv() {
                 Ok(record) => Ok(Some(record)),
-                Err(TryRecvError::Empty) => Ok(None),
-                Err(_) => Err(recv_failed(ring, ends)),
-            },
-            Typed::Direct(ring, ends) => match ring.try_recv_batch(&mut self.ahead.records) {
-                Ok(count) => {
-                    self.ahead.len = count;
-                    self.ahead.next = 1;
-                    Ok(Some(self.ahead.records[0]))
-                }
                 Err(TryRecvError::Empty) => Ok(None),
                 Err(_) => Err(recv_failed(ring, ends)),
             },
@@ -822,20 +768,9 @@ impl<T: Pod> ChannelReceiver<T> {
     ///
     /// As for [`RawChannelReceiver::recv`].
     pub fn recv(&mut self) -> Result<T, Error> {
-        if let Some(record) = self.ahead.pop() {
-            return Ok(record);
-        }
-        if self.ahead.records.is_empty() {
-            let mut record = T::zeroed();
-            self.recv_batch(std::slice::from_mut(&mut record))?;
-            return Ok(record);
-        }
-        let Typed::Direct(ring, ends) = &mut self.end else {
-            unreachable!("only a direct end takes records ahead")
-        };
-        self.ahead.len = recv_slots(ring, ends, &mut self.ahead.records)?;
-        self.ahead.next = 1;
-        Ok(self.ahead.records[0])
+        let mut record = T::zeroed();
+        self.recv_batch(std::slice::from_mut(&mut record))?;
+        Ok(record)
     }
 
     /// Records that have arrived, into `records`, up to its length; how many.
@@ -845,23 +780,9 @@ impl<T: Pod> ChannelReceiver<T> {
     /// As for [`RawChannelReceiver::try_recv_batch`].
     #[inline]
     pub fn try_recv_batch(&mut self, records: &mut [T]) -> Result<usize, Error> {
-        if self.ahead.held() == 0 {
-            return match &mut self.end {
-                Typed::Direct(ring, ends) => try_recv_slots(ring, ends, records),
-                Typed::Raw(raw) => raw.try_recv_batch(bytemuck::cast_slice_mut(records)),
-            };
-        }
-        let held = self.ahead.drain_into(records);
-        let rest = &mut records[held..];
-        let taken = match &mut self.end {
-            Typed::Direct(ring, ends) => try_recv_slots(ring, ends, rest),
-            Typed::Raw(raw) => raw.try_recv_batch(bytemuck::cast_slice_mut(rest)),
-        };
-        match taken {
-            Ok(count) => Ok(held + count),
-            // What was taken ahead first: the error comes again on the next call.
-            Err(_) if held > 0 => Ok(held),
-            Err(error) => Err(error),
+        match &mut self.end {
+            Typed::Direct(ring, ends) => try_recv_slots(ring, ends, records),
+            Typed::Raw(raw) => raw.try_recv_batch(bytemuck::cast_slice_mut(records)),
         }
     }
 
@@ -871,9 +792,6 @@ impl<T: Pod> ChannelReceiver<T> {
     ///
     /// As for [`RawChannelReceiver::recv_batch`].
     pub fn recv_batch(&mut self, records: &mut [T]) -> Result<usize, Error> {
-        if self.ahead.held() > 0 || records.is_empty() {
-            return self.try_recv_batch(records);
-        }
         match &mut self.end {
             Typed::Direct(ring, ends) => recv_slots(ring, ends, records),
             Typed::Raw(raw) => raw.recv_batch(bytemuck::cast_slice_mut(records)),
@@ -976,7 +894,6 @@ impl Session {
         if !direct::<T>() || made.offered.record_bytes as usize != size_of::<T>() {
             return Ok(ChannelReceiver {
                 end: Typed::Raw(open_raw_receiver(made, tag)?),
-                ahead: Ahead::new(false),
             });
         }
         let mut ring = Consumer::<T>::join(made.fd.as_fd()).map_err(join_error)?;
@@ -985,9 +902,9 @@ impl Session {
         check_hello(&made, tag, bytemuck::bytes_of(&first), || {
             ring.closer().close(MISMATCH);
         })?;
+        batch_releases(&mut ring, size_of::<T>());
         Ok(ChannelReceiver {
             end: Typed::Direct(ring, made.ends),
-            ahead: Ahead::new(true),
         })
     }
 
@@ -1136,6 +1053,11 @@ fn open_raw_receiver(made: Made, tag: u64) -> Result<RawChannelReceiver, Error> 
     check_hello(&made, tag, &first, || {
         with_class!(Rx, &ring, |ring, Slot| ring.closer().close(MISMATCH));
     })?;
+    let record_bytes = made.offered.record_bytes as usize;
+    with_class!(Rx, &mut ring, |ring, Slot| batch_releases(
+        ring,
+        record_bytes
+    ));
     Ok(RawChannelReceiver {
         ring,
         ends: made.ends,

@@ -39,7 +39,7 @@ impl<T: Pod> Consumer<T> {
     pub(super) fn new(ring: RingRef<T>) -> Self {
         Self {
             ring,
-            cursor: RecvCursor { head: 0 },
+            cursor: RecvCursor::new(),
             patience: Patience::new(Waiting::default()),
             clock_started: None,
             interrupt: None,
@@ -60,6 +60,20 @@ impl<T: Pod> Consumer<T> {
     #[must_use]
     pub fn capacity(&self) -> usize {
         self.ring.capacity as usize
+    }
+
+    /// Gives slots back to the producer in batches of up to `batch` (at most a quarter of the
+    /// ring) while the next message is already there, instead of after every receive; a receive
+    /// that finds the ring empty, or that reaches `batch`, gives back all it holds. For a
+    /// stream whose producer keeps the ring full: there each slot given back alone costs a
+    /// round trip between the two cores, and a batch costs one. The cost: while this consumer
+    /// holds unread messages and does not come back for them, its producer sees up to `batch`
+    /// fewer free slots. 0 (the default) gives every slot back at once.
+    pub fn set_release_batch(&mut self, batch: usize) {
+        self.cursor.batch = (batch as u64).min(self.ring.capacity / 4);
+        if self.cursor.batch == 0 && self.cursor.head != self.cursor.released {
+            self.cursor.release(&self.ring);
+        }
     }
 
     /// How blocking calls wait (default: [`Waiting::Adaptive`], uncrowded).

@@ -80,7 +80,8 @@ pub fn close<T: Pod>(fd: BorrowedFd<'_>, cause: u32) -> Result<(), Error> {
 /// How many messages wait in the ring of `T` in `fd`, for a third process that holds the file
 /// (the broker, for `shmbroker status`): it claims no role and writes nothing. It counts the slots
 /// ready from the consumer's cursor on, so the answer is at most the capacity whatever either end
-/// wrote; it is a picture for people, not a number to act on.
+/// wrote (and counts the few a consumer releasing in batches has read but not yet given back);
+/// it is a picture for people, not a number to act on.
 ///
 /// # Errors
 ///

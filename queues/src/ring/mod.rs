@@ -34,7 +34,8 @@
 //!
 //! *Consumer*, at its position `head`: it reads the sequence word of `head` (Acquire). When ready
 //! it copies the message out and moves on to the next slot while those are ready, then stores its
-//! new `head` (Release) once for the whole batch and wakes the producer if it parked.
+//! new `head` (Release) once for the whole batch and wakes the producer if it parked (or, with a
+//! release batch, keeps the slots a while: see below).
 //!
 //! # Why it is correct
 //!
@@ -55,6 +56,30 @@
 //!   that too is pending. So all messages are drained first.
 //! * **Parking.** See the [`crate::futex`] module: a waker's swap after publishing and a waiter's
 //!   swap before re-checking can never both miss each other.
+//!
+//! # Release in batches
+//!
+//! A consumer may keep the slots it has read, up to a batch ([`Consumer::set_release_batch`]),
+//! while the slot after them already holds the next message, and give them all back with one
+//! store of `head` when the batch is full or when it finds the ring empty. This is the batched
+//! update of control variables of Lee et al.'s MCRingBuffer (2009). When the producer keeps the
+//! ring full, each slot given back alone costs a round trip of `head`'s cache line between the
+//! cores (the producer reads it for every free slot, the consumer's next store must take it
+//! back); a batch costs one round trip per batch.
+//!
+//! It changes only *when* `head` is stored, always later, never sooner, so visibility, no
+//! overwrite and FIFO hold as above. No wait is lost either:
+//!
+//! * the consumer keeps slots only while a message it has not read is in the ring, so it never
+//!   parks, nor reports `Empty`, holding any: a receive that finds the ring empty gives back what
+//!   it holds first, and a parked consumer's wait begins with such a receive;
+//! * a producer that parks on a full ring is woken by the store that gives the batch back,
+//!   exactly as by a single slot's; that store comes within `batch` receives, or at the first
+//!   receive that finds the ring empty.
+//!
+//! The cost is room, not progress: while the consumer holds unread messages and does not come
+//! back for them, its producer sees up to `batch` fewer free slots than it would. The loom test
+//! `loom_slots_released_in_batches_wake_a_parked_producer` checks the parking claims.
 //!
 //! The loom tests in `loom_tests.rs` check these claims on a ring of two slots.
 //!
@@ -204,9 +229,31 @@ impl SendCursor {
 struct RecvCursor {
     /// Next position to read.
     head: u64,
+    /// The last `head` stored for the producer: the slots from here to `head` were read and
+    /// not yet given back (see "Release in batches" in the module docs).
+    released: u64,
+    /// How many read slots may stay unreleased while the next message is already there: 0
+    /// gives every slot back at once.
+    batch: u64,
 }
 
 impl RecvCursor {
+    fn new() -> Self {
+        Self {
+            head: 0,
+            released: 0,
+            batch: 0,
+        }
+    }
+
+    /// Gives the producer every slot read so far, and wakes it if it parked.
+    fn release<T: Pod>(&mut self, ring: &RingRef<T>) {
+        self.released = self.head;
+        let shared = &ring.header().consumer.0;
+        shared.head.store(self.head, Ordering::Release);
+        shared.producer_wait.wake();
+    }
+
     /// Receives up to `max` ready messages into `sink`, releasing their slots in one store.
     fn take<T: Pod>(
         &mut self,
@@ -233,11 +280,18 @@ impl RecvCursor {
             sink(count, message);
             count += 1;
         }
-        if count > 0 {
-            self.head = self.head.wrapping_add(count as u64);
-            let shared = &ring.header().consumer.0;
-            shared.head.store(self.head, Ordering::Release);
-            shared.producer_wait.wake();
+        self.head = self.head.wrapping_add(count as u64);
+        // Keep the slots while the next message is already there and fewer than `batch` are
+        // kept: the caller comes back for it, and gives them back then (see the module docs).
+        if self.batch > 0
+            && count == max
+            && self.head.wrapping_sub(self.released) < self.batch
+            && matches!(ring.poll(self.head), Ok(true))
+        {
+            return Ok(count);
+        }
+        if self.head != self.released {
+            self.release(ring);
         }
         Ok(count)
     }
