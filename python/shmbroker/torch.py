@@ -16,8 +16,9 @@ Importing this module registers it::
 ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``) each rank joins the launcher's broker;
 under ``torchrun``, local rank 0 hosts one on a socket named after the run. Started any other
 way (``mp.spawn`` with a ``tcp://`` or ``file://`` ``init_method``, say), rank 0 hosts a broker
-on a fresh socket and tells the others its path through torch's store. One node only: the world
-must be the ranks of this machine.
+on a fresh socket and tells the others its path through torch's store. A world or group that
+spans nodes uses shared memory inside each node and gloo between them (see
+``shmbroker._spanning``); ``SHMBROKER_NODE`` names a rank's node.
 
 **Calls:** ``barrier``, ``all_reduce`` (``SUM``, ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``,
 ``BAND``, ``BOR``, ``BXOR``), ``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter``,
@@ -257,8 +258,26 @@ class _World:
     several threads take turns on it; and the receives posted and not yet waited for, in the
     order they were posted."""
 
-    def __init__(self, session: shmbroker.Session):
+    def __init__(
+        self,
+        session: shmbroker.Session,
+        rank: int | None = None,
+        size: int | None = None,
+        nodes: list[int] | None = None,
+    ):
         self.session = session
+        # This rank and the world's size in torch's world (the session's, on one node).
+        self.rank = session.rank if rank is None else rank
+        self.size = session.world_size if size is None else size
+        # The node of every world rank when the world spans nodes (the session then holds this
+        # node's ranks only), and the world ranks of this node by session rank; None on one
+        # node.
+        self.nodes = nodes
+        self.node_ranks: list[int] = (
+            [r for r, n in enumerate(nodes) if n == nodes[self.rank]] if nodes else []
+        )
+        # torch's store of the world, where a world spanning nodes names its first death.
+        self.store: Any = None
         self.lock = threading.Lock()
         self.posted: collections.deque[_Receive] = collections.deque()
         # Messages that came before a receive of their tag asked for them: (world rank, tag)
@@ -763,21 +782,25 @@ def _fill(memory: Any, data: bytes, what: str) -> None:
         ctypes.memmove(memory, data, len(data))
 
 
-def _connect(store: Any, rank: int, size: int, timeout: float) -> shmbroker.Session:
+def _connect(
+    store: Any, rank: int, size: int, timeout: float, node: int | None = None
+) -> shmbroker.Session:
     """A new session: from the launcher's environment, or on a socket rank 0 makes and names in
-    torch's `store`."""
+    torch's `store`. With `node`, the session of that node's ranks (`rank` and `size` counted
+    among them), on a socket its first rank makes."""
     launched = "SHMBROKER_SOCKET" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
-    if launched:
+    if launched and node is None:
         session = shmbroker.connect(timeout=timeout)
         if (session.rank, session.world_size) != (rank, size):
             session.close()
             raise RuntimeError(
                 f"shmbroker backend: torch says rank {rank} of {size}, the launcher's "
-                f"environment rank {session.rank} of {session.world_size} (shmbroker works on "
-                "one node: the world must be this node's ranks)"
+                f"environment rank {session.rank} of {session.world_size} (every rank is on "
+                "one node, by SHMBROKER_NODE or the host's identity, but the launcher's world "
+                "is not torch's)"
             )
         return session
-    key = "shmbroker/socket"
+    key = "shmbroker/socket" if node is None else f"shmbroker/socket/{node}"
     if rank == 0:
         folder = tempfile.mkdtemp(prefix="shmbroker-torch-")
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
@@ -795,30 +818,51 @@ def _world_for(options: Any, seconds: float) -> _World:
     global _world
     rank, size = options.group_rank, options.group_size
     if _world is not None and not _world.session.closed:
-        session = _world.session
-        if (session.rank, session.world_size) == (rank, size):
+        if (_world.rank, _world.size) == (rank, size):
             return _world
-        session.close()
-    _world = _World(_connect(options.store, rank, size, seconds))
+        _world.session.close()
+    nodes = _spanning.layout(options.store, rank, size)
+    if max(nodes) == 0:
+        _world = _World(_connect(options.store, rank, size, seconds))
+    else:
+        mine = [r for r, n in enumerate(nodes) if n == nodes[rank]]
+        session = _connect(options.store, mine.index(rank), len(mine), seconds, nodes[rank])
+        _world = _World(session, rank, size, nodes)
+        _world.store = options.store
     atexit.register(_world.session.close)
     return _world
 
 
-def _create(options: Any, _backend_options: Any) -> ShmbrokerProcessGroup:
+def _create(options: Any, _backend_options: Any) -> dist.ProcessGroup:
     seconds = options.timeout.total_seconds()
     ranks = list(options.global_ranks_in_group)
     with _world_lock:
         if not ranks:
-            return ShmbrokerProcessGroup(_world_for(options, seconds), None, seconds)
+            made = _world_for(options, seconds)
+            if made.nodes is None:
+                return ShmbrokerProcessGroup(made, None, seconds)
+            span = _spanning.Span(made, list(range(made.size)), None, options.store, seconds)
+            return _spanning.SpanProcessGroup(span)
         world = _world
     if world is None or world.session.closed:
         raise RuntimeError(
             "shmbroker backend: a group needs the shmbroker backend as the default group's "
             '(init_process_group("shmbroker")) first'
         )
+    if world.nodes is None:
+        with world.turn(seconds):
+            group = world.session.group(ranks, timeout=seconds)
+        return ShmbrokerProcessGroup(world, group, seconds)
+    # The world spans nodes: the session holds this node's ranks, numbered by session rank.
+    here = [world.node_ranks.index(r) for r in ranks if r in world.node_ranks]
     with world.turn(seconds):
-        group = world.session.group(ranks, timeout=seconds)
-    return ShmbrokerProcessGroup(world, group, seconds)
+        group = world.session.group(here, timeout=seconds)
+    if all(r in world.node_ranks for r in ranks):
+        return ShmbrokerProcessGroup(world, group, seconds)
+    span = _spanning.Span(world, ranks, group, options.store, seconds)
+    return _spanning.SpanProcessGroup(span)
 
+
+from . import _spanning  # noqa: E402  (it builds on this module's helpers)
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

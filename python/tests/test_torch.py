@@ -116,3 +116,104 @@ def test_a_rank_that_dies_is_named_by_the_others():
     for rank in (0, 2):
         status, out, err = results[rank]
         assert status == 0 and f"OK death rank {rank}" in out, (status, out, err)
+
+
+# --- a world spanning nodes: SHMBROKER_NODE makes several "nodes" on this machine.
+
+LAYOUTS = {
+    "2 nodes x 2, in blocks": ["a", "a", "b", "b"],
+    "2 nodes x 2, interleaved": ["a", "b", "a", "b"],
+    "3 nodes x 2": ["a", "a", "b", "b", "c", "c"],
+    "1 + 2, uneven": ["a", "b", "b"],
+}
+
+
+def start_nodes(scenario, nodes, extra=None):
+    """One worker per entry of `nodes` (its node's name) with no launcher, on a store this test
+    hosts (as torchrun's agent does, so that it outlives any rank)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        len(nodes),
+        True,
+        timeout=datetime.timedelta(seconds=DEADLINE),
+        wait_for_workers=False,
+    )
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(WORKERS), scenario, str(rank), str(len(nodes))]
+            + [f"store:{store.port}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env({"SHMBROKER_NODE": f"node{ord(node) - ord('a')}", **(extra or {})}),
+            stdin=subprocess.DEVNULL,
+        )
+        for rank, node in enumerate(nodes)
+    ]
+    return store, ranks
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_world_spanning_nodes_gives_what_gloo_gives(layout):
+    _store, ranks = start_nodes("spanning", LAYOUTS[layout])
+    for rank, (status, out, err) in enumerate(finish(ranks)):
+        assert status == 0 and f"OK spanning rank {rank}" in out, (status, out, err[-3000:])
+
+
+@pytest.mark.parametrize("victim", [1, 2], ids=["a node's second rank", "a node's leader"])
+@pytest.mark.parametrize("late", ["0", "1"], ids=["small all-reduces", "large all-reduces"])
+def test_a_death_on_one_node_is_named_on_every_node_within_5_s(victim, late, tmp_path):
+    died_at = tmp_path / "died"
+    extra = {"VICTIM": str(victim), "LATE": late, "DIED_AT": str(died_at)}
+    _store, ranks = start_nodes("span_death", ["a", "a", "b", "b"], extra)
+    results = finish(ranks)
+    assert results[victim][0] == 3, results[victim]
+    died = float(died_at.read_text())
+    for rank, (status, out, err) in enumerate(results):
+        if rank == victim:
+            continue
+        assert status == 0 and f"OK span_death rank {rank}" in out, (status, out, err[-3000:])
+        learned = float(out.split("learned at ")[1].split(":")[0])
+        assert learned - died < 5, f"rank {rank} learned of the death {learned - died:.1f} s on"
+
+
+def test_two_torchruns_as_two_nodes():
+    port = free_port()
+    jobs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"localhost:{port}",
+                "--rdzv-id",
+                "two-nodes",
+                str(WORKERS),
+                "spanning",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env({"SHMBROKER_NODE": f"node{node}"}),
+            stdin=subprocess.DEVNULL,
+        )
+        for node in range(2)
+    ]
+    results = finish(jobs)
+    out = "".join(result[1] for result in results)
+    for status, _, err in results:
+        assert status == 0, err[-3000:]
+    for rank in range(4):
+        assert f"OK spanning rank {rank}" in out, out

@@ -7,9 +7,14 @@
 - `again`: `basic`, then the group destroyed and made again, twice, with a call from another
   thread.
 - `death`: rank 1 dies in the middle of all-reduces; the others must raise PeerLost naming it.
+- `trips`: tags, all_gather_coalesced, monitored_barrier and a timeout's text, as under gloo.
+- `spanning`: every call on a world spanning nodes (`SHMBROKER_NODE` set per rank), against
+  gloo, with groups inside a node and across nodes, and DistributedDataParallel.
+- `span_death`: on a world spanning nodes, rank `VICTIM` dies; every other rank must raise
+  PeerLost naming it.
 
 Usage: python torch_workers.py SCENARIO [RANK WORLD_SIZE INIT_METHOD] (the last three only when
-no launcher gives them).
+no launcher gives them; an INIT_METHOD of `store:PORT` joins a TCP store the test hosts).
 """
 
 import datetime
@@ -286,6 +291,171 @@ def against_gloo():
         check(error.rank != rank, f"the failure names a peer: {error}")
 
 
+def spanning():
+    """Every call on a world that spans nodes (SHMBROKER_NODE set per rank), against gloo."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    check(type(dist.group.WORLD).__name__ == "SpanProcessGroup", f"{dist.group.WORLD!r}")
+    salt = 0
+    dist.barrier()
+    # 0, 1, odd, and past the rails' threshold (odd too: padded to the node's ranks).
+    counts = [0, 1, 7, 70_001, 262_145]
+    for dtype in INTEGERS + FLOATS:
+        ops = [R.SUM, R.MIN, R.MAX]
+        ops += [R.BAND, R.BOR, R.BXOR] if not dtype.is_floating_point else []
+        if dtype not in (torch.float16, torch.bfloat16):
+            ops.append(R.PRODUCT)  # gloo has no half-precision product
+        for op in ops:
+            for count in counts:
+                salt += 1
+                data = values(dtype, count, rank, salt)
+                what = f"all_reduce {op} {dtype}"
+                ours, theirs = both(
+                    lambda g, t: dist.all_reduce(t, op=op, group=g), data, what=what
+                )
+                same(ours, theirs, f"{what} x{count}")
+    # int16 (which gloo lacks: against gloo's int32, narrowed) and half-precision products.
+    for op in [R.SUM, R.MIN, R.MAX, R.PRODUCT, R.BAND, R.BOR, R.BXOR]:
+        for count in (7, 262_145):
+            data = values(torch.int16, count, rank, 1) * 1000
+            wide = data.to(torch.int32)
+            dist.all_reduce(data, op=op)
+            dist.all_reduce(wide, op=op, group=GLOO)
+            same(data, wide.to(torch.int16), f"all_reduce {op} int16 x{count}")
+    for dtype in [torch.float16, torch.bfloat16]:
+        data = values(dtype, 1000, rank, 2)
+        wide = data.to(torch.float32)
+        dist.all_reduce(data, op=R.PRODUCT)
+        dist.all_reduce(wide, op=R.PRODUCT, group=GLOO)
+        same(data, wide.to(dtype), f"all_reduce PRODUCT {dtype}")
+    for dtype in [torch.bool, torch.complex64, torch.bfloat16]:
+        data = values(torch.int32, 1000, rank, 3).remainder(2).to(dtype)
+        ours, theirs = both(lambda g, t: dist.all_reduce(t, group=g), data, what=f"{dtype}")
+        same(ours, theirs, f"all_reduce {dtype}")
+    data = values(torch.float32, 300_000, rank, 4)
+    mine = data.clone()
+    dist.all_reduce(mine, op=R.AVG)
+    ours, theirs = both(lambda g, t: dist.all_reduce(t, group=g), data)
+    same(mine, theirs[0] / size, "all_reduce AVG")
+    # Floats: the same bits on every rank, both below and above the rails' threshold.
+    for count in (1000, 300_000):
+        noisy = torch.randn(count, generator=torch.Generator().manual_seed(rank))
+        dist.all_reduce(noisy)
+        everyone = [torch.zeros(count) for _ in range(size)]
+        dist.all_gather(everyone, noisy)
+        check(all(torch.equal(noisy, other) for other in everyone), f"same bits x{count}")
+    for dtype in [torch.uint8, torch.float32, torch.complex64]:
+        for count in [0, 1, 7, 70_001]:
+            salt += 1
+            data = values(dtype, count, rank, salt)
+            outs = [torch.zeros(count, dtype=dtype) for _ in range(size)]
+            ours, theirs = both(lambda g, o, t: dist.all_gather(o, t, group=g), outs, data)
+            same(ours[0], theirs[0], f"all_gather {dtype} x{count}")
+            flat = torch.zeros(count * size, dtype=dtype)
+            ours, theirs = both(
+                lambda g, o, t: dist.all_gather_into_tensor(o, t, group=g), flat, data
+            )
+            same(ours[0], theirs[0], f"all_gather_into_tensor {dtype} x{count}")
+            for root in range(size):
+                ours, theirs = both(lambda g, t: dist.broadcast(t, root, group=g), data)
+                same(ours, theirs, f"broadcast from {root} {dtype} x{count}")
+            block = torch.cat([values(dtype, count, rank * size + q, salt) for q in range(size)])
+            ours, theirs = both(
+                lambda g, o, i: dist.all_to_all_single(o, i, group=g),
+                torch.zeros_like(block),
+                block,
+            )
+            same(ours[0], theirs[0], f"all_to_all_single {dtype} x{count}")
+            if dtype == torch.complex64:
+                continue
+            for op in [R.SUM, R.MAX]:
+                ours, theirs = both(
+                    lambda g, o, i: dist.reduce_scatter_tensor(o, i, op=op, group=g),
+                    torch.zeros(count, dtype=dtype),
+                    block,
+                )
+                same(ours[0], theirs[0], f"reduce_scatter_tensor {op} {dtype} x{count}")
+            for root in range(size):
+                ours, theirs = both(lambda g, t: dist.reduce(t, root, group=g), data)
+                if rank == root:
+                    same(ours, theirs, f"reduce to {root} {dtype} x{count}")
+                gathered = [torch.zeros(count, dtype=dtype) for _ in range(size)]
+                ours, theirs = both(
+                    lambda g, t, o: dist.gather(t, o if rank == root else None, root, group=g),
+                    data,
+                    gathered,
+                )
+                same(ours[1], theirs[1], f"gather to {root} {dtype} x{count}")
+                parts = [values(dtype, count, q, salt) for q in range(size)]
+                ours, theirs = both(
+                    lambda g, o, p: dist.scatter(o, p if rank == root else None, root, group=g),
+                    torch.zeros(count, dtype=dtype),
+                    parts,
+                )
+                same(ours[0], theirs[0], f"scatter from {root} {dtype} x{count}")
+    # send/recv in a ring (across nodes and inside one), with tags, and receives posted first.
+    message = values(torch.float64, 5000, rank, 99)
+    received = torch.zeros_like(message)
+    if rank % 2 == 0:
+        dist.send(message, (rank + 1) % size, tag=5)
+        dist.recv(received, (rank - 1) % size, tag=5)
+    else:
+        dist.recv(received, (rank - 1) % size, tag=5)
+        dist.send(message, (rank + 1) % size, tag=5)
+    same(received, values(torch.float64, 5000, (rank - 1) % size, 99), "recv in a ring")
+    for step in (1, 2):
+        got = torch.zeros(70_001)
+        ops = [
+            dist.P2POp(dist.irecv, got, (rank - step) % size),
+            dist.P2POp(dist.isend, torch.full((70_001,), float(rank)), (rank + step) % size),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        same(got, torch.full((70_001,), float((rank - step) % size)), f"batch_isend_irecv {step}")
+    # Groups: one inside a node, one across nodes, against gloo groups of the same ranks.
+    # (The test's nodes are named "node<number>".)
+    node = torch.tensor([int(os.environ["SHMBROKER_NODE"].removeprefix("node"))])
+    names = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(names, node)
+    for members in ([r for r in range(size) if names[r] == names[0]], [0, size - 1]):
+        ours_group = dist.new_group(members)
+        gloo_group = dist.new_group(members, backend="gloo")
+        if rank in members:
+            for count in (5, 300_000):
+                data = values(torch.int32, count, rank, 5)
+                mine, theirs = data.clone(), data.clone()
+                dist.all_reduce(mine, group=ours_group)
+                dist.all_reduce(theirs, group=gloo_group)
+                same(mine, theirs, f"all_reduce on group {members} x{count}")
+            mine = values(torch.int32, 10, rank, 6)
+            theirs = mine.clone()
+            dist.broadcast(mine, members[-1], group=ours_group)
+            dist.broadcast(theirs, members[-1], group=gloo_group)
+            same(mine, theirs, f"broadcast on group {members}")
+            outs = [torch.zeros(3) for _ in members]
+            dist.all_gather(outs, torch.full((3,), float(rank)), group=ours_group)
+            same(torch.stack(outs), torch.tensor([[float(r)] * 3 for r in members]), "group gather")
+            dist.barrier(group=ours_group)
+    # DistributedDataParallel: a few steps of a small model end with gloo's weights.
+    weights = []
+    for group in (None, GLOO):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        optimiser = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        inputs = torch.Generator().manual_seed(rank)
+        for _ in range(5):
+            x = torch.randint(-3, 4, (4, 8), generator=inputs).float()
+            optimiser.zero_grad()
+            ddp(x).sum().backward()
+            optimiser.step()
+        weights.append([p.detach().clone() for p in model.parameters()])
+    for mine, theirs in zip(*weights):
+        check(torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6), "DDP weights differ from gloo's")
+    dist.barrier()
+    if rank == 0 and REFUSED:
+        print("gloo refused (skipped on both):", ", ".join(sorted(REFUSED)), flush=True)
+
+
 def basic():
     rank, size = dist.get_rank(), dist.get_world_size()
     data = torch.full((10,), float(rank + 1))
@@ -322,6 +492,29 @@ def death():
             print(f"OK death rank {rank}: {error}", flush=True)
             sys.exit(0)
     check(False, "every all_reduce succeeded after rank 1 died")
+
+
+def span_death():
+    """On a world spanning nodes, rank VICTIM dies in the middle of all-reduces (small, then
+    past the rails' threshold); every other rank, on every node, must raise PeerLost naming it.
+    The victim writes when it died to DIED_AT; each survivor prints when it learned it."""
+    rank = dist.get_rank()
+    victim = int(os.environ["VICTIM"])
+    for round in range(60):
+        data = torch.ones(10 if round < 30 else 300_000)
+        if rank == victim and round in (20, 50):
+            if round == 50 or os.environ.get("LATE") != "1":
+                with open(os.environ["DIED_AT"], "w") as file:
+                    file.write(repr(time.time()))
+                os._exit(3)
+        try:
+            dist.all_reduce(data)
+        except shmbroker.PeerLost as error:
+            learned = time.time()
+            check(error.rank == victim, f"PeerLost names rank {error.rank}, not {victim}: {error}")
+            print(f"OK span_death rank {rank} learned at {learned!r}: {error}", flush=True)
+            sys.exit(0)
+    check(False, f"every all_reduce succeeded after rank {victim} died")
 
 
 def trips():
@@ -375,7 +568,14 @@ def trips():
 
 
 def init():
-    if len(sys.argv) > 2:
+    if len(sys.argv) > 2 and sys.argv[4].startswith("store:"):
+        # The test hosts the store, as torchrun's agent does: it outlives any rank.
+        rank, size, port = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4][6:])
+        store = dist.TCPStore("127.0.0.1", port, size, False, timeout=TIMEOUT)
+        dist.init_process_group(
+            "shmbroker", store=store, rank=rank, world_size=size, timeout=TIMEOUT
+        )
+    elif len(sys.argv) > 2:
         rank, size, method = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
         dist.init_process_group(
             "shmbroker", init_method=method, rank=rank, world_size=size, timeout=TIMEOUT
@@ -388,9 +588,16 @@ def main():
     scenario = sys.argv[1]
     init()
     global GLOO
-    GLOO = dist.new_group(backend="gloo") if scenario == "against_gloo" else None
-    scenarios = {"against_gloo": against_gloo, "basic": basic, "again": again, "death": death}
-    scenarios["trips"] = trips
+    GLOO = dist.new_group(backend="gloo") if scenario in ("against_gloo", "spanning") else None
+    scenarios = {
+        "against_gloo": against_gloo,
+        "spanning": spanning,
+        "basic": basic,
+        "again": again,
+        "death": death,
+        "trips": trips,
+        "span_death": span_death,
+    }
     scenarios[scenario]()
     rank = dist.get_rank()
     dist.destroy_process_group()
