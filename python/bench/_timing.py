@@ -8,9 +8,12 @@ import time
 SIZES = [8, 1 << 10, 4 << 10, 64 << 10, 1 << 20, 16 << 20]
 
 
-def arguments():
-    """`--rounds` and `--budget` (seconds per size and round)."""
+def arguments(**counts):
+    """`--rounds` and `--budget` (seconds per size and round), and an integer option per entry
+    of `counts` (its default; `per_node` is `--per-node`)."""
     parser = argparse.ArgumentParser()
+    for name, default in counts.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=0.3, help="seconds per size and round")
     return parser.parse_args()
