@@ -44,9 +44,8 @@ def launch(args):
     ranks = []
     try:
         for rank in range(size):
-            env = {
-                k: v for k, v in os.environ.items() if not k.startswith(("SHMBROKER_", "TORCHELASTIC"))
-            }
+            foreign = ("SHMBROKER_", "TORCHELASTIC")
+            env = {k: v for k, v in os.environ.items() if not k.startswith(foreign)}
             env.update(
                 SHMBROKER_NODE=f"node{rank // args.per_node}",
                 BENCH_RANK=str(rank),
@@ -138,7 +137,8 @@ def work(args):
             dist.barrier()
         if rank == 0:
             step = percentile(sorted(steps), 50) / 1e3
-            print(f"{row(name, samples['shmbroker'], samples['gloo'], True)} {step:>16.1f}", flush=True)
+            ours = row(name, samples["shmbroker"], samples["gloo"], True)
+            print(f"{ours} {step:>16.1f}", flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -65,20 +65,26 @@ from .torch import (
     _reduction,
     _World,
 )
+from .torch import Timeout as _Timeout
 
 # All-reduces of more bytes than this, on a layout with the same number of ranks on every
 # node, run on every rail at once (multi-leader); smaller ones through the node's leader.
 RAILS_MIN_BYTES = 256 * 1024
 
-# What ends a spanning call on every rank: a peer gone or misbehaving in the node, or a gloo leg
-# that failed (torch raises RuntimeError, or DistBackendError which is one).
+# What ends a spanning call on every rank: a deadline, a peer gone or misbehaving in the node, or
+# a gloo leg that failed (torch raises RuntimeError, or DistBackendError which is one).
 _BROKEN = (
+    shmbroker.Timeout,
     shmbroker.PeerLost,
     shmbroker.PeerLeft,
     shmbroker.PeerGaveUp,
     shmbroker.ProtocolError,
     RuntimeError,
 )
+
+# The store's key where the first rank that sees a death or a stopped process in its node
+# writes which (``lost N``, ``stopped N``: N the job's rank).
+_CAUSE = "shmbroker/cause"
 
 # How long a rank that saw a failure's effect waits for the rank that saw the death to name it.
 LOST_WAIT_S = 3.0
@@ -186,58 +192,72 @@ class Span:
 
     @contextlib.contextmanager
     def failing(self) -> Iterator[None]:
-        """Runs a call's steps; a failure of any (a peer's death seen in the node, a gloo leg
-        broken) ends this rank's part in the job at once and raises :class:`shmbroker.PeerLost`
-        naming the job's first death (see :meth:`fail`)."""
+        """Runs a call's steps. A failure of any (a peer's death or a stopped peer seen in the
+        node, a gloo leg broken, a deadline) ends this rank's part in the job at once, naming
+        the job's rank that caused it (see :meth:`fail`)."""
         try:
             yield
-        except shmbroker.Timeout as error:
-            raise _backend_error(self.job_ranks(error)) from None
         except _BROKEN as error:
             raise self.fail(error) from error
 
     def job_ranks(self, error: shmbroker.Timeout) -> shmbroker.Timeout:
-        """A deadline in the node, with the job's numbers of the ranks it waited for."""
-        waiting = [self.world.node_ranks[r] for r in error.waiting_for]
+        """A deadline in the node, with the job's numbers of the ranks it names."""
+        ranks = self.world.node_ranks
+        waiting = [ranks[r] for r in error.waiting_for]
         return shmbroker.Timeout(
             f"{error.args[0]} (ranks of this node's session; in the job: {waiting})",
             error.op,
             waiting,
             error.timeout,
             error.diagnosis,
-            error.stopped,
+            None if error.stopped is None else ranks[error.stopped],
         )
 
     def fail(self, error: BaseException) -> BaseException:
-        """What a failed step raises. A death this rank saw in its node is published in the
-        world's store (the first one published wins); a rank that saw only its effect (a gloo
-        leg broken, a node peer that left) reads it there. This rank then aborts its gloo legs
-        and closes its session, so that every rank still waiting for it, on any node, fails at
-        once too and reads the same name."""
+        """What a failed step raises.
+
+        A death, or a stopped process, that this rank saw in its node is written in the world's
+        store as ``lost N`` or ``stopped N`` (N: the job's rank; the first written wins). A rank
+        that saw only its effect (a gloo leg broken or timed out, a node peer that left) reads it
+        there, waiting up to :data:`LOST_WAIT_S`. This rank then aborts its gloo legs and closes
+        its session, so that every rank still waiting for it, on any node, fails at once too and
+        reads the same word."""
         store = self.world.store
-        seen = None
+        if isinstance(error, shmbroker.Timeout):
+            error = self.job_ranks(error)
+            if error.stopped is not None:
+                store.compare_set(_CAUSE, "", f"stopped {error.stopped}")
         rank = getattr(error, "rank", None)
-        if isinstance(rank, int) and 0 <= rank < len(self.world.node_ranks):
-            seen = self.world.node_ranks[rank]
-        key = "shmbroker/lost"
-        if isinstance(error, shmbroker.PeerLost) and seen is not None:
-            store.compare_set(key, "", str(seen))
+        if isinstance(error, shmbroker.PeerLost) and isinstance(rank, int):
+            if 0 <= rank < len(self.world.node_ranks):
+                store.compare_set(_CAUSE, "", f"lost {self.world.node_ranks[rank]}")
         try:
-            store.wait([key], datetime.timedelta(seconds=LOST_WAIT_S))
-            culprit: int | None = int(store.get(key))
-        except Exception:  # noqa: BLE001 - nobody saw a death: the error stands as it is
-            culprit = None
+            store.wait([_CAUSE], datetime.timedelta(seconds=LOST_WAIT_S))
+            what, number = store.get(_CAUSE).decode().split()
+            cause: tuple[str, int] | None = (what, int(number))
+        except Exception:  # noqa: BLE001 - nobody saw a cause: the error stands as it is
+            cause = None
         for leg in (self.leaders, self.rail, self.flat):
             if leg is not None:
                 with contextlib.suppress(Exception):
                     leg.abort()
         with contextlib.suppress(Exception):
             self.session.close()
-        if culprit is None:
-            return error
-        return shmbroker.PeerLost(
-            f"rank {culprit} of the job died (a world spanning nodes: this rank {self.world.rank} "
-            f"learned it from {type(error).__name__}: {error})",
+        learned = f"this rank {self.world.rank} learned it from {type(error).__name__}: {error}"
+        if cause is None:
+            return _backend_error(error)
+        what, culprit = cause
+        if what == "lost":
+            return shmbroker.PeerLost(
+                f"rank {culprit} of the job died (a world spanning nodes: {learned})", culprit
+            )
+        timeout = getattr(error, "timeout", self.timeout)
+        return _Timeout(
+            f"rank {culprit} of the job is stopped (a world spanning nodes: {learned})",
+            getattr(error, "op", "call"),
+            [culprit],
+            timeout,
+            [f"rank {culprit} is stopped"],
             culprit,
         )
 

@@ -217,3 +217,17 @@ def test_two_torchruns_as_two_nodes():
         assert status == 0, err[-3000:]
     for rank in range(4):
         assert f"OK spanning rank {rank}" in out, out
+
+
+@pytest.mark.parametrize("victim", [1, 2], ids=["a node's second rank", "a node's leader"])
+def test_a_stopped_rank_is_named_on_every_node(victim):
+    extra = {"VICTIM": str(victim), "TIMEOUT_S": "3"}
+    _store, ranks = start_nodes("span_stop", ["a", "a", "b", "b"], extra)
+    survivors = [process for rank, process in enumerate(ranks) if rank != victim]
+    try:
+        results = finish(survivors)
+    finally:
+        ranks[victim].kill()
+        ranks[victim].wait()
+    for rank, (status, out, err) in zip([r for r in range(4) if r != victim], results):
+        assert status == 0 and f"OK span_stop rank {rank}" in out, (status, out, err[-3000:])

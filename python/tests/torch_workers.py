@@ -12,6 +12,8 @@
   gloo, with groups inside a node and across nodes, and DistributedDataParallel.
 - `span_death`: on a world spanning nodes, rank `VICTIM` dies; every other rank must raise
   PeerLost naming it.
+- `span_stop`: the same with rank `VICTIM` stopped; every other rank must raise Timeout naming
+  it as stopped.
 
 Usage: python torch_workers.py SCENARIO [RANK WORLD_SIZE INIT_METHOD] (the last three only when
 no launcher gives them; an INIT_METHOD of `store:PORT` joins a TCP store the test hosts).
@@ -29,7 +31,7 @@ import torch.distributed as dist
 import shmbroker
 import shmbroker.torch  # noqa: F401  (registers the backend)
 
-TIMEOUT = datetime.timedelta(seconds=30)
+TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("TIMEOUT_S", "30")))
 R = dist.ReduceOp
 SIZES = [1, 7, 600, 70_001]
 INTEGERS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
@@ -517,6 +519,27 @@ def span_death():
     check(False, f"every all_reduce succeeded after rank {victim} died")
 
 
+def span_stop():
+    """On a world spanning nodes with a 3 s deadline, rank VICTIM stops itself (SIGSTOP) in the
+    middle of all-reduces; every other rank, on every node, must raise a Timeout naming it as
+    stopped. (The test kills the victim.)"""
+    import signal
+
+    rank = dist.get_rank()
+    victim = int(os.environ["VICTIM"])
+    for round in range(40):
+        if rank == victim and round == 20:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        try:
+            dist.all_reduce(torch.ones(10))
+        except shmbroker.Timeout as error:
+            check(error.stopped == victim, f"Timeout names {error.stopped}, not {victim}: {error}")
+            check(isinstance(error, dist.DistBackendError), f"{type(error)}")
+            print(f"OK span_stop rank {rank}: {error}", flush=True)
+            sys.exit(0)
+    check(False, f"every all_reduce succeeded after rank {victim} stopped")
+
+
 def trips():
     """What torch programs trip on where gloo works: tags, all_gather_coalesced,
     monitored_barrier, and a timeout's text."""
@@ -597,6 +620,7 @@ def main():
         "death": death,
         "trips": trips,
         "span_death": span_death,
+        "span_stop": span_stop,
     }
     scenarios[scenario]()
     rank = dist.get_rank()
