@@ -85,6 +85,20 @@ cmake --build "$examples_out/cmake"
 target/release/shmbroker run -n 4 --timeout 60 "$examples_out/cmake/example"
 target/release/shmbroker run -n 3 --timeout 60 "$examples_out/cmake/scheduler"
 target/release/shmbroker run -n 2 --timeout 60 "$examples_out/cmake/scheduler-static"
+# shmbroker_mpi.h(pp): an MPI job spanning nodes, SHMBROKER_NODE forming 2 or 3 nodes of 2 (and
+# an uneven 1 + 2) on this machine; every call checked against MPI's own (C, built with mpicc,
+# and C++, built by CMake's find_package(MPI) above).
+mpicc -Wall -Wextra -Werror examples/c/mpi_nodes.c -I"$examples_out/prefix/include" \
+  -Ltarget/release -lshmbroker -Wl,-rpath,"$PWD/target/release" -o "$examples_out/mpi_nodes"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+for layout in "4 R/2" "4 R%2" "6 R/2" "3 (R>0)"; do
+  set -- $layout
+  for program in "$examples_out/mpi_nodes" "$examples_out/cmake/mpi_nodes"; do
+    out=$(timeout 120 mpirun -np "$1" --oversubscribe sh -c \
+      "R=\$OMPI_COMM_WORLD_RANK; SHMBROKER_NODE=node\$(($2)) exec $program")
+    test "$(grep -c '^OK mpi_nodes' <<<"$out")" = "$1" || { echo "$program $layout: $out"; exit 1; }
+  done
+done
 cc -pthread examples/c/threads.c \
   $(PKG_CONFIG_PATH="$examples_out/prefix/lib/pkgconfig" pkg-config --cflags --libs shmbroker) \
   -o "$examples_out/threads-installed"
