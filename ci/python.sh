@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 # against the module (mypy's stubtest). NumPy too when a wheel is to be had (its tests skip
 # otherwise, saying so).
 cargo fmt --manifest-path python/Cargo.toml -- --check
+# Open MPI (mpirun, and what mpi4py links against) for shmbroker.mpi's tests.
+bash ci/packages.sh
 cargo build --release -p shmbroker-cli
 py_scratch=$(mktemp -d)
 trap 'rm -rf "$py_scratch"' EXIT
@@ -44,7 +46,9 @@ env PATH="/usr/bin:/bin" "$py_scratch/venv/bin/python" -c \
 # CUDA libraries that go unused here, about a minute; pip's cache keeps it between runs). The
 # tests must run: SHMBROKER_REQUIRE_TORCH=1 makes a missing torch a failure, not a skip.
 "$py_scratch/venv/bin/pip" install --quiet torch
-SHMBROKER_REQUIRE_TORCH=1 SHMBROKER_BIN="$PWD/target/release/shmbroker" \
+# mpi4py, for shmbroker.mpi's tests under mpirun; they must run too (SHMBROKER_REQUIRE_MPI=1).
+"$py_scratch/venv/bin/pip" install --quiet mpi4py
+SHMBROKER_REQUIRE_TORCH=1 SHMBROKER_REQUIRE_MPI=1 SHMBROKER_BIN="$PWD/target/release/shmbroker" \
   "$py_scratch/venv/bin/python" -m pytest python/tests -q -rsxX
 # Every Python block of the README files and the guide parses, and uses only names the package has.
 "$py_scratch/venv/bin/python" ci/doc_blocks.py python

@@ -43,8 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
-import socket
 from typing import Any, Iterator
 
 import torch
@@ -53,6 +51,7 @@ import torch.distributed as dist
 
 import shmbroker
 
+from ._nodes import node_name
 from .torch import (
     _R,
     _Calls,
@@ -100,19 +99,6 @@ _GLOO_OPS = {
     "bit_or": _R.BOR,
     "bit_xor": _R.BXOR,
 }
-
-
-def node_name() -> str:
-    """Which node this process is on: ``SHMBROKER_NODE``, or the host's name and boot id."""
-    named = os.environ.get("SHMBROKER_NODE")
-    if named:
-        return named
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as file:
-            boot = file.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
 
 
 def layout(store: Any, rank: int, size: int) -> list[int]:
