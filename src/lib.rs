@@ -80,6 +80,7 @@
 
 pub mod launch;
 pub mod logging;
+pub mod nodes;
 pub mod reduce;
 pub mod session;
 pub mod status;
