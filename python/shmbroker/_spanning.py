@@ -54,6 +54,8 @@ import shmbroker
 from ._nodes import node_name
 from .torch import (
     _R,
+    _Aliases,
+    _Answers,
     _Calls,
     _backend_error,
     _Contiguous,
@@ -298,14 +300,11 @@ def _allreduce_options(op: Any) -> Any:
     return options
 
 
-class SpanCalls:
+class SpanCalls(_Aliases):
     """Every call of a group that spans nodes (see the module docs), with the world's lock held
     for the whole of it (calls from several threads take turns, as on one node)."""
 
     _span: Span
-
-    def getBackendName(self) -> str:
-        return "shmbroker"
 
     def __repr__(self) -> str:
         span = self._span
@@ -384,9 +383,6 @@ class SpanCalls:
                     self._all_reduce_flat(_flat(dense).reshape(-1), name, dtype)
         return _Done(tensors)
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return self.allreduce(tensors, opts)
-
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         (tensor,) = tensors
         span = self._span
@@ -426,16 +422,6 @@ class SpanCalls:
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         self._reduce_scatter_flat(output, input, opts.reduceOp)
         return _Done([output])
-
-    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
-        return self.reduce_scatter_single(output, input, opts)
-
-    def reduce_scatter_tensor_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
-    ) -> Any:
-        for output, input in zip(outputs, inputs, strict=True):
-            self._reduce_scatter_flat(output, input, opts.reduceOp)
-        return _Done(outputs)
 
     # --- moving data
 
@@ -494,29 +480,9 @@ class SpanCalls:
                 _copy_bytes(part, bytes_)
         return _Done(outputs)
 
-    def allgather_coalesced(
-        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
-    ) -> Any:
-        return self.allgather(outputs, inputs, opts)
-
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         _copy_bytes(output, self._gathered(input))
         return _Done([output])
-
-    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        return self.all_gather_single(output, input, opts)
-
-    def allgather_into_tensor_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> Any:
-        for output, input in zip(outputs, inputs, strict=True):
-            self.all_gather_single(output, input)
-        return _Done(outputs)
-
-    def all_gather_single_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> Any:
-        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
 
     def gather(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
@@ -567,9 +533,6 @@ class SpanCalls:
                 )
             )
         return _Done([output])
-
-    def all_to_all_single(self, *args: Any, **kwargs: Any) -> Any:
-        return self.alltoall_base(*args, **kwargs)
 
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -635,25 +598,13 @@ def _copy_bytes(target: torch.Tensor, data: torch.Tensor) -> None:
         raw.copy_(data)
 
 
-class SpanBackend(SpanCalls, c10d.Backend):
+class SpanBackend(_Answers, SpanCalls, c10d.Backend):
     """The calls of a group spanning nodes as torch's C++ side reaches them."""
 
     def __init__(self, span: Span):
         self._span = span
+        self._timeout, self._world_ranks = span.timeout, span.members
         c10d.Backend.__init__(self, span.rank, span.size)
-
-    supports_coalescing = False
-    supports_splitting = False
-    supports_shrinking = False
-    supports_reconfigure = False
-    supports_window = False
-    _supports_time_estimate = False
-
-    @property
-    def options(self) -> Any:
-        options = c10d.Backend.Options("shmbroker", datetime.timedelta(seconds=self._span.timeout))
-        options.global_ranks_in_group = self._span.members
-        return options
 
 
 class SpanProcessGroup(SpanCalls, dist.ProcessGroup):

@@ -400,7 +400,64 @@ def _turn(method: Callable[..., Any]) -> Callable[..., Any]:
     return taking_turns
 
 
-class _Calls:
+class _Aliases:
+    """torch's other names for the calls a group makes (coalesced lists, the old ``_base``
+    forms), in terms of the calls themselves: shared by the groups on one node
+    (:class:`_Calls`) and those spanning nodes (``shmbroker._spanning``)."""
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def allreduce_coalesced(self: Any, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        return self.allreduce(tensors, opts)
+
+    def _reduce_scatter_base(
+        self: Any, output: torch.Tensor, input: torch.Tensor, opts: Any
+    ) -> Any:
+        return self.reduce_scatter_single(output, input, opts)
+
+    def reduce_scatter_single_coalesced(
+        self: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> Any:
+        for output, input in zip(outputs, inputs, strict=True):
+            self.reduce_scatter_single(output, input, opts)
+        return _Done(outputs)
+
+    def reduce_scatter_tensor_coalesced(
+        self: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> Any:
+        return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
+
+    def allgather_coalesced(
+        self: Any,
+        outputs: list[list[torch.Tensor]],
+        inputs: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Any:
+        return self.allgather(outputs, inputs, opts)
+
+    def _allgather_base(
+        self: Any, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> Any:
+        return self.all_gather_single(output, input, opts)
+
+    def allgather_into_tensor_coalesced(
+        self: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        for output, input in zip(outputs, inputs, strict=True):
+            self.all_gather_single(output, input)
+        return _Done(outputs)
+
+    def all_gather_single_coalesced(
+        self: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def all_to_all_single(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.alltoall_base(*args, **kwargs)
+
+
+class _Calls(_Aliases):
     """Every call of a group (the whole world, or one ``new_group`` made) on this process's
     shmbroker session: what torch's Python functions call on a ``ProcessGroup``
     (:class:`ShmbrokerProcessGroup`) and its C++ side on a backend (:class:`ShmbrokerBackend`),
@@ -421,9 +478,6 @@ class _Calls:
             self._on["group"] = group
         # World rank of each group rank.
         self._world_ranks = list(group.ranks) if group is not None else list(range(self._size))
-
-    def getBackendName(self) -> str:
-        return BACKEND
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self._rank}, size={self._size})"
@@ -485,9 +539,6 @@ class _Calls:
                 self._session.all_reduce(_memory(dense), name, dtype=dtype, **self._on)
         return _Done(tensors)
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return self.allreduce(tensors, opts)
-
     @_turn
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         (tensor,) = tensors
@@ -514,21 +565,6 @@ class _Calls:
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         self._reduce_scatter_flat(output, input.contiguous(), opts.reduceOp)
         return _Done([output])
-
-    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
-        return self.reduce_scatter_single(output, input, opts)
-
-    def reduce_scatter_single_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
-    ) -> Any:
-        for output, input in zip(outputs, inputs, strict=True):
-            self.reduce_scatter_single(output, input, opts)
-        return _Done(outputs)
-
-    def reduce_scatter_tensor_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
-    ) -> Any:
-        return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
     # --- moving data
 
@@ -560,31 +596,10 @@ class _Calls:
                 part.copy_(block.view_as(part))
         return _Done(outputs)
 
-    def allgather_coalesced(
-        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
-    ) -> Any:
-        return self.allgather(outputs, inputs, opts)
-
     @_turn
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         self._all_gather_flat(output, input)
         return _Done([output])
-
-    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        return self.all_gather_single(output, input, opts)
-
-    @_turn
-    def allgather_into_tensor_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> Any:
-        for output, input in zip(outputs, inputs, strict=True):
-            self._all_gather_flat(output, input)
-        return _Done(outputs)
-
-    def all_gather_single_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> Any:
-        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
 
     @_turn
     def gather(
@@ -638,9 +653,6 @@ class _Calls:
                     self._byte_counts(dense, output_split_sizes),
                 )
         return _Done([output])
-
-    def all_to_all_single(self, *args: Any, **kwargs: Any) -> Any:
-        return self.alltoall_base(*args, **kwargs)
 
     def _byte_counts(self, tensor: torch.Tensor, splits: list[int]) -> list[int]:
         """Bytes per rank of `tensor` cut along its first dimension by `splits` (rows per rank;
@@ -734,17 +746,15 @@ class _Calls:
         return self._post(tensor, None, tag)
 
 
-class ShmbrokerBackend(_Calls, c10d.Backend):
-    """The calls as torch's C++ side reaches them (functional collectives, compiled code), on
-    the backend it finds registered for the CPU in :class:`ShmbrokerProcessGroup`."""
+class _Answers:
+    """What torch asks a backend about itself. Inherited, each of these asks the C++ side, which
+    asks this object again, without end: a Python backend says them itself. Each point-to-point
+    call runs (or posts its receive) on its own: no NCCL-style coalescing. Reads the backend's
+    `_timeout` (seconds) and `_world_ranks`."""
 
-    def __init__(self, world: _World, group: shmbroker.Group | None, timeout: float):
-        self._join(world, group, timeout)
-        c10d.Backend.__init__(self, self._rank, self._size)
+    _timeout: float
+    _world_ranks: list[int]
 
-    # What torch asks a backend about itself. Inherited, each of these asks the C++ side, which
-    # asks this object again, without end: a Python backend says them itself.
-    # Each point-to-point call runs (or posts its receive) on its own: no NCCL-style coalescing.
     supports_coalescing = False
     supports_splitting = False
     supports_shrinking = False
@@ -757,6 +767,16 @@ class ShmbrokerBackend(_Calls, c10d.Backend):
         options = c10d.Backend.Options(BACKEND, datetime.timedelta(seconds=self._timeout))
         options.global_ranks_in_group = self._world_ranks
         return options
+
+
+class ShmbrokerBackend(_Answers, _Calls, c10d.Backend):
+    """The calls as torch's C++ side reaches them (functional collectives, compiled code), on
+    the backend it finds registered for the CPU in :class:`ShmbrokerProcessGroup`."""
+
+    def __init__(self, world: _World, group: shmbroker.Group | None, timeout: float):
+        self._join(world, group, timeout)
+        c10d.Backend.__init__(self, self._rank, self._size)
+
 
 
 class ShmbrokerProcessGroup(_Calls, dist.ProcessGroup):

@@ -89,20 +89,16 @@ def both(call, *tensors, what=""):
     return ours, theirs
 
 
-def against_gloo():
-    rank, size = dist.get_rank(), dist.get_world_size()
-    salt = 0
-
-    dist.barrier()
-    dist.barrier(async_op=True).wait()
-
-    # all_reduce: every op on every type it has, at sizes on both sides of the one-shot limit.
+def reductions(counts, salt):
+    """all_reduce of every op on every type gloo has, at `counts`, against gloo; returns the
+    next salt."""
+    rank = dist.get_rank()
     for dtype in INTEGERS + FLOATS:
         ops = [R.SUM, R.MIN, R.MAX] + ([R.BAND, R.BOR, R.BXOR] if dtype in INTEGERS else [])
         if dtype not in (torch.float16, torch.bfloat16):
             ops.append(R.PRODUCT)  # gloo has no half-precision product
         for op in ops:
-            for count in SIZES:
+            for count in counts:
                 salt += 1
                 data = values(dtype, count, rank, salt)
                 what = f"all_reduce {op} {dtype}"
@@ -110,23 +106,16 @@ def against_gloo():
                     lambda g, t: dist.all_reduce(t, op=op, group=g), data, what=what
                 )
                 same(ours, theirs, f"{what} x{count}")
-    # AVG (gloo has none): the sum divided by the size.
-    for dtype in [torch.float32, torch.float64]:
-        data = values(dtype, 1000, rank, 7)
-        ours, theirs = both(lambda g, t: dist.all_reduce(t, group=g), data)
-        mine = data.clone()
-        dist.all_reduce(mine, op=R.AVG)
-        same(mine, theirs[0] / size, f"all_reduce AVG {dtype}")
-    # async_op and a non-contiguous tensor.
-    data = values(torch.float32, 64, rank, 11).reshape(8, 8)[:, ::2]
-    ours, theirs = both(lambda g, t: dist.all_reduce(t, group=g, async_op=True).wait(), data)
-    same(ours, theirs, "all_reduce, async, non-contiguous")
-    work = dist.all_reduce(mine := data.clone(), async_op=True)
-    check(work.is_completed() and work.wait(), "an async all_reduce's Work is complete")
-    same(work.get_future().value()[0], mine, "the Work's future holds the output")
+    return salt
 
-    for dtype in [torch.uint8, torch.int64, torch.bfloat16, torch.float32, torch.complex64]:
-        for count in [1, 600, 70_001]:
+
+def moving_data(dtypes, counts, salt):
+    """all_gather, all_gather_into_tensor, broadcast from every root, all_to_all_single (equal
+    and uneven), reduce_scatter_tensor, reduce, gather and scatter, of `dtypes` at `counts`,
+    against gloo; returns the next salt."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    for dtype in dtypes:
+        for count in counts:
             salt += 1
             data = values(dtype, count, rank, salt)
             # all_gather and all_gather_into_tensor
@@ -187,6 +176,39 @@ def against_gloo():
                     parts,
                 )
                 same(ours[0], theirs[0], f"scatter from {root} {dtype} x{count}")
+
+    return salt
+
+
+def against_gloo():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    salt = 0
+
+    dist.barrier()
+    dist.barrier(async_op=True).wait()
+
+    # all_reduce: every op on every type it has, at sizes on both sides of the one-shot limit.
+    salt = reductions(SIZES, salt)
+    # AVG (gloo has none): the sum divided by the size.
+    for dtype in [torch.float32, torch.float64]:
+        data = values(dtype, 1000, rank, 7)
+        ours, theirs = both(lambda g, t: dist.all_reduce(t, group=g), data)
+        mine = data.clone()
+        dist.all_reduce(mine, op=R.AVG)
+        same(mine, theirs[0] / size, f"all_reduce AVG {dtype}")
+    # async_op and a non-contiguous tensor.
+    data = values(torch.float32, 64, rank, 11).reshape(8, 8)[:, ::2]
+    ours, theirs = both(lambda g, t: dist.all_reduce(t, group=g, async_op=True).wait(), data)
+    same(ours, theirs, "all_reduce, async, non-contiguous")
+    work = dist.all_reduce(mine := data.clone(), async_op=True)
+    check(work.is_completed() and work.wait(), "an async all_reduce's Work is complete")
+    same(work.get_future().value()[0], mine, "the Work's future holds the output")
+
+    salt = moving_data(
+        [torch.uint8, torch.int64, torch.bfloat16, torch.float32, torch.complex64],
+        [1, 600, 70_001],
+        salt,
+    )
 
     # send/recv in a ring, and recv from any source.
     message = values(torch.float64, 5000, rank, 99)
@@ -301,20 +323,7 @@ def spanning():
     dist.barrier()
     # 0, 1, odd, and past the rails' threshold (odd too: padded to the node's ranks).
     counts = [0, 1, 7, 70_001, 262_145]
-    for dtype in INTEGERS + FLOATS:
-        ops = [R.SUM, R.MIN, R.MAX]
-        ops += [R.BAND, R.BOR, R.BXOR] if not dtype.is_floating_point else []
-        if dtype not in (torch.float16, torch.bfloat16):
-            ops.append(R.PRODUCT)  # gloo has no half-precision product
-        for op in ops:
-            for count in counts:
-                salt += 1
-                data = values(dtype, count, rank, salt)
-                what = f"all_reduce {op} {dtype}"
-                ours, theirs = both(
-                    lambda g, t: dist.all_reduce(t, op=op, group=g), data, what=what
-                )
-                same(ours, theirs, f"{what} x{count}")
+    salt = reductions(counts, salt)
     # int16 (which gloo lacks: against gloo's int32, narrowed) and half-precision products.
     for op in [R.SUM, R.MIN, R.MAX, R.PRODUCT, R.BAND, R.BOR, R.BXOR]:
         for count in (7, 262_145):
@@ -345,55 +354,7 @@ def spanning():
         everyone = [torch.zeros(count) for _ in range(size)]
         dist.all_gather(everyone, noisy)
         check(all(torch.equal(noisy, other) for other in everyone), f"same bits x{count}")
-    for dtype in [torch.uint8, torch.float32, torch.complex64]:
-        for count in [0, 1, 7, 70_001]:
-            salt += 1
-            data = values(dtype, count, rank, salt)
-            outs = [torch.zeros(count, dtype=dtype) for _ in range(size)]
-            ours, theirs = both(lambda g, o, t: dist.all_gather(o, t, group=g), outs, data)
-            same(ours[0], theirs[0], f"all_gather {dtype} x{count}")
-            flat = torch.zeros(count * size, dtype=dtype)
-            ours, theirs = both(
-                lambda g, o, t: dist.all_gather_into_tensor(o, t, group=g), flat, data
-            )
-            same(ours[0], theirs[0], f"all_gather_into_tensor {dtype} x{count}")
-            for root in range(size):
-                ours, theirs = both(lambda g, t: dist.broadcast(t, root, group=g), data)
-                same(ours, theirs, f"broadcast from {root} {dtype} x{count}")
-            block = torch.cat([values(dtype, count, rank * size + q, salt) for q in range(size)])
-            ours, theirs = both(
-                lambda g, o, i: dist.all_to_all_single(o, i, group=g),
-                torch.zeros_like(block),
-                block,
-            )
-            same(ours[0], theirs[0], f"all_to_all_single {dtype} x{count}")
-            if dtype == torch.complex64:
-                continue
-            for op in [R.SUM, R.MAX]:
-                ours, theirs = both(
-                    lambda g, o, i: dist.reduce_scatter_tensor(o, i, op=op, group=g),
-                    torch.zeros(count, dtype=dtype),
-                    block,
-                )
-                same(ours[0], theirs[0], f"reduce_scatter_tensor {op} {dtype} x{count}")
-            for root in range(size):
-                ours, theirs = both(lambda g, t: dist.reduce(t, root, group=g), data)
-                if rank == root:
-                    same(ours, theirs, f"reduce to {root} {dtype} x{count}")
-                gathered = [torch.zeros(count, dtype=dtype) for _ in range(size)]
-                ours, theirs = both(
-                    lambda g, t, o: dist.gather(t, o if rank == root else None, root, group=g),
-                    data,
-                    gathered,
-                )
-                same(ours[1], theirs[1], f"gather to {root} {dtype} x{count}")
-                parts = [values(dtype, count, q, salt) for q in range(size)]
-                ours, theirs = both(
-                    lambda g, o, p: dist.scatter(o, p if rank == root else None, root, group=g),
-                    torch.zeros(count, dtype=dtype),
-                    parts,
-                )
-                same(ours[0], theirs[0], f"scatter from {root} {dtype} x{count}")
+    salt = moving_data([torch.uint8, torch.float32, torch.complex64], [0, 1, 7, 70_001], salt)
     # send/recv in a ring (across nodes and inside one), with tags, and receives posted first.
     message = values(torch.float64, 5000, rank, 99)
     received = torch.zeros_like(message)
