@@ -60,4 +60,9 @@ SHMBROKER_BENCH_PYTHON="$py_scratch/venv/bin/python" cargo run --release -p shmb
   -- farm --only response_wait_python --quick --json > "$py_scratch/response.jsonl"
 grep -q '"bench":"response_wait_python","impl":"paced: no broadcast waits (the floor)"' \
   "$py_scratch/response.jsonl"
+# torch on 2 nodes of 2 ranks made here (issue 46's rows), quick: all three contenders ran.
+SHMBROKER_BENCH_PYTHON="$py_scratch/venv/bin/python" cargo run --release -p shmbroker-benchmarks \
+  -- collectives --only torch_nodes --quick --json > "$py_scratch/nodes.jsonl"
+grep -q '"bench":"torch_nodes_all_reduce_8","impl":"flat gloo group"' "$py_scratch/nodes.jsonl"
+grep -q '"bench":"torch_nodes_barrier","impl":"gloo.s leader step alone"' "$py_scratch/nodes.jsonl"
 rm -rf "$py_scratch"

@@ -15,6 +15,7 @@ mod collectives;
 mod farm;
 mod logon;
 mod mpi;
+mod nodes;
 mod queue;
 mod reductions;
 mod response;
@@ -107,7 +108,9 @@ enum Suite {
     /// SCM_RIGHTS; the C ABI's all-gather, all-reduce and recv_any against the Rust calls
     /// (barrier, sendrecv_pingpong, barrier_hot, barrier_parked, all_gather, all_reduce,
     /// reduce_scatter, all_to_all, reduce_kernel, capi_all_gather, capi_all_reduce,
-    /// capi_recv_any, fd_exchange, dead_peer).
+    /// capi_recv_any, fd_exchange, dead_peer); torch.distributed on 2 nodes of 2 ranks made
+    /// on this machine, the shmbroker backend against flat gloo and gloo's leader step
+    /// (torch_nodes_*, when SHMBROKER_BENCH_PYTHON can import torch).
     Collectives,
     /// Large messages between two processes, 4 KiB to 64 MiB, with send/recv and with loans,
     /// against a UNIX socket and Open MPI; the loan hand-off; outbox allocation against
@@ -167,7 +170,10 @@ fn run(args: &Args) -> Result<(), String> {
     match args.suite.unwrap_or(Suite::All) {
         Suite::Queue => queue::run(plan, &mut report)?,
         Suite::Logon => logon::run(plan, &mut report)?,
-        Suite::Collectives => collectives::run(plan, &mut report)?,
+        Suite::Collectives => {
+            collectives::run(plan, &mut report)?;
+            nodes::run(plan, &mut report)?;
+        }
         Suite::Bulk => bulk::run(plan, &mut report)?,
         Suite::Farm => {
             farm::run(plan, &mut report)?;
@@ -179,6 +185,7 @@ fn run(args: &Args) -> Result<(), String> {
             queue::run(plan, &mut report)?;
             logon::run(plan, &mut report)?;
             collectives::run(plan, &mut report)?;
+            nodes::run(plan, &mut report)?;
             bulk::run(plan, &mut report)?;
             farm::run(plan, &mut report)?;
             response::run(plan, &mut report)?;

@@ -318,6 +318,37 @@ impl Drop for Program {
     }
 }
 
+/// Runs `command` as [`run_captured`] does, in a scratch directory of its own, and returns its
+/// stdout once it exits; `what` names it in errors.
+///
+/// # Errors
+///
+/// As [`Program::run_under`].
+pub fn output_within(
+    command: &mut Command,
+    what: &str,
+    timeout: Duration,
+) -> Result<String, String> {
+    let dir = std::env::temp_dir().join(format!(
+        "shmbroker-bench-{}-{}",
+        std::process::id(),
+        SEQUENCE.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let done = run_captured(command, &dir, timeout);
+    let _ = std::fs::remove_dir_all(&dir);
+    let done = done.map_err(|e| format!("{what}: {e}"))?;
+    if done.status.success() {
+        Ok(done.stdout)
+    } else {
+        Err(format!(
+            "{what} exited with {}: {}",
+            done.status,
+            done.stderr.trim()
+        ))
+    }
+}
+
 /// The shared-memory btl this Open MPI has, `vader` (3.x, 4.x) or `sm` (5.x), asked of
 /// `ompi_info --parsable` once per process; `None` when it has neither or cannot say.
 fn shared_memory_btl(scratch: &Path) -> Option<&'static str> {

@@ -3,6 +3,7 @@ node, gloo between nodes) against a flat gloo group of the same ranks, and gloo'
 alone, side by side in one run.
 
     python3 python/bench/torch_nodes.py [--nodes 2] [--per-node 2] [--rounds 5] [--budget 0.3]
+        [--samples 1]
 
 It starts `nodes * per-node` ranks on this machine, each with its node's `SHMBROKER_NODE`, on a
 TCP store it hosts, so the network leg runs over loopback TCP. (On the 16-core machine:
@@ -13,7 +14,8 @@ group of their own ("leader step": what the network leg of a small all-reduce co
 For each call and each round the backends take turns (which goes first alternates by round): a
 warm-up, then calls timed one by one for about `--budget` seconds, each after a barrier on the
 same backend. Rank 0 prints, per call, each one's p50 and p99 (microseconds) and the ratio
-flat gloo / shmbroker (above 1: shmbroker faster). Nothing is asserted.
+flat gloo / shmbroker (above 1: shmbroker faster). Nothing is asserted. `--samples 1` also
+prints every sample, per round, for `bench` (its `torch_nodes_*` rows run this script).
 """
 
 import datetime
@@ -25,13 +27,14 @@ import torch
 import torch.distributed as dist
 from _timing import arguments, percentile, row, timed
 
+# (name, key for `bench`, bytes or what the call is).
 ROWS = [
-    ("barrier", None),
-    ("all_reduce 8 B", 8),
-    ("all_reduce 64 KiB", 64 << 10),
-    ("all_reduce 1 MiB", 1 << 20),
-    ("all_reduce 16 MiB", 16 << 20),
-    ("all_gather 1 KiB", "gather"),
+    ("barrier", "barrier", None),
+    ("all_reduce 8 B", "all_reduce_8", 8),
+    ("all_reduce 64 KiB", "all_reduce_65536", 64 << 10),
+    ("all_reduce 1 MiB", "all_reduce_1048576", 1 << 20),
+    ("all_reduce 16 MiB", "all_reduce_16777216", 16 << 20),
+    ("all_gather 1 KiB", "all_gather_1024", "gather"),
 ]
 
 
@@ -91,7 +94,7 @@ def work(args):
             f" {'gloo/ours p50':>16} {'p99':>6} {'leader step p50':>16}",
             flush=True,
         )
-    for name, nbytes in ROWS:
+    for name, key, nbytes in ROWS:
         if nbytes is None:
 
             def call(group):
@@ -115,36 +118,48 @@ def work(args):
             def call(group, data=data):
                 dist.all_reduce(data, group=group)
 
-        samples = {backend: [] for backend in groups}
-        steps = []
+        # Per round: each backend's samples, and the leader step's.
+        rounds = {backend: [] for backend in [*groups, "leaders"]}
         for round in range(args.rounds):
             order = list(groups) if round % 2 == 0 else list(groups)[::-1]
             for backend in order:
                 group = groups[backend]
-                samples[backend] += timed(
-                    lambda group=group: call(group),
-                    lambda group=group: dist.barrier(group=group),
-                    args.budget,
-                    agree,
+                rounds[backend].append(
+                    timed(
+                        lambda group=group: call(group),
+                        lambda group=group: dist.barrier(group=group),
+                        args.budget,
+                        agree,
+                    )
                 )
             if rank in leader_ranks:
-                steps += timed(
-                    lambda: call(leaders),
-                    lambda: dist.barrier(group=leaders),
-                    args.budget,
-                    lambda count: agree(count, leaders),
+                rounds["leaders"].append(
+                    timed(
+                        lambda: call(leaders),
+                        lambda: dist.barrier(group=leaders),
+                        args.budget,
+                        lambda count: agree(count, leaders),
+                    )
                 )
             dist.barrier()
         if rank == 0:
-            step = percentile(sorted(steps), 50) / 1e3
-            ours = row(name, samples["shmbroker"], samples["gloo"], True)
+            pooled = {backend: [x for r in lists for x in r] for backend, lists in rounds.items()}
+            step = percentile(sorted(pooled["leaders"]), 50) / 1e3
+            ours = row(name, pooled["shmbroker"], pooled["gloo"], True)
             print(f"{ours} {step:>16.1f}", flush=True)
+            if args.samples:
+                # For `bench`: one line per sample, "torch_nodes_sample ROW BACKEND ROUND NS".
+                for backend, lists in rounds.items():
+                    for number, samples in enumerate(lists):
+                        for ns in samples:
+                            print(f"torch_nodes_sample {key} {backend} {number} {ns}")
+                sys.stdout.flush()
     dist.destroy_process_group()
     return 0
 
 
 def main():
-    args = arguments(nodes=2, per_node=2)
+    args = arguments(nodes=2, per_node=2, samples=0)
     if "BENCH_RANK" in os.environ:
         return work(args)
     return launch(args)
