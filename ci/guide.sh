@@ -12,6 +12,7 @@ guide_out=$(mktemp -d)
 trap 'rm -rf "$guide_out"' EXIT
 mdbook build docs/guide --dest-dir "$guide_out"
 test -s "$guide_out/index.html"
-for chapter in concepts messages reductions groups farms channels liveness launchers c_cpp python torch nodes guarantees benchmarks; do
+for chapter in concepts messages reductions groups farms channels liveness launchers c_cpp python \
+  torch nodes guarantees benchmarks; do
   test -s "$guide_out/$chapter.html"
 done

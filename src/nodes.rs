@@ -27,9 +27,13 @@
 //! rank gets the same bits for a fixed layout and engine. [`ReduceOp::Avg`] is a sum divided by
 //! the size (floats only).
 //!
-//! **Errors** from inside a node name the network's rank ([`Error::rank`] renumbered). What the
-//! network's engine does on a failure is its own (an MPI aborts the job by default).
+//! **Errors** from inside a node name the network's ranks (their diagnosis sentences keep the
+//! node's numbers). [`Nodes::new`] agrees over the whole network: every rank gets its `Nodes`,
+//! or every rank an error. A later failure inside a node returns on that node's ranks only,
+//! while the other nodes wait in the network's engine (an MPI has no deadline): end the job on
+//! any error, as MPI programs do.
 
+use crate::handshake::LeftAfter;
 use crate::reduce::{DType, Element, ReduceOp};
 use crate::session::{Error, Session};
 use std::os::unix::fs::DirBuilderExt as _;
@@ -194,8 +198,19 @@ impl<N: Network> Nodes<N> {
             rail,
             dir: None,
         };
-        if local_size > 1 {
-            nodes.join(&mut node_net, local_rank, timeout)?;
+        let joined = if local_size > 1 {
+            nodes.join(&mut node_net, local_rank, timeout)
+        } else {
+            Ok(())
+        };
+        // Every rank learns whether every node's session is there: none goes on alone.
+        let mut failed = [u8::from(joined.is_err())];
+        network.all_reduce(&mut failed, DType::U8, ReduceOp::Max)?;
+        joined?;
+        if failed[0] != 0 {
+            return Err(Error::Launch(
+                "another node's ranks could not make their session".into(),
+            ));
         }
         Ok(nodes)
     }
@@ -203,43 +218,64 @@ impl<N: Network> Nodes<N> {
     /// Joins this node's session: its first rank hosts the broker in a fresh directory and
     /// tells the others the socket's path.
     fn join(&mut self, node: &mut N, local_rank: u32, timeout: Duration) -> Result<(), Error> {
-        let mut path = [0u8; 4096];
+        // The socket's path, or why the first rank could not make its directory, after a byte
+        // saying which (1: a path, 2: a reason).
+        let mut word = [0u8; 4096];
         if local_rank == 0 {
-            let dir = std::env::temp_dir().join(format!(
-                "shmbroker-nodes-{}-{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos())
-            ));
-            std::fs::DirBuilder::new()
-                .mode(0o700)
-                .create(&dir)
-                .map_err(|source| Error::Io {
-                    what: "making the node's broker directory",
-                    source,
-                })?;
-            let socket = dir.join("broker.sock");
-            let bytes = socket.as_os_str().as_encoded_bytes();
-            if bytes.len() >= path.len() {
-                return Err(Error::Misuse(format!("socket path {socket:?} is too long")));
-            }
-            path[..bytes.len()].copy_from_slice(bytes);
-            self.dir = Some(dir);
+            let (kind, text) = match self.make_dir() {
+                Ok(socket) => (1, socket.into_os_string().into_encoded_bytes()),
+                Err(error) => (2, error.to_string().into_bytes()),
+            };
+            let len = text.len().min(word.len() - 2);
+            word[0] = kind;
+            word[1..=len].copy_from_slice(&text[..len]);
         }
-        node.broadcast(0, &mut path)?;
-        let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
-        let socket = PathBuf::from(String::from_utf8_lossy(&path[..end]).into_owned());
+        node.broadcast(0, &mut word)?;
+        let end = word[1..]
+            .iter()
+            .position(|&b| b == 0)
+            .map_or(word.len(), |at| at + 1);
+        let text = String::from_utf8_lossy(&word[1..end]).into_owned();
+        if word[0] != 1 {
+            return Err(Error::Launch(format!(
+                "the node's first rank could not host its broker: {text}"
+            )));
+        }
         let launch = crate::launch::Launch {
             rank: local_rank,
             world_size: self.local_size,
-            socket,
+            socket: PathBuf::from(text),
             source: "shmbroker::nodes::Nodes::new".into(),
             external_broker: false,
             private_dir: None,
         };
         self.session = Some(Session::from_launch(&launch, timeout)?);
         Ok(())
+    }
+
+    /// Makes the node's broker directory (private to this user), kept for the drop; returns
+    /// the socket's path in it.
+    fn make_dir(&mut self) -> Result<PathBuf, Error> {
+        let dir = std::env::temp_dir().join(format!(
+            "shmbroker-nodes-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| Error::Io {
+                what: "making the node's broker directory",
+                source,
+            })?;
+        let socket = dir.join("broker.sock");
+        self.dir = Some(dir);
+        if socket.as_os_str().len() >= 4000 {
+            return Err(Error::Misuse(format!("socket path {socket:?} is too long")));
+        }
+        Ok(socket)
     }
 
     /// This rank's rank in the network.
@@ -269,11 +305,21 @@ impl<N: Network> Nodes<N> {
             }
         };
         match &mut error {
-            Error::PeerLost { rank, .. }
-            | Error::PeerLeft { rank, .. }
-            | Error::PeerGaveUp { rank, .. }
-            | Error::PeerNeverJoined { rank, .. }
-            | Error::PeerRejoined { rank, .. } => to(rank),
+            Error::PeerLeft { rank, after, .. } => {
+                to(rank);
+                if let Some(LeftAfter::Died(other) | LeftAfter::TimedOut(other)) = after {
+                    to(other);
+                }
+            }
+            Error::PeerGaveUp { rank, named, .. } => {
+                to(rank);
+                named.iter_mut().for_each(to);
+            }
+            Error::PeerNeverJoined { rank, after, .. } => {
+                to(rank);
+                to(after);
+            }
+            Error::PeerLost { rank, .. } | Error::PeerRejoined { rank, .. } => to(rank),
             Error::Timeout {
                 waiting_for,
                 stopped,
@@ -344,6 +390,12 @@ impl<N: Network> Nodes<N> {
     /// [`Session::all_reduce`] inside the node, naming the network's ranks; the network's.
     pub fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
         crate::reduce::check_op::<T>(op)?;
+        if op == ReduceOp::Avg && !matches!(T::DTYPE, DType::F32 | DType::F64) {
+            return Err(Error::Misuse(format!(
+                "avg across nodes is of f32 and f64, not {}",
+                T::DTYPE.name()
+            )));
+        }
         let local_op = if op == ReduceOp::Avg {
             ReduceOp::Sum
         } else {
@@ -371,12 +423,7 @@ impl<N: Network> Nodes<N> {
                         *x /= f64::from(size);
                     }
                 }
-                other => {
-                    return Err(Error::Misuse(format!(
-                        "avg across nodes is of f32 and f64, not {}",
-                        other.name()
-                    )));
-                }
+                _ => unreachable!("checked above"),
             }
         }
         Ok(())

@@ -26,19 +26,22 @@
  *
  * Floats combine in the node in rank order, then between nodes in MPI's order: every rank gets
  * the same bits for a fixed layout and MPI. Types MPI lacks (F16, BF16) are SHMBROKER_E_MISUSE.
- * AVG is a sum divided by the size (floats only). Counts and byte lengths between nodes are
- * MPI's `int`: up to INT_MAX.
+ * AVG is a sum divided by the size (floats only).
  *
- * Errors: shmbroker's codes. A failure inside a node names the communicator's rank through
- * shmbroker_mpi_last_error_rank(). Between nodes, MPI's error handler of the communicator rules
- * (by default a failure aborts the job, as MPI does). Calls take the communicator's turn: make
- * them in the same order on every rank, from one thread at a time.
+ * Errors: shmbroker's codes. A failure inside a node (a peer's death, a deadline) returns its
+ * code on that node's ranks only; the other nodes then wait in MPI, which has no deadline. So
+ * end the job on any error, as MPI programs do for MPI's own (MPI_Abort): the examples do.
+ * shmbroker_mpi_last_error_rank() names the communicator's rank a failure inside a node was
+ * about. Between nodes, the communicator's MPI error handler rules. Calls take the
+ * communicator's turn: make them in the same order on every rank, from one thread at a time.
+ * Counts and byte lengths above INT_MAX are SHMBROKER_E_MISUSE (MPI's `int`).
  */
 #ifndef SHMBROKER_MPI_H
 #define SHMBROKER_MPI_H
 
 #include <mpi.h>
 #include <shmbroker.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,8 +179,8 @@ static inline int shmbroker_mpi_join_(shmbroker_mpi *m, uint64_t timeout_ms) {
   return worst;
 }
 
-/* Releases `m` (NULL: nothing): its session, communicators and the broker's directory. Not
- * collective. */
+/* Releases `m` (NULL: nothing): its session, communicators and the broker's directory.
+ * Collective, as MPI_Comm_free is. */
 static inline void shmbroker_mpi_free(shmbroker_mpi *m) {
   if (m == NULL) return;
   if (m->session != NULL) shmbroker_close(m->session);
@@ -251,9 +254,12 @@ static inline int shmbroker_mpi_init(MPI_Comm comm, uint64_t timeout_ms, shmbrok
   if (m->balanced) MPI_Comm_split(m->comm, m->local_rank, m->rank, &m->rail);
   int rc = SHMBROKER_OK;
   if (m->local_size > 1) rc = shmbroker_mpi_join_(m, timeout_ms);
-  if (rc != SHMBROKER_OK) {
+  /* Every rank learns whether every node joined: none goes on alone. */
+  int worst = rc;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, m->comm);
+  if (worst != SHMBROKER_OK) {
     shmbroker_mpi_free(m);
-    return rc;
+    return worst;
   }
   *out = m;
   return SHMBROKER_OK;
@@ -326,6 +332,7 @@ static inline int shmbroker_mpi_all_reduce(shmbroker_mpi *m, void *data, size_t 
       (op == SHMBROKER_OP_AVG && dtype != SHMBROKER_DTYPE_F32 && dtype != SHMBROKER_DTYPE_F64)) {
     return SHMBROKER_E_MISUSE;
   }
+  if (count > (size_t)INT_MAX) return SHMBROKER_E_MISUSE;
   int local_op = op == SHMBROKER_OP_AVG ? SHMBROKER_OP_SUM : op;
   size_t bytes = count * shmbroker_mpi_elem_size_(dtype);
   int rc = SHMBROKER_OK;
@@ -337,7 +344,9 @@ static inline int shmbroker_mpi_all_reduce(shmbroker_mpi *m, void *data, size_t 
       MPI_Allreduce(MPI_IN_PLACE, data, (int)count, shmbroker_mpi_type_(dtype),
                     shmbroker_mpi_op_(op), m->leaders);
     }
-    if (rc == SHMBROKER_OK && m->session != NULL) rc = shmbroker_broadcast(m->session, 0, data, bytes);
+    if (rc == SHMBROKER_OK && m->session != NULL) {
+      rc = shmbroker_broadcast(m->session, 0, data, bytes);
+    }
   }
   if (rc == SHMBROKER_OK && op == SHMBROKER_OP_AVG) {
     rc = shmbroker_mpi_divide_(data, count, dtype, m->size);
@@ -347,7 +356,7 @@ static inline int shmbroker_mpi_all_reduce(shmbroker_mpi *m, void *data, size_t 
 
 /* Rank `root`'s `len` bytes into every rank's `buf`. */
 static inline int shmbroker_mpi_broadcast(shmbroker_mpi *m, int root, void *buf, size_t len) {
-  if (root < 0 || root >= m->size) return SHMBROKER_E_MISUSE;
+  if (root < 0 || root >= m->size || len > (size_t)INT_MAX) return SHMBROKER_E_MISUSE;
   int root_node = m->node_of[root];
   int here = m->node_of[m->rank] == root_node;
   int rc = SHMBROKER_OK;
@@ -367,6 +376,7 @@ static inline int shmbroker_mpi_broadcast(shmbroker_mpi *m, int root, void *buf,
 static inline int shmbroker_mpi_all_gather(shmbroker_mpi *m, const void *data, size_t len,
                                            void *out) {
   size_t block = (size_t)m->widest * len;
+  if (block > (size_t)INT_MAX) return SHMBROKER_E_MISUSE;
   char *mine = (char *)calloc(block ? block : 1, 1);
   char *all = (char *)malloc((size_t)m->nodes * block + 1);
   int rc = SHMBROKER_E_INTERNAL;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any, Sequence
 
 
 def node_name() -> str:
@@ -18,3 +19,32 @@ def node_name() -> str:
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}"
+
+
+def renumbered(error: BaseException, ranks: Sequence[int], note: str) -> BaseException:
+    """`error` from a session whose rank ``r`` is rank ``ranks[r]`` of the job (or communicator),
+    rebuilt with every rank it names renumbered so, and `note` added to its text; an error that
+    names no rank is returned as it is."""
+    from . import _errors as e
+
+    def to(rank: Any) -> Any:
+        return ranks[rank] if isinstance(rank, int) and 0 <= rank < len(ranks) else rank
+
+    text = f"{error.args[0] if error.args else error} ({note})"
+    if isinstance(error, e.Timeout):
+        stopped = None if error.stopped is None else to(error.stopped)
+        waiting = [to(r) for r in error.waiting_for]
+        return type(error)(text, error.op, waiting, error.timeout, error.diagnosis, stopped)
+    if isinstance(error, e.PeerLost):
+        return type(error)(text, to(error.rank), error.diagnosis)
+    if isinstance(error, e.PeerLeft):
+        return type(error)(text, to(error.rank), to(error.after), error.after_died)
+    if isinstance(error, e.PeerGaveUp):
+        return type(error)(text, to(error.rank), to(error.named))
+    if isinstance(error, e.PeerNeverJoined):
+        return type(error)(text, to(error.rank), to(error.after), error.after_left)
+    if isinstance(error, e.PeerRejoined):
+        return type(error)(text, to(error.rank), error.times)
+    if isinstance(error, e._RankError):
+        return type(error)(text, to(error.rank))
+    return error

@@ -51,7 +51,7 @@ import torch.distributed as dist
 
 import shmbroker
 
-from ._nodes import node_name
+from ._nodes import node_name, renumbered
 from .torch import (
     _R,
     _Aliases,
@@ -67,6 +67,7 @@ from .torch import (
     _World,
 )
 from .torch import Timeout as _Timeout
+from .torch import _BackendError
 
 # All-reduces of more bytes than this, on a layout with the same number of ranks on every
 # node, run on every rail at once (multi-leader); smaller ones through the node's leader.
@@ -83,9 +84,10 @@ _BROKEN = (
     RuntimeError,
 )
 
-# The store's key where the first rank that sees a death or a stopped process in its node
-# writes which (``lost N``, ``stopped N``: N the job's rank).
-_CAUSE = "shmbroker/cause"
+# The store's key (after the world's prefix) where the first rank that sees a death or a
+# stopped process in its node writes which (``lost N``, ``stopped N``: N the job's rank), or a
+# rank whose gloo leg broke with nobody naming a cause writes ``broken N`` (itself).
+_CAUSE = "cause"
 
 # How long a rank that saw a failure's effect waits for the rank that saw the death to name it.
 LOST_WAIT_S = 3.0
@@ -103,13 +105,18 @@ _GLOO_OPS = {
 }
 
 
-def layout(store: Any, rank: int, size: int) -> list[int]:
-    """The node of every rank of the world, numbered by their first rank: every rank says its
-    node's name through `store` and reads the others'."""
-    store.set(f"shmbroker/node/{rank}", node_name())
-    names = [store.get(f"shmbroker/node/{r}").decode() for r in range(size)]
+def layout(store: Any, rank: int, size: int) -> tuple[list[int], str]:
+    """The node of every rank of the world, numbered by their first rank, and the prefix of
+    this world's keys in `store`. Every rank says its node's name through the store and reads
+    the others'. A world made again on the same store (after ``destroy_process_group``) counts
+    as another: every rank counts its own worlds, and all count alike."""
+    world = store.add(f"shmbroker/worlds/{rank}", 1)
+    prefix = f"shmbroker/{world}"
+    store.set(f"{prefix}/node/{rank}", node_name())
+    keys = [f"{prefix}/node/{r}" for r in range(size)]
+    names = [name.decode() for name in store.multi_get(keys)]
     numbers: dict[str, int] = {}
-    return [numbers.setdefault(name, len(numbers)) for name in names]
+    return [numbers.setdefault(name, len(numbers)) for name in names], prefix
 
 
 def _leg(store: Any, name: str, members: list[int], me: int, timeout: float) -> Any:
@@ -188,43 +195,28 @@ class Span:
         except _BROKEN as error:
             raise self.fail(error) from error
 
-    def job_ranks(self, error: shmbroker.Timeout) -> shmbroker.Timeout:
-        """A deadline in the node, with the job's numbers of the ranks it names."""
-        ranks = self.world.node_ranks
-        waiting = [ranks[r] for r in error.waiting_for]
-        return shmbroker.Timeout(
-            f"{error.args[0]} (ranks of this node's session; in the job: {waiting})",
-            error.op,
-            waiting,
-            error.timeout,
-            error.diagnosis,
-            None if error.stopped is None else ranks[error.stopped],
-        )
-
     def fail(self, error: BaseException) -> BaseException:
         """What a failed step raises.
 
         A death, or a stopped process, that this rank saw in its node is written in the world's
         store as ``lost N`` or ``stopped N`` (N: the job's rank; the first written wins). A rank
         that saw only its effect (a gloo leg broken or timed out, a node peer that left) reads it
-        there, waiting up to :data:`LOST_WAIT_S`. This rank then aborts its gloo legs and closes
-        its session, so that every rank still waiting for it, on any node, fails at once too and
-        reads the same word."""
-        store = self.world.store
-        if isinstance(error, shmbroker.Timeout):
-            error = self.job_ranks(error)
-            if error.stopped is not None:
-                store.compare_set(_CAUSE, "", f"stopped {error.stopped}")
-        rank = getattr(error, "rank", None)
-        if isinstance(error, shmbroker.PeerLost) and isinstance(rank, int):
-            if 0 <= rank < len(self.world.node_ranks):
-                store.compare_set(_CAUSE, "", f"lost {self.world.node_ranks[rank]}")
-        try:
-            store.wait([_CAUSE], datetime.timedelta(seconds=LOST_WAIT_S))
-            what, number = store.get(_CAUSE).decode().split()
-            cause: tuple[str, int] | None = (what, int(number))
-        except Exception:  # noqa: BLE001 - nobody saw a cause: the error stands as it is
-            cause = None
+        there, waiting up to :data:`LOST_WAIT_S`. When nobody wrote one, a rank whose gloo leg
+        broke writes ``broken N`` (N: itself): a death no node peer could see, of a node of one
+        rank or of a whole node. This rank then aborts its gloo legs and closes its session, so
+        that every rank still waiting for it, on any node, fails at once too and reads the same
+        word."""
+        if isinstance(error, shmbroker.Error):
+            # The node's session numbers its ranks among the node's: name the job's.
+            error = renumbered(error, self.world.node_ranks, "ranks of the job")
+        word = None
+        if isinstance(error, shmbroker.Timeout) and error.stopped is not None:
+            word = f"stopped {error.stopped}"
+        elif isinstance(error, shmbroker.PeerLost):
+            word = f"lost {error.rank}"
+        cause = self._cause(word, LOST_WAIT_S)
+        if cause is None and not isinstance(error, shmbroker.Error):
+            cause = self._cause(f"broken {self.world.rank}", 1)
         for leg in (self.leaders, self.rail, self.flat):
             if leg is not None:
                 with contextlib.suppress(Exception):
@@ -239,6 +231,12 @@ class Span:
             return shmbroker.PeerLost(
                 f"rank {culprit} of the job died (a world spanning nodes: {learned})", culprit
             )
+        if what == "broken":
+            return _BackendError(
+                f"[shmbroker] rank {culprit}'s gloo leg between nodes broke, and no rank saw a "
+                "death in its node: a node of one rank, or a whole node, is gone (a world "
+                f"spanning nodes: {learned})"
+            )
         timeout = getattr(error, "timeout", self.timeout)
         return _Timeout(
             f"rank {culprit} of the job is stopped (a world spanning nodes: {learned})",
@@ -248,6 +246,19 @@ class Span:
             [f"rank {culprit} is stopped"],
             culprit,
         )
+
+    def _cause(self, word: str | None, wait_s: float) -> tuple[str, int] | None:
+        """Writes `word` as the job's cause unless one is there, then reads the cause, waiting
+        up to `wait_s` seconds for one; None when there is none, or no store to ask."""
+        store, key = self.world.store, f"{self.world.prefix}/{_CAUSE}"
+        try:
+            if word is not None:
+                store.compare_set(key, "", word)
+            store.wait([key], datetime.timedelta(seconds=wait_s))
+            what, number = store.get(key).decode().split()
+            return what, int(number)
+        except Exception:  # noqa: BLE001 - no cause, or no store: the error stands as it is
+            return None
 
     # --- steps inside the node (nothing to do for a node of one)
 
@@ -388,6 +399,10 @@ class SpanCalls(_Aliases):
         span = self._span
         root = opts.rootRank
         name, dtype = _reduction(opts.reduceOp, tensor)
+        if name == "avg" and not _flat(tensor).is_floating_point():
+            raise ValueError(
+                f"shmbroker backend: AVG is not defined for {tensor.dtype} (averages are of floats)"
+            )
         local_op = "sum" if name == "avg" else name
         root_node, root_local = span.node_of[root], span.local_index[root]
         with self._turn(), _Contiguous(tensor) as dense:
@@ -442,7 +457,8 @@ class SpanCalls(_Aliases):
         with self._turn():
             for tensor in tensors:
                 with _Contiguous(tensor) as dense:
-                    self._broadcast_bytes(_flat(dense).reshape(-1), opts.rootRank)
+                    # As bytes: gloo lacks some types (int16, the unsigned ones).
+                    self._broadcast_bytes(_flat(dense).reshape(-1).view(torch.uint8), opts.rootRank)
         return _Done(tensors)
 
     def _all_gather_bytes(self, input: torch.Tensor) -> torch.Tensor:
@@ -526,19 +542,44 @@ class SpanCalls(_Aliases):
         input_split_sizes: list[int],
         opts: Any = None,
     ) -> Any:
-        with self._turn():
-            _wait(
-                self._span.flat.alltoall_base(
-                    output, input, output_split_sizes, input_split_sizes, c10d.AllToAllOptions()
-                )
-            )
+        with _Contiguous(output) as dense, _Contiguous(input, write_back=False) as source:
+            outgoing = _flat(source).reshape(-1).view(torch.uint8)
+            incoming = _flat(dense).reshape(-1).view(torch.uint8)
+            sends = self._byte_counts(source, input_split_sizes)
+            receives = self._byte_counts(dense, output_split_sizes)
+            with self._turn():
+                # As bytes: gloo lacks some types (int16, the unsigned ones).
+                options = c10d.AllToAllOptions()
+                _wait(self._span.flat.alltoall_base(incoming, outgoing, receives, sends, options))
         return _Done([output])
+
+    def _byte_counts(self, tensor: torch.Tensor, splits: list[int]) -> list[int]:
+        """Bytes per rank of `tensor` cut along its first dimension by `splits` (rows per rank;
+        torch passes none for equal parts)."""
+        rows = tensor.shape[0] if tensor.dim() else 1
+        row_bytes = tensor.nbytes // rows if rows else 0
+        size = self._span.size
+        if not splits:
+            if rows % size:
+                raise ValueError(
+                    f"shmbroker backend: {rows} rows do not split evenly among {size} ranks"
+                )
+            splits = [rows // size] * size
+        return [split * row_bytes for split in splits]
 
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
+        # gloo has no list form: one byte tensor each way, cut at the tensors' edges.
+        flat_in = torch.cat([_flat(t.contiguous()).reshape(-1).view(torch.uint8) for t in inputs])
+        sizes_in = [t.nbytes for t in inputs]
+        sizes_out = [t.nbytes for t in outputs]
+        flat_out = torch.empty(sum(sizes_out), dtype=torch.uint8)
         with self._turn():
-            _wait(self._span.flat.alltoall(outputs, inputs, c10d.AllToAllOptions()))
+            options = c10d.AllToAllOptions()
+            _wait(self._span.flat.alltoall_base(flat_out, flat_in, sizes_out, sizes_in, options))
+        for output, block in zip(outputs, flat_out.split(sizes_out), strict=True):
+            _copy_bytes(output, block)
         return _Done(outputs)
 
     # --- point to point: gloo between nodes; on one node, the session
@@ -546,17 +587,17 @@ class SpanCalls(_Aliases):
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
         span = self._span
         if span.node_of[dst] != span.node:
-            with self._turn():
-                work = span.flat.send([t.contiguous() for t in tensors], dst, tag)
-                work.wait()
-            return _Done(tensors)
+            # gloo sends once the receiver has posted its receive: the work is waited for
+            # later, as an isend's is, so that a program may send before it receives.
+            dense = [t.contiguous() for t in tensors]
+            return _LegWork(span, span.flat.send(dense, dst, tag), dense)
         with span.failing():
             return self._local_calls().send(tensors, span.session_ranks[dst], tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
         span = self._span
         if span.node_of[src] != span.node:
-            return span.flat.recv(tensors, src, tag)
+            return _LegWork(span, span.flat.recv(tensors, src, tag), tensors)
         return self._local_calls().recv(tensors, span.session_ranks[src], tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
@@ -572,8 +613,50 @@ class SpanCalls(_Aliases):
             calls = _NodeCalls()
             calls._join(self._span.world, None, self._span.timeout)
             calls.span = self._span
+            calls._job_ranks = None  # (failing() names the job's ranks)
             self._p2p = calls
         return calls
+
+
+class _LegWork(dist.Work):
+    """A send or receive between nodes: gloo's work, whose failure ends the job's spanning
+    calls as a collective's does (see :meth:`Span.failing`)."""
+
+    def __init__(self, span: Span, work: Any, tensors: list[torch.Tensor]):
+        super().__init__()
+        self._span, self._work, self._tensors = span, work, tensors
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        with self._span.failing():
+            self._work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self._work.is_completed())
+
+    def is_success(self) -> bool:
+        return bool(self._work.is_success())
+
+    def exception(self) -> Any:
+        return self._work.exception()
+
+    def result(self) -> list[torch.Tensor]:
+        return self._tensors
+
+    def source_rank(self) -> int:
+        return int(self._work.source_rank())
+
+    def _source_rank(self) -> int:
+        return self.source_rank()
+
+    def get_future(self) -> Any:
+        self.wait()
+        future: Any = torch.futures.Future()
+        future.set_result(self._tensors)
+        return future
+
+    def synchronize(self) -> None:
+        pass
 
 
 class _NodeCalls(_Calls):

@@ -27,13 +27,16 @@ Floats combine in the node in rank order, then between nodes in MPI's order: eve
 same bits for a fixed layout and MPI. Types MPI lacks (``float16``, ``bfloat16``) raise
 :class:`shmbroker.MisuseError`; ``"avg"`` is a sum divided by the size (floats only).
 
-**Errors** inside a node are shmbroker's exceptions, naming the communicator's rank. Between
-nodes, MPI's error handler of the communicator rules (by default a failure aborts the job, as
-MPI does). Calls must be made in the same order on every rank, from one thread at a time.
+**Errors** inside a node are shmbroker's exceptions, naming the communicator's rank. Making a
+:class:`Nodes` agrees over the whole communicator; a later failure inside a node raises on that
+node's ranks only, while the other nodes wait in MPI, which has no deadline: end the job on any
+error (``comm.Abort()``), as MPI programs do. Between nodes, the communicator's MPI error
+handler rules. Calls must be made in the same order on every rank, from one thread at a time.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -41,7 +44,7 @@ from typing import Any
 
 import shmbroker
 
-from ._nodes import node_name
+from ._nodes import node_name, renumbered
 
 __all__ = ["Nodes", "RAILS_MIN_BYTES"]
 
@@ -78,6 +81,20 @@ _SIZES = {
 }
 
 
+def _divide(raw: memoryview, name: str, by: int) -> None:
+    """Divides the floats of `raw` (``float32`` or ``float64``) by `by`, in place: through NumPy
+    when it is there, else one by one."""
+    code: Any = "f" if name == "float32" else "d"
+    try:
+        numpy: Any = importlib.import_module("numpy")
+        values = numpy.frombuffer(raw, dtype=numpy.dtype(code))
+        values /= by
+    except ImportError:
+        typed = raw.cast(code)
+        for i in range(len(typed)):
+            typed[i] /= by
+
+
 class Nodes:
     """shmbroker's collectives over the ranks of mpi4py communicator `comm`, which may span
     nodes. Made collectively: every rank of `comm` makes it. `timeout` (seconds) bounds joining
@@ -106,34 +123,43 @@ class Nodes:
         self._node_ranks = [r for r in range(self.size) if self.node_of[r] == node]
         self._dir: str | None = None
         self.session: shmbroker.Session | None = None
+        failure = None
         if self.local_size > 1:
-            path = None
+            # The socket's path, or why the node's first rank could not make its directory.
+            word: tuple[str, str] = ("path", "")
             if self.local_rank == 0:
-                self._dir = tempfile.mkdtemp(prefix="shmbroker-mpi-")
-                path = os.path.join(self._dir, "broker.sock")
-            path = self._node.bcast(path, root=0)
-            self.session = shmbroker.connect(
-                path, self.local_rank, timeout, world_size=self.local_size
+                try:
+                    self._dir = tempfile.mkdtemp(prefix="shmbroker-mpi-")
+                    word = ("path", os.path.join(self._dir, "broker.sock"))
+                except OSError as error:
+                    why = f"rank {self.rank} could not make the broker's directory: {error}"
+                    word = ("error", why)
+            what, text = self._node.bcast(word, root=0)
+            try:
+                if what == "error":
+                    raise shmbroker.MisuseError(f"shmbroker.mpi: {text}")
+                self.session = shmbroker.connect(
+                    text, self.local_rank, timeout, world_size=self.local_size
+                )
+            except shmbroker.Error as error:
+                failure = error
+        # Every rank learns whether every node's session is there: none goes on alone.
+        failed = self.comm.allreduce(failure is not None, op=MPI.LOR)
+        if failed:
+            self.close()
+            raise failure or shmbroker.LogonError(
+                "shmbroker.mpi: another node's ranks could not make their session"
             )
 
     # --- what the calls share
 
-    def _job_error(self, error: shmbroker.Error) -> shmbroker.Error:
-        """`error` from the node's session, naming the communicator's rank."""
-        rank = getattr(error, "rank", None)
-        if isinstance(rank, int) and 0 <= rank < len(self._node_ranks):
-            job = self._node_ranks[rank]
-            return type(error)(f"{error} (rank {job} of the communicator)", job)
-        return error
-
     def _local(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`method` of the node's session; its errors name the communicator's ranks."""
         assert self.session is not None
         try:
             return getattr(self.session, method)(*args, **kwargs)
-        except (shmbroker.PeerLost, shmbroker.PeerLeft, shmbroker.PeerGaveUp) as error:
-            raise self._job_error(error) from error
-        except shmbroker.ProtocolError as error:
-            raise self._job_error(error) from error
+        except shmbroker.Error as error:
+            raise renumbered(error, self._node_ranks, "ranks of the communicator") from error
 
     def _typed(self, data: Any, dtype: str | None) -> tuple[memoryview, str, Any]:
         """`data` as writable bytes, its element type's name and MPI's type for it."""
@@ -215,9 +241,7 @@ class Nodes:
                 self._leaders.Allreduce(self._mpi.IN_PLACE, [raw, count, mpi_type], mpi_op)
             self._node_broadcast(0, raw)
         if op == "avg":
-            typed = raw.cast("f" if name == "float32" else "d")
-            for i in range(count):
-                typed[i] /= self.size
+            _divide(raw, name, self.size)
 
     def _node_broadcast(self, root: int, raw: memoryview) -> None:
         if self.session is None:
@@ -268,7 +292,8 @@ class Nodes:
         return bytes(out)
 
     def close(self) -> None:
-        """Leaves the node's session and frees the communicators (not collective)."""
+        """Leaves the node's session and frees the communicators: collective, as MPI_Comm_free
+        is."""
         if self.session is not None:
             self.session.close()
             self.session = None

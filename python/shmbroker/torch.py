@@ -18,7 +18,7 @@ under ``torchrun``, local rank 0 hosts one on a socket named after the run. Star
 way (``mp.spawn`` with a ``tcp://`` or ``file://`` ``init_method``, say), rank 0 hosts a broker
 on a fresh socket and tells the others its path through torch's store. A world or group that
 spans nodes uses shared memory inside each node and gloo between them (see
-``shmbroker._spanning``); ``SHMBROKER_NODE`` names a rank's node.
+the guide's "Beyond one machine"); ``SHMBROKER_NODE`` names a rank's node.
 
 **Calls:** ``barrier``, ``all_reduce`` (``SUM``, ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``,
 ``BAND``, ``BOR``, ``BXOR``), ``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter``,
@@ -276,8 +276,10 @@ class _World:
         self.node_ranks: list[int] = (
             [r for r, n in enumerate(nodes) if n == nodes[self.rank]] if nodes else []
         )
-        # torch's store of the world, where a world spanning nodes names its first death.
+        # torch's store of the world, where a world spanning nodes names its first death, and
+        # the prefix of this world's keys in it.
         self.store: Any = None
+        self.prefix = ""
         self.lock = threading.Lock()
         self.posted: collections.deque[_Receive] = collections.deque()
         # Messages that came before a receive of their tag asked for them: (world rank, tag)
@@ -334,7 +336,7 @@ class _Receive(dist.Work):
         try:
             self._source = self._calls._receive(self._tensor, self._source, self._tag)
         except BaseException as error:  # noqa: BLE001 - kept for wait(), which raises it
-            self._error = _backend_error(error)
+            self._error = self._calls._failed(error)
         self.done = True
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
@@ -392,8 +394,11 @@ def _turn(method: Callable[..., Any]) -> Callable[..., Any]:
             self._world.take(self._timeout)
         try:
             return method(self, *args, **kwargs)
-        except shmbroker.Timeout as error:
-            raise _backend_error(error) from None
+        except shmbroker.Error as error:
+            failed = self._failed(error)
+            if failed is error:
+                raise
+            raise failed from None
         finally:
             lock.release()
 
@@ -403,7 +408,7 @@ def _turn(method: Callable[..., Any]) -> Callable[..., Any]:
 class _Aliases:
     """torch's other names for the calls a group makes (coalesced lists, the old ``_base``
     forms), in terms of the calls themselves: shared by the groups on one node
-    (:class:`_Calls`) and those spanning nodes (``shmbroker._spanning``)."""
+    (:class:`_Calls`) and those spanning nodes (``_spanning.SpanCalls``)."""
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -478,9 +483,24 @@ class _Calls(_Aliases):
             self._on["group"] = group
         # World rank of each group rank.
         self._world_ranks = list(group.ranks) if group is not None else list(range(self._size))
+        if world.nodes is not None:
+            # A group wholly on this node of a world that spans nodes: the session's ranks are
+            # this node's, and errors name the job's.
+            self._job_ranks = world.node_ranks
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self._rank}, size={self._size})"
+
+    # The job's rank of each session rank, when the session holds one node's ranks of a world
+    # that spans nodes (a group wholly on this node); None when session ranks are the job's.
+    _job_ranks: list[int] | None = None
+
+    def _failed(self, error: BaseException) -> BaseException:
+        """What a call raises for `error`: a deadline as torch's callers expect it, and every
+        rank named as the job numbers it."""
+        if self._job_ranks is not None:
+            error = _nodes.renumbered(error, self._job_ranks, "ranks of the job")
+        return _backend_error(error)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """`method` of the session, on this group, with this group's deadline."""
@@ -496,8 +516,11 @@ class _Calls(_Aliases):
             self._world.take(self._timeout)
         try:
             self._session.barrier(**self._on)
-        except shmbroker.Timeout as error:
-            raise _backend_error(error) from None
+        except shmbroker.Error as error:
+            failed = self._failed(error)
+            if failed is error:
+                raise
+            raise failed from None
         finally:
             lock.release()
         return _BARRIER_DONE
@@ -754,6 +777,7 @@ class _Answers:
 
     _timeout: float
     _world_ranks: list[int]
+    _job_ranks: list[int] | None = None
 
     supports_coalescing = False
     supports_splitting = False
@@ -765,7 +789,10 @@ class _Answers:
     @property
     def options(self) -> Any:
         options = c10d.Backend.Options(BACKEND, datetime.timedelta(seconds=self._timeout))
-        options.global_ranks_in_group = self._world_ranks
+        ranks = self._world_ranks
+        options.global_ranks_in_group = ranks if self._job_ranks is None else [
+            self._job_ranks[r] for r in ranks
+        ]
         return options
 
 
@@ -803,11 +830,11 @@ def _fill(memory: Any, data: bytes, what: str) -> None:
 
 
 def _connect(
-    store: Any, rank: int, size: int, timeout: float, node: int | None = None
+    store: Any, rank: int, size: int, timeout: float, node: str | None = None
 ) -> shmbroker.Session:
     """A new session: from the launcher's environment, or on a socket rank 0 makes and names in
-    torch's `store`. With `node`, the session of that node's ranks (`rank` and `size` counted
-    among them), on a socket its first rank makes."""
+    torch's `store`. With `node` (the store's key for it), the session of that node's ranks
+    (`rank` and `size` counted among them), on a socket its first rank makes."""
     launched = "SHMBROKER_SOCKET" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
     if launched and node is None:
         session = shmbroker.connect(timeout=timeout)
@@ -820,7 +847,7 @@ def _connect(
                 "is not torch's)"
             )
         return session
-    key = "shmbroker/socket" if node is None else f"shmbroker/socket/{node}"
+    key = "shmbroker/socket" if node is None else node
     if rank == 0:
         folder = tempfile.mkdtemp(prefix="shmbroker-torch-")
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
@@ -841,14 +868,15 @@ def _world_for(options: Any, seconds: float) -> _World:
         if (_world.rank, _world.size) == (rank, size):
             return _world
         _world.session.close()
-    nodes = _spanning.layout(options.store, rank, size)
+    nodes, prefix = _spanning.layout(options.store, rank, size)
     if max(nodes) == 0:
         _world = _World(_connect(options.store, rank, size, seconds))
     else:
         mine = [r for r, n in enumerate(nodes) if n == nodes[rank]]
-        session = _connect(options.store, mine.index(rank), len(mine), seconds, nodes[rank])
+        key = f"{prefix}/socket/{nodes[rank]}"
+        session = _connect(options.store, mine.index(rank), len(mine), seconds, key)
         _world = _World(session, rank, size, nodes)
-        _world.store = options.store
+        _world.store, _world.prefix = options.store, prefix
     atexit.register(_world.session.close)
     return _world
 
@@ -883,6 +911,6 @@ def _create(options: Any, _backend_options: Any) -> dist.ProcessGroup:
     return _spanning.SpanProcessGroup(span)
 
 
-from . import _spanning  # noqa: E402  (it builds on this module's helpers)
+from . import _nodes, _spanning  # noqa: E402  (_spanning builds on this module's helpers)
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

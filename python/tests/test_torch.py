@@ -165,12 +165,19 @@ def test_a_world_spanning_nodes_gives_what_gloo_gives(layout):
         assert status == 0 and f"OK spanning rank {rank}" in out, (status, out, err[-3000:])
 
 
-@pytest.mark.parametrize("victim", [1, 2], ids=["a node's second rank", "a node's leader"])
+@pytest.mark.parametrize(
+    "nodes, victim",
+    [("aabb", 1), ("aabb", 2), ("abb", 0)],
+    ids=["a node's second rank", "a node's leader", "a node of one rank"],
+)
 @pytest.mark.parametrize("late", ["0", "1"], ids=["small all-reduces", "large all-reduces"])
-def test_a_death_on_one_node_is_named_on_every_node_within_5_s(victim, late, tmp_path):
+def test_a_death_on_one_node_ends_every_node_within_5_s(nodes, victim, late, tmp_path):
+    """A death a node peer sees is named on every node (PeerLost); one no node peer sees (a
+    node of one rank) ends every call with an error that says so."""
     died_at = tmp_path / "died"
-    extra = {"VICTIM": str(victim), "LATE": late, "DIED_AT": str(died_at)}
-    _store, ranks = start_nodes("span_death", ["a", "a", "b", "b"], extra)
+    alone = "1" if nodes.count(nodes[victim]) == 1 else "0"
+    extra = {"VICTIM": str(victim), "LATE": late, "DIED_AT": str(died_at), "ALONE": alone}
+    _store, ranks = start_nodes("span_death", list(nodes), extra)
     results = finish(ranks)
     assert results[victim][0] == 3, results[victim]
     died = float(died_at.read_text())

@@ -355,6 +355,23 @@ def spanning():
         dist.all_gather(everyone, noisy)
         check(all(torch.equal(noisy, other) for other in everyone), f"same bits x{count}")
     salt = moving_data([torch.uint8, torch.float32, torch.complex64], [0, 1, 7, 70_001], salt)
+    # all_to_all of lists, and types gloo lacks (int16, uint16) broadcast and sent all to all.
+    for dtype in [torch.float32, torch.int16, torch.uint16]:
+        parts = [values(dtype, 3 + q, rank, 40 + q) for q in range(size)]
+        outs = [torch.zeros(3 + rank, dtype=dtype) for _ in range(size)]
+        dist.all_to_all(outs, parts)
+        for q in range(size):
+            same(outs[q], values(dtype, 3 + rank, q, 40 + rank), f"all_to_all {dtype} from {q}")
+        for root in range(size):
+            data = values(dtype, 9, root, 41)
+            mine = data if rank == root else torch.zeros_like(data)
+            dist.broadcast(mine, root)
+            same(mine, data, f"broadcast {dtype} from {root}")
+        block = torch.cat([values(dtype, 2, rank * size + q, 42) for q in range(size)])
+        out = torch.zeros_like(block)
+        dist.all_to_all_single(out, block)
+        want = torch.cat([values(dtype, 2, q * size + rank, 42) for q in range(size)])
+        same(out, want, f"all_to_all_single {dtype}")
     # send/recv in a ring (across nodes and inside one), with tags, and receives posted first.
     message = values(torch.float64, 5000, rank, 99)
     received = torch.zeros_like(message)
@@ -366,14 +383,22 @@ def spanning():
         dist.send(message, (rank + 1) % size, tag=5)
     same(received, values(torch.float64, 5000, (rank - 1) % size, 99), "recv in a ring")
     for step in (1, 2):
-        got = torch.zeros(70_001)
-        ops = [
-            dist.P2POp(dist.irecv, got, (rank - step) % size),
-            dist.P2POp(dist.isend, torch.full((70_001,), float(rank)), (rank + step) % size),
-        ]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-        same(got, torch.full((70_001,), float((rank - step) % size)), f"batch_isend_irecv {step}")
+        for send_first in (False, True):
+            got = torch.zeros(70_001)
+            ops = [
+                dist.P2POp(dist.irecv, got, (rank - step) % size),
+                dist.P2POp(dist.isend, torch.full((70_001,), float(rank)), (rank + step) % size),
+            ]
+            for work in dist.batch_isend_irecv(ops[::-1] if send_first else ops):
+                work.wait()
+            want = torch.full((70_001,), float((rank - step) % size))
+            same(got, want, f"batch_isend_irecv {step}, send first: {send_first}")
+    # isend, then a blocking recv, then the send's wait.
+    work = dist.isend(torch.full((5,), float(rank)), (rank + 1) % size)
+    got = torch.zeros(5)
+    dist.recv(got, (rank - 1) % size)
+    work.wait()
+    same(got, torch.full((5,), float((rank - 1) % size)), "isend, recv, wait")
     # Groups: one inside a node, one across nodes, against gloo groups of the same ranks.
     # (The test's nodes are named "node<number>".)
     node = torch.tensor([int(os.environ["SHMBROKER_NODE"].removeprefix("node"))])
@@ -475,6 +500,13 @@ def span_death():
         except shmbroker.PeerLost as error:
             learned = time.time()
             check(error.rank == victim, f"PeerLost names rank {error.rank}, not {victim}: {error}")
+            print(f"OK span_death rank {rank} learned at {learned!r}: {error}", flush=True)
+            sys.exit(0)
+        except dist.DistBackendError as error:
+            # A victim alone on its node: no node peer sees the death, gloo's leg breaks.
+            learned = time.time()
+            alone = os.environ.get("ALONE") == "1"
+            check(alone and "no rank saw a death" in str(error), f"{type(error)}: {error}")
             print(f"OK span_death rank {rank} learned at {learned!r}: {error}", flush=True)
             sys.exit(0)
     check(False, f"every all_reduce succeeded after rank {victim} died")
