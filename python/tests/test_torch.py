@@ -238,3 +238,34 @@ def test_a_stopped_rank_is_named_on_every_node(victim):
         ranks[victim].wait()
     for rank, (status, out, err) in zip([r for r in range(4) if r != victim], results):
         assert status == 0 and f"OK span_stop rank {rank}" in out, (status, out, err[-3000:])
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_a_rank_killed_at_a_random_moment_is_named_on_every_node(trial):
+    """Mixed calls on 2 nodes of 2 ranks; a random rank is killed (SIGKILL) at a random moment,
+    maybe in the middle of a call. Every other rank raises PeerLost naming it; none hangs."""
+    import random
+    import select
+    import time
+
+    chance = random.Random(4600 + trial)
+    victim, delay = chance.randrange(4), chance.uniform(0.05, 1.5)
+    _store, ranks = start_nodes("span_chaos", ["a", "a", "b", "b"], {"VICTIM": str(victim)})
+    try:
+        # Every rank says READY once the world is made; then the victim dies.
+        ready, deadline = set(), time.monotonic() + DEADLINE
+        while len(ready) < len(ranks) and time.monotonic() < deadline:
+            for rank, process in enumerate(ranks):
+                if rank not in ready and select.select([process.stdout], [], [], 0.05)[0]:
+                    if process.stdout.readline().strip() == "READY":
+                        ready.add(rank)
+                assert process.poll() is None, (rank, process.stderr.read()[-3000:])
+        assert len(ready) == len(ranks), f"only {sorted(ready)} were ready"
+        time.sleep(delay)
+        ranks[victim].kill()
+    finally:
+        results = finish(ranks)
+    for rank, (status, out, err) in enumerate(results):
+        if rank != victim:
+            what = f"trial {trial}: victim {victim} after {delay:.2f} s, rank {rank}"
+            assert status == 0 and f"OK span_chaos rank {rank}" in out, (what, out, err[-3000:])

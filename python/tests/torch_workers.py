@@ -14,6 +14,8 @@
   PeerLost naming it.
 - `span_stop`: the same with rank `VICTIM` stopped; every other rank must raise Timeout naming
   it as stopped.
+- `span_chaos`: mixed calls on a world spanning nodes until the test kills rank `VICTIM` at a
+  random moment; every other rank must raise PeerLost naming it.
 
 Usage: python torch_workers.py SCENARIO [RANK WORLD_SIZE INIT_METHOD] (the last three only when
 no launcher gives them; an INIT_METHOD of `store:PORT` joins a TCP store the test hosts).
@@ -512,6 +514,37 @@ def span_death():
     check(False, f"every all_reduce succeeded after rank {victim} died")
 
 
+def span_chaos():
+    """On a world spanning nodes, mixed calls until one fails: the test kills a rank at a random
+    moment (SIGKILL, from outside, maybe in the middle of a call). Every other rank must raise
+    PeerLost naming it, whatever call it was in, and hang nowhere."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    print("READY", flush=True)
+    victim = int(os.environ["VICTIM"])
+    small, large = torch.ones(10), torch.ones(300_000)
+    parts = [torch.zeros(1000) for _ in range(size)]
+    message, got = torch.ones(5000), torch.zeros(5000)
+    deadline = time.monotonic() + 60
+    calls = 0
+    try:
+        while time.monotonic() < deadline:
+            dist.all_reduce(small)
+            dist.all_reduce(large)
+            dist.all_gather(parts, torch.full((1000,), float(rank)))
+            dist.broadcast(small, calls % size)
+            work = dist.isend(message, (rank + 1) % size)
+            dist.recv(got, (rank - 1) % size)
+            work.wait()
+            dist.barrier()
+            calls += 1
+    except shmbroker.PeerLost as error:
+        check(error.rank == victim, f"PeerLost names rank {error.rank}, not {victim}: {error}")
+        print(f"OK span_chaos rank {rank} after {calls} rounds: {error}", flush=True)
+        sys.exit(0)
+    check(False, f"60 s of calls and no failure (rank {victim} was to be killed)")
+
+
 def span_stop():
     """On a world spanning nodes with a 3 s deadline, rank VICTIM stops itself (SIGSTOP) in the
     middle of all-reduces; every other rank, on every node, must raise a Timeout naming it as
@@ -614,6 +647,7 @@ def main():
         "trips": trips,
         "span_death": span_death,
         "span_stop": span_stop,
+        "span_chaos": span_chaos,
     }
     scenarios[scenario]()
     rank = dist.get_rank()
