@@ -28,7 +28,10 @@ process groups of its own (torch's trusted engine carries every byte between nod
 - reduce: to the node's leader, to the root's node's leader, to the root;
 - all-gather (and gather): an all-gather in the node, an all-gather of node blocks among
   leaders, a broadcast in the node;
-- reduce-scatter: the all-reduce above of the whole input, of which each rank keeps its part;
+- reduce-scatter, up to :data:`RAILS_MIN_BYTES` or on an uneven layout: the all-reduce above of
+  the whole input, of which each rank keeps its part. Above it: a reduce-scatter in the node
+  that gives local rank ``j`` the node's sums of the blocks of rail ``j``'s members, then an
+  all-reduce of those on the rail;
 - scatter: the broadcast above of every part, of which each rank keeps its own;
 - all-to-all and point-to-point between nodes: gloo on ``flat``; point-to-point inside a node:
   the session.
@@ -426,13 +429,43 @@ class SpanCalls(_Aliases):
         return _Done(outputs)
 
     def _reduce_scatter_flat(self, output: torch.Tensor, input: torch.Tensor, op: Any) -> None:
+        """Up to :data:`RAILS_MIN_BYTES` or on an uneven layout: the all-reduce of the whole
+        input, of which this rank keeps its block. Above it: a reduce-scatter in the node that
+        gives local rank ``j`` the node's sums of the blocks of rail ``j``'s members, an
+        all-reduce of those on the rail, and each rank keeps its own."""
         span = self._span
-        whole = input.reshape(-1).clone()
-        name, dtype = _reduction(op, whole)
-        with self._turn():
-            self._all_reduce_flat(_flat(whole), name, dtype)
-        mine = whole.chunk(span.size)[span.rank]
-        output.copy_(mine.view_as(output))
+        name, dtype = _reduction(op, output)
+        whole = _flat(input.contiguous()).reshape(-1)
+        if whole.numel() != span.size * _flat(output).numel():
+            raise ValueError(
+                f"shmbroker backend: reduce_scatter of {whole.numel()} elements into "
+                f"{_flat(output).numel()} for each of {span.size} ranks"
+            )
+        if name == "avg" and not whole.is_floating_point():
+            raise ValueError(
+                f"shmbroker backend: AVG is not defined for {output.dtype} (averages are of floats)"
+            )
+        if not (span.balanced and whole.nbytes > RAILS_MIN_BYTES):
+            whole = whole.clone()
+            with self._turn():
+                self._all_reduce_flat(whole, name, dtype)
+            mine = whole.view(span.size, -1)[span.rank]
+        else:
+            nodes, block = len(span.nodes), whole.numel() // span.size
+            # Chunk j of the node's input: the blocks of rail j's members, in node order.
+            order = [span.nodes[n][j] for j in range(span.local_size) for n in range(nodes)]
+            arranged = whole.view(span.size, block)[order].reshape(-1)
+            rail = torch.empty(nodes * block, dtype=whole.dtype)
+            local_op = "sum" if name == "avg" else name
+            with self._turn():
+                memory = (_memory(arranged), _memory(rail))
+                span.local("reduce_scatter", *memory, local_op, dtype=dtype)
+                _reduce_leg(span.rail, rail, _GLOO_OPS[name])
+            mine = rail.view(nodes, block)[span.node]
+            if name == "avg":
+                mine = mine / span.size
+        with _Contiguous(output) as dense:
+            _flat(dense).reshape(-1).copy_(mine)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         self._reduce_scatter_flat(output, input, opts.reduceOp)

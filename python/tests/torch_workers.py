@@ -349,6 +349,12 @@ def spanning():
     dist.all_reduce(mine, op=R.AVG)
     ours, theirs = both(lambda g, t: dist.all_reduce(t, group=g), data)
     same(mine, theirs[0] / size, "all_reduce AVG")
+    # reduce_scatter past the rails' threshold, with AVG (gloo has none: its sum / size).
+    block = values(torch.float32, 100_000 * size, rank, 9)
+    mine, theirs = torch.zeros(100_000), torch.zeros(100_000)
+    dist.reduce_scatter_tensor(mine, block, op=R.AVG)
+    dist.reduce_scatter_tensor(theirs, block, group=GLOO)
+    same(mine, theirs / size, "reduce_scatter_tensor AVG")
     # Floats: the same bits on every rank, both below and above the rails' threshold.
     for count in (1000, 300_000):
         noisy = torch.randn(count, generator=torch.Generator().manual_seed(rank))
