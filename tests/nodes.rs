@@ -118,6 +118,9 @@ fn nodes_rank() {
     let Some((scenario, session)) = common::rank_session() else {
         return;
     };
+    if let Some(layout) = scenario.strip_prefix("death:") {
+        return death_rank(layout, session);
+    }
     let rank = session.rank();
     let nodes_of: Vec<&str> = scenario.split(',').collect();
     let size = nodes_of.len() as u32;
@@ -193,8 +196,39 @@ fn nodes_rank() {
     nodes.barrier().unwrap();
 }
 
+/// The last rank dies once every `Nodes` is made. Its node peer's next call fails naming it by
+/// its network rank, though its node's session numbers it otherwise; the other nodes' calls
+/// fail as their network's engine says (here: when that peer leaves), and none hangs.
+fn death_rank(layout: &str, session: Session) {
+    let rank = session.rank();
+    let nodes_of: Vec<&str> = layout.split(',').collect();
+    let last = nodes_of.len() as u32 - 1;
+    let network = Comm {
+        session: Rc::new(RefCell::new(session)),
+        group: None,
+    };
+    let mut nodes = Nodes::with_node(network, nodes_of[rank as usize], Duration::from_secs(60))
+        .expect("Nodes::with_node");
+    nodes.barrier().unwrap();
+    if rank == last {
+        std::process::exit(0); // without leaving: a death
+    }
+    let result = nodes.barrier();
+    if nodes_of[rank as usize] == nodes_of[last as usize] {
+        match result {
+            Err(Error::PeerLost { rank: named, .. }) => assert_eq!(named, last, "the dead rank"),
+            other => panic!("rank {rank}: a barrier after rank {last} died gave {other:?}"),
+        }
+    } else {
+        assert!(
+            result.is_err(),
+            "rank {rank}: a barrier passed after rank {last} died"
+        );
+    }
+}
+
 fn run(name: &str, layout: &str) {
-    let world = layout.split(',').count() as u32;
+    let world = layout.trim_start_matches("death:").split(',').count() as u32;
     let results = common::run_ranks("nodes_rank", name, world, layout, &[]);
     let failed: Vec<String> = results
         .iter()
@@ -223,4 +257,10 @@ fn three_nodes_of_two() {
 #[test]
 fn an_uneven_layout_of_one_and_two() {
     run("nodes-uneven", "a,b,b");
+}
+
+#[test]
+fn a_death_inside_a_node_names_the_network_rank() {
+    // Rank 3 is rank 1 of node b's session: its node peer must name it 3.
+    run("nodes-death", "death:a,a,b,b");
 }
