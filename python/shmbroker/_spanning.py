@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import re
 from typing import Any, Iterator
 
 import torch
@@ -345,8 +346,28 @@ class SpanCalls(_Aliases):
                 span.local("barrier")
         return _Done()
 
-    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        self.barrier()
+    def monitored_barrier(
+        self, timeout: datetime.timedelta | None = None, wait_all_ranks: bool = False
+    ) -> None:
+        """gloo's monitored barrier on the flat leg: its timeout names the ranks that did not
+        come ("Ranks 1, 3 failed to pass monitoredBarrier in 2000 ms"), as a
+        :class:`shmbroker.torch.Timeout` whose ``waiting_for`` are their job ranks. It does not
+        end the job: a rank that did not come is not a failure of the others."""
+        span = self._span
+        seconds = span.timeout if timeout is None else timeout.total_seconds()
+        with span.world.turn(seconds):
+            try:
+                span.flat.monitored_barrier(datetime.timedelta(seconds=seconds), wait_all_ranks)
+            except RuntimeError as error:
+                text = str(error)
+                named = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", text)
+                missing = [int(r) for r in named.group(1).split(",")] if named else []
+                raise _Timeout(
+                    f"{text.splitlines()[0]} (group ranks)",
+                    "monitored_barrier",
+                    [span.members[r] for r in missing if 0 <= r < span.size],
+                    seconds,
+                ) from None
 
     # --- reductions
 

@@ -450,6 +450,20 @@ def spanning():
     dist.barrier()
     if rank == 0 and REFUSED:
         print("gloo refused (skipped on both):", ", ".join(sorted(REFUSED)), flush=True)
+    # monitored_barrier: passes with everyone; names the ranks that do not come. (Last: the
+    # ranks that stay away leave the flat leg's barrier half done.)
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    if rank == 0:
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
+            check(False, "a monitored_barrier nobody else came to passed")
+        except shmbroker.Timeout as error:
+            missing = ", ".join(map(str, range(1, size)))
+            check(f"Ranks {missing} failed to pass monitoredBarrier" in str(error), str(error))
+            check(error.waiting_for == list(range(1, size)), f"{error.waiting_for}")
+            check(isinstance(error, dist.DistBackendError), f"{type(error)}")
+    else:
+        time.sleep(2)
 
 
 def basic():
