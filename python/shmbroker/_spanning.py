@@ -62,6 +62,7 @@ from .torch import (
     _Answers,
     _Calls,
     _backend_error,
+    _byte_counts,
     _Contiguous,
     _Done,
     _fill,
@@ -599,27 +600,13 @@ class SpanCalls(_Aliases):
         with _Contiguous(output) as dense, _Contiguous(input, write_back=False) as source:
             outgoing = _flat(source).reshape(-1).view(torch.uint8)
             incoming = _flat(dense).reshape(-1).view(torch.uint8)
-            sends = self._byte_counts(source, input_split_sizes)
-            receives = self._byte_counts(dense, output_split_sizes)
+            sends = _byte_counts(source, input_split_sizes, self._span.size)
+            receives = _byte_counts(dense, output_split_sizes, self._span.size)
             with self._turn():
                 # As bytes: gloo lacks some types (int16, the unsigned ones).
                 options = c10d.AllToAllOptions()
                 _wait(self._span.flat.alltoall_base(incoming, outgoing, receives, sends, options))
         return _Done([output])
-
-    def _byte_counts(self, tensor: torch.Tensor, splits: list[int]) -> list[int]:
-        """Bytes per rank of `tensor` cut along its first dimension by `splits` (rows per rank;
-        torch passes none for equal parts)."""
-        rows = tensor.shape[0] if tensor.dim() else 1
-        row_bytes = tensor.nbytes // rows if rows else 0
-        size = self._span.size
-        if not splits:
-            if rows % size:
-                raise ValueError(
-                    f"shmbroker backend: {rows} rows do not split evenly among {size} ranks"
-                )
-            splits = [rows // size] * size
-        return [split * row_bytes for split in splits]
 
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None

@@ -671,24 +671,11 @@ class _Calls(_Aliases):
                 self._call(
                     "all_to_all_v",
                     _memory(source),
-                    self._byte_counts(source, input_split_sizes),
+                    _byte_counts(source, input_split_sizes, self._size),
                     _memory(dense),
-                    self._byte_counts(dense, output_split_sizes),
+                    _byte_counts(dense, output_split_sizes, self._size),
                 )
         return _Done([output])
-
-    def _byte_counts(self, tensor: torch.Tensor, splits: list[int]) -> list[int]:
-        """Bytes per rank of `tensor` cut along its first dimension by `splits` (rows per rank;
-        torch passes none for equal parts)."""
-        rows = tensor.shape[0] if tensor.dim() else 1
-        row_bytes = tensor.nbytes // rows if rows else 0
-        if not splits:
-            if rows % self._size:
-                raise ValueError(
-                    f"shmbroker backend: {rows} rows do not split evenly among {self._size} ranks"
-                )
-            splits = [rows // self._size] * self._size
-        return [split * row_bytes for split in splits]
 
     @_turn
     def alltoall(
@@ -817,6 +804,20 @@ class ShmbrokerProcessGroup(_Calls, dist.ProcessGroup):
         custom = dist.ProcessGroup.BackendType.CUSTOM
         self._set_default_backend(custom)
         self._register_backend(torch.device("cpu"), custom, ShmbrokerBackend(world, group, timeout))
+
+
+def _byte_counts(tensor: torch.Tensor, splits: list[int], size: int) -> list[int]:
+    """Bytes per rank of `tensor` cut along its first dimension by `splits` (rows per rank;
+    torch passes none for equal parts among `size` ranks)."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row_bytes = tensor.nbytes // rows if rows else 0
+    if not splits:
+        if rows % size:
+            raise ValueError(
+                f"shmbroker backend: {rows} rows do not split evenly among {size} ranks"
+            )
+        splits = [rows // size] * size
+    return [split * row_bytes for split in splits]
 
 
 def _fill(memory: Any, data: bytes, what: str) -> None:

@@ -450,20 +450,8 @@ def spanning():
     dist.barrier()
     if rank == 0 and REFUSED:
         print("gloo refused (skipped on both):", ", ".join(sorted(REFUSED)), flush=True)
-    # monitored_barrier: passes with everyone; names the ranks that do not come. (Last: the
-    # ranks that stay away leave the flat leg's barrier half done.)
-    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
-    if rank == 0:
-        try:
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
-            check(False, "a monitored_barrier nobody else came to passed")
-        except shmbroker.Timeout as error:
-            missing = ", ".join(map(str, range(1, size)))
-            check(f"Ranks {missing} failed to pass monitoredBarrier" in str(error), str(error))
-            check(error.waiting_for == list(range(1, size)), f"{error.waiting_for}")
-            check(isinstance(error, dist.DistBackendError), f"{type(error)}")
-    else:
-        time.sleep(2)
+    # (Last: the ranks that stay away leave the flat leg's barrier half done.)
+    monitored_barriers()
 
 
 def basic():
@@ -586,11 +574,31 @@ def span_stop():
     check(False, f"every all_reduce succeeded after rank {victim} stopped")
 
 
+def monitored_barriers():
+    """monitored_barrier passes with everyone; on rank 0 alone its timeout names the others."""
+    import re
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    if rank == 0:
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
+            check(False, "a monitored_barrier nobody else came to passed")
+        except dist.DistBackendError as error:
+            text = str(error)
+            missing = ", ".join(map(str, range(1, size)))
+            check(f"Ranks {missing} failed to pass monitoredBarrier in 1000 ms" in text, text)
+            check(isinstance(error, shmbroker.Timeout), f"{type(error)}")
+            check(error.waiting_for == list(range(1, size)), f"{error.waiting_for}")
+            # What torch's own callers look for in a timeout's text.
+            check(re.search(" (Timed out|closed|timeout) ", text) is not None, text)
+    else:
+        time.sleep(2)
+
+
 def trips():
     """What torch programs trip on where gloo works: tags, all_gather_coalesced,
     monitored_barrier, and a timeout's text."""
-    import re
-
     rank, size = dist.get_rank(), dist.get_world_size()
     # Tags: two messages sent in one order, received in the other, and one from any source.
     if rank == 0:
@@ -620,20 +628,7 @@ def trips():
     for r in range(size):
         check(torch.equal(outputs[0][r], torch.full((2,), float(r))), f"coalesced 0: {outputs}")
         check(torch.equal(outputs[1][r], torch.full((3,), float(10 * r))), f"coalesced 1: {outputs}")
-    # monitored_barrier: passes with everyone; names the ranks that do not come.
-    dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
-    if rank == 0:
-        try:
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
-            check(False, "a monitored_barrier nobody else came to passed")
-        except dist.DistBackendError as error:
-            text = str(error)
-            check("Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms" in text, text)
-            check(isinstance(error, shmbroker.Timeout), f"{type(error)}")
-            # What torch's own callers look for in a timeout's text.
-            check(re.search(" (Timed out|closed|timeout) ", text) is not None, text)
-    else:
-        time.sleep(2)
+    monitored_barriers()
 
 
 def init():
