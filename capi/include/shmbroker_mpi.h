@@ -67,7 +67,16 @@ typedef struct shmbroker_mpi {
   int *node_of;     /* per rank of `comm`: its node, numbered by first rank */
   int *local_of;    /* per rank of `comm`: its index in its node */
   char dir[SHMBROKER_MPI_NAME_MAX]; /* the socket's directory, on the node's first rank */
+  /* Why this header refused the last call on `m` itself (NULL: the call failed in the library,
+   * whose shmbroker_last_error says why, or did not fail). */
+  const char *why;
 } shmbroker_mpi;
+
+/* Records that this header refuses a call on `m` for `why`, and returns `code`. */
+static inline int shmbroker_mpi_refuse_(shmbroker_mpi *m, int code, const char *why) {
+  m->why = why;
+  return code;
+}
 
 /* The element size of a shmbroker element type, or 0. */
 static inline size_t shmbroker_mpi_elem_size_(int dtype) {
@@ -112,9 +121,9 @@ static inline MPI_Op shmbroker_mpi_op_(int op) {
   }
 }
 
-/* This process's node: SHMBROKER_NODE, or "host/boot id". */
-static inline void shmbroker_mpi_node_name_(char name[SHMBROKER_MPI_NAME_MAX]) {
-  const char *named = getenv("SHMBROKER_NODE");
+/* This process's node: `named` when given, else SHMBROKER_NODE, else "host/boot id". */
+static inline void shmbroker_mpi_node_name_(const char *named, char name[SHMBROKER_MPI_NAME_MAX]) {
+  if (named == NULL) named = getenv("SHMBROKER_NODE");
   memset(name, 0, SHMBROKER_MPI_NAME_MAX);
   if (named != NULL && named[0] != '\0') {
     snprintf(name, SHMBROKER_MPI_NAME_MAX, "%s", named);
@@ -199,10 +208,11 @@ static inline void shmbroker_mpi_free(shmbroker_mpi *m) {
   free(m);
 }
 
-/* Makes `*out` for the ranks of `comm`, collectively: every rank of `comm` calls it. Within
- * `timeout_ms` for the node's session, which is also every later call's deadline inside a
- * node. SHMBROKER_OK, or the worst code of any rank of this node. */
-static inline int shmbroker_mpi_init(MPI_Comm comm, uint64_t timeout_ms, shmbroker_mpi **out) {
+/* As shmbroker_mpi_init, with this rank's node named by the caller (what its launcher says)
+ * instead of SHMBROKER_NODE or the host's identity (NULL: those). Ranks that pass the same
+ * name are on one node. */
+static inline int shmbroker_mpi_init_on(MPI_Comm comm, const char *name, uint64_t timeout_ms,
+                                        shmbroker_mpi **out) {
   *out = NULL;
   shmbroker_mpi *m = (shmbroker_mpi *)calloc(1, sizeof *m);
   if (m == NULL) return SHMBROKER_E_INTERNAL;
@@ -223,7 +233,7 @@ static inline int shmbroker_mpi_init(MPI_Comm comm, uint64_t timeout_ms, shmbrok
     return SHMBROKER_E_INTERNAL;
   }
   char mine[SHMBROKER_MPI_NAME_MAX];
-  shmbroker_mpi_node_name_(mine);
+  shmbroker_mpi_node_name_(name, mine);
   MPI_Allgather(mine, SHMBROKER_MPI_NAME_MAX, MPI_CHAR, names, SHMBROKER_MPI_NAME_MAX, MPI_CHAR,
                 m->comm);
   m->nodes = 0;
@@ -265,9 +275,25 @@ static inline int shmbroker_mpi_init(MPI_Comm comm, uint64_t timeout_ms, shmbrok
   return SHMBROKER_OK;
 }
 
-/* The communicator's rank that the last failed call on this thread named inside this node
- * (shmbroker_last_error_rank, renumbered), or -1. */
+/* Makes `*out` for the ranks of `comm`, collectively: every rank of `comm` calls it. Within
+ * `timeout_ms` for the node's session, which is also every later call's deadline inside a
+ * node. SHMBROKER_OK on every rank, or on every rank the worst code of any rank (another
+ * node's failure too: this rank's shmbroker_last_error then says nothing of it). */
+static inline int shmbroker_mpi_init(MPI_Comm comm, uint64_t timeout_ms, shmbroker_mpi **out) {
+  return shmbroker_mpi_init_on(comm, NULL, timeout_ms, out);
+}
+
+/* Why the last failed call on `m` failed: this header's reason when it refused the call itself,
+ * else the library's (shmbroker_last_error, of this thread). */
+static inline const char *shmbroker_mpi_last_error(const shmbroker_mpi *m) {
+  return m->why != NULL ? m->why : shmbroker_last_error();
+}
+
+/* The communicator's rank that the last failed call on `m` named inside this node
+ * (shmbroker_last_error_rank, renumbered), or -1: also when this header refused the call
+ * itself, which names no rank. */
 static inline int64_t shmbroker_mpi_last_error_rank(const shmbroker_mpi *m) {
+  if (m->why != NULL) return -1;
   int64_t local = shmbroker_last_error_rank();
   if (local < 0) return -1;
   int node = m->node_of[m->rank];
@@ -279,6 +305,7 @@ static inline int64_t shmbroker_mpi_last_error_rank(const shmbroker_mpi *m) {
 
 /* A barrier over every rank of the communicator. */
 static inline int shmbroker_mpi_barrier(shmbroker_mpi *m) {
+  m->why = NULL;
   int rc = SHMBROKER_OK;
   if (m->session != NULL && (rc = shmbroker_barrier(m->session)) != SHMBROKER_OK) return rc;
   if (m->leaders != MPI_COMM_NULL) MPI_Barrier(m->leaders);
@@ -286,18 +313,15 @@ static inline int shmbroker_mpi_barrier(shmbroker_mpi *m) {
   return rc;
 }
 
-/* Divides `count` elements of `dtype` (a float type) by `by`, in place. */
-static inline int shmbroker_mpi_divide_(void *data, size_t count, int dtype, int by) {
+/* Divides `count` elements of `dtype` (F32 or F64, as the caller checked) by `by`, in place. */
+static inline void shmbroker_mpi_divide_(void *data, size_t count, int dtype, int by) {
   if (dtype == SHMBROKER_DTYPE_F32) {
     float *x = (float *)data;
     for (size_t i = 0; i < count; i++) x[i] /= (float)by;
-  } else if (dtype == SHMBROKER_DTYPE_F64) {
+  } else {
     double *x = (double *)data;
     for (size_t i = 0; i < count; i++) x[i] /= (double)by;
-  } else {
-    return SHMBROKER_E_MISUSE;
   }
-  return SHMBROKER_OK;
 }
 
 /* Multi-leader: reduce_scatter in the node, each slice on its rail, all_gather in the node. */
@@ -308,8 +332,9 @@ static inline int shmbroker_mpi_rails_(shmbroker_mpi *m, void *data, size_t coun
   size_t slice = (count + parts - 1) / parts;
   char *padded = (char *)calloc(slice * parts, size);
   char *mine = (char *)malloc(slice * size);
-  int rc = SHMBROKER_E_INTERNAL;
+  int rc = shmbroker_mpi_refuse_(m, SHMBROKER_E_INTERNAL, "out of memory");
   if (padded != NULL && mine != NULL) {
+    m->why = NULL;
     memcpy(padded, data, count * size);
     rc = shmbroker_reduce_scatter(m->session, padded, mine, slice, dtype, op);
     if (rc == SHMBROKER_OK) {
@@ -328,11 +353,19 @@ static inline int shmbroker_mpi_rails_(shmbroker_mpi *m, void *data, size_t coun
  * `data`. SHMBROKER_E_MISUSE for a type MPI lacks (F16, BF16) or AVG of integers. */
 static inline int shmbroker_mpi_all_reduce(shmbroker_mpi *m, void *data, size_t count, int dtype,
                                            int op) {
-  if (shmbroker_mpi_type_(dtype) == MPI_DATATYPE_NULL || shmbroker_mpi_op_(op) == MPI_OP_NULL ||
-      (op == SHMBROKER_OP_AVG && dtype != SHMBROKER_DTYPE_F32 && dtype != SHMBROKER_DTYPE_F64)) {
-    return SHMBROKER_E_MISUSE;
+  m->why = NULL;
+  if (shmbroker_mpi_type_(dtype) == MPI_DATATYPE_NULL) {
+    return shmbroker_mpi_refuse_(m, SHMBROKER_E_MISUSE, "MPI has no type for this dtype");
   }
-  if (count > (size_t)INT_MAX) return SHMBROKER_E_MISUSE;
+  if (shmbroker_mpi_op_(op) == MPI_OP_NULL) {
+    return shmbroker_mpi_refuse_(m, SHMBROKER_E_MISUSE, "no such operation");
+  }
+  if (op == SHMBROKER_OP_AVG && dtype != SHMBROKER_DTYPE_F32 && dtype != SHMBROKER_DTYPE_F64) {
+    return shmbroker_mpi_refuse_(m, SHMBROKER_E_MISUSE, "AVG across nodes is of F32 and F64");
+  }
+  if (count > (size_t)INT_MAX) {
+    return shmbroker_mpi_refuse_(m, SHMBROKER_E_MISUSE, "a count above INT_MAX (MPI's int)");
+  }
   int local_op = op == SHMBROKER_OP_AVG ? SHMBROKER_OP_SUM : op;
   size_t bytes = count * shmbroker_mpi_elem_size_(dtype);
   int rc = SHMBROKER_OK;
@@ -349,14 +382,20 @@ static inline int shmbroker_mpi_all_reduce(shmbroker_mpi *m, void *data, size_t 
     }
   }
   if (rc == SHMBROKER_OK && op == SHMBROKER_OP_AVG) {
-    rc = shmbroker_mpi_divide_(data, count, dtype, m->size);
+    shmbroker_mpi_divide_(data, count, dtype, m->size);
   }
   return rc;
 }
 
 /* Rank `root`'s `len` bytes into every rank's `buf`. */
 static inline int shmbroker_mpi_broadcast(shmbroker_mpi *m, int root, void *buf, size_t len) {
-  if (root < 0 || root >= m->size || len > (size_t)INT_MAX) return SHMBROKER_E_MISUSE;
+  m->why = NULL;
+  if (root < 0 || root >= m->size) {
+    return shmbroker_mpi_refuse_(m, SHMBROKER_E_MISUSE, "a root outside the communicator");
+  }
+  if (len > (size_t)INT_MAX) {
+    return shmbroker_mpi_refuse_(m, SHMBROKER_E_MISUSE, "a length above INT_MAX (MPI's int)");
+  }
   int root_node = m->node_of[root];
   int here = m->node_of[m->rank] == root_node;
   int rc = SHMBROKER_OK;
@@ -375,12 +414,16 @@ static inline int shmbroker_mpi_broadcast(shmbroker_mpi *m, int root, void *buf,
 /* Every rank's `len` bytes, in the communicator's rank order, into `out` (`len * size`). */
 static inline int shmbroker_mpi_all_gather(shmbroker_mpi *m, const void *data, size_t len,
                                            void *out) {
+  m->why = NULL;
   size_t block = (size_t)m->widest * len;
-  if (block > (size_t)INT_MAX) return SHMBROKER_E_MISUSE;
+  if (block > (size_t)INT_MAX) {
+    return shmbroker_mpi_refuse_(m, SHMBROKER_E_MISUSE, "a node's block above INT_MAX bytes");
+  }
   char *mine = (char *)calloc(block ? block : 1, 1);
   char *all = (char *)malloc((size_t)m->nodes * block + 1);
-  int rc = SHMBROKER_E_INTERNAL;
+  int rc = shmbroker_mpi_refuse_(m, SHMBROKER_E_INTERNAL, "out of memory");
   if (mine != NULL && all != NULL) {
+    m->why = NULL;
     rc = SHMBROKER_OK;
     if (m->session != NULL) {
       rc = shmbroker_all_gather(m->session, data, len, mine);

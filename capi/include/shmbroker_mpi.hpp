@@ -4,7 +4,8 @@
 //     shmbroker::mpi::Nodes nodes(MPI_COMM_WORLD);       // collective over the communicator
 //     nodes.all_reduce(values, shmbroker::Op::sum);      // std::vector<float>, in place
 //
-// Failures throw shmbroker::Error, whose rank() is the communicator's rank it names.
+// Failures throw shmbroker::Error, whose rank() is the communicator's rank it names. Threads:
+// as shmbroker_mpi.h says, one at a time, in the same order on every rank.
 #ifndef SHMBROKER_MPI_HPP
 #define SHMBROKER_MPI_HPP
 
@@ -22,8 +23,17 @@ namespace mpi {
 // inside each node, the program's MPI between nodes. Move-only; released when destroyed.
 class Nodes {
    public:
-    explicit Nodes(MPI_Comm comm, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-        check(shmbroker_mpi_init(comm, detail::milliseconds(timeout), &m_));
+    explicit Nodes(MPI_Comm comm, std::chrono::milliseconds timeout = std::chrono::seconds(30))
+        : Nodes(comm, nullptr, timeout) {}
+    // With this rank's node named by the caller (what its launcher says): ranks that pass the
+    // same name are on one node. nullptr: SHMBROKER_NODE, or the host's identity.
+    Nodes(MPI_Comm comm, const char *node,
+          std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+        int rc = shmbroker_mpi_init_on(comm, node, detail::milliseconds(timeout), &m_);
+        if (rc != SHMBROKER_OK) {
+            // Every rank gets the worst code of any rank: the failure may be another node's.
+            throw Error(rc, "shmbroker_mpi_init failed on this rank or another one", -1);
+        }
     }
     Nodes(Nodes &&other) noexcept : m_(other.m_) { other.m_ = nullptr; }
     Nodes &operator=(Nodes &&other) noexcept {
@@ -76,7 +86,7 @@ class Nodes {
    private:
     void check(int rc) const {
         if (rc != SHMBROKER_OK) {
-            throw Error(rc, shmbroker_last_error(), m_ ? shmbroker_mpi_last_error_rank(m_) : -1);
+            throw Error(rc, shmbroker_mpi_last_error(m_), shmbroker_mpi_last_error_rank(m_));
         }
     }
 

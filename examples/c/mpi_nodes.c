@@ -74,6 +74,9 @@ int main(int argc, char **argv) {
   check(shmbroker_mpi_all_reduce(m, NULL, 0, SHMBROKER_DTYPE_F16, SHMBROKER_OP_SUM) ==
             SHMBROKER_E_MISUSE,
         "f16 (MPI has no such type) is a misuse");
+  // The header's own refusal says why, and names no rank (not a stale one of the library's).
+  check(strstr(shmbroker_mpi_last_error(m), "MPI has no type") != NULL, "the refusal's reason");
+  check(shmbroker_mpi_last_error_rank(m) == -1, "a refusal names no rank");
 
   expect_ok(shmbroker_mpi_barrier(m), "barrier");
 

@@ -33,6 +33,14 @@ int main(int argc, char **argv) {
         std::vector<int> want(std::size_t(nodes.size()));
         std::iota(want.begin(), want.end(), 0);
         if (ranks != want) fail("all_gather");
+        try {
+            nodes.broadcast(nodes.size(), word);
+            fail("a broadcast from a root outside the communicator passed");
+        } catch (const shmbroker::Error &error) {
+            if (error.code() != SHMBROKER_E_MISUSE || error.rank().has_value()) {
+                fail("a root outside the communicator is a misuse naming no rank");
+            }
+        }
         nodes.barrier();
         std::printf("OK mpi_nodes_cpp rank %d\n", rank);
     }

@@ -98,29 +98,31 @@ def _divide(raw: memoryview, name: str, by: int) -> None:
 class Nodes:
     """shmbroker's collectives over the ranks of mpi4py communicator `comm`, which may span
     nodes. Made collectively: every rank of `comm` makes it. `timeout` (seconds) bounds joining
-    the node's session and is every later call's deadline inside a node."""
+    the node's session and is every later call's deadline inside a node. `node` names this
+    rank's node (what its launcher says; ranks that pass the same name are on one node) in
+    place of ``SHMBROKER_NODE`` or the host's identity."""
 
-    def __init__(self, comm: Any, timeout: float = 30.0):
+    def __init__(self, comm: Any, timeout: float = 30.0, *, node: str | None = None):
         from mpi4py import MPI
 
         self._mpi: Any = MPI
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        names = self.comm.allgather(node_name())
+        names = self.comm.allgather(node_name() if node is None else node)
         numbers: dict[str, int] = {}
         self.node_of = [numbers.setdefault(name, len(numbers)) for name in names]
         counts = [self.node_of.count(n) for n in range(len(numbers))]
         self.local_of = [self.node_of[:r].count(self.node_of[r]) for r in range(self.size)]
         self.nodes = len(numbers)
         self.widest = max(counts)
-        node = self.node_of[self.rank]
-        self.local_rank, self.local_size = self.local_of[self.rank], counts[node]
+        here = self.node_of[self.rank]
+        self.local_rank, self.local_size = self.local_of[self.rank], counts[here]
         self.balanced = len(set(counts)) == 1 and self.local_size > 1
-        self._node = self.comm.Split(node, self.rank)
+        self._node = self.comm.Split(here, self.rank)
         self._leaders = self.comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, self.rank)
         self._rail = self.comm.Split(self.local_rank, self.rank) if self.balanced else None
         # This node's ranks in the communicator, by session rank.
-        self._node_ranks = [r for r in range(self.size) if self.node_of[r] == node]
+        self._node_ranks = [r for r in range(self.size) if self.node_of[r] == here]
         self._dir: str | None = None
         self.session: shmbroker.Session | None = None
         failure = None

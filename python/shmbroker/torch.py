@@ -538,14 +538,16 @@ class _Calls(_Aliases):
             except shmbroker.Timeout as error:
                 missing = [self._world_ranks.index(r) for r in error.waiting_for]
                 text = ", ".join(map(str, missing))
-                raise Timeout(
-                    f"Rank{'s' if len(missing) > 1 else ''} {text} failed to pass "
-                    f"monitoredBarrier in {int(seconds * 1000)} ms: {error.args[0]}",
-                    error.op,
-                    error.waiting_for,
-                    error.timeout,
-                    error.diagnosis,
-                    error.stopped,
+                raise self._failed(
+                    Timeout(
+                        f"Rank{'s' if len(missing) > 1 else ''} {text} failed to pass "
+                        f"monitoredBarrier in {int(seconds * 1000)} ms: {error.args[0]}",
+                        error.op,
+                        error.waiting_for,
+                        error.timeout,
+                        error.diagnosis,
+                        error.stopped,
+                    )
                 ) from None
 
     # --- reductions

@@ -3,11 +3,13 @@ of shmbroker.mpi.Nodes against mpi4py's own on the same data. Prints `OK mpi ran
 check aborts the job."""
 
 import array
+import os
 import sys
 
 from mpi4py import MPI
 
 import shmbroker
+import shmbroker._nodes
 import shmbroker.mpi
 
 comm = MPI.COMM_WORLD
@@ -31,8 +33,18 @@ OPS = {
 }
 TYPES = {"i": MPI.INT32_T, "q": MPI.INT64_T, "d": MPI.DOUBLE, "f": MPI.FLOAT}
 
-with shmbroker.mpi.Nodes(comm) as nodes:
+# TEST_NODE, when set, names the node through the argument instead of SHMBROKER_NODE.
+with shmbroker.mpi.Nodes(comm, node=os.environ.get("TEST_NODE")) as nodes:
     check(nodes.nodes > 1, "the layout spans nodes (set SHMBROKER_NODE per rank)")
+    # This node's ranks, by session rank: what errors from inside the node are renumbered by.
+    names = comm.allgather(os.environ.get("TEST_NODE") or os.environ["SHMBROKER_NODE"])
+    mates = [r for r in range(size) if names[r] == names[rank]]
+    check(nodes._node_ranks == mates, f"node ranks {nodes._node_ranks}, not {mates}")
+    # An error from the node's session names the communicator's rank.
+    if len(mates) > 1:
+        local = shmbroker.PeerLost("peer rank 1 was lost", 1)
+        named = shmbroker._nodes.renumbered(local, nodes._node_ranks, "ranks of the communicator")
+        check(named.rank == mates[1], f"renumbered to {named.rank}, not {mates[1]}")
     # 0, 1, odd, and past the rails' threshold (odd: padded).
     for count in (0, 1, 7, 70_001, 100_003):
         for code, mpi_type in TYPES.items():

@@ -28,6 +28,7 @@ LAYOUTS = {
     "2 nodes x 2, interleaved": (4, "R % 2"),
     "3 nodes x 2": (6, "R / 2"),
     "1 + 2, uneven": (3, "(R > 0)"),
+    "2 nodes x 2, named by the argument": (4, "R / 2"),
 }
 
 
@@ -35,7 +36,8 @@ LAYOUTS = {
 def test_every_call_gives_what_mpi_gives(layout):
     ranks, node = LAYOUTS[layout]
     env = clean_env({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    script = f'R=$OMPI_COMM_WORLD_RANK; SHMBROKER_NODE=node$(({node})) exec "$0" "$1"'
+    variable = "TEST_NODE" if "argument" in layout else "SHMBROKER_NODE"
+    script = f'R=$OMPI_COMM_WORLD_RANK; {variable}=node$(({node})) exec "$0" "$1"'
     job = subprocess.run(
         ["mpirun", "-np", str(ranks), "--oversubscribe", "sh", "-c", script]
         + [sys.executable, str(WORKERS)],
