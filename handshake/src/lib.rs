@@ -71,7 +71,8 @@ mod liveness {
     #[allow(dead_code)]
     pub(crate) mod state;
 }
-mod sync;
+/// The loom shim, shared with the queues (one for every crate with an atomic protocol).
+use shmbroker_queues::sync;
 #[cfg(not(loom))]
 mod trust;
 #[cfg(not(loom))]

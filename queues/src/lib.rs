@@ -60,7 +60,8 @@ mod loom_tests;
 pub mod memfd;
 pub mod readiness;
 mod ring;
-mod sync;
+#[doc(hidden)]
+pub mod sync;
 mod waiting;
 
 pub use error::{
