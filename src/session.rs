@@ -106,12 +106,14 @@ pub mod demux;
 #[cfg(not(feature = "fuzzing"))]
 mod demux;
 mod departures;
+mod engine;
 mod error;
 mod exchange;
 mod fds;
 mod gpu;
 mod groups;
 mod loans;
+mod membership;
 mod p2p;
 mod peer;
 mod receive;
@@ -142,14 +144,11 @@ pub use tokio_receiver::{AsyncReceiver, TimedAsyncReceiver};
 pub use tuning::FLAT_BROADCAST_MAX;
 
 use departures::{departure_error, handshake_failed};
-use loans::ViewAcks;
-use peer::Peer;
 use shmbroker_allocator::Outbox;
 use shmbroker_bindings::{ANY_RANK, LogonFrame};
 use shmbroker_handshake::connect;
 pub use shmbroker_handshake::{Interrupter, LeftAfter};
 pub use shmbroker_queues::Waiting;
-use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -186,62 +185,16 @@ pub struct Session {
     team: groups::Team,
     /// Every group this rank is in, but the one in `team` during a call on it, by stream.
     groups: groups::Groups,
-    /// The departed ranks whose streams are closed (see `close_departed_streams`).
-    closed_for: u64,
-    /// Every stream closed in the inboxes (see `close_streams`): a collective of one fails at
-    /// once, before it looks at a queue.
-    closed_streams: HashSet<u32>,
-    /// The ranks the watcher had recorded dead at the last look (see `catch_up_on_departures`).
-    dead_seen: u64,
-    /// One per rank of the world, indexed by rank (this rank's own stays unused).
-    peers: Vec<Peer>,
-    /// This rank's outbox: large data and loans go out through it.
-    outbox: Outbox,
-    /// What this rank says it is doing, in its outbox's status words (see `status`).
-    publisher: std::sync::Arc<status::Publisher>,
-    /// Offsets of outbox blocks holding chunks of pipelined transfers, not yet acknowledged.
-    chunk_blocks: shmbroker_allocator::offsets::OffsetSet,
-    /// A point-to-point send an interrupt ended after part of it went out, to be finished by the
-    /// next calls (see `send::Session::set_aside_send`).
-    set_aside: Option<send::Outgoing<'static>>,
-    /// Acknowledgements of dropped loan views.
-    view_acks: ViewAcks,
-    /// How fds move (the choice), and how they have moved so far (see
-    /// [`Session::fd_transport_used`]).
-    fd_transport: FdTransport,
-    fd_transport_used: Option<FdTransport>,
-    /// CPUs this process may run on (`sched_getaffinity`), at logon.
-    cpus: usize,
-    /// How every ring of this session waits.
-    waiting: Waiting,
-    /// Receiving from any peer: the readiness eventfd's state and the round-robin position.
-    any: any::Readiness,
-    /// Dead ranks' replacements this session has taken on (1 from the start for a process that
-    /// is itself a replacement), and per rank the count when it was last taken on (see
-    /// `rejoin`).
-    adoptions: u64,
-    adopted_at: Vec<u64>,
-    /// Pieces of all-reduces whose contribution peers read where it lay (see
-    /// [`Self::symmetric`]).
-    read_in_place: u64,
-    /// Scratch space of small reductions (every rank's contribution, or a copy of this rank's):
-    /// kept between calls (see `reductions::Session::with_scratch`).
-    scratch: Vec<ScratchLine>,
-    /// Where an eager message's continuation slots land when taken straight from the ring
-    /// (see `receive::Session::take_eager_direct`): kept between calls.
-    direct_slots: Vec<shmbroker_bindings::Message>,
+    /// Departures and rejoins as this session has taken them in (see `membership`).
+    membership: membership::Membership,
+    /// The transport's state: links, outbox, waiting, buffers kept between calls (see `engine`).
+    engine: engine::Engine,
     /// The broker this worker hosts (local rank 0 under a launcher). Last, so that it stops
     /// only after this session has said goodbye to it.
     embedded: Option<EmbeddedBroker>,
 }
 
 /// A broker on a thread of this process, stopped and joined when dropped.
-/// 64 bytes of [`Session`]'s scratch space, aligned to 64 so that any element type up to that
-/// alignment can be laid over it.
-#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C, align(64))]
-struct ScratchLine([u8; 64]);
-
 #[derive(Debug)]
 struct EmbeddedBroker {
     stop: shmbroker_handshake::StopHandle,
@@ -630,38 +583,17 @@ impl Session {
             None => Waiting::for_load(world, cpus),
         };
         let team = groups::Team::world(inner.rank(), inner.world_size());
+        // A replacement's world is over from the start (see `rejoin`).
+        let (rank, rejoins) = (inner.rank(), inner.rejoins());
         let mut session = Self {
             inner,
             timeout: DEFAULT_TIMEOUT,
             team,
             groups: groups::Groups::default(),
-            closed_for: 0,
-            closed_streams: HashSet::new(),
-            dead_seen: 0,
-            peers: (0..world as u32).map(Peer::new).collect(),
-            publisher: std::sync::Arc::new(status::Publisher::new(outbox.status())),
-            outbox,
-            chunk_blocks: shmbroker_allocator::offsets::OffsetSet::default(),
-            set_aside: None,
-            view_acks: ViewAcks::default(),
-            fd_transport: FdTransport::Auto,
-            fd_transport_used: None,
-            cpus,
-            waiting,
-            any: any::Readiness::new(world),
-            adoptions: 0,
-            adopted_at: vec![0; world],
-            scratch: Vec::new(),
-            direct_slots: Vec::new(),
-            read_in_place: 0,
+            membership: membership::Membership::new(world, (rejoins > 0).then_some(rank)),
+            engine: engine::Engine::new(world, outbox, cpus, waiting),
             embedded: None,
         };
-        // A replacement's world is over from the start (see `rejoin`).
-        if session.inner.rejoins() > 0 {
-            session.adoptions = 1;
-            let me = session.rank() as usize;
-            session.adopted_at[me] = 1;
-        }
         session.set_waiting(waiting);
         Ok(session)
     }
@@ -718,12 +650,12 @@ impl Session {
     /// ([`Self::cpus`]; every rank is taken to be runnable), unless [`SPIN_VAR`] fixes it.
     #[must_use]
     pub fn waiting(&self) -> Waiting {
-        self.waiting
+        self.engine.waiting
     }
 
     /// Sets how every wait of this session waits (see [`shmbroker_queues::Waiting`]).
     pub fn set_waiting(&mut self, waiting: Waiting) {
-        self.waiting = waiting;
+        self.engine.waiting = waiting;
         for peer in self.peers() {
             if let Some(link) = self.inner.link(peer) {
                 link.to.set_waiting(waiting);
@@ -736,7 +668,7 @@ impl Session {
     /// the world size decides whether waits run crowded.
     #[must_use]
     pub fn cpus(&self) -> usize {
-        self.cpus
+        self.engine.cpus
     }
 
     /// The handshake-level session: raw rings and the broker socket.
@@ -752,21 +684,21 @@ impl Session {
     /// [`Self::max_loan_bytes`]).
     #[must_use]
     pub fn outbox_bytes(&self) -> u64 {
-        self.outbox.size()
+        self.engine.outbox.size()
     }
 
     /// The largest loan this rank's outbox can ever make ([`Self::loan`]): its capacity, at most
     /// 4 GiB - 1 (a reference's length is 32 bits).
     #[must_use]
     pub fn max_loan_bytes(&self) -> usize {
-        let most = self.outbox.capacity().min(u64::from(u32::MAX));
+        let most = self.engine.outbox.capacity().min(u64::from(u32::MAX));
         usize::try_from(most).unwrap_or(usize::MAX)
     }
 
     /// Blocks of this rank's outbox sent and still awaiting some peer's acknowledgement.
     #[must_use]
     pub fn outbox_blocks_owed(&self) -> usize {
-        self.outbox.blocks_owed()
+        self.engine.outbox.blocks_owed()
     }
 
     /// Waits (up to `timeout`) until the broker has passed on everything of every peer this
@@ -923,11 +855,11 @@ impl Session {
             }
             return Err(self.replaced_error(rank));
         }
-        if !self.closed_streams.is_empty() && self.closed_streams.contains(&self.team.stream()) {
+        if self.membership.is_closed(self.team.stream()) {
             return Err(self.closed_team_error());
         }
         let (stream, seq) = (self.team.stream(), self.team.seq());
-        self.publisher.collective(stream, seq, kind);
+        self.engine.publisher.collective(stream, seq, kind);
         Ok(self.team.next_tag())
     }
 }

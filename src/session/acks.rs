@@ -16,36 +16,40 @@ impl Session {
     /// Handles `peer`'s acknowledgement of a block of this rank's outbox.
     pub(super) fn acknowledged(&mut self, peer: u32, acked: PayloadRef) -> Result<(), Error> {
         // What a departed peer acknowledged before it went was given back when it went.
-        if self.peers[peer as usize].forgotten {
+        if self.engine.peers[peer as usize].forgotten {
             return Ok(());
         }
         let freed = self
+            .engine
             .outbox
             .ack(peer, acked)
             .map_err(|source| Error::Protocol {
                 peer,
                 detail: source.to_string(),
             })?;
-        if self.chunk_blocks.contains(&acked.offset) {
-            let owed = &mut self.peers[peer as usize].chunks_owed;
+        if self.engine.chunk_blocks.contains(&acked.offset) {
+            let owed = &mut self.engine.peers[peer as usize].chunks_owed;
             *owed = owed.saturating_sub(1);
         }
         if freed {
-            self.chunk_blocks.remove(&acked.offset);
+            self.engine.chunk_blocks.remove(&acked.offset);
         }
         Ok(())
     }
 
     /// Acknowledges `payload` to its owner `peer`: queued, and sent as soon as the ring has room.
     pub(super) fn queue_ack(&mut self, peer: u32, payload: PayloadRef) -> Result<(), Error> {
-        self.peers[peer as usize]
+        self.engine.peers[peer as usize]
             .acks_due
             .push_back(with_ref(kind::PAYLOAD_ACK, 0, payload));
         self.flush_acks(peer)
     }
 
     pub(super) fn owes_acks(&self) -> bool {
-        self.peers.iter().any(|peer| !peer.acks_due.is_empty())
+        self.engine
+            .peers
+            .iter()
+            .any(|peer| !peer.acks_due.is_empty())
     }
 
     pub(super) fn flush_all_acks(&mut self) -> Result<(), Error> {
@@ -58,7 +62,7 @@ impl Session {
     /// Sends the acknowledgements owed to `peer` that fit, in order, without waiting. A peer that
     /// has left needs none: they are dropped (a session that died says so on the next call).
     pub(super) fn flush_acks(&mut self, peer: u32) -> Result<(), Error> {
-        let due = &mut self.peers[peer as usize].acks_due;
+        let due = &mut self.engine.peers[peer as usize].acks_due;
         if due.is_empty() {
             return Ok(());
         }
@@ -85,17 +89,15 @@ impl Session {
         // Every acknowledgement is queued before any is sent, so a peer whose ring fails loses
         // none of the others'.
         let mut peers = Vec::new();
-        for (peer, process, payload) in self.view_acks.take() {
+        for (peer, process, payload) in self.engine.view_acks.take() {
             // A view of a process since replaced: its blocks went with it (see `rejoin`).
             if peer < self.world_size()
                 && peer != self.rank()
-                && process == self.adopted_at[peer as usize]
+                && process == self.membership.adopted_at(peer)
             {
-                self.peers[peer as usize].acks_due.push_back(with_ref(
-                    kind::PAYLOAD_ACK,
-                    0,
-                    payload,
-                ));
+                self.engine.peers[peer as usize]
+                    .acks_due
+                    .push_back(with_ref(kind::PAYLOAD_ACK, 0, payload));
                 if !peers.contains(&peer) {
                     peers.push(peer);
                 }

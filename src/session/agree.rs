@@ -455,7 +455,7 @@ impl Session {
                         standing[at] = Standing::Out;
                     }
                     Fit::Ahead(why) => {
-                        self.peers[peer as usize].setup_stash = Some(Box::new(message));
+                        self.engine.peers[peer as usize].setup_stash = Some(Box::new(message));
                         note(&mut estimate, why);
                         standing[at] = Standing::Out;
                     }
@@ -549,7 +549,7 @@ impl Session {
                         }
                     }
                     Ok(Fit::Ahead(_)) => {
-                        self.peers[peer as usize].setup_stash = Some(Box::new(message));
+                        self.engine.peers[peer as usize].setup_stash = Some(Box::new(message));
                     }
                     Ok(Fit::Current) => {
                         self.forged_setup(peer, "a second proposal came in one attempt");
@@ -570,7 +570,7 @@ impl Session {
                     && message.members == theirs
                     && message.ballot == ballot)
             {
-                self.peers[peer as usize].setup_stash = Some(Box::new(message));
+                self.engine.peers[peer as usize].setup_stash = Some(Box::new(message));
             }
         }
         Ok(estimate)
@@ -606,7 +606,7 @@ impl Session {
                 let gone = |session: &Self| {
                     session.departed_member(rank)
                         || session.inner.rejoins_pending() & 1 << rank != 0
-                        || session.adopted_at[rank as usize] > 0
+                        || session.membership.adopted_at(rank) > 0
                 };
                 let confirmed = saw_gone(rank) || self.confirm_within(deadline, gone);
                 (!confirmed).then(|| {
@@ -663,7 +663,7 @@ impl Session {
     /// The next setup message from `peer`: one kept from an earlier attempt, or the next in its
     /// link.
     fn next_setup(&mut self, peer: u32, deadline: &Deadline) -> Result<Next, Error> {
-        if let Some(kept) = self.peers[peer as usize].setup_stash.take() {
+        if let Some(kept) = self.engine.peers[peer as usize].setup_stash.take() {
             return Ok(Next::Message(*kept));
         }
         let expect = Expect::Collective {
@@ -679,7 +679,7 @@ impl Session {
             }
             Err(error) => return Err(error),
         };
-        self.peers[peer as usize].setup_received += 1;
+        self.engine.peers[peer as usize].setup_received += 1;
         match Setup::decode(peer, &bytes, self.world_size()) {
             Ok(message) => Ok(Next::Message(message)),
             Err(error) => {

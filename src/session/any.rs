@@ -234,11 +234,11 @@ impl Session {
         // As every call that waits does as it begins (see `Session::track`): no receive is under
         // way here.
         self.catch_up_on_departures();
-        if let Some(gone) = self.any.gone[peer as usize] {
+        if let Some(gone) = self.engine.any.gone[peer as usize] {
             return Err(gone.error(peer));
         }
         let expect = Expect::Send {
-            tag: self.peers[peer as usize].recv_tag,
+            tag: self.engine.peers[peer as usize].recv_tag,
         };
         loop {
             if self.find_send(peer, expect)?.is_some() {
@@ -262,7 +262,7 @@ impl Session {
                         _ => None,
                     };
                     if gone.is_some() {
-                        self.any.gone[peer as usize] = gone;
+                        self.engine.any.gone[peer as usize] = gone;
                     }
                     return Err(error);
                 }
@@ -308,15 +308,15 @@ impl Session {
         }
         // A dead peer's replacement, once the death was reported (see `rejoin`).
         self.report_rejoin()?;
-        let start = self.any.next % world;
+        let start = self.engine.any.next % world;
         for step in 0..world {
             let peer = (start + step) % world;
-            if peer == self.rank() || self.any.gone[peer as usize].is_some() {
+            if peer == self.rank() || self.engine.any.gone[peer as usize].is_some() {
                 continue;
             }
             match self.sender_ready(peer) {
                 Ok(true) => {
-                    self.any.next = peer + 1;
+                    self.engine.any.next = peer + 1;
                     return Ok(Some(peer));
                 }
                 Ok(false) => {}
@@ -325,7 +325,7 @@ impl Session {
                     if rank == peer => {}
                 // Reported once (the peer is marked gone now), the next look starting after it.
                 Err(error) => {
-                    self.any.next = peer + 1;
+                    self.engine.any.next = peer + 1;
                     return Err(error);
                 }
             }
@@ -341,7 +341,7 @@ impl Session {
     fn every_peer_gone(&self) -> Option<Error> {
         let gone: Vec<(u32, Gone)> = self
             .peers()
-            .map(|peer| Some((peer, self.any.gone[peer as usize]?)))
+            .map(|peer| Some((peer, self.engine.any.gone[peer as usize]?)))
             .collect::<Option<_>>()?;
         gone.iter()
             .rev()
@@ -357,7 +357,7 @@ impl Session {
 
     /// Whether the rings are armed for a wait on the readiness eventfd.
     pub(super) fn readiness_armed(&self) -> bool {
-        self.any.rings.is_armed()
+        self.engine.any.rings.is_armed()
     }
 
     /// Writes the readiness eventfd once, and counts the write as owed (so the count stays
@@ -367,7 +367,7 @@ impl Session {
     /// nobody.
     pub(super) fn nudge_readiness(&mut self) {
         eventfd::signal(self.inner.readiness_fd());
-        self.any.rings.count_signal();
+        self.engine.any.rings.count_signal();
     }
 }
 
@@ -385,12 +385,12 @@ impl ReadyRings for PeerRings<'_> {
     type Error = Error;
 
     fn ready_set(&mut self) -> &mut ReadySet {
-        &mut self.session.any.rings
+        &mut self.session.engine.any.rings
     }
 
     fn each_ring(&mut self, mut f: impl FnMut(&Consumer<Message>)) -> Result<(), Error> {
         for peer in self.session.peers() {
-            if self.session.any.gone[peer as usize].is_none() {
+            if self.session.engine.any.gone[peer as usize].is_none() {
                 f(&self.session.link(peer)?.from);
             }
         }
@@ -409,7 +409,7 @@ impl ReadyRings for PeerRings<'_> {
         let session = &*self.session;
         session.peers().any(|peer| {
             let p = peer as usize;
-            session.any.gone[p].is_none() && !session.peers[p].inbox.is_empty()
+            session.engine.any.gone[p].is_none() && !session.engine.peers[p].inbox.is_empty()
         })
     }
 
@@ -450,7 +450,7 @@ pub(super) fn wait_for_sender(
         session.flush_view_acks()?;
         // A send set aside by an interrupt goes first: its receiver may be a sender awaited here.
         session.finish_set_aside(deadline)?;
-        Ok::<_, Error>(match session.waiting {
+        Ok::<_, Error>(match session.engine.waiting {
             Waiting::Spin(spins) => spins,
             Waiting::Adaptive { crowded: true } => CROWDED_SPIN_MAX,
             Waiting::Adaptive { crowded: false } => SPIN_MAX,
@@ -487,7 +487,7 @@ pub(super) fn wait_for_sender(
                     Some(peer) => vec![peer],
                     None => session
                         .peers()
-                        .filter(|&peer| session.any.gone[peer as usize].is_none())
+                        .filter(|&peer| session.engine.any.gone[peer as usize].is_none())
                         .collect(),
                 };
                 if let Some(waited) = waited {

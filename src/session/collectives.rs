@@ -268,7 +268,12 @@ impl Session {
             return self.send_if_eager(op, seq, data, Targets::Peers, deadline);
         }
         self.flush_view_acks()?;
-        let Some(mut loan) = self.outbox.try_loan(data.len()).map_err(Error::OwnOutbox)? else {
+        let Some(mut loan) = self
+            .engine
+            .outbox
+            .try_loan(data.len())
+            .map_err(Error::OwnOutbox)?
+        else {
             return self.send_if_eager(op, seq, data, Targets::Peers, deadline);
         };
         loan.copy_from_slice(data);

@@ -219,11 +219,9 @@ impl Session {
             .peers()
             .filter(|&rank| self.inner.departure(rank).is_some())
             .fold(0u64, |set, rank| set | 1 << rank);
-        if departed == self.closed_for {
-            return;
+        if self.membership.close_for(departed) {
+            self.close_streams_hit_by(departed);
         }
-        self.closed_for = departed;
-        self.close_streams_hit_by(departed);
     }
 
     /// Closes the world's stream and every group's with a member in `departed` (a set of ranks,
@@ -257,15 +255,9 @@ impl Session {
     /// arrive; a collective that needs more from a leaver fails when it finds its link closed.
     pub(super) fn catch_up_on_departures(&mut self) -> bool {
         let dead = self.inner.recorded_dead();
-        if dead == self.dead_seen {
+        if !self.membership.catch_up(dead) {
             return false;
         }
-        self.dead_seen = dead;
-        let new = dead & !self.closed_for;
-        if new == 0 {
-            return false;
-        }
-        self.closed_for |= new;
         self.close_streams_hit_by(dead);
         true
     }
@@ -283,10 +275,10 @@ impl Session {
             .copied()
             .filter(|&stream| stream != super::groups::SETUP_STREAM)
             .collect();
-        self.closed_streams.extend(&streams);
+        self.membership.closed(&streams);
         for peer in self.peers() {
             for &stream in &streams {
-                self.peers[peer as usize].inbox.close_stream(stream);
+                self.engine.peers[peer as usize].inbox.close_stream(stream);
             }
             // An acknowledgement that cannot go (the peer is gone too) is nobody's loss.
             let _ = self.ack_dropped(peer);
@@ -319,7 +311,7 @@ impl Session {
 
     /// Acknowledges the blocks of `peer`'s outbox that dropped messages referred to.
     pub(super) fn ack_dropped(&mut self, peer: u32) -> Result<(), Error> {
-        for piece in self.peers[peer as usize].inbox.take_dropped() {
+        for piece in self.engine.peers[peer as usize].inbox.take_dropped() {
             self.queue_ack(peer, piece)?;
         }
         Ok(())
@@ -327,10 +319,10 @@ impl Session {
 
     /// Gives back every block `peer` still owed an acknowledgement for.
     pub(super) fn forget_peer(&mut self, peer: u32) {
-        for offset in self.outbox.forget(peer) {
-            self.chunk_blocks.remove(&offset);
+        for offset in self.engine.outbox.forget(peer) {
+            self.engine.chunk_blocks.remove(&offset);
         }
-        let peer = &mut self.peers[peer as usize];
+        let peer = &mut self.engine.peers[peer as usize];
         peer.chunks_owed = 0;
         peer.acks_due.clear();
         peer.forgotten = true;

@@ -352,14 +352,14 @@ fn check(fd: &OwnedFd, ticket: &FdTicket) -> Result<(), ImportFailure> {
 impl Session {
     /// Chooses how fds move from now on (the default comes from `SHMBROKER_FD_TRANSPORT`).
     pub fn set_fd_transport(&mut self, transport: FdTransport) {
-        self.fd_transport = transport;
+        self.engine.fd_transport = transport;
     }
 
     /// How fds are chosen to move: [`Self::set_fd_transport`]'s value, or
     /// `SHMBROKER_FD_TRANSPORT`'s.
     #[must_use]
     pub fn fd_transport(&self) -> FdTransport {
-        self.fd_transport
+        self.engine.fd_transport
     }
 
     /// How this rank's fd exchanges (fds and GPU handles) have moved fds so far: `None` before
@@ -370,7 +370,7 @@ impl Session {
     /// Each change is also logged (`info`, or `warn` for a fallback from `pidfd_getfd`).
     #[must_use]
     pub fn fd_transport_used(&self) -> Option<FdTransport> {
-        self.fd_transport_used
+        self.engine.fd_transport_used
     }
 
     /// Every rank's `fd`, indexed by rank (this rank's own as a duplicate).
@@ -621,7 +621,7 @@ impl Session {
             first_refusal,
             relayed,
         } = taken;
-        if self.fd_transport == FdTransport::Pidfd {
+        if self.engine.fd_transport == FdTransport::Pidfd {
             status.pidfd_only |= 1 << rank;
         }
         let statuses = self.all_gather_pod_with(&status, deadline)?;
@@ -629,7 +629,7 @@ impl Session {
         let any_refused = statuses.iter().any(|s| s.refused != 0);
         let strict = statuses.iter().any(|s| s.pidfd_only != 0);
         // (A rank that would relay reports nothing when another's `pidfd` choice fails it.)
-        if !(any_refused && strict) || self.fd_transport == FdTransport::Pidfd {
+        if !(any_refused && strict) || self.engine.fd_transport == FdTransport::Pidfd {
             self.report_fd_transport(any_refused, first_refusal);
         }
         if !any_refused {
@@ -834,7 +834,7 @@ impl Session {
             });
             return Ok(());
         }
-        if self.fd_transport == FdTransport::Relay {
+        if self.engine.fd_transport == FdTransport::Relay {
             taken.status.refused |= bit;
         } else {
             match self.import_batch(exporter, tickets, imported.slots(exporter), deadline)? {
@@ -1121,20 +1121,20 @@ impl Session {
     /// logs it when that changes: a warning when a refused `pidfd_getfd` sent fds through the
     /// broker, or made the exchange fail under `pidfd`; otherwise at `info`.
     fn report_fd_transport(&mut self, relayed: bool, refusal: Option<(u32, nix::errno::Errno)>) {
-        let used = match (relayed, self.fd_transport) {
+        let used = match (relayed, self.engine.fd_transport) {
             (false, _) => Some(FdTransport::Pidfd),
             (true, FdTransport::Pidfd) => None,
             (true, _) => Some(FdTransport::Relay),
         };
-        if used.is_some() && used <= self.fd_transport_used {
+        if used.is_some() && used <= self.engine.fd_transport_used {
             return;
         }
         if let Some(used) = used {
-            self.fd_transport_used = Some(used);
+            self.engine.fd_transport_used = Some(used);
         }
         let rank = self.rank();
-        let fell_back = relayed && self.fd_transport != FdTransport::Relay;
-        let why = match (self.fd_transport, relayed, refusal) {
+        let fell_back = relayed && self.engine.fd_transport != FdTransport::Relay;
+        let why = match (self.engine.fd_transport, relayed, refusal) {
             (FdTransport::Relay, _, _) => "relay through the broker (chosen: relay)".to_string(),
             (_, false, _) => "pidfd_getfd (every import was allowed)".to_string(),
             (FdTransport::Auto, true, Some((exporter, errno))) => format!(

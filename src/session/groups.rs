@@ -504,7 +504,8 @@ impl Session {
                 proposal,
             };
             // Among the members only: a death elsewhere is none of this call's business.
-            let setup = Team::of(SETUP_STREAM, members.clone(), me).formed_at(self.adoptions);
+            let setup =
+                Team::of(SETUP_STREAM, members.clone(), me).formed_at(self.membership.adoptions());
             let outcome = {
                 let on = OnTeam::new(self, setup, false);
                 let outcome = on.session.attempt_group(&attempt, deadline);
@@ -518,7 +519,8 @@ impl Session {
                     self.groups.highest = stream;
                     self.groups.teams.insert(
                         stream,
-                        Team::of(stream, members.clone(), me).formed_at(self.adoptions),
+                        Team::of(stream, members.clone(), me)
+                            .formed_at(self.membership.adoptions()),
                     );
                     return Ok(Group {
                         stream,
@@ -580,7 +582,7 @@ impl Session {
             } else {
                 0
             };
-            if let Some(known) = self.peers[rank as usize].incarnation {
+            if let Some(known) = self.engine.peers[rank as usize].incarnation {
                 view.push(known | dead);
                 continue;
             }
@@ -606,7 +608,7 @@ impl Session {
                          writes a number from 1 before it publishes its outbox"
                     ),
                 })?;
-            self.peers[rank as usize].incarnation = Some(incarnation);
+            self.engine.peers[rank as usize].incarnation = Some(incarnation);
             view.push(incarnation | dead);
         }
         Ok(view)
@@ -620,7 +622,7 @@ impl Session {
         let last = self.groups.ballots.get(members).copied().unwrap_or(0);
         let joined = members
             .iter()
-            .filter_map(|&rank| self.peers.get(rank as usize))
+            .filter_map(|&rank| self.engine.peers.get(rank as usize))
             .filter_map(|peer| peer.setup_stash.as_deref())
             .filter_map(|kept| agree::Attempt::joins(members, kept))
             .max()
@@ -736,7 +738,7 @@ impl Session {
                 };
                 match self.receive_vec(coordinator, expect, deadline) {
                     Ok(bytes) => {
-                        self.peers[coordinator as usize].setup_received += 1;
+                        self.engine.peers[coordinator as usize].setup_received += 1;
                         let theirs = read_estimate(coordinator, &bytes, me, world)?;
                         self.confirm_departures(coordinator, theirs, deadline)?;
                         estimate = theirs;
@@ -764,7 +766,7 @@ impl Session {
     ) -> Result<(), Error> {
         let until = std::time::Instant::now() + CONFIRM_DEPARTURE.min(deadline.left());
         for rank in self.peers().filter(|&rank| estimate & 1 << rank != 0) {
-            while self.inner.departure(rank).is_none() && self.adopted_at[rank as usize] == 0 {
+            while self.inner.departure(rank).is_none() && self.membership.adopted_at(rank) == 0 {
                 if std::time::Instant::now() >= until {
                     return Err(Error::Protocol {
                         peer: coordinator,
@@ -784,14 +786,14 @@ impl Session {
 
     /// The tag of the next setup message to `peer`.
     pub(super) fn setup_tag_to(&mut self, peer: u32) -> u64 {
-        let sent = &mut self.peers[peer as usize].setup_sent;
+        let sent = &mut self.engine.peers[peer as usize].setup_sent;
         *sent += 1;
         (u64::from(SETUP_STREAM) << SEQ_BITS) | ((*sent - 1) & SEQ_MASK)
     }
 
     /// The tag of the next setup message due from `peer` (counted once it is taken).
     pub(super) fn setup_tag_from(&self, peer: u32) -> u64 {
-        let received = self.peers[peer as usize].setup_received;
+        let received = self.engine.peers[peer as usize].setup_received;
         (u64::from(SETUP_STREAM) << SEQ_BITS) | (received & SEQ_MASK)
     }
 }

@@ -129,7 +129,7 @@ impl Session {
         self.flush_view_acks()?;
         let mut since = None;
         loop {
-            if let Some(loan) = self.outbox.try_loan(len).map_err(Error::OwnOutbox)? {
+            if let Some(loan) = self.engine.outbox.try_loan(len).map_err(Error::OwnOutbox)? {
                 return Ok(loan);
             }
             self.await_acks(deadline, &mut since)?;
@@ -171,14 +171,14 @@ impl Session {
                      buffers fill it",
                     deadline.op,
                     deadline.timeout,
-                    self.outbox.capacity()
+                    self.engine.outbox.capacity()
                 )),
             });
         }
         if let Some(waited) = deadline.watchdog_due() {
             let owing: Vec<u32> = self
                 .peers()
-                .filter(|&peer| self.outbox.owed_by(peer) > 0)
+                .filter(|&peer| self.engine.outbox.owed_by(peer) > 0)
                 .collect();
             self.warn_waiting(deadline, waited, &owing);
         }
@@ -194,8 +194,8 @@ impl Session {
     pub(super) fn most_owing(&self, ranks: impl IntoIterator<Item = u32>) -> Option<u32> {
         ranks
             .into_iter()
-            .filter(|&rank| self.outbox.owed_by(rank) > 0)
-            .max_by_key(|&rank| self.outbox.owed_by(rank))
+            .filter(|&rank| self.engine.outbox.owed_by(rank) > 0)
+            .max_by_key(|&rank| self.engine.outbox.owed_by(rank))
     }
 
     /// Hands `loan` to `rank` by reference: it receives it with [`Self::recv_loan`] (or copies it
@@ -206,9 +206,9 @@ impl Session {
     /// [`Error::OwnOutbox`] for a loan of another session; otherwise as for [`Self::send`].
     pub fn send_loan(&mut self, rank: u32, loan: Loan) -> Result<(), Error> {
         self.on_peer("send_loan", rank, self.timeout, |session, deadline| {
-            let tag = session.peers[rank as usize].send_tag;
+            let tag = session.engine.peers[rank as usize].send_tag;
             session.lend(kind::SEND, tag, loan, &[rank], deadline)?;
-            session.peers[rank as usize].send_tag += 1;
+            session.engine.peers[rank as usize].send_tag += 1;
             Ok(())
         })
     }
@@ -239,11 +239,12 @@ impl Session {
         // A loan that was a symmetric buffer may still be read in place after a failed
         // all-reduce: it goes only once those readers are done.
         let mut since = None;
-        while self.outbox.lent_in_place(&loan) {
+        while self.engine.outbox.lent_in_place(&loan) {
             self.await_acks(deadline, &mut since)?;
         }
         let receivers = Outbox::receivers(targets.iter().copied());
         let lent = self
+            .engine
             .outbox
             .send_loan(loan, receivers)
             .map_err(Error::OwnOutbox)?;
@@ -283,7 +284,7 @@ impl Session {
                 // give it back: they are let off, and each block returns once the others are
                 // done.
                 for (unreached, lent) in refs.skip(sent) {
-                    let _ = self.outbox.ack(unreached, lent);
+                    let _ = self.engine.outbox.ack(unreached, lent);
                 }
                 return Err(error);
             }
@@ -305,10 +306,11 @@ impl Session {
         self.on_peer("lend_ref", rank, self.timeout, |session, deadline| {
             session.flush_view_acks()?;
             let mut since = None;
-            while session.outbox.lent_in_place(&loan) {
+            while session.engine.outbox.lent_in_place(&loan) {
                 session.await_acks(deadline, &mut since)?;
             }
             session
+                .engine
                 .outbox
                 .send_loan(loan, Outbox::receivers([rank]))
                 .map_err(Error::OwnOutbox)
@@ -335,8 +337,8 @@ impl Session {
             view,
             owner: rank,
             payload: lent,
-            acks: self.view_acks.clone(),
-            process: self.adopted_at[rank as usize],
+            acks: self.engine.view_acks.clone(),
+            process: self.membership.adopted_at(rank),
             note: LoanNote::default(),
         })
     }
@@ -351,10 +353,10 @@ impl Session {
     pub fn recv_loan(&mut self, rank: u32) -> Result<LoanView, Error> {
         self.on_peer("recv_loan", rank, self.timeout, |session, deadline| {
             let expect = Expect::Send {
-                tag: session.peers[rank as usize].recv_tag,
+                tag: session.engine.peers[rank as usize].recv_tag,
             };
             let view = session.take_loan(rank, expect, deadline)?;
-            session.peers[rank as usize].recv_tag += 1;
+            session.engine.peers[rank as usize].recv_tag += 1;
             Ok(view)
         })
     }
@@ -409,7 +411,7 @@ impl Session {
     ) -> Result<LoanView, Error> {
         self.flush_view_acks()?;
         let at = self.await_group(peer, expect, deadline)?;
-        let header = self.peers[peer as usize].inbox.header(at);
+        let header = self.engine.peers[peer as usize].inbox.header(at);
         expect.check(peer, &header)?;
         // Queued headers were checked on arrival: eager, pipelined (or a resumption of one), or
         // a loan.
@@ -442,13 +444,13 @@ impl Session {
             .peer_outbox(peer, deadline)?
             .view(lent)
             .map_err(|source| Error::Outbox { peer, source })?;
-        self.peers[peer as usize].inbox.remove(at);
+        self.engine.peers[peer as usize].inbox.remove(at);
         Ok(LoanView {
             view,
             owner: peer,
             payload: lent,
-            acks: self.view_acks.clone(),
-            process: self.adopted_at[peer as usize],
+            acks: self.engine.view_acks.clone(),
+            process: self.membership.adopted_at(peer),
             note: loan_note(&header),
         })
     }

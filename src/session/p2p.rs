@@ -18,15 +18,15 @@ impl Session {
     pub fn send(&mut self, rank: u32, data: &[u8]) -> Result<(), Error> {
         let timeout = self.timeout;
         self.check_peer(rank)?;
-        let tag = self.peers[rank as usize].send_tag;
+        let tag = self.engine.peers[rank as usize].send_tag;
         if self.send_one_slot(rank, tag, data)? {
-            self.peers[rank as usize].send_tag += 1;
+            self.engine.peers[rank as usize].send_tag += 1;
             return Ok(());
         }
         self.on_peer("send", rank, timeout, |session, deadline| {
             session.send_to(kind::SEND, tag, data, Targets::One(rank), deadline)
         })?;
-        self.peers[rank as usize].send_tag += 1;
+        self.engine.peers[rank as usize].send_tag += 1;
         Ok(())
     }
 
@@ -104,7 +104,7 @@ impl Session {
     ) -> Result<(u64, Sink<'a>), Error> {
         self.on_peer("recv", rank, timeout, |session, deadline| {
             let expect = Expect::Send {
-                tag: session.peers[rank as usize].recv_tag,
+                tag: session.engine.peers[rank as usize].recv_tag,
             };
             let mut incoming = [Incoming::keeping_too_long(rank, expect, sink)];
             session.flush_view_acks()?;
@@ -112,7 +112,7 @@ impl Session {
             if !incoming[0].is_done() {
                 session.receive_all(&mut incoming, deadline)?;
             }
-            session.peers[rank as usize].recv_tag += 1;
+            session.engine.peers[rank as usize].recv_tag += 1;
             let [incoming] = incoming;
             incoming.finish()
         })

@@ -68,7 +68,7 @@ impl super::Session {
         peer: u32,
         deadline: &super::Deadline,
     ) -> Result<&PeerOutbox, super::Error> {
-        let slot = &mut self.peers[peer as usize].outbox;
+        let slot = &mut self.engine.peers[peer as usize].outbox;
         if slot.is_none() {
             let fd = self
                 .inner

@@ -90,7 +90,7 @@ impl Session {
     /// whole. With `wait`, waits up to its deadline (parked) for something to arrive; without,
     /// returns `false` at once when nothing is there.
     pub(super) fn pull(&mut self, peer: u32, wait: Option<&Deadline>) -> Result<bool, Error> {
-        let inbox = &self.peers[peer as usize].inbox;
+        let inbox = &self.engine.peers[peer as usize].inbox;
         inbox.check_room()?;
         let want = inbox.wants(8);
         if want == 1 {
@@ -105,13 +105,15 @@ impl Session {
         // Continuation slots, as many as are owed (up to 8): raw bytes, filed in one batch.
         let mut slots = [message(0, 0, 0, [0; INLINE_BYTES]); 8];
         let got = self.receive(peer, &mut slots[..want], wait)?;
-        self.peers[peer as usize].inbox.push_owed(&slots[..got]);
+        self.engine.peers[peer as usize]
+            .inbox
+            .push_owed(&slots[..got]);
         Ok(got > 0)
     }
 
     /// Files one slot from `peer` in its inbox; an acknowledgement goes to the outbox ledger.
     fn file(&mut self, peer: u32, slot: Message) -> Result<(), Error> {
-        let inbox = &mut self.peers[peer as usize].inbox;
+        let inbox = &mut self.engine.peers[peer as usize].inbox;
         match inbox.push(slot)? {
             Some(acked) => self.acknowledged(peer, acked),
             // A message of a closed stream, dropped: its blocks go back to the peer.
@@ -213,7 +215,7 @@ impl Session {
     /// touched.
     fn next_direct(&mut self, peer: u32, deadline: &Deadline) -> Result<Option<Message>, Error> {
         loop {
-            if !self.peers[peer as usize].inbox.is_empty() {
+            if !self.engine.peers[peer as usize].inbox.is_empty() {
                 return Ok(None);
             }
             let mut one = [message(0, 0, 0, [0; INLINE_BYTES])];
@@ -252,7 +254,7 @@ impl Session {
             Err(too_long @ Error::BufferTooSmall { .. }) => {
                 // Nothing is queued from `peer` (`next_direct` took this from the ring only
                 // then): queued, it is the next message again.
-                self.peers[peer as usize].inbox.put_back(next);
+                self.engine.peers[peer as usize].inbox.put_back(next);
                 Err(too_long)
             }
             Err(other) => {
@@ -277,7 +279,7 @@ impl Session {
         let peer = incoming.peer;
         // Kept between calls (at most `kind::EAGER_MAX` bytes' worth): no allocation or zeroing
         // per message.
-        let mut buffer = std::mem::take(&mut self.direct_slots);
+        let mut buffer = std::mem::take(&mut self.engine.direct_slots);
         if buffer.len() < slots {
             buffer.resize(slots, message(0, 0, 0, [0; INLINE_BYTES]));
         }
@@ -291,11 +293,11 @@ impl Session {
             }
             Err(error) => {
                 // The link failed; the header stays where it would have been.
-                self.peers[peer as usize].inbox.put_back(header);
+                self.engine.peers[peer as usize].inbox.put_back(header);
                 Err(error)
             }
         };
-        self.direct_slots = buffer;
+        self.engine.direct_slots = buffer;
         outcome
     }
 
@@ -323,7 +325,7 @@ impl Session {
 
     /// The first queued group from `peer` that `expect` selects: its index, or `None`.
     pub(super) fn find(&self, peer: u32, expect: Expect) -> Result<Option<usize>, Error> {
-        self.peers[peer as usize].inbox.find(expect)
+        self.engine.peers[peer as usize].inbox.find(expect)
     }
 
     /// [`Self::find`] for a point-to-point receive. A collective message cut off ahead of the
@@ -359,14 +361,14 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<bool, Error> {
         let peer = incoming.peer;
-        if incoming.at_header() && !self.peers[peer as usize].inbox.has_queued() {
+        if incoming.at_header() && !self.engine.peers[peer as usize].inbox.has_queued() {
             // Nothing to take (the hot path of a wait for the next message).
             return Ok(false);
         }
         // The inbox leaves the session while it steps, so that the payloads it reads may use the
         // session (map the peer's outbox, send acknowledgements). Moving it moves a few words.
         let mut inbox = std::mem::replace(
-            &mut self.peers[peer as usize].inbox,
+            &mut self.engine.peers[peer as usize].inbox,
             super::demux::Inbox::new(peer),
         );
         let stepped = inbox.step(
@@ -377,7 +379,7 @@ impl Session {
                 deadline,
             },
         );
-        self.peers[peer as usize].inbox = inbox;
+        self.engine.peers[peer as usize].inbox = inbox;
         match stepped {
             // A collective message cut off between its chunks, or the like: its sender gave up on
             // the collective, which a member's death ends for everyone. If one has died (looked
@@ -420,7 +422,9 @@ impl Session {
                 // (its sequence number has moved on), so its rest has no receive to resume it.
                 Expect::Send { .. } => {
                     if matches!(error, Error::Interrupted | Error::Timeout { .. }) {
-                        self.peers[incoming.peer as usize].inbox.set_aside(incoming);
+                        self.engine.peers[incoming.peer as usize]
+                            .inbox
+                            .set_aside(incoming);
                     }
                 }
                 Expect::Collective { .. } => {
@@ -445,7 +449,7 @@ impl Session {
     ) {
         for incoming in incoming {
             let peer = incoming.peer;
-            let inbox = &mut self.peers[peer as usize].inbox;
+            let inbox = &mut self.engine.peers[peer as usize].inbox;
             inbox.abandon(incoming);
             if inbox.has_dropped() {
                 // An acknowledgement that cannot go (the peer is gone too) is nobody's loss.
@@ -569,7 +573,7 @@ impl Session {
             self.file(peer, next)?;
         }
         let at = self.await_group(peer, expect, deadline)?;
-        let inbox = &mut self.peers[peer as usize].inbox;
+        let inbox = &mut self.engine.peers[peer as usize].inbox;
         let header = inbox.header(at);
         expect.check(peer, &header)?;
         if header.kind != op || header.len as usize > INLINE_BYTES {
@@ -616,10 +620,10 @@ impl Session {
     /// eager message, its whole body) is queued, waiting up to `deadline`; it stays queued.
     pub(super) fn probe_send(&mut self, peer: u32, deadline: &Deadline) -> Result<u64, Error> {
         let expect = Expect::Send {
-            tag: self.peers[peer as usize].recv_tag,
+            tag: self.engine.peers[peer as usize].recv_tag,
         };
         let at = self.await_group(peer, expect, deadline)?;
-        let header = self.peers[peer as usize].inbox.header(at);
+        let header = self.engine.peers[peer as usize].inbox.header(at);
         expect.check(peer, &header)?;
         message_len(peer, &header)
     }

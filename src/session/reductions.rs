@@ -617,18 +617,18 @@ impl Session {
         len: usize,
         f: impl FnOnce(&mut Self, &mut [T]) -> Result<R, Error>,
     ) -> Result<R, Error> {
-        let mut lines = std::mem::take(&mut self.scratch);
+        let mut lines = std::mem::take(&mut self.engine.scratch);
         let bytes = len * size_of::<T>();
         if lines.len() < bytes.div_ceil(64) {
-            lines.resize(bytes.div_ceil(64), super::ScratchLine([0; 64]));
+            lines.resize(bytes.div_ceil(64), super::engine::ScratchLine([0; 64]));
         }
         let outcome = match bytemuck::try_cast_slice_mut(
-            &mut bytemuck::cast_slice_mut::<super::ScratchLine, u8>(&mut lines)[..bytes],
+            &mut bytemuck::cast_slice_mut::<super::engine::ScratchLine, u8>(&mut lines)[..bytes],
         ) {
             Ok(scratch) => f(self, scratch),
             Err(_) => f(self, &mut vec![T::zeroed(); len]),
         };
-        self.scratch = lines;
+        self.engine.scratch = lines;
         outcome
     }
 
@@ -707,6 +707,7 @@ impl Session {
         let result: &[u8] = bytemuck::cast_slice(&data[mine.clone()]);
         self.flush_view_acks()?;
         let lent = self
+            .engine
             .outbox
             .lend_in_place(result, Outbox::receivers(peers.iter().copied()));
         match lent {
@@ -744,7 +745,7 @@ impl Session {
     fn await_given_back(&mut self, lent: PayloadRef, deadline: &Deadline) -> Result<(), Error> {
         let mut since: Option<std::time::Instant> = None;
         loop {
-            let holders = self.outbox.owed_for(lent);
+            let holders = self.engine.outbox.owed_for(lent);
             let ranks = (0..self.world_size()).filter(|&rank| holders & rank_bit(rank) != 0);
             let Some(mut rank) = ranks.clone().next() else {
                 return Ok(());
@@ -911,12 +912,13 @@ impl Session {
             .collect();
         self.flush_view_acks()?;
         let Some(lent) = self
+            .engine
             .outbox
             .lend_in_place_parts(bytemuck::cast_slice(data), parts)
         else {
             return Ok(None);
         };
-        self.read_in_place += 1;
+        self.engine.read_in_place += 1;
         let refs: Vec<(u32, PayloadRef)> =
             peers.iter().map(|&q| self.member(q)).zip(lent).collect();
         let note = LoanNote {

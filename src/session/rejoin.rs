@@ -119,17 +119,15 @@ impl Session {
         };
         // The watcher's writes to the readiness eventfd for rejoins are owed like any waker's.
         for _ in 0..self.inner.take_rejoin_signals() {
-            self.any.rings.count_signal();
+            self.engine.any.rings.count_signal();
         }
         // The blocks it owed come back; then everything about it starts afresh.
         self.forget_peer(rank);
-        self.peers[rank as usize] = Peer::new(rank);
+        self.engine.peers[rank as usize] = Peer::new(rank);
         // Its outbox says the same once mapped (see `agree`).
-        self.peers[rank as usize].incarnation = Some(times);
-        self.any.gone[rank as usize] = None;
-        self.closed_for &= !(1 << rank);
-        self.adoptions += 1;
-        self.adopted_at[rank as usize] = self.adoptions;
+        self.engine.peers[rank as usize].incarnation = Some(times);
+        self.engine.any.gone[rank as usize] = None;
+        self.membership.adopt(rank);
         // The collectives of every team it was in are over (see "Collectives"): what their
         // messages leave in the links, from any peer, is dropped and acknowledged now and as it
         // comes, as after a departure, so that no sender's outbox blocks stay held by them.
@@ -151,7 +149,7 @@ impl Session {
         }
         for rank in self.peers() {
             let reported =
-                self.any.gone[rank as usize].is_some_and(|gone| gone != Gone::BrokerLost);
+                self.engine.any.gone[rank as usize].is_some_and(|gone| gone != Gone::BrokerLost);
             if pending & 1 << rank != 0
                 && reported
                 && let Some(times) = self.adopt_rejoin(rank)?
@@ -165,13 +163,13 @@ impl Session {
     /// The first member of the current team replaced after the team was formed, if any (its
     /// collectives are over). One comparison while this session has adopted nobody.
     pub(super) fn team_replaced(&self) -> Option<u32> {
-        if self.adoptions == 0 {
+        if self.membership.adoptions() == 0 {
             return None;
         }
         let formed = self.team.formed();
         (0..self.team.size())
             .map(|index| self.team.member(index))
-            .find(|&rank| self.adopted_at[rank as usize] > formed)
+            .find(|&rank| self.membership.adopted_at(rank) > formed)
     }
 
     /// The error for a collective of a team whose member `rank` was replaced after it formed.
@@ -184,7 +182,7 @@ impl Session {
                 self.inner.rejoins()
             )
         } else {
-            let times = self.peers[rank as usize].incarnation.unwrap_or(0);
+            let times = self.engine.peers[rank as usize].incarnation.unwrap_or(0);
             let what = if times == 0 {
                 "came late".to_string()
             } else {
@@ -220,6 +218,6 @@ impl Session {
     /// Whether `rank` is gone as far as the current team is concerned: dead now, or replaced
     /// after the team was formed.
     pub(super) fn gone_for_team(&self, rank: u32) -> bool {
-        self.inner.is_dead(rank) || self.adopted_at[rank as usize] > self.team.formed()
+        self.inner.is_dead(rank) || self.membership.adopted_at(rank) > self.team.formed()
     }
 }

@@ -231,7 +231,7 @@ impl Session {
     /// sender's copy with the receivers', and at most a quarter of the outbox, so that several
     /// chunks are always in flight.
     fn chunk_bytes(&self, total: usize) -> usize {
-        let quarter_outbox = (self.outbox.capacity() / 4 / 64 * 64).max(64);
+        let quarter_outbox = (self.engine.outbox.capacity() / 4 / 64 * 64).max(64);
         let quarter_message = (total / 4).next_multiple_of(4096).max(MIN_CHUNK_BYTES);
         CHUNK_BYTES
             .min(quarter_message)
@@ -403,7 +403,7 @@ impl Session {
                 mut waiting_for, ..
             } => {
                 self.release_undelivered(&outgoing);
-                waiting_for.extend(waiting(&outgoing, incoming, &self.peers));
+                waiting_for.extend(waiting(&outgoing, incoming, &self.engine.peers));
                 Err(self.timed_out_waiting(deadline, waiting_for))
             }
             other => {
@@ -440,7 +440,7 @@ impl Session {
     /// [`Error::Interrupted`] (a Ctrl-C still stops the program at once). A session dropped
     /// before then leaves the message cut off: its receiver fails with [`Error::PeerLeft`].
     fn set_aside_send(&mut self, outgoing: Outgoing<'_>) {
-        self.set_aside = Some(outgoing.into_owned());
+        self.engine.set_aside = Some(outgoing.into_owned());
         self.inner.keep_interrupt();
     }
 
@@ -448,7 +448,7 @@ impl Session {
     /// receiver that has died or left needs it no more: it is dropped. Ended again (an interrupt,
     /// the deadline), it stays set aside and this call fails.
     pub(super) fn finish_set_aside(&mut self, deadline: &Deadline) -> Result<(), Error> {
-        let Some(mut outgoing) = self.set_aside.take() else {
+        let Some(mut outgoing) = self.engine.set_aside.take() else {
             return Ok(());
         };
         match self.drive(&mut outgoing, &mut [], deadline) {
@@ -463,7 +463,7 @@ impl Session {
                 Ok(())
             }
             Err(error) => {
-                self.set_aside = Some(outgoing);
+                self.engine.set_aside = Some(outgoing);
                 Err(error)
             }
         }
@@ -492,13 +492,13 @@ impl Session {
         data: &[u8],
     ) -> Result<bool, Error> {
         if data.len() > INLINE_BYTES
-            || !self.peers[rank as usize].acks_due.is_empty()
-            || self.set_aside.is_some()
+            || !self.engine.peers[rank as usize].acks_due.is_empty()
+            || self.engine.set_aside.is_some()
         {
             return Ok(false);
         }
         self.flush_view_acks()?;
-        if !self.peers[rank as usize].acks_due.is_empty() {
+        if !self.engine.peers[rank as usize].acks_due.is_empty() {
             return Ok(false);
         }
         let mut inline = [0u8; INLINE_BYTES];
@@ -617,9 +617,8 @@ impl Session {
                 continue;
             }
             if moved {
-                return Err(
-                    self.timed_out_waiting(deadline, waiting(outgoing, incoming, &self.peers))
-                );
+                return Err(self
+                    .timed_out_waiting(deadline, waiting(outgoing, incoming, &self.engine.peers)));
             }
             idle += 1;
             if idle < 64 {
@@ -629,19 +628,18 @@ impl Session {
             // Nothing moves: the clock is read only here.
             let now = Instant::now();
             if deadline.left().is_zero() {
-                return Err(
-                    self.timed_out_waiting(deadline, waiting(outgoing, incoming, &self.peers))
-                );
+                return Err(self
+                    .timed_out_waiting(deadline, waiting(outgoing, incoming, &self.engine.peers)));
             }
             if let Some(waited) = deadline.watchdog_due() {
-                let waiting_for = waiting(outgoing, incoming, &self.peers);
+                let waiting_for = waiting(outgoing, incoming, &self.engine.peers);
                 self.warn_waiting(deadline, waited, &waiting_for);
             }
             if idle_since.is_none() {
                 // Published, so that a peer whose own wait on this rank times out can say whom
                 // this rank waits for (see `status`): of the ranks it still waits for, the one
                 // holding most of its outbox, or else the first.
-                let waiting_for = waiting(outgoing, incoming, &self.peers);
+                let waiting_for = waiting(outgoing, incoming, &self.engine.peers);
                 let most = self.most_owing(waiting_for.iter().copied());
                 if let Some(rank) = most.or(waiting_for.first().copied()) {
                     deadline.waits_for(rank);
@@ -684,6 +682,7 @@ impl Session {
                 .chunk_bytes(outgoing.data.len())
                 .min(outgoing.data.len() - outgoing.written);
             let Some(block) = self
+                .engine
                 .outbox
                 .try_alloc(len as u64)
                 .map_err(Error::OwnOutbox)?
@@ -691,17 +690,19 @@ impl Session {
                 break;
             };
             let piece = &outgoing.data[outgoing.written..outgoing.written + len];
-            self.outbox
+            self.engine
+                .outbox
                 .write(&block, 0, piece)
                 .map_err(Error::OwnOutbox)?;
             let sent = self
+                .engine
                 .outbox
                 .send(block, len as u64, outgoing.receivers)
                 .map_err(Error::OwnOutbox)?;
             if outgoing.receivers != 0 {
-                self.chunk_blocks.insert(sent.offset);
+                self.engine.chunk_blocks.insert(sent.offset);
                 for &peer in &outgoing.targets {
-                    self.peers[peer as usize].chunks_owed += 1;
+                    self.engine.peers[peer as usize].chunks_owed += 1;
                 }
             }
             outgoing
@@ -754,6 +755,6 @@ impl Session {
         outgoing
             .targets
             .iter()
-            .all(|&peer| self.peers[peer as usize].chunks_owed < outgoing.window)
+            .all(|&peer| self.engine.peers[peer as usize].chunks_owed < outgoing.window)
     }
 }

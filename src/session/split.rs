@@ -212,7 +212,7 @@ impl Session {
             world_size: self.world_size(),
             rejoins: self.rejoins(),
             timeout: AtomicU64::new(u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX)),
-            publisher: Arc::clone(&self.publisher),
+            publisher: Arc::clone(&self.engine.publisher),
             session: Mutex::new(self),
             sending: Mutex::new(()),
             receiving: Mutex::new(()),
@@ -259,16 +259,16 @@ impl Sender {
         let _turn = self.shared.sending();
         let mut session = self.shared.lend();
         session.check_peer(rank)?;
-        let tag = session.peers[rank as usize].send_tag;
+        let tag = session.engine.peers[rank as usize].send_tag;
         if !session.send_one_slot(rank, tag, data)? {
             let deadline = session.track(Deadline::new("send", timeout));
-            session.publisher.peer("send", rank);
+            session.engine.publisher.peer("send", rank);
             let pending = session.begin_send(kind::SEND, tag, data, Targets::One(rank), &deadline);
             let result;
             (session, result) = self.drive(session, pending, &deadline);
             result?;
         }
-        session.peers[rank as usize].send_tag += 1;
+        session.engine.peers[rank as usize].send_tag += 1;
         Ok(())
     }
 

@@ -276,7 +276,7 @@ impl Session {
     /// documentation and outside the API's stability promise; it may change or go without notice.
     #[doc(hidden)]
     pub fn set_publishing(&self, on: bool) {
-        self.publisher.on.store(on, Ordering::Relaxed);
+        self.engine.publisher.on.store(on, Ordering::Relaxed);
     }
 
     /// Runs one public call that settles (every collective, and the calls that agree, as
@@ -328,7 +328,7 @@ impl Session {
     ) -> Result<R, Error> {
         self.check_peer(rank)?;
         let deadline = self.track(Deadline::new(op, timeout));
-        self.publisher.peer(op, rank);
+        self.engine.publisher.peer(op, rank);
         body(self, &deadline)
     }
 
@@ -337,7 +337,7 @@ impl Session {
     /// since the last call are closed first (see `departures::Session::catch_up_on_departures`).
     pub(super) fn track(&mut self, deadline: Deadline) -> Deadline {
         self.catch_up_on_departures();
-        deadline.tracked_by(&self.publisher)
+        deadline.tracked_by(&self.engine.publisher)
     }
 
     /// Fails a collective whose wait for `peer` can never end:
@@ -364,10 +364,10 @@ impl Session {
         peer: u32,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        if !self.publisher.on() {
+        if !self.engine.publisher.on() {
             return Ok(());
         }
-        let mine = self.publisher.words.slot(0);
+        let mine = self.engine.publisher.words.slot(0);
         let [seq, group, kind] =
             [w::SEQ, w::GROUP_PEER, w::KIND].map(|at| mine[at].load(Ordering::Relaxed));
         if seq == NONE || group == NONE || kind == NONE {
@@ -489,10 +489,10 @@ impl Session {
             } if expected_seq != found_seq => *peer,
             _ => return error,
         };
-        if !self.publisher.on() || peer >= self.world_size() {
+        if !self.engine.publisher.on() || peer >= self.world_size() {
             return error;
         }
-        let mine = self.publisher.words.slot(0);
+        let mine = self.engine.publisher.words.slot(0);
         let [seq, group] = [w::SEQ, w::GROUP_PEER].map(|at| mine[at].load(Ordering::Relaxed));
         let quick = Deadline::new("mismatch", Duration::ZERO);
         let Ok(outbox) = self.peer_outbox(peer, &quick) else {

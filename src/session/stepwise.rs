@@ -282,7 +282,7 @@ impl PendingSend<'_> {
         match &self.what {
             Pending::Eager { targets, next, .. } => targets[*next..].to_vec(),
             Pending::Pipelined(outgoing) => {
-                super::send::waiting(outgoing, &[], session.peers.as_slice())
+                super::send::waiting(outgoing, &[], session.engine.peers.as_slice())
             }
         }
     }
@@ -313,7 +313,7 @@ impl Session {
         self.check_peer(peer)?;
         self.catch_up_on_departures();
         let expect = Expect::Send {
-            tag: self.peers[peer as usize].recv_tag,
+            tag: self.engine.peers[peer as usize].recv_tag,
         };
         let mut incoming = Incoming::keeping_too_long(peer, expect, sink);
         self.flush_view_acks()?;
@@ -389,7 +389,7 @@ impl Session {
         let peer = pending.incoming.peer;
         if let Err(error) = outcome {
             if matches!(error, Error::Interrupted | Error::Timeout { .. }) {
-                self.peers[peer as usize]
+                self.engine.peers[peer as usize]
                     .inbox
                     .set_aside(&mut pending.incoming);
             }
@@ -397,7 +397,7 @@ impl Session {
         }
         // Finished as a blocking receive finishes (nothing is left to wait for).
         self.complete(&mut pending.incoming, deadline)?;
-        self.peers[peer as usize].recv_tag += 1;
+        self.engine.peers[peer as usize].recv_tag += 1;
         pending.incoming.finish()
     }
 }
