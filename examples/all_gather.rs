@@ -7,6 +7,7 @@
 
 mod common;
 
+use shmbroker::Collectives;
 use shmbroker::Session;
 use std::error::Error;
 

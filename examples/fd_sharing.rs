@@ -9,6 +9,7 @@
 
 mod common;
 
+use shmbroker::Collectives;
 use shmbroker::Session;
 use std::error::Error;
 use std::fs::File;

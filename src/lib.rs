@@ -91,7 +91,7 @@ pub use reduce::{DType, Element, ReduceOp};
 #[cfg(feature = "tokio")]
 pub use session::AsyncReceiver;
 pub use session::{
-    Error, ErrorKind, Group, GroupView, Receiver, Sender, Session, Symmetric, Timed,
+    Collectives, Error, ErrorKind, Group, GroupView, Receiver, Sender, Session, Symmetric, Timed,
 };
 pub use shmbroker_bindings::{GpuHandle, GpuHandleKind};
 

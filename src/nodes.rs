@@ -372,7 +372,8 @@ impl<N: Network> Nodes<N> {
     ///
     /// # Errors
     ///
-    /// As [`Session::barrier`] inside the node, naming the network's ranks; the network's.
+    /// As [`Collectives::barrier`](crate::Collectives::barrier) inside the node, naming the
+    /// network's ranks; the network's.
     pub fn barrier(&mut self) -> Result<(), Error> {
         self.local(Session::barrier)?;
         if let Some(leaders) = self.leaders.as_mut() {
@@ -387,7 +388,8 @@ impl<N: Network> Nodes<N> {
     /// # Errors
     ///
     /// [`Error::Misuse`] for [`ReduceOp::Avg`] of integers or an operation the type lacks; as
-    /// [`Session::all_reduce`] inside the node, naming the network's ranks; the network's.
+    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) inside the node, naming the
+    /// network's ranks; the network's.
     pub fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
         crate::reduce::check_op::<T>(op)?;
         if op == ReduceOp::Avg && !matches!(T::DTYPE, DType::F32 | DType::F64) {
@@ -455,8 +457,9 @@ impl<N: Network> Nodes<N> {
     ///
     /// # Errors
     ///
-    /// [`Error::RankOutOfRange`] for a root past the last rank; as [`Session::broadcast`]
-    /// inside the node, naming the network's ranks; the network's.
+    /// [`Error::RankOutOfRange`] for a root past the last rank; as
+    /// [`Collectives::broadcast`](crate::Collectives::broadcast) inside the node, naming the
+    /// network's ranks; the network's.
     pub fn broadcast(&mut self, root: u32, data: &mut [u8]) -> Result<(), Error> {
         if root >= self.size {
             return Err(Error::RankOutOfRange {
@@ -482,8 +485,8 @@ impl<N: Network> Nodes<N> {
     ///
     /// # Errors
     ///
-    /// As [`Session::all_gather_into`] inside the node, naming the network's ranks; the
-    /// network's.
+    /// As [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) inside the node,
+    /// naming the network's ranks; the network's.
     pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<u8>, Error> {
         let len = data.len();
         let block = self.widest as usize * len;

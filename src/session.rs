@@ -99,6 +99,7 @@ mod agree;
 mod any;
 mod channel;
 mod collectives;
+mod communicator;
 /// The demultiplexer of a peer's ring slots, public for the `demux` fuzz target only.
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -133,6 +134,7 @@ pub mod tuning;
 pub use channel::{
     ChannelReceiver, ChannelSender, LOOK_EVERY, RawChannelReceiver, RawChannelSender,
 };
+pub use communicator::Collectives;
 pub use fds::{FdTransport, MAX_FDS_PER_EXCHANGE};
 pub use groups::{Group, GroupView};
 pub use loans::LoanView;

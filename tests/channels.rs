@@ -4,6 +4,7 @@
 //! channel beside the session's own calls.
 
 use bytemuck::{Pod, Zeroable};
+use shmbroker::Collectives;
 use shmbroker::Error;
 use std::time::{Duration, Instant};
 

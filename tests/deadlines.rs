@@ -4,6 +4,7 @@
 
 mod common;
 
+use shmbroker::Collectives;
 use shmbroker::ReduceOp;
 use shmbroker::session::{Error, Session};
 use std::time::Duration;

@@ -2,6 +2,7 @@
 //! mid-farm, a rank that never came, a split session driven from two threads (its receives going
 //! on while a send waits for a slow peer), and an event loop on the readiness fd.
 
+use shmbroker::Collectives;
 use shmbroker::Error;
 use shmbroker::session::Session;
 use std::collections::HashMap;

@@ -8,6 +8,7 @@
 mod common;
 
 use common::{Broker, World, memfd_with, spawn, text_of};
+use shmbroker::Collectives;
 use shmbroker::bindings::{FdTicket, INLINE_BYTES, Message, kind};
 use shmbroker::session::{Error, FdTransport, Session};
 use shmbroker_test_support::process::ChildGuard;

@@ -1,6 +1,7 @@
 //! Groups of ranks and shrinking after a death, between real processes: every rank is this test
 //! binary started again (`groups_rank`), checking every result against a reference it computes.
 
+use shmbroker::Collectives;
 use shmbroker::ReduceOp;
 use shmbroker::session::{Error, Group, Session};
 use std::time::{Duration, Instant};

@@ -9,6 +9,7 @@ mod common;
 use common::{Broker, finish, finish_status};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use shmbroker::Collectives;
 use shmbroker::session::{Error, Group, Session};
 use shmbroker_test_support::hostile as hostile_peer;
 use shmbroker_test_support::process::{ChildGuard, spawn_with_fds};

@@ -9,6 +9,7 @@ use common::{
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use shmbroker::Collectives;
 use shmbroker::bindings::LogonFrame;
 use shmbroker::handshake::{Config, MAX_UNCLAIMED_RELAYS};
 use shmbroker::session::{Error, Session};

@@ -4,6 +4,7 @@
 //! every rank (a stand-in for the program's MPI: C, C++ and Python run the same algorithms over
 //! Open MPI in CI); each node's ranks get a session of their own on top.
 
+use shmbroker::Collectives;
 use shmbroker::nodes::{Network, Nodes, RAILS_MIN_BYTES};
 use shmbroker::session::{Error, Group, Session};
 use shmbroker::{DType, ReduceOp};

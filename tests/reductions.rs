@@ -2,6 +2,7 @@
 //! started again (`reductions_rank`), checking its results against references it computes
 //! from every rank's inputs, and that every rank holds the same bits.
 
+use shmbroker::Collectives;
 use shmbroker::half::{bf16, f16};
 use shmbroker::session::{Error, Session};
 use shmbroker::{DType, Element, ReduceOp};

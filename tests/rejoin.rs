@@ -8,6 +8,7 @@
 //! Survivors run on threads of this test; the ranks that die and their replacements are this
 //! test binary started again (`rejoin_rank`, with a scenario).
 
+use shmbroker::Collectives;
 use shmbroker::ReduceOp;
 use shmbroker::bindings::{LogonFrame, RejectReason, job_id};
 use shmbroker::handshake::Error as HandshakeError;

@@ -6,6 +6,7 @@
 //! handles), `session_hostile.rs` (bytes no correct peer sends), `session_waits.rs` (receives
 //! that wait, leave or are interrupted).
 
+use shmbroker::Collectives;
 use shmbroker::ReduceOp;
 use shmbroker::bindings::{INLINE_BYTES, Message, kind};
 use shmbroker::session::{Error, Session, Waiting};

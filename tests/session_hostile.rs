@@ -2,6 +2,7 @@
 //! duplicate and foreign acknowledgements, stray chunks, cut pipelines, floods and fd tickets
 //! naming another process. Each is refused naming the sender, and frees or delivers nothing.
 
+use shmbroker::Collectives;
 use shmbroker::bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 use shmbroker::session::Error;
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! process: order around collectives, references and blocks, fd exchange by pidfd_getfd and by
 //! the broker, and GPU handles with their fds.
 
+use shmbroker::Collectives;
 use shmbroker::bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 use shmbroker::session::Error;
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! rank that leaves after a timeout, and interrupts that end waits (one between the chunks of a
 //! large receive and of a large send, against a second process that this test binary becomes).
 
+use shmbroker::Collectives;
 use shmbroker::session::{Error, Session};
 use std::time::{Duration, Instant};
 

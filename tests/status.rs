@@ -1,6 +1,7 @@
 //! `shmbroker status`: a running broker says what every rank of its job is doing, while the job
 //! is stuck, and a rank that forges its status words changes nothing but its own row.
 
+use shmbroker::Collectives;
 use std::process::Command;
 use std::time::{Duration, Instant};
 

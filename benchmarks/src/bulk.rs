@@ -13,6 +13,7 @@
 
 use super::workers::{time_loop, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Size, cpu_pair, fork_pair, mpi, pin_to};
+use shmbroker::Collectives;
 use shmbroker::session::Session;
 use shmbroker_sys::TempDir;
 use std::collections::HashMap;

@@ -19,6 +19,7 @@
 //! wrong byte or a failing call ends either side with a message and a failed launcher.
 
 use super::mpi::{Program, compile, parse_lines};
+use shmbroker::Collectives;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;

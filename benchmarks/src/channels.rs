@@ -21,6 +21,7 @@ use super::queue::{
 use super::workers::{connect, open_mpi, with_broker};
 use super::{Comparison, Measure, Plan, Report, Run, Size, alternate};
 use bytemuck::Pod;
+use shmbroker::Collectives;
 use shmbroker::session::{ChannelReceiver, ChannelSender};
 use shmbroker_sys::TempDir;
 use std::path::Path;

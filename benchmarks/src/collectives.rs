@@ -24,6 +24,7 @@ use super::{Comparison, Measure, Plan, Report, Run, Size, alternate};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
+use shmbroker::Collectives;
 use shmbroker::queues::memfd::{Mapping, create_sealed};
 use shmbroker::session::{Error, Session};
 use shmbroker::sys::{futex, pidfd};

@@ -14,6 +14,7 @@
 
 use super::workers::{connect, connect_with_outbox, open_mpi, warmup, with_broker};
 use super::{Comparison, Measure, Plan, Report, Size};
+use shmbroker::Collectives;
 use shmbroker::{ReduceOp, Session};
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -7,6 +7,7 @@ use crate::buffer::{bytes, bytes_mut};
 use crate::error::{Failure, guard, misuse};
 use crate::groups::{group_of, on_comm, rank_and_size, shmbroker_group};
 use crate::handle::{enter, shmbroker_session};
+use shmbroker::Collectives;
 use shmbroker::{DType, ReduceOp};
 use std::ffi::{c_int, c_void};
 

@@ -1,5 +1,6 @@
 //! `shmbroker worker --selftest`: every collective, checked, N times.
 
+use shmbroker::Collectives;
 use shmbroker::session::{Error, Session};
 use std::time::Instant;
 

@@ -1,5 +1,6 @@
 //! `shmbroker worker`: log on, show what arrived, greet every peer over the rings.
 
+use shmbroker::Collectives;
 use shmbroker::bindings::{INLINE_BYTES, Message};
 use std::time::Duration;
 

@@ -6,6 +6,7 @@
 //! A real program skips `launch`: a launcher (`mpirun`, `torchrun`, `srun`) starts it, or it
 //! connects to a running `shmbroker serve` with [`Session::connect`].
 
+use shmbroker::Collectives;
 use shmbroker::Session;
 use std::error::Error;
 use std::process::{Child, Command, ExitCode, ExitStatus};

@@ -43,7 +43,9 @@ fuzz_target!(|data: &[u8]| {
                 sent.push(payload);
                 if mask != 0 {
                     assert!(
-                        model.insert(payload.offset, (payload, block_len, mask)).is_none(),
+                        model
+                            .insert(payload.offset, (payload, block_len, mask))
+                            .is_none(),
                         "one block handed out twice"
                     );
                 }

@@ -13,7 +13,10 @@ fuzz_target!(|data: &[u8]| {
         let now = u64::from_le_bytes(data[..8].try_into().unwrap());
         let words: shmbroker_allocator::Snapshot = bytemuck::pod_read_unaligned(&data[8..8 + 256]);
         let text = describe(3, &words, now);
-        assert!(text.bytes().all(|b| b.is_ascii_graphic() || b == b' '), "{text:?}");
+        assert!(
+            text.bytes().all(|b| b.is_ascii_graphic() || b == b' '),
+            "{text:?}"
+        );
         let _ = Activity::read(&words, now);
     }
     if let Ok(report) = decode_status_reply(data) {

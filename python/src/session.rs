@@ -6,6 +6,7 @@ use crate::group::PyGroup;
 use crate::{channels, errors, loans, process, sigint, split};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
+use shmbroker::Collectives;
 use shmbroker::session::{Group, Interrupter};
 use shmbroker::{Error, Session};
 use std::os::fd::{IntoRawFd, RawFd};

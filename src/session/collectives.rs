@@ -39,19 +39,14 @@ impl Session {
     // -----------------------------------------------------------------------------------------
     // Collectives
 
-    /// Returns once every rank has entered the barrier.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
-    /// [`Error::PeerGaveUp`] (a rank this call waits for failed its part and left it: every
-    /// collective can fail so).
-    pub fn barrier(&mut self) -> Result<(), Error> {
+    /// [`Collectives::barrier`](crate::Collectives::barrier) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn barrier(&mut self) -> Result<(), Error> {
         self.collective("barrier", Self::barrier_tracked)
     }
 
-    /// [`Self::barrier`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
+    /// [`Collectives::barrier`](crate::Collectives::barrier) within its tracked deadline (which
+    /// [`Deadline::settle`] then notes the outcome of).
     fn barrier_tracked(&mut self, deadline: &Deadline) -> Result<(), Error> {
         let seq = self.next_seq(kind::BARRIER)?;
         let world = self.size();
@@ -101,20 +96,16 @@ impl Session {
         Ok(())
     }
 
-    /// Every rank's `data` (any size, sizes may differ), indexed by rank.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
-    /// [`Error::PeerGaveUp`], [`Error::Protocol`], [`Error::Outbox`].
-    pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+    /// [`Collectives::all_gather`](crate::Collectives::all_gather) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         self.collective("all_gather", |session, deadline| {
             session.all_gather_with(data, deadline)
         })
     }
 
-    /// [`Self::all_gather`] within an existing deadline, whose name a timeout gives (for
-    /// collectives built on it).
+    /// [`Collectives::all_gather`](crate::Collectives::all_gather) within an existing deadline,
+    /// whose name a timeout gives (for collectives built on it).
     pub(super) fn all_gather_with(
         &mut self,
         data: &[u8],
@@ -157,21 +148,16 @@ impl Session {
         Ok(gathered)
     }
 
-    /// Every rank's `data`, all of one size, into `out` in rank order (`out` must hold exactly
-    /// `world_size * data.len()` bytes), with no allocation per peer.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
-    /// contribution has another size; otherwise as for [`Self::all_gather`].
-    pub fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
+    /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
         self.collective("all_gather", |session, deadline| {
             session.all_gather_into_tracked(data, out, deadline)
         })
     }
 
-    /// [`Self::all_gather_into`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
+    /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) within its tracked
+    /// deadline (which [`Deadline::settle`] then notes the outcome of).
     fn all_gather_into_tracked(
         &mut self,
         data: &[u8],
@@ -189,8 +175,9 @@ impl Session {
         self.gather_parts_into(kind::ALL_GATHER, seq, data, out, deadline)
     }
 
-    /// [`Self::all_gather_into`] as collective `op` number `seq` (an all-reduce's first shot
-    /// gathers this way too), with `out` of the right length.
+    /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) as collective `op`
+    /// number `seq` (an all-reduce's first shot gathers this way too), with `out` of the right
+    /// length.
     pub(super) fn gather_parts_into(
         &mut self,
         op: u32,
@@ -289,13 +276,12 @@ impl Session {
         Ok(true)
     }
 
-    /// [`Self::all_gather_into`] by Bruck's algorithm: ceil(log2(world)) rounds, in round k
-    /// sending the 2^k parts gathered so far (at most what is still missing) to rank - 2^k and
-    /// receiving as many from rank + 2^k, so each rank sends O(log n) messages instead of n - 1.
-    /// Parts are gathered in `out` in rotated order (this rank's first), then rotated into rank
-    /// order.
-    /// Every round has a peer of its own (2^k < world), so the collective's sequence number tells
-    /// its messages apart; each round's length is checked.
+    /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) by Bruck's algorithm:
+    /// ceil(log2(world)) rounds, in round k sending the 2^k parts gathered so far (at most what is
+    /// still missing) to rank - 2^k and receiving as many from rank + 2^k, so each rank sends O(log
+    /// n) messages instead of n - 1. Parts are gathered in `out` in rotated order (this rank's
+    /// first), then rotated into rank order. Every round has a peer of its own (2^k < world), so
+    /// the collective's sequence number tells its messages apart; each round's length is checked.
     fn bruck_all_gather(
         &mut self,
         op: u32,
@@ -342,7 +328,8 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// As for [`Self::all_gather`], and [`Error::Protocol`] if a peer's value has another size.
+    /// As for [`Collectives::all_gather`](crate::Collectives::all_gather), and [`Error::Protocol`]
+    /// if a peer's value has another size.
     pub fn all_gather_pod<T: bytemuck::Pod>(&mut self, value: &T) -> Result<Vec<T>, Error> {
         self.collective("all_gather", |session, deadline| {
             session.all_gather_pod_with(value, deadline)

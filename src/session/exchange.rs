@@ -21,16 +21,9 @@ use super::{Deadline, Error, Session};
 use shmbroker_bindings::kind;
 
 impl Session {
-    /// The root's `input` cut into `world_size` equal blocks, block `r` into rank `r`'s `output`
-    /// (as `MPI_Scatter`): the root passes `Some(input)` of `world_size * output.len()` bytes, the
-    /// others `None`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] for a root without input (or another rank with one) or an input of
-    /// another length; [`Error::Protocol`] naming the root when a block has another length;
-    /// otherwise as for [`Self::broadcast`].
-    pub fn scatter(
+    /// [`Collectives::scatter`](crate::Collectives::scatter) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn scatter(
         &mut self,
         root: u32,
         input: Option<&[u8]>,
@@ -41,8 +34,8 @@ impl Session {
         })
     }
 
-    /// [`Self::scatter`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
+    /// [`Collectives::scatter`](crate::Collectives::scatter) within its tracked deadline (which
+    /// [`Deadline::settle`] then notes the outcome of).
     fn scatter_tracked(
         &mut self,
         root: u32,
@@ -83,22 +76,16 @@ impl Session {
         Ok(())
     }
 
-    /// Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q` (as
-    /// `MPI_Alltoall`): `input` and `output` hold `world_size` blocks of equal length.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] when `input` and `output` differ in length or are not whole blocks;
-    /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
-    /// [`Self::all_gather`].
-    pub fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
+    /// [`Collectives::all_to_all`](crate::Collectives::all_to_all) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
         self.collective("all_to_all", |session, deadline| {
             session.all_to_all_tracked(input, output, deadline)
         })
     }
 
-    /// [`Self::all_to_all`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
+    /// [`Collectives::all_to_all`](crate::Collectives::all_to_all) within its tracked deadline
+    /// (which [`Deadline::settle`] then notes the outcome of).
     fn all_to_all_tracked(
         &mut self,
         input: &[u8],
@@ -165,16 +152,9 @@ impl Session {
         Ok(())
     }
 
-    /// [`Self::all_to_all`] with a byte count per rank (as `MPI_Alltoallv`): `send_counts[q]`
-    /// bytes of `input` go to rank `q`, in rank order, and `recv_counts[q]` bytes from rank `q`
-    /// land in `output`, in rank order.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] when the counts are not one per rank or do not add up to the buffers'
-    /// lengths; [`Error::Protocol`] naming a rank that sent another count than this rank expects;
-    /// otherwise as for [`Self::all_gather`].
-    pub fn all_to_all_v(
+    /// [`Collectives::all_to_all_v`](crate::Collectives::all_to_all_v) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn all_to_all_v(
         &mut self,
         input: &[u8],
         send_counts: &[usize],
@@ -186,8 +166,8 @@ impl Session {
         })
     }
 
-    /// [`Self::all_to_all_v`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
+    /// [`Collectives::all_to_all_v`](crate::Collectives::all_to_all_v) within its tracked deadline
+    /// (which [`Deadline::settle`] then notes the outcome of).
     fn all_to_all_v_tracked(
         &mut self,
         input: &[u8],

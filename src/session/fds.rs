@@ -382,7 +382,7 @@ impl Session {
     /// room for the fds (which itself gets [`Error::Io`]); [`Error::StaleFdTicket`] on the
     /// importer of a stale ticket ([`Error::FdTransport`] naming it elsewhere);
     /// [`Error::Protocol`] naming a rank that sent a ticket naming another process; otherwise as
-    /// for [`Session::all_gather`].
+    /// for [`Collectives::all_gather`](crate::Collectives::all_gather).
     pub fn exchange_fds(&mut self, fd: BorrowedFd<'_>) -> Result<Vec<OwnedFd>, Error> {
         self.collective("exchange_fds", |session, deadline| {
             let exporters: Vec<u32> = (0..session.world_size()).collect();

@@ -85,7 +85,6 @@ use super::agree::{self, Outcome};
 use super::demux::{Expect, SEQ_BITS};
 use super::send::Targets;
 use super::{Deadline, Error, Session};
-use crate::reduce::{DType, Element, ReduceOp};
 use shmbroker_bindings::kind;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -271,9 +270,10 @@ impl Group {
     }
 }
 
-/// The session seen through a group ([`Session::on`]): every collective, under the same name
-/// and with the same arguments as on the session, among the group's members only. Ranks,
-/// roots, blocks and counts are group ranks; errors name world ranks.
+/// The session seen through a group ([`Session::on`]): every collective of
+/// [`Collectives`](crate::Collectives), under the same name and with the same arguments as on
+/// the session, among the group's members only. Ranks, roots, blocks and counts are group
+/// ranks; errors name world ranks.
 #[derive(Debug)]
 pub struct GroupView<'s> {
     session: &'s mut Session,
@@ -313,21 +313,6 @@ impl Drop for OnTeam<'_> {
     }
 }
 
-macro_rules! on_group {
-    ($(fn $name:ident $(<$T:ident: $bound:ident>)? (&mut self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
-        $(
-            #[doc = concat!("[`Session::", stringify!($name), "`] among the group's members.")]
-            ///
-            /// # Errors
-            ///
-            #[doc = concat!("As for [`Session::", stringify!($name), "`].")]
-            pub fn $name $(<$T: $bound>)? (&mut self $(, $arg: $ty)*) -> Result<$ret, Error> {
-                self.run(|session| session.$name($($arg),*))
-            }
-        )*
-    };
-}
-
 impl GroupView<'_> {
     /// This rank's rank in the group.
     #[must_use]
@@ -359,7 +344,10 @@ impl GroupView<'_> {
     }
 
     /// Runs `call` with the group's team current (and the view's deadline, if it has one).
-    fn run<R>(&mut self, call: impl FnOnce(&mut Session) -> Result<R, Error>) -> Result<R, Error> {
+    pub(super) fn run<R>(
+        &mut self,
+        call: impl FnOnce(&mut Session) -> Result<R, Error>,
+    ) -> Result<R, Error> {
         if let Some(timeout) = self.timeout {
             let mut timed = self.session.with_timeout(timeout);
             return GroupView {
@@ -384,24 +372,6 @@ impl GroupView<'_> {
         };
         let on = OnTeam::new(self.session, team, true);
         call(on.session)
-    }
-
-    on_group! {
-        fn barrier(&mut self) -> ();
-        fn all_gather(&mut self, data: &[u8]) -> Vec<Vec<u8>>;
-        fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> ();
-        fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Vec<u8>;
-        fn gather(&mut self, root: u32, data: &[u8]) -> Option<Vec<Vec<u8>>>;
-        fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> ();
-        fn all_reduce_into<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> ();
-        fn all_reduce_bytes(&mut self, data: &mut [u8], dtype: DType, op: ReduceOp) -> ();
-        fn reduce<T: Element>(&mut self, root: u32, data: &mut [T], op: ReduceOp) -> ();
-        fn reduce_bytes(&mut self, root: u32, data: &mut [u8], dtype: DType, op: ReduceOp) -> ();
-        fn reduce_scatter<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> ();
-        fn reduce_scatter_bytes(&mut self, input: &[u8], output: &mut [u8], dtype: DType, op: ReduceOp) -> ();
-        fn scatter(&mut self, root: u32, input: Option<&[u8]>, output: &mut [u8]) -> ();
-        fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> ();
-        fn all_to_all_v(&mut self, input: &[u8], send_counts: &[usize], output: &mut [u8], recv_counts: &[usize]) -> ();
     }
 }
 

@@ -366,7 +366,7 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// As for [`Self::broadcast`] and [`Self::recv_loan`].
+    /// As for [`Collectives::broadcast`](crate::Collectives::broadcast) and [`Self::recv_loan`].
     pub fn broadcast_loan(
         &mut self,
         root: u32,

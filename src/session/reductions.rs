@@ -3,10 +3,11 @@
 //!
 //! # Algorithms
 //!
-//! - **One shot** (up to [`ONE_SHOT_MAX_BYTES`](super::tuning::ONE_SHOT_MAX_BYTES), an all-reduce up to
-//!   [`ALL_REDUCE_SLOTS_MAX_BYTES`](super::tuning::ALL_REDUCE_SLOTS_MAX_BYTES)): every rank sends its whole contribution to every other (in
-//!   ring slots while it fits: [`Session::all_gather_into`]'s path), and every rank combines all
-//!   of them itself, in rank order.
+//! - **One shot** (up to [`ONE_SHOT_MAX_BYTES`](super::tuning::ONE_SHOT_MAX_BYTES), an all-reduce
+//!   up to [`ALL_REDUCE_SLOTS_MAX_BYTES`](super::tuning::ALL_REDUCE_SLOTS_MAX_BYTES)): every rank
+//!   sends its whole contribution to every other (in ring slots while it fits:
+//!   [`Collectives::all_gather_into`](crate::Collectives::all_gather_into)'s path), and every rank
+//!   combines all of them itself, in rank order.
 //! - **One shot, read in place** (up to [`LENT_ONE_SHOT_MAX_BYTES`](super::tuning::LENT_ONE_SHOT_MAX_BYTES) of all contributions
 //!   together, all-reduce only): every rank copies its contribution into its outbox, lends it to
 //!   every peer, and combines every contribution itself straight from the peers' outboxes.
@@ -220,30 +221,20 @@ enum Results {
 }
 
 impl Session {
-    /// Combines every rank's `data` with `op`, in rank order, into every rank's `data` (in
-    /// place, as `MPI_Allreduce` with `MPI_IN_PLACE`). Every rank passes as many elements.
-    ///
-    /// ```no_run
-    /// # fn run(session: &mut shmbroker::Session) -> Result<(), shmbroker::Error> {
-    /// use shmbroker::ReduceOp;
-    /// let mut activations = vec![1.0f32; 4096];
-    /// session.all_reduce(&mut activations, ReduceOp::Sum)?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] for an operation not defined for `T` (`Avg` of integers, bitwise
-    /// operations of floats); [`Error::Protocol`] naming a rank that passed another length;
-    /// otherwise as for [`Self::all_gather`].
-    pub fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
+    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn all_reduce<T: Element>(
+        &mut self,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
         self.collective("all_reduce", |session, deadline| {
             session.all_reduce_tracked(data, op, deadline)
         })
     }
 
-    /// [`Self::all_reduce`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
+    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) within its tracked deadline
+    /// (which [`Deadline::settle`] then notes the outcome of).
     fn all_reduce_tracked<T: Element>(
         &mut self,
         data: &mut [T],
@@ -261,12 +252,9 @@ impl Session {
         )
     }
 
-    /// [`Self::all_reduce`] of `input` into `output` (of the same length); `input` is unchanged.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] when the lengths differ; otherwise as for [`Self::all_reduce`].
-    pub fn all_reduce_into<T: Element>(
+    /// [`Collectives::all_reduce_into`](crate::Collectives::all_reduce_into) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn all_reduce_into<T: Element>(
         &mut self,
         input: &[T],
         output: &mut [T],
@@ -283,16 +271,18 @@ impl Session {
         self.all_reduce(output, op)
     }
 
-    /// [`Self::all_reduce`] with a user operation: `op(acc, next)` folds `next` into `acc`,
-    /// element by element, and is applied in rank order (`x0 ∘ x1 ∘ … ∘ x(n-1)`), so it need not
-    /// be commutative. It is called on sub-slices of the data (the same ones on every rank), so it
-    /// must act on each element alone: for a product of 2×2 matrices, `T = [f64; 4]`.
+    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) with a user operation: `op(acc,
+    /// next)` folds `next` into `acc`, element by element, and is applied in rank order (`x0 ∘ x1 ∘
+    /// … ∘ x(n-1)`), so it need not be commutative. It is called on sub-slices of the data (the
+    /// same ones on every rank), so it must act on each element alone: for a product of 2×2
+    /// matrices, `T = [f64; 4]`.
     ///
     /// # Errors
     ///
-    /// As for [`Self::all_reduce`], and [`Error::Misuse`] (on every rank, before anything is
-    /// sent) for more than [`ONE_SHOT_MAX_BYTES`](super::tuning::ONE_SHOT_MAX_BYTES) a rank of elements aligned to more than 64
-    /// bytes: those are read from outbox blocks, which are aligned to 64.
+    /// As for [`Collectives::all_reduce`](crate::Collectives::all_reduce), and [`Error::Misuse`]
+    /// (on every rank, before anything is sent) for more than
+    /// [`ONE_SHOT_MAX_BYTES`](super::tuning::ONE_SHOT_MAX_BYTES) a rank of elements aligned to more
+    /// than 64 bytes: those are read from outbox blocks, which are aligned to 64.
     pub fn all_reduce_with<T: Pod>(
         &mut self,
         data: &mut [T],
@@ -324,13 +314,9 @@ impl Session {
         )
     }
 
-    /// [`Self::all_reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] when `data` is not whole elements of `dtype`, aligned for them;
-    /// otherwise as for [`Self::all_reduce`].
-    pub fn all_reduce_bytes(
+    /// [`Collectives::all_reduce_bytes`](crate::Collectives::all_reduce_bytes) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn all_reduce_bytes(
         &mut self,
         data: &mut [u8],
         dtype: DType,
@@ -339,13 +325,9 @@ impl Session {
         for_dtype!(dtype, T => self.all_reduce(cast_mut::<T>(data)?, op))
     }
 
-    /// Combines every rank's `data` with `op`, in rank order, into the root's `data`; the other
-    /// ranks' `data` is unchanged (as `MPI_Reduce`).
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::all_reduce`], and [`Error::RankOutOfRange`] for the root.
-    pub fn reduce<T: Element>(
+    /// [`Collectives::reduce`](crate::Collectives::reduce) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn reduce<T: Element>(
         &mut self,
         root: u32,
         data: &mut [T],
@@ -356,8 +338,8 @@ impl Session {
         })
     }
 
-    /// [`Self::reduce`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
+    /// [`Collectives::reduce`](crate::Collectives::reduce) within its tracked deadline (which
+    /// [`Deadline::settle`] then notes the outcome of).
     fn reduce_tracked<T: Element>(
         &mut self,
         root: u32,
@@ -377,12 +359,9 @@ impl Session {
         )
     }
 
-    /// [`Self::reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::all_reduce_bytes`] and [`Self::reduce`].
-    pub fn reduce_bytes(
+    /// [`Collectives::reduce_bytes`](crate::Collectives::reduce_bytes) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn reduce_bytes(
         &mut self,
         root: u32,
         data: &mut [u8],
@@ -392,15 +371,9 @@ impl Session {
         for_dtype!(dtype, T => self.reduce(root, cast_mut::<T>(data)?, op))
     }
 
-    /// Combines every rank's `input` with `op`, in rank order, and gives rank `r` block `r` of the
-    /// result in `output` (as `MPI_Reduce_scatter_block`): `input` holds `world_size` blocks of
-    /// `output.len()` elements.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] when `input` is not `world_size * output.len()` elements; otherwise as
-    /// for [`Self::all_reduce`].
-    pub fn reduce_scatter<T: Element>(
+    /// [`Collectives::reduce_scatter`](crate::Collectives::reduce_scatter) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn reduce_scatter<T: Element>(
         &mut self,
         input: &[T],
         output: &mut [T],
@@ -411,8 +384,8 @@ impl Session {
         })
     }
 
-    /// [`Self::reduce_scatter`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
+    /// [`Collectives::reduce_scatter`](crate::Collectives::reduce_scatter) within its tracked
+    /// deadline (which [`Deadline::settle`] then notes the outcome of).
     fn reduce_scatter_tracked<T: Element>(
         &mut self,
         input: &[T],
@@ -484,12 +457,9 @@ impl Session {
         Ok(())
     }
 
-    /// [`Self::reduce_scatter`] of bytes holding elements of `dtype` (for the C ABI and Python).
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::all_reduce_bytes`] and [`Self::reduce_scatter`].
-    pub fn reduce_scatter_bytes(
+    /// [`Collectives::reduce_scatter_bytes`](crate::Collectives::reduce_scatter_bytes) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn reduce_scatter_bytes(
         &mut self,
         input: &[u8],
         output: &mut [u8],

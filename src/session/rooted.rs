@@ -223,20 +223,16 @@ impl Bundle {
 }
 
 impl Session {
-    /// `root`'s data on every rank: the root passes `Some(data)`, the others `None`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
-    /// [`Self::all_gather`].
-    pub fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
+    /// [`Collectives::broadcast`](crate::Collectives::broadcast) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
         self.collective("broadcast", |session, deadline| {
             session.broadcast_tracked(root, data, deadline)
         })
     }
 
-    /// [`Self::broadcast`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
+    /// [`Collectives::broadcast`](crate::Collectives::broadcast) within its tracked deadline (which
+    /// [`Deadline::settle`] then notes the outcome of).
     fn broadcast_tracked(
         &mut self,
         root: u32,
@@ -263,12 +259,13 @@ impl Session {
         Ok(incoming.finish()?.1.into_vec())
     }
 
-    /// [`Self::broadcast`] down a binomial tree rooted at `root` (see [`FLAT_BROADCAST_MAX`](super::tuning::FLAT_BROADCAST_MAX)).
-    /// Each rank first hears one slot from its parent saying where the data is ([`Route`]): in
-    /// that slot, in the next message from the parent (up to the eager limit), or in the root's
-    /// outbox, streamed to every rank at once as in a flat broadcast (larger data: forwarding it
-    /// would copy it once per level). The rank passes the same word to its children before it
-    /// takes the data from the root, so no rank waits on another's large transfer.
+    /// [`Collectives::broadcast`](crate::Collectives::broadcast) down a binomial tree rooted at
+    /// `root` (see [`FLAT_BROADCAST_MAX`](super::tuning::FLAT_BROADCAST_MAX)). Each rank first
+    /// hears one slot from its parent saying where the data is ([`Route`]): in that slot, in the
+    /// next message from the parent (up to the eager limit), or in the root's outbox, streamed to
+    /// every rank at once as in a flat broadcast (larger data: forwarding it would copy it once per
+    /// level). The rank passes the same word to its children before it takes the data from the
+    /// root, so no rank waits on another's large transfer.
     fn tree_broadcast(
         &mut self,
         root: u32,
@@ -338,20 +335,16 @@ impl Session {
         Ok(incoming.finish()?.1.into_vec())
     }
 
-    /// Every rank's `data` (any size, sizes may differ) at `root`, indexed by rank: `Some` at the
-    /// root, `None` elsewhere.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Self::all_gather`], and [`Error::RankOutOfRange`] for a bad root.
-    pub fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
+    /// [`Collectives::gather`](crate::Collectives::gather) on the
+    /// current team: the world, or a group made current by [`Session::on`].
+    pub(crate) fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
         self.collective("gather", |session, deadline| {
             session.gather_tracked(root, data, deadline)
         })
     }
 
-    /// [`Self::gather`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
+    /// [`Collectives::gather`](crate::Collectives::gather) within its tracked deadline (which
+    /// [`Deadline::settle`] then notes the outcome of).
     fn gather_tracked(
         &mut self,
         root: u32,
@@ -373,12 +366,13 @@ impl Session {
         self.gathered(data, incoming).map(Some)
     }
 
-    /// [`Self::gather`] up a binomial tree rooted at `root` (see [`FLAT_GATHER_MAX`](super::tuning::FLAT_GATHER_MAX)), so the
-    /// root receives ceil(log2(n)) messages instead of n - 1. Each rank sends its parent one
-    /// bundle for its subtree (see [`Bundle`]): parts of at most [`TREE_PART_MAX`] bytes travel
-    /// in it; a larger part is only marked there and goes straight to the root afterwards, once
-    /// (forwarding it would copy it once per level). Sizes may differ between ranks, so only the
-    /// world size picks the algorithm and each rank picks its own part's path.
+    /// [`Collectives::gather`](crate::Collectives::gather) up a binomial tree rooted at `root` (see
+    /// [`FLAT_GATHER_MAX`](super::tuning::FLAT_GATHER_MAX)), so the root receives ceil(log2(n))
+    /// messages instead of n - 1. Each rank sends its parent one bundle for its subtree (see
+    /// [`Bundle`]): parts of at most [`TREE_PART_MAX`] bytes travel in it; a larger part is only
+    /// marked there and goes straight to the root afterwards, once (forwarding it would copy it
+    /// once per level). Sizes may differ between ranks, so only the world size picks the algorithm
+    /// and each rank picks its own part's path.
     fn tree_gather(
         &mut self,
         root: u32,

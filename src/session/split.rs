@@ -272,8 +272,9 @@ impl Sender {
         Ok(())
     }
 
-    /// [`Session::broadcast`] from this rank, its root, to the world. Every other rank calls
-    /// [`Session::broadcast`] (or its language's broadcast) with this rank as the root.
+    /// [`Collectives::broadcast`](crate::Collectives::broadcast) from this rank, its root, to the
+    /// world. Every other rank calls [`Collectives::broadcast`](crate::Collectives::broadcast) (or
+    /// its language's broadcast) with this rank as the root.
     ///
     /// While a receiver is slow to make room, this waits without holding the session, as
     /// [`Self::send`] does, in a world of up to [`FLAT_BROADCAST_MAX`](super::FLAT_BROADCAST_MAX) ranks. A larger world's
@@ -281,7 +282,7 @@ impl Sender {
     ///
     /// # Errors
     ///
-    /// As for [`Session::broadcast`].
+    /// As for [`Collectives::broadcast`](crate::Collectives::broadcast).
     pub fn broadcast(&self, data: &[u8]) -> Result<(), Error> {
         let timeout = self.timeout();
         let root = self.rank();

@@ -1,11 +1,12 @@
 //! Symmetric buffers: arrays that live in this rank's outbox, so that an all-reduce on them is
 //! read by the peers where they lie, with no copy in.
 //!
-//! A [`Symmetric`] is a typed [`Loan`] its holder keeps. [`Session::all_reduce`] (on the session
-//! or a group) recognises data in a block of the outbox that this rank holds and lends it in
-//! place (see the `reductions` module for why the peers are done reading before the call
-//! returns). Nothing else changes: the other ranks need not use symmetric buffers, and a call
-//! that cannot lend in place (a buffer still read after a failed call) lends a copy.
+//! A [`Symmetric`] is a typed [`Loan`] its holder keeps.
+//! [`Collectives::all_reduce`](crate::Collectives::all_reduce) (on the session or a group)
+//! recognises data in a block of the outbox that this rank holds and lends it in place (see the
+//! `reductions` module for why the peers are done reading before the call returns). Nothing else
+//! changes: the other ranks need not use symmetric buffers, and a call that cannot lend in place (a
+//! buffer still read after a failed call) lends a copy.
 
 use super::{Error, Session};
 use bytemuck::Pod;
@@ -71,10 +72,10 @@ impl<T: Pod> std::ops::DerefMut for Symmetric<T> {
 
 impl Session {
     /// A zeroed array of `len` elements of `T` in this rank's outbox: an all-reduce on it
-    /// ([`Self::all_reduce`], on the session or a group) is read by the peers where it lies,
-    /// with no copy in (see [`Symmetric`]). It holds its outbox block until dropped, so the
-    /// outbox must have room for it beside the session's other traffic. Waits, up to the
-    /// session's deadline, as [`Self::loan`] does.
+    /// ([`Collectives::all_reduce`](crate::Collectives::all_reduce), on the session or a group) is
+    /// read by the peers where it lies, with no copy in (see [`Symmetric`]). It holds its outbox
+    /// block until dropped, so the outbox must have room for it beside the session's other traffic.
+    /// Waits, up to the session's deadline, as [`Self::loan`] does.
     ///
     /// # Errors
     ///

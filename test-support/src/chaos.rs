@@ -32,6 +32,7 @@
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use shmbroker::Collectives;
 use shmbroker::Session;
 use shmbroker_cli::process::{ChildGuard, spawn_with_fds};
 use std::io::{BufRead, BufReader, Write};

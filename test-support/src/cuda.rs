@@ -7,6 +7,7 @@
 //! Rank 1 opens both, copies them back to the host and checks every byte. No CUDA headers or
 //! libraries are needed to build this; without a driver it says so and exits 77 (skipped).
 
+use shmbroker::Collectives;
 use shmbroker::Session;
 use shmbroker::bindings::{GPU_HANDLE_BYTES, GpuHandle, GpuHandleKind};
 use std::ffi::{CStr, c_void};

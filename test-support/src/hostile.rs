@@ -47,6 +47,7 @@
 use nix::fcntl::{FallocateFlags, OFlag, fallocate, open};
 use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags, madvise, mmap, mprotect, munmap};
 use nix::sys::stat::Mode;
+use shmbroker::Collectives;
 use shmbroker::allocator::Outbox;
 use shmbroker::bindings::{ANY_RANK, LogonFrame};
 use shmbroker::session::Session;

@@ -11,6 +11,7 @@
 //! (T in `CLOCK_REALTIME` milliseconds), and the replacement also `rank 1 logged on at T ms`,
 //! so that a test measures the time from the replacement's logon to the last barrier.
 
+use shmbroker::Collectives;
 use shmbroker::{Error, Group, ReduceOp, Session};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

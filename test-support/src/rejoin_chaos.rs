@@ -21,6 +21,7 @@
 //! time from its logon to its first collective on a recovered group.
 
 use crate::chaos::Rng;
+use shmbroker::Collectives;
 use shmbroker::{ReduceOp, Session};
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -40,6 +40,7 @@
 //!   reported, not bounded.
 
 use crate::chaos::{Rng, fd_count, monotonic_ns};
+use shmbroker::Collectives;
 use shmbroker::ReduceOp;
 use shmbroker::session::{Error, Group, Session};
 use shmbroker_cli::process::{ChildGuard, spawn_with_fds};

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+use shmbroker::Collectives;
 use shmbroker::handshake::{Config, Event, Listener, StopHandle};
 use shmbroker::session::Session;
 use shmbroker_test_support::process::{ChildGuard, spawn_with_fds};

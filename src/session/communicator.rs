@@ -1,0 +1,258 @@
+//! Every communicator's collectives, once: the world ([`Session`]) and every group
+//! ([`GroupView`], from [`Session::on`]) get the same methods from one trait, [`Collectives`], as
+//! every communicator of rsmpi gets its collectives from one blanket impl.
+//!
+//! The trait's methods are the session's collectives run among a team: the world's for a
+//! session, the group's for a view (whose ranks, roots, blocks and counts are group ranks, and
+//! whose errors name world ranks). A communicator only says how to make its team current
+//! (`on_team`, sealed: nothing outside this crate implements the trait), so a new collective is
+//! written once, as a session method on the current team, and given its one line here.
+
+use super::groups::GroupView;
+use super::{Error, Session};
+use crate::reduce::{DType, Element, ReduceOp};
+
+mod sealed {
+    use super::{Error, Session};
+
+    /// How a communicator runs a call with its team current. Sealed: the trait lives in a
+    /// private module, so only this crate's communicators implement it.
+    pub trait OnTeam {
+        /// Runs `call` on the session with this communicator's team current.
+        fn on_team<R>(
+            &mut self,
+            call: impl FnOnce(&mut Session) -> Result<R, Error>,
+        ) -> Result<R, Error>;
+    }
+}
+
+/// The collectives of a communicator: the world (a [`Session`]) or a group (a [`GroupView`]).
+/// Bring it into scope (`use shmbroker::Collectives;`) to call them.
+///
+/// Every call has the communicator's deadline: the session's ([`Session::set_timeout`]), or its
+/// own through [`Session::with_timeout`] or [`GroupView::with_timeout`].
+pub trait Collectives: sealed::OnTeam {
+    /// Returns once every rank has entered the barrier.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
+    /// [`Error::PeerGaveUp`] (a rank this call waits for failed its part and left it: every
+    /// collective can fail so).
+    fn barrier(&mut self) -> Result<(), Error> {
+        self.on_team(|session| session.barrier())
+    }
+
+    /// `root`'s data on every rank: the root passes `Some(data)`, the others `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
+    /// [`Self::all_gather`].
+    fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
+        self.on_team(|session| session.broadcast(root, data))
+    }
+
+    /// Every rank's `data` (any size, sizes may differ) at `root`, indexed by rank: `Some` at the
+    /// root, `None` elsewhere.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_gather`], and [`Error::RankOutOfRange`] for a bad root.
+    fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
+        self.on_team(|session| session.gather(root, data))
+    }
+
+    /// The root's `input` cut into `world_size` equal blocks, block `r` into rank `r`'s `output`
+    /// (as `MPI_Scatter`): the root passes `Some(input)` of `world_size * output.len()` bytes, the
+    /// others `None`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] for a root without input (or another rank with one) or an input of
+    /// another length; [`Error::Protocol`] naming the root when a block has another length;
+    /// otherwise as for [`Self::broadcast`].
+    fn scatter(&mut self, root: u32, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), Error> {
+        self.on_team(|session| session.scatter(root, input, output))
+    }
+
+    /// Every rank's `data` (any size, sizes may differ), indexed by rank.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
+    /// [`Error::PeerGaveUp`], [`Error::Protocol`], [`Error::Outbox`].
+    fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        self.on_team(|session| session.all_gather(data))
+    }
+
+    /// Every rank's `data`, all of one size, into `out` in rank order (`out` must hold exactly
+    /// `world_size * data.len()` bytes), with no allocation per peer.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
+    /// contribution has another size; otherwise as for [`Self::all_gather`].
+    fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
+        self.on_team(|session| session.all_gather_into(data, out))
+    }
+
+    /// Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q` (as
+    /// `MPI_Alltoall`): `input` and `output` hold `world_size` blocks of equal length.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when `input` and `output` differ in length or are not whole blocks;
+    /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
+    /// [`Self::all_gather`].
+    fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
+        self.on_team(|session| session.all_to_all(input, output))
+    }
+
+    /// [`Self::all_to_all`] with a byte count per rank (as `MPI_Alltoallv`): `send_counts[q]`
+    /// bytes of `input` go to rank `q`, in rank order, and `recv_counts[q]` bytes from rank `q`
+    /// land in `output`, in rank order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the counts are not one per rank or do not add up to the buffers'
+    /// lengths; [`Error::Protocol`] naming a rank that sent another count than this rank expects;
+    /// otherwise as for [`Self::all_gather`].
+    fn all_to_all_v(
+        &mut self,
+        input: &[u8],
+        send_counts: &[usize],
+        output: &mut [u8],
+        recv_counts: &[usize],
+    ) -> Result<(), Error> {
+        self.on_team(|session| session.all_to_all_v(input, send_counts, output, recv_counts))
+    }
+
+    /// Combines every rank's `data` with `op`, in rank order, into every rank's `data` (in
+    /// place, as `MPI_Allreduce` with `MPI_IN_PLACE`). Every rank passes as many elements.
+    ///
+    /// ```no_run
+    /// # fn run(session: &mut shmbroker::Session) -> Result<(), shmbroker::Error> {
+    /// use shmbroker::ReduceOp;
+    /// let mut activations = vec![1.0f32; 4096];
+    /// session.all_reduce(&mut activations, ReduceOp::Sum)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] for an operation not defined for `T` (`Avg` of integers, bitwise
+    /// operations of floats); [`Error::Protocol`] naming a rank that passed another length;
+    /// otherwise as for [`Self::all_gather`].
+    fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        self.on_team(|session| session.all_reduce(data, op))
+    }
+
+    /// [`Self::all_reduce`] of `input` into `output` (of the same length); `input` is unchanged.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when the lengths differ; otherwise as for [`Self::all_reduce`].
+    fn all_reduce_into<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.on_team(|session| session.all_reduce_into(input, output, op))
+    }
+
+    /// [`Self::all_reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when `data` is not whole elements of `dtype`, aligned for them;
+    /// otherwise as for [`Self::all_reduce`].
+    fn all_reduce_bytes(
+        &mut self,
+        data: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.on_team(|session| session.all_reduce_bytes(data, dtype, op))
+    }
+
+    /// Combines every rank's `data` with `op`, in rank order, into the root's `data`; the other
+    /// ranks' `data` is unchanged (as `MPI_Reduce`).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_reduce`], and [`Error::RankOutOfRange`] for the root.
+    fn reduce<T: Element>(&mut self, root: u32, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        self.on_team(|session| session.reduce(root, data, op))
+    }
+
+    /// [`Self::reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_reduce_bytes`] and [`Self::reduce`].
+    fn reduce_bytes(
+        &mut self,
+        root: u32,
+        data: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.on_team(|session| session.reduce_bytes(root, data, dtype, op))
+    }
+
+    /// Combines every rank's `input` with `op`, in rank order, and gives rank `r` block `r` of the
+    /// result in `output` (as `MPI_Reduce_scatter_block`): `input` holds `world_size` blocks of
+    /// `output.len()` elements.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Misuse`] when `input` is not `world_size * output.len()` elements; otherwise as
+    /// for [`Self::all_reduce`].
+    fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.on_team(|session| session.reduce_scatter(input, output, op))
+    }
+
+    /// [`Self::reduce_scatter`] of bytes holding elements of `dtype` (for the C ABI and Python).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::all_reduce_bytes`] and [`Self::reduce_scatter`].
+    fn reduce_scatter_bytes(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.on_team(|session| session.reduce_scatter_bytes(input, output, dtype, op))
+    }
+}
+
+impl sealed::OnTeam for Session {
+    fn on_team<R>(
+        &mut self,
+        call: impl FnOnce(&mut Session) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        call(self)
+    }
+}
+
+impl Collectives for Session {}
+
+impl sealed::OnTeam for GroupView<'_> {
+    fn on_team<R>(
+        &mut self,
+        call: impl FnOnce(&mut Session) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        self.run(call)
+    }
+}
+
+impl Collectives for GroupView<'_> {}
