@@ -78,12 +78,14 @@
 
 #![warn(missing_docs)]
 
+mod error;
 pub mod launch;
 pub mod logging;
 pub mod nodes;
 pub mod reduce;
 pub mod session;
 pub mod status;
+mod tag;
 
 /// Half-precision floats the reductions combine ([`half::f16`], [`half::bf16`]).
 pub use half;

@@ -31,7 +31,7 @@
 //! floats propagate NaN (unlike `f32::min`), as `Sum` and `Prod` do. `bench collectives --only
 //! reduce_kernel` times them against a `memcpy`.
 
-use crate::session::Error;
+use crate::error::Error;
 use half::{bf16, f16};
 
 /// Elements per block of a user operation: it is called on blocks this long.

@@ -108,7 +108,6 @@ pub mod demux;
 mod demux;
 mod departures;
 mod engine;
-mod error;
 mod exchange;
 mod fds;
 mod gpu;
@@ -175,7 +174,7 @@ pub const SPIN_VAR: &str = "SHMBROKER_SPIN";
 /// [`DEFAULT_OUTBOX_BYTES`]).
 pub const OUTBOX_BYTES_VAR: &str = "SHMBROKER_OUTBOX_BYTES";
 
-pub use error::{Error, ErrorKind};
+pub use crate::error::{Error, ErrorKind};
 
 /// A worker's session: its rank, its links to every peer, and the collectives over them.
 #[derive(Debug)]

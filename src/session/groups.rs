@@ -90,11 +90,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The stream that making groups and shrinking use: the largest.
-pub(super) const SETUP_STREAM: u32 = (1 << (64 - SEQ_BITS)) - 1;
-
-/// A stream's sequence numbers.
-const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+use crate::tag::SEQ_MASK;
+pub(super) use crate::tag::SETUP_STREAM;
 
 /// How long a shrinking rank waits for its own watcher to confirm a departure a coordinator
 /// reports.

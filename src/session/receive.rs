@@ -549,7 +549,7 @@ impl Session {
                 peer,
                 detail: format!(
                     "{} travels in one slot; found kind {:#x} with {} bytes",
-                    super::error::op_text(op),
+                    crate::error::op_text(op),
                     header.kind,
                     header.len
                 ),

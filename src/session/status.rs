@@ -261,7 +261,7 @@ impl Session {
                 "{} has waited {} with no deadline for {}: {}; still waiting",
                 deadline.op,
                 seconds_text(waited),
-                super::error::ranks_text(waiting_for),
+                crate::error::ranks_text(waiting_for),
                 diagnosis.join("; ")
             );
         }

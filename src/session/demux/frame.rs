@@ -1,21 +1,13 @@
 //! The frames of a peer's ring: what a slot says, checked, with no state. The demultiplexer
 //! (the parent module) groups slots into messages with these.
 
-use crate::session::Error;
+use crate::error::Error;
 use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 
 /// The flag of a resumption header (see [`super::Inbox::set_aside`]): never valid on the wire.
 pub(super) const RESUMED: u32 = 1 << 31;
 
-/// The bits of a collective's tag below its stream: the stream's sequence number.
-pub const SEQ_BITS: u32 = 40;
-
-/// The stream a collective's tag belongs to: 0 for the world's collectives, a group's own, or
-/// the one that makes groups.
-#[must_use]
-pub const fn stream_of(tag: u64) -> u32 {
-    (tag >> SEQ_BITS) as u32
-}
+pub use crate::tag::{SEQ_BITS, stream_of};
 
 /// Which group a receive takes from a peer's queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -159,9 +159,9 @@ pub enum Error {
     #[error(
         "rank {peer} called {} {} while this rank called {} {}",
         op_text(*found_kind),
-        seq_text(*found_seq),
+        crate::tag::seq_text(*found_seq),
         op_text(*expected_kind),
-        seq_text(*expected_seq)
+        crate::tag::seq_text(*expected_seq)
     )]
     CollectiveMismatch {
         /// The peer whose message did not match.
@@ -186,7 +186,7 @@ pub enum Error {
     /// hostile peer can end this call early, as it could by never taking part.
     #[error(
         "peer rank {rank} gave up on {op} {} (its own call failed{})",
-        seq_text(*seq),
+        crate::tag::seq_text(*seq),
         named.map_or_else(String::new, |named| format!(" naming rank {named}"))
     )]
     PeerGaveUp {
@@ -440,20 +440,6 @@ impl Error {
     }
 }
 
-/// A collective's tag as people read it: "#3" for the world's third collective, "#3 of group
-/// stream 2" for a group's (see `session::groups`).
-fn seq_text(tag: u64) -> String {
-    let (stream, seq) = (
-        super::demux::stream_of(tag),
-        tag & ((1 << super::demux::SEQ_BITS) - 1),
-    );
-    match stream {
-        0 => format!("#{seq}"),
-        super::groups::SETUP_STREAM => format!("#{seq} of making groups"),
-        stream => format!("#{seq} of group stream {stream}"),
-    }
-}
-
 fn left_after_text(after: Option<LeftAfter>) -> String {
     match after {
         None => String::new(),
@@ -462,7 +448,7 @@ fn left_after_text(after: Option<LeftAfter>) -> String {
     }
 }
 
-pub(super) fn op_text(op: u32) -> String {
+pub(crate) fn op_text(op: u32) -> String {
     shmbroker_bindings::kind::name(op).map_or_else(|| format!("operation {op}"), str::to_owned)
 }
 
@@ -476,7 +462,7 @@ fn diagnosis_text(diagnosis: &[String]) -> String {
 }
 
 /// "rank 3", or "ranks 1, 2 and 5".
-pub(super) fn ranks_text(ranks: &[u32]) -> String {
+pub(crate) fn ranks_text(ranks: &[u32]) -> String {
     match ranks {
         [] => "no rank".into(),
         [rank] => format!("rank {rank}"),
