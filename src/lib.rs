@@ -8,7 +8,7 @@
 //! it into an error naming it; nothing waits past its deadline.
 //!
 //! ```
-//! use shmbroker::Session;
+//! use shmbroker::{Collectives, Session};
 //! use shmbroker::handshake::{Config, Listener};
 //! use std::time::Duration;
 //!

@@ -630,6 +630,7 @@ impl Session {
     ///
     /// ```no_run
     /// # fn demo(session: &mut shmbroker::Session) -> Result<(), shmbroker::Error> {
+    /// use shmbroker::Collectives;
     /// use std::time::Duration;
     /// session.with_timeout(Duration::from_secs(2)).barrier()?;
     /// let reply = session.with_timeout(Duration::from_millis(50)).recv(1)?;

@@ -133,7 +133,7 @@ pub trait Collectives: sealed::OnTeam {
     ///
     /// ```no_run
     /// # fn run(session: &mut shmbroker::Session) -> Result<(), shmbroker::Error> {
-    /// use shmbroker::ReduceOp;
+    /// use shmbroker::{Collectives, ReduceOp};
     /// let mut activations = vec![1.0f32; 4096];
     /// session.all_reduce(&mut activations, ReduceOp::Sum)?;
     /// # Ok(()) }

@@ -18,7 +18,7 @@ use std::marker::PhantomData;
 ///
 /// ```no_run
 /// # fn run(session: &mut shmbroker::Session) -> Result<(), shmbroker::Error> {
-/// use shmbroker::ReduceOp;
+/// use shmbroker::{Collectives, ReduceOp};
 /// let mut gradients = session.symmetric::<f32>(1 << 22)?;
 /// gradients.fill(0.5);
 /// session.all_reduce(&mut gradients, ReduceOp::Sum)?;
