@@ -1,7 +1,17 @@
 //! The barrier rows: `barrier` against `MPI_Barrier`, `barrier_hot` and `barrier_parked` against
 //! hand-written shared-memory barriers, and what publishing status costs (`status_cost_*`).
 
-use super::*;
+use super::gathers::star_relay;
+use super::{cpus, ours_timed};
+use crate::workers::{TIMEOUT, fork_workers, open_mpi, reap, time_loop, warmup};
+use crate::{Comparison, Measure, Plan, Report, Run, Size, alternate};
+use shmbroker::Collectives;
+use shmbroker::queues::memfd::{Mapping, create_sealed};
+use shmbroker::session::Error;
+use shmbroker::sys::futex;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 /// `barrier_hot`: 2 workers spinning, against the hand-written shared-memory barriers.
 pub(super) fn hot(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<(), String> {

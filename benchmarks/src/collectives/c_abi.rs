@@ -1,11 +1,10 @@
 //! The `capi_*` rows: the C ABI from a C program against the same loop in Rust.
 
-use super::*;
+use super::gathers::ours_all_gather;
+use crate::workers::warmup;
+use crate::{Comparison, Measure, Plan, Report, Size};
+use std::path::Path;
 
-/// `shmbroker_all_gather` from a C program against the Rust call it wraps,
-/// `Session::all_gather_into`, in the same loop, both as fresh processes under `shmbroker run`
-/// with the session's own waiting and a 20 s deadline, alternating which runs first each round
-/// (see `capi.rs`). Ours is the C ABI here: the ratio is C over Rust.
 /// The C ABI against the Rust calls it wraps (`capi_all_gather`, `capi_all_reduce`,
 /// `capi_recv_any`; see `capi.rs`), each as fresh processes under `shmbroker run`; the
 /// all-gather also against the Rust call in the all_gather benches' setup.

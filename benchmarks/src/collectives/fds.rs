@@ -1,7 +1,13 @@
 //! The fd rows: `exchange_fds` and the batches by `pidfd_getfd`, against a raw `pidfd_getfd` and an
 //! `SCM_RIGHTS` ping-pong.
 
-use super::*;
+use super::ours_timed;
+use crate::workers::{TIMEOUT, fork_workers, reap, time_loop, warmup};
+use crate::{Comparison, Measure, Plan, Report, Size};
+use shmbroker::queues::memfd::create_sealed;
+use shmbroker::sys::pidfd;
+use std::path::Path;
+use std::time::Instant;
 
 /// `fd_exchange_per_fd` and the batches of 16.
 pub(super) fn fd_exchange(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<(), String> {

@@ -2,7 +2,14 @@
 //! sockets and Open MPI.
 
 use super::barriers::{SharedBarrier, Wait};
-use super::*;
+use super::ours_timed;
+use crate::workers::{TIMEOUT, fork_workers, open_mpi, reap, time_loop, warmup};
+use crate::{Comparison, Measure, Plan, Report, Size};
+use shmbroker::Collectives;
+use shmbroker::queues::memfd::{Mapping, create_sealed};
+use std::path::Path;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
 
 /// `all_gather_{hot,parked,crowded}_{8,64,1024}B`.
 pub(super) fn all_gather(plan: Plan<'_>, report: &mut Report, dir: &Path) -> Result<(), String> {

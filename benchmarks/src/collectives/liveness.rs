@@ -1,6 +1,13 @@
 //! `dead_peer_detection`: from `kill -9` of a worker to a survivor's `PeerLost`.
 
-use super::*;
+use crate::workers::{connect, fork_workers, reap, start_broker};
+use crate::{Comparison, Measure, Plan, Report, Size};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::waitpid;
+use shmbroker::Collectives;
+use shmbroker::session::Error;
+use std::path::Path;
+use std::time::Instant;
 
 /// `dead_peer_detection`: from `kill -9` to `PeerLost`, 3 workers.
 pub(super) fn dead_peer_detection(

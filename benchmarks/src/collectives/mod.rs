@@ -1,5 +1,6 @@
-//! `bench collectives`: barriers against the barriers people write by hand, and how
-//! fast a dead worker is noticed.
+//! `bench collectives`: the session's collectives, point-to-point round trip, fd exchange and C
+//! ABI against what people would use instead, and how fast a dead worker is noticed. One file an
+//! area; this one keeps the table of rows and the order they run in.
 //!
 //! | bench | ours | baselines |
 //! |---|---|---|
@@ -20,22 +21,12 @@
 //!
 //! Every worker is its own process (see `workers`).
 
-use crate::{Comparison, Measure, Plan, Report, Run, Size, alternate};
-use nix::sys::signal::{Signal, kill};
-use nix::sys::wait::waitpid;
-use nix::unistd::Pid;
-use shmbroker::Collectives;
-use shmbroker::queues::memfd::{Mapping, create_sealed};
-use shmbroker::session::{Error, Session};
-use shmbroker::sys::{futex, pidfd};
+use crate::{Plan, Report};
+use shmbroker::session::Session;
 use shmbroker_sys::TempDir;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
 
-use crate::workers::{
-    TIMEOUT, connect, fork_workers, open_mpi, reap, start_broker, time_loop, warmup, with_broker,
-};
+use crate::workers::{connect, time_loop, warmup, with_broker};
 
 mod barriers;
 mod c_abi;
@@ -43,8 +34,6 @@ mod fds;
 mod gathers;
 mod liveness;
 mod p2p;
-
-use gathers::*;
 
 pub fn run(plan: Plan<'_>, report: &mut Report) -> Result<(), String> {
     let dir = TempDir::new("bench-collectives").map_err(|e| e.to_string())?;

@@ -1,6 +1,12 @@
 //! `sendrecv_pingpong`: an 8-byte round trip against the raw ring and Open MPI.
 
-use super::*;
+use super::ours_timed;
+use crate::workers::{open_mpi, warmup};
+use crate::{Comparison, Measure, Plan, Report, Run, Size, alternate};
+use nix::unistd::Pid;
+use shmbroker::session::Error;
+use std::path::Path;
+use std::time::Duration;
 
 /// An 8-byte `send` and `recv_into` round trip between two workers, against the raw ring the
 /// session sends on (one 64-byte slot each way) and `MPI_Send`/`MPI_Recv`.
