@@ -54,7 +54,7 @@
 //! # Defaults and limits
 //!
 //! - Every blocking call has a deadline: [`session::DEFAULT_TIMEOUT`] unless
-//!   [`Session::set_timeout`] or a `*_timeout` form says otherwise.
+//!   [`Session::set_timeout`] or [`Session::with_timeout`] says otherwise.
 //! - Messages of any size: up to the eager limit they travel in the ring itself; larger ones
 //!   stream through the sender's outbox ([`session::DEFAULT_OUTBOX_BYTES`], or
 //!   `SHMBROKER_OUTBOX_BYTES`), which also bounds a loan.
@@ -67,7 +67,7 @@
 //!
 //! | module | what it is |
 //! |---|---|
-//! | [`session`] | [`Session`]: barrier, all-gather, broadcast, send/recv, fd and GPU-handle exchange, worker to worker |
+//! | [`session`] | [`Session`] and its groups: the collectives of [`Collectives`], send/recv, fd and GPU-handle exchange, worker to worker |
 //! | [`launch`] | where a worker stands under Open MPI, MPICH, torchrun or Slurm, for [`Session::from_env`] |
 //! | [`logging`] | where log events go for a program with no `tracing` subscriber (the C ABI, Python) |
 //! | [`handshake`] | the broker's [`Listener`](handshake::Listener) and [`connect`](handshake::connect) |

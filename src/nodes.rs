@@ -33,6 +33,7 @@
 //! while the other nodes wait in the network's engine (an MPI has no deadline): end the job on
 //! any error, as MPI programs do.
 
+use crate::Collectives;
 use crate::handshake::LeftAfter;
 use crate::reduce::{DType, Element, ReduceOp};
 use crate::session::{Error, Session};
@@ -372,7 +373,7 @@ impl<N: Network> Nodes<N> {
     ///
     /// # Errors
     ///
-    /// As [`Collectives::barrier`](crate::Collectives::barrier) inside the node, naming the
+    /// As [`Collectives::barrier`] inside the node, naming the
     /// network's ranks; the network's.
     pub fn barrier(&mut self) -> Result<(), Error> {
         self.local(Session::barrier)?;
@@ -388,7 +389,7 @@ impl<N: Network> Nodes<N> {
     /// # Errors
     ///
     /// [`Error::Misuse`] for [`ReduceOp::Avg`] of integers or an operation the type lacks; as
-    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) inside the node, naming the
+    /// [`Collectives::all_reduce`] inside the node, naming the
     /// network's ranks; the network's.
     pub fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
         crate::reduce::check_op::<T>(op)?;
@@ -458,7 +459,7 @@ impl<N: Network> Nodes<N> {
     /// # Errors
     ///
     /// [`Error::RankOutOfRange`] for a root past the last rank; as
-    /// [`Collectives::broadcast`](crate::Collectives::broadcast) inside the node, naming the
+    /// [`Collectives::broadcast`] inside the node, naming the
     /// network's ranks; the network's.
     pub fn broadcast(&mut self, root: u32, data: &mut [u8]) -> Result<(), Error> {
         if root >= self.size {
@@ -485,7 +486,7 @@ impl<N: Network> Nodes<N> {
     ///
     /// # Errors
     ///
-    /// As [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) inside the node,
+    /// As [`Collectives::all_gather_into`] inside the node,
     /// naming the network's ranks; the network's.
     pub fn all_gather(&mut self, data: &[u8]) -> Result<Vec<u8>, Error> {
         let len = data.len();

@@ -867,7 +867,8 @@ impl Session {
 }
 
 /// A session whose calls have their own deadline, from [`Session::with_timeout`]: every
-/// [`Session`] call works on it. Dropping it gives the session its own deadline back.
+/// [`Session`] call works on it, and so does every collective once [`Collectives`] is in
+/// scope. Dropping it gives the session its own deadline back.
 #[derive(Debug)]
 pub struct Timed<'a> {
     session: &'a mut Session,

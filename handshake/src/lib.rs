@@ -71,7 +71,7 @@ mod liveness {
     #[allow(dead_code)]
     pub(crate) mod state;
 }
-/// The loom shim, shared with the queues (one for every crate with an atomic protocol).
+/// The loom shim, shared with the queues: the two crates with loom models use one.
 use shmbroker_queues::sync;
 #[cfg(not(loom))]
 mod trust;

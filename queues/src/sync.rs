@@ -1,6 +1,6 @@
 //! The one place shmbroker's atomics and cells come from, so that `--cfg loom` can swap in loom's
 //! models. This crate uses it, and so does `shmbroker-handshake` (its liveness state), through
-//! `shmbroker_queues::sync`: one shim for every crate that has an atomic protocol.
+//! `shmbroker_queues::sync`: the two crates with loom models share one shim.
 //!
 //! Everything shared between threads or processes goes through these names: under `cfg(loom)`
 //! they are loom's instrumented types, otherwise thin `#[repr(transparent)]` wrappers of the core

@@ -40,8 +40,8 @@ impl Session {
     // Collectives
 
     /// [`Collectives::barrier`](crate::Collectives::barrier) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn barrier(&mut self) -> Result<(), Error> {
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn barrier_on_team(&mut self) -> Result<(), Error> {
         self.collective("barrier", Self::barrier_tracked)
     }
 
@@ -97,8 +97,8 @@ impl Session {
     }
 
     /// [`Collectives::all_gather`](crate::Collectives::all_gather) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn all_gather_on_team(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         self.collective("all_gather", |session, deadline| {
             session.all_gather_with(data, deadline)
         })
@@ -149,8 +149,12 @@ impl Session {
     }
 
     /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn all_gather_into_on_team(
+        &mut self,
+        data: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), Error> {
         self.collective("all_gather", |session, deadline| {
             session.all_gather_into_tracked(data, out, deadline)
         })

@@ -1,12 +1,15 @@
-//! Every communicator's collectives, once: the world ([`Session`]) and every group
-//! ([`GroupView`], from [`Session::on`]) get the same methods from one trait, [`Collectives`], as
-//! every communicator of rsmpi gets its collectives from one blanket impl.
+//! The collectives the world and every group share, written once. The world ([`Session`]) and
+//! every group ([`GroupView`], from [`Session::on`]) get them from one trait, [`Collectives`], as
+//! rsmpi's communicators get theirs from one set of traits.
 //!
-//! The trait's methods are the session's collectives run among a team: the world's for a
-//! session, the group's for a view (whose ranks, roots, blocks and counts are group ranks, and
-//! whose errors name world ranks). A communicator only says how to make its team current
-//! (`on_team`, sealed: nothing outside this crate implements the trait), so a new collective is
-//! written once, as a session method on the current team, and given its one line here.
+//! Each method runs a session method among a team. For a session that is the world; for a view
+//! it is the group, whose ranks, roots, blocks and counts are group ranks. Errors name world
+//! ranks either way. A communicator only says how it makes its team current (`on_team`). That
+//! trait is sealed, so nothing outside this crate implements [`Collectives`]. A new collective
+//! is one session method on the current team (`*_on_team`) and one method here.
+//!
+//! Some collectives stay on the session alone, for the world: typed all-gathers
+//! (`all_gather_pod`), loans, fd and GPU-handle exchange, and user reductions.
 
 use super::groups::GroupView;
 use super::{Error, Session};
@@ -17,7 +20,7 @@ mod sealed {
 
     /// How a communicator runs a call with its team current. Sealed: the trait lives in a
     /// private module, so only this crate's communicators implement it.
-    pub trait OnTeam {
+    pub trait Communicator {
         /// Runs `call` on the session with this communicator's team current.
         fn on_team<R>(
             &mut self,
@@ -31,7 +34,7 @@ mod sealed {
 ///
 /// Every call has the communicator's deadline: the session's ([`Session::set_timeout`]), or its
 /// own through [`Session::with_timeout`] or [`GroupView::with_timeout`].
-pub trait Collectives: sealed::OnTeam {
+pub trait Collectives: sealed::Communicator {
     /// Returns once every rank has entered the barrier.
     ///
     /// # Errors
@@ -40,7 +43,7 @@ pub trait Collectives: sealed::OnTeam {
     /// [`Error::PeerGaveUp`] (a rank this call waits for failed its part and left it: every
     /// collective can fail so).
     fn barrier(&mut self) -> Result<(), Error> {
-        self.on_team(|session| session.barrier())
+        self.on_team(|session| session.barrier_on_team())
     }
 
     /// `root`'s data on every rank: the root passes `Some(data)`, the others `None`.
@@ -50,7 +53,7 @@ pub trait Collectives: sealed::OnTeam {
     /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
     /// [`Self::all_gather`].
     fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
-        self.on_team(|session| session.broadcast(root, data))
+        self.on_team(|session| session.broadcast_on_team(root, data))
     }
 
     /// Every rank's `data` (any size, sizes may differ) at `root`, indexed by rank: `Some` at the
@@ -60,7 +63,7 @@ pub trait Collectives: sealed::OnTeam {
     ///
     /// As for [`Self::all_gather`], and [`Error::RankOutOfRange`] for a bad root.
     fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.on_team(|session| session.gather(root, data))
+        self.on_team(|session| session.gather_on_team(root, data))
     }
 
     /// The root's `input` cut into `world_size` equal blocks, block `r` into rank `r`'s `output`
@@ -73,7 +76,7 @@ pub trait Collectives: sealed::OnTeam {
     /// another length; [`Error::Protocol`] naming the root when a block has another length;
     /// otherwise as for [`Self::broadcast`].
     fn scatter(&mut self, root: u32, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), Error> {
-        self.on_team(|session| session.scatter(root, input, output))
+        self.on_team(|session| session.scatter_on_team(root, input, output))
     }
 
     /// Every rank's `data` (any size, sizes may differ), indexed by rank.
@@ -83,7 +86,7 @@ pub trait Collectives: sealed::OnTeam {
     /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
     /// [`Error::PeerGaveUp`], [`Error::Protocol`], [`Error::Outbox`].
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
-        self.on_team(|session| session.all_gather(data))
+        self.on_team(|session| session.all_gather_on_team(data))
     }
 
     /// Every rank's `data`, all of one size, into `out` in rank order (`out` must hold exactly
@@ -94,7 +97,7 @@ pub trait Collectives: sealed::OnTeam {
     /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
     /// contribution has another size; otherwise as for [`Self::all_gather`].
     fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
-        self.on_team(|session| session.all_gather_into(data, out))
+        self.on_team(|session| session.all_gather_into_on_team(data, out))
     }
 
     /// Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q` (as
@@ -106,7 +109,7 @@ pub trait Collectives: sealed::OnTeam {
     /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
     /// [`Self::all_gather`].
     fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
-        self.on_team(|session| session.all_to_all(input, output))
+        self.on_team(|session| session.all_to_all_on_team(input, output))
     }
 
     /// [`Self::all_to_all`] with a byte count per rank (as `MPI_Alltoallv`): `send_counts[q]`
@@ -125,7 +128,9 @@ pub trait Collectives: sealed::OnTeam {
         output: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), Error> {
-        self.on_team(|session| session.all_to_all_v(input, send_counts, output, recv_counts))
+        self.on_team(|session| {
+            session.all_to_all_v_on_team(input, send_counts, output, recv_counts)
+        })
     }
 
     /// Combines every rank's `data` with `op`, in rank order, into every rank's `data` (in
@@ -145,7 +150,7 @@ pub trait Collectives: sealed::OnTeam {
     /// operations of floats); [`Error::Protocol`] naming a rank that passed another length;
     /// otherwise as for [`Self::all_gather`].
     fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.on_team(|session| session.all_reduce(data, op))
+        self.on_team(|session| session.all_reduce_on_team(data, op))
     }
 
     /// [`Self::all_reduce`] of `input` into `output` (of the same length); `input` is unchanged.
@@ -159,7 +164,7 @@ pub trait Collectives: sealed::OnTeam {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session| session.all_reduce_into(input, output, op))
+        self.on_team(|session| session.all_reduce_into_on_team(input, output, op))
     }
 
     /// [`Self::all_reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -174,7 +179,7 @@ pub trait Collectives: sealed::OnTeam {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session| session.all_reduce_bytes(data, dtype, op))
+        self.on_team(|session| session.all_reduce_bytes_on_team(data, dtype, op))
     }
 
     /// Combines every rank's `data` with `op`, in rank order, into the root's `data`; the other
@@ -184,7 +189,7 @@ pub trait Collectives: sealed::OnTeam {
     ///
     /// As for [`Self::all_reduce`], and [`Error::RankOutOfRange`] for the root.
     fn reduce<T: Element>(&mut self, root: u32, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.on_team(|session| session.reduce(root, data, op))
+        self.on_team(|session| session.reduce_on_team(root, data, op))
     }
 
     /// [`Self::reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -199,7 +204,7 @@ pub trait Collectives: sealed::OnTeam {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session| session.reduce_bytes(root, data, dtype, op))
+        self.on_team(|session| session.reduce_bytes_on_team(root, data, dtype, op))
     }
 
     /// Combines every rank's `input` with `op`, in rank order, and gives rank `r` block `r` of the
@@ -216,7 +221,7 @@ pub trait Collectives: sealed::OnTeam {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session| session.reduce_scatter(input, output, op))
+        self.on_team(|session| session.reduce_scatter_on_team(input, output, op))
     }
 
     /// [`Self::reduce_scatter`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -231,11 +236,11 @@ pub trait Collectives: sealed::OnTeam {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session| session.reduce_scatter_bytes(input, output, dtype, op))
+        self.on_team(|session| session.reduce_scatter_bytes_on_team(input, output, dtype, op))
     }
 }
 
-impl sealed::OnTeam for Session {
+impl sealed::Communicator for Session {
     fn on_team<R>(
         &mut self,
         call: impl FnOnce(&mut Session) -> Result<R, Error>,
@@ -246,7 +251,7 @@ impl sealed::OnTeam for Session {
 
 impl Collectives for Session {}
 
-impl sealed::OnTeam for GroupView<'_> {
+impl sealed::Communicator for GroupView<'_> {
     fn on_team<R>(
         &mut self,
         call: impl FnOnce(&mut Session) -> Result<R, Error>,

@@ -47,7 +47,7 @@
 
 use super::Error;
 use frame::RESUMED;
-pub use frame::{Expect, SEQ_BITS, Sink, stream_of};
+pub use frame::{Expect, Sink, stream_of};
 pub(crate) use frame::{
     LoanNote, loan_note, message, message_len, read_ref, transport, with_loan_ref, with_ref,
 };

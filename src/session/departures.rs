@@ -275,7 +275,7 @@ impl Session {
             .copied()
             .filter(|&stream| stream != super::groups::SETUP_STREAM)
             .collect();
-        self.membership.closed(&streams);
+        self.membership.record_closed(&streams);
         for peer in self.peers() {
             for &stream in &streams {
                 self.engine.peers[peer as usize].inbox.close_stream(stream);

@@ -1,13 +1,15 @@
 //! The transport's state: what a session moves data with, kept apart from what it knows about its
 //! job (the connection, teams and groups, departures, the deadline).
 //!
-//! The links to every peer, this rank's outbox and its status words, the blocks of pipelined
-//! chunks not yet acknowledged, a send set aside by an interrupt, loan views' acknowledgements,
-//! how waits spin and park, the readiness set that `recv_any` waits on, and the buffers kept
-//! between calls (the scratch space of small reductions, the direct slots of eager messages).
-//! The modules that move data (`send`, `receive`, `acks`, `loans`, `any`, `stepwise`, the
-//! collectives) read and write it through `Session::engine`; nothing of it lies loose in the
-//! session.
+//! It holds the links to every peer, this rank's outbox and its status words, and the blocks of
+//! pipelined chunks not yet acknowledged. It holds a send that an interrupt set aside, and loan
+//! views' acknowledgements. It says how waits spin and park, and holds the readiness set that
+//! `recv_any` waits on. It keeps buffers between calls: the scratch space of small reductions
+//! and the direct slots of eager messages.
+//!
+//! Its fields are still open to the session's modules: `send`, `receive`, `acks`, `loans`,
+//! `any`, `stepwise` and the collectives read and write them through `Session::engine`. Moving
+//! those paths behind the engine's own methods is the next step.
 
 use super::peer::Peer;
 use super::{FdTransport, Waiting, any, loans::ViewAcks, send, status};

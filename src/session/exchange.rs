@@ -22,8 +22,8 @@ use shmbroker_bindings::kind;
 
 impl Session {
     /// [`Collectives::scatter`](crate::Collectives::scatter) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn scatter(
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn scatter_on_team(
         &mut self,
         root: u32,
         input: Option<&[u8]>,
@@ -77,8 +77,12 @@ impl Session {
     }
 
     /// [`Collectives::all_to_all`](crate::Collectives::all_to_all) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn all_to_all_on_team(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), Error> {
         self.collective("all_to_all", |session, deadline| {
             session.all_to_all_tracked(input, output, deadline)
         })
@@ -153,8 +157,8 @@ impl Session {
     }
 
     /// [`Collectives::all_to_all_v`](crate::Collectives::all_to_all_v) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn all_to_all_v(
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn all_to_all_v_on_team(
         &mut self,
         input: &[u8],
         send_counts: &[usize],

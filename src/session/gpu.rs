@@ -81,7 +81,8 @@ impl Session {
         if let Some((handle, fd)) = offered {
             check_own(handle, fd)?;
         }
-        let bytes = self.broadcast(root, offered.map(|(handle, _)| bytemuck::bytes_of(handle)))?;
+        let bytes =
+            self.broadcast_on_team(root, offered.map(|(handle, _)| bytemuck::bytes_of(handle)))?;
         let handle: GpuHandle =
             bytemuck::try_pod_read_unaligned(&bytes).map_err(|_| Error::Protocol {
                 peer: root,

@@ -5,8 +5,8 @@
 //!
 //! # Streams
 //!
-//! A collective message's tag is its *stream* (top 24 bits) and the stream's sequence number
-//! (low [`SEQ_BITS`]). The world's collectives are stream 0; each group has its own; making
+//! A collective message's tag is its *stream* (the bits above [`SEQ_BITS`]) and the stream's
+//! sequence number (low [`SEQ_BITS`]); see [`crate::tag`]. The world's collectives are stream 0; each group has its own; making
 //! groups and shrinking use [`SETUP_STREAM`]. A collective's receive takes from a peer's queue
 //! only messages of its own stream (`Expect::selects`), and checks operation and sequence number
 //! as before, so a collective on one group never takes another's messages, even when the
@@ -82,9 +82,10 @@
 //! cut short, and so do point-to-point messages.
 
 use super::agree::{self, Outcome};
-use super::demux::{Expect, SEQ_BITS};
+use super::demux::Expect;
 use super::send::Targets;
 use super::{Deadline, Error, Session};
+use crate::tag::SEQ_BITS;
 use shmbroker_bindings::kind;
 use std::collections::HashMap;
 use std::sync::Arc;

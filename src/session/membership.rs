@@ -24,8 +24,8 @@ pub(super) struct Membership {
 }
 
 impl Membership {
-    /// Nobody departed or replaced, in a world of `world` ranks. A replacement (`me` is `Some`)
-    /// starts having taken itself on: its world is over from the start (see `rejoin`).
+    /// Nobody departed or replaced, in a world of `world` ranks. A replacement (`replacement` is
+    /// its rank) starts having taken itself on: its world is over from the start (see `rejoin`).
     pub(super) fn new(world: usize, replacement: Option<u32>) -> Self {
         let mut membership = Self {
             closed_for: 0,
@@ -65,7 +65,7 @@ impl Membership {
     }
 
     /// Records `streams` as closed in the inboxes.
-    pub(super) fn closed(&mut self, streams: &[u32]) {
+    pub(super) fn record_closed(&mut self, streams: &[u32]) {
         self.closed_streams.extend(streams);
     }
 
@@ -115,7 +115,7 @@ mod tests {
             "rank 2 is open again after its replacement"
         );
         assert!(!membership.is_closed(7));
-        membership.closed(&[7]);
+        membership.record_closed(&[7]);
         assert!(membership.is_closed(7));
     }
 

@@ -222,8 +222,8 @@ enum Results {
 
 impl Session {
     /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn all_reduce<T: Element>(
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn all_reduce_on_team<T: Element>(
         &mut self,
         data: &mut [T],
         op: ReduceOp,
@@ -253,8 +253,8 @@ impl Session {
     }
 
     /// [`Collectives::all_reduce_into`](crate::Collectives::all_reduce_into) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn all_reduce_into<T: Element>(
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn all_reduce_into_on_team<T: Element>(
         &mut self,
         input: &[T],
         output: &mut [T],
@@ -268,12 +268,12 @@ impl Session {
             )));
         }
         output.copy_from_slice(input);
-        self.all_reduce(output, op)
+        self.all_reduce_on_team(output, op)
     }
 
-    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) with a user operation: `op(acc,
-    /// next)` folds `next` into `acc`, element by element, and is applied in rank order (`x0 ∘ x1 ∘
-    /// … ∘ x(n-1)`), so it need not be commutative. It is called on sub-slices of the data (the
+    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) with a user operation.
+    /// `op(acc, next)` folds `next` into `acc`, element by element, and is applied in rank order
+    /// (`x0 ∘ x1 ∘ … ∘ x(n-1)`), so it need not be commutative. It is called on sub-slices of the data (the
     /// same ones on every rank), so it must act on each element alone: for a product of 2×2
     /// matrices, `T = [f64; 4]`.
     ///
@@ -315,19 +315,19 @@ impl Session {
     }
 
     /// [`Collectives::all_reduce_bytes`](crate::Collectives::all_reduce_bytes) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn all_reduce_bytes(
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn all_reduce_bytes_on_team(
         &mut self,
         data: &mut [u8],
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        for_dtype!(dtype, T => self.all_reduce(cast_mut::<T>(data)?, op))
+        for_dtype!(dtype, T => self.all_reduce_on_team(cast_mut::<T>(data)?, op))
     }
 
     /// [`Collectives::reduce`](crate::Collectives::reduce) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn reduce<T: Element>(
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn reduce_on_team<T: Element>(
         &mut self,
         root: u32,
         data: &mut [T],
@@ -360,20 +360,20 @@ impl Session {
     }
 
     /// [`Collectives::reduce_bytes`](crate::Collectives::reduce_bytes) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn reduce_bytes(
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn reduce_bytes_on_team(
         &mut self,
         root: u32,
         data: &mut [u8],
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        for_dtype!(dtype, T => self.reduce(root, cast_mut::<T>(data)?, op))
+        for_dtype!(dtype, T => self.reduce_on_team(root, cast_mut::<T>(data)?, op))
     }
 
     /// [`Collectives::reduce_scatter`](crate::Collectives::reduce_scatter) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn reduce_scatter<T: Element>(
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn reduce_scatter_on_team<T: Element>(
         &mut self,
         input: &[T],
         output: &mut [T],
@@ -458,8 +458,8 @@ impl Session {
     }
 
     /// [`Collectives::reduce_scatter_bytes`](crate::Collectives::reduce_scatter_bytes) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn reduce_scatter_bytes(
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn reduce_scatter_bytes_on_team(
         &mut self,
         input: &[u8],
         output: &mut [u8],
@@ -467,7 +467,7 @@ impl Session {
         op: ReduceOp,
     ) -> Result<(), Error> {
         for_dtype!(dtype, T => {
-            self.reduce_scatter(cast::<T>(input)?, cast_mut::<T>(output)?, op)
+            self.reduce_scatter_on_team(cast::<T>(input)?, cast_mut::<T>(output)?, op)
         })
     }
 

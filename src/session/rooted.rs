@@ -224,8 +224,12 @@ impl Bundle {
 
 impl Session {
     /// [`Collectives::broadcast`](crate::Collectives::broadcast) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn broadcast_on_team(
+        &mut self,
+        root: u32,
+        data: Option<&[u8]>,
+    ) -> Result<Vec<u8>, Error> {
         self.collective("broadcast", |session, deadline| {
             session.broadcast_tracked(root, data, deadline)
         })
@@ -336,8 +340,12 @@ impl Session {
     }
 
     /// [`Collectives::gather`](crate::Collectives::gather) on the
-    /// current team: the world, or a group made current by [`Session::on`].
-    pub(crate) fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
+    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    pub(crate) fn gather_on_team(
+        &mut self,
+        root: u32,
+        data: &[u8],
+    ) -> Result<Option<Vec<Vec<u8>>>, Error> {
         self.collective("gather", |session, deadline| {
             session.gather_tracked(root, data, deadline)
         })

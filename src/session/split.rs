@@ -291,7 +291,7 @@ impl Sender {
         if tuning::broadcast(self.world_size()) == tuning::Rooted::Tree {
             return session
                 .with_timeout(timeout)
-                .broadcast(root, Some(data))
+                .broadcast_on_team(root, Some(data))
                 .map(drop);
         }
         let deadline = session.track(Deadline::collective("broadcast", timeout));

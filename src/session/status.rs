@@ -406,7 +406,7 @@ impl Session {
                     return Ok(());
                 }
                 // The tag the collective's messages carry: its group's stream and its number.
-                let bits = super::demux::SEQ_BITS;
+                let bits = crate::tag::SEQ_BITS;
                 let tag = (u64::from(group as u32) << bits) | (seq & ((1 << bits) - 1));
                 let found_kind = match found {
                     Seen::Kind(found_kind) => found_kind,
@@ -499,7 +499,7 @@ impl Session {
             return error;
         };
         let theirs = outbox.status()[0];
-        let bits = super::demux::SEQ_BITS;
+        let bits = crate::tag::SEQ_BITS;
         let tag = (u64::from(group as u32) << bits) | (seq & ((1 << bits) - 1));
         let named = match self.gave_up_on(&theirs, seq, group) {
             Some(named) => named,

@@ -243,7 +243,7 @@ fn gave_up_forge(socket: &str, rank: Option<u32>, named: u64) -> Result<(), Stri
 /// largest of the tag's top 24 bits.
 const SETUP_STREAM: u32 = (1 << 24) - 1;
 
-/// Bits of a tag below its stream (`session::demux::SEQ_BITS`).
+/// Bits of a tag below its stream (`shmbroker`'s `tag::SEQ_BITS`).
 const SEQ_BITS: u32 = 40;
 
 /// The tag of setup message `n` of a pair and direction.

@@ -7,7 +7,7 @@ use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 /// The flag of a resumption header (see [`super::Inbox::set_aside`]): never valid on the wire.
 pub(super) const RESUMED: u32 = 1 << 31;
 
-pub use crate::tag::{SEQ_BITS, stream_of};
+pub use crate::tag::stream_of;
 
 /// Which group a receive takes from a peer's queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

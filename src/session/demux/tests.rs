@@ -1,6 +1,7 @@
 //! Every frame kind, and every malformed sequence, through the demultiplexer alone.
 
 use super::*;
+use crate::tag::SEQ_BITS;
 
 const PEER: u32 = 3;
 
