@@ -45,6 +45,7 @@ elsewhere) may change the last bits, as another number of ranks does under gloo.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import re
 from typing import Any, Iterator
@@ -226,6 +227,7 @@ class Span:
             if leg is not None:
                 with contextlib.suppress(Exception):
                     leg.abort()
+                _keep_to_exit(leg)
         with contextlib.suppress(Exception):
             self.session.close()
         learned = f"this rank {self.world.rank} learned it from {type(error).__name__}: {error}"
@@ -278,6 +280,16 @@ class Span:
         data = self.local("broadcast", root, memory)
         if self.local_rank != root:
             _fill(memory, data, f"broadcast from local rank {root}")
+
+
+def _keep_to_exit(leg: Any) -> None:
+    """Keeps an aborted gloo leg alive until the process exits, never destroyed.
+
+    Its threads may still be inside a receive from the dead peer. Destroying the process group
+    under them, when the interpreter shuts down, can end the process in ``std::terminate``
+    ("terminate called without an active exception", seen once in CI after a death between
+    nodes). A broken leg is never used again, so leaking one per leg is the safe cost."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(leg))
 
 
 def _wait(work: Any) -> None:
