@@ -12,6 +12,7 @@ for component in rustfmt clippy; do
 done
 
 cargo fmt --all -- --check
+python3 ci/module_dag.py
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --features shmbroker-test-support/cuda -- -D warnings
 cargo clippy --workspace --all-targets --features shmbroker-test-support/tokio -- -D warnings

@@ -93,6 +93,24 @@
 //! failed collective is this very one has left it for good, and the wait fails at once with
 //! [`Error::PeerGaveUp`] naming it (and, as its word, whom it blamed) instead of waiting to
 //! its deadline, or for ever.
+//!
+//! # The module map
+//!
+//! The modules stack, and none imports one above it (`ci/module_dag.py` checks that in CI):
+//!
+//! 1. **State, which runs no call.** `tuning` (the choice of algorithm), `membership`
+//!    (departures and rejoins taken in), `teams` (the ranks a collective runs among), `setup`
+//!    (the layout of setup messages), `publisher` (this rank's status words), `demux` (framing
+//!    a peer's ring slots into messages); then `peer` and `outgoing` over them, then `engine`
+//!    (the transport's state: peers, outbox, buffers kept between calls).
+//! 2. **`state`:** the [`Session`] struct and the `Deadline` every call runs under, over the
+//!    engine, teams and membership.
+//! 3. **The calls,** each an `impl Session` block over `state` and the layers below it: the
+//!    paths (`receive`, `send`, `acks`, `stepwise`, `any`, `loans`), departures and groups
+//!    (`departures`, `agree`, `groups`, `rejoin`), and what users call (`p2p`, `collectives`,
+//!    `rooted`, `exchange`, `reductions`, `symmetric`, `fds`, `gpu`, `channel`, `split`,
+//!    `tokio_receiver`, `status`, and the [`Collectives`] trait in `communicator`).
+//! 4. **This module:** connecting, the session's own settings, and what the crate exports.
 
 mod acks;
 mod agree;
@@ -114,17 +132,22 @@ mod gpu;
 mod groups;
 mod loans;
 mod membership;
+mod outgoing;
 mod p2p;
 mod peer;
+mod publisher;
 mod receive;
 mod reductions;
 mod rejoin;
 mod rooted;
 mod send;
+mod setup;
 mod split;
+mod state;
 mod status;
 mod stepwise;
 mod symmetric;
+mod teams;
 #[cfg(feature = "tokio")]
 mod tokio_receiver;
 #[doc(hidden)]
@@ -134,7 +157,8 @@ pub use channel::{
     ChannelReceiver, ChannelSender, LOOK_EVERY, RawChannelReceiver, RawChannelSender,
 };
 pub use communicator::Collectives;
-pub use fds::{FdTransport, MAX_FDS_PER_EXCHANGE};
+pub use engine::FdTransport;
+pub use fds::MAX_FDS_PER_EXCHANGE;
 pub use groups::{Group, GroupView};
 pub use loans::LoanView;
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
@@ -144,14 +168,14 @@ pub use symmetric::Symmetric;
 pub use tokio_receiver::{AsyncReceiver, TimedAsyncReceiver};
 pub use tuning::FLAT_BROADCAST_MAX;
 
-use departures::{departure_error, handshake_failed};
+use departures::handshake_failed;
 use shmbroker_allocator::Outbox;
 use shmbroker_bindings::{ANY_RANK, LogonFrame};
 use shmbroker_handshake::connect;
 pub use shmbroker_handshake::{Interrupter, LeftAfter};
 pub use shmbroker_queues::Waiting;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 // Who owes which acknowledgement is a bit per rank: every rank of the largest world needs one.
 const _: () =
@@ -175,216 +199,8 @@ pub const SPIN_VAR: &str = "SHMBROKER_SPIN";
 pub const OUTBOX_BYTES_VAR: &str = "SHMBROKER_OUTBOX_BYTES";
 
 pub use crate::error::{Error, ErrorKind};
-
-/// A worker's session: its rank, its links to every peer, and the collectives over them.
-#[derive(Debug)]
-pub struct Session {
-    inner: shmbroker_handshake::Connection,
-    timeout: Duration,
-    /// The ranks collectives run among now, with the sequence number of their next collective:
-    /// the world, or a group for the length of a call on [`Session::on`] (see `groups`).
-    team: groups::Team,
-    /// Every group this rank is in, but the one in `team` during a call on it, by stream.
-    groups: groups::Groups,
-    /// Departures and rejoins as this session has taken them in (see `membership`).
-    membership: membership::Membership,
-    /// The transport's state: links, outbox, waiting, buffers kept between calls (see `engine`).
-    engine: engine::Engine,
-    /// The broker this worker hosts (local rank 0 under a launcher). Last, so that it stops
-    /// only after this session has said goodbye to it.
-    embedded: Option<EmbeddedBroker>,
-}
-
-/// A broker on a thread of this process, stopped and joined when dropped.
-#[derive(Debug)]
-struct EmbeddedBroker {
-    stop: shmbroker_handshake::StopHandle,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for EmbeddedBroker {
-    fn drop(&mut self) {
-        self.stop.stop();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// One call's deadline. It starts when the call first has to wait past spinning: a receive hands
-/// the ring its whole timeout and starts this deadline from the moment the ring started its own
-/// clock ([`shmbroker_queues::Consumer::clock_started`]), so a call whose messages arrive while
-/// it spins reads no clock at all; other waits read the clock when they begin.
-struct Deadline {
-    op: &'static str,
-    at: std::cell::Cell<Option<Instant>>,
-    timeout: Duration,
-    /// A collective's: it needs every rank, so a death anywhere ends it (see "When a peer dies").
-    collective: bool,
-    /// The interrupt count at the call's first look for an interrupt (see
-    /// `Session::check_interrupted`).
-    interrupts_at: std::cell::Cell<Option<u64>>,
-    /// Where the call is published and in which slot, when it is (see `status`).
-    published: Option<(std::ptr::NonNull<status::Publisher>, usize)>,
-    /// With no deadline: when the wait started and when its watchdog next speaks (see
-    /// `status::Session::watchdog`).
-    watch: std::cell::Cell<Option<(Instant, Duration)>>,
-    /// A peer seen in another collective at this call's number, or as having failed this one:
-    /// `(peer, what was seen, the number, when first seen)`, to be seen again a while later
-    /// before the call fails (see `status::Session::look_for_mismatch`).
-    mismatch_seen: std::cell::Cell<Option<(u32, status::Seen, u64, Instant)>>,
-    /// How the call ended, for its status words: `status::NONE` until [`Self::settle`] sees it
-    /// fail (then the rank its error names, or `u32::MAX`).
-    failed: std::cell::Cell<u64>,
-}
-
-impl Deadline {
-    fn new(op: &'static str, timeout: Duration) -> Self {
-        Self {
-            op,
-            at: std::cell::Cell::new(None),
-            timeout,
-            collective: false,
-            interrupts_at: std::cell::Cell::new(None),
-            published: None,
-            watch: std::cell::Cell::new(None),
-            mismatch_seen: std::cell::Cell::new(None),
-            failed: std::cell::Cell::new(crate::status::NONE),
-        }
-    }
-
-    /// `result`, the call's, noted for its status words when it is an error: the call has left
-    /// its collective, and a peer waiting for it there fails at once, naming this rank and the
-    /// rank this error names (see `status::Session::look_for_mismatch`). Every public collective
-    /// (and `group`, `shrink`) returns through here; point-to-point calls do not (no peer waits
-    /// for them in a collective). A call cut short by a panic counts as failed (see `Drop`).
-    fn settle<T>(&self, result: Result<T, Error>) -> Result<T, Error> {
-        if let Err(error) = &result {
-            self.failed.set(u64::from(error.rank().unwrap_or(u32::MAX)));
-        }
-        result
-    }
-
-    /// The same deadline, for a call that started when the interrupt count was `count`: an
-    /// interrupt since then ends it, even one another call's look took first (a receive of a
-    /// split session that was held up behind the other half, say).
-    fn noting_interrupts(self, count: u64) -> Self {
-        self.interrupts_at.set(Some(count));
-        self
-    }
-
-    /// The deadline of a collective: its waits also end when any rank dies.
-    fn collective(op: &'static str, timeout: Duration) -> Self {
-        let mut deadline = Self::new(op, timeout);
-        deadline.collective = true;
-        deadline
-    }
-
-    fn left(&self) -> Duration {
-        let now = Instant::now();
-        let at = self.at.get().unwrap_or_else(|| {
-            let at = shmbroker_handshake::deadline_from(now, self.timeout);
-            self.at.set(Some(at));
-            at
-        });
-        at.saturating_duration_since(now)
-    }
-
-    /// What a wait may take now without reading the clock: the whole timeout while the deadline
-    /// has not started, what is left otherwise. A wait given the whole timeout must hand its own
-    /// clock's start to [`Self::started_at`].
-    fn budget(&self) -> Duration {
-        if self.forever() {
-            return self.watch_slice();
-        }
-        if self.at.get().is_none() {
-            self.timeout
-        } else {
-            self.left()
-        }
-    }
-
-    /// Whether the call has no deadline (`Duration::MAX`): its waits are cut into slices that
-    /// end when its watchdog is due.
-    fn forever(&self) -> bool {
-        self.timeout == Duration::MAX
-    }
-
-    /// `slice`, cut to end when the watchdog of a call with no deadline is next due.
-    fn watched(&self, slice: Duration) -> Duration {
-        if self.forever() {
-            slice.min(self.watch_slice())
-        } else {
-            slice
-        }
-    }
-
-    /// The time until the watchdog is next due (starting it on the first call).
-    fn watch_slice(&self) -> Duration {
-        let now = Instant::now();
-        let (since, next) = self.watch.get().unwrap_or_else(|| {
-            let start = (now, status::warn_after());
-            self.watch.set(Some(start));
-            start
-        });
-        (since + next)
-            .saturating_duration_since(now)
-            .max(Duration::from_millis(1))
-    }
-
-    /// How long the call has waited, when its watchdog is due (then due again after twice as
-    /// long); `None` otherwise, and always for a call with a deadline.
-    fn watchdog_due(&self) -> Option<Duration> {
-        if !self.forever() {
-            return None;
-        }
-        let (since, next) = self.watch.get().unwrap_or_else(|| {
-            let start = (Instant::now(), status::warn_after());
-            self.watch.set(Some(start));
-            start
-        });
-        let waited = since.elapsed();
-        (waited >= next).then(|| {
-            self.watch.set(Some((since, next.saturating_mul(2))));
-            waited
-        })
-    }
-
-    /// Starts the deadline at `start`, when a wait given [`Self::budget`] started its clock
-    /// then and this deadline had not started yet.
-    fn started_at(&self, start: Option<Instant>) {
-        if let (None, Some(start)) = (self.at.get(), start) {
-            self.at.set(Some(shmbroker_handshake::deadline_from(
-                start,
-                self.timeout,
-            )));
-        }
-    }
-
-    fn timed_out(&self, mut waiting_for: Vec<u32>) -> Error {
-        waiting_for.sort_unstable();
-        waiting_for.dedup();
-        Error::Timeout {
-            op: self.op,
-            waiting_for,
-            timeout: self.timeout,
-            diagnosis: Vec::new(),
-            stopped: None,
-        }
-    }
-}
-
-/// `rank` of ranks numbered from 0 to `size - 1`: [`Error::RankOutOfRange`] when it is not.
-fn rank_below(rank: u32, size: u32) -> Result<(), Error> {
-    if rank < size {
-        Ok(())
-    } else {
-        Err(Error::RankOutOfRange {
-            rank,
-            world_size: size,
-        })
-    }
-}
+pub use state::Session;
+use state::{Deadline, EmbeddedBroker};
 
 /// CPUs this process may run on: its `sched_getaffinity` mask, or what the standard library
 /// reckons (cgroup quotas included) when that is fewer.
@@ -583,14 +399,14 @@ impl Session {
             Some(spins) => Waiting::Spin(spins),
             None => Waiting::for_load(world, cpus),
         };
-        let team = groups::Team::world(inner.rank(), inner.world_size());
+        let team = teams::Team::world(inner.rank(), inner.world_size());
         // A replacement's world is over from the start (see `rejoin`).
         let (rank, rejoins) = (inner.rank(), inner.rejoins());
         let mut session = Self {
             inner,
             timeout: DEFAULT_TIMEOUT,
             team,
-            groups: groups::Groups::default(),
+            groups: teams::Groups::default(),
             membership: membership::Membership::new(world, (rejoins > 0).then_some(rank)),
             engine: engine::Engine::new(world, outbox, cpus, waiting),
             embedded: None,
@@ -754,36 +570,6 @@ impl Session {
         Ok(())
     }
 
-    /// Every other rank of the world.
-    fn peers(&self) -> impl Iterator<Item = u32> + use<> {
-        let rank = self.rank();
-        (0..self.world_size()).filter(move |&peer| peer != rank)
-    }
-
-    /// This rank's rank in the current team (the world's, or a group's during a call on it).
-    fn me(&self) -> u32 {
-        self.team.me()
-    }
-
-    /// Ranks in the current team.
-    fn size(&self) -> u32 {
-        self.team.size()
-    }
-
-    /// The world rank of rank `rank` of the current team.
-    fn member(&self, rank: u32) -> u32 {
-        self.team.member(rank)
-    }
-
-    /// The world ranks of every other member of the current team, in the team's order.
-    fn team_peers(&self) -> impl Iterator<Item = u32> + use<> {
-        let team = self.team.clone();
-        let me = team.me();
-        (0..team.size())
-            .filter(move |&rank| rank != me)
-            .map(move |rank| team.member(rank))
-    }
-
     /// A handle that ends this session's current wait from another thread or a signal handler
     /// (its `interrupt` is async-signal-safe): the call returns [`Error::Interrupted`]. With no
     /// call waiting, the next wait ends at once unless [`Self::clear_interrupt`] forgets it.
@@ -809,60 +595,6 @@ impl Session {
     /// Forgets an interrupt that no wait has taken (it came after the call it was meant for).
     pub fn clear_interrupt(&self) {
         self.inner.clear_interrupt();
-    }
-
-    /// The rings to and from `peer` (a rank other than this one; callers check).
-    fn link(&mut self, peer: u32) -> Result<&mut shmbroker_handshake::Link, Error> {
-        self.inner
-            .link(peer)
-            .ok_or_else(|| Error::Misuse(format!("rank {peer} has no link to this rank")))
-    }
-
-    /// [`Self::check_rank`] for a rank of the current team.
-    fn check_team_rank(&self, rank: u32) -> Result<(), Error> {
-        rank_below(rank, self.size())
-    }
-
-    fn check_rank(&self, rank: u32) -> Result<(), Error> {
-        rank_below(rank, self.world_size())
-    }
-
-    fn check_peer(&self, rank: u32) -> Result<(), Error> {
-        self.check_rank(rank)?;
-        if rank == self.rank() {
-            return Err(Error::Misuse(format!("rank {rank} cannot message itself")));
-        }
-        Ok(())
-    }
-
-    /// The tag of the next collective of the current team: its stream and its sequence number
-    /// (see `groups`). `kind` is the message kind of the collective, published with its number so that a
-    /// peer waiting in a collective of another kind at the same number sees the mismatch.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::PeerLost`] when a member was replaced after the team was formed: its
-    /// collectives are over (see `rejoin`), and nothing is sent. The same, or the departure
-    /// that closed it, when the team's stream is closed (see `departures`): what is queued of
-    /// its messages may be gone, and a receive would find a later collective's message where the
-    /// dropped one was and report a mismatch instead of the departure (the chaos soak found that).
-    /// [`Error::Misuse`] for a closed stream whose departed member cannot be found (which no
-    /// path leads to).
-    fn next_seq(&mut self, kind: u32) -> Result<u64, Error> {
-        if let Some(rank) = self.team_replaced() {
-            // A member dead now is the better name: the team's first reason to be over.
-            let mut dead = self.inner.dead_ranks().into_iter();
-            if let Some(dead) = dead.find(|&r| self.team.contains(r)) {
-                return Err(self.collective_lost(dead));
-            }
-            return Err(self.replaced_error(rank));
-        }
-        if self.membership.is_closed(self.team.stream()) {
-            return Err(self.closed_team_error());
-        }
-        let (stream, seq) = (self.team.stream(), self.team.seq());
-        self.engine.publisher.collective(stream, seq, kind);
-        Ok(self.team.next_tag())
     }
 }
 

@@ -8,7 +8,8 @@
 //! flush them, in order and ahead of any new message to that peer.
 
 use super::demux::with_ref;
-use super::{Error, Session};
+use super::state::Session;
+use crate::error::Error;
 use shmbroker_bindings::{PayloadRef, kind};
 use shmbroker_queues::TrySendError;
 

@@ -43,78 +43,14 @@
 //! [`Error::PeerNeverJoined`] if no peer ever came).
 
 use super::demux::Expect;
-use super::{Deadline, Error, LeftAfter, Session};
+use super::engine::Gone;
+use super::state::Deadline;
+use super::state::Session;
+use crate::error::Error;
 use shmbroker_bindings::Message;
 use shmbroker_queues::{CROWDED_SPIN_MAX, Consumer, ReadyRings, ReadySet, SPIN_MAX, Waiting};
 use shmbroker_sys::eventfd;
 use std::os::fd::{AsFd, BorrowedFd};
-
-/// Where the session stands with its readiness eventfd.
-#[derive(Debug, Default)]
-pub(super) struct Readiness {
-    /// The rings from live peers armed, and the writes wakers owe the eventfd.
-    pub(super) rings: ReadySet,
-    /// Where the next look for a ready peer starts.
-    next: u32,
-    /// Per peer: gone (and already reported, for a death), so nothing more can come from it.
-    pub(super) gone: Vec<Option<Gone>>,
-}
-
-/// How a peer left [`Readiness`]'s round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Gone {
-    Left(Option<LeftAfter>),
-    Lost,
-    /// It never logged on, and the broker is gone.
-    BrokerLost,
-    /// It never logged on, and the broker admits nobody new (the job lost `after`).
-    NeverJoined {
-        after: u32,
-        after_left: bool,
-    },
-}
-
-impl Gone {
-    fn error(self, rank: u32) -> Error {
-        match self {
-            Self::Left(after) => Error::PeerLeft {
-                rank,
-                after,
-                diagnosis: Vec::new(),
-            },
-            Self::Lost => Error::PeerLost {
-                rank,
-                diagnosis: Vec::new(),
-            },
-            Self::BrokerLost => Error::BrokerLost,
-            Self::NeverJoined { after, after_left } => Error::PeerNeverJoined {
-                rank,
-                after,
-                after_left,
-            },
-        }
-    }
-
-    /// Which is reported when every peer is gone: a death first, then the broker's loss, then a
-    /// departure, then a rank that never came.
-    fn precedence(self) -> u8 {
-        match self {
-            Self::Lost => 0,
-            Self::BrokerLost => 1,
-            Self::Left(_) => 2,
-            Self::NeverJoined { .. } => 3,
-        }
-    }
-}
-
-impl Readiness {
-    pub(super) fn new(world: usize) -> Self {
-        Self {
-            gone: vec![None; world],
-            ..Self::default()
-        }
-    }
-}
 
 impl Session {
     /// The next point-to-point message from any peer, and who sent it: whichever has one waiting,

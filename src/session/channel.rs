@@ -37,7 +37,8 @@
 //! neither touches the session, which goes on with its own calls meanwhile.
 
 use super::departures::departure_error;
-use super::{Error, Session};
+use super::state::Session;
+use crate::error::Error;
 use bytemuck::{Pod, Zeroable};
 use shmbroker_bindings::ChannelToken;
 use shmbroker_handshake::PeerWatch;

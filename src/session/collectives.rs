@@ -2,9 +2,11 @@
 //! dissemination, Bruck's algorithm and binomial trees in large ones.
 
 use super::demux::{Expect, Incoming, Sink, message};
-use super::send::Targets;
+use super::outgoing::Targets;
+use super::state::Deadline;
+use super::state::Session;
 use super::tuning::{self, ALL_GATHER_LEND_MAX_RANKS};
-use super::{Deadline, Error, Session};
+use crate::error::Error;
 use shmbroker_bindings::kind;
 
 /// A barrier message's inline bytes in dissemination round `round`.

@@ -12,11 +12,13 @@
 //! (`all_gather_pod`), loans, fd and GPU-handle exchange, and user reductions.
 
 use super::groups::GroupView;
-use super::{Error, Session};
+use super::state::Session;
+use crate::error::Error;
 use crate::reduce::{DType, Element, ReduceOp};
 
 mod sealed {
-    use super::{Error, Session};
+    use crate::error::Error;
+    use crate::session::state::Session;
 
     /// How a communicator runs a call with its team current. Sealed: the trait lives in a
     /// private module, so only this crate's communicators implement it.

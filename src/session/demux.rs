@@ -45,7 +45,7 @@
 //!   left where the next message's header belongs. Closing a stream ends a receive in the same
 //!   way, wherever its message is queued ([`Inbox::close_stream`]).
 
-use super::Error;
+use crate::error::Error;
 use frame::RESUMED;
 pub use frame::{Expect, Sink, stream_of};
 pub(crate) use frame::{

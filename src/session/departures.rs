@@ -34,7 +34,9 @@
 //! every owed set, so its blocks are reused even if a `LoanView` of them outlives its session
 //! there: a view must not outlive the session that received it.
 
-use super::{Deadline, Error, Session};
+use super::state::Deadline;
+use super::state::Session;
+use crate::error::Error;
 use crate::status::now as status_now;
 use shmbroker_handshake::Departure;
 use shmbroker_queues::Corruption;
@@ -227,7 +229,7 @@ impl Session {
     /// Closes the world's stream and every group's with a member in `departed` (a set of ranks,
     /// bit `rank`), in every inbox.
     fn close_streams_hit_by(&mut self, departed: u64) {
-        let hit = |team: &super::groups::Team| {
+        let hit = |team: &super::teams::Team| {
             (0..team.size()).any(|rank| departed & 1 << team.member(rank) != 0)
         };
         let mut streams = vec![0];
@@ -273,7 +275,7 @@ impl Session {
         let streams: Vec<u32> = streams
             .iter()
             .copied()
-            .filter(|&stream| stream != super::groups::SETUP_STREAM)
+            .filter(|&stream| stream != crate::tag::SETUP_STREAM)
             .collect();
         self.membership.record_closed(&streams);
         for peer in self.peers() {

@@ -15,9 +15,11 @@
 
 use super::collectives::check_part;
 use super::demux::{Expect, Incoming, Sink};
-use super::send::Targets;
+use super::outgoing::Targets;
+use super::state::Deadline;
+use super::state::Session;
 use super::tuning;
-use super::{Deadline, Error, Session};
+use crate::error::Error;
 use shmbroker_bindings::kind;
 
 impl Session {

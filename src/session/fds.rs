@@ -47,8 +47,13 @@
 //! The transport used is logged when it changes, with the reason.
 
 use super::demux::{Expect, Incoming, Sink};
-use super::send::Targets;
-use super::{Deadline, Error, Session, departure_error, handshake_failed};
+use super::departures::departure_error;
+use super::departures::handshake_failed;
+use super::engine::FdTransport;
+use super::outgoing::Targets;
+use super::state::Deadline;
+use super::state::Session;
+use crate::error::Error;
 use shmbroker_bindings::{FdTicket, kind};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
@@ -56,47 +61,6 @@ use std::time::Duration;
 /// How long a relayed fd from a peer that has left may still take to be read from this worker's
 /// socket (by its watcher thread) before the departure is reported instead.
 const RELAYED_GRACE: Duration = Duration::from_millis(50);
-
-/// How file descriptors move between workers. Ordered `Auto < Pidfd < Relay`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum FdTransport {
-    /// `pidfd_getfd` where the kernel allows it, the broker relay where it does not.
-    Auto,
-    /// Only `pidfd_getfd`; an import the kernel refuses is an error.
-    Pidfd,
-    /// Only the broker relay.
-    Relay,
-}
-
-impl std::str::FromStr for FdTransport {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "pidfd" => Ok(Self::Pidfd),
-            "relay" => Ok(Self::Relay),
-            other => Err(format!(
-                "fd transport must be auto, pidfd or relay, not {other:?}"
-            )),
-        }
-    }
-}
-
-impl FdTransport {
-    /// From `SHMBROKER_FD_TRANSPORT`, or [`FdTransport::Auto`] when it is not set.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] when the variable holds anything else than `auto`, `pidfd` or `relay`.
-    pub fn from_env() -> Result<Self, Error> {
-        match std::env::var("SHMBROKER_FD_TRANSPORT") {
-            Err(_) => Ok(Self::Auto),
-            Ok(value) => value
-                .parse()
-                .map_err(|e: String| Error::Misuse(format!("SHMBROKER_FD_TRANSPORT: {e}"))),
-        }
-    }
-}
 
 /// The most fds one rank may pass to one exchange.
 pub const MAX_FDS_PER_EXCHANGE: usize = 4096;

@@ -4,7 +4,8 @@
 //! travel through the fd exchange (`pidfd_getfd`, or the broker relay). The library never links
 //! a GPU runtime: opening a handle is the caller's business, with whatever runtime exported it.
 
-use super::{Error, Session};
+use super::state::Session;
+use crate::error::Error;
 use shmbroker_bindings::{GpuHandle, GpuHandleKind};
 use std::os::fd::{BorrowedFd, OwnedFd};
 

@@ -7,10 +7,12 @@
 //! receiver has.
 
 use super::demux::{Expect, LoanNote, loan_note, read_ref, with_loan_ref};
-use super::{Deadline, Error, Session};
+use super::engine::ViewAcks;
+use super::state::Deadline;
+use super::state::Session;
+use crate::error::Error;
 use shmbroker_allocator::{Loan, Outbox, View};
 use shmbroker_bindings::{PayloadRef, kind};
-use std::collections::VecDeque;
 
 /// A read-only view of a buffer a peer lent this rank ([`Session::recv_loan`]). Dropping it tells
 /// the owner it may reuse the buffer (the acknowledgement goes out with this session's next
@@ -62,48 +64,6 @@ impl std::ops::Deref for LoanView {
 impl Drop for LoanView {
     fn drop(&mut self) {
         self.acks.push(self.owner, self.process, self.payload);
-    }
-}
-
-/// Acknowledgements of dropped loan views, waiting for their session's next call.
-///
-/// Views may be dropped on any thread of this process; the queue is behind a mutex and `waiting`
-/// only spares the session a lock when nothing is queued. A push stores `waiting` after it queued
-/// (Release); a take that sees it unset skips this time and the acknowledgement goes with the
-/// next call, so none is lost. This is an in-process protocol on the standard library's own
-/// primitives: the cross-process protocols (rings, parking) are the queue crate's, loom-checked;
-/// the outboxes add none (their ledger is private, and acknowledgements travel on the rings).
-#[derive(Debug, Default, Clone)]
-pub(super) struct ViewAcks {
-    queue: std::sync::Arc<std::sync::Mutex<VecDeque<(u32, u64, PayloadRef)>>>,
-    waiting: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl ViewAcks {
-    pub(super) fn push(&self, peer: u32, process: u64, payload: PayloadRef) {
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push_back((peer, process, payload));
-        self.waiting
-            .store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    pub(super) fn take(&self) -> VecDeque<(u32, u64, PayloadRef)> {
-        // A plain load first: the common case (no view dropped) costs no read-modify-write.
-        if !self.waiting.load(std::sync::atomic::Ordering::Relaxed)
-            || !self
-                .waiting
-                .swap(false, std::sync::atomic::Ordering::Acquire)
-        {
-            return VecDeque::new();
-        }
-        std::mem::take(
-            &mut *self
-                .queue
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
     }
 }
 

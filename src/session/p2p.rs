@@ -1,8 +1,9 @@
 //! Point to point: `send`, `recv` and `probe`, of any size (loans are the `loans` module's).
 
 use super::demux::{Expect, Incoming, Sink};
-use super::send::Targets;
-use super::{Error, Session};
+use super::outgoing::Targets;
+use super::state::Session;
+use crate::error::Error;
 use shmbroker_bindings::kind;
 use std::time::Duration;
 

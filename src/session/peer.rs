@@ -31,7 +31,7 @@ pub(super) struct Peer {
     pub(super) setup_received: u64,
     /// A setup message from a later attempt than the one it was read in, kept for the next (see
     /// `agree`).
-    pub(super) setup_stash: Option<Box<super::agree::Setup>>,
+    pub(super) setup_stash: Option<Box<super::setup::Setup>>,
     /// Which process of its rank this rank's links lead to (see `agree`), once read from its
     /// outbox.
     pub(super) incarnation: Option<u32>,
@@ -58,26 +58,5 @@ impl Peer {
             channels_to: 0,
             channels_from: 0,
         }
-    }
-}
-
-impl super::Session {
-    /// `peer`'s outbox, mapped read-only the first time it is needed.
-    pub(super) fn peer_outbox(
-        &mut self,
-        peer: u32,
-        deadline: &super::Deadline,
-    ) -> Result<&PeerOutbox, super::Error> {
-        let slot = &mut self.engine.peers[peer as usize].outbox;
-        if slot.is_none() {
-            let fd = self
-                .inner
-                .take_peer_outbox(peer, deadline.left())
-                .map_err(|error| super::handshake_failed(peer, error, deadline))?;
-            let outbox = PeerOutbox::join(std::os::fd::AsFd::as_fd(&fd), peer)
-                .map_err(|source| super::Error::Outbox { peer, source })?;
-            *slot = Some(outbox);
-        }
-        Ok(slot.as_ref().unwrap_or_else(|| unreachable!("set above")))
     }
 }

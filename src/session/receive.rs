@@ -23,7 +23,11 @@
 //! bound.
 
 use super::demux::{Expect, Incoming, Payloads, message, message_len};
-use super::{Deadline, Error, Session};
+use super::departures::handshake_failed;
+use super::state::Deadline;
+use super::state::Session;
+use crate::error::Error;
+use shmbroker_allocator::PeerOutbox;
 use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 use shmbroker_queues::{RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
@@ -84,6 +88,25 @@ impl Payloads for PeerPayloads<'_> {
 }
 
 impl Session {
+    /// `peer`'s outbox, mapped read-only the first time it is needed.
+    pub(super) fn peer_outbox(
+        &mut self,
+        peer: u32,
+        deadline: &Deadline,
+    ) -> Result<&PeerOutbox, Error> {
+        let slot = &mut self.engine.peers[peer as usize].outbox;
+        if slot.is_none() {
+            let fd = self
+                .inner
+                .take_peer_outbox(peer, deadline.left())
+                .map_err(|error| handshake_failed(peer, error, deadline))?;
+            let outbox = PeerOutbox::join(std::os::fd::AsFd::as_fd(&fd), peer)
+                .map_err(|source| Error::Outbox { peer, source })?;
+            *slot = Some(outbox);
+        }
+        Ok(slot.as_ref().unwrap_or_else(|| unreachable!("set above")))
+    }
+
     /// Takes in what `peer` sent next: an acknowledgement is handled, anything else is filed in
     /// its inbox. An eager message's continuation slots are taken as they come, never waited for
     /// here: a message whose slots are still owed stays invisible to [`Self::find`] until it is

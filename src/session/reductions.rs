@@ -72,8 +72,11 @@
 
 use super::collectives::wrong_size;
 use super::demux::{Expect, LoanNote};
+use super::loans::LoanView;
+use super::state::Deadline;
+use super::state::Session;
 use super::tuning;
-use super::{Deadline, Error, LoanView, Session};
+use crate::error::Error;
 use crate::reduce::{DType, Element, ReduceOp, check_op, combine, combine_with};
 use bytemuck::Pod;
 use shmbroker_allocator::{Outbox, rank_bit};

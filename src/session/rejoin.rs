@@ -39,9 +39,11 @@
 //! had adopted when it was formed (`Team::formed`), and each rank the number at which it was
 //! last adopted; a team is over when one of its members was adopted after it was formed.
 
-use super::any::Gone;
+use super::engine::Gone;
 use super::peer::Peer;
-use super::{Deadline, Error, Session};
+use super::state::Deadline;
+use super::state::Session;
+use crate::error::Error;
 use std::time::Duration;
 
 impl Session {

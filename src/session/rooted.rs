@@ -2,9 +2,11 @@
 //! binomial tree in large ones.
 
 use super::demux::{Expect, Incoming, Sink, message};
-use super::send::Targets;
+use super::outgoing::Targets;
+use super::state::Deadline;
+use super::state::Session;
 use super::tuning::{self, TREE_PART_MAX};
-use super::{Deadline, Error, Session};
+use crate::error::Error;
 use shmbroker_bindings::{Message, kind};
 
 /// Bytes of a tree broadcast's routing slot before any data it carries: the route and the

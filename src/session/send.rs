@@ -12,7 +12,7 @@
 //! message, from [`MIN_CHUNK_BYTES`] to [`CHUNK_BYTES`]) written into this rank's outbox one
 //! after the other, each announced as soon as it is written with a `CHUNK` message carrying its
 //! [`PayloadRef`](shmbroker_bindings::PayloadRef); receivers copy each chunk out and acknowledge
-//! it, which frees the block for the next chunk. At most [`CHUNKS_IN_FLIGHT`] chunks are
+//! it, which frees the block for the next chunk. At most [`CHUNKS_IN_FLIGHT`](super::outgoing::CHUNKS_IN_FLIGHT) chunks are
 //! unacknowledged by any one receiver at once (counted per receiver, so a rank feeding several
 //! workers keeps that many in flight to each), so the sender's copy of chunk `n + 1` overlaps the
 //! receivers' copies of chunk `n`, the chunks stay warm in cache, a slow receiver holds the
@@ -30,13 +30,13 @@
 //! stopped peer costs its waiters almost no CPU.
 
 use super::demux::{Incoming, message, read_ref, with_ref};
-use super::peer::Peer;
+use super::outgoing::{Outgoing, Targets, transfer_progress, waiting};
 use super::receive::{SEND_SLICE, idle_wait};
-use super::{Deadline, Error, Session};
-use shmbroker_allocator::Outbox;
+use super::state::Deadline;
+use super::state::Session;
+use crate::error::Error;
 use shmbroker_bindings::{INLINE_BYTES, Message, kind};
 use shmbroker_queues::TrySendError;
-use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 /// Bytes per chunk of a pipelined transfer: small enough to stay in a core's L2 cache between the
@@ -46,136 +46,12 @@ pub const CHUNK_BYTES: usize = 256 << 10;
 /// The smallest chunk a message is cut into (unless the outbox is smaller still).
 pub const MIN_CHUNK_BYTES: usize = 16 << 10;
 
-/// Chunks a pipelined transfer keeps unacknowledged at once.
-pub const CHUNKS_IN_FLIGHT: usize = 8;
-
 /// How long a pipelined transfer may make no progress before it widens its window.
 pub(super) const STALL: Duration = Duration::from_millis(1);
 
 /// Slots of the largest eager message: a header and [`kind::continuation_slots`] of
 /// [`kind::EAGER_MAX`].
 const MAX_EAGER_SLOTS: usize = 1 + kind::continuation_slots(kind::EAGER_MAX);
-
-/// Whom a message goes to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Targets {
-    /// Every other member of the current team (the world, or a group during a call on it).
-    Peers,
-    /// One rank.
-    One(u32),
-}
-
-/// One pipelined message being sent to `targets`, step by step.
-#[derive(Debug)]
-pub(super) struct Outgoing<'d> {
-    /// The message: borrowed from the caller, owned once set aside (see
-    /// [`Session::set_aside_send`]).
-    data: Cow<'d, [u8]>,
-    targets: Vec<u32>,
-    receivers: u64,
-    tag: u64,
-    /// The header, then one `CHUNK` message per chunk written so far.
-    messages: Vec<Message>,
-    /// Per target: how many of `messages` it has been sent.
-    delivered: Vec<usize>,
-    /// Bytes of `data` written into the outbox so far.
-    written: usize,
-    /// Chunks allowed unacknowledged: [`CHUNKS_IN_FLIGHT`], doubled each time the transfer
-    /// stalls, so that a receiver that is not receiving yet (it is sending to this rank too, say)
-    /// cannot hold this send up while the outbox has room.
-    window: usize,
-    /// A collective's (any operation but `SEND`): a death anywhere ends it.
-    pub(super) collective: bool,
-}
-
-impl<'d> Outgoing<'d> {
-    pub(super) fn new(op: u32, tag: u64, data: &'d [u8], targets: Vec<u32>) -> Self {
-        let mut inline = [0u8; INLINE_BYTES];
-        inline[..8].copy_from_slice(&(data.len() as u64).to_le_bytes());
-        let header = message(op | kind::PIPELINED, tag, 0, inline);
-        Self {
-            data: Cow::Borrowed(data),
-            receivers: Outbox::receivers(targets.iter().copied()),
-            delivered: vec![0; targets.len()],
-            targets,
-            tag,
-            messages: vec![header],
-            written: 0,
-            window: CHUNKS_IN_FLIGHT,
-            collective: op & kind::OP_MASK != kind::SEND,
-        }
-    }
-
-    pub(super) fn is_done(&self) -> bool {
-        self.written == self.data.len() && self.delivered.iter().all(|&d| d == self.messages.len())
-    }
-
-    /// Whether nothing of the message has left this rank: no chunk written, no ring message sent.
-    fn untouched(&self) -> bool {
-        self.written == 0 && self.delivered.iter().all(|&d| d == 0)
-    }
-
-    /// Doubles the chunks it may keep unacknowledged: its transfer stalled (see `window`).
-    pub(super) fn widen(&mut self) {
-        self.window = self.window.saturating_mul(2);
-    }
-
-    /// The same transfer, owning a copy of its data, to go on after its caller returned.
-    fn into_owned(self) -> Outgoing<'static> {
-        Outgoing {
-            data: Cow::Owned(self.data.into_owned()),
-            targets: self.targets,
-            receivers: self.receivers,
-            tag: self.tag,
-            messages: self.messages,
-            delivered: self.delivered,
-            written: self.written,
-            window: self.window,
-            collective: self.collective,
-        }
-    }
-
-    /// The targets not yet sent the whole message: those a ring message is still due to, and
-    /// while chunks are still to be written (the window is full), those whose acknowledgements
-    /// the window waits for.
-    fn undelivered<'a>(&'a self, peers: &'a [Peer]) -> impl Iterator<Item = u32> + 'a {
-        let unwritten = self.written < self.data.len();
-        self.targets
-            .iter()
-            .zip(&self.delivered)
-            .filter(move |&(&t, &d)| {
-                d < self.messages.len() || (unwritten && peers[t as usize].chunks_owed > 0)
-            })
-            .map(|(&t, _)| t)
-    }
-}
-
-/// How far `outgoing` and every `incoming` have come, as one number that grows with each byte
-/// written, each message delivered and each byte received (and with nothing else).
-pub(super) fn transfer_progress(outgoing: &Outgoing<'_>, incoming: &[Incoming<'_>]) -> u64 {
-    let out = outgoing.written as u64 + outgoing.delivered.iter().sum::<usize>() as u64;
-    incoming
-        .iter()
-        .fold(out, |sum, incoming| sum + incoming.progress())
-}
-
-/// The ranks a transfer still waits for: targets not yet sent the whole message, and senders not
-/// yet received from. Never empty while the transfer is not done: if no target owes anything
-/// (which no wait should end on), every target is named.
-pub(super) fn waiting(
-    outgoing: &Outgoing<'_>,
-    incoming: &[Incoming<'_>],
-    peers: &[Peer],
-) -> Vec<u32> {
-    let mut ranks: Vec<u32> = outgoing
-        .undelivered(peers)
-        .chain(incoming.iter().filter(|i| !i.is_done()).map(|i| i.peer))
-        .collect();
-    if ranks.is_empty() && !outgoing.is_done() {
-        ranks.clone_from(&outgoing.targets);
-    }
-    ranks
-}
 
 /// Writes `data` as operation `op` with `tag` into `slots`, zeroed, exactly as many as it takes:
 /// a header and [`kind::continuation_slots`] of its length.

@@ -38,11 +38,14 @@
 
 use super::any::{Access, wait_for_sender};
 use super::demux::Sink;
-use super::send::Targets;
+use super::outgoing::Targets;
+use super::state::Deadline;
+use super::state::Session;
 use super::stepwise::{PendingSend, Step};
 use super::tuning;
-use super::{Deadline, Error, Interrupter, Session};
+use crate::error::Error;
 use shmbroker_bindings::kind;
+use shmbroker_handshake::Interrupter;
 use shmbroker_queues::Notifier;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -77,7 +80,7 @@ struct Shared {
     /// ordering with anything else rests on it.
     timeout: AtomicU64,
     /// The session's publisher of what it is doing, for waits that hold no lock.
-    publisher: Arc<super::status::Publisher>,
+    publisher: Arc<super::publisher::Publisher>,
 }
 
 impl Shared {

@@ -4,7 +4,7 @@
 //!
 //! # Publishing (the hot path)
 //!
-//! Every call makes a [`Deadline`]; [`Session::track`] ties it to this rank's [`Publisher`], and
+//! Every call makes a [`Deadline`]; [`Session::track`] ties it to this rank's [`Publisher`](super::publisher::Publisher), and
 //! the deadline says "in `op` since now" when it is made and "last: `op`, finished now" when it
 //! is dropped. Only the outermost deadline of a slot publishes (a call made of calls reports
 //! the outer one). The collective number and group come from `Session::next_seq`, the peer of a
@@ -23,226 +23,19 @@
 //! lie in the future; anything else reads as an unreadable state. Nothing is trusted beyond the
 //! text it makes.
 
-use super::{Deadline, Error, Session};
-use shmbroker_allocator::StatusWords;
-use shmbroker_bindings::{STATUS_SLOTS, status_word as w};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use super::state::Deadline;
+use super::state::Session;
+use crate::error::Error;
+use shmbroker_bindings::status_word as w;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::status::{NONE, RECEIVE_SLOT, seconds_text};
-
-/// This rank's side of its status words, shared by the session and (for a split session) its
-/// receiving half.
-#[derive(Debug)]
-pub(super) struct Publisher {
-    words: StatusWords,
-    /// Calls in progress per slot, outermost first (see the module docs).
-    depth: [AtomicU32; STATUS_SLOTS],
-    /// Whether to publish at all (`SHMBROKER_STATUS=0` or `Session::set_publishing` turns it
-    /// off, to measure what it costs).
-    on: AtomicBool,
-}
-
-impl Publisher {
-    pub(super) fn new(words: StatusWords) -> Self {
-        let on = std::env::var("SHMBROKER_STATUS").map_or(true, |value| value != "0");
-        for slot in 0..STATUS_SLOTS {
-            let words = words.slot(slot);
-            for at in [
-                w::SEQ,
-                w::GROUP_PEER,
-                w::LAST_SEQ,
-                w::LAST_GROUP_PEER,
-                w::WAITING_FOR,
-                w::KIND,
-                w::LAST_KIND,
-            ] {
-                words[at].store(NONE, Ordering::Relaxed);
-            }
-        }
-        // Slot 0 only: slot `ALIVE_SLOT` holds `ALIVE` where slot 0 holds `FAILED_SEQ`.
-        for at in [w::FAILED_SEQ, w::FAILED_STREAM_NAMED] {
-            words.slot(0)[at].store(NONE, Ordering::Relaxed);
-        }
-        Self {
-            words,
-            depth: Default::default(),
-            on: AtomicBool::new(on),
-        }
-    }
-
-    /// Whether calls are published.
-    fn on(&self) -> bool {
-        self.on.load(Ordering::Relaxed)
-    }
-
-    /// The slot `op` publishes in.
-    fn slot_of(op: &str) -> usize {
-        match op {
-            "recv" | "recv_any" | "probe" | "recv_loan" => RECEIVE_SLOT,
-            _ => 0,
-        }
-    }
-
-    /// `op` starts (see [`Deadline::tracked_by`]); whether this is the outermost call of its slot.
-    pub(super) fn enter(&self, op: &'static str) -> usize {
-        let slot = Self::slot_of(op);
-        let depth = self.depth[slot].load(Ordering::Relaxed);
-        self.depth[slot].store(depth + 1, Ordering::Relaxed);
-        if depth == 0 && self.on() {
-            let words = self.words.slot(slot);
-            let [first, second] = name_words(op);
-            words[w::CALL].store(first, Ordering::Relaxed);
-            words[w::CALL + 1].store(second, Ordering::Relaxed);
-            words[w::SEQ].store(NONE, Ordering::Relaxed);
-            words[w::GROUP_PEER].store(NONE, Ordering::Relaxed);
-            words[w::WAITING_FOR].store(NONE, Ordering::Relaxed);
-            words[w::KIND].store(NONE, Ordering::Relaxed);
-            words[w::SINCE].store(shmbroker_handshake::clock::now(), Ordering::Relaxed);
-        }
-        slot
-    }
-
-    /// The call of `slot` that [`Self::enter`] started ends: returning its result when `failed`
-    /// is `NONE`, else failing (naming the rank `failed` holds, or none: `u32::MAX`). A
-    /// collective that fails after taking its number is recorded in `FAILED_SEQ` and
-    /// `FAILED_STREAM_NAMED` (the stream and rank first, then the number that makes them a
-    /// match).
-    pub(super) fn leave(&self, slot: usize, failed: u64) {
-        let depth = self.depth[slot].load(Ordering::Relaxed).saturating_sub(1);
-        self.depth[slot].store(depth, Ordering::Relaxed);
-        if depth == 0 && self.on() {
-            let words = self.words.slot(slot);
-            for (from, to) in [
-                (w::CALL, w::LAST_CALL),
-                (w::CALL + 1, w::LAST_CALL + 1),
-                (w::SEQ, w::LAST_SEQ),
-                (w::GROUP_PEER, w::LAST_GROUP_PEER),
-                (w::KIND, w::LAST_KIND),
-            ] {
-                words[to].store(words[from].load(Ordering::Relaxed), Ordering::Relaxed);
-            }
-            let seq = words[w::SEQ].load(Ordering::Relaxed);
-            if failed != NONE && seq != NONE {
-                let stream = words[w::GROUP_PEER].load(Ordering::Relaxed) & u64::from(u32::MAX);
-                let named = failed & u64::from(u32::MAX);
-                words[w::FAILED_STREAM_NAMED]
-                    .store(w::FAILED_RECORD | stream << 32 | named, Ordering::Relaxed);
-                words[w::FAILED_SEQ].store(seq, Ordering::Relaxed);
-            }
-            words[w::LAST_DONE].store(shmbroker_handshake::clock::now(), Ordering::Relaxed);
-            words[w::CALL].store(0, Ordering::Relaxed);
-            words[w::CALL + 1].store(0, Ordering::Relaxed);
-        }
-    }
-
-    /// The collective in progress in slot 0 is number `seq` of group `stream`, of message kind
-    /// `kind`. A call that takes several numbers (a two-shot reduction takes two a piece, an fd
-    /// exchange one for its tickets and one for its status) is published by its first, so that
-    /// ranks in the same call publish the same number whichever stage each is in.
-    pub(super) fn collective(&self, stream: u32, seq: u64, kind: u32) {
-        if self.on() && self.depth[0].load(Ordering::Relaxed) == 1 {
-            let words = self.words.slot(0);
-            if words[w::SEQ].load(Ordering::Relaxed) != NONE {
-                return;
-            }
-            words[w::KIND].store(u64::from(kind), Ordering::Relaxed);
-            words[w::SEQ].store(seq, Ordering::Relaxed);
-            words[w::GROUP_PEER].store(
-                u64::from(u32::MAX) << 32 | u64::from(stream),
-                Ordering::Relaxed,
-            );
-        }
-    }
-
-    /// The point-to-point call `op` in progress is with `peer`.
-    pub(super) fn peer(&self, op: &str, peer: u32) {
-        let slot = Self::slot_of(op);
-        if self.on() && self.depth[slot].load(Ordering::Relaxed) == 1 {
-            self.words.slot(slot)[w::GROUP_PEER].store(u64::from(peer) << 32, Ordering::Relaxed);
-        }
-    }
-}
-
-/// `op`'s name as two words of ASCII, zero-padded (cut at 16 bytes).
-fn name_words(op: &str) -> [u64; 2] {
-    let mut bytes = [0u8; 16];
-    let len = op.len().min(16);
-    bytes[..len].copy_from_slice(&op.as_bytes()[..len]);
-    let (first, second) = bytes.split_at(8);
-    [first, second].map(|half| u64::from_le_bytes(half.try_into().unwrap_or_default()))
-}
-
-/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: system-wide (every process and PID namespace of a
-/// machine reads the same clock), a few milliseconds coarse, and read without a system call.
-pub(super) fn coarse_now() -> u64 {
-    shmbroker_handshake::clock::read()
-}
-
-impl Deadline {
-    /// This deadline, publishing its call in `publisher` until it is dropped.
-    pub(super) fn tracked_by(mut self, publisher: &Publisher) -> Self {
-        let slot = publisher.enter(self.op);
-        self.published = Some((std::ptr::NonNull::from(publisher), slot));
-        self
-    }
-
-    /// Publishes that this deadline's call waits for `rank` (one store: the slot is known).
-    pub(super) fn waits_for(&self, rank: u32) {
-        if let Some((publisher, slot)) = self.published {
-            // SAFETY: as in `drop`: the publisher outlives every deadline of its session.
-            let publisher = unsafe { publisher.as_ref() };
-            if publisher.on() {
-                publisher.words.slot(slot)[w::WAITING_FOR]
-                    .store(u64::from(rank), Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-impl Drop for Deadline {
-    fn drop(&mut self) {
-        if let Some((publisher, slot)) = self.published {
-            // SAFETY: the publisher is the session's, in an `Arc` the session (or its receiving
-            // half) holds for its whole life; a deadline is a local of one call on that session
-            // and is dropped before the call returns, so the publisher outlives it.
-            let publisher = unsafe { publisher.as_ref() };
-            // A call cut short by a panic (which the C ABI catches, and a caller may) failed.
-            let failed = match self.failed.get() {
-                NONE if std::thread::panicking() => u64::from(u32::MAX),
-                failed => failed,
-            };
-            publisher.leave(slot, failed);
-        }
-    }
-}
+use super::publisher::{Seen, coarse_now};
+use crate::status::{NONE, seconds_text};
 
 /// How long a peer must be seen in another collective at the same number (or as having failed
 /// this one) before the wait fails (see `Session::look_for_mismatch`).
 const MISMATCH_SURE: Duration = Duration::from_millis(50);
-
-/// What `Session::look_for_mismatch` saw of the peer a collective waits for, to be seen again
-/// [`MISMATCH_SURE`] later before the wait fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Seen {
-    /// In (or last in) another collective, of this message kind, at this call's number.
-    Kind(u32),
-    /// Failed this very collective, naming this rank (its word, if a rank of the world).
-    GaveUp(Option<u32>),
-}
-
-/// How long a wait with no deadline goes before its watchdog first logs a warning:
-/// `SHMBROKER_WARN_AFTER` seconds (default 60), then twice as long each time.
-pub(super) fn warn_after() -> Duration {
-    static AFTER: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *AFTER.get_or_init(|| {
-        std::env::var("SHMBROKER_WARN_AFTER")
-            .ok()
-            .and_then(|value| value.trim().parse::<f64>().ok())
-            .filter(|secs| secs.is_finite() && *secs > 0.0)
-            .map_or(Duration::from_secs(60), Duration::from_secs_f64)
-    })
-}
 
 impl Session {
     /// The watchdog of a call with no deadline that has waited `waited` (its
@@ -667,6 +460,7 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::publisher::name_words;
     use crate::status::{describe, name_of};
     use shmbroker_bindings::STATUS_SLOT_WORDS;
 

@@ -39,9 +39,12 @@
 //! session is held.
 
 use super::demux::{Expect, Incoming, Sink};
+use super::outgoing::{Outgoing, Targets, transfer_progress};
 use super::receive::idle_pause;
-use super::send::{Outgoing, STALL, Targets, eager_slots, transfer_progress};
-use super::{Deadline, Error, Session};
+use super::send::{STALL, eager_slots};
+use super::state::Deadline;
+use super::state::Session;
+use crate::error::Error;
 use shmbroker_bindings::Message;
 use shmbroker_queues::TrySendError;
 use std::time::{Duration, Instant};
@@ -282,7 +285,7 @@ impl PendingSend<'_> {
         match &self.what {
             Pending::Eager { targets, next, .. } => targets[*next..].to_vec(),
             Pending::Pipelined(outgoing) => {
-                super::send::waiting(outgoing, &[], session.engine.peers.as_slice())
+                super::outgoing::waiting(outgoing, &[], session.engine.peers.as_slice())
             }
         }
     }

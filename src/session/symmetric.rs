@@ -8,7 +8,8 @@
 //! changes: the other ranks need not use symmetric buffers, and a call that cannot lend in place (a
 //! buffer still read after a failed call) lends a copy.
 
-use super::{Error, Session};
+use super::state::Session;
+use crate::error::Error;
 use bytemuck::Pod;
 use shmbroker_allocator::Loan;
 use std::marker::PhantomData;

@@ -27,7 +27,8 @@
 //! [`Session::recv`](super::Session::recv) does. A program receiving messages of many megabytes
 //! gives that receive a thread of its own (`spawn_blocking`) instead.
 
-use super::{Error, Receiver};
+use super::split::Receiver;
+use crate::error::Error;
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 use tokio::io::Interest;
