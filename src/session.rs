@@ -16,6 +16,11 @@
 //! acknowledgements are flushed where a call is about to send. Which algorithm a collective
 //! runs is asked of the `tuning` module.
 //!
+//! A collective runs among the team its communicator hands it (`Communicator::on_team`): the
+//! world's, or a group's. Its algorithm takes that team as an argument, and its deadline
+//! carries a copy, so that a failure deep in a send or a receive names the team's members. No
+//! call changes which team the session is "on": there is no such state.
+//!
 //! # Messages of any size
 //!
 //! Every operation takes data of any length (up to what memory holds). Small data travels
@@ -399,14 +404,12 @@ impl Session {
             Some(spins) => Waiting::Spin(spins),
             None => Waiting::for_load(world, cpus),
         };
-        let team = teams::Team::world(inner.rank(), inner.world_size());
         // A replacement's world is over from the start (see `rejoin`).
         let (rank, rejoins) = (inner.rank(), inner.rejoins());
         let mut session = Self {
             inner,
             timeout: DEFAULT_TIMEOUT,
-            team,
-            groups: teams::Groups::default(),
+            groups: teams::Groups::new(rank, world as u32),
             membership: membership::Membership::new(world, (rejoins > 0).then_some(rank)),
             engine: engine::Engine::new(world, outbox, cpus, waiting),
             embedded: None,

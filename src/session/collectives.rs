@@ -5,6 +5,7 @@ use super::demux::{Expect, Incoming, Sink, message};
 use super::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
+use super::teams::Team;
 use super::tuning::{self, ALL_GATHER_LEND_MAX_RANKS};
 use crate::error::Error;
 use shmbroker_bindings::kind;
@@ -41,23 +42,23 @@ impl Session {
     // -----------------------------------------------------------------------------------------
     // Collectives
 
-    /// [`Collectives::barrier`](crate::Collectives::barrier) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
-    pub(crate) fn barrier_on_team(&mut self) -> Result<(), Error> {
-        self.collective("barrier", Self::barrier_tracked)
+    /// [`Collectives::barrier`](crate::Collectives::barrier) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
+    pub(crate) fn barrier_on_team(&mut self, team: &Team) -> Result<(), Error> {
+        self.collective_on(team, "barrier", Self::barrier_tracked)
     }
 
     /// [`Collectives::barrier`](crate::Collectives::barrier) within its tracked deadline (which
     /// [`Deadline::settle`] then notes the outcome of).
-    fn barrier_tracked(&mut self, deadline: &Deadline) -> Result<(), Error> {
-        let seq = self.next_seq(kind::BARRIER)?;
-        let world = self.size();
+    fn barrier_tracked(&mut self, team: &Team, deadline: &Deadline) -> Result<(), Error> {
+        let seq = self.next_seq(team, kind::BARRIER)?;
+        let world = team.size();
         if tuning::barrier(world) == tuning::Barrier::Flat {
             let arrival = message(kind::BARRIER, seq, 0, [0; shmbroker_bindings::INLINE_BYTES]);
-            for peer in self.team_peers() {
+            for peer in team.peers() {
                 self.send_message(peer, arrival, deadline)?;
             }
-            let peers: Vec<u32> = self.team_peers().collect();
+            let peers: Vec<u32> = team.peers().collect();
             for (at, &peer) in peers.iter().enumerate() {
                 if let Err(error) = self.recv_collective(peer, kind::BARRIER, seq, deadline) {
                     let expect = Expect::Collective {
@@ -74,12 +75,12 @@ impl Session {
         // before it, so after ceil(log2(world)) rounds from all of them. 2^k < world in every
         // round, so each round has a peer of its own, and the round travels in the message's
         // inline bytes (`round_inline`).
-        let rank = self.me();
+        let rank = team.me();
         let mut distance = 1;
         let mut round = 0;
         while distance < world {
-            let to = self.member((rank + distance) % world);
-            let from = self.member((rank + world - distance) % world);
+            let to = team.member((rank + distance) % world);
+            let from = team.member((rank + world - distance) % world);
             let arrival = message(kind::BARRIER, seq, 0, round_inline(round));
             self.send_message(to, arrival, deadline)?;
             let heard = self.recv_collective(from, kind::BARRIER, seq, deadline)?;
@@ -98,11 +99,15 @@ impl Session {
         Ok(())
     }
 
-    /// [`Collectives::all_gather`](crate::Collectives::all_gather) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
-    pub(crate) fn all_gather_on_team(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
-        self.collective("all_gather", |session, deadline| {
-            session.all_gather_with(data, deadline)
+    /// [`Collectives::all_gather`](crate::Collectives::all_gather) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
+    pub(crate) fn all_gather_on_team(
+        &mut self,
+        team: &Team,
+        data: &[u8],
+    ) -> Result<Vec<Vec<u8>>, Error> {
+        self.collective_on(team, "all_gather", |session, team, deadline| {
+            session.all_gather_with(team, data, deadline)
         })
     }
 
@@ -110,11 +115,12 @@ impl Session {
     /// whose name a timeout gives (for collectives built on it).
     pub(super) fn all_gather_with(
         &mut self,
+        team: &Team,
         data: &[u8],
         deadline: &Deadline,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        let seq = self.next_seq(kind::ALL_GATHER)?;
-        let mut incoming = self.receive_from_every_peer(kind::ALL_GATHER, seq);
+        let seq = self.next_seq(team, kind::ALL_GATHER)?;
+        let mut incoming = self.receive_from_every_peer(team, kind::ALL_GATHER, seq);
         self.send_while_receiving(
             kind::ALL_GATHER,
             seq,
@@ -122,13 +128,18 @@ impl Session {
             &mut incoming,
             deadline,
         )?;
-        self.gathered(data, incoming)
+        self.gathered(team, data, incoming)
     }
 
     /// A receive into a vector from every peer, of collective `op` number `seq`.
-    pub(super) fn receive_from_every_peer(&self, op: u32, seq: u64) -> Vec<Incoming<'static>> {
+    pub(super) fn receive_from_every_peer(
+        &self,
+        team: &Team,
+        op: u32,
+        seq: u64,
+    ) -> Vec<Incoming<'static>> {
         let expect = Expect::Collective { op, seq };
-        self.team_peers()
+        team.peers()
             .map(|peer| Incoming::new(peer, expect, Sink::Vec(Vec::new())))
             .collect()
     }
@@ -136,13 +147,14 @@ impl Session {
     /// Every rank's data by rank: this rank's `data` and what each of `incoming` received.
     pub(super) fn gathered(
         &self,
+        team: &Team,
         data: &[u8],
         incoming: Vec<Incoming<'_>>,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        let mut gathered = vec![Vec::new(); self.size() as usize];
-        gathered[self.me() as usize] = data.to_vec();
+        let mut gathered = vec![Vec::new(); team.size() as usize];
+        gathered[team.me() as usize] = data.to_vec();
         for incoming in incoming {
-            let rank = self.team.rank_of(incoming.peer);
+            let rank = team.rank_of(incoming.peer);
             if let (_, Sink::Vec(bytes)) = incoming.finish()? {
                 gathered[rank as usize] = bytes;
             }
@@ -150,15 +162,16 @@ impl Session {
         Ok(gathered)
     }
 
-    /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn all_gather_into_on_team(
         &mut self,
+        team: &Team,
         data: &[u8],
         out: &mut [u8],
     ) -> Result<(), Error> {
-        self.collective("all_gather", |session, deadline| {
-            session.all_gather_into_tracked(data, out, deadline)
+        self.collective_on(team, "all_gather", |session, team, deadline| {
+            session.all_gather_into_tracked(team, data, out, deadline)
         })
     }
 
@@ -166,19 +179,20 @@ impl Session {
     /// deadline (which [`Deadline::settle`] then notes the outcome of).
     fn all_gather_into_tracked(
         &mut self,
+        team: &Team,
         data: &[u8],
         out: &mut [u8],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let expected = data.len() * self.size() as usize;
+        let expected = data.len() * team.size() as usize;
         if out.len() != expected {
             return Err(Error::Misuse(format!(
                 "all_gather_into needs a buffer of {expected} bytes, got {}",
                 out.len()
             )));
         }
-        let seq = self.next_seq(kind::ALL_GATHER)?;
-        self.gather_parts_into(kind::ALL_GATHER, seq, data, out, deadline)
+        let seq = self.next_seq(team, kind::ALL_GATHER)?;
+        self.gather_parts_into(team, kind::ALL_GATHER, seq, data, out, deadline)
     }
 
     /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) as collective `op`
@@ -186,6 +200,7 @@ impl Session {
     /// length.
     pub(super) fn gather_parts_into(
         &mut self,
+        team: &Team,
         op: u32,
         seq: u64,
         data: &[u8],
@@ -193,22 +208,22 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<(), Error> {
         let expect = Expect::Collective { op, seq };
-        let rank = self.me();
-        if tuning::all_gather(self.size(), data.len()) == tuning::AllGather::Bruck {
-            return self.bruck_all_gather(op, data, out, seq, deadline);
+        let rank = team.me();
+        if tuning::all_gather(team.size(), data.len()) == tuning::AllGather::Bruck {
+            return self.bruck_all_gather(team, op, data, out, seq, deadline);
         }
         // Small: sent at once (in ring slots, or lent from the outbox above
         // [`ALL_GATHER_SLOTS_MAX_BYTES`](super::tuning::ALL_GATHER_SLOTS_MAX_BYTES)), then each peer's part received in turn.
-        if self.send_small_part(op, seq, data, deadline)? {
+        if self.send_small_part(team, op, seq, data, deadline)? {
             let mut rest = out;
-            for peer in 0..self.size() {
+            for peer in 0..team.size() {
                 let (slot, tail) = std::mem::take(&mut rest).split_at_mut(data.len());
                 rest = tail;
                 if peer == rank {
                     slot.copy_from_slice(data);
                     continue;
                 }
-                let mut incoming = Incoming::new(self.member(peer), expect, Sink::Slice(slot));
+                let mut incoming = Incoming::new(team.member(peer), expect, Sink::Slice(slot));
                 // The part straight from the ring when it is next there and whole, else
                 // through the inbox.
                 self.take_direct(&mut incoming, deadline)?;
@@ -219,15 +234,15 @@ impl Session {
             }
             return Ok(());
         }
-        let mut incoming = Vec::with_capacity(self.size() as usize);
+        let mut incoming = Vec::with_capacity(team.size() as usize);
         let mut rest = out;
-        for peer in 0..self.size() {
+        for peer in 0..team.size() {
             let (slot, tail) = std::mem::take(&mut rest).split_at_mut(data.len());
             rest = tail;
             if peer == rank {
                 slot.copy_from_slice(data);
             } else {
-                incoming.push(Incoming::new(self.member(peer), expect, Sink::Slice(slot)));
+                incoming.push(Incoming::new(team.member(peer), expect, Sink::Slice(slot)));
             }
         }
         self.send_while_receiving(op, seq, (data, Targets::Peers), &mut incoming, deadline)?;
@@ -250,13 +265,14 @@ impl Session {
     /// in slots.
     fn send_small_part(
         &mut self,
+        team: &Team,
         op: u32,
         seq: u64,
         data: &[u8],
         deadline: &Deadline,
     ) -> Result<bool, Error> {
         if op != kind::ALL_GATHER
-            || !tuning::all_gather_lends(self.size(), data.len(), self.eager_limit())
+            || !tuning::all_gather_lends(team.size(), data.len(), self.eager_limit())
         {
             return self.send_if_eager(op, seq, data, Targets::Peers, deadline);
         }
@@ -273,11 +289,11 @@ impl Session {
         // On the stack: a team this small has at most this many peers.
         let mut peers = [0u32; ALL_GATHER_LEND_MAX_RANKS as usize - 1];
         let mut count = 0;
-        for (slot, peer) in peers.iter_mut().zip(self.team_peers()) {
+        for (slot, peer) in peers.iter_mut().zip(team.peers()) {
             *slot = peer;
             count += 1;
         }
-        debug_assert_eq!(count, self.size() as usize - 1, "every peer has a place");
+        debug_assert_eq!(count, team.size() as usize - 1, "every peer has a place");
         self.lend(op, seq, loan, &peers[..count], deadline)?;
         Ok(true)
     }
@@ -290,13 +306,14 @@ impl Session {
     /// the collective's sequence number tells its messages apart; each round's length is checked.
     fn bruck_all_gather(
         &mut self,
+        team: &Team,
         op: u32,
         data: &[u8],
         out: &mut [u8],
         seq: u64,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let (rank, world) = (self.me(), self.size());
+        let (rank, world) = (team.me(), team.size());
         let part = data.len();
         let expect = Expect::Collective { op, seq };
         // Gathered into `out` rotated, with no allocation: part i is rank (rank + i) % world's.
@@ -305,8 +322,8 @@ impl Session {
         let mut have = 1u32;
         while have < world {
             let count = have.min(world - have);
-            let to = self.member((rank + world - have) % world);
-            let from = self.member((rank + have) % world);
+            let to = team.member((rank + world - have) % world);
+            let from = team.member((rank + have) % world);
             let (gathered, missing) = rotated.split_at_mut(have as usize * part);
             let bytes = count as usize * part;
             let mut incoming = [Incoming::new(
@@ -337,23 +354,24 @@ impl Session {
     /// As for [`Collectives::all_gather`](crate::Collectives::all_gather), and [`Error::Protocol`]
     /// if a peer's value has another size.
     pub fn all_gather_pod<T: bytemuck::Pod>(&mut self, value: &T) -> Result<Vec<T>, Error> {
-        self.collective("all_gather", |session, deadline| {
-            session.all_gather_pod_with(value, deadline)
+        self.collective("all_gather", |session, team, deadline| {
+            session.all_gather_pod_with(team, value, deadline)
         })
     }
 
     /// [`Self::all_gather_pod`] within an existing deadline (for collectives built on it).
     pub(super) fn all_gather_pod_with<T: bytemuck::Pod>(
         &mut self,
+        team: &Team,
         value: &T,
         deadline: &Deadline,
     ) -> Result<Vec<T>, Error> {
-        let gathered = self.all_gather_with(bytemuck::bytes_of(value), deadline)?;
+        let gathered = self.all_gather_with(team, bytemuck::bytes_of(value), deadline)?;
         (0..)
             .zip(gathered)
             .map(|(rank, bytes)| {
                 bytemuck::try_pod_read_unaligned(&bytes)
-                    .map_err(|_| wrong_size(self.member(rank), bytes.len() as u64, size_of::<T>()))
+                    .map_err(|_| wrong_size(team.member(rank), bytes.len() as u64, size_of::<T>()))
             })
             .collect()
     }

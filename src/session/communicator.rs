@@ -4,29 +4,31 @@
 //!
 //! Each method runs a session method among a team. For a session that is the world; for a view
 //! it is the group, whose ranks, roots, blocks and counts are group ranks. Errors name world
-//! ranks either way. A communicator only says how it makes its team current (`on_team`). That
+//! ranks either way. A communicator only says which team its calls run among (`on_team`). That
 //! trait is sealed, so nothing outside this crate implements [`Collectives`]. A new collective
-//! is one session method on the current team (`*_on_team`) and one method here.
+//! is one session method among a team (`*_on_team`) and one method here.
 //!
 //! Some collectives stay on the session alone, for the world: typed all-gathers
 //! (`all_gather_pod`), loans, fd and GPU-handle exchange, and user reductions.
 
 use super::groups::GroupView;
 use super::state::Session;
+use super::teams::Team;
 use crate::error::Error;
 use crate::reduce::{DType, Element, ReduceOp};
 
 mod sealed {
     use crate::error::Error;
     use crate::session::state::Session;
+    use crate::session::teams::Team;
 
-    /// How a communicator runs a call with its team current. Sealed: the trait lives in a
+    /// Which team a communicator's calls run among. Sealed: the trait lives in a
     /// private module, so only this crate's communicators implement it.
     pub trait Communicator {
-        /// Runs `call` on the session with this communicator's team current.
+        /// Runs `call` on the session among this communicator's team.
         fn on_team<R>(
             &mut self,
-            call: impl FnOnce(&mut Session) -> Result<R, Error>,
+            call: impl FnOnce(&mut Session, &Team) -> Result<R, Error>,
         ) -> Result<R, Error>;
     }
 }
@@ -45,7 +47,7 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::PeerGaveUp`] (a rank this call waits for failed its part and left it: every
     /// collective can fail so).
     fn barrier(&mut self) -> Result<(), Error> {
-        self.on_team(|session| session.barrier_on_team())
+        self.on_team(|session, team| session.barrier_on_team(team))
     }
 
     /// `root`'s data on every rank: the root passes `Some(data)`, the others `None`.
@@ -55,7 +57,7 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
     /// [`Self::all_gather`].
     fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
-        self.on_team(|session| session.broadcast_on_team(root, data))
+        self.on_team(|session, team| session.broadcast_on_team(team, root, data))
     }
 
     /// Every rank's `data` (any size, sizes may differ) at `root`, indexed by rank: `Some` at the
@@ -65,7 +67,7 @@ pub trait Collectives: sealed::Communicator {
     ///
     /// As for [`Self::all_gather`], and [`Error::RankOutOfRange`] for a bad root.
     fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.on_team(|session| session.gather_on_team(root, data))
+        self.on_team(|session, team| session.gather_on_team(team, root, data))
     }
 
     /// The root's `input` cut into `world_size` equal blocks, block `r` into rank `r`'s `output`
@@ -78,7 +80,7 @@ pub trait Collectives: sealed::Communicator {
     /// another length; [`Error::Protocol`] naming the root when a block has another length;
     /// otherwise as for [`Self::broadcast`].
     fn scatter(&mut self, root: u32, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), Error> {
-        self.on_team(|session| session.scatter_on_team(root, input, output))
+        self.on_team(|session, team| session.scatter_on_team(team, root, input, output))
     }
 
     /// Every rank's `data` (any size, sizes may differ), indexed by rank.
@@ -88,7 +90,7 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
     /// [`Error::PeerGaveUp`], [`Error::Protocol`], [`Error::Outbox`].
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
-        self.on_team(|session| session.all_gather_on_team(data))
+        self.on_team(|session, team| session.all_gather_on_team(team, data))
     }
 
     /// Every rank's `data`, all of one size, into `out` in rank order (`out` must hold exactly
@@ -99,7 +101,7 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
     /// contribution has another size; otherwise as for [`Self::all_gather`].
     fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
-        self.on_team(|session| session.all_gather_into_on_team(data, out))
+        self.on_team(|session, team| session.all_gather_into_on_team(team, data, out))
     }
 
     /// Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q` (as
@@ -111,7 +113,7 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
     /// [`Self::all_gather`].
     fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
-        self.on_team(|session| session.all_to_all_on_team(input, output))
+        self.on_team(|session, team| session.all_to_all_on_team(team, input, output))
     }
 
     /// [`Self::all_to_all`] with a byte count per rank (as `MPI_Alltoallv`): `send_counts[q]`
@@ -130,8 +132,8 @@ pub trait Collectives: sealed::Communicator {
         output: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), Error> {
-        self.on_team(|session| {
-            session.all_to_all_v_on_team(input, send_counts, output, recv_counts)
+        self.on_team(|session, team| {
+            session.all_to_all_v_on_team(team, input, send_counts, output, recv_counts)
         })
     }
 
@@ -152,7 +154,7 @@ pub trait Collectives: sealed::Communicator {
     /// operations of floats); [`Error::Protocol`] naming a rank that passed another length;
     /// otherwise as for [`Self::all_gather`].
     fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.on_team(|session| session.all_reduce_on_team(data, op))
+        self.on_team(|session, team| session.all_reduce_on_team(team, data, op))
     }
 
     /// [`Self::all_reduce`] of `input` into `output` (of the same length); `input` is unchanged.
@@ -166,7 +168,7 @@ pub trait Collectives: sealed::Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session| session.all_reduce_into_on_team(input, output, op))
+        self.on_team(|session, team| session.all_reduce_into_on_team(team, input, output, op))
     }
 
     /// [`Self::all_reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -181,7 +183,7 @@ pub trait Collectives: sealed::Communicator {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session| session.all_reduce_bytes_on_team(data, dtype, op))
+        self.on_team(|session, team| session.all_reduce_bytes_on_team(team, data, dtype, op))
     }
 
     /// Combines every rank's `data` with `op`, in rank order, into the root's `data`; the other
@@ -191,7 +193,7 @@ pub trait Collectives: sealed::Communicator {
     ///
     /// As for [`Self::all_reduce`], and [`Error::RankOutOfRange`] for the root.
     fn reduce<T: Element>(&mut self, root: u32, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.on_team(|session| session.reduce_on_team(root, data, op))
+        self.on_team(|session, team| session.reduce_on_team(team, root, data, op))
     }
 
     /// [`Self::reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -206,7 +208,7 @@ pub trait Collectives: sealed::Communicator {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session| session.reduce_bytes_on_team(root, data, dtype, op))
+        self.on_team(|session, team| session.reduce_bytes_on_team(team, root, data, dtype, op))
     }
 
     /// Combines every rank's `input` with `op`, in rank order, and gives rank `r` block `r` of the
@@ -223,7 +225,7 @@ pub trait Collectives: sealed::Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session| session.reduce_scatter_on_team(input, output, op))
+        self.on_team(|session, team| session.reduce_scatter_on_team(team, input, output, op))
     }
 
     /// [`Self::reduce_scatter`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -238,16 +240,19 @@ pub trait Collectives: sealed::Communicator {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session| session.reduce_scatter_bytes_on_team(input, output, dtype, op))
+        self.on_team(|session, team| {
+            session.reduce_scatter_bytes_on_team(team, input, output, dtype, op)
+        })
     }
 }
 
 impl sealed::Communicator for Session {
     fn on_team<R>(
         &mut self,
-        call: impl FnOnce(&mut Session) -> Result<R, Error>,
+        call: impl FnOnce(&mut Session, &Team) -> Result<R, Error>,
     ) -> Result<R, Error> {
-        call(self)
+        let world = self.groups.world().clone();
+        call(self, &world)
     }
 }
 
@@ -256,7 +261,7 @@ impl Collectives for Session {}
 impl sealed::Communicator for GroupView<'_> {
     fn on_team<R>(
         &mut self,
-        call: impl FnOnce(&mut Session) -> Result<R, Error>,
+        call: impl FnOnce(&mut Session, &Team) -> Result<R, Error>,
     ) -> Result<R, Error> {
         self.run(call)
     }

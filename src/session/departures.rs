@@ -36,6 +36,7 @@
 
 use super::state::Deadline;
 use super::state::Session;
+use super::teams::Team;
 use crate::error::Error;
 use crate::status::now as status_now;
 use shmbroker_handshake::Departure;
@@ -132,30 +133,42 @@ impl Session {
     }
 
     /// [`Self::lost_from`] for a ring with `peer` found closed by a call, which in a collective
-    /// names the first rank that died if any did. A collective that ends this way without a
-    /// death (the peer left) closes its own stream (see [`Self::collective_ended_by_a_leaver`]).
-    pub(super) fn closed(&mut self, peer: u32, collective: bool) -> Error {
+    /// names the first rank that died if any did: of the call's team (see
+    /// [`Self::call_team`]), or of the world without a `deadline`. A collective that ends this
+    /// way without a death (the peer left) closes its own stream (see
+    /// [`Self::collective_ended_by_a_leaver`]).
+    pub(super) fn closed(
+        &mut self,
+        peer: u32,
+        collective: bool,
+        deadline: Option<&Deadline>,
+    ) -> Error {
         let error = self.lost_from(peer);
         if !collective {
             return error;
         }
-        match self.team_lost_rank() {
+        let (lost, stream) = match deadline {
+            Some(deadline) => {
+                self.call_team(deadline, |team| (self.team_lost_rank(team), team.stream()))
+            }
+            None => (self.team_lost_rank(self.groups.world()), 0),
+        };
+        match lost {
             Some(rank) => self.collective_lost(rank),
             None => {
-                self.collective_ended_by_a_leaver();
+                self.collective_ended_by_a_leaver(stream);
                 error
             }
         }
     }
 
-    /// After the current team's collective failed because a member left (no member died):
-    /// the team's stream is closed in every inbox, so that what its messages leave in the links
+    /// After a collective on `stream` failed because a member left (no member died):
+    /// the stream is closed in every inbox, so that what its messages leave in the links
     /// does not stand in the way of the next ones. Only that stream: another group's last
     /// collective may still hold a message the leaver sent before it went, which a slower
     /// member is yet to take (a rank may finish its calls and leave while others finish
     /// theirs).
-    pub(super) fn collective_ended_by_a_leaver(&mut self) {
-        let stream = self.team.stream();
+    pub(super) fn collective_ended_by_a_leaver(&mut self, stream: u32) {
         self.close_streams(&[stream]);
     }
 
@@ -168,31 +181,31 @@ impl Session {
         }
     }
 
-    /// The first rank recorded dead that the current team needs: the first to die of all when
+    /// The first rank recorded dead that `team` needs: the first to die of all when
     /// it is a member (always, for the world), otherwise the lowest dead member. One atomic load
     /// while nobody has died.
     ///
     /// A member replaced after the team was formed counts as dead for it (see `rejoin`).
-    pub(super) fn team_lost_rank(&self) -> Option<u32> {
+    pub(super) fn team_lost_rank(&self, team: &Team) -> Option<u32> {
         let first = self.inner.recorded_lost_rank()?;
-        if self.team.contains(first) && self.gone_for_team(first) {
+        if team.contains(first) && self.gone_for_team(first, team) {
             return Some(first);
         }
         self.inner
             .dead_ranks()
             .into_iter()
-            .find(|&rank| self.team.contains(rank))
-            .or_else(|| self.team_replaced())
+            .find(|&rank| team.contains(rank))
+            .or_else(|| self.team_replaced(team))
     }
 
     /// The error for a collective that cannot finish because `rank` (the first rank recorded
     /// dead) died. Blocks the dead ranks owed acknowledgements for are given back: none can
     /// arrive any more.
     ///
-    /// The current team's stream is closed in every inbox (see `demux::Inbox::close_stream`): its
-    /// collectives are over, and what its messages leave in the links, down to a message cut
-    /// off between its chunks, must not stand in the way of other streams' (a group's after
-    /// `shrink`). The blocks of the messages dropped are acknowledged, so their senders free
+    /// The streams of the teams the dead ranks were in are closed in every inbox (see
+    /// `demux::Inbox::close_stream`): their collectives are over, and what their messages leave
+    /// in the links, down to a message cut off between its chunks, must not stand in the way of
+    /// other streams' (a group's after `shrink`). The blocks of the messages dropped are acknowledged, so their senders free
     /// them.
     pub(super) fn collective_lost(&mut self, rank: u32) -> Error {
         for dead in self.inner.dead_ranks() {
@@ -229,14 +242,9 @@ impl Session {
     /// Closes the world's stream and every group's with a member in `departed` (a set of ranks,
     /// bit `rank`), in every inbox.
     fn close_streams_hit_by(&mut self, departed: u64) {
-        let hit = |team: &super::teams::Team| {
-            (0..team.size()).any(|rank| departed & 1 << team.member(rank) != 0)
-        };
+        let hit = |team: &Team| (0..team.size()).any(|rank| departed & 1 << team.member(rank) != 0);
         let mut streams = vec![0];
         streams.extend(self.groups.streams_where(hit));
-        if hit(&self.team) {
-            streams.push(self.team.stream());
-        }
         self.close_streams(&streams);
     }
 
@@ -267,7 +275,7 @@ impl Session {
     /// Closes `streams` in every inbox (see `demux::Inbox::close_stream`), acknowledging the
     /// blocks of the messages dropped.
     ///
-    /// Never the setup stream, whatever the current team: making groups and shrinking number
+    /// Never the setup stream, whatever the call: making groups and shrinking number
     /// their messages per pair, which stay in step through a failed `group` or `shrink` (see
     /// `groups`), so a live member's queued proposal must stay queued for the rest of the call
     /// and the next one.
@@ -287,18 +295,14 @@ impl Session {
         }
     }
 
-    /// The error for a collective of the current team after its stream was closed: the death
-    /// of a member (the first, as any collective names it), or else the departure of one.
-    pub(super) fn closed_team_error(&mut self) -> Error {
+    /// The error for a collective of `team` after its stream was closed: the death of a
+    /// member (the first, as any collective names it), or else the departure of one.
+    pub(super) fn closed_team_error(&mut self, team: &Team) -> Error {
         let _ = self.inner.lost_rank();
-        if let Some(rank) = self.team_lost_rank() {
+        if let Some(rank) = self.team_lost_rank(team) {
             return self.collective_lost(rank);
         }
-        let me = self.rank();
-        let departed = (0..self.team.size())
-            .map(|index| self.team.member(index))
-            .filter(|&rank| rank != me)
-            .find_map(|rank| self.inner.departure(rank));
+        let departed = team.peers().find_map(|rank| self.inner.departure(rank));
         match departed {
             Some(departure) => departure_error(departure),
             // A stream is closed only for a departed member (or a replaced one, which
@@ -306,7 +310,7 @@ impl Session {
             None => Error::Misuse(format!(
                 "the collectives of group stream {} ended when a member departed; make a new \
                  group (Session::group) of the ranks there now",
-                self.team.stream()
+                team.stream()
             )),
         }
     }
@@ -341,7 +345,7 @@ impl Session {
             return Err(Error::Interrupted);
         }
         if deadline.collective
-            && let Some(rank) = self.team_lost_rank()
+            && let Some(rank) = self.call_team(deadline, |team| self.team_lost_rank(team))
         {
             return Err(self.collective_lost(rank));
         }
@@ -398,7 +402,7 @@ impl Session {
                     ..
                 } = &mut error
                 {
-                    (*diagnosis, *stopped) = self.diagnose(waiting_for);
+                    (*diagnosis, *stopped) = self.diagnose(waiting_for, deadline);
                 }
                 // Cited if this worker now leaves: the peers still waiting on it then learn
                 // whom it gave up on, not only that it left.

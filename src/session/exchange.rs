@@ -18,21 +18,23 @@ use super::demux::{Expect, Incoming, Sink};
 use super::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
+use super::teams::Team;
 use super::tuning;
 use crate::error::Error;
 use shmbroker_bindings::kind;
 
 impl Session {
-    /// [`Collectives::scatter`](crate::Collectives::scatter) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::scatter`](crate::Collectives::scatter) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn scatter_on_team(
         &mut self,
+        team: &Team,
         root: u32,
         input: Option<&[u8]>,
         output: &mut [u8],
     ) -> Result<(), Error> {
-        self.collective("scatter", |session, deadline| {
-            session.scatter_tracked(root, input, output, deadline)
+        self.collective_on(team, "scatter", |session, team, deadline| {
+            session.scatter_tracked(team, root, input, output, deadline)
         })
     }
 
@@ -40,26 +42,27 @@ impl Session {
     /// [`Deadline::settle`] then notes the outcome of).
     fn scatter_tracked(
         &mut self,
+        team: &Team,
         root: u32,
         input: Option<&[u8]>,
         output: &mut [u8],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        self.check_root(root, input.is_some(), "scatter")?;
+        self.check_root(team, root, input.is_some(), "scatter")?;
         let block = output.len();
-        let seq = self.next_seq(kind::SCATTER)?;
+        let seq = self.next_seq(team, kind::SCATTER)?;
         let Some(input) = input else {
             let expect = Expect::Collective {
                 op: kind::SCATTER,
                 seq,
             };
-            let root = self.member(root);
+            let root = team.member(root);
             let mut incoming = [Incoming::new(root, expect, Sink::Slice(output))];
             self.receive_all(&mut incoming, deadline)?;
             let [incoming] = incoming;
             return check_part(incoming, block);
         };
-        let world = self.size() as usize;
+        let world = team.size() as usize;
         if input.len() != block * world {
             return Err(Error::Misuse(format!(
                 "scatter needs an input of {world} blocks of the output's {block} bytes, got {}",
@@ -71,22 +74,23 @@ impl Session {
             if rank == root {
                 output.copy_from_slice(part);
             } else {
-                let to = self.member(rank);
+                let to = team.member(rank);
                 self.send_to(kind::SCATTER, seq, part, Targets::One(to), deadline)?;
             }
         }
         Ok(())
     }
 
-    /// [`Collectives::all_to_all`](crate::Collectives::all_to_all) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::all_to_all`](crate::Collectives::all_to_all) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn all_to_all_on_team(
         &mut self,
+        team: &Team,
         input: &[u8],
         output: &mut [u8],
     ) -> Result<(), Error> {
-        self.collective("all_to_all", |session, deadline| {
-            session.all_to_all_tracked(input, output, deadline)
+        self.collective_on(team, "all_to_all", |session, team, deadline| {
+            session.all_to_all_tracked(team, input, output, deadline)
         })
     }
 
@@ -94,11 +98,12 @@ impl Session {
     /// (which [`Deadline::settle`] then notes the outcome of).
     fn all_to_all_tracked(
         &mut self,
+        team: &Team,
         input: &[u8],
         output: &mut [u8],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let world = self.size() as usize;
+        let world = team.size() as usize;
         if input.len() != output.len() || !input.len().is_multiple_of(world) {
             return Err(Error::Misuse(format!(
                 "all_to_all needs an input and an output of {world} equal blocks, got {} and {} \
@@ -109,10 +114,10 @@ impl Session {
         }
         let block = input.len() / world;
         if tuning::all_to_all(world, block) == tuning::AllToAll::Lent {
-            return self.lend_blocks(input, output, deadline);
+            return self.lend_blocks(team, input, output, deadline);
         }
-        let seq = self.next_seq(kind::ALL_TO_ALL)?;
-        self.exchange_blocks(kind::ALL_TO_ALL, seq, input, output, deadline)
+        let seq = self.next_seq(team, kind::ALL_TO_ALL)?;
+        self.exchange_blocks(team, kind::ALL_TO_ALL, seq, input, output, deadline)
     }
 
     /// A large all-to-all read in place: piece by piece along the blocks, every rank copies the
@@ -122,11 +127,12 @@ impl Session {
     /// all its peers at once, where the pairwise exchange takes `world - 1` rounds.
     fn lend_blocks(
         &mut self,
+        team: &Team,
         input: &[u8],
         output: &mut [u8],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let (rank, world) = (self.me() as usize, self.size() as usize);
+        let (rank, world) = (team.me() as usize, team.size() as usize);
         let block = input.len() / world;
         output[rank * block..(rank + 1) * block]
             .copy_from_slice(&input[rank * block..(rank + 1) * block]);
@@ -138,7 +144,7 @@ impl Session {
                 .filter(|&q| q != rank)
                 .map(|q| &input[at(q)])
                 .collect();
-            let seq = self.next_seq(kind::ALL_TO_ALL)?;
+            let seq = self.next_seq(team, kind::ALL_TO_ALL)?;
             // Every rank reads its own part of each loan, at an offset that depends on the
             // lender: the whole loan is due.
             let shares = super::reductions::Shares {
@@ -146,7 +152,8 @@ impl Session {
                 read: 0..range.len() * (world - 1),
                 call: input.len() as u64,
             };
-            let views = self.lend_to_every_peer(kind::ALL_TO_ALL, seq, &parts, shares, deadline)?;
+            let views =
+                self.lend_to_every_peer(team, kind::ALL_TO_ALL, seq, &parts, shares, deadline)?;
             for (q, view) in views.iter().enumerate() {
                 let Some(view) = view else { continue };
                 // Rank q's loan holds its parts for every rank but itself, in rank order.
@@ -158,17 +165,18 @@ impl Session {
         Ok(())
     }
 
-    /// [`Collectives::all_to_all_v`](crate::Collectives::all_to_all_v) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::all_to_all_v`](crate::Collectives::all_to_all_v) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn all_to_all_v_on_team(
         &mut self,
+        team: &Team,
         input: &[u8],
         send_counts: &[usize],
         output: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), Error> {
-        self.collective("all_to_all_v", |session, deadline| {
-            session.all_to_all_v_tracked(input, send_counts, output, recv_counts, deadline)
+        self.collective_on(team, "all_to_all_v", |session, team, deadline| {
+            session.all_to_all_v_tracked(team, input, send_counts, output, recv_counts, deadline)
         })
     }
 
@@ -176,13 +184,14 @@ impl Session {
     /// (which [`Deadline::settle`] then notes the outcome of).
     fn all_to_all_v_tracked(
         &mut self,
+        team: &Team,
         input: &[u8],
         send_counts: &[usize],
         output: &mut [u8],
         recv_counts: &[usize],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let world = self.size() as usize;
+        let world = team.size() as usize;
         let sent: usize = send_counts.iter().sum();
         let received: usize = recv_counts.iter().sum();
         if send_counts.len() != world
@@ -202,14 +211,14 @@ impl Session {
         }
         // What this rank sends itself is what it receives from itself: checked before anything
         // is sent (it was a panic in the copy).
-        let me = self.me() as usize;
+        let me = team.me() as usize;
         if send_counts[me] != recv_counts[me] {
             return Err(Error::Misuse(format!(
                 "all_to_all_v: this rank sends itself {} bytes but expects {} from itself",
                 send_counts[me], recv_counts[me]
             )));
         }
-        let seq = self.next_seq(kind::ALL_TO_ALL)?;
+        let seq = self.next_seq(team, kind::ALL_TO_ALL)?;
         let offsets = |counts: &[usize]| -> Vec<usize> {
             counts
                 .iter()
@@ -222,10 +231,11 @@ impl Session {
         };
         let (sends, receives) = (offsets(send_counts), offsets(recv_counts));
         let block = |q: usize| sends[q]..sends[q] + send_counts[q];
-        let rank = self.me() as usize;
+        let rank = team.me() as usize;
         output[receives[rank]..receives[rank] + recv_counts[rank]]
             .copy_from_slice(&input[block(rank)]);
         self.pairwise(
+            team,
             kind::ALL_TO_ALL,
             seq,
             deadline,
@@ -242,18 +252,20 @@ impl Session {
     /// one length, as collective `op` number `seq`.
     pub(super) fn exchange_blocks(
         &mut self,
+        team: &Team,
         op: u32,
         seq: u64,
         input: &[u8],
         output: &mut [u8],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let world = self.size() as usize;
+        let world = team.size() as usize;
         let block = input.len() / world;
-        let rank = self.me() as usize;
+        let rank = team.me() as usize;
         output[rank * block..(rank + 1) * block]
             .copy_from_slice(&input[rank * block..(rank + 1) * block]);
         self.pairwise(
+            team,
             op,
             seq,
             deadline,
@@ -267,8 +279,13 @@ impl Session {
     /// `rank + k` while it receives `output[from]` from rank `rank - k` (the ranges `ranges(q)`
     /// gives for each), so every rank has one peer to send to and one to hear from per round
     /// and no round waits on a third rank.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one collective's inputs, none to group"
+    )]
     fn pairwise(
         &mut self,
+        team: &Team,
         op: u32,
         seq: u64,
         deadline: &Deadline,
@@ -276,7 +293,7 @@ impl Session {
         input: &[u8],
         output: &mut [u8],
     ) -> Result<(), Error> {
-        let (rank, world) = (self.me(), self.size());
+        let (rank, world) = (team.me(), team.size());
         let expect = Expect::Collective { op, seq };
         for round in 1..world {
             let to = (rank + round) % world;
@@ -284,7 +301,7 @@ impl Session {
             let sending = ranges(to as usize).0;
             let receiving = ranges(from as usize).1;
             let due = receiving.len();
-            let (to, from) = (self.member(to), self.member(from));
+            let (to, from) = (team.member(to), team.member(from));
             let mut incoming = [Incoming::new(
                 from,
                 expect,

@@ -53,6 +53,7 @@ use super::engine::FdTransport;
 use super::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
+use super::teams::Team;
 use crate::error::Error;
 use shmbroker_bindings::{FdTicket, kind};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -348,9 +349,9 @@ impl Session {
     /// [`Error::Protocol`] naming a rank that sent a ticket naming another process; otherwise as
     /// for [`Collectives::all_gather`](crate::Collectives::all_gather).
     pub fn exchange_fds(&mut self, fd: BorrowedFd<'_>) -> Result<Vec<OwnedFd>, Error> {
-        self.collective("exchange_fds", |session, deadline| {
+        self.collective("exchange_fds", |session, team, deadline| {
             let exporters: Vec<u32> = (0..session.world_size()).collect();
-            session.move_fds(&exporters, &[fd], 1, deadline)
+            session.move_fds(team, &exporters, &[fd], 1, deadline)
         })?
         .into_all()
     }
@@ -370,18 +371,19 @@ impl Session {
         &mut self,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Vec<Vec<OwnedFd>>, Error> {
-        self.collective("exchange_fd_batch", |session, deadline| {
-            session.exchange_fd_batch_with(fds, deadline)
+        self.collective("exchange_fd_batch", |session, team, deadline| {
+            session.exchange_fd_batch_with(team, fds, deadline)
         })
     }
 
     fn exchange_fd_batch_with(
         &mut self,
+        team: &Team,
         fds: &[BorrowedFd<'_>],
         deadline: &Deadline,
     ) -> Result<Vec<Vec<OwnedFd>>, Error> {
         let exporters: Vec<u32> = (0..self.world_size()).collect();
-        self.move_fds(&exporters, fds, fds.len(), deadline)?
+        self.move_fds(team, &exporters, fds, fds.len(), deadline)?
             .into_by_rank(self.world_size())
     }
 
@@ -412,8 +414,8 @@ impl Session {
             _ => {}
         }
         let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
-        self.collective("broadcast_fd", |session, deadline| {
-            session.broadcast_fd_batch_with(root, &fds, 1, deadline)
+        self.collective("broadcast_fd", |session, team, deadline| {
+            session.broadcast_fd_batch_with(team, root, &fds, 1, deadline)
         })?
         .pop()
         .ok_or_else(|| Error::Misuse(format!("no fd from rank {root}")))
@@ -436,13 +438,14 @@ impl Session {
         fds: &[BorrowedFd<'_>],
         count: usize,
     ) -> Result<Vec<OwnedFd>, Error> {
-        self.collective("broadcast_fd_batch", |session, deadline| {
-            session.broadcast_fd_batch_with(root, fds, count, deadline)
+        self.collective("broadcast_fd_batch", |session, team, deadline| {
+            session.broadcast_fd_batch_with(team, root, fds, count, deadline)
         })
     }
 
     fn broadcast_fd_batch_with(
         &mut self,
+        team: &Team,
         root: u32,
         fds: &[BorrowedFd<'_>],
         count: usize,
@@ -462,13 +465,15 @@ impl Session {
                 fds.len()
             )));
         }
-        self.move_fds(&[root], fds, count, deadline)?.take(root)
+        self.move_fds(team, &[root], fds, count, deadline)?
+            .take(root)
     }
 
     /// Moves each exporter's `count` fds to every other rank; returns them by exporter: what
     /// this rank imported, and duplicates of its own `mine` when it exports.
     pub(super) fn move_fds(
         &mut self,
+        team: &Team,
         exporters: &[u32],
         mine: &[BorrowedFd<'_>],
         count: usize,
@@ -502,11 +507,11 @@ impl Session {
             }
         };
         fill_tickets(mine, tickets)?;
-        let seq = self.next_seq(kind::FD_TICKET)?;
+        let seq = self.next_seq(team, kind::FD_TICKET)?;
         for ticket in tickets.iter_mut() {
             ticket.token = seq;
         }
-        let moved = self.move_numbered_fds(seq, exporters, mine, tickets, imported, deadline);
+        let moved = self.move_numbered_fds(team, seq, exporters, mine, tickets, imported, deadline);
         if moved.is_err() {
             // However this rank's exchange ended, nothing relayed for it is waited for any more:
             // what comes later (peers that went on to relay, an exporter stopped past the
@@ -518,8 +523,13 @@ impl Session {
 
     /// [`Self::move_fds`] from its sequence number `seq` on, with this rank's `tickets` for
     /// `mine` when it exports.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one collective's inputs, none to group"
+    )]
     fn move_numbered_fds(
         &mut self,
+        team: &Team,
         seq: u64,
         exporters: &[u32],
         mine: &[BorrowedFd<'_>],
@@ -588,7 +598,7 @@ impl Session {
         if self.engine.fd_transport == FdTransport::Pidfd {
             status.pidfd_only |= 1 << rank;
         }
-        let statuses = self.all_gather_pod_with(&status, deadline)?;
+        let statuses = self.all_gather_pod_with(team, &status, deadline)?;
         self.agreed_failure(&statuses, my_failure, count)?;
         let any_refused = statuses.iter().any(|s| s.refused != 0);
         let strict = statuses.iter().any(|s| s.pidfd_only != 0);
@@ -895,7 +905,7 @@ impl Session {
         // (a death of this team's: one from before a shrink or a rejoin is no cause).
         if mine.is_some() || any_failed {
             let _ = self.inner.lost_rank();
-            if let Some(rank) = self.team_lost_rank() {
+            if let Some(rank) = self.team_lost_rank(self.groups.world()) {
                 return Err(self.collective_lost(rank));
             }
         }

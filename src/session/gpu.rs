@@ -57,9 +57,10 @@ impl Session {
                 .filter(|_| exporters.contains(&self.rank()))
                 .into_iter()
                 .collect();
-            let mut moved = self.collective("all_gather_gpu_handles", |session, deadline| {
-                session.move_fds(&exporters, &mine, 1, deadline)
-            })?;
+            let mut moved = self
+                .collective("all_gather_gpu_handles", |session, team, deadline| {
+                    session.move_fds(team, &exporters, &mine, 1, deadline)
+                })?;
             (0..self.world_size())
                 .map(|rank| moved.take_one(rank))
                 .collect()
@@ -82,8 +83,11 @@ impl Session {
         if let Some((handle, fd)) = offered {
             check_own(handle, fd)?;
         }
-        let bytes =
-            self.broadcast_on_team(root, offered.map(|(handle, _)| bytemuck::bytes_of(handle)))?;
+        let bytes = crate::Collectives::broadcast(
+            self,
+            root,
+            offered.map(|(handle, _)| bytemuck::bytes_of(handle)),
+        )?;
         let handle: GpuHandle =
             bytemuck::try_pod_read_unaligned(&bytes).map_err(|_| Error::Protocol {
                 peer: root,

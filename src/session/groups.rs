@@ -154,37 +154,6 @@ pub struct GroupView<'s> {
     timeout: Option<Duration>,
 }
 
-/// The session with `team` as its current team, until dropped (even by a panic in a user's
-/// combining closure): then the world is current again and a group's team is stored back.
-struct OnTeam<'s> {
-    session: &'s mut Session,
-    world: Option<Team>,
-    /// Whether the team goes back to [`Groups::teams`](super::teams::Groups::teams) (a group's) or is dropped (setup's).
-    store: bool,
-}
-
-impl<'s> OnTeam<'s> {
-    fn new(session: &'s mut Session, team: Team, store: bool) -> Self {
-        let world = std::mem::replace(&mut session.team, team);
-        Self {
-            session,
-            world: Some(world),
-            store,
-        }
-    }
-}
-
-impl Drop for OnTeam<'_> {
-    fn drop(&mut self) {
-        if let Some(world) = self.world.take() {
-            let team = std::mem::replace(&mut self.session.team, world);
-            if self.store {
-                self.session.groups.teams.insert(team.stream, team);
-            }
-        }
-    }
-}
-
 impl GroupView<'_> {
     /// This rank's rank in the group.
     #[must_use]
@@ -215,10 +184,10 @@ impl GroupView<'_> {
         }
     }
 
-    /// Runs `call` with the group's team current (and the view's deadline, if it has one).
+    /// Runs `call` among the group's team (and with the view's deadline, if it has one).
     pub(super) fn run<R>(
         &mut self,
-        call: impl FnOnce(&mut Session) -> Result<R, Error>,
+        call: impl FnOnce(&mut Session, &Team) -> Result<R, Error>,
     ) -> Result<R, Error> {
         if let Some(timeout) = self.timeout {
             let mut timed = self.session.with_timeout(timeout);
@@ -229,21 +198,18 @@ impl GroupView<'_> {
             }
             .run(call);
         }
-        let stream = self.group.stream;
-        let team = match self.session.groups.teams.remove(&stream) {
-            Some(team) if team.members.as_deref() == Some(&*self.group.ranks) => team,
-            other => {
-                if let Some(team) = other {
-                    self.session.groups.teams.insert(stream, team);
-                }
-                return Err(Error::Misuse(format!(
-                    "ranks {:?} are not a group of this session (was it made on another one?)",
-                    self.group.ranks
-                )));
-            }
+        let Some(team) = self
+            .session
+            .groups
+            .group(self.group.stream, &self.group.ranks)
+            .cloned()
+        else {
+            return Err(Error::Misuse(format!(
+                "ranks {:?} are not a group of this session (was it made on another one?)",
+                self.group.ranks
+            )));
         };
-        let on = OnTeam::new(self.session, team, true);
-        call(on.session)
+        call(self.session, &team)
     }
 }
 
@@ -349,10 +315,11 @@ impl Session {
             let setup =
                 Team::of(SETUP_STREAM, members.clone(), me).formed_at(self.membership.adoptions());
             let outcome = {
-                let on = OnTeam::new(self, setup, false);
-                let outcome = on.session.attempt_group(&attempt, deadline);
+                let outer = deadline.among(Some(setup));
+                let outcome = self.attempt_group(&attempt, deadline);
+                deadline.among(outer);
                 if let Err(error) = &outcome {
-                    tracing::debug!(rank = on.session.rank(), %error, "making a group: attempt failed");
+                    tracing::debug!(rank = self.rank(), %error, "making a group: attempt failed");
                 }
                 outcome?
             };
@@ -665,21 +632,6 @@ fn read_estimate(peer: u32, bytes: &[u8], me: u32, world: u32) -> Result<u64, Er
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn streams_and_sequence_numbers_share_a_tag_without_overlap() {
-        let mut team = Team::of(5, Arc::from([3, 1, 4]), 1);
-        let first = team.next_tag();
-        assert_eq!(super::super::demux::stream_of(first), 5);
-        assert_eq!(first & SEQ_MASK, 0);
-        assert_eq!(team.next_tag() & SEQ_MASK, 1);
-        assert_eq!((team.member(0), team.member(2)), (3, 4));
-        assert_eq!(team.rank_of(4), 2);
-        assert!(team.contains(1) && !team.contains(0));
-        let world = Team::world(2, 4);
-        assert!((0..4).all(|rank| world.contains(rank) && world.member(rank) == rank));
-        assert_eq!(SETUP_STREAM, (1 << 24) - 1);
-    }
 
     #[test]
     fn a_forged_estimate_is_refused_naming_its_sender() {

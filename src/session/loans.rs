@@ -10,6 +10,7 @@ use super::demux::{Expect, LoanNote, loan_note, read_ref, with_loan_ref};
 use super::engine::ViewAcks;
 use super::state::Deadline;
 use super::state::Session;
+use super::teams::Team;
 use crate::error::Error;
 use shmbroker_allocator::{Loan, Outbox, View};
 use shmbroker_bindings::{PayloadRef, kind};
@@ -332,8 +333,8 @@ impl Session {
         root: u32,
         loan: Option<Loan>,
     ) -> Result<Option<LoanView>, Error> {
-        self.collective("broadcast_loan", |session, deadline| {
-            session.broadcast_loan_tracked(root, loan, deadline)
+        self.collective("broadcast_loan", |session, team, deadline| {
+            session.broadcast_loan_tracked(team, root, loan, deadline)
         })
     }
 
@@ -341,12 +342,13 @@ impl Session {
     /// notes the outcome of).
     fn broadcast_loan_tracked(
         &mut self,
+        team: &Team,
         root: u32,
         loan: Option<Loan>,
         deadline: &Deadline,
     ) -> Result<Option<LoanView>, Error> {
-        self.check_root(root, loan.is_some(), "broadcast_loan")?;
-        let seq = self.next_seq(kind::BROADCAST)?;
+        self.check_root(team, root, loan.is_some(), "broadcast_loan")?;
+        let seq = self.next_seq(team, kind::BROADCAST)?;
         if let Some(loan) = loan {
             let targets: Vec<u32> = self.peers().collect();
             self.lend(kind::BROADCAST, seq, loan, &targets, deadline)?;

@@ -13,7 +13,7 @@ pub const CHUNKS_IN_FLIGHT: usize = 8;
 /// Whom a message goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Targets {
-    /// Every other member of the current team (the world, or a group during a call on it).
+    /// Every other member of the call's team (the world, or a group; see `Session::call_team`).
     Peers,
     /// One rank.
     One(u32),

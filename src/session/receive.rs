@@ -159,7 +159,7 @@ impl Session {
         match self.link(peer)?.from.try_recv_batch(buffer) {
             Ok(got) => return Ok(got),
             Err(TryRecvError::Empty) => {}
-            Err(TryRecvError::Disconnected) => return Err(self.closed(peer, collective)),
+            Err(TryRecvError::Disconnected) => return Err(self.closed(peer, collective, wait)),
             Err(TryRecvError::Corrupted(corruption)) => {
                 return Err(self.corrupted(peer, corruption));
             }
@@ -226,7 +226,7 @@ impl Session {
                 Ok(0)
             }
             Err(RecvTimeoutError::Timeout) => Err(self.timed_out(deadline, peer)),
-            Err(RecvTimeoutError::Disconnected) => Err(self.closed(peer, collective)),
+            Err(RecvTimeoutError::Disconnected) => Err(self.closed(peer, collective, wait)),
             Err(RecvTimeoutError::Corrupted(corruption)) => Err(self.corrupted(peer, corruption)),
         }
     }
@@ -409,7 +409,7 @@ impl Session {
             // for now: the sender may have seen it first), that is the error.
             Err(Error::Protocol { .. }) if deadline.collective => {
                 let _ = self.inner.lost_rank();
-                match self.team_lost_rank() {
+                match self.call_team(deadline, |team| self.team_lost_rank(team)) {
                     Some(rank) => Err(self.collective_lost(rank)),
                     None => stepped,
                 }
@@ -451,7 +451,7 @@ impl Session {
                     }
                 }
                 Expect::Collective { .. } => {
-                    self.collective_receives_ended(std::slice::from_mut(incoming), error);
+                    self.collective_receives_ended(std::slice::from_mut(incoming), error, deadline);
                 }
             }
         }
@@ -469,6 +469,7 @@ impl Session {
         &mut self,
         incoming: &mut [Incoming<'_>],
         error: &Error,
+        deadline: &Deadline,
     ) {
         for incoming in incoming {
             let peer = incoming.peer;
@@ -483,10 +484,12 @@ impl Session {
             error,
             Error::PeerLost { .. } | Error::PeerLeft { .. } | Error::PeerNeverJoined { .. }
         ) {
-            if self.team_lost_rank().is_some() {
+            let (lost, stream) =
+                self.call_team(deadline, |team| (self.team_lost_rank(team), team.stream()));
+            if lost.is_some() {
                 self.close_departed_streams();
             } else {
-                self.collective_ended_by_a_leaver();
+                self.collective_ended_by_a_leaver(stream);
             }
         }
     }

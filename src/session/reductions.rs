@@ -75,6 +75,7 @@ use super::demux::{Expect, LoanNote};
 use super::loans::LoanView;
 use super::state::Deadline;
 use super::state::Session;
+use super::teams::Team;
 use super::tuning;
 use crate::error::Error;
 use crate::reduce::{DType, Element, ReduceOp, check_op, combine, combine_with};
@@ -224,15 +225,16 @@ enum Results {
 }
 
 impl Session {
-    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn all_reduce_on_team<T: Element>(
         &mut self,
+        team: &Team,
         data: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.collective("all_reduce", |session, deadline| {
-            session.all_reduce_tracked(data, op, deadline)
+        self.collective_on(team, "all_reduce", |session, team, deadline| {
+            session.all_reduce_tracked(team, data, op, deadline)
         })
     }
 
@@ -240,6 +242,7 @@ impl Session {
     /// (which [`Deadline::settle`] then notes the outcome of).
     fn all_reduce_tracked<T: Element>(
         &mut self,
+        team: &Team,
         data: &mut [T],
         op: ReduceOp,
         deadline: &Deadline,
@@ -247,6 +250,7 @@ impl Session {
         check_op::<T>(op)?;
         let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
         self.reduce_with(
+            team,
             kind::ALL_REDUCE,
             Results::All,
             data,
@@ -255,10 +259,11 @@ impl Session {
         )
     }
 
-    /// [`Collectives::all_reduce_into`](crate::Collectives::all_reduce_into) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::all_reduce_into`](crate::Collectives::all_reduce_into) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn all_reduce_into_on_team<T: Element>(
         &mut self,
+        team: &Team,
         input: &[T],
         output: &mut [T],
         op: ReduceOp,
@@ -271,7 +276,7 @@ impl Session {
             )));
         }
         output.copy_from_slice(input);
-        self.all_reduce_on_team(output, op)
+        self.all_reduce_on_team(team, output, op)
     }
 
     /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) with a user operation.
@@ -291,8 +296,8 @@ impl Session {
         data: &mut [T],
         op: impl FnMut(&mut [T], &[T]),
     ) -> Result<(), Error> {
-        self.collective("all_reduce", |session, deadline| {
-            session.all_reduce_with_tracked(data, op, deadline)
+        self.collective("all_reduce", |session, team, deadline| {
+            session.all_reduce_with_tracked(team, data, op, deadline)
         })
     }
 
@@ -300,6 +305,7 @@ impl Session {
     /// notes the outcome of).
     fn all_reduce_with_tracked<T: Pod>(
         &mut self,
+        team: &Team,
         data: &mut [T],
         mut op: impl FnMut(&mut [T], &[T]),
         deadline: &Deadline,
@@ -309,6 +315,7 @@ impl Session {
             Ok(())
         };
         self.reduce_with(
+            team,
             kind::ALL_REDUCE,
             Results::All,
             data,
@@ -317,27 +324,29 @@ impl Session {
         )
     }
 
-    /// [`Collectives::all_reduce_bytes`](crate::Collectives::all_reduce_bytes) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::all_reduce_bytes`](crate::Collectives::all_reduce_bytes) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn all_reduce_bytes_on_team(
         &mut self,
+        team: &Team,
         data: &mut [u8],
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        for_dtype!(dtype, T => self.all_reduce_on_team(cast_mut::<T>(data)?, op))
+        for_dtype!(dtype, T => self.all_reduce_on_team(team, cast_mut::<T>(data)?, op))
     }
 
-    /// [`Collectives::reduce`](crate::Collectives::reduce) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::reduce`](crate::Collectives::reduce) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn reduce_on_team<T: Element>(
         &mut self,
+        team: &Team,
         root: u32,
         data: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.collective("reduce", |session, deadline| {
-            session.reduce_tracked(root, data, op, deadline)
+        self.collective_on(team, "reduce", |session, team, deadline| {
+            session.reduce_tracked(team, root, data, op, deadline)
         })
     }
 
@@ -345,15 +354,17 @@ impl Session {
     /// [`Deadline::settle`] then notes the outcome of).
     fn reduce_tracked<T: Element>(
         &mut self,
+        team: &Team,
         root: u32,
         data: &mut [T],
         op: ReduceOp,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        self.check_team_rank(root)?;
+        team.check_rank(root)?;
         check_op::<T>(op)?;
         let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
         self.reduce_with(
+            team,
             kind::REDUCE,
             Results::Root(root),
             data,
@@ -362,28 +373,30 @@ impl Session {
         )
     }
 
-    /// [`Collectives::reduce_bytes`](crate::Collectives::reduce_bytes) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::reduce_bytes`](crate::Collectives::reduce_bytes) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn reduce_bytes_on_team(
         &mut self,
+        team: &Team,
         root: u32,
         data: &mut [u8],
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        for_dtype!(dtype, T => self.reduce_on_team(root, cast_mut::<T>(data)?, op))
+        for_dtype!(dtype, T => self.reduce_on_team(team, root, cast_mut::<T>(data)?, op))
     }
 
-    /// [`Collectives::reduce_scatter`](crate::Collectives::reduce_scatter) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::reduce_scatter`](crate::Collectives::reduce_scatter) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn reduce_scatter_on_team<T: Element>(
         &mut self,
+        team: &Team,
         input: &[T],
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.collective("reduce_scatter", |session, deadline| {
-            session.reduce_scatter_tracked(input, output, op, deadline)
+        self.collective_on(team, "reduce_scatter", |session, team, deadline| {
+            session.reduce_scatter_tracked(team, input, output, op, deadline)
         })
     }
 
@@ -391,13 +404,14 @@ impl Session {
     /// deadline (which [`Deadline::settle`] then notes the outcome of).
     fn reduce_scatter_tracked<T: Element>(
         &mut self,
+        team: &Team,
         input: &[T],
         output: &mut [T],
         op: ReduceOp,
         deadline: &Deadline,
     ) -> Result<(), Error> {
         check_op::<T>(op)?;
-        let world = self.size() as usize;
+        let world = team.size() as usize;
         if input.len() != output.len() * world {
             return Err(Error::Misuse(format!(
                 "reduce_scatter needs an input of {world} blocks of the output's {} elements, got \
@@ -414,8 +428,9 @@ impl Session {
         if tuning::reduce_scatter_exchanges(size_of_val(input)) {
             // Block r of every contribution comes to rank r, which combines them.
             let mut blocks = vec![T::zeroed(); input.len()];
-            let seq = self.next_seq(kind::REDUCE_SCATTER)?;
+            let seq = self.next_seq(team, kind::REDUCE_SCATTER)?;
             self.exchange_blocks(
+                team,
                 kind::REDUCE_SCATTER,
                 seq,
                 bytemuck::cast_slice(input),
@@ -427,7 +442,7 @@ impl Session {
         }
         // Piece by piece along the blocks: each piece lends the same range of every block, back
         // to back, so that any input goes through the outbox.
-        let rank = self.me() as usize;
+        let rank = team.me() as usize;
         let len = output.len();
         let pieces = size_of_val(input).div_ceil(self.piece_bytes());
         for piece in 0..pieces {
@@ -435,7 +450,7 @@ impl Session {
             let parts: Vec<&[T]> = (0..world)
                 .map(|q| &input[q * len + range.start..q * len + range.end])
                 .collect();
-            let seq = self.next_seq(kind::REDUCE_SCATTER)?;
+            let seq = self.next_seq(team, kind::REDUCE_SCATTER)?;
             // Block `rank`'s piece of every rank's lent parts, in elements: this rank reads its
             // own from `input`, so that one is not copied into its loan.
             let own = rank * range.len()..(rank + 1) * range.len();
@@ -445,14 +460,14 @@ impl Session {
                 call: size_of_val(input) as u64,
             };
             let views =
-                self.lend_to_every_peer(kind::REDUCE_SCATTER, seq, &parts, shares, deadline)?;
+                self.lend_to_every_peer(team, kind::REDUCE_SCATTER, seq, &parts, shares, deadline)?;
             let size = size_of::<T>();
             let mine = own.start * size..own.end * size;
             let inputs = (0..)
                 .zip(&views)
                 .map(|(q, view)| match view {
                     None => Ok(parts[rank]),
-                    Some(view) => elements(self.member(q), part_of(view, mine.clone())),
+                    Some(view) => elements(team.member(q), part_of(view, mine.clone())),
                 })
                 .collect::<Result<Vec<&[T]>, Error>>()?;
             combiner(&inputs, &mut output[range])?;
@@ -460,17 +475,18 @@ impl Session {
         Ok(())
     }
 
-    /// [`Collectives::reduce_scatter_bytes`](crate::Collectives::reduce_scatter_bytes) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::reduce_scatter_bytes`](crate::Collectives::reduce_scatter_bytes) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn reduce_scatter_bytes_on_team(
         &mut self,
+        team: &Team,
         input: &[u8],
         output: &mut [u8],
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
         for_dtype!(dtype, T => {
-            self.reduce_scatter_on_team(cast::<T>(input)?, cast_mut::<T>(output)?, op)
+            self.reduce_scatter_on_team(team, cast::<T>(input)?, cast_mut::<T>(output)?, op)
         })
     }
 
@@ -481,13 +497,14 @@ impl Session {
     /// docs), leaving the result in `data` where `results` says.
     fn reduce_with<T: Pod>(
         &mut self,
+        team: &Team,
         op: u32,
         results: Results,
         data: &mut [T],
         combiner: Combiner<'_, T>,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let world = self.size() as usize;
+        let world = team.size() as usize;
         if world == 1 {
             let input = data.to_vec();
             return combiner(&[&input], data);
@@ -499,10 +516,11 @@ impl Session {
         let slots_max = tuning::reduction_slots_max(all, lendable);
         let algorithm = tuning::reduction(all, lendable, size_of_val(data), world);
         if algorithm == tuning::Reduction::Slots {
-            let seq = self.next_seq(op)?;
-            let me = self.me();
+            let seq = self.next_seq(team, op)?;
+            let me = team.me();
             return self.with_scratch(data.len() * world, |session, gathered: &mut [T]| {
                 session.gather_parts_into(
+                    team,
                     op,
                     seq,
                     bytemuck::cast_slice(data),
@@ -528,7 +546,7 @@ impl Session {
         // Every rank picks the algorithm from what they all share (the length and the world), so
         // a symmetric buffer here takes the one shot too, with a copy.
         if algorithm == tuning::Reduction::LentOneShot {
-            return self.lent_one_shot(op, data, combiner, deadline);
+            return self.lent_one_shot(team, op, data, combiner, deadline);
         }
         // Pieces of about equal length, each at most `piece_bytes` (and, as the data is
         // larger than one shot takes, each with elements for every rank).
@@ -539,7 +557,7 @@ impl Session {
             let (this, tail) =
                 std::mem::take(&mut rest).split_at_mut(slice_of(len, pieces, piece).len());
             rest = tail;
-            self.two_shots(op, results, (this, call), combiner, deadline)?;
+            self.two_shots(team, op, results, (this, call), combiner, deadline)?;
         }
         Ok(())
     }
@@ -562,21 +580,22 @@ impl Session {
     /// dropped its view.
     fn lent_one_shot<T: Pod>(
         &mut self,
+        team: &Team,
         op: u32,
         data: &mut [T],
         combiner: Combiner<'_, T>,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let seq = self.next_seq(op)?;
+        let seq = self.next_seq(team, op)?;
         let shares = Shares {
             unread: 0..0,
             read: 0..data.len(),
             call: size_of_val(data) as u64,
         };
-        let views = self.lend_to_every_peer(op, seq, &[&*data], shares, deadline)?;
+        let views = self.lend_to_every_peer(team, op, seq, &[&*data], shares, deadline)?;
         self.with_scratch(data.len(), |session, own: &mut [T]| {
             own.copy_from_slice(data);
-            let inputs = session.inputs(own, &views, 0..data.len())?;
+            let inputs = session.inputs(team, own, &views, 0..data.len())?;
             combiner(&inputs, data)
         })
     }
@@ -608,35 +627,37 @@ impl Session {
     /// One piece, `data`, of a two-shot reduction of `call` bytes.
     fn two_shots<T: Pod>(
         &mut self,
+        team: &Team,
         op: u32,
         results: Results,
         (data, call): (&mut [T], u64),
         combiner: Combiner<'_, T>,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let (rank, world) = (self.me(), self.size() as usize);
+        let (rank, world) = (team.me(), team.size() as usize);
         let mine = slice_of(data.len(), world, rank as usize);
         // First shot: lend this contribution (each peer's slice where it lies, when it is a
         // symmetric buffer); combine this rank's slice of every one.
-        let seq = self.next_seq(op)?;
+        let seq = self.next_seq(team, op)?;
         if results == Results::All
-            && let Some(views) = self.lend_slices_where_they_lie(op, seq, (data, call), deadline)?
+            && let Some(views) =
+                self.lend_slices_where_they_lie(team, op, seq, (data, call), deadline)?
         {
-            return self.two_shots_in_place(op, data, views, combiner, deadline);
+            return self.two_shots_in_place(team, op, data, views, combiner, deadline);
         }
         let shares = Shares {
             unread: mine.clone(),
             read: mine.clone(),
             call,
         };
-        let views = self.lend_to_every_peer(op, seq, &[&*data], shares, deadline)?;
+        let views = self.lend_to_every_peer(team, op, seq, &[&*data], shares, deadline)?;
         let root = match results {
             Results::All => None,
             Results::Root(root) => Some(root),
         };
         let mut result = self.loan_within(size_of_val(&data[mine.clone()]), deadline)?;
         {
-            let theirs = self.peer_slices(&views, mine.clone())?;
+            let theirs = self.peer_slices(team, &views, mine.clone())?;
             let out: &mut [T] = bytemuck::try_cast_slice_mut(&mut result).map_err(|_| {
                 Error::Misuse("an outbox block is not aligned for the element type".into())
             })?;
@@ -648,17 +669,17 @@ impl Session {
         // The views go back to their owners with the next message.
         drop(views);
         // Second shot: the result slices, to every rank or to the root.
-        let seq = self.next_seq(op)?;
+        let seq = self.next_seq(team, op)?;
         let targets: Vec<u32> = match root {
-            None => self.team_peers().collect(),
+            None => team.peers().collect(),
             Some(root) if root == rank => Vec::new(),
-            Some(root) => vec![self.member(root)],
+            Some(root) => vec![team.member(root)],
         };
         self.lend(op, seq, result, &targets, deadline)?;
         if root.is_some_and(|root| root != rank) {
             return Ok(());
         }
-        self.take_result_slices(op, seq, data, deadline)
+        self.take_result_slices(team, op, seq, data, deadline)
     }
 
     /// The rest of a two-shot all-reduce piece whose peers' slices this rank lent where they
@@ -666,17 +687,18 @@ impl Session {
     /// others' result slices, and returns once every peer is done reading its result.
     fn two_shots_in_place<T: Pod>(
         &mut self,
+        team: &Team,
         op: u32,
         data: &mut [T],
         views: Vec<Option<LoanView>>,
         combiner: Combiner<'_, T>,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let mine = slice_of(data.len(), self.size() as usize, self.me() as usize);
-        self.combine_in_place(data, &views, mine.clone(), combiner)?;
+        let mine = slice_of(data.len(), team.size() as usize, team.me() as usize);
+        self.combine_in_place(team, data, &views, mine.clone(), combiner)?;
         drop(views);
-        let seq = self.next_seq(op)?;
-        let peers: Vec<u32> = self.team_peers().collect();
+        let seq = self.next_seq(team, op)?;
+        let peers: Vec<u32> = team.peers().collect();
         let result: &[u8] = bytemuck::cast_slice(&data[mine.clone()]);
         self.flush_view_acks()?;
         let lent = self
@@ -692,7 +714,7 @@ impl Session {
                 self.lend(op, seq, loan, &peers, deadline)?;
             }
         }
-        self.take_result_slices(op, seq, data, deadline)?;
+        self.take_result_slices(team, op, seq, data, deadline)?;
         // The caller may write the result slice once every peer has copied it.
         match lent {
             Some(lent) => self.await_given_back(lent, deadline),
@@ -759,14 +781,15 @@ impl Session {
     /// space (see [`combine_slice`]).
     fn combine_in_place<T: Pod>(
         &mut self,
+        team: &Team,
         data: &mut [T],
         views: &[Option<LoanView>],
         mine: std::ops::Range<usize>,
         combiner: Combiner<'_, T>,
     ) -> Result<(), Error> {
         let chunk = (IN_PLACE_CHUNK_BYTES / size_of::<T>()).max(1);
-        let me = self.me() as usize;
-        let theirs = self.peer_slices(views, mine.clone())?;
+        let me = team.me() as usize;
+        let theirs = self.peer_slices(team, views, mine.clone())?;
         self.with_scratch(chunk.min(mine.len()), |_, out: &mut [T]| {
             combine_slice(me, data, &theirs, mine, combiner, out, true)
         })
@@ -775,6 +798,7 @@ impl Session {
     /// Elements `mine` of every peer's lent contribution, in rank order (empty for this rank).
     fn peer_slices<'v, T: Pod>(
         &self,
+        team: &Team,
         views: &'v [Option<LoanView>],
         mine: std::ops::Range<usize>,
     ) -> Result<Vec<&'v [T]>, Error> {
@@ -784,7 +808,7 @@ impl Session {
             .zip(views)
             .map(|(q, view)| match view {
                 None => Ok(&[][..]),
-                Some(view) => elements(self.member(q), part_of(view, part.clone())),
+                Some(view) => elements(team.member(q), part_of(view, part.clone())),
             })
             .collect()
     }
@@ -794,16 +818,17 @@ impl Session {
     /// waits for them.
     fn take_result_slices<T: Pod>(
         &mut self,
+        team: &Team,
         op: u32,
         seq: u64,
         data: &mut [T],
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        let (rank, world) = (self.me(), self.size() as usize);
+        let (rank, world) = (team.me(), team.size() as usize);
         let expect = Expect::Collective { op, seq };
         for q in (0..world as u32).filter(|&q| q != rank) {
             let slice = slice_of(data.len(), world, q as usize);
-            let peer = self.member(q);
+            let peer = team.member(q);
             let view = self.take_loan(peer, expect, deadline)?;
             let due = size_of_val(&data[slice.clone()]);
             if view.len() != due {
@@ -822,6 +847,7 @@ impl Session {
     /// outbox held before.
     pub(super) fn lend_to_every_peer<T: Pod>(
         &mut self,
+        team: &Team,
         op: u32,
         seq: u64,
         parts: &[&[T]],
@@ -843,14 +869,14 @@ impl Session {
             at = end;
         }
         let bytes_len = loan.len();
-        let peers: Vec<u32> = self.team_peers().collect();
+        let peers: Vec<u32> = team.peers().collect();
         let note = LoanNote {
             part_of: 0,
             call: shares.call,
         };
         self.lend_noted(op, seq, loan, &peers, note, deadline)?;
         let read = shares.read.start * size..shares.read.end * size;
-        self.views_of_every_peer(op, seq, (bytes_len, read), shares.call, deadline)
+        self.views_of_every_peer(team, op, seq, (bytes_len, read), shares.call, deadline)
     }
 
     /// Lends each peer `q` slice `q` of `data` where it lies (a one-slot message each), when
@@ -865,12 +891,13 @@ impl Session {
     /// reduce-scatter, return without such a word from every peer, so they lend a copy.
     fn lend_slices_where_they_lie<T: Pod>(
         &mut self,
+        team: &Team,
         op: u32,
         seq: u64,
         (data, call): (&[T], u64),
         deadline: &Deadline,
     ) -> Result<Option<Vec<Option<LoanView>>>, Error> {
-        let (rank, world, size) = (self.me(), self.size() as usize, size_of::<T>());
+        let (rank, world, size) = (team.me(), team.size() as usize, size_of::<T>());
         if data.len() < world {
             return Ok(None);
         }
@@ -881,7 +908,7 @@ impl Session {
         let peers: Vec<u32> = (0..world as u32).filter(|&q| q != rank).collect();
         let parts: Vec<_> = peers
             .iter()
-            .map(|&q| (bytes(q), Outbox::receivers([self.member(q)])))
+            .map(|&q| (bytes(q), Outbox::receivers([team.member(q)])))
             .collect();
         self.flush_view_acks()?;
         let Some(lent) = self
@@ -893,14 +920,21 @@ impl Session {
         };
         self.engine.read_in_place += 1;
         let refs: Vec<(u32, PayloadRef)> =
-            peers.iter().map(|&q| self.member(q)).zip(lent).collect();
+            peers.iter().map(|&q| team.member(q)).zip(lent).collect();
         let note = LoanNote {
             part_of: size_of_val(data) as u64,
             call,
         };
         self.send_refs(op, seq, refs.iter().copied(), note, deadline)?;
-        self.views_of_every_peer(op, seq, (size_of_val(data), bytes(rank)), call, deadline)
-            .map(Some)
+        self.views_of_every_peer(
+            team,
+            op,
+            seq,
+            (size_of_val(data), bytes(rank)),
+            call,
+            deadline,
+        )
+        .map(Some)
     }
 
     /// A view of every peer's loan of collective `op` number `seq`, in rank order (`None` for
@@ -908,6 +942,7 @@ impl Session {
     /// just the bytes `read` of one (see [`part_of`]), in a call of `call` bytes.
     fn views_of_every_peer(
         &mut self,
+        team: &Team,
         op: u32,
         seq: u64,
         (bytes_len, read): (usize, std::ops::Range<usize>),
@@ -915,13 +950,13 @@ impl Session {
         deadline: &Deadline,
     ) -> Result<Vec<Option<LoanView>>, Error> {
         let expect = Expect::Collective { op, seq };
-        let mut views = Vec::with_capacity(self.size() as usize);
-        for rank in 0..self.size() {
-            if rank == self.me() {
+        let mut views = Vec::with_capacity(team.size() as usize);
+        for rank in 0..team.size() {
+            if rank == team.me() {
                 views.push(None);
                 continue;
             }
-            let peer = self.member(rank);
+            let peer = team.member(rank);
             let view = self.take_loan(peer, expect, deadline)?;
             let note = view.note;
             // A loan of the whole contribution, or of just the bytes this rank reads of one as
@@ -963,12 +998,13 @@ impl Session {
     /// their lent `views`.
     fn inputs<'v, T: Pod>(
         &self,
+        team: &Team,
         own: &'v [T],
         views: &'v [Option<LoanView>],
         range: std::ops::Range<usize>,
     ) -> Result<Vec<&'v [T]>, Error> {
-        let mut inputs = self.peer_slices(views, range.clone())?;
-        inputs[self.me() as usize] = &own[range];
+        let mut inputs = self.peer_slices(team, views, range.clone())?;
+        inputs[team.me() as usize] = &own[range];
         Ok(inputs)
     }
 }

@@ -43,6 +43,7 @@ use super::engine::Gone;
 use super::peer::Peer;
 use super::state::Deadline;
 use super::state::Session;
+use super::teams::Team;
 use crate::error::Error;
 use std::time::Duration;
 
@@ -135,9 +136,6 @@ impl Session {
         // comes, as after a departure, so that no sender's outbox blocks stay held by them.
         let mut streams = vec![0];
         streams.extend(self.groups.streams_where(|team| team.contains(rank)));
-        if self.team.contains(rank) {
-            streams.push(self.team.stream());
-        }
         self.close_streams(&streams);
         Ok(Some(times))
     }
@@ -162,15 +160,15 @@ impl Session {
         Ok(())
     }
 
-    /// The first member of the current team replaced after the team was formed, if any (its
+    /// The first member of `team` replaced after the team was formed, if any (its
     /// collectives are over). One comparison while this session has adopted nobody.
-    pub(super) fn team_replaced(&self) -> Option<u32> {
+    pub(super) fn team_replaced(&self, team: &Team) -> Option<u32> {
         if self.membership.adoptions() == 0 {
             return None;
         }
-        let formed = self.team.formed();
-        (0..self.team.size())
-            .map(|index| self.team.member(index))
+        let formed = team.formed();
+        (0..team.size())
+            .map(|index| team.member(index))
             .find(|&rank| self.membership.adopted_at(rank) > formed)
     }
 
@@ -217,9 +215,9 @@ impl Session {
         }
     }
 
-    /// Whether `rank` is gone as far as the current team is concerned: dead now, or replaced
-    /// after the team was formed.
-    pub(super) fn gone_for_team(&self, rank: u32) -> bool {
-        self.inner.is_dead(rank) || self.membership.adopted_at(rank) > self.team.formed()
+    /// Whether `rank` is gone as far as `team` is concerned: dead now, or replaced after the
+    /// team was formed.
+    pub(super) fn gone_for_team(&self, rank: u32, team: &Team) -> bool {
+        self.inner.is_dead(rank) || self.membership.adopted_at(rank) > team.formed()
     }
 }

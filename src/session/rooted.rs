@@ -5,6 +5,7 @@ use super::demux::{Expect, Incoming, Sink, message};
 use super::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
+use super::teams::Team;
 use super::tuning::{self, TREE_PART_MAX};
 use crate::error::Error;
 use shmbroker_bindings::{Message, kind};
@@ -225,15 +226,16 @@ impl Bundle {
 }
 
 impl Session {
-    /// [`Collectives::broadcast`](crate::Collectives::broadcast) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::broadcast`](crate::Collectives::broadcast) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn broadcast_on_team(
         &mut self,
+        team: &Team,
         root: u32,
         data: Option<&[u8]>,
     ) -> Result<Vec<u8>, Error> {
-        self.collective("broadcast", |session, deadline| {
-            session.broadcast_tracked(root, data, deadline)
+        self.collective_on(team, "broadcast", |session, team, deadline| {
+            session.broadcast_tracked(team, root, data, deadline)
         })
     }
 
@@ -241,14 +243,15 @@ impl Session {
     /// [`Deadline::settle`] then notes the outcome of).
     fn broadcast_tracked(
         &mut self,
+        team: &Team,
         root: u32,
         data: Option<&[u8]>,
         deadline: &Deadline,
     ) -> Result<Vec<u8>, Error> {
-        self.check_root(root, data.is_some(), "broadcast")?;
-        let seq = self.next_seq(kind::BROADCAST)?;
-        if tuning::broadcast(self.size()) == tuning::Rooted::Tree {
-            return self.tree_broadcast(root, data, seq, deadline);
+        self.check_root(team, root, data.is_some(), "broadcast")?;
+        let seq = self.next_seq(team, kind::BROADCAST)?;
+        if tuning::broadcast(team.size()) == tuning::Rooted::Tree {
+            return self.tree_broadcast(team, root, data, seq, deadline);
         }
         if let Some(data) = data {
             self.send_to(kind::BROADCAST, seq, data, Targets::Peers, deadline)?;
@@ -258,7 +261,7 @@ impl Session {
             op: kind::BROADCAST,
             seq,
         };
-        let root = self.member(root);
+        let root = team.member(root);
         let mut incoming = [Incoming::new(root, expect, Sink::Vec(Vec::new()))];
         self.receive_all(&mut incoming, deadline)?;
         let [incoming] = incoming;
@@ -274,19 +277,20 @@ impl Session {
     /// root, so no rank waits on another's large transfer.
     fn tree_broadcast(
         &mut self,
+        team: &Team,
         root: u32,
         data: Option<&[u8]>,
         seq: u64,
         deadline: &Deadline,
     ) -> Result<Vec<u8>, Error> {
-        let tree = BinomialTree::new(self.me(), root, self.size());
+        let tree = BinomialTree::new(team.me(), root, team.size());
         // Largest subtree first: it has the most levels still to go.
         let children: Vec<u32> = tree
             .children()
-            .map(|(child, _)| self.member(child))
+            .map(|(child, _)| team.member(child))
             .rev()
             .collect();
-        let root = self.member(root);
+        let root = team.member(root);
         let expect = Expect::Collective {
             op: kind::BROADCAST,
             seq,
@@ -297,7 +301,7 @@ impl Session {
                 data.to_vec(),
             ),
             None => {
-                let parent = self.member(tree.parent().expect("only the root has data"));
+                let parent = team.member(tree.parent().expect("only the root has data"));
                 let word = self.recv_collective(parent, kind::BROADCAST, seq, deadline)?;
                 let route = Route::read(parent, &word)?;
                 let bytes = match route {
@@ -341,15 +345,16 @@ impl Session {
         Ok(incoming.finish()?.1.into_vec())
     }
 
-    /// [`Collectives::gather`](crate::Collectives::gather) on the
-    /// current team: the world, or the group a [`GroupView`](super::GroupView) made current.
+    /// [`Collectives::gather`](crate::Collectives::gather) among
+    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
     pub(crate) fn gather_on_team(
         &mut self,
+        team: &Team,
         root: u32,
         data: &[u8],
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.collective("gather", |session, deadline| {
-            session.gather_tracked(root, data, deadline)
+        self.collective_on(team, "gather", |session, team, deadline| {
+            session.gather_tracked(team, root, data, deadline)
         })
     }
 
@@ -357,23 +362,24 @@ impl Session {
     /// [`Deadline::settle`] then notes the outcome of).
     fn gather_tracked(
         &mut self,
+        team: &Team,
         root: u32,
         data: &[u8],
         deadline: &Deadline,
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.check_team_rank(root)?;
-        let seq = self.next_seq(kind::GATHER)?;
-        if tuning::gather(self.size()) == tuning::Rooted::Tree {
-            return self.tree_gather(root, data, seq, deadline);
+        team.check_rank(root)?;
+        let seq = self.next_seq(team, kind::GATHER)?;
+        if tuning::gather(team.size()) == tuning::Rooted::Tree {
+            return self.tree_gather(team, root, data, seq, deadline);
         }
-        if root != self.me() {
-            let root = self.member(root);
+        if root != team.me() {
+            let root = team.member(root);
             self.send_to(kind::GATHER, seq, data, Targets::One(root), deadline)?;
             return Ok(None);
         }
-        let mut incoming = self.receive_from_every_peer(kind::GATHER, seq);
+        let mut incoming = self.receive_from_every_peer(team, kind::GATHER, seq);
         self.receive_all(&mut incoming, deadline)?;
-        self.gathered(data, incoming).map(Some)
+        self.gathered(team, data, incoming).map(Some)
     }
 
     /// [`Collectives::gather`](crate::Collectives::gather) up a binomial tree rooted at `root` (see
@@ -385,12 +391,13 @@ impl Session {
     /// and each rank picks its own part's path.
     fn tree_gather(
         &mut self,
+        team: &Team,
         root: u32,
         data: &[u8],
         seq: u64,
         deadline: &Deadline,
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        let (rank, world) = (self.me(), self.size());
+        let (rank, world) = (team.me(), team.size());
         let tree = BinomialTree::new(rank, root, world);
         let expect = Expect::Collective {
             op: kind::GATHER,
@@ -401,12 +408,12 @@ impl Session {
         // Smallest subtree (soonest done) first; each child's bundle follows this rank's part and
         // the smaller subtrees' in relative rank order.
         for (child, parts) in tree.children() {
-            let child = self.member(child);
+            let child = team.member(child);
             let bytes = self.receive_vec(child, expect, deadline)?;
             bundle.append(child, parts, &bytes)?;
         }
         if let Some(parent) = tree.parent() {
-            let (parent, root) = (self.member(parent), self.member(root));
+            let (parent, root) = (team.member(parent), team.member(root));
             self.send_to(
                 kind::GATHER,
                 seq,
@@ -428,7 +435,7 @@ impl Session {
                 Some(bytes) => gathered[peer as usize] = bytes,
                 None if peer == rank => gathered[peer as usize] = data.to_vec(),
                 None => direct.push(Incoming::new(
-                    self.member(peer),
+                    team.member(peer),
                     expect,
                     Sink::Vec(Vec::new()),
                 )),
@@ -448,22 +455,28 @@ impl Session {
                         ),
                     });
                 }
-                gathered[self.team.rank_of(peer) as usize] = bytes;
+                gathered[team.rank_of(peer) as usize] = bytes;
             }
         }
         Ok(Some(gathered))
     }
 
     /// Checks a rooted call: `root` in range, and data given exactly at the root.
-    pub(super) fn check_root(&self, root: u32, has_data: bool, op: &str) -> Result<(), Error> {
-        self.check_team_rank(root)?;
-        match (root == self.me(), has_data) {
+    pub(super) fn check_root(
+        &self,
+        team: &Team,
+        root: u32,
+        has_data: bool,
+        op: &str,
+    ) -> Result<(), Error> {
+        team.check_rank(root)?;
+        match (root == team.me(), has_data) {
             (true, false) => Err(Error::Misuse(format!(
                 "rank {root} is the {op} root but gave no data"
             ))),
             (false, true) => Err(Error::Misuse(format!(
                 "rank {} gave data to a {op} rooted at rank {root}",
-                self.me()
+                team.me()
             ))),
             _ => Ok(()),
         }

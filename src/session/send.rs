@@ -148,7 +148,7 @@ impl Session {
                 }
                 Err(TrySendError::Full(())) => {}
                 Err(TrySendError::Disconnected(())) => {
-                    return Err(self.closed(peer, deadline.collective));
+                    return Err(self.closed(peer, deadline.collective, Some(deadline)));
                 }
                 Err(TrySendError::Corrupted((), corruption)) => {
                     return Err(self.corrupted(peer, corruption));
@@ -174,7 +174,7 @@ impl Session {
                     }
                 }
                 Err(shmbroker_queues::SendTimeoutError::Disconnected(_)) => {
-                    return Err(self.closed(peer, deadline.collective));
+                    return Err(self.closed(peer, deadline.collective, Some(deadline)));
                 }
                 Err(shmbroker_queues::SendTimeoutError::Corrupted(_, corruption)) => {
                     return Err(self.corrupted(peer, corruption));
@@ -204,7 +204,7 @@ impl Session {
                 Ok(()) => return Ok(()),
                 Err(TrySendError::Full(())) => {}
                 Err(TrySendError::Disconnected(())) => {
-                    return Err(self.closed(peer, deadline.collective));
+                    return Err(self.closed(peer, deadline.collective, Some(deadline)));
                 }
                 Err(TrySendError::Corrupted((), corruption)) => {
                     return Err(self.corrupted(peer, corruption));
@@ -242,7 +242,7 @@ impl Session {
             return self.receive_all(incoming, deadline);
         }
         let targets: Vec<u32> = match targets {
-            Targets::Peers => self.team_peers().collect(),
+            Targets::Peers => self.call_team(deadline, |team| team.peers().collect()),
             Targets::One(peer) => vec![peer],
         };
         // A world of one: nobody to send to.
@@ -423,7 +423,8 @@ impl Session {
         match targets {
             Targets::One(peer) => self.send_slots(peer, slots.as_slice(), deadline),
             Targets::Peers => {
-                for peer in self.team_peers() {
+                let peers: Vec<u32> = self.call_team(deadline, |team| team.peers().collect());
+                for peer in peers {
                     self.send_slots(peer, slots.as_slice(), deadline)?;
                 }
                 Ok(())
@@ -445,7 +446,7 @@ impl Session {
         if let Err(error) = &driven
             && outgoing.collective
         {
-            self.collective_receives_ended(incoming, error);
+            self.collective_receives_ended(incoming, error, deadline);
         }
         driven
     }
@@ -467,7 +468,7 @@ impl Session {
         loop {
             // Between chunks: an interrupt ends the transfer here (two atomic loads a turn).
             self.check_interrupted(deadline)?;
-            let mut moved = self.step_out(outgoing, usize::MAX)?;
+            let mut moved = self.step_out(outgoing, usize::MAX, deadline)?;
             for incoming in incoming.iter_mut() {
                 // What is queued first: `step_out` may have taken the whole message into the
                 // inbox already, and its sender may have finished its call and left since, its
@@ -540,6 +541,7 @@ impl Session {
         &mut self,
         outgoing: &mut Outgoing<'_>,
         max_chunks: usize,
+        deadline: &Deadline,
     ) -> Result<bool, Error> {
         let mut chunks = 0;
         let mut moved = false;
@@ -588,14 +590,14 @@ impl Session {
             moved = true;
             // Announced at once, so that the receivers copy this chunk out while the next one
             // is copied in.
-            self.deliver(outgoing)?;
+            self.deliver(outgoing, deadline)?;
         }
-        Ok(self.deliver(outgoing)? || moved)
+        Ok(self.deliver(outgoing, deadline)? || moved)
     }
 
     /// Sends each target of `outgoing` every message of it the target's ring has room for.
     /// Returns whether any went.
-    fn deliver(&mut self, outgoing: &mut Outgoing<'_>) -> Result<bool, Error> {
+    fn deliver(&mut self, outgoing: &mut Outgoing<'_>, deadline: &Deadline) -> Result<bool, Error> {
         let mut moved = false;
         for (index, &peer) in outgoing.targets.iter().enumerate() {
             let from = outgoing.delivered[index];
@@ -613,7 +615,7 @@ impl Session {
                 }
                 Err(TrySendError::Full(())) => {}
                 Err(TrySendError::Disconnected(())) => {
-                    return Err(self.closed(peer, outgoing.collective));
+                    return Err(self.closed(peer, outgoing.collective, Some(deadline)));
                 }
                 Err(TrySendError::Corrupted((), corruption)) => {
                     return Err(self.corrupted(peer, corruption));

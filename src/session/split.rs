@@ -292,15 +292,17 @@ impl Sender {
         let _turn = self.shared.sending();
         let mut session = self.shared.lend();
         if tuning::broadcast(self.world_size()) == tuning::Rooted::Tree {
+            let world = session.groups.world().clone();
             return session
                 .with_timeout(timeout)
-                .broadcast_on_team(root, Some(data))
+                .broadcast_on_team(&world, root, Some(data))
                 .map(drop);
         }
-        let deadline = session.track(Deadline::collective("broadcast", timeout));
+        let world = session.groups.world().clone();
+        let deadline = session.track(Deadline::collective("broadcast", timeout, world.clone()));
         let pending = session
-            .check_root(root, true, "broadcast")
-            .and_then(|()| session.next_seq(kind::BROADCAST))
+            .check_root(&world, root, true, "broadcast")
+            .and_then(|()| session.next_seq(&world, kind::BROADCAST))
             .and_then(|seq| {
                 session.begin_send(kind::BROADCAST, seq, data, Targets::Peers, &deadline)
             });

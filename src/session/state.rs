@@ -2,6 +2,7 @@
 //! share. Nothing here imports them; they import it (see the module map in `session`).
 
 use super::publisher::{Publisher, Seen};
+use super::teams::{Team, rank_below};
 use super::{engine, membership, teams};
 use crate::error::Error;
 use std::time::{Duration, Instant};
@@ -11,10 +12,7 @@ use std::time::{Duration, Instant};
 pub struct Session {
     pub(super) inner: shmbroker_handshake::Connection,
     pub(super) timeout: Duration,
-    /// The ranks collectives run among now, with the sequence number of their next collective:
-    /// the world, or a group for the length of a call on [`Session::on`] (see `groups`).
-    pub(super) team: teams::Team,
-    /// Every group this rank is in, but the one in `team` during a call on it, by stream.
+    /// The world's team and every group this rank is in, by stream (see `teams`).
     pub(super) groups: teams::Groups,
     /// Departures and rejoins as this session has taken them in (see `membership`).
     pub(super) membership: membership::Membership,
@@ -51,6 +49,9 @@ pub(super) struct Deadline {
     pub(super) timeout: Duration,
     /// A collective's: it needs every rank, so a death anywhere ends it (see "When a peer dies").
     pub(super) collective: bool,
+    /// The ranks this call runs among, whose departures name its failures: a collective's team,
+    /// or the members of a group being made (see `groups`). `None`: the world.
+    team: std::cell::RefCell<Option<Team>>,
     /// The interrupt count at the call's first look for an interrupt (see
     /// `Session::check_interrupted`).
     pub(super) interrupts_at: std::cell::Cell<Option<u64>>,
@@ -75,6 +76,7 @@ impl Deadline {
             at: std::cell::Cell::new(None),
             timeout,
             collective: false,
+            team: std::cell::RefCell::new(None),
             interrupts_at: std::cell::Cell::new(None),
             published: None,
             watch: std::cell::Cell::new(None),
@@ -103,11 +105,18 @@ impl Deadline {
         self
     }
 
-    /// The deadline of a collective: its waits also end when any rank dies.
-    pub(super) fn collective(op: &'static str, timeout: Duration) -> Self {
+    /// The deadline of a collective among `team`: its waits also end when any rank dies.
+    pub(super) fn collective(op: &'static str, timeout: Duration, team: Team) -> Self {
         let mut deadline = Self::new(op, timeout);
         deadline.collective = true;
+        deadline.team = std::cell::RefCell::new(Some(team));
         deadline
+    }
+
+    /// Runs among `team` from now on (`None`: the world), as the attempts of making a group do;
+    /// returns the team it ran among.
+    pub(super) fn among(&self, team: Option<Team>) -> Option<Team> {
+        self.team.replace(team)
     }
 
     pub(super) fn left(&self) -> Duration {
@@ -204,18 +213,6 @@ impl Deadline {
     }
 }
 
-/// `rank` of ranks numbered from 0 to `size - 1`: [`Error::RankOutOfRange`] when it is not.
-pub(super) fn rank_below(rank: u32, size: u32) -> Result<(), Error> {
-    if rank < size {
-        Ok(())
-    } else {
-        Err(Error::RankOutOfRange {
-            rank,
-            world_size: size,
-        })
-    }
-}
-
 impl Session {
     /// Every other rank of the world.
     pub(super) fn peers(&self) -> impl Iterator<Item = u32> + use<> {
@@ -223,40 +220,11 @@ impl Session {
         (0..self.world_size()).filter(move |&peer| peer != rank)
     }
 
-    /// This rank's rank in the current team (the world's, or a group's during a call on it).
-    pub(super) fn me(&self) -> u32 {
-        self.team.me()
-    }
-
-    /// Ranks in the current team.
-    pub(super) fn size(&self) -> u32 {
-        self.team.size()
-    }
-
-    /// The world rank of rank `rank` of the current team.
-    pub(super) fn member(&self, rank: u32) -> u32 {
-        self.team.member(rank)
-    }
-
-    /// The world ranks of every other member of the current team, in the team's order.
-    pub(super) fn team_peers(&self) -> impl Iterator<Item = u32> + use<> {
-        let team = self.team.clone();
-        let me = team.me();
-        (0..team.size())
-            .filter(move |&rank| rank != me)
-            .map(move |rank| team.member(rank))
-    }
-
     /// The rings to and from `peer` (a rank other than this one; callers check).
     pub(super) fn link(&mut self, peer: u32) -> Result<&mut shmbroker_handshake::Link, Error> {
         self.inner
             .link(peer)
             .ok_or_else(|| Error::Misuse(format!("rank {peer} has no link to this rank")))
-    }
-
-    /// [`Self::check_rank`] for a rank of the current team.
-    pub(super) fn check_team_rank(&self, rank: u32) -> Result<(), Error> {
-        rank_below(rank, self.size())
     }
 
     pub(super) fn check_rank(&self, rank: u32) -> Result<(), Error> {
@@ -271,7 +239,13 @@ impl Session {
         Ok(())
     }
 
-    /// The tag of the next collective of the current team: its stream and its sequence number
+    /// The ranks `deadline`'s call runs among (see [`Deadline::among`]), given to `read`.
+    pub(super) fn call_team<R>(&self, deadline: &Deadline, read: impl FnOnce(&Team) -> R) -> R {
+        let team = deadline.team.borrow();
+        read(team.as_ref().unwrap_or_else(|| self.groups.world()))
+    }
+
+    /// The tag of the next collective of `team`: its stream and its sequence number
     /// (see `groups`). `kind` is the message kind of the collective, published with its number so that a
     /// peer waiting in a collective of another kind at the same number sees the mismatch.
     ///
@@ -284,21 +258,24 @@ impl Session {
     /// dropped one was and report a mismatch instead of the departure (the chaos soak found that).
     /// [`Error::Misuse`] for a closed stream whose departed member cannot be found (which no
     /// path leads to).
-    pub(super) fn next_seq(&mut self, kind: u32) -> Result<u64, Error> {
-        if let Some(rank) = self.team_replaced() {
+    pub(super) fn next_seq(&mut self, team: &Team, kind: u32) -> Result<u64, Error> {
+        if let Some(rank) = self.team_replaced(team) {
             // A member dead now is the better name: the team's first reason to be over.
             let mut dead = self.inner.dead_ranks().into_iter();
-            if let Some(dead) = dead.find(|&r| self.team.contains(r)) {
+            if let Some(dead) = dead.find(|&r| team.contains(r)) {
                 return Err(self.collective_lost(dead));
             }
             return Err(self.replaced_error(rank));
         }
-        if self.membership.is_closed(self.team.stream()) {
-            return Err(self.closed_team_error());
+        if self.membership.is_closed(team.stream()) {
+            return Err(self.closed_team_error(team));
         }
-        let (stream, seq) = (self.team.stream(), self.team.seq());
+        let stream = team.stream();
+        let (seq, tag) = self.groups.next_tag(stream).ok_or_else(|| {
+            Error::Misuse(format!("stream {stream} has no collectives of its own"))
+        })?;
         self.engine.publisher.collective(stream, seq, kind);
-        Ok(self.team.next_tag())
+        Ok(tag)
     }
 }
 

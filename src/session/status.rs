@@ -31,6 +31,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::publisher::{Seen, coarse_now};
+use super::teams::Team;
 use crate::status::{NONE, seconds_text};
 
 /// How long a peer must be seen in another collective at the same number (or as having failed
@@ -48,7 +49,7 @@ impl Session {
         waiting_for: &[u32],
     ) {
         {
-            let (diagnosis, _) = self.diagnose(waiting_for);
+            let (diagnosis, _) = self.diagnose(waiting_for, deadline);
             tracing::warn!(
                 rank = self.rank(),
                 "{} has waited {} with no deadline for {}: {}; still waiting",
@@ -87,13 +88,26 @@ impl Session {
         self.settled(&deadline, result)
     }
 
-    /// [`Self::call`] for the collective `op`, within the session's deadline.
+    /// [`Self::call`] for the collective `op` of the world, within the session's deadline.
     pub(super) fn collective<R>(
         &mut self,
         op: &'static str,
-        body: impl FnOnce(&mut Self, &Deadline) -> Result<R, Error>,
+        body: impl FnOnce(&mut Self, &Team, &Deadline) -> Result<R, Error>,
     ) -> Result<R, Error> {
-        self.call(Deadline::collective(op, self.timeout), body)
+        let world = self.groups.world().clone();
+        self.collective_on(&world, op, body)
+    }
+
+    /// [`Self::call`] for the collective `op` among `team`, within the session's deadline:
+    /// `body` runs among `team`, and its failures name `team`'s members.
+    pub(super) fn collective_on<R>(
+        &mut self,
+        team: &Team,
+        op: &'static str,
+        body: impl FnOnce(&mut Self, &Team, &Deadline) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let deadline = Deadline::collective(op, self.timeout, team.clone());
+        self.call(deadline, |session, deadline| body(session, team, deadline))
     }
 
     /// Runs one public call `op` that neither settles nor waits on one peer (`recv_any`,
@@ -334,8 +348,12 @@ impl Session {
     /// A stopped rank's words still say what it was doing when it stopped ("waiting for rank
     /// 2"), and rank 2 may truly wait for it: only the kernel tells which of them is stuck. A
     /// rank in no call whose last collective failed is followed to the rank that failure named.
-    /// When no chain leads to a stopped process, any stopped member of the current team is named.
-    pub(super) fn diagnose(&mut self, ranks: &[u32]) -> (Vec<String>, Option<u32>) {
+    /// When no chain leads to a stopped process, any stopped member of the call's team is named.
+    pub(super) fn diagnose(
+        &mut self,
+        ranks: &[u32],
+        deadline: &Deadline,
+    ) -> (Vec<String>, Option<u32>) {
         let now = coarse_now();
         let mut sentences = Vec::with_capacity(ranks.len());
         let mut seen: Vec<u32> = ranks.to_vec();
@@ -368,10 +386,11 @@ impl Session {
         if first_stopped.is_none() {
             // Members of the team whose call this is only: a stopped rank outside it holds
             // nobody here up, and must not be named.
-            let others: Vec<u32> = self
-                .peers()
-                .filter(|&rank| !seen.contains(&rank) && self.team.contains(rank))
-                .collect();
+            let others: Vec<u32> = self.call_team(deadline, |team| {
+                self.peers()
+                    .filter(|&rank| !seen.contains(&rank) && team.contains(rank))
+                    .collect()
+            });
             for rank in others {
                 let stopped =
                     self.inner

@@ -115,7 +115,7 @@ impl Session {
         self.flush_view_acks()?;
         self.finish_set_aside(deadline)?;
         let targets: Vec<u32> = match targets {
-            Targets::Peers => self.team_peers().collect(),
+            Targets::Peers => self.call_team(deadline, |team| team.peers().collect()),
             Targets::One(peer) => vec![peer],
         };
         if targets.is_empty() {
@@ -160,7 +160,7 @@ impl Session {
             } => {
                 let mut moved = false;
                 while let Some(&peer) = targets.get(*next) {
-                    if !self.try_send_whole(peer, slots, deadline.collective)? {
+                    if !self.try_send_whole(peer, slots, deadline)? {
                         break;
                     }
                     *next += 1;
@@ -183,7 +183,7 @@ impl Session {
                 // One chunk a step: a window of chunks copied at once (up to the whole outbox,
                 // once a stalled window widened) would hold the session, and the receiving half
                 // with it, for as long as the copy takes.
-                self.step_out(outgoing, 1)?;
+                self.step_out(outgoing, 1, deadline)?;
                 if outgoing.is_done() {
                     return Ok(Step::Done);
                 }
@@ -245,7 +245,7 @@ impl Session {
                 let collective = outgoing.collective;
                 let result = self.transfer_failed(outgoing, &incoming, error, deadline);
                 if let (true, Err(error)) = (collective, &result) {
-                    self.collective_receives_ended(&mut [], error);
+                    self.collective_receives_ended(&mut [], error, deadline);
                 }
                 result
             }
@@ -257,7 +257,7 @@ impl Session {
         &mut self,
         peer: u32,
         slots: &[Message],
-        collective: bool,
+        deadline: &Deadline,
     ) -> Result<bool, Error> {
         self.flush_acks(peer)?;
         let link = self.link(peer)?;
@@ -273,7 +273,9 @@ impl Session {
         match sent {
             Ok(()) => Ok(true),
             Err(TrySendError::Full(())) => Ok(false),
-            Err(TrySendError::Disconnected(())) => Err(self.closed(peer, collective)),
+            Err(TrySendError::Disconnected(())) => {
+                Err(self.closed(peer, deadline.collective, Some(deadline)))
+            }
             Err(TrySendError::Corrupted((), corruption)) => Err(self.corrupted(peer, corruption)),
         }
     }

@@ -2,13 +2,21 @@
 //! this rank is in ([`Groups`]). State only: making groups is `groups`'s, and agreeing on them
 //! `agree`'s.
 
+use crate::error::Error;
 use crate::tag::{SEQ_BITS, SEQ_MASK};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The ranks a collective runs among, with the next sequence number of their stream.
+///
+/// A collective is handed its team (a copy: the world's has no members list to share, a group's
+/// shares its list) and runs among it; only [`Groups::next_tag`] advances a stored team's
+/// number, so a copy's `seq` is the number its stream had when the call began.
+///
+/// `pub` in a private module, so that the sealed `Communicator` trait can name it: nothing
+/// outside this crate can.
 #[derive(Clone, Debug)]
-pub(super) struct Team {
+pub struct Team {
     pub(super) stream: u32,
     /// World ranks by team rank; `None` for the world (team rank r is world rank r).
     pub(super) members: Option<Arc<[u32]>>,
@@ -93,23 +101,44 @@ impl Team {
             .is_none_or(|members| members.contains(&rank))
     }
 
-    /// The number of this team's next collective.
-    pub(super) fn seq(&self) -> u64 {
-        self.seq
+    /// The world ranks of every other member, in the team's order.
+    pub(super) fn peers(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.size)
+            .filter(|&rank| rank != self.me)
+            .map(|rank| self.member(rank))
+    }
+
+    /// `rank` of this team's ranks: [`Error::RankOutOfRange`] when it is not.
+    pub(super) fn check_rank(&self, rank: u32) -> Result<(), Error> {
+        rank_below(rank, self.size)
     }
 
     /// The tag of this team's next collective.
-    pub(super) fn next_tag(&mut self) -> u64 {
+    fn next_tag(&mut self) -> u64 {
         let tag = (u64::from(self.stream) << SEQ_BITS) | (self.seq & SEQ_MASK);
         self.seq += 1;
         tag
     }
 }
 
-/// The groups this rank is in.
-#[derive(Debug, Default)]
+/// `rank` of ranks numbered from 0 to `size - 1`: [`Error::RankOutOfRange`] when it is not.
+pub(super) fn rank_below(rank: u32, size: u32) -> Result<(), Error> {
+    if rank < size {
+        Ok(())
+    } else {
+        Err(Error::RankOutOfRange {
+            rank,
+            world_size: size,
+        })
+    }
+}
+
+/// The world's team and the groups this rank is in.
+#[derive(Debug)]
 pub(super) struct Groups {
-    /// Each group's team by stream, but the one in use during a call on it.
+    /// The world's team: stream 0, every rank.
+    world: Team,
+    /// Each group's team by stream.
     pub(super) teams: HashMap<u32, Team>,
     /// The highest stream this rank has been in (see "Streams").
     pub(super) highest: u32,
@@ -121,12 +150,91 @@ pub(super) struct Groups {
 }
 
 impl Groups {
-    /// The streams of the groups (but the one in use) whose teams `hit` picks.
+    /// No group yet, in a world of `size` ranks seen from `rank`.
+    pub(super) fn new(rank: u32, size: u32) -> Self {
+        Self {
+            world: Team::world(rank, size),
+            teams: HashMap::new(),
+            highest: 0,
+            ballots: HashMap::new(),
+            forged: None,
+        }
+    }
+
+    /// The world's team.
+    pub(super) fn world(&self) -> &Team {
+        &self.world
+    }
+
+    /// The group on `stream` whose members are `ranks`, if this rank is in it.
+    pub(super) fn group(&self, stream: u32, ranks: &[u32]) -> Option<&Team> {
+        self.teams
+            .get(&stream)
+            .filter(|team| team.members.as_deref() == Some(ranks))
+    }
+
+    /// The number and tag of the next collective on `stream` (the world's or a group's),
+    /// taken: the stored team moves on to the next. `None` for a stream with no stored team
+    /// (the setup stream's, whose messages are numbered per pair instead).
+    pub(super) fn next_tag(&mut self, stream: u32) -> Option<(u64, u64)> {
+        let team = if stream == 0 {
+            &mut self.world
+        } else {
+            self.teams.get_mut(&stream)?
+        };
+        Some((team.seq, team.next_tag()))
+    }
+
+    /// The streams of the groups whose teams `hit` picks.
     pub(super) fn streams_where(&self, hit: impl Fn(&Team) -> bool) -> Vec<u32> {
         self.teams
             .values()
             .filter(|team| hit(team))
             .map(Team::stream)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tag::SETUP_STREAM;
+
+    #[test]
+    fn streams_and_sequence_numbers_share_a_tag_without_overlap() {
+        let mut team = Team::of(5, Arc::from([3, 1, 4]), 1);
+        let first = team.next_tag();
+        assert_eq!(crate::tag::stream_of(first), 5);
+        assert_eq!(first & SEQ_MASK, 0);
+        assert_eq!(team.next_tag() & SEQ_MASK, 1);
+        assert_eq!((team.member(0), team.member(2)), (3, 4));
+        assert_eq!(team.rank_of(4), 2);
+        assert!(team.contains(1) && !team.contains(0));
+        assert_eq!(team.peers().collect::<Vec<_>>(), [3, 4]);
+        let world = Team::world(2, 4);
+        assert!((0..4).all(|rank| world.contains(rank) && world.member(rank) == rank));
+        assert_eq!(world.peers().collect::<Vec<_>>(), [0, 1, 3]);
+        assert_eq!(SETUP_STREAM, (1 << 24) - 1);
+    }
+
+    #[test]
+    fn only_stored_teams_number_collectives_and_each_stream_counts_alone() {
+        let mut groups = Groups::new(1, 4);
+        groups.teams.insert(7, Team::of(7, Arc::from([1, 3]), 0));
+        let (seq, tag) = groups.next_tag(0).expect("the world's");
+        assert_eq!((seq, crate::tag::stream_of(tag)), (0, 0));
+        assert_eq!(groups.next_tag(0).map(|(seq, _)| seq), Some(1));
+        let (seq, tag) = groups.next_tag(7).expect("a group's");
+        assert_eq!((seq, crate::tag::stream_of(tag)), (0, 7));
+        assert_eq!(groups.next_tag(SETUP_STREAM), None);
+        assert!(groups.group(7, &[1, 3]).is_some());
+        assert!(
+            groups.group(7, &[3, 1]).is_none(),
+            "the same ranks in another order"
+        );
+        // A copy handed to a call does not move the stored team on.
+        let copy = groups.world().clone();
+        assert_eq!(groups.next_tag(0).map(|(seq, _)| seq), Some(2));
+        assert_eq!(copy.seq, 2);
     }
 }
