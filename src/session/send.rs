@@ -34,6 +34,7 @@ use super::outgoing::{Outgoing, Targets, transfer_progress, waiting};
 use super::receive::{SEND_SLICE, idle_wait};
 use super::state::Deadline;
 use super::state::Session;
+use super::teams::Team;
 use crate::error::Error;
 use shmbroker_bindings::{INLINE_BYTES, Message, kind};
 use shmbroker_queues::TrySendError;
@@ -423,8 +424,9 @@ impl Session {
         match targets {
             Targets::One(peer) => self.send_slots(peer, slots.as_slice(), deadline),
             Targets::Peers => {
-                let peers: Vec<u32> = self.call_team(deadline, |team| team.peers().collect());
-                for peer in peers {
+                // A copy, not a list: no allocation on this path (the world's copies no list).
+                let team = self.call_team(deadline, Team::clone);
+                for peer in team.peers() {
                     self.send_slots(peer, slots.as_slice(), deadline)?;
                 }
                 Ok(())

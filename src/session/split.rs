@@ -299,7 +299,7 @@ impl Sender {
                 .map(drop);
         }
         let world = session.groups.world().clone();
-        let deadline = session.track(Deadline::collective("broadcast", timeout, world.clone()));
+        let deadline = session.track(Deadline::collective("broadcast", timeout, &world));
         let pending = session
             .check_root(&world, root, true, "broadcast")
             .and_then(|()| session.next_seq(&world, kind::BROADCAST))

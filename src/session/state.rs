@@ -105,11 +105,15 @@ impl Deadline {
         self
     }
 
-    /// The deadline of a collective among `team`: its waits also end when any rank dies.
-    pub(super) fn collective(op: &'static str, timeout: Duration, team: Team) -> Self {
+    /// The deadline of a collective among `team`: its waits also end when any rank dies. The
+    /// world's is not copied (`None` stands for it), which keeps a world's call as cheap as it
+    /// was when the session had a current team.
+    pub(super) fn collective(op: &'static str, timeout: Duration, team: &Team) -> Self {
         let mut deadline = Self::new(op, timeout);
         deadline.collective = true;
-        deadline.team = std::cell::RefCell::new(Some(team));
+        if !team.is_world() {
+            deadline.team = std::cell::RefCell::new(Some(team.clone()));
+        }
         deadline
     }
 

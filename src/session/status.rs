@@ -106,7 +106,7 @@ impl Session {
         op: &'static str,
         body: impl FnOnce(&mut Self, &Team, &Deadline) -> Result<R, Error>,
     ) -> Result<R, Error> {
-        let deadline = Deadline::collective(op, self.timeout, team.clone());
+        let deadline = Deadline::collective(op, self.timeout, team);
         self.call(deadline, |session, deadline| body(session, team, deadline))
     }
 

@@ -94,6 +94,11 @@ impl Team {
         })
     }
 
+    /// Whether this is the world's team.
+    pub(super) fn is_world(&self) -> bool {
+        self.members.is_none()
+    }
+
     /// Whether world rank `rank` is a member.
     pub(super) fn contains(&self, rank: u32) -> bool {
         self.members
