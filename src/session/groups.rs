@@ -315,9 +315,11 @@ impl Session {
             let setup =
                 Team::of(SETUP_STREAM, members.clone(), me).formed_at(self.membership.adoptions());
             let outcome = {
-                let outer = deadline.among(Some(setup));
+                self.groups.making = Some(setup);
+                let outer = deadline.among(SETUP_STREAM);
                 let outcome = self.attempt_group(&attempt, deadline);
                 deadline.among(outer);
+                self.groups.making = None;
                 if let Err(error) = &outcome {
                     tracing::debug!(rank = self.rank(), %error, "making a group: attempt failed");
                 }

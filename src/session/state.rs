@@ -49,9 +49,11 @@ pub(super) struct Deadline {
     pub(super) timeout: Duration,
     /// A collective's: it needs every rank, so a death anywhere ends it (see "When a peer dies").
     pub(super) collective: bool,
-    /// The ranks this call runs among, whose departures name its failures: a collective's team,
-    /// or the members of a group being made (see `groups`). `None`: the world.
-    team: std::cell::RefCell<Option<Team>>,
+    /// The stream of the team this call runs among, whose departures name its failures: a
+    /// collective's (0: the world's), or the setup stream while making a group (see `groups`).
+    /// A stream, not a copy of the team, which keeps a `Deadline` small: it is moved as a call
+    /// is entered. [`Session::call_team`] finds the team.
+    stream: std::cell::Cell<u32>,
     /// The interrupt count at the call's first look for an interrupt (see
     /// `Session::check_interrupted`).
     pub(super) interrupts_at: std::cell::Cell<Option<u64>>,
@@ -76,7 +78,7 @@ impl Deadline {
             at: std::cell::Cell::new(None),
             timeout,
             collective: false,
-            team: std::cell::RefCell::new(None),
+            stream: std::cell::Cell::new(0),
             interrupts_at: std::cell::Cell::new(None),
             published: None,
             watch: std::cell::Cell::new(None),
@@ -105,22 +107,18 @@ impl Deadline {
         self
     }
 
-    /// The deadline of a collective among `team`: its waits also end when any rank dies. The
-    /// world's is not copied (`None` stands for it), which keeps a world's call as cheap as it
-    /// was when the session had a current team.
+    /// The deadline of a collective among `team`: its waits also end when any rank dies.
     pub(super) fn collective(op: &'static str, timeout: Duration, team: &Team) -> Self {
         let mut deadline = Self::new(op, timeout);
         deadline.collective = true;
-        if !team.is_world() {
-            deadline.team = std::cell::RefCell::new(Some(team.clone()));
-        }
+        deadline.stream = std::cell::Cell::new(team.stream());
         deadline
     }
 
-    /// Runs among `team` from now on (`None`: the world), as the attempts of making a group do;
-    /// returns the team it ran among.
-    pub(super) fn among(&self, team: Option<Team>) -> Option<Team> {
-        self.team.replace(team)
+    /// Runs among the team of `stream` from now on, as the attempts of making a group do (on
+    /// the setup stream); returns the stream it ran among.
+    pub(super) fn among(&self, stream: u32) -> u32 {
+        self.stream.replace(stream)
     }
 
     pub(super) fn left(&self) -> Duration {
@@ -243,10 +241,10 @@ impl Session {
         Ok(())
     }
 
-    /// The ranks `deadline`'s call runs among (see [`Deadline::among`]), given to `read`.
+    /// The ranks `deadline`'s call runs among (see [`Deadline::among`]), given to `read`: the
+    /// team of its stream, found in [`teams::Groups`]. A group's stays there through its calls.
     pub(super) fn call_team<R>(&self, deadline: &Deadline, read: impl FnOnce(&Team) -> R) -> R {
-        let team = deadline.team.borrow();
-        read(team.as_ref().unwrap_or_else(|| self.groups.world()))
+        read(self.groups.of_stream(deadline.stream.get()))
     }
 
     /// The tag of the next collective of `team`: its stream and its sequence number

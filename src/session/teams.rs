@@ -94,11 +94,6 @@ impl Team {
         })
     }
 
-    /// Whether this is the world's team.
-    pub(super) fn is_world(&self) -> bool {
-        self.members.is_none()
-    }
-
     /// Whether world rank `rank` is a member.
     pub(super) fn contains(&self, rank: u32) -> bool {
         self.members
@@ -147,6 +142,9 @@ pub(super) struct Groups {
     pub(super) teams: HashMap<u32, Team>,
     /// The highest stream this rank has been in (see "Streams").
     pub(super) highest: u32,
+    /// The members of the group being made, while an attempt to make it runs (see
+    /// `Deadline::among`): the team of the setup stream.
+    pub(super) making: Option<Team>,
     /// This rank's last ballot on each list of ranks (see `agree`).
     pub(super) ballots: HashMap<Vec<u32>, u64>,
     /// The first member of the call in progress that sent what no honest member sends, and
@@ -161,6 +159,7 @@ impl Groups {
             world: Team::world(rank, size),
             teams: HashMap::new(),
             highest: 0,
+            making: None,
             ballots: HashMap::new(),
             forged: None,
         }
@@ -169,6 +168,17 @@ impl Groups {
     /// The world's team.
     pub(super) fn world(&self) -> &Team {
         &self.world
+    }
+
+    /// The team of `stream`: the world's (0), a group's, or the group being made's (the setup
+    /// stream). The world's for a stream this rank has no team of, which no call runs among.
+    pub(super) fn of_stream(&self, stream: u32) -> &Team {
+        let team = match stream {
+            0 => None,
+            crate::tag::SETUP_STREAM => self.making.as_ref(),
+            _ => self.teams.get(&stream),
+        };
+        team.unwrap_or(&self.world)
     }
 
     /// The group on `stream` whose members are `ranks`, if this rank is in it.
