@@ -17,9 +17,10 @@
 //! runs is asked of the `tuning` module.
 //!
 //! A collective runs among the team its communicator hands it (`Communicator::on_team`): the
-//! world's, or a group's. Its algorithm takes that team as an argument, and its deadline
-//! carries a copy, so that a failure deep in a send or a receive names the team's members. No
-//! call changes which team the session is "on": there is no such state.
+//! world's, or a group's. Its algorithm takes that team as an argument, and its deadline names
+//! the team's stream, so that a failure deep in a send or a receive names the team's members
+//! (`Session::call_team`). No call changes which team the session is "on": there is no such
+//! state. Only making a group keeps the members it is making, for the length of each attempt.
 //!
 //! # Messages of any size
 //!
