@@ -95,9 +95,10 @@ def graph():
         for use in re.findall(r"\buse\s+([^;]+);", code):
             for item in expand(re.sub(r"\s+", "", use)):
                 paths.append(item.split(" as ")[0].split("::"))
-        # Paths in the rest of the code (`super::teams::Team`, `super::Error`).
+        # Paths in the rest of the code (`super::teams::Team`, `crate::session::demux::Inbox`).
         body = re.sub(r"\buse\s+[^;]+;", "", code)
-        for match in re.finditer(r"\b((?:(?:super|crate|self)::)*[a-z_][a-z0-9_]*)::", body):
+        path = r"\b((?:(?:super|crate|self)::)*[a-z_][a-z0-9_]*(?:::[a-z_][a-z0-9_]*)*)::"
+        for match in re.finditer(path, body):
             paths.append(match.group(1).split("::") + ["_"])
         deps = set()
         for segments in paths:

@@ -106,21 +106,24 @@
 //!
 //! 1. **State, which runs no call.** `tuning` (the choice of algorithm), `membership`
 //!    (departures and rejoins taken in), `teams` (the ranks a collective runs among), `setup`
-//!    (the layout of setup messages), `publisher` (this rank's status words), `demux` (framing
-//!    a peer's ring slots into messages); then `peer` and `outgoing` over them, then `engine`
-//!    (the transport's state: peers, outbox, buffers kept between calls).
+//!    (the layout of setup messages), `numbers` (what the calls number per peer: tags, channels,
+//!    setup messages), `publisher` (this rank's status words), `demux` (framing a peer's ring
+//!    slots into messages); then `engine` (the transport's state: links, outbox, buffers kept
+//!    between calls), with its `peer` and `outgoing`.
 //! 2. **`state`:** the [`Session`] struct and the `Deadline` every call runs under, over the
 //!    engine, teams and membership.
-//! 3. **The calls,** each an `impl Session` block over `state` and the layers below it: the
-//!    paths (`receive`, `send`, `acks`, `stepwise`, `any`, `loans`), departures and groups
-//!    (`departures`, `agree`, `groups`, `rejoin`), and what users call (`p2p`, `collectives`,
-//!    `rooted`, `exchange`, `reductions`, `symmetric`, `fds`, `gpu`, `channel`, `split`,
-//!    `tokio_receiver`, `status`, and the [`Collectives`] trait in `communicator`).
-//! 4. **This module:** connecting, the session's own settings, and what the crate exports.
+//! 3. **The transport's paths,** under `engine` (`receive`, `send`, `acks`, `stepwise`, `any`,
+//!    `loans`): the only code that reads the engine's fields, which are private to it. The rest
+//!    of the session sends, receives and lends through what they define, and reads the engine
+//!    through its methods, so the compiler keeps the rest out of its state.
+//! 4. **The calls,** each an `impl Session` block over `state` and the layers below it:
+//!    departures and groups (`departures`, `agree`, `groups`, `rejoin`), and what users call
+//!    (`p2p`, `collectives`, `rooted`, `exchange`, `reductions`, `symmetric`, `fds`, `gpu`,
+//!    `channel`, `split`, `tokio_receiver`, `status`, and the [`Collectives`] trait in
+//!    `communicator`).
+//! 5. **This module:** connecting, the session's own settings, and what the crate exports.
 
-mod acks;
 mod agree;
-mod any;
 mod channel;
 mod collectives;
 mod communicator;
@@ -136,22 +139,17 @@ mod exchange;
 mod fds;
 mod gpu;
 mod groups;
-mod loans;
 mod membership;
-mod outgoing;
+mod numbers;
 mod p2p;
-mod peer;
 mod publisher;
-mod receive;
 mod reductions;
 mod rejoin;
 mod rooted;
-mod send;
 mod setup;
 mod split;
 mod state;
 mod status;
-mod stepwise;
 mod symmetric;
 mod teams;
 #[cfg(feature = "tokio")]
@@ -164,9 +162,9 @@ pub use channel::{
 };
 pub use communicator::Collectives;
 pub use engine::FdTransport;
+pub use engine::loans::LoanView;
 pub use fds::MAX_FDS_PER_EXCHANGE;
 pub use groups::{Group, GroupView};
-pub use loans::LoanView;
 pub use shmbroker_allocator::{DEFAULT_OUTBOX_BYTES, Loan};
 pub use split::{Receiver, Sender, SessionGuard, TimedHalf};
 pub use symmetric::Symmetric;
@@ -413,6 +411,7 @@ impl Session {
             groups: teams::Groups::new(rank, world as u32),
             membership: membership::Membership::new(world, (rejoins > 0).then_some(rank)),
             engine: engine::Engine::new(world, outbox, cpus, waiting),
+            numbers: numbers::PeerNumbers::world(world),
             embedded: None,
         };
         session.set_waiting(waiting);
@@ -472,12 +471,12 @@ impl Session {
     /// ([`Self::cpus`]; every rank is taken to be runnable), unless [`SPIN_VAR`] fixes it.
     #[must_use]
     pub fn waiting(&self) -> Waiting {
-        self.engine.waiting
+        self.engine.waiting()
     }
 
     /// Sets how every wait of this session waits (see [`shmbroker_queues::Waiting`]).
     pub fn set_waiting(&mut self, waiting: Waiting) {
-        self.engine.waiting = waiting;
+        self.engine.set_waiting(waiting);
         for peer in self.peers() {
             if let Some(link) = self.inner.link(peer) {
                 link.to.set_waiting(waiting);
@@ -490,7 +489,7 @@ impl Session {
     /// the world size decides whether waits run crowded.
     #[must_use]
     pub fn cpus(&self) -> usize {
-        self.engine.cpus
+        self.engine.cpus()
     }
 
     /// The handshake-level session: raw rings and the broker socket.
@@ -506,21 +505,21 @@ impl Session {
     /// [`Self::max_loan_bytes`]).
     #[must_use]
     pub fn outbox_bytes(&self) -> u64 {
-        self.engine.outbox.size()
+        self.engine.outbox().size()
     }
 
     /// The largest loan this rank's outbox can ever make ([`Self::loan`]): its capacity, at most
     /// 4 GiB - 1 (a reference's length is 32 bits).
     #[must_use]
     pub fn max_loan_bytes(&self) -> usize {
-        let most = self.engine.outbox.capacity().min(u64::from(u32::MAX));
+        let most = self.engine.outbox().capacity().min(u64::from(u32::MAX));
         usize::try_from(most).unwrap_or(usize::MAX)
     }
 
     /// Blocks of this rank's outbox sent and still awaiting some peer's acknowledgement.
     #[must_use]
     pub fn outbox_blocks_owed(&self) -> usize {
-        self.engine.outbox.blocks_owed()
+        self.engine.outbox().blocks_owed()
     }
 
     /// Waits (up to `timeout`) until the broker has passed on everything of every peer this

@@ -64,7 +64,7 @@
 //! `CONFIRM_DEPARTURE`); otherwise it names the coordinator that sent it.
 
 use super::demux::Expect;
-use super::outgoing::Targets;
+use super::engine::outgoing::Targets;
 use super::setup::{Outcome, Setup, Step};
 use super::state::Deadline;
 use super::state::Session;
@@ -296,7 +296,7 @@ impl Session {
                         standing[at] = Standing::Out;
                     }
                     Fit::Ahead(why) => {
-                        self.engine.peers[peer as usize].setup_stash = Some(Box::new(message));
+                        self.numbers[peer as usize].setup_stash = Some(Box::new(message));
                         note(&mut estimate, why);
                         standing[at] = Standing::Out;
                     }
@@ -390,7 +390,7 @@ impl Session {
                         }
                     }
                     Ok(Fit::Ahead(_)) => {
-                        self.engine.peers[peer as usize].setup_stash = Some(Box::new(message));
+                        self.numbers[peer as usize].setup_stash = Some(Box::new(message));
                     }
                     Ok(Fit::Current) => {
                         self.forged_setup(peer, "a second proposal came in one attempt");
@@ -411,7 +411,7 @@ impl Session {
                     && message.members == theirs
                     && message.ballot == ballot)
             {
-                self.engine.peers[peer as usize].setup_stash = Some(Box::new(message));
+                self.numbers[peer as usize].setup_stash = Some(Box::new(message));
             }
         }
         Ok(estimate)
@@ -504,7 +504,7 @@ impl Session {
     /// The next setup message from `peer`: one kept from an earlier attempt, or the next in its
     /// link.
     fn next_setup(&mut self, peer: u32, deadline: &Deadline) -> Result<Next, Error> {
-        if let Some(kept) = self.engine.peers[peer as usize].setup_stash.take() {
+        if let Some(kept) = self.numbers[peer as usize].setup_stash.take() {
             return Ok(Next::Message(*kept));
         }
         let expect = Expect::Collective {
@@ -520,7 +520,7 @@ impl Session {
             }
             Err(error) => return Err(error),
         };
-        self.engine.peers[peer as usize].setup_received += 1;
+        self.numbers[peer as usize].setup_received += 1;
         match Setup::decode(peer, &bytes, self.world_size()) {
             Ok(message) => Ok(Next::Message(message)),
             Err(error) => {

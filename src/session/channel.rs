@@ -952,7 +952,7 @@ impl Session {
                 ChannelToken::MAX_CAPACITY
             )));
         }
-        let number = self.engine.peers[peer as usize].channels_to;
+        let number = self.numbers[peer as usize].channels_to;
         // A peer not logged on yet has nothing the broker could pass the ring to: wait for it
         // (the broker tells every worker of each peer's process as it logs on).
         self.inner
@@ -974,12 +974,12 @@ impl Session {
         }
         // The number is spent once asked for, unless the broker refused it: it may make the
         // ring after this call gave up waiting, and offer it to `peer` as this number.
-        self.engine.peers[peer as usize].channels_to += 1;
+        self.numbers[peer as usize].channels_to += 1;
         let fd = match self.inner.request_channel(peer, token.pack(), self.timeout) {
             Ok(fd) => fd,
             Err(source) => {
                 if matches!(source, shmbroker_handshake::Error::RelayRefused { .. }) {
-                    self.engine.peers[peer as usize].channels_to -= 1;
+                    self.numbers[peer as usize].channels_to -= 1;
                 }
                 return Err(self.relay_failed(peer, source));
             }
@@ -996,12 +996,12 @@ impl Session {
     fn ring_from(&mut self, peer: u32, record_bytes: usize) -> Result<Made, Error> {
         self.check_peer(peer)?;
         let record = check_record(record_bytes)?;
-        let number = self.engine.peers[peer as usize].channels_from;
+        let number = self.numbers[peer as usize].channels_from;
         let (token, fd) = self
             .inner
             .take_channel(peer, number, self.timeout)
             .map_err(|source| self.relay_failed(peer, source))?;
-        self.engine.peers[peer as usize].channels_from += 1;
+        self.numbers[peer as usize].channels_from += 1;
         let Some(offered) = ChannelToken::unpack(token) else {
             unreachable!("the watcher files only tokens that unpack")
         };

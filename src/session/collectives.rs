@@ -2,7 +2,7 @@
 //! dissemination, Bruck's algorithm and binomial trees in large ones.
 
 use super::demux::{Expect, Incoming, Sink, message};
-use super::outgoing::Targets;
+use super::engine::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;
@@ -277,12 +277,7 @@ impl Session {
             return self.send_if_eager(op, seq, data, Targets::Peers, deadline);
         }
         self.flush_view_acks()?;
-        let Some(mut loan) = self
-            .engine
-            .outbox
-            .try_loan(data.len())
-            .map_err(Error::OwnOutbox)?
-        else {
+        let Some(mut loan) = self.engine.try_loan(data.len()).map_err(Error::OwnOutbox)? else {
             return self.send_if_eager(op, seq, data, Targets::Peers, deadline);
         };
         loan.copy_from_slice(data);

@@ -52,7 +52,7 @@ impl Session {
             None => lost(peer),
         };
         self.with_last_words(&mut error);
-        self.forget_peer(peer);
+        self.engine.forget_peer(peer);
         error
     }
 
@@ -209,7 +209,7 @@ impl Session {
     /// them.
     pub(super) fn collective_lost(&mut self, rank: u32) -> Error {
         for dead in self.inner.dead_ranks() {
-            self.forget_peer(dead);
+            self.engine.forget_peer(dead);
         }
         self.close_departed_streams();
         let mut error = lost(rank);
@@ -288,7 +288,7 @@ impl Session {
         self.membership.record_closed(&streams);
         for peer in self.peers() {
             for &stream in &streams {
-                self.engine.peers[peer as usize].inbox.close_stream(stream);
+                self.engine.close_stream(peer, stream);
             }
             // An acknowledgement that cannot go (the peer is gone too) is nobody's loss.
             let _ = self.ack_dropped(peer);
@@ -317,21 +317,10 @@ impl Session {
 
     /// Acknowledges the blocks of `peer`'s outbox that dropped messages referred to.
     pub(super) fn ack_dropped(&mut self, peer: u32) -> Result<(), Error> {
-        for piece in self.engine.peers[peer as usize].inbox.take_dropped() {
+        for piece in self.engine.take_dropped(peer) {
             self.queue_ack(peer, piece)?;
         }
         Ok(())
-    }
-
-    /// Gives back every block `peer` still owed an acknowledgement for.
-    pub(super) fn forget_peer(&mut self, peer: u32) {
-        for offset in self.engine.outbox.forget(peer) {
-            self.engine.chunk_blocks.remove(&offset);
-        }
-        let peer = &mut self.engine.peers[peer as usize];
-        peer.chunks_owed = 0;
-        peer.acks_due.clear();
-        peer.forgotten = true;
     }
 
     /// Whether a wait under `deadline` must end: an `Interrupter` asked (the request is taken),

@@ -8,16 +8,28 @@
 //! keeps buffers between calls: the scratch space of small reductions and the direct slots of
 //! eager messages.
 //!
-//! It imports none of the session's modules that run calls (see the module map in `session`):
-//! only the state it is made of (`peer`, `outgoing`, `publisher`).
+//! The engine is this module and its children: `peer` (a link's state), `outgoing` (a pipelined
+//! send on its way out), `send`, `stepwise` (a send in steps, for a split session), `receive`,
+//! `acks`, `loans` and `any` (a receive from any peer). Only they read the engine's fields,
+//! which are private to this module; the rest of the session moves data through the calls they
+//! define, and reads the rest through the methods here.
 //!
-//! Its fields are still open to the session's modules: `send`, `receive`, `acks`, `loans`,
-//! `any`, `stepwise` and the collectives read and write them through `Session::engine`. Moving
-//! those paths behind the engine's own methods is the next step.
-use super::outgoing::Outgoing;
-use super::peer::Peer;
+//! `engine.rs` imports none of the session's modules that run calls (see the module map in
+//! `session`): only the state it is made of (`peer`, `outgoing`, `publisher`).
+
+pub(super) mod acks;
+pub(super) mod any;
+pub(super) mod loans;
+pub(super) mod outgoing;
+pub(super) mod peer;
+pub(super) mod receive;
+pub(super) mod send;
+pub(super) mod stepwise;
+
 use super::publisher::Publisher;
 use crate::error::Error;
+use outgoing::Outgoing;
+use peer::Peer;
 use shmbroker_allocator::Outbox;
 use shmbroker_bindings::PayloadRef;
 use shmbroker_handshake::LeftAfter;
@@ -34,37 +46,37 @@ pub(super) struct ScratchLine(pub(super) [u8; 64]);
 #[derive(Debug)]
 pub(super) struct Engine {
     /// One per rank of the world, indexed by rank (this rank's own stays unused).
-    pub(super) peers: Vec<Peer>,
+    peers: Vec<Peer>,
     /// This rank's outbox: large data and loans go out through it.
-    pub(super) outbox: Outbox,
+    outbox: Outbox,
     /// What this rank says it is doing, in its outbox's status words (see `status`).
-    pub(super) publisher: std::sync::Arc<Publisher>,
+    publisher: std::sync::Arc<Publisher>,
     /// Offsets of outbox blocks holding chunks of pipelined transfers, not yet acknowledged.
-    pub(super) chunk_blocks: shmbroker_allocator::offsets::OffsetSet,
+    chunk_blocks: shmbroker_allocator::offsets::OffsetSet,
     /// A point-to-point send an interrupt ended after part of it went out, to be finished by the
     /// next calls (see `send::Session::set_aside_send`).
-    pub(super) set_aside: Option<Outgoing<'static>>,
+    set_aside: Option<Outgoing<'static>>,
     /// Acknowledgements of dropped loan views.
-    pub(super) view_acks: ViewAcks,
+    view_acks: ViewAcks,
     /// How fds move (the choice), and how they have moved so far (see
     /// [`super::Session::fd_transport_used`]).
-    pub(super) fd_transport: FdTransport,
-    pub(super) fd_transport_used: Option<FdTransport>,
+    fd_transport: FdTransport,
+    fd_transport_used: Option<FdTransport>,
     /// CPUs this process may run on (`sched_getaffinity`), at logon.
-    pub(super) cpus: usize,
+    cpus: usize,
     /// How every ring of this session waits.
-    pub(super) waiting: Waiting,
+    waiting: Waiting,
     /// Receiving from any peer: the readiness eventfd's state and the round-robin position.
-    pub(super) any: Readiness,
+    any: Readiness,
     /// Pieces of all-reduces whose contribution peers read where it lay (see
     /// [`super::Session::symmetric`]).
-    pub(super) read_in_place: u64,
+    read_in_place: u64,
     /// Scratch space of small reductions (every rank's contribution, or a copy of this rank's):
     /// kept between calls (see `reductions::Session::with_scratch`).
-    pub(super) scratch: Vec<ScratchLine>,
+    scratch: Vec<ScratchLine>,
     /// Where an eager message's continuation slots land when taken straight from the ring
     /// (see `receive::Session::take_eager_direct`): kept between calls.
-    pub(super) direct_slots: Vec<shmbroker_bindings::Message>,
+    direct_slots: Vec<shmbroker_bindings::Message>,
 }
 
 impl Engine {
@@ -86,6 +98,138 @@ impl Engine {
             scratch: Vec::new(),
             direct_slots: Vec::new(),
         }
+    }
+
+    /// What this rank says it is doing (see `status`).
+    pub(super) fn publisher(&self) -> &std::sync::Arc<Publisher> {
+        &self.publisher
+    }
+
+    /// This rank's outbox, to read its size and what it is owed.
+    pub(super) fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    /// A loan of `len` bytes of this rank's outbox, or `None` while it has no room.
+    pub(super) fn try_loan(
+        &mut self,
+        len: usize,
+    ) -> Result<Option<shmbroker_allocator::Loan>, shmbroker_allocator::Error> {
+        self.outbox.try_loan(len)
+    }
+
+    /// `bytes`, which lie in this rank's outbox, lent in place to `receivers` (a mask of ranks);
+    /// `None` when they do not lie there whole.
+    pub(super) fn lend_in_place(&mut self, bytes: &[u8], receivers: u64) -> Option<PayloadRef> {
+        self.outbox.lend_in_place(bytes, receivers)
+    }
+
+    /// [`Self::lend_in_place`] for parts of `bytes`, each to its own receivers; counted as read
+    /// in place when lent (see [`Self::read_in_place`]).
+    pub(super) fn lend_in_place_parts(
+        &mut self,
+        bytes: &[u8],
+        parts: impl IntoIterator<Item = (std::ops::Range<usize>, u64)>,
+    ) -> Option<Vec<PayloadRef>> {
+        let lent = self.outbox.lend_in_place_parts(bytes, parts)?;
+        self.read_in_place += 1;
+        Some(lent)
+    }
+
+    /// Pieces of all-reduces whose contribution peers read where it lay.
+    pub(super) fn read_in_place(&self) -> u64 {
+        self.read_in_place
+    }
+
+    /// How every ring of this session waits.
+    pub(super) fn waiting(&self) -> Waiting {
+        self.waiting
+    }
+
+    /// Sets how the rings made from now on wait; the caller sets the rings already made.
+    pub(super) fn set_waiting(&mut self, waiting: Waiting) {
+        self.waiting = waiting;
+    }
+
+    /// CPUs this process may run on, at logon.
+    pub(super) fn cpus(&self) -> usize {
+        self.cpus
+    }
+
+    /// How fds move (the choice).
+    pub(super) fn fd_transport(&self) -> FdTransport {
+        self.fd_transport
+    }
+
+    /// Chooses how fds move from now on.
+    pub(super) fn set_fd_transport(&mut self, transport: FdTransport) {
+        self.fd_transport = transport;
+    }
+
+    /// The most relay-like transport that has moved fds so far (`Pidfd < Relay`).
+    pub(super) fn fd_transport_used(&self) -> Option<FdTransport> {
+        self.fd_transport_used
+    }
+
+    /// Notes that `used` moved an exchange's fds: whether that is further toward the relay than
+    /// any before.
+    pub(super) fn note_fd_transport_used(&mut self, used: FdTransport) -> bool {
+        if Some(used) <= self.fd_transport_used {
+            return false;
+        }
+        self.fd_transport_used = Some(used);
+        true
+    }
+
+    /// The reductions' scratch space, taken for one call; given back with
+    /// [`Self::keep_scratch`].
+    pub(super) fn take_scratch(&mut self) -> Vec<ScratchLine> {
+        std::mem::take(&mut self.scratch)
+    }
+
+    /// Keeps `lines` as the scratch space of the next call.
+    pub(super) fn keep_scratch(&mut self, lines: Vec<ScratchLine>) {
+        self.scratch = lines;
+    }
+
+    /// Drops from now on what `peer` sends on `stream` (its collectives are over), and what it
+    /// sent there already.
+    pub(super) fn close_stream(&mut self, peer: u32, stream: u32) {
+        self.peers[peer as usize].inbox.close_stream(stream);
+    }
+
+    /// The references of `peer`'s messages dropped since the last call: blocks of its outbox
+    /// to acknowledge.
+    pub(super) fn take_dropped(&mut self, peer: u32) -> Vec<PayloadRef> {
+        self.peers[peer as usize].inbox.take_dropped()
+    }
+
+    /// Gives back every block `peer` still owed an acknowledgement for.
+    pub(super) fn forget_peer(&mut self, peer: u32) {
+        for offset in self.outbox.forget(peer) {
+            self.chunk_blocks.remove(&offset);
+        }
+        let peer = &mut self.peers[peer as usize];
+        peer.chunks_owed = 0;
+        peer.acks_due.clear();
+        peer.forgotten = true;
+    }
+
+    /// Starts `rank`'s link state afresh, for its replacement (after [`Self::forget_peer`]).
+    pub(super) fn renew_peer(&mut self, rank: u32) {
+        self.peers[rank as usize] = Peer::new(rank);
+        self.any.gone[rank as usize] = None;
+    }
+
+    /// How `rank` was found gone by a receive from any peer, if it was.
+    pub(super) fn gone(&self, rank: u32) -> Option<Gone> {
+        self.any.gone[rank as usize]
+    }
+
+    /// Counts a write to the readiness eventfd that no ring's registration made (a rejoin's):
+    /// it is owed like any waker's.
+    pub(super) fn count_signal(&mut self) {
+        self.any.rings.count_signal();
     }
 }
 
@@ -139,13 +283,13 @@ impl FdTransport {
 /// primitives: the cross-process protocols (rings, parking) are the queue crate's, loom-checked;
 /// the outboxes add none (their ledger is private, and acknowledgements travel on the rings).
 #[derive(Debug, Default, Clone)]
-pub(super) struct ViewAcks {
+struct ViewAcks {
     queue: std::sync::Arc<std::sync::Mutex<VecDeque<(u32, u64, PayloadRef)>>>,
     waiting: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ViewAcks {
-    pub(super) fn push(&self, peer: u32, process: u64, payload: PayloadRef) {
+    fn push(&self, peer: u32, process: u64, payload: PayloadRef) {
         self.queue
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -154,7 +298,7 @@ impl ViewAcks {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
-    pub(super) fn take(&self) -> VecDeque<(u32, u64, PayloadRef)> {
+    fn take(&self) -> VecDeque<(u32, u64, PayloadRef)> {
         // A plain load first: the common case (no view dropped) costs no read-modify-write.
         if !self.waiting.load(std::sync::atomic::Ordering::Relaxed)
             || !self
@@ -174,17 +318,17 @@ impl ViewAcks {
 
 /// Where the session stands with its readiness eventfd.
 #[derive(Debug, Default)]
-pub(super) struct Readiness {
+struct Readiness {
     /// The rings from live peers armed, and the writes wakers owe the eventfd.
-    pub(super) rings: ReadySet,
+    rings: ReadySet,
     /// Where the next look for a ready peer starts.
-    pub(super) next: u32,
+    next: u32,
     /// Per peer: gone (and already reported, for a death), so nothing more can come from it.
-    pub(super) gone: Vec<Option<Gone>>,
+    gone: Vec<Option<Gone>>,
 }
 
 impl Readiness {
-    pub(super) fn new(world: usize) -> Self {
+    fn new(world: usize) -> Self {
         Self {
             gone: vec![None; world],
             ..Self::default()

@@ -15,7 +15,7 @@
 
 use super::collectives::check_part;
 use super::demux::{Expect, Incoming, Sink};
-use super::outgoing::Targets;
+use super::engine::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;

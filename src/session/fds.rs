@@ -50,7 +50,7 @@ use super::demux::{Expect, Incoming, Sink};
 use super::departures::departure_error;
 use super::departures::handshake_failed;
 use super::engine::FdTransport;
-use super::outgoing::Targets;
+use super::engine::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;
@@ -317,14 +317,14 @@ fn check(fd: &OwnedFd, ticket: &FdTicket) -> Result<(), ImportFailure> {
 impl Session {
     /// Chooses how fds move from now on (the default comes from `SHMBROKER_FD_TRANSPORT`).
     pub fn set_fd_transport(&mut self, transport: FdTransport) {
-        self.engine.fd_transport = transport;
+        self.engine.set_fd_transport(transport);
     }
 
     /// How fds are chosen to move: [`Self::set_fd_transport`]'s value, or
     /// `SHMBROKER_FD_TRANSPORT`'s.
     #[must_use]
     pub fn fd_transport(&self) -> FdTransport {
-        self.engine.fd_transport
+        self.engine.fd_transport()
     }
 
     /// How this rank's fd exchanges (fds and GPU handles) have moved fds so far: `None` before
@@ -335,7 +335,7 @@ impl Session {
     /// Each change is also logged (`info`, or `warn` for a fallback from `pidfd_getfd`).
     #[must_use]
     pub fn fd_transport_used(&self) -> Option<FdTransport> {
-        self.engine.fd_transport_used
+        self.engine.fd_transport_used()
     }
 
     /// Every rank's `fd`, indexed by rank (this rank's own as a duplicate).
@@ -595,7 +595,7 @@ impl Session {
             first_refusal,
             relayed,
         } = taken;
-        if self.engine.fd_transport == FdTransport::Pidfd {
+        if self.engine.fd_transport() == FdTransport::Pidfd {
             status.pidfd_only |= 1 << rank;
         }
         let statuses = self.all_gather_pod_with(team, &status, deadline)?;
@@ -603,7 +603,7 @@ impl Session {
         let any_refused = statuses.iter().any(|s| s.refused != 0);
         let strict = statuses.iter().any(|s| s.pidfd_only != 0);
         // (A rank that would relay reports nothing when another's `pidfd` choice fails it.)
-        if !(any_refused && strict) || self.engine.fd_transport == FdTransport::Pidfd {
+        if !(any_refused && strict) || self.engine.fd_transport() == FdTransport::Pidfd {
             self.report_fd_transport(any_refused, first_refusal);
         }
         if !any_refused {
@@ -808,7 +808,7 @@ impl Session {
             });
             return Ok(());
         }
-        if self.engine.fd_transport == FdTransport::Relay {
+        if self.engine.fd_transport() == FdTransport::Relay {
             taken.status.refused |= bit;
         } else {
             match self.import_batch(exporter, tickets, imported.slots(exporter), deadline)? {
@@ -1095,20 +1095,19 @@ impl Session {
     /// logs it when that changes: a warning when a refused `pidfd_getfd` sent fds through the
     /// broker, or made the exchange fail under `pidfd`; otherwise at `info`.
     fn report_fd_transport(&mut self, relayed: bool, refusal: Option<(u32, nix::errno::Errno)>) {
-        let used = match (relayed, self.engine.fd_transport) {
+        let used = match (relayed, self.engine.fd_transport()) {
             (false, _) => Some(FdTransport::Pidfd),
             (true, FdTransport::Pidfd) => None,
             (true, _) => Some(FdTransport::Relay),
         };
-        if used.is_some() && used <= self.engine.fd_transport_used {
+        if let Some(used) = used
+            && !self.engine.note_fd_transport_used(used)
+        {
             return;
         }
-        if let Some(used) = used {
-            self.engine.fd_transport_used = Some(used);
-        }
         let rank = self.rank();
-        let fell_back = relayed && self.engine.fd_transport != FdTransport::Relay;
-        let why = match (self.engine.fd_transport, relayed, refusal) {
+        let fell_back = relayed && self.engine.fd_transport() != FdTransport::Relay;
+        let why = match (self.engine.fd_transport(), relayed, refusal) {
             (FdTransport::Relay, _, _) => "relay through the broker (chosen: relay)".to_string(),
             (_, false, _) => "pidfd_getfd (every import was allowed)".to_string(),
             (FdTransport::Auto, true, Some((exporter, errno))) => format!(

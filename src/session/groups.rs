@@ -84,7 +84,7 @@
 use super::agree;
 use super::agree::CONFIRM_DEPARTURE;
 use super::demux::Expect;
-use super::outgoing::Targets;
+use super::engine::outgoing::Targets;
 use super::setup::Outcome;
 use super::state::{Deadline, Session};
 use super::teams::Team;
@@ -393,7 +393,7 @@ impl Session {
             } else {
                 0
             };
-            if let Some(known) = self.engine.peers[rank as usize].incarnation {
+            if let Some(known) = self.numbers[rank as usize].incarnation {
                 view.push(known | dead);
                 continue;
             }
@@ -419,7 +419,7 @@ impl Session {
                          writes a number from 1 before it publishes its outbox"
                     ),
                 })?;
-            self.engine.peers[rank as usize].incarnation = Some(incarnation);
+            self.numbers[rank as usize].incarnation = Some(incarnation);
             view.push(incarnation | dead);
         }
         Ok(view)
@@ -433,8 +433,8 @@ impl Session {
         let last = self.groups.ballots.get(members).copied().unwrap_or(0);
         let joined = members
             .iter()
-            .filter_map(|&rank| self.engine.peers.get(rank as usize))
-            .filter_map(|peer| peer.setup_stash.as_deref())
+            .filter_map(|&rank| self.numbers.get(rank as usize))
+            .filter_map(|numbers| numbers.setup_stash.as_deref())
             .filter_map(|kept| agree::Attempt::joins(members, kept))
             .max()
             .unwrap_or(0);
@@ -549,7 +549,7 @@ impl Session {
                 };
                 match self.receive_vec(coordinator, expect, deadline) {
                     Ok(bytes) => {
-                        self.engine.peers[coordinator as usize].setup_received += 1;
+                        self.numbers[coordinator as usize].setup_received += 1;
                         let theirs = read_estimate(coordinator, &bytes, me, world)?;
                         self.confirm_departures(coordinator, theirs, deadline)?;
                         estimate = theirs;
@@ -597,14 +597,14 @@ impl Session {
 
     /// The tag of the next setup message to `peer`.
     pub(super) fn setup_tag_to(&mut self, peer: u32) -> u64 {
-        let sent = &mut self.engine.peers[peer as usize].setup_sent;
+        let sent = &mut self.numbers[peer as usize].setup_sent;
         *sent += 1;
         (u64::from(SETUP_STREAM) << SEQ_BITS) | ((*sent - 1) & SEQ_MASK)
     }
 
     /// The tag of the next setup message due from `peer` (counted once it is taken).
     pub(super) fn setup_tag_from(&self, peer: u32) -> u64 {
-        let received = self.engine.peers[peer as usize].setup_received;
+        let received = self.numbers[peer as usize].setup_received;
         (u64::from(SETUP_STREAM) << SEQ_BITS) | (received & SEQ_MASK)
     }
 }

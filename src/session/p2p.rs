@@ -1,7 +1,7 @@
 //! Point to point: `send`, `recv` and `probe`, of any size (loans are the `loans` module's).
 
 use super::demux::{Expect, Incoming, Sink};
-use super::outgoing::Targets;
+use super::engine::outgoing::Targets;
 use super::state::Session;
 use crate::error::Error;
 use shmbroker_bindings::kind;
@@ -19,15 +19,15 @@ impl Session {
     pub fn send(&mut self, rank: u32, data: &[u8]) -> Result<(), Error> {
         let timeout = self.timeout;
         self.check_peer(rank)?;
-        let tag = self.engine.peers[rank as usize].send_tag;
+        let tag = self.numbers[rank as usize].send_tag;
         if self.send_one_slot(rank, tag, data)? {
-            self.engine.peers[rank as usize].send_tag += 1;
+            self.numbers[rank as usize].send_tag += 1;
             return Ok(());
         }
         self.on_peer("send", rank, timeout, |session, deadline| {
             session.send_to(kind::SEND, tag, data, Targets::One(rank), deadline)
         })?;
-        self.engine.peers[rank as usize].send_tag += 1;
+        self.numbers[rank as usize].send_tag += 1;
         Ok(())
     }
 
@@ -105,7 +105,7 @@ impl Session {
     ) -> Result<(u64, Sink<'a>), Error> {
         self.on_peer("recv", rank, timeout, |session, deadline| {
             let expect = Expect::Send {
-                tag: session.engine.peers[rank as usize].recv_tag,
+                tag: session.numbers[rank as usize].recv_tag,
             };
             let mut incoming = [Incoming::keeping_too_long(rank, expect, sink)];
             session.flush_view_acks()?;
@@ -113,7 +113,7 @@ impl Session {
             if !incoming[0].is_done() {
                 session.receive_all(&mut incoming, deadline)?;
             }
-            session.engine.peers[rank as usize].recv_tag += 1;
+            session.numbers[rank as usize].recv_tag += 1;
             let [incoming] = incoming;
             incoming.finish()
         })

@@ -72,7 +72,7 @@
 
 use super::collectives::wrong_size;
 use super::demux::{Expect, LoanNote};
-use super::loans::LoanView;
+use super::engine::loans::LoanView;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;
@@ -609,7 +609,7 @@ impl Session {
         len: usize,
         f: impl FnOnce(&mut Self, &mut [T]) -> Result<R, Error>,
     ) -> Result<R, Error> {
-        let mut lines = std::mem::take(&mut self.engine.scratch);
+        let mut lines = self.engine.take_scratch();
         let bytes = len * size_of::<T>();
         if lines.len() < bytes.div_ceil(64) {
             lines.resize(bytes.div_ceil(64), super::engine::ScratchLine([0; 64]));
@@ -620,7 +620,7 @@ impl Session {
             Ok(scratch) => f(self, scratch),
             Err(_) => f(self, &mut vec![T::zeroed(); len]),
         };
-        self.engine.scratch = lines;
+        self.engine.keep_scratch(lines);
         outcome
     }
 
@@ -703,7 +703,6 @@ impl Session {
         self.flush_view_acks()?;
         let lent = self
             .engine
-            .outbox
             .lend_in_place(result, Outbox::receivers(peers.iter().copied()));
         match lent {
             Some(lent) => self.send_ref(op, seq, lent, &peers, deadline)?,
@@ -740,7 +739,7 @@ impl Session {
     fn await_given_back(&mut self, lent: PayloadRef, deadline: &Deadline) -> Result<(), Error> {
         let mut since: Option<std::time::Instant> = None;
         loop {
-            let holders = self.engine.outbox.owed_for(lent);
+            let holders = self.engine.outbox().owed_for(lent);
             let ranks = (0..self.world_size()).filter(|&rank| holders & rank_bit(rank) != 0);
             let Some(mut rank) = ranks.clone().next() else {
                 return Ok(());
@@ -749,7 +748,7 @@ impl Session {
                 let mut holding = None;
                 for holder in ranks {
                     if self.inner.departure(holder).is_some() {
-                        self.forget_peer(holder);
+                        self.engine.forget_peer(holder);
                     } else {
                         holding.get_or_insert(holder);
                     }
@@ -767,12 +766,12 @@ impl Session {
                 return Err(self.timed_out(deadline, rank));
             }
             // A live holder that gave this collective up gives nothing back.
-            if since.is_some_and(|since| since.elapsed() >= super::receive::MISMATCH_LOOK) {
+            if since.is_some_and(|since| since.elapsed() >= super::engine::receive::MISMATCH_LOOK) {
                 self.look_for_mismatch(rank, deadline)?;
             }
             self.poll_acks()?;
             let now = std::time::Instant::now();
-            super::receive::idle_wait(now.duration_since(*since.get_or_insert(now)));
+            super::engine::receive::idle_wait(now.duration_since(*since.get_or_insert(now)));
         }
     }
 
@@ -913,12 +912,10 @@ impl Session {
         self.flush_view_acks()?;
         let Some(lent) = self
             .engine
-            .outbox
             .lend_in_place_parts(bytemuck::cast_slice(data), parts)
         else {
             return Ok(None);
         };
-        self.engine.read_in_place += 1;
         let refs: Vec<(u32, PayloadRef)> =
             peers.iter().map(|&q| team.member(q)).zip(lent).collect();
         let note = LoanNote {

@@ -40,7 +40,7 @@
 //! last adopted; a team is over when one of its members was adopted after it was formed.
 
 use super::engine::Gone;
-use super::peer::Peer;
+use super::numbers::PeerNumbers;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;
@@ -122,14 +122,16 @@ impl Session {
         };
         // The watcher's writes to the readiness eventfd for rejoins are owed like any waker's.
         for _ in 0..self.inner.take_rejoin_signals() {
-            self.engine.any.rings.count_signal();
+            self.engine.count_signal();
         }
         // The blocks it owed come back; then everything about it starts afresh.
-        self.forget_peer(rank);
-        self.engine.peers[rank as usize] = Peer::new(rank);
+        self.engine.forget_peer(rank);
+        self.engine.renew_peer(rank);
         // Its outbox says the same once mapped (see `agree`).
-        self.engine.peers[rank as usize].incarnation = Some(times);
-        self.engine.any.gone[rank as usize] = None;
+        self.numbers[rank as usize] = PeerNumbers {
+            incarnation: Some(times),
+            ..PeerNumbers::default()
+        };
         self.membership.adopt(rank);
         // The collectives of every team it was in are over (see "Collectives"): what their
         // messages leave in the links, from any peer, is dropped and acknowledged now and as it
@@ -148,8 +150,10 @@ impl Session {
             return Ok(());
         }
         for rank in self.peers() {
-            let reported =
-                self.engine.any.gone[rank as usize].is_some_and(|gone| gone != Gone::BrokerLost);
+            let reported = self
+                .engine
+                .gone(rank)
+                .is_some_and(|gone| gone != Gone::BrokerLost);
             if pending & 1 << rank != 0
                 && reported
                 && let Some(times) = self.adopt_rejoin(rank)?
@@ -182,7 +186,7 @@ impl Session {
                 self.inner.rejoins()
             )
         } else {
-            let times = self.engine.peers[rank as usize].incarnation.unwrap_or(0);
+            let times = self.numbers[rank as usize].incarnation.unwrap_or(0);
             let what = if times == 0 {
                 "came late".to_string()
             } else {

@@ -2,7 +2,7 @@
 //! binomial tree in large ones.
 
 use super::demux::{Expect, Incoming, Sink, message};
-use super::outgoing::Targets;
+use super::engine::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;

@@ -36,12 +36,12 @@
 //! ([`SessionGuard`]'s drop: the [`Sender`]'s calls and [`Sender::session`] go through it), it writes the eventfd
 //! once, counted as owed like any waker's write, and the sleeping receive looks again.
 
-use super::any::{Access, wait_for_sender};
 use super::demux::Sink;
-use super::outgoing::Targets;
+use super::engine::any::{Access, wait_for_sender};
+use super::engine::outgoing::Targets;
+use super::engine::stepwise::{PendingSend, Step};
 use super::state::Deadline;
 use super::state::Session;
-use super::stepwise::{PendingSend, Step};
 use super::tuning;
 use crate::error::Error;
 use shmbroker_bindings::kind;
@@ -215,7 +215,7 @@ impl Session {
             world_size: self.world_size(),
             rejoins: self.rejoins(),
             timeout: AtomicU64::new(u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX)),
-            publisher: Arc::clone(&self.engine.publisher),
+            publisher: Arc::clone(self.engine.publisher()),
             session: Mutex::new(self),
             sending: Mutex::new(()),
             receiving: Mutex::new(()),
@@ -262,16 +262,16 @@ impl Sender {
         let _turn = self.shared.sending();
         let mut session = self.shared.lend();
         session.check_peer(rank)?;
-        let tag = session.engine.peers[rank as usize].send_tag;
+        let tag = session.numbers[rank as usize].send_tag;
         if !session.send_one_slot(rank, tag, data)? {
             let deadline = session.track(Deadline::new("send", timeout));
-            session.engine.publisher.peer("send", rank);
+            session.engine.publisher().peer("send", rank);
             let pending = session.begin_send(kind::SEND, tag, data, Targets::One(rank), &deadline);
             let result;
             (session, result) = self.drive(session, pending, &deadline);
             result?;
         }
-        session.engine.peers[rank as usize].send_tag += 1;
+        session.numbers[rank as usize].send_tag += 1;
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 
 use super::publisher::{Publisher, Seen};
 use super::teams::{Team, rank_below};
-use super::{engine, membership, teams};
+use super::{engine, membership, numbers, teams};
 use crate::error::Error;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,8 @@ pub struct Session {
     pub(super) membership: membership::Membership,
     /// The transport's state: links, outbox, waiting, buffers kept between calls (see `engine`).
     pub(super) engine: engine::Engine,
+    /// What the calls number per peer, indexed by rank (see `numbers`).
+    pub(super) numbers: Vec<numbers::PeerNumbers>,
     /// The broker this worker hosts (local rank 0 under a launcher). Last, so that it stops
     /// only after this session has said goodbye to it.
     pub(super) embedded: Option<EmbeddedBroker>,
@@ -276,7 +278,7 @@ impl Session {
         let (seq, tag) = self.groups.next_tag(stream).ok_or_else(|| {
             Error::Misuse(format!("stream {stream} has no collectives of its own"))
         })?;
-        self.engine.publisher.collective(stream, seq, kind);
+        self.engine.publisher().collective(stream, seq, kind);
         Ok(tag)
     }
 }

@@ -70,7 +70,7 @@ impl Session {
     /// documentation and outside the API's stability promise; it may change or go without notice.
     #[doc(hidden)]
     pub fn set_publishing(&self, on: bool) {
-        self.engine.publisher.on.store(on, Ordering::Relaxed);
+        self.engine.publisher().on.store(on, Ordering::Relaxed);
     }
 
     /// Runs one public call that settles (every collective, and the calls that agree, as
@@ -135,7 +135,7 @@ impl Session {
     ) -> Result<R, Error> {
         self.check_peer(rank)?;
         let deadline = self.track(Deadline::new(op, timeout));
-        self.engine.publisher.peer(op, rank);
+        self.engine.publisher().peer(op, rank);
         body(self, &deadline)
     }
 
@@ -144,7 +144,7 @@ impl Session {
     /// since the last call are closed first (see `departures::Session::catch_up_on_departures`).
     pub(super) fn track(&mut self, deadline: Deadline) -> Deadline {
         self.catch_up_on_departures();
-        deadline.tracked_by(&self.engine.publisher)
+        deadline.tracked_by(self.engine.publisher())
     }
 
     /// Fails a collective whose wait for `peer` can never end:
@@ -171,10 +171,10 @@ impl Session {
         peer: u32,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        if !self.engine.publisher.on() {
+        if !self.engine.publisher().on() {
             return Ok(());
         }
-        let mine = self.engine.publisher.words.slot(0);
+        let mine = self.engine.publisher().words.slot(0);
         let [seq, group, kind] =
             [w::SEQ, w::GROUP_PEER, w::KIND].map(|at| mine[at].load(Ordering::Relaxed));
         if seq == NONE || group == NONE || kind == NONE {
@@ -296,10 +296,10 @@ impl Session {
             } if expected_seq != found_seq => *peer,
             _ => return error,
         };
-        if !self.engine.publisher.on() || peer >= self.world_size() {
+        if !self.engine.publisher().on() || peer >= self.world_size() {
             return error;
         }
-        let mine = self.engine.publisher.words.slot(0);
+        let mine = self.engine.publisher().words.slot(0);
         let [seq, group] = [w::SEQ, w::GROUP_PEER].map(|at| mine[at].load(Ordering::Relaxed));
         let quick = Deadline::new("mismatch", Duration::ZERO);
         let Ok(outbox) = self.peer_outbox(peer, &quick) else {

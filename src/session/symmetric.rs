@@ -113,6 +113,6 @@ impl Session {
     /// larger one has one per [`PIECE_MAX_BYTES`](super::tuning::PIECE_MAX_BYTES) or part of it.
     #[must_use]
     pub fn reductions_read_in_place(&self) -> u64 {
-        self.engine.read_in_place
+        self.engine.read_in_place()
     }
 }

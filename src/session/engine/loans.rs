@@ -6,12 +6,12 @@
 //! may be dropped on any thread: [`ViewAcks`]), and the owner reuses the block once every
 //! receiver has.
 
-use super::demux::{Expect, LoanNote, loan_note, read_ref, with_loan_ref};
-use super::engine::ViewAcks;
-use super::state::Deadline;
-use super::state::Session;
-use super::teams::Team;
+use super::ViewAcks;
 use crate::error::Error;
+use crate::session::demux::{Expect, LoanNote, loan_note, read_ref, with_loan_ref};
+use crate::session::state::Deadline;
+use crate::session::state::Session;
+use crate::session::teams::Team;
 use shmbroker_allocator::{Loan, Outbox, View};
 use shmbroker_bindings::{PayloadRef, kind};
 
@@ -37,7 +37,7 @@ pub struct LoanView {
     pub(super) process: u64,
     /// What its lender said of it: the whole it is a part of, the collective call it is a piece
     /// of (see `Session::views_of_every_peer`).
-    pub(super) note: LoanNote,
+    pub(in crate::session) note: LoanNote,
 }
 
 impl LoanView {
@@ -86,7 +86,11 @@ impl Session {
     }
 
     /// [`Self::loan`] within `deadline` (a collective's, which names it).
-    pub(super) fn loan_within(&mut self, len: usize, deadline: &Deadline) -> Result<Loan, Error> {
+    pub(in crate::session) fn loan_within(
+        &mut self,
+        len: usize,
+        deadline: &Deadline,
+    ) -> Result<Loan, Error> {
         self.flush_view_acks()?;
         let mut since = None;
         loop {
@@ -167,15 +171,15 @@ impl Session {
     /// [`Error::OwnOutbox`] for a loan of another session; otherwise as for [`Self::send`].
     pub fn send_loan(&mut self, rank: u32, loan: Loan) -> Result<(), Error> {
         self.on_peer("send_loan", rank, self.timeout, |session, deadline| {
-            let tag = session.engine.peers[rank as usize].send_tag;
+            let tag = session.numbers[rank as usize].send_tag;
             session.lend(kind::SEND, tag, loan, &[rank], deadline)?;
-            session.engine.peers[rank as usize].send_tag += 1;
+            session.numbers[rank as usize].send_tag += 1;
             Ok(())
         })
     }
 
     /// Sends the reference to `loan` to `targets` as operation `op` number `tag`.
-    pub(super) fn lend(
+    pub(in crate::session) fn lend(
         &mut self,
         op: u32,
         tag: u64,
@@ -187,7 +191,7 @@ impl Session {
     }
 
     /// [`Self::lend`], saying `note` of the loan.
-    pub(super) fn lend_noted(
+    pub(in crate::session) fn lend_noted(
         &mut self,
         op: u32,
         tag: u64,
@@ -215,7 +219,7 @@ impl Session {
 
     /// Sends `lent`, a reference into this rank's outbox recorded as owed by `targets`, to
     /// `targets` as operation `op` number `tag`.
-    pub(super) fn send_ref(
+    pub(in crate::session) fn send_ref(
         &mut self,
         op: u32,
         tag: u64,
@@ -230,7 +234,7 @@ impl Session {
     /// Sends each `(peer, lent)` of `refs` (a reference recorded as owed by that peer) as
     /// operation `op` number `tag`, saying `note` of each. An iterator, not a slice, so that a
     /// loan to a few targets (every `send_loan`) allocates nothing.
-    pub(super) fn send_refs(
+    pub(in crate::session) fn send_refs(
         &mut self,
         op: u32,
         tag: u64,
@@ -314,10 +318,10 @@ impl Session {
     pub fn recv_loan(&mut self, rank: u32) -> Result<LoanView, Error> {
         self.on_peer("recv_loan", rank, self.timeout, |session, deadline| {
             let expect = Expect::Send {
-                tag: session.engine.peers[rank as usize].recv_tag,
+                tag: session.numbers[rank as usize].recv_tag,
             };
             let view = session.take_loan(rank, expect, deadline)?;
-            session.engine.peers[rank as usize].recv_tag += 1;
+            session.numbers[rank as usize].recv_tag += 1;
             Ok(view)
         })
     }
@@ -365,7 +369,7 @@ impl Session {
     /// that is not a loan is [`Error::Protocol`] naming `peer` in a collective (the ranks chose
     /// different paths, so their lengths differ), [`Error::Misuse`] for a point-to-point
     /// receive (it stays queued for `recv`).
-    pub(super) fn take_loan(
+    pub(in crate::session) fn take_loan(
         &mut self,
         peer: u32,
         expect: Expect,

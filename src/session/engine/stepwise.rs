@@ -4,11 +4,11 @@
 //! A blocking send ([`Session::send`], a broadcast's root) loops inside the session until its
 //! message is out, and waits for a slow peer's room there; a blocking receive waits there for
 //! the next chunk. The halves of a split session must not wait that way, each needs the session
-//! while the other waits. So a [`Sender`](super::Sender) starts a send with
+//! while the other waits. So a [`Sender`](crate::Sender) starts a send with
 //! [`Session::begin_send`], which sends what goes at once and returns the rest as a
 //! [`PendingSend`], then calls [`Session::advance_send`], which moves what can move without
 //! waiting and says how long to pause when nothing can; it pauses without holding the session.
-//! A [`Receiver`](super::Receiver) does the same with [`Session::begin_receive`] and
+//! A [`Receiver`](crate::Receiver) does the same with [`Session::begin_receive`] and
 //! [`Session::advance_receive`].
 //!
 //! Holding nothing while it waits is also what keeps split ranks from waiting on each other in a
@@ -33,25 +33,25 @@
 //! `demux::Inbox::close_stream`). No collective runs meanwhile: [`Sender::session`] waits for
 //! the receive to end, since a collective takes messages out of the inbox.
 //!
-//! [`Sender::session`]: super::Sender::session
+//! [`Sender::session`]: crate::Sender::session
 //!
 //! The rings stay single-producer and single-consumer: every ring end is touched only while the
 //! session is held.
 
-use super::demux::{Expect, Incoming, Sink};
 use super::outgoing::{Outgoing, Targets, transfer_progress};
 use super::receive::idle_pause;
 use super::send::{STALL, eager_slots};
-use super::state::Deadline;
-use super::state::Session;
 use crate::error::Error;
+use crate::session::demux::{Expect, Incoming, Sink};
+use crate::session::state::Deadline;
+use crate::session::state::Session;
 use shmbroker_bindings::Message;
 use shmbroker_queues::TrySendError;
 use std::time::{Duration, Instant};
 
 /// A send under way that its caller drives with [`Session::advance_send`].
 #[derive(Debug)]
-pub(super) struct PendingSend<'d> {
+pub(in crate::session) struct PendingSend<'d> {
     what: Pending<'d>,
     /// Steps in a row in which nothing moved.
     idle: u32,
@@ -76,7 +76,7 @@ enum Pending<'d> {
 
 /// What a step of a [`PendingSend`] left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Step {
+pub(in crate::session) enum Step {
     /// The message is out.
     Done,
     /// Something moved: step again.
@@ -87,7 +87,7 @@ pub(super) enum Step {
 
 impl Step {
     /// Pauses as this step asks, holding nothing.
-    pub(super) fn pause(self) {
+    pub(in crate::session) fn pause(self) {
         match self {
             Self::Done | Self::Moved => {}
             Self::Pause(None) => std::thread::yield_now(),
@@ -104,7 +104,7 @@ impl Session {
     /// Starts sending `data` to `targets` as operation `op` with `tag`: sends all that goes
     /// without waiting, and returns the rest to drive with [`Self::advance_send`] (`None` once
     /// the whole message is out). Nothing else may be sent to `targets` until it is done.
-    pub(super) fn begin_send<'d>(
+    pub(in crate::session) fn begin_send<'d>(
         &mut self,
         op: u32,
         tag: u64,
@@ -146,7 +146,7 @@ impl Session {
 
     /// Moves `pending` on as far as it goes without waiting. On an error, give it to
     /// [`Self::send_failed`].
-    pub(super) fn advance_send(
+    pub(in crate::session) fn advance_send(
         &mut self,
         pending: &mut PendingSend<'_>,
         deadline: &Deadline,
@@ -232,7 +232,7 @@ impl Session {
     /// Ends `pending` after `error`: as a blocking send that failed so would, it gives back
     /// what the receivers can never acknowledge, and sets aside a point-to-point message cut
     /// off by an interrupt (which is then reported sent).
-    pub(super) fn send_failed(
+    pub(in crate::session) fn send_failed(
         &mut self,
         pending: PendingSend<'_>,
         error: Error,
@@ -295,7 +295,7 @@ impl PendingSend<'_> {
 
 /// A point-to-point receive under way that its caller drives with [`Session::advance_receive`].
 #[derive(Debug)]
-pub(super) struct PendingReceive<'a> {
+pub(in crate::session) struct PendingReceive<'a> {
     incoming: Incoming<'a>,
     /// Steps so far: the clock is read every 1024th even while things move.
     turns: u32,
@@ -309,7 +309,7 @@ impl Session {
     /// Starts receiving the next point-to-point message from `peer` into `sink` (a message
     /// too long for it is kept), taking what is there without waiting. Drive it with
     /// [`Self::advance_receive`], and end it with [`Self::end_receive`].
-    pub(super) fn begin_receive<'a>(
+    pub(in crate::session) fn begin_receive<'a>(
         &mut self,
         peer: u32,
         sink: Sink<'a>,
@@ -318,7 +318,7 @@ impl Session {
         self.check_peer(peer)?;
         self.catch_up_on_departures();
         let expect = Expect::Send {
-            tag: self.engine.peers[peer as usize].recv_tag,
+            tag: self.numbers[peer as usize].recv_tag,
         };
         let mut incoming = Incoming::keeping_too_long(peer, expect, sink);
         self.flush_view_acks()?;
@@ -333,7 +333,7 @@ impl Session {
 
     /// Moves `pending` on as far as it goes without waiting: a step of the blocking receive's
     /// loop. On an error, give it to [`Self::end_receive`].
-    pub(super) fn advance_receive(
+    pub(in crate::session) fn advance_receive(
         &mut self,
         pending: &mut PendingReceive<'_>,
         deadline: &Deadline,
@@ -385,7 +385,7 @@ impl Session {
     /// Ends `pending` with `outcome` (its last step's): the message's length and its sink, or
     /// the error, after which a message cut off between its chunks is set aside for the next
     /// receive from its sender, as a blocking receive's is.
-    pub(super) fn end_receive<'a>(
+    pub(in crate::session) fn end_receive<'a>(
         &mut self,
         mut pending: PendingReceive<'a>,
         outcome: Result<(), Error>,
@@ -402,7 +402,7 @@ impl Session {
         }
         // Finished as a blocking receive finishes (nothing is left to wait for).
         self.complete(&mut pending.incoming, deadline)?;
-        self.engine.peers[peer as usize].recv_tag += 1;
+        self.numbers[peer as usize].recv_tag += 1;
         pending.incoming.finish()
     }
 }

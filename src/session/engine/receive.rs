@@ -1,4 +1,4 @@
-//! Receiving: reading a peer's ring into its [`Inbox`](super::demux::Inbox), and waiting for
+//! Receiving: reading a peer's ring into its [`Inbox`](crate::session::demux::Inbox), and waiting for
 //! messages to arrive whole.
 //!
 //! # Reading a peer's ring
@@ -18,15 +18,15 @@
 //! chunk). A transfer in which nothing has moved for [`PARK_AFTER`] (its peer stopped, say)
 //! sleeps in short steps instead of yielding, so a stopped peer costs its waiters almost no CPU.
 //! Every loop looks at the deadline now and then even while messages keep coming, and a peer may
-//! have at most [`MAX_UNREAD`](super::demux::MAX_UNREAD) messages queued that no call has taken:
+//! have at most [`MAX_UNREAD`](crate::session::demux::MAX_UNREAD) messages queued that no call has taken:
 //! a peer that floods cannot hold a call past its deadline or grow this process's memory without
 //! bound.
 
-use super::demux::{Expect, Incoming, Payloads, message, message_len};
-use super::departures::handshake_failed;
-use super::state::Deadline;
-use super::state::Session;
 use crate::error::Error;
+use crate::session::demux::{Expect, Incoming, Payloads, message, message_len};
+use crate::session::departures::handshake_failed;
+use crate::session::state::Deadline;
+use crate::session::state::Session;
 use shmbroker_allocator::PeerOutbox;
 use shmbroker_bindings::{INLINE_BYTES, Message, PayloadRef, kind};
 use shmbroker_queues::{RecvTimeoutError, TryRecvError};
@@ -48,12 +48,12 @@ pub(super) const SEND_SLICE: Duration = Duration::from_millis(1);
 
 /// How often a collective's wait looks at the peer it waits for (see
 /// `status::Session::look_for_mismatch`).
-pub(super) const MISMATCH_LOOK: Duration = Duration::from_millis(100);
+pub(in crate::session) const MISMATCH_LOOK: Duration = Duration::from_millis(100);
 
 /// Gives the core away while a transfer has made no progress for `stalled`: yields at first;
 /// past [`PARK_AFTER`], sleeps an eighth of the time waited so far (at most [`PARK_MAX`]), so a
 /// long stall costs almost no CPU and a short one little latency.
-pub(super) fn idle_wait(stalled: Duration) {
+pub(in crate::session) fn idle_wait(stalled: Duration) {
     match idle_pause(stalled) {
         None => std::thread::yield_now(),
         Some(nap) => std::thread::sleep(nap),
@@ -89,7 +89,7 @@ impl Payloads for PeerPayloads<'_> {
 
 impl Session {
     /// `peer`'s outbox, mapped read-only the first time it is needed.
-    pub(super) fn peer_outbox(
+    pub(in crate::session) fn peer_outbox(
         &mut self,
         peer: u32,
         deadline: &Deadline,
@@ -256,7 +256,7 @@ impl Session {
     /// Receives `incoming` at once if the next message from its peer, straight from the ring, is
     /// the eager message it expects (one slot, or several all there already); otherwise files
     /// that message for the queue's path and leaves `incoming` as it was.
-    pub(super) fn take_direct(
+    pub(in crate::session) fn take_direct(
         &mut self,
         incoming: &mut Incoming<'_>,
         deadline: &Deadline,
@@ -329,7 +329,7 @@ impl Session {
     /// that keeps sending cannot keep this rank here. A peer that left or died (its ring read to
     /// the end), or never logged on before the broker went, has nothing more to send: only calls
     /// that need it say so. Bad bytes end this call too.
-    pub(super) fn drain_from(&mut self, peer: u32) -> Result<(), Error> {
+    pub(in crate::session) fn drain_from(&mut self, peer: u32) -> Result<(), Error> {
         for _ in 0..self.inner.ring_capacity() {
             match self.pull(peer, None) {
                 Ok(true) => {}
@@ -392,7 +392,7 @@ impl Session {
         // session (map the peer's outbox, send acknowledgements). Moving it moves a few words.
         let mut inbox = std::mem::replace(
             &mut self.engine.peers[peer as usize].inbox,
-            super::demux::Inbox::new(peer),
+            crate::session::demux::Inbox::new(peer),
         );
         let stepped = inbox.step(
             incoming,
@@ -431,9 +431,9 @@ impl Session {
     ///
     /// An interrupt ends it between the chunks of a pipelined message too (a look at two atomics
     /// per step). Ended there by an interrupt or the deadline, a point-to-point receive is set aside (see
-    /// [`super::demux::Inbox::set_aside`]): the next receive of the message starts where this one
+    /// [`crate::session::demux::Inbox::set_aside`]): the next receive of the message starts where this one
     /// stopped, so nothing is lost and nothing delivered twice.
-    pub(super) fn complete(
+    pub(in crate::session) fn complete(
         &mut self,
         incoming: &mut Incoming<'_>,
         deadline: &Deadline,
@@ -546,7 +546,7 @@ impl Session {
 
     /// Receives every one of `incoming` to the end, in turn, sending nothing. A timeout names
     /// every rank not heard from yet, not only the one this call was waiting for.
-    pub(super) fn receive_all(
+    pub(in crate::session) fn receive_all(
         &mut self,
         incoming: &mut [Incoming<'_>],
         deadline: &Deadline,
@@ -563,7 +563,7 @@ impl Session {
     }
 
     /// The next collective message from `peer`, which must be one eager slot of `op` number `seq`.
-    pub(super) fn recv_collective(
+    pub(in crate::session) fn recv_collective(
         &mut self,
         peer: u32,
         op: u32,
@@ -584,7 +584,7 @@ impl Session {
 
     /// The next collective message from `peer` of `op` number `seq` when it is one eager slot,
     /// taken; or the header of a longer one, left queued for an [`Incoming`] to take.
-    pub(super) fn recv_one_slot(
+    pub(in crate::session) fn recv_one_slot(
         &mut self,
         peer: u32,
         op: u32,
@@ -612,7 +612,7 @@ impl Session {
     /// `error`, and when it is a timeout, one that also names every rank of `later` (peers this
     /// call would have waited for next) with nothing of `expect` arrived yet: the ranks a
     /// collective was still missing when its deadline passed, not only the first.
-    pub(super) fn still_missing(
+    pub(in crate::session) fn still_missing(
         &mut self,
         error: Error,
         later: &[u32],
@@ -629,7 +629,7 @@ impl Session {
             // Whatever the ring holds, without waiting; a peer whose bytes cannot be read counts
             // as missing (the call that reads them next will say what is wrong).
             let mut arrived = Ok(None);
-            for _ in 0..super::demux::MAX_UNREAD {
+            for _ in 0..crate::session::demux::MAX_UNREAD {
                 arrived = self.find(peer, expect);
                 if !matches!(arrived, Ok(None)) || !matches!(self.pull(peer, None), Ok(true)) {
                     break;
@@ -644,9 +644,13 @@ impl Session {
 
     /// The length of the next point-to-point message from `peer`, once its header (and, for an
     /// eager message, its whole body) is queued, waiting up to `deadline`; it stays queued.
-    pub(super) fn probe_send(&mut self, peer: u32, deadline: &Deadline) -> Result<u64, Error> {
+    pub(in crate::session) fn probe_send(
+        &mut self,
+        peer: u32,
+        deadline: &Deadline,
+    ) -> Result<u64, Error> {
         let expect = Expect::Send {
-            tag: self.engine.peers[peer as usize].recv_tag,
+            tag: self.numbers[peer as usize].recv_tag,
         };
         let at = self.await_group(peer, expect, deadline)?;
         let header = self.engine.peers[peer as usize].inbox.header(at);

@@ -29,13 +29,13 @@
 //! nothing moves it spins, then yields, then sleeps (the receive module's `idle_wait`), so a
 //! stopped peer costs its waiters almost no CPU.
 
-use super::demux::{Incoming, message, read_ref, with_ref};
 use super::outgoing::{Outgoing, Targets, transfer_progress, waiting};
 use super::receive::{SEND_SLICE, idle_wait};
-use super::state::Deadline;
-use super::state::Session;
-use super::teams::Team;
 use crate::error::Error;
+use crate::session::demux::{Incoming, message, read_ref, with_ref};
+use crate::session::state::Deadline;
+use crate::session::state::Session;
+use crate::session::teams::Team;
 use shmbroker_bindings::{INLINE_BYTES, Message, kind};
 use shmbroker_queues::TrySendError;
 use std::time::{Duration, Instant};
@@ -98,7 +98,7 @@ impl<const N: usize> EagerSlots<N> {
 impl Session {
     /// The most bytes this session sends eagerly: what fits in half a ring, up to
     /// [`kind::EAGER_MAX`].
-    pub(super) fn eager_limit(&self) -> usize {
+    pub(in crate::session) fn eager_limit(&self) -> usize {
         let half = (self.inner.ring_capacity() as usize / 2).max(1);
         (INLINE_BYTES + (half - 1) * size_of::<Message>()).min(kind::EAGER_MAX)
     }
@@ -116,7 +116,7 @@ impl Session {
     }
 
     /// Sends one single-slot message to `peer` (fd tickets, barrier arrivals).
-    pub(super) fn send_message(
+    pub(in crate::session) fn send_message(
         &mut self,
         peer: u32,
         outgoing: Message,
@@ -231,7 +231,7 @@ impl Session {
     /// Sends `data` to every rank in `targets` as operation `op` with `tag`, receiving every
     /// `incoming` meanwhile: eagerly when it is small (then the receives follow), otherwise
     /// pipelined, driving the send and the receives together (see the module docs).
-    pub(super) fn send_while_receiving(
+    pub(in crate::session) fn send_while_receiving(
         &mut self,
         op: u32,
         tag: u64,
@@ -347,7 +347,7 @@ impl Session {
     }
 
     /// [`Self::send_while_receiving`] with nothing to receive.
-    pub(super) fn send_to(
+    pub(in crate::session) fn send_to(
         &mut self,
         op: u32,
         tag: u64,
@@ -362,7 +362,7 @@ impl Session {
     /// `rank` (acknowledgements go first, in order), and the ring has room. Then it is sent as
     /// message `tag` and this returns `true`; otherwise it sends nothing and returns `false`, for
     /// the general path (which waits, and names whatever went wrong).
-    pub(super) fn send_one_slot(
+    pub(in crate::session) fn send_one_slot(
         &mut self,
         rank: u32,
         tag: u64,
@@ -386,7 +386,7 @@ impl Session {
 
     /// Sends `data` eagerly to `targets` if it is small enough (then `true`), from a stack buffer
     /// no larger than the message needs; `false`, sending nothing, for a pipelined message.
-    pub(super) fn send_if_eager(
+    pub(in crate::session) fn send_if_eager(
         &mut self,
         op: u32,
         tag: u64,

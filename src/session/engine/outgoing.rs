@@ -1,8 +1,8 @@
 //! A pipelined message on its way out: which targets have had which of its messages, and how
 //! much of it is written into the outbox (see `send` for the protocol that steps it).
 
-use super::demux::{Incoming, message};
 use super::peer::Peer;
+use crate::session::demux::{Incoming, message};
 use shmbroker_allocator::Outbox;
 use shmbroker_bindings::{INLINE_BYTES, Message, kind};
 use std::borrow::Cow;
@@ -12,7 +12,7 @@ pub const CHUNKS_IN_FLIGHT: usize = 8;
 
 /// Whom a message goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Targets {
+pub(in crate::session) enum Targets {
     /// Every other member of the call's team (the world, or a group; see `Session::call_team`).
     Peers,
     /// One rank.
@@ -21,9 +21,9 @@ pub(super) enum Targets {
 
 /// One pipelined message being sent to `targets`, step by step.
 #[derive(Debug)]
-pub(super) struct Outgoing<'d> {
+pub(in crate::session) struct Outgoing<'d> {
     /// The message: borrowed from the caller, owned once set aside (see
-    /// [`Session::set_aside_send`](super::state::Session::set_aside_send)).
+    /// [`Session::set_aside_send`](crate::session::state::Session::set_aside_send)).
     pub(super) data: Cow<'d, [u8]>,
     pub(super) targets: Vec<u32>,
     pub(super) receivers: u64,

@@ -7,9 +7,9 @@
 //! when the ring back has room, and otherwise wait in the peer's `acks_due` for the next call to
 //! flush them, in order and ahead of any new message to that peer.
 
-use super::demux::with_ref;
-use super::state::Session;
 use crate::error::Error;
+use crate::session::demux::with_ref;
+use crate::session::state::Session;
 use shmbroker_bindings::{PayloadRef, kind};
 use shmbroker_queues::TrySendError;
 
@@ -39,7 +39,11 @@ impl Session {
     }
 
     /// Acknowledges `payload` to its owner `peer`: queued, and sent as soon as the ring has room.
-    pub(super) fn queue_ack(&mut self, peer: u32, payload: PayloadRef) -> Result<(), Error> {
+    pub(in crate::session) fn queue_ack(
+        &mut self,
+        peer: u32,
+        payload: PayloadRef,
+    ) -> Result<(), Error> {
         self.engine.peers[peer as usize]
             .acks_due
             .push_back(with_ref(kind::PAYLOAD_ACK, 0, payload));
@@ -62,7 +66,7 @@ impl Session {
 
     /// Sends the acknowledgements owed to `peer` that fit, in order, without waiting. A peer that
     /// has left needs none: they are dropped (a session that died says so on the next call).
-    pub(super) fn flush_acks(&mut self, peer: u32) -> Result<(), Error> {
+    pub(in crate::session) fn flush_acks(&mut self, peer: u32) -> Result<(), Error> {
         let due = &mut self.engine.peers[peer as usize].acks_due;
         if due.is_empty() {
             return Ok(());
@@ -86,7 +90,7 @@ impl Session {
     }
 
     /// Queues the acknowledgements of loan views dropped since the last call.
-    pub(super) fn flush_view_acks(&mut self) -> Result<(), Error> {
+    pub(in crate::session) fn flush_view_acks(&mut self) -> Result<(), Error> {
         // Every acknowledgement is queued before any is sent, so a peer whose ring fails loses
         // none of the others'.
         let mut peers = Vec::new();

@@ -42,11 +42,11 @@
 //! naming a rank that died if one did, otherwise [`Error::PeerLeft`] (or
 //! [`Error::PeerNeverJoined`] if no peer ever came).
 
-use super::demux::Expect;
-use super::engine::Gone;
-use super::state::Deadline;
-use super::state::Session;
+use super::Gone;
 use crate::error::Error;
+use crate::session::demux::Expect;
+use crate::session::state::Deadline;
+use crate::session::state::Session;
 use shmbroker_bindings::Message;
 use shmbroker_queues::{CROWDED_SPIN_MAX, Consumer, ReadyRings, ReadySet, SPIN_MAX, Waiting};
 use shmbroker_sys::eventfd;
@@ -166,7 +166,7 @@ impl Session {
     /// [`Error::PeerLeft`] or [`Error::PeerLost`] once `peer` has left or died and everything
     /// it sent is taken, [`Error::BrokerLost`] if it never logged on and cannot any more (it is
     /// then marked, so that [`Self::scan`] skips it); as for [`Self::recv`] otherwise.
-    pub(super) fn sender_ready(&mut self, peer: u32) -> Result<bool, Error> {
+    pub(in crate::session) fn sender_ready(&mut self, peer: u32) -> Result<bool, Error> {
         // As every call that waits does as it begins (see `Session::track`): no receive is under
         // way here.
         self.catch_up_on_departures();
@@ -174,7 +174,7 @@ impl Session {
             return Err(gone.error(peer));
         }
         let expect = Expect::Send {
-            tag: self.engine.peers[peer as usize].recv_tag,
+            tag: self.numbers[peer as usize].recv_tag,
         };
         loop {
             if self.find_send(peer, expect)?.is_some() {
@@ -218,7 +218,7 @@ impl Session {
     /// published after it writes the eventfd anew. (The `loom_readiness_look_then_wait_never_
     /// misses_a_message` model checks this order; without either step after the reset it finds
     /// the lost wake-up, which `examples/tokio_server` hit about one run in five.)
-    pub(super) fn next_sender(&mut self) -> Result<Option<u32>, Error> {
+    pub(in crate::session) fn next_sender(&mut self) -> Result<Option<u32>, Error> {
         // Before the shortcut of a quiet set (every live ring armed and empty), which would
         // never look: a replacement that rejoined is reported (see `rejoin`).
         self.report_rejoin()?;
@@ -287,12 +287,12 @@ impl Session {
 
     /// Takes the registration back from every ring, counting those wakers took. Called before
     /// anything else waits on one of these rings (its futex wait would replace the registration).
-    pub(super) fn disarm(&mut self) {
+    pub(in crate::session) fn disarm(&mut self) {
         ReadySet::disarm(&mut self.rings(None));
     }
 
     /// Whether the rings are armed for a wait on the readiness eventfd.
-    pub(super) fn readiness_armed(&self) -> bool {
+    pub(in crate::session) fn readiness_armed(&self) -> bool {
         self.engine.any.rings.is_armed()
     }
 
@@ -301,7 +301,7 @@ impl Session {
     /// that took the rings' registrations back (its own ring wait replaced them) while the other
     /// half of a split session slept on the fd: a message that arrived meanwhile signalled
     /// nobody.
-    pub(super) fn nudge_readiness(&mut self) {
+    pub(in crate::session) fn nudge_readiness(&mut self) {
         eventfd::signal(self.inner.readiness_fd());
         self.engine.any.rings.count_signal();
     }
@@ -363,7 +363,7 @@ impl ReadyRings for PeerRings<'_> {
 
 /// A session reached directly, or through the lock the halves of a split session share: the
 /// waits below hold it only while they look at rings, never while they sleep.
-pub(super) trait Access {
+pub(in crate::session) trait Access {
     /// Runs `f` on the session.
     fn with<R>(&mut self, f: impl FnOnce(&mut Session) -> R) -> R;
 }
@@ -376,7 +376,7 @@ impl Access for Session {
 
 /// Waits up to `deadline` for a peer with a message ready (any peer, or `only` that one): spins
 /// on the rings for a while, then sleeps on the readiness eventfd `fd` with no access held.
-pub(super) fn wait_for_sender(
+pub(in crate::session) fn wait_for_sender(
     access: &mut impl Access,
     fd: BorrowedFd<'_>,
     only: Option<u32>,
