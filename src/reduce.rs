@@ -628,6 +628,91 @@ pub(crate) fn combine_with<T: bytemuck::Pod>(
     }
 }
 
+/// Runs `$body` with `$t` standing for the element type `$dtype` names (for the byte-level
+/// forms of the reductions).
+macro_rules! for_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            DType::U16 => {
+                type $t = u16;
+                $body
+            }
+            DType::I16 => {
+                type $t = i16;
+                $body
+            }
+            DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            DType::U64 => {
+                type $t = u64;
+                $body
+            }
+            DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DType::F64 => {
+                type $t = f64;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use for_dtype;
+
+/// A caller's bytes as elements of `T`, or [`Error::Misuse`]. No bytes are no elements,
+/// wherever they are (an empty buffer's address need not be aligned: Python's empty
+/// `bytearray`, an empty tensor's).
+pub(crate) fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T], Error> {
+    if bytes.is_empty() {
+        return Ok(&[]);
+    }
+    bytemuck::try_cast_slice(bytes).map_err(|_| misaligned::<T>(bytes.len()))
+}
+
+/// A caller's bytes as elements of `T`, or [`Error::Misuse`] (no bytes: no elements, as in
+/// [`cast`]).
+pub(crate) fn cast_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> Result<&mut [T], Error> {
+    if bytes.is_empty() {
+        return Ok(&mut []);
+    }
+    let len = bytes.len();
+    bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned::<T>(len))
+}
+
+fn misaligned<T>(len: usize) -> Error {
+    Error::Misuse(format!(
+        "{len} bytes are not whole elements of {} bytes, aligned for them",
+        size_of::<T>()
+    ))
+}
+
 #[cfg(test)]
 mod tests;
 

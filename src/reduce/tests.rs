@@ -359,3 +359,14 @@ fn f16_conversions_match_half_bit_for_bit() {
         );
     }
 }
+
+#[test]
+fn no_bytes_at_an_unaligned_address_are_no_elements() {
+    let mut words = [0u64; 2];
+    let bytes = bytemuck::bytes_of_mut(&mut words);
+    // Address 8k + 1: misaligned for f64, and empty.
+    assert!(super::cast::<f64>(&bytes[1..1]).unwrap().is_empty());
+    assert!(super::cast_mut::<f64>(&mut bytes[1..1]).unwrap().is_empty());
+    // Bytes that are there are still checked.
+    assert!(super::cast::<f64>(&bytes[1..9]).is_err());
+}

@@ -42,34 +42,39 @@ impl Session {
     // -----------------------------------------------------------------------------------------
     // Collectives
 
-    /// [`Collectives::barrier`](crate::Collectives::barrier) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn barrier_on_team(&mut self, team: &Team) -> Result<(), Error> {
-        self.collective_on(team, "barrier", Self::barrier_tracked)
+    /// [`Collectives::barrier`](crate::Collectives::barrier) by telling every peer and hearing
+    /// from every peer (small worlds).
+    pub(super) fn flat_barrier(
+        &mut self,
+        team: &Team,
+        seq: u64,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
+        let arrival = message(kind::BARRIER, seq, 0, [0; shmbroker_bindings::INLINE_BYTES]);
+        for peer in team.peers() {
+            self.send_message(peer, arrival, deadline)?;
+        }
+        let peers: Vec<u32> = team.peers().collect();
+        for (at, &peer) in peers.iter().enumerate() {
+            if let Err(error) = self.recv_collective(peer, kind::BARRIER, seq, deadline) {
+                let expect = Expect::Collective {
+                    op: kind::BARRIER,
+                    seq,
+                };
+                return Err(self.still_missing(error, &peers[at + 1..], expect, deadline));
+            }
+        }
+        Ok(())
     }
 
-    /// [`Collectives::barrier`](crate::Collectives::barrier) within its tracked deadline (which
-    /// [`Deadline::settle`] then notes the outcome of).
-    fn barrier_tracked(&mut self, team: &Team, deadline: &Deadline) -> Result<(), Error> {
-        let seq = self.next_seq(team, kind::BARRIER)?;
+    /// [`Collectives::barrier`](crate::Collectives::barrier) by dissemination (larger worlds).
+    pub(super) fn dissemination_barrier(
+        &mut self,
+        team: &Team,
+        seq: u64,
+        deadline: &Deadline,
+    ) -> Result<(), Error> {
         let world = team.size();
-        if tuning::barrier(world) == tuning::Barrier::Flat {
-            let arrival = message(kind::BARRIER, seq, 0, [0; shmbroker_bindings::INLINE_BYTES]);
-            for peer in team.peers() {
-                self.send_message(peer, arrival, deadline)?;
-            }
-            let peers: Vec<u32> = team.peers().collect();
-            for (at, &peer) in peers.iter().enumerate() {
-                if let Err(error) = self.recv_collective(peer, kind::BARRIER, seq, deadline) {
-                    let expect = Expect::Collective {
-                        op: kind::BARRIER,
-                        seq,
-                    };
-                    return Err(self.still_missing(error, &peers[at + 1..], expect, deadline));
-                }
-            }
-            return Ok(());
-        }
         // Dissemination: in round k, tell rank + 2^k and hear from rank - 2^k (mod the world).
         // After round k every rank has heard, directly or through others, from the 2^(k+1) ranks
         // before it, so after ceil(log2(world)) rounds from all of them. 2^k < world in every
@@ -97,18 +102,6 @@ impl Session {
             round += 1;
         }
         Ok(())
-    }
-
-    /// [`Collectives::all_gather`](crate::Collectives::all_gather) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn all_gather_on_team(
-        &mut self,
-        team: &Team,
-        data: &[u8],
-    ) -> Result<Vec<Vec<u8>>, Error> {
-        self.collective_on(team, "all_gather", |session, team, deadline| {
-            session.all_gather_with(team, data, deadline)
-        })
     }
 
     /// [`Collectives::all_gather`](crate::Collectives::all_gather) within an existing deadline,
@@ -160,39 +153,6 @@ impl Session {
             }
         }
         Ok(gathered)
-    }
-
-    /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn all_gather_into_on_team(
-        &mut self,
-        team: &Team,
-        data: &[u8],
-        out: &mut [u8],
-    ) -> Result<(), Error> {
-        self.collective_on(team, "all_gather", |session, team, deadline| {
-            session.all_gather_into_tracked(team, data, out, deadline)
-        })
-    }
-
-    /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) within its tracked
-    /// deadline (which [`Deadline::settle`] then notes the outcome of).
-    fn all_gather_into_tracked(
-        &mut self,
-        team: &Team,
-        data: &[u8],
-        out: &mut [u8],
-        deadline: &Deadline,
-    ) -> Result<(), Error> {
-        let expected = data.len() * team.size() as usize;
-        if out.len() != expected {
-            return Err(Error::Misuse(format!(
-                "all_gather_into needs a buffer of {expected} bytes, got {}",
-                out.len()
-            )));
-        }
-        let seq = self.next_seq(team, kind::ALL_GATHER)?;
-        self.gather_parts_into(team, kind::ALL_GATHER, seq, data, out, deadline)
     }
 
     /// [`Collectives::all_gather_into`](crate::Collectives::all_gather_into) as collective `op`

@@ -2,24 +2,33 @@
 //! every group ([`GroupView`], from [`Session::on`]) get them from one trait, [`Collectives`], as
 //! rsmpi's communicators get theirs from one set of traits.
 //!
-//! Each method runs a session method among a team. For a session that is the world; for a view
-//! it is the group, whose ranks, roots, blocks and counts are group ranks. Errors name world
-//! ranks either way. A communicator only says which team its calls run among (`on_team`). That
-//! trait is sealed, so nothing outside this crate implements [`Collectives`]. A new collective
-//! is one session method among a team (`*_on_team`) and one method here.
+//! A communicator only says which team its calls run among (`on_team`). That trait is sealed,
+//! so nothing outside this crate implements [`Collectives`]. For a session the team is the
+//! world; for a view it is the group, whose ranks, roots, blocks and counts are group ranks.
+//! Errors name world ranks either way.
+//!
+//! Each method here is its collective's entry, as Open MPI's `*_decision_fixed.c` is: it checks
+//! the arguments every algorithm needs, takes the collective's number, asks `tuning` which
+//! algorithm runs, and runs it. The algorithms are session methods of (team, number,
+//! deadline) in the modules that own them (`collectives`, `rooted`, `exchange`,
+//! `reductions`). So a new collective built from algorithms there is one method here; one that
+//! needs an algorithm of its own adds that algorithm in its module.
 //!
 //! Some collectives stay on the session alone, for the world: typed all-gathers
 //! (`all_gather_pod`), loans, fd and GPU-handle exchange, and user reductions.
 
 use super::groups::GroupView;
+use super::reductions::Results;
 use super::state::Session;
 use super::teams::Team;
+use super::tuning;
 use crate::error::Error;
-use crate::reduce::{DType, Element, ReduceOp};
+use crate::reduce::{DType, Element, ReduceOp, cast, cast_mut, check_op, combine, for_dtype};
+use shmbroker_bindings::kind;
 
 mod sealed {
     use crate::error::Error;
-    use crate::session::state::Session;
+    use crate::session::state::{Deadline, Session};
     use crate::session::teams::Team;
 
     /// Which team a communicator's calls run among. Sealed: the trait lives in a
@@ -30,6 +39,16 @@ mod sealed {
             &mut self,
             call: impl FnOnce(&mut Session, &Team) -> Result<R, Error>,
         ) -> Result<R, Error>;
+
+        /// Runs `body` as the collective `op` among this communicator's team, under the
+        /// collective's deadline (see `status::Session::collective_on`).
+        fn collective<R>(
+            &mut self,
+            op: &'static str,
+            body: impl FnOnce(&mut Session, &Team, &Deadline) -> Result<R, Error>,
+        ) -> Result<R, Error> {
+            self.on_team(|session, team| session.collective_on(team, op, body))
+        }
     }
 }
 
@@ -47,7 +66,15 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::PeerGaveUp`] (a rank this call waits for failed its part and left it: every
     /// collective can fail so).
     fn barrier(&mut self) -> Result<(), Error> {
-        self.on_team(|session, team| session.barrier_on_team(team))
+        self.collective("barrier", |session, team, deadline| {
+            let seq = session.next_seq(team, kind::BARRIER)?;
+            match tuning::barrier(team.size()) {
+                tuning::Barrier::Flat => session.flat_barrier(team, seq, deadline),
+                tuning::Barrier::Dissemination => {
+                    session.dissemination_barrier(team, seq, deadline)
+                }
+            }
+        })
     }
 
     /// `root`'s data on every rank: the root passes `Some(data)`, the others `None`.
@@ -57,7 +84,14 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
     /// [`Self::all_gather`].
     fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
-        self.on_team(|session, team| session.broadcast_on_team(team, root, data))
+        self.collective("broadcast", |session, team, deadline| {
+            session.check_root(team, root, data.is_some(), "broadcast")?;
+            let seq = session.next_seq(team, kind::BROADCAST)?;
+            match tuning::broadcast(team.size()) {
+                tuning::Rooted::Flat => session.flat_broadcast(team, root, data, seq, deadline),
+                tuning::Rooted::Tree => session.tree_broadcast(team, root, data, seq, deadline),
+            }
+        })
     }
 
     /// Every rank's `data` (any size, sizes may differ) at `root`, indexed by rank: `Some` at the
@@ -67,7 +101,14 @@ pub trait Collectives: sealed::Communicator {
     ///
     /// As for [`Self::all_gather`], and [`Error::RankOutOfRange`] for a bad root.
     fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.on_team(|session, team| session.gather_on_team(team, root, data))
+        self.collective("gather", |session, team, deadline| {
+            team.check_rank(root)?;
+            let seq = session.next_seq(team, kind::GATHER)?;
+            match tuning::gather(team.size()) {
+                tuning::Rooted::Flat => session.flat_gather(team, root, data, seq, deadline),
+                tuning::Rooted::Tree => session.tree_gather(team, root, data, seq, deadline),
+            }
+        })
     }
 
     /// The root's `input` cut into `world_size` equal blocks, block `r` into rank `r`'s `output`
@@ -80,7 +121,11 @@ pub trait Collectives: sealed::Communicator {
     /// another length; [`Error::Protocol`] naming the root when a block has another length;
     /// otherwise as for [`Self::broadcast`].
     fn scatter(&mut self, root: u32, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), Error> {
-        self.on_team(|session, team| session.scatter_on_team(team, root, input, output))
+        self.collective("scatter", |session, team, deadline| {
+            session.check_root(team, root, input.is_some(), "scatter")?;
+            let seq = session.next_seq(team, kind::SCATTER)?;
+            session.flat_scatter(team, root, input, output, seq, deadline)
+        })
     }
 
     /// Every rank's `data` (any size, sizes may differ), indexed by rank.
@@ -90,7 +135,9 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
     /// [`Error::PeerGaveUp`], [`Error::Protocol`], [`Error::Outbox`].
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
-        self.on_team(|session, team| session.all_gather_on_team(team, data))
+        self.collective("all_gather", |session, team, deadline| {
+            session.all_gather_with(team, data, deadline)
+        })
     }
 
     /// Every rank's `data`, all of one size, into `out` in rank order (`out` must hold exactly
@@ -101,7 +148,17 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
     /// contribution has another size; otherwise as for [`Self::all_gather`].
     fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
-        self.on_team(|session, team| session.all_gather_into_on_team(team, data, out))
+        self.collective("all_gather", |session, team, deadline| {
+            let expected = data.len() * team.size() as usize;
+            if out.len() != expected {
+                return Err(Error::Misuse(format!(
+                    "all_gather_into needs a buffer of {expected} bytes, got {}",
+                    out.len()
+                )));
+            }
+            let seq = session.next_seq(team, kind::ALL_GATHER)?;
+            session.gather_parts_into(team, kind::ALL_GATHER, seq, data, out, deadline)
+        })
     }
 
     /// Block `q` of `input` to rank `q`, and block `q` of `output` from rank `q` (as
@@ -113,7 +170,24 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
     /// [`Self::all_gather`].
     fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
-        self.on_team(|session, team| session.all_to_all_on_team(team, input, output))
+        self.collective("all_to_all", |session, team, deadline| {
+            let world = team.size() as usize;
+            if input.len() != output.len() || !input.len().is_multiple_of(world) {
+                return Err(Error::Misuse(format!(
+                    "all_to_all needs an input and an output of {world} equal blocks, got {} \
+                     and {} bytes",
+                    input.len(),
+                    output.len()
+                )));
+            }
+            match tuning::all_to_all(world, input.len() / world) {
+                tuning::AllToAll::Lent => session.lend_blocks(team, input, output, deadline),
+                tuning::AllToAll::Pairwise => {
+                    let seq = session.next_seq(team, kind::ALL_TO_ALL)?;
+                    session.exchange_blocks(team, kind::ALL_TO_ALL, seq, input, output, deadline)
+                }
+            }
+        })
     }
 
     /// [`Self::all_to_all`] with a byte count per rank (as `MPI_Alltoallv`): `send_counts[q]`
@@ -132,8 +206,8 @@ pub trait Collectives: sealed::Communicator {
         output: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), Error> {
-        self.on_team(|session, team| {
-            session.all_to_all_v_on_team(team, input, send_counts, output, recv_counts)
+        self.collective("all_to_all_v", |session, team, deadline| {
+            session.pairwise_v(team, input, send_counts, output, recv_counts, deadline)
         })
     }
 
@@ -154,7 +228,9 @@ pub trait Collectives: sealed::Communicator {
     /// operations of floats); [`Error::Protocol`] naming a rank that passed another length;
     /// otherwise as for [`Self::all_gather`].
     fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.on_team(|session, team| session.all_reduce_on_team(team, data, op))
+        self.collective("all_reduce", |session, team, deadline| {
+            session.reduce_among(team, Results::All, data, op, deadline)
+        })
     }
 
     /// [`Self::all_reduce`] of `input` into `output` (of the same length); `input` is unchanged.
@@ -168,7 +244,15 @@ pub trait Collectives: sealed::Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session, team| session.all_reduce_into_on_team(team, input, output, op))
+        if input.len() != output.len() {
+            return Err(Error::Misuse(format!(
+                "all_reduce_into needs an output as long as its input ({} elements), got {}",
+                input.len(),
+                output.len()
+            )));
+        }
+        output.copy_from_slice(input);
+        self.all_reduce(output, op)
     }
 
     /// [`Self::all_reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -183,7 +267,7 @@ pub trait Collectives: sealed::Communicator {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session, team| session.all_reduce_bytes_on_team(team, data, dtype, op))
+        for_dtype!(dtype, T => self.all_reduce(cast_mut::<T>(data)?, op))
     }
 
     /// Combines every rank's `data` with `op`, in rank order, into the root's `data`; the other
@@ -193,7 +277,10 @@ pub trait Collectives: sealed::Communicator {
     ///
     /// As for [`Self::all_reduce`], and [`Error::RankOutOfRange`] for the root.
     fn reduce<T: Element>(&mut self, root: u32, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.on_team(|session, team| session.reduce_on_team(team, root, data, op))
+        self.collective("reduce", |session, team, deadline| {
+            team.check_rank(root)?;
+            session.reduce_among(team, Results::Root(root), data, op, deadline)
+        })
     }
 
     /// [`Self::reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -208,7 +295,7 @@ pub trait Collectives: sealed::Communicator {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session, team| session.reduce_bytes_on_team(team, root, data, dtype, op))
+        for_dtype!(dtype, T => self.reduce(root, cast_mut::<T>(data)?, op))
     }
 
     /// Combines every rank's `input` with `op`, in rank order, and gives rank `r` block `r` of the
@@ -225,7 +312,26 @@ pub trait Collectives: sealed::Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session, team| session.reduce_scatter_on_team(team, input, output, op))
+        self.collective("reduce_scatter", |session, team, deadline| {
+            check_op::<T>(op)?;
+            let world = team.size() as usize;
+            if input.len() != output.len() * world {
+                return Err(Error::Misuse(format!(
+                    "reduce_scatter needs an input of {world} blocks of the output's {} \
+                     elements, got {} elements",
+                    output.len(),
+                    input.len()
+                )));
+            }
+            if world == 1 {
+                output.copy_from_slice(input);
+                return combine(op, &[input], output);
+            }
+            if tuning::reduce_scatter_exchanges(size_of_val(input)) {
+                return session.reduce_scatter_exchanged(team, input, output, op, deadline);
+            }
+            session.reduce_scatter_lent(team, input, output, op, deadline)
+        })
     }
 
     /// [`Self::reduce_scatter`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -240,9 +346,7 @@ pub trait Collectives: sealed::Communicator {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.on_team(|session, team| {
-            session.reduce_scatter_bytes_on_team(team, input, output, dtype, op)
-        })
+        for_dtype!(dtype, T => self.reduce_scatter(cast::<T>(input)?, cast_mut::<T>(output)?, op))
     }
 }
 

@@ -19,38 +19,22 @@ use super::engine::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;
-use super::tuning;
 use crate::error::Error;
 use shmbroker_bindings::kind;
 
 impl Session {
-    /// [`Collectives::scatter`](crate::Collectives::scatter) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn scatter_on_team(
+    /// [`Collectives::scatter`](crate::Collectives::scatter): the root sends each rank its
+    /// block.
+    pub(super) fn flat_scatter(
         &mut self,
         team: &Team,
         root: u32,
         input: Option<&[u8]>,
         output: &mut [u8],
-    ) -> Result<(), Error> {
-        self.collective_on(team, "scatter", |session, team, deadline| {
-            session.scatter_tracked(team, root, input, output, deadline)
-        })
-    }
-
-    /// [`Collectives::scatter`](crate::Collectives::scatter) within its tracked deadline (which
-    /// [`Deadline::settle`] then notes the outcome of).
-    fn scatter_tracked(
-        &mut self,
-        team: &Team,
-        root: u32,
-        input: Option<&[u8]>,
-        output: &mut [u8],
+        seq: u64,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        self.check_root(team, root, input.is_some(), "scatter")?;
         let block = output.len();
-        let seq = self.next_seq(team, kind::SCATTER)?;
         let Some(input) = input else {
             let expect = Expect::Collective {
                 op: kind::SCATTER,
@@ -81,51 +65,12 @@ impl Session {
         Ok(())
     }
 
-    /// [`Collectives::all_to_all`](crate::Collectives::all_to_all) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn all_to_all_on_team(
-        &mut self,
-        team: &Team,
-        input: &[u8],
-        output: &mut [u8],
-    ) -> Result<(), Error> {
-        self.collective_on(team, "all_to_all", |session, team, deadline| {
-            session.all_to_all_tracked(team, input, output, deadline)
-        })
-    }
-
-    /// [`Collectives::all_to_all`](crate::Collectives::all_to_all) within its tracked deadline
-    /// (which [`Deadline::settle`] then notes the outcome of).
-    fn all_to_all_tracked(
-        &mut self,
-        team: &Team,
-        input: &[u8],
-        output: &mut [u8],
-        deadline: &Deadline,
-    ) -> Result<(), Error> {
-        let world = team.size() as usize;
-        if input.len() != output.len() || !input.len().is_multiple_of(world) {
-            return Err(Error::Misuse(format!(
-                "all_to_all needs an input and an output of {world} equal blocks, got {} and {} \
-                 bytes",
-                input.len(),
-                output.len()
-            )));
-        }
-        let block = input.len() / world;
-        if tuning::all_to_all(world, block) == tuning::AllToAll::Lent {
-            return self.lend_blocks(team, input, output, deadline);
-        }
-        let seq = self.next_seq(team, kind::ALL_TO_ALL)?;
-        self.exchange_blocks(team, kind::ALL_TO_ALL, seq, input, output, deadline)
-    }
-
     /// A large all-to-all read in place: piece by piece along the blocks, every rank copies the
     /// same range of each block it sends into its outbox (its own block stays home), lends that
     /// to every peer, and copies its own range out of each peer's loan. A block crosses memory
     /// twice (into the sender's outbox, out into the receiver's `output`), and every rank reads
     /// all its peers at once, where the pairwise exchange takes `world - 1` rounds.
-    fn lend_blocks(
+    pub(super) fn lend_blocks(
         &mut self,
         team: &Team,
         input: &[u8],
@@ -165,24 +110,9 @@ impl Session {
         Ok(())
     }
 
-    /// [`Collectives::all_to_all_v`](crate::Collectives::all_to_all_v) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn all_to_all_v_on_team(
-        &mut self,
-        team: &Team,
-        input: &[u8],
-        send_counts: &[usize],
-        output: &mut [u8],
-        recv_counts: &[usize],
-    ) -> Result<(), Error> {
-        self.collective_on(team, "all_to_all_v", |session, team, deadline| {
-            session.all_to_all_v_tracked(team, input, send_counts, output, recv_counts, deadline)
-        })
-    }
-
-    /// [`Collectives::all_to_all_v`](crate::Collectives::all_to_all_v) within its tracked deadline
-    /// (which [`Deadline::settle`] then notes the outcome of).
-    fn all_to_all_v_tracked(
+    /// [`Collectives::all_to_all_v`](crate::Collectives::all_to_all_v): its counts checked,
+    /// then a pairwise exchange.
+    pub(super) fn pairwise_v(
         &mut self,
         team: &Team,
         input: &[u8],

@@ -78,7 +78,7 @@ use super::state::Session;
 use super::teams::Team;
 use super::tuning;
 use crate::error::Error;
-use crate::reduce::{DType, Element, ReduceOp, check_op, combine, combine_with};
+use crate::reduce::{Element, ReduceOp, check_op, combine, combine_with};
 use bytemuck::Pod;
 use shmbroker_allocator::{Outbox, rank_bit};
 use shmbroker_bindings::PayloadRef;
@@ -129,95 +129,12 @@ fn elements<T: Pod>(peer: u32, bytes: &[u8]) -> Result<&[T], Error> {
     })
 }
 
-/// Runs `$body` with `$t` standing for the element type `$dtype` names.
-macro_rules! for_dtype {
-    ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            DType::U8 => {
-                type $t = u8;
-                $body
-            }
-            DType::I8 => {
-                type $t = i8;
-                $body
-            }
-            DType::U16 => {
-                type $t = u16;
-                $body
-            }
-            DType::I16 => {
-                type $t = i16;
-                $body
-            }
-            DType::U32 => {
-                type $t = u32;
-                $body
-            }
-            DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            DType::U64 => {
-                type $t = u64;
-                $body
-            }
-            DType::I64 => {
-                type $t = i64;
-                $body
-            }
-            DType::F16 => {
-                type $t = half::f16;
-                $body
-            }
-            DType::BF16 => {
-                type $t = half::bf16;
-                $body
-            }
-            DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            DType::F64 => {
-                type $t = f64;
-                $body
-            }
-        }
-    };
-}
-
-/// A caller's bytes as elements of `T`, or [`Error::Misuse`]. No bytes are no elements,
-/// wherever they are (an empty buffer's address need not be aligned: Python's empty
-/// `bytearray`, an empty tensor's).
-fn cast<T: Pod>(bytes: &[u8]) -> Result<&[T], Error> {
-    if bytes.is_empty() {
-        return Ok(&[]);
-    }
-    bytemuck::try_cast_slice(bytes).map_err(|_| misaligned::<T>(bytes.len()))
-}
-
-/// A caller's bytes as elements of `T`, or [`Error::Misuse`] (no bytes: no elements, as in
-/// [`cast`]).
-fn cast_mut<T: Pod>(bytes: &mut [u8]) -> Result<&mut [T], Error> {
-    if bytes.is_empty() {
-        return Ok(&mut []);
-    }
-    let len = bytes.len();
-    bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned::<T>(len))
-}
-
-fn misaligned<T>(len: usize) -> Error {
-    Error::Misuse(format!(
-        "{len} bytes are not whole elements of {} bytes, aligned for them",
-        size_of::<T>()
-    ))
-}
-
 /// How contributions combine: inputs (one per rank, in rank order) into an output slice.
 type Combiner<'f, T> = &'f mut dyn FnMut(&[&[T]], &mut [T]) -> Result<(), Error>;
 
 /// Which ranks get the result of a reduction.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Results {
+pub(super) enum Results {
     /// Every rank (all-reduce).
     All,
     /// The root alone (reduce).
@@ -225,58 +142,25 @@ enum Results {
 }
 
 impl Session {
-    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn all_reduce_on_team<T: Element>(
+    /// Combines every rank's `data` with `op` (a built-in operation), one shot or two (see the
+    /// module docs), leaving the result where `results` says: the algorithm of
+    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) and
+    /// [`Collectives::reduce`](crate::Collectives::reduce).
+    pub(super) fn reduce_among<T: Element>(
         &mut self,
         team: &Team,
-        data: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), Error> {
-        self.collective_on(team, "all_reduce", |session, team, deadline| {
-            session.all_reduce_tracked(team, data, op, deadline)
-        })
-    }
-
-    /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) within its tracked deadline
-    /// (which [`Deadline::settle`] then notes the outcome of).
-    fn all_reduce_tracked<T: Element>(
-        &mut self,
-        team: &Team,
+        results: Results,
         data: &mut [T],
         op: ReduceOp,
         deadline: &Deadline,
     ) -> Result<(), Error> {
         check_op::<T>(op)?;
+        let kind = match results {
+            Results::All => kind::ALL_REDUCE,
+            Results::Root(_) => kind::REDUCE,
+        };
         let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
-        self.reduce_with(
-            team,
-            kind::ALL_REDUCE,
-            Results::All,
-            data,
-            &mut combiner,
-            deadline,
-        )
-    }
-
-    /// [`Collectives::all_reduce_into`](crate::Collectives::all_reduce_into) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn all_reduce_into_on_team<T: Element>(
-        &mut self,
-        team: &Team,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), Error> {
-        if input.len() != output.len() {
-            return Err(Error::Misuse(format!(
-                "all_reduce_into needs an output as long as its input ({} elements), got {}",
-                input.len(),
-                output.len()
-            )));
-        }
-        output.copy_from_slice(input);
-        self.all_reduce_on_team(team, output, op)
+        self.reduce_with(team, kind, results, data, &mut combiner, deadline)
     }
 
     /// [`Collectives::all_reduce`](crate::Collectives::all_reduce) with a user operation.
@@ -324,85 +208,35 @@ impl Session {
         )
     }
 
-    /// [`Collectives::all_reduce_bytes`](crate::Collectives::all_reduce_bytes) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn all_reduce_bytes_on_team(
+    /// [`Collectives::reduce_scatter`](crate::Collectives::reduce_scatter) by exchanging the
+    /// blocks (small inputs): block `r` of every contribution comes to rank `r`, which combines
+    /// them.
+    pub(super) fn reduce_scatter_exchanged<T: Element>(
         &mut self,
         team: &Team,
-        data: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<(), Error> {
-        for_dtype!(dtype, T => self.all_reduce_on_team(team, cast_mut::<T>(data)?, op))
-    }
-
-    /// [`Collectives::reduce`](crate::Collectives::reduce) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn reduce_on_team<T: Element>(
-        &mut self,
-        team: &Team,
-        root: u32,
-        data: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), Error> {
-        self.collective_on(team, "reduce", |session, team, deadline| {
-            session.reduce_tracked(team, root, data, op, deadline)
-        })
-    }
-
-    /// [`Collectives::reduce`](crate::Collectives::reduce) within its tracked deadline (which
-    /// [`Deadline::settle`] then notes the outcome of).
-    fn reduce_tracked<T: Element>(
-        &mut self,
-        team: &Team,
-        root: u32,
-        data: &mut [T],
+        input: &[T],
+        output: &mut [T],
         op: ReduceOp,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        team.check_rank(root)?;
-        check_op::<T>(op)?;
-        let mut combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
-        self.reduce_with(
+        let mut blocks = vec![T::zeroed(); input.len()];
+        let seq = self.next_seq(team, kind::REDUCE_SCATTER)?;
+        self.exchange_blocks(
             team,
-            kind::REDUCE,
-            Results::Root(root),
-            data,
-            &mut combiner,
+            kind::REDUCE_SCATTER,
+            seq,
+            bytemuck::cast_slice(input),
+            bytemuck::cast_slice_mut(&mut blocks),
             deadline,
-        )
+        )?;
+        let inputs: Vec<&[T]> = blocks.chunks(output.len().max(1)).collect();
+        combine(op, &inputs, output)
     }
 
-    /// [`Collectives::reduce_bytes`](crate::Collectives::reduce_bytes) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn reduce_bytes_on_team(
-        &mut self,
-        team: &Team,
-        root: u32,
-        data: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<(), Error> {
-        for_dtype!(dtype, T => self.reduce_on_team(team, root, cast_mut::<T>(data)?, op))
-    }
-
-    /// [`Collectives::reduce_scatter`](crate::Collectives::reduce_scatter) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn reduce_scatter_on_team<T: Element>(
-        &mut self,
-        team: &Team,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> Result<(), Error> {
-        self.collective_on(team, "reduce_scatter", |session, team, deadline| {
-            session.reduce_scatter_tracked(team, input, output, op, deadline)
-        })
-    }
-
-    /// [`Collectives::reduce_scatter`](crate::Collectives::reduce_scatter) within its tracked
-    /// deadline (which [`Deadline::settle`] then notes the outcome of).
-    fn reduce_scatter_tracked<T: Element>(
+    /// [`Collectives::reduce_scatter`](crate::Collectives::reduce_scatter) through loans (larger
+    /// inputs): piece by piece along the blocks, each piece lends the same range of every block,
+    /// back to back, so that any input goes through the outbox.
+    pub(super) fn reduce_scatter_lent<T: Element>(
         &mut self,
         team: &Team,
         input: &[T],
@@ -410,38 +244,7 @@ impl Session {
         op: ReduceOp,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        check_op::<T>(op)?;
         let world = team.size() as usize;
-        if input.len() != output.len() * world {
-            return Err(Error::Misuse(format!(
-                "reduce_scatter needs an input of {world} blocks of the output's {} elements, got \
-                 {} elements",
-                output.len(),
-                input.len()
-            )));
-        }
-        let combiner = |inputs: &[&[T]], out: &mut [T]| combine(op, inputs, out);
-        if world == 1 {
-            output.copy_from_slice(input);
-            return combiner(&[input], output);
-        }
-        if tuning::reduce_scatter_exchanges(size_of_val(input)) {
-            // Block r of every contribution comes to rank r, which combines them.
-            let mut blocks = vec![T::zeroed(); input.len()];
-            let seq = self.next_seq(team, kind::REDUCE_SCATTER)?;
-            self.exchange_blocks(
-                team,
-                kind::REDUCE_SCATTER,
-                seq,
-                bytemuck::cast_slice(input),
-                bytemuck::cast_slice_mut(&mut blocks),
-                deadline,
-            )?;
-            let inputs: Vec<&[T]> = blocks.chunks(output.len().max(1)).collect();
-            return combiner(&inputs, output);
-        }
-        // Piece by piece along the blocks: each piece lends the same range of every block, back
-        // to back, so that any input goes through the outbox.
         let rank = team.me() as usize;
         let len = output.len();
         let pieces = size_of_val(input).div_ceil(self.piece_bytes());
@@ -470,24 +273,9 @@ impl Session {
                     Some(view) => elements(team.member(q), part_of(view, mine.clone())),
                 })
                 .collect::<Result<Vec<&[T]>, Error>>()?;
-            combiner(&inputs, &mut output[range])?;
+            combine(op, &inputs, &mut output[range])?;
         }
         Ok(())
-    }
-
-    /// [`Collectives::reduce_scatter_bytes`](crate::Collectives::reduce_scatter_bytes) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn reduce_scatter_bytes_on_team(
-        &mut self,
-        team: &Team,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<(), Error> {
-        for_dtype!(dtype, T => {
-            self.reduce_scatter_on_team(team, cast::<T>(input)?, cast_mut::<T>(output)?, op)
-        })
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1091,20 +879,4 @@ fn combine_parts_in<T: Pod, const N: usize>(
         *input = part;
     }
     combiner(&inputs[..world], data)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{cast, cast_mut};
-
-    #[test]
-    fn no_bytes_at_an_unaligned_address_are_no_elements() {
-        let mut words = [0u64; 2];
-        let bytes = bytemuck::bytes_of_mut(&mut words);
-        // Address 8k + 1: misaligned for f64, and empty.
-        assert!(cast::<f64>(&bytes[1..1]).unwrap().is_empty());
-        assert!(cast_mut::<f64>(&mut bytes[1..1]).unwrap().is_empty());
-        // Bytes that are there are still checked.
-        assert!(cast::<f64>(&bytes[1..9]).is_err());
-    }
 }

@@ -6,7 +6,7 @@ use super::engine::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;
-use super::tuning::{self, TREE_PART_MAX};
+use super::tuning::TREE_PART_MAX;
 use crate::error::Error;
 use shmbroker_bindings::{Message, kind};
 
@@ -226,33 +226,16 @@ impl Bundle {
 }
 
 impl Session {
-    /// [`Collectives::broadcast`](crate::Collectives::broadcast) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn broadcast_on_team(
+    /// [`Collectives::broadcast`](crate::Collectives::broadcast) straight from the root to
+    /// every rank (small worlds).
+    pub(super) fn flat_broadcast(
         &mut self,
         team: &Team,
         root: u32,
         data: Option<&[u8]>,
-    ) -> Result<Vec<u8>, Error> {
-        self.collective_on(team, "broadcast", |session, team, deadline| {
-            session.broadcast_tracked(team, root, data, deadline)
-        })
-    }
-
-    /// [`Collectives::broadcast`](crate::Collectives::broadcast) within its tracked deadline (which
-    /// [`Deadline::settle`] then notes the outcome of).
-    fn broadcast_tracked(
-        &mut self,
-        team: &Team,
-        root: u32,
-        data: Option<&[u8]>,
+        seq: u64,
         deadline: &Deadline,
     ) -> Result<Vec<u8>, Error> {
-        self.check_root(team, root, data.is_some(), "broadcast")?;
-        let seq = self.next_seq(team, kind::BROADCAST)?;
-        if tuning::broadcast(team.size()) == tuning::Rooted::Tree {
-            return self.tree_broadcast(team, root, data, seq, deadline);
-        }
         if let Some(data) = data {
             self.send_to(kind::BROADCAST, seq, data, Targets::Peers, deadline)?;
             return Ok(data.to_vec());
@@ -275,7 +258,7 @@ impl Session {
     /// every rank at once as in a flat broadcast (larger data: forwarding it would copy it once per
     /// level). The rank passes the same word to its children before it takes the data from the
     /// root, so no rank waits on another's large transfer.
-    fn tree_broadcast(
+    pub(super) fn tree_broadcast(
         &mut self,
         team: &Team,
         root: u32,
@@ -345,33 +328,16 @@ impl Session {
         Ok(incoming.finish()?.1.into_vec())
     }
 
-    /// [`Collectives::gather`](crate::Collectives::gather) among
-    /// `team`: the world, or a group (see [`GroupView`](super::GroupView)).
-    pub(crate) fn gather_on_team(
+    /// [`Collectives::gather`](crate::Collectives::gather) straight from every rank to the root
+    /// (small worlds).
+    pub(super) fn flat_gather(
         &mut self,
         team: &Team,
         root: u32,
         data: &[u8],
-    ) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.collective_on(team, "gather", |session, team, deadline| {
-            session.gather_tracked(team, root, data, deadline)
-        })
-    }
-
-    /// [`Collectives::gather`](crate::Collectives::gather) within its tracked deadline (which
-    /// [`Deadline::settle`] then notes the outcome of).
-    fn gather_tracked(
-        &mut self,
-        team: &Team,
-        root: u32,
-        data: &[u8],
+        seq: u64,
         deadline: &Deadline,
     ) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        team.check_rank(root)?;
-        let seq = self.next_seq(team, kind::GATHER)?;
-        if tuning::gather(team.size()) == tuning::Rooted::Tree {
-            return self.tree_gather(team, root, data, seq, deadline);
-        }
         if root != team.me() {
             let root = team.member(root);
             self.send_to(kind::GATHER, seq, data, Targets::One(root), deadline)?;
@@ -389,7 +355,7 @@ impl Session {
     /// marked there and goes straight to the root afterwards, once (forwarding it would copy it
     /// once per level). Sizes may differ between ranks, so only the world size picks the algorithm
     /// and each rank picks its own part's path.
-    fn tree_gather(
+    pub(super) fn tree_gather(
         &mut self,
         team: &Team,
         root: u32,

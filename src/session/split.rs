@@ -36,6 +36,7 @@
 //! ([`SessionGuard`]'s drop: the [`Sender`]'s calls and [`Sender::session`] go through it), it writes the eventfd
 //! once, counted as owed like any waker's write, and the sleeping receive looks again.
 
+use super::communicator::Collectives;
 use super::demux::Sink;
 use super::engine::any::{Access, wait_for_sender};
 use super::engine::outgoing::Targets;
@@ -275,8 +276,8 @@ impl Sender {
         Ok(())
     }
 
-    /// [`Collectives::broadcast`](crate::Collectives::broadcast) from this rank, its root, to the
-    /// world. Every other rank calls [`Collectives::broadcast`](crate::Collectives::broadcast) (or
+    /// [`Collectives::broadcast`] from this rank, its root, to the
+    /// world. Every other rank calls [`Collectives::broadcast`] (or
     /// its language's broadcast) with this rank as the root.
     ///
     /// While a receiver is slow to make room, this waits without holding the session, as
@@ -285,17 +286,16 @@ impl Sender {
     ///
     /// # Errors
     ///
-    /// As for [`Collectives::broadcast`](crate::Collectives::broadcast).
+    /// As for [`Collectives::broadcast`].
     pub fn broadcast(&self, data: &[u8]) -> Result<(), Error> {
         let timeout = self.timeout();
         let root = self.rank();
         let _turn = self.shared.sending();
         let mut session = self.shared.lend();
         if tuning::broadcast(self.world_size()) == tuning::Rooted::Tree {
-            let world = session.groups.world().clone();
             return session
                 .with_timeout(timeout)
-                .broadcast_on_team(&world, root, Some(data))
+                .broadcast(root, Some(data))
                 .map(drop);
         }
         let world = session.groups.world().clone();

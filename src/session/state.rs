@@ -45,7 +45,11 @@ impl Drop for EmbeddedBroker {
 /// the ring its whole timeout and starts this deadline from the moment the ring started its own
 /// clock ([`shmbroker_queues::Consumer::clock_started`]), so a call whose messages arrive while
 /// it spins reads no clock at all; other waits read the clock when they begin.
-pub(super) struct Deadline {
+///
+/// `pub` in a private module, as [`Team`] is, so that the sealed `Communicator` trait can name
+/// it: nothing outside this crate can.
+#[derive(Debug)]
+pub struct Deadline {
     pub(super) op: &'static str,
     pub(super) at: std::cell::Cell<Option<Instant>>,
     pub(super) timeout: Duration,
