@@ -44,6 +44,7 @@ impl Session {
 
     /// [`Collectives::barrier`](crate::Collectives::barrier) by telling every peer and hearing
     /// from every peer (small worlds).
+    #[inline]
     pub(super) fn flat_barrier(
         &mut self,
         team: &Team,

@@ -42,6 +42,7 @@ mod sealed {
 
         /// Runs `body` as the collective `op` among this communicator's team, under the
         /// collective's deadline (see `status::Session::collective_on`).
+        #[inline]
         fn collective<R>(
             &mut self,
             op: &'static str,

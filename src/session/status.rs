@@ -78,6 +78,7 @@ impl Session {
     /// as this rank's call from now until it returns), `body` run under it, and its outcome
     /// settled ([`Self::settled`]). The deadline is the session's, or the one
     /// [`Session::with_timeout`] gave the call.
+    #[inline]
     pub(super) fn call<R>(
         &mut self,
         deadline: Deadline,
@@ -100,6 +101,7 @@ impl Session {
 
     /// [`Self::call`] for the collective `op` among `team`, within the session's deadline:
     /// `body` runs among `team`, and its failures name `team`'s members.
+    #[inline]
     pub(super) fn collective_on<R>(
         &mut self,
         team: &Team,
@@ -325,19 +327,26 @@ impl Session {
     /// ([`Self::gave_up_instead`]), its cause noted for this worker's leaving
     /// ([`Self::note_cause`]), and noted by `deadline` for this rank's status words
     /// ([`Deadline::settle`]).
+    #[inline]
     pub(super) fn settled<T>(
         &mut self,
         deadline: &Deadline,
         result: Result<T, Error>,
     ) -> Result<T, Error> {
-        let result = result.map_err(|error| {
-            let mut error = self.gave_up_instead(error, deadline.op);
-            self.note_cause(&error);
-            self.with_stopped_cause(&mut error);
-            self.with_rejoin_advice(&mut error);
-            error
-        });
+        let result = result.map_err(|error| self.failed(error, deadline.op));
         deadline.settle(result)
+    }
+
+    /// The error a call `op` that failed with `error` returns (see [`Self::settled`]): out of
+    /// line, so that the path of a call that succeeds stays short.
+    #[cold]
+    #[inline(never)]
+    fn failed(&mut self, error: Error, op: &'static str) -> Error {
+        let mut error = self.gave_up_instead(error, op);
+        self.note_cause(&error);
+        self.with_stopped_cause(&mut error);
+        self.with_rejoin_advice(&mut error);
+        error
     }
 
     /// What each rank of `ranks` is doing, read from its status words (mapping its outbox first
