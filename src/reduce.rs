@@ -633,51 +633,51 @@ pub(crate) fn combine_with<T: bytemuck::Pod>(
 macro_rules! for_dtype {
     ($dtype:expr, $t:ident => $body:expr) => {
         match $dtype {
-            DType::U8 => {
+            $crate::reduce::DType::U8 => {
                 type $t = u8;
                 $body
             }
-            DType::I8 => {
+            $crate::reduce::DType::I8 => {
                 type $t = i8;
                 $body
             }
-            DType::U16 => {
+            $crate::reduce::DType::U16 => {
                 type $t = u16;
                 $body
             }
-            DType::I16 => {
+            $crate::reduce::DType::I16 => {
                 type $t = i16;
                 $body
             }
-            DType::U32 => {
+            $crate::reduce::DType::U32 => {
                 type $t = u32;
                 $body
             }
-            DType::I32 => {
+            $crate::reduce::DType::I32 => {
                 type $t = i32;
                 $body
             }
-            DType::U64 => {
+            $crate::reduce::DType::U64 => {
                 type $t = u64;
                 $body
             }
-            DType::I64 => {
+            $crate::reduce::DType::I64 => {
                 type $t = i64;
                 $body
             }
-            DType::F16 => {
+            $crate::reduce::DType::F16 => {
                 type $t = half::f16;
                 $body
             }
-            DType::BF16 => {
+            $crate::reduce::DType::BF16 => {
                 type $t = half::bf16;
                 $body
             }
-            DType::F32 => {
+            $crate::reduce::DType::F32 => {
                 type $t = f32;
                 $body
             }
-            DType::F64 => {
+            $crate::reduce::DType::F64 => {
                 type $t = f64;
                 $body
             }

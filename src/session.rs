@@ -115,7 +115,10 @@
 //! 3. **The transport's paths,** under `engine` (`receive`, `send`, `acks`, `stepwise`, `any`,
 //!    `loans`): the only code that reads the engine's fields, which are private to it. The rest
 //!    of the session sends, receives and lends through what they define, and reads the engine
-//!    through its methods, so the compiler keeps the rest out of its state.
+//!    through its methods, so the compiler keeps the rest out of its state. Two of them also
+//!    hold the public calls that are the transport's own: receiving from any peer (`any`:
+//!    `recv_any`, `try_recv`) and loans (`loans`: `loan`, `send_loan`, `recv_loan`,
+//!    `broadcast_loan`).
 //! 4. **The calls,** each an `impl Session` block over `state` and the layers below it:
 //!    departures and groups (`departures`, `agree`, `groups`, `rejoin`), and what users call
 //!    (`p2p`, `collectives`, `rooted`, `exchange`, `reductions`, `symmetric`, `fds`, `gpu`,
@@ -172,7 +175,6 @@ pub use symmetric::Symmetric;
 pub use tokio_receiver::{AsyncReceiver, TimedAsyncReceiver};
 pub use tuning::FLAT_BROADCAST_MAX;
 
-use departures::handshake_failed;
 use shmbroker_allocator::Outbox;
 use shmbroker_bindings::{ANY_RANK, LogonFrame};
 use shmbroker_handshake::connect;
@@ -505,21 +507,21 @@ impl Session {
     /// [`Self::max_loan_bytes`]).
     #[must_use]
     pub fn outbox_bytes(&self) -> u64 {
-        self.engine.outbox().size()
+        self.engine.outbox_size()
     }
 
     /// The largest loan this rank's outbox can ever make ([`Self::loan`]): its capacity, at most
     /// 4 GiB - 1 (a reference's length is 32 bits).
     #[must_use]
     pub fn max_loan_bytes(&self) -> usize {
-        let most = self.engine.outbox().capacity().min(u64::from(u32::MAX));
+        let most = self.engine.outbox_capacity().min(u64::from(u32::MAX));
         usize::try_from(most).unwrap_or(usize::MAX)
     }
 
     /// Blocks of this rank's outbox sent and still awaiting some peer's acknowledgement.
     #[must_use]
     pub fn outbox_blocks_owed(&self) -> usize {
-        self.engine.outbox().blocks_owed()
+        self.engine.blocks_owed()
     }
 
     /// Waits (up to `timeout`) until the broker has passed on everything of every peer this
@@ -539,7 +541,7 @@ impl Session {
             let arrived = self
                 .inner
                 .peer_process(peer, deadline.left())
-                .map_err(|error| handshake_failed(peer, error, &deadline))
+                .map_err(|error| deadline.handshake_failed(peer, error))
                 .and_then(|_| self.peer_outbox(peer, &deadline));
             if let Err(Error::Timeout {
                 mut waiting_for, ..

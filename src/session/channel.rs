@@ -36,7 +36,7 @@
 //! Each end is one thread's (`Send`, not `Sync`): the ring has one producer and one consumer, and
 //! neither touches the session, which goes on with its own calls meanwhile.
 
-use super::departures::departure_error;
+use super::membership::departure_error;
 use super::state::Session;
 use crate::error::Error;
 use bytemuck::{Pod, Zeroable};

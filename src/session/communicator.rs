@@ -2,17 +2,20 @@
 //! every group ([`GroupView`], from [`Session::on`]) get them from one trait, [`Collectives`], as
 //! rsmpi's communicators get theirs from one set of traits.
 //!
-//! A communicator only says which team its calls run among (`on_team`). That trait is sealed,
-//! so nothing outside this crate implements [`Collectives`]. For a session the team is the
+//! A communicator only says which team its calls run among (`on_team`); `collective` runs a
+//! call among that team under a collective's deadline. That trait is sealed, so nothing outside
+//! this crate implements [`Collectives`] or calls its plumbing. For a session the team is the
 //! world; for a view it is the group, whose ranks, roots, blocks and counts are group ranks.
 //! Errors name world ranks either way.
 //!
 //! Each method here is its collective's entry, as Open MPI's `*_decision_fixed.c` is: it checks
-//! the arguments every algorithm needs, takes the collective's number, asks `tuning` which
-//! algorithm runs, and runs it. The algorithms are session methods of (team, number,
-//! deadline) in the modules that own them (`collectives`, `rooted`, `exchange`,
-//! `reductions`). So a new collective built from algorithms there is one method here; one that
-//! needs an algorithm of its own adds that algorithm in its module.
+//! the arguments, asks `tuning` which algorithm runs, and runs it. The algorithms are session
+//! methods of (team, deadline) in the modules that own them (`collectives`, `rooted`,
+//! `exchange`, `reductions`). The flat and tree ones take the collective's number from the
+//! entry; the others take their own (one a piece where they run in pieces, as `lend_blocks`,
+//! `reduce_scatter_lent` and `reduce_among` do), and `pairwise_v` checks its own counts. So a
+//! new collective built from algorithms there is one method here; one that needs an algorithm
+//! of its own adds that algorithm in its module.
 //!
 //! Some collectives stay on the session alone, for the world: typed all-gathers
 //! (`all_gather_pod`), loans, fd and GPU-handle exchange, and user reductions.
@@ -31,12 +34,20 @@ mod sealed {
     use crate::session::state::{Deadline, Session};
     use crate::session::teams::Team;
 
-    /// Which team a communicator's calls run among. Sealed: the trait lives in a
-    /// private module, so only this crate's communicators implement it.
+    /// Proof that a call comes from `communicator`, the only module that can make one. A
+    /// generic bound `C: Collectives` lets code outside this crate name the methods of this
+    /// supertrait; needing a `Token` keeps it from calling them.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Token(pub(super) ());
+
+    /// Which team a communicator's calls run among. Sealed: the trait lives in a private
+    /// module, so only this crate's communicators implement it, and its methods need a
+    /// [`Token`], so only this crate calls them.
     pub trait Communicator {
         /// Runs `call` on the session among this communicator's team.
         fn on_team<R>(
             &mut self,
+            token: Token,
             call: impl FnOnce(&mut Session, &Team) -> Result<R, Error>,
         ) -> Result<R, Error>;
 
@@ -45,19 +56,35 @@ mod sealed {
         #[inline]
         fn collective<R>(
             &mut self,
+            token: Token,
             op: &'static str,
             body: impl FnOnce(&mut Session, &Team, &Deadline) -> Result<R, Error>,
         ) -> Result<R, Error> {
-            self.on_team(|session, team| session.collective_on(team, op, body))
+            self.on_team(token, |session, team| session.collective_on(team, op, body))
         }
     }
 }
+
+/// The token this module's calls to the sealed trait carry.
+const TOKEN: sealed::Token = sealed::Token(());
 
 /// The collectives of a communicator: the world (a [`Session`]) or a group (a [`GroupView`]).
 /// Bring it into scope (`use shmbroker::Collectives;`) to call them.
 ///
 /// Every call has the communicator's deadline: the session's ([`Session::set_timeout`]), or its
 /// own through [`Session::with_timeout`] or [`GroupView::with_timeout`].
+///
+/// # Sealed
+///
+/// Only this crate's communicators implement it, and the plumbing they share is for this crate
+/// alone, even through a generic bound:
+///
+/// ```compile_fail
+/// use shmbroker::{Collectives, Error};
+/// fn peek<C: Collectives>(comm: &mut C) -> Result<(), Error> {
+///     comm.on_team(|_session, _team| Ok(()))
+/// }
+/// ```
 pub trait Collectives: sealed::Communicator {
     /// Returns once every rank has entered the barrier.
     ///
@@ -67,7 +94,7 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::PeerGaveUp`] (a rank this call waits for failed its part and left it: every
     /// collective can fail so).
     fn barrier(&mut self) -> Result<(), Error> {
-        self.collective("barrier", |session, team, deadline| {
+        self.collective(TOKEN, "barrier", |session, team, deadline| {
             let seq = session.next_seq(team, kind::BARRIER)?;
             match tuning::barrier(team.size()) {
                 tuning::Barrier::Flat => session.flat_barrier(team, seq, deadline),
@@ -85,7 +112,7 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::Misuse`] when the root passes `None` or another rank `Some`; otherwise as for
     /// [`Self::all_gather`].
     fn broadcast(&mut self, root: u32, data: Option<&[u8]>) -> Result<Vec<u8>, Error> {
-        self.collective("broadcast", |session, team, deadline| {
+        self.collective(TOKEN, "broadcast", |session, team, deadline| {
             session.check_root(team, root, data.is_some(), "broadcast")?;
             let seq = session.next_seq(team, kind::BROADCAST)?;
             match tuning::broadcast(team.size()) {
@@ -102,7 +129,7 @@ pub trait Collectives: sealed::Communicator {
     ///
     /// As for [`Self::all_gather`], and [`Error::RankOutOfRange`] for a bad root.
     fn gather(&mut self, root: u32, data: &[u8]) -> Result<Option<Vec<Vec<u8>>>, Error> {
-        self.collective("gather", |session, team, deadline| {
+        self.collective(TOKEN, "gather", |session, team, deadline| {
             team.check_rank(root)?;
             let seq = session.next_seq(team, kind::GATHER)?;
             match tuning::gather(team.size()) {
@@ -122,7 +149,7 @@ pub trait Collectives: sealed::Communicator {
     /// another length; [`Error::Protocol`] naming the root when a block has another length;
     /// otherwise as for [`Self::broadcast`].
     fn scatter(&mut self, root: u32, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), Error> {
-        self.collective("scatter", |session, team, deadline| {
+        self.collective(TOKEN, "scatter", |session, team, deadline| {
             session.check_root(team, root, input.is_some(), "scatter")?;
             let seq = session.next_seq(team, kind::SCATTER)?;
             session.flat_scatter(team, root, input, output, seq, deadline)
@@ -136,7 +163,7 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::PeerLost`], [`Error::Timeout`], [`Error::CollectiveMismatch`],
     /// [`Error::PeerGaveUp`], [`Error::Protocol`], [`Error::Outbox`].
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
-        self.collective("all_gather", |session, team, deadline| {
+        self.collective(TOKEN, "all_gather", |session, team, deadline| {
             session.all_gather_with(team, data, deadline)
         })
     }
@@ -149,7 +176,7 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::Misuse`] when `out` has another length; [`Error::Protocol`] when a peer's
     /// contribution has another size; otherwise as for [`Self::all_gather`].
     fn all_gather_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<(), Error> {
-        self.collective("all_gather", |session, team, deadline| {
+        self.collective(TOKEN, "all_gather", |session, team, deadline| {
             let expected = data.len() * team.size() as usize;
             if out.len() != expected {
                 return Err(Error::Misuse(format!(
@@ -171,7 +198,7 @@ pub trait Collectives: sealed::Communicator {
     /// [`Error::Protocol`] naming a rank whose block has another length; otherwise as for
     /// [`Self::all_gather`].
     fn all_to_all(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
-        self.collective("all_to_all", |session, team, deadline| {
+        self.collective(TOKEN, "all_to_all", |session, team, deadline| {
             let world = team.size() as usize;
             if input.len() != output.len() || !input.len().is_multiple_of(world) {
                 return Err(Error::Misuse(format!(
@@ -207,7 +234,7 @@ pub trait Collectives: sealed::Communicator {
         output: &mut [u8],
         recv_counts: &[usize],
     ) -> Result<(), Error> {
-        self.collective("all_to_all_v", |session, team, deadline| {
+        self.collective(TOKEN, "all_to_all_v", |session, team, deadline| {
             session.pairwise_v(team, input, send_counts, output, recv_counts, deadline)
         })
     }
@@ -229,7 +256,7 @@ pub trait Collectives: sealed::Communicator {
     /// operations of floats); [`Error::Protocol`] naming a rank that passed another length;
     /// otherwise as for [`Self::all_gather`].
     fn all_reduce<T: Element>(&mut self, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.collective("all_reduce", |session, team, deadline| {
+        self.collective(TOKEN, "all_reduce", |session, team, deadline| {
             session.reduce_among(team, Results::All, data, op, deadline)
         })
     }
@@ -245,15 +272,19 @@ pub trait Collectives: sealed::Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        if input.len() != output.len() {
-            return Err(Error::Misuse(format!(
-                "all_reduce_into needs an output as long as its input ({} elements), got {}",
-                input.len(),
-                output.len()
-            )));
-        }
-        output.copy_from_slice(input);
-        self.all_reduce(output, op)
+        self.on_team(TOKEN, |session, team| {
+            if input.len() != output.len() {
+                return Err(Error::Misuse(format!(
+                    "all_reduce_into needs an output as long as its input ({} elements), got {}",
+                    input.len(),
+                    output.len()
+                )));
+            }
+            output.copy_from_slice(input);
+            session.collective_on(team, "all_reduce", |session, team, deadline| {
+                session.reduce_among(team, Results::All, output, op, deadline)
+            })
+        })
     }
 
     /// [`Self::all_reduce`] of bytes holding elements of `dtype` (for the C ABI and Python).
@@ -278,7 +309,7 @@ pub trait Collectives: sealed::Communicator {
     ///
     /// As for [`Self::all_reduce`], and [`Error::RankOutOfRange`] for the root.
     fn reduce<T: Element>(&mut self, root: u32, data: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.collective("reduce", |session, team, deadline| {
+        self.collective(TOKEN, "reduce", |session, team, deadline| {
             team.check_rank(root)?;
             session.reduce_among(team, Results::Root(root), data, op, deadline)
         })
@@ -313,7 +344,7 @@ pub trait Collectives: sealed::Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.collective("reduce_scatter", |session, team, deadline| {
+        self.collective(TOKEN, "reduce_scatter", |session, team, deadline| {
             check_op::<T>(op)?;
             let world = team.size() as usize;
             if input.len() != output.len() * world {
@@ -354,6 +385,7 @@ pub trait Collectives: sealed::Communicator {
 impl sealed::Communicator for Session {
     fn on_team<R>(
         &mut self,
+        _: sealed::Token,
         call: impl FnOnce(&mut Session, &Team) -> Result<R, Error>,
     ) -> Result<R, Error> {
         let world = self.groups.world().clone();
@@ -366,6 +398,7 @@ impl Collectives for Session {}
 impl sealed::Communicator for GroupView<'_> {
     fn on_team<R>(
         &mut self,
+        _: sealed::Token,
         call: impl FnOnce(&mut Session, &Team) -> Result<R, Error>,
     ) -> Result<R, Error> {
         self.run(call)

@@ -34,6 +34,7 @@
 //! every owed set, so its blocks are reused even if a `LoanView` of them outlives its session
 //! there: a view must not outlive the session that received it.
 
+use super::membership::{departure_error, lost};
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;
@@ -401,65 +402,5 @@ impl Session {
                 error
             }
         }
-    }
-}
-
-/// The session error for a handshake call about `peer` that failed within `deadline`.
-pub(super) fn handshake_failed(
-    peer: u32,
-    error: shmbroker_handshake::Error,
-    deadline: &Deadline,
-) -> Error {
-    match error {
-        shmbroker_handshake::Error::Timeout { .. } => deadline.timed_out(vec![peer]),
-        shmbroker_handshake::Error::PeerLost { rank, .. }
-        | shmbroker_handshake::Error::PeerGone {
-            rank, left: false, ..
-        } => lost(rank),
-        shmbroker_handshake::Error::PeerGone {
-            rank, left: true, ..
-        } => departure_error(Departure::Left { rank, after: None }),
-        shmbroker_handshake::Error::BrokerLost { .. } => Error::BrokerLost,
-        shmbroker_handshake::Error::PeerNeverJoined {
-            rank,
-            after,
-            after_left,
-            ..
-        } => departure_error(Departure::NeverJoined {
-            rank,
-            after,
-            after_left,
-        }),
-        other => Error::Logon(other),
-    }
-}
-
-/// The error for a peer that is gone, as the handshake's watcher established it.
-pub(super) fn departure_error(departure: Departure) -> Error {
-    match departure {
-        Departure::Lost { rank } => lost(rank),
-        Departure::Left { rank, after } => Error::PeerLeft {
-            rank,
-            after,
-            diagnosis: Vec::new(),
-        },
-        Departure::BrokerLost => Error::BrokerLost,
-        Departure::NeverJoined {
-            rank,
-            after,
-            after_left,
-        } => Error::PeerNeverJoined {
-            rank,
-            after,
-            after_left,
-        },
-    }
-}
-
-/// [`Error::PeerLost`] naming `rank`, with no diagnosis yet.
-fn lost(rank: u32) -> Error {
-    Error::PeerLost {
-        rank,
-        diagnosis: Vec::new(),
     }
 }

@@ -105,9 +105,24 @@ impl Engine {
         &self.publisher
     }
 
-    /// This rank's outbox, to read its size and what it is owed.
-    pub(super) fn outbox(&self) -> &Outbox {
-        &self.outbox
+    /// The size of this rank's outbox in bytes, its header included.
+    pub(super) fn outbox_size(&self) -> u64 {
+        self.outbox.size()
+    }
+
+    /// The most bytes one block (and so one loan) of this rank's outbox can have.
+    pub(super) fn outbox_capacity(&self) -> u64 {
+        self.outbox.capacity()
+    }
+
+    /// Blocks of this rank's outbox sent and still awaiting some peer's acknowledgement.
+    pub(super) fn blocks_owed(&self) -> usize {
+        self.outbox.blocks_owed()
+    }
+
+    /// The ranks (a bit each) that still owe an acknowledgement of `sent`; 0 once none does.
+    pub(super) fn owed_for(&self, sent: PayloadRef) -> u64 {
+        self.outbox.owed_for(sent)
     }
 
     /// A loan of `len` bytes of this rank's outbox, or `None` while it has no room.
@@ -124,16 +139,18 @@ impl Engine {
         self.outbox.lend_in_place(bytes, receivers)
     }
 
-    /// [`Self::lend_in_place`] for parts of `bytes`, each to its own receivers; counted as read
-    /// in place when lent (see [`Self::read_in_place`]).
+    /// [`Self::lend_in_place`] for parts of `bytes`, each to its own receivers.
     pub(super) fn lend_in_place_parts(
         &mut self,
         bytes: &[u8],
         parts: impl IntoIterator<Item = (std::ops::Range<usize>, u64)>,
     ) -> Option<Vec<PayloadRef>> {
-        let lent = self.outbox.lend_in_place_parts(bytes, parts)?;
+        self.outbox.lend_in_place_parts(bytes, parts)
+    }
+
+    /// Counts one piece of an all-reduce whose contribution peers read where it lay.
+    pub(super) fn note_read_in_place(&mut self) {
         self.read_in_place += 1;
-        Some(lent)
     }
 
     /// Pieces of all-reduces whose contribution peers read where it lay.

@@ -47,10 +47,9 @@
 //! The transport used is logged when it changes, with the reason.
 
 use super::demux::{Expect, Incoming, Sink};
-use super::departures::departure_error;
-use super::departures::handshake_failed;
 use super::engine::FdTransport;
 use super::engine::outgoing::Targets;
+use super::membership::departure_error;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;
@@ -1088,7 +1087,7 @@ impl Session {
     ) -> Result<(i32, std::sync::Arc<OwnedFd>), Error> {
         self.inner
             .peer_process(exporter, deadline.left())
-            .map_err(|error| handshake_failed(exporter, error, deadline))
+            .map_err(|error| deadline.handshake_failed(exporter, error))
     }
 
     /// Records which transport moved this exchange's fds (see [`Self::fd_transport_used`]), and

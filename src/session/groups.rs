@@ -24,9 +24,9 @@
 //! it reaches, and then the members agree on one outcome, so that every member gets the group
 //! or every member gets the same error ([`Error::GroupMismatch`] naming a member that passed
 //! other ranks; a departure naming a member that died). Setup messages between two ranks are
-//! numbered per pair and direction (`Peer::setup_sent`, `setup_received`), like point-to-point
-//! messages: two ranks that make groups together must make them in the same order (MPI asks
-//! the same of communicators).
+//! numbered per pair and direction (`PeerNumbers::setup_sent`, `setup_received`), like
+//! point-to-point messages: two ranks that make groups together must make them in the same order
+//! (MPI asks the same of communicators).
 //!
 //! # Deaths
 //!
@@ -452,7 +452,7 @@ impl Session {
         );
         match self.inner.departure(rank) {
             Some(departure) => {
-                let mut error = super::departures::departure_error(departure);
+                let mut error = super::membership::departure_error(departure);
                 if let Error::PeerLost { diagnosis, .. } | Error::PeerLeft { diagnosis, .. } =
                     &mut error
                 {

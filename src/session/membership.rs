@@ -1,5 +1,6 @@
 //! Who has departed and who has come back, as this session has taken it in: the state the
-//! `departures` and `rejoin` modules keep, behind a narrow API so that no other file writes it.
+//! `departures` and `rejoin` modules keep, behind a narrow API so that no other file writes it,
+//! and the errors a departure makes.
 //!
 //! * **Closed for** is the set of ranks whose streams have been closed in every inbox (see
 //!   `departures::close_departed_streams`); a rank leaves it when its replacement is taken on.
@@ -11,6 +12,8 @@
 //!   its current process was taken on (0: the rank's first process). A team formed at count `n`
 //!   is over for a rank adopted after `n` (see `rejoin`).
 
+use crate::error::Error;
+use shmbroker_handshake::Departure;
 use std::collections::HashSet;
 
 /// Departures and rejoins as this session has taken them in (see the module doc).
@@ -92,6 +95,36 @@ impl Membership {
         }
         self.closed_for |= new;
         true
+    }
+}
+
+/// The error for a peer that is gone, as the handshake's watcher established it.
+pub(super) fn departure_error(departure: Departure) -> Error {
+    match departure {
+        Departure::Lost { rank } => lost(rank),
+        Departure::Left { rank, after } => Error::PeerLeft {
+            rank,
+            after,
+            diagnosis: Vec::new(),
+        },
+        Departure::BrokerLost => Error::BrokerLost,
+        Departure::NeverJoined {
+            rank,
+            after,
+            after_left,
+        } => Error::PeerNeverJoined {
+            rank,
+            after,
+            after_left,
+        },
+    }
+}
+
+/// [`Error::PeerLost`] naming `rank`, with no diagnosis yet.
+pub(super) fn lost(rank: u32) -> Error {
+    Error::PeerLost {
+        rank,
+        diagnosis: Vec::new(),
     }
 }
 

@@ -527,7 +527,7 @@ impl Session {
     fn await_given_back(&mut self, lent: PayloadRef, deadline: &Deadline) -> Result<(), Error> {
         let mut since: Option<std::time::Instant> = None;
         loop {
-            let holders = self.engine.outbox().owed_for(lent);
+            let holders = self.engine.owed_for(lent);
             let ranks = (0..self.world_size()).filter(|&rank| holders & rank_bit(rank) != 0);
             let Some(mut rank) = ranks.clone().next() else {
                 return Ok(());
@@ -704,6 +704,7 @@ impl Session {
         else {
             return Ok(None);
         };
+        self.engine.note_read_in_place();
         let refs: Vec<(u32, PayloadRef)> =
             peers.iter().map(|&q| team.member(q)).zip(lent).collect();
         let note = LoanNote {

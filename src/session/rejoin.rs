@@ -93,7 +93,7 @@ impl Session {
                     shmbroker_handshake::Departure::Lost { .. }
                     | shmbroker_handshake::Departure::NeverJoined { .. },
                 ) => {}
-                Some(other) => return Err(super::departures::departure_error(other)),
+                Some(other) => return Err(super::membership::departure_error(other)),
             }
             if self.inner.broker_lost() {
                 return Err(Error::BrokerLost);

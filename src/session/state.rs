@@ -121,6 +121,34 @@ impl Deadline {
         deadline
     }
 
+    /// The session error for a handshake call about `peer` that failed within this deadline.
+    pub(super) fn handshake_failed(&self, peer: u32, error: shmbroker_handshake::Error) -> Error {
+        use membership::{departure_error, lost};
+        use shmbroker_handshake::{Departure, Error as Handshake};
+        match error {
+            Handshake::Timeout { .. } => self.timed_out(vec![peer]),
+            Handshake::PeerLost { rank, .. }
+            | Handshake::PeerGone {
+                rank, left: false, ..
+            } => lost(rank),
+            Handshake::PeerGone {
+                rank, left: true, ..
+            } => departure_error(Departure::Left { rank, after: None }),
+            Handshake::BrokerLost { .. } => Error::BrokerLost,
+            Handshake::PeerNeverJoined {
+                rank,
+                after,
+                after_left,
+                ..
+            } => departure_error(Departure::NeverJoined {
+                rank,
+                after,
+                after_left,
+            }),
+            other => Error::Logon(other),
+        }
+    }
+
     /// Runs among the team of `stream` from now on, as the attempts of making a group do (on
     /// the setup stream); returns the stream it ran among.
     pub(super) fn among(&self, stream: u32) -> u32 {

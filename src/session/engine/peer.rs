@@ -1,4 +1,4 @@
-//! What this rank keeps about each peer.
+//! What the transport keeps about each peer (see `numbers` for what the calls number per peer).
 
 use crate::session::demux::Inbox;
 use shmbroker_allocator::PeerOutbox;
@@ -6,9 +6,8 @@ use shmbroker_bindings::Message;
 use std::collections::VecDeque;
 
 /// The transport's state about one peer: what it sent that no call has taken, its outbox, and
-/// what each side owes the other. What the calls number per peer is in `numbers`.
-/// A session holds one per rank of the world (its own rank's stays unused), so that a rank
-/// indexes it.
+/// what each side owes the other. The engine holds one per rank of the world (its own rank's
+/// stays unused), so that a rank indexes it.
 #[derive(Debug)]
 pub(super) struct Peer {
     /// What it sent that no call has taken yet, framed into messages (see `demux`).

@@ -1,5 +1,5 @@
-//! Receiving: reading a peer's ring into its [`Inbox`](crate::session::demux::Inbox), and waiting for
-//! messages to arrive whole.
+//! Receiving: reading a peer's ring into its [`Inbox`](crate::session::demux::Inbox), and waiting
+//! for messages to arrive whole.
 //!
 //! # Reading a peer's ring
 //!
@@ -18,13 +18,12 @@
 //! chunk). A transfer in which nothing has moved for [`PARK_AFTER`] (its peer stopped, say)
 //! sleeps in short steps instead of yielding, so a stopped peer costs its waiters almost no CPU.
 //! Every loop looks at the deadline now and then even while messages keep coming, and a peer may
-//! have at most [`MAX_UNREAD`](crate::session::demux::MAX_UNREAD) messages queued that no call has taken:
-//! a peer that floods cannot hold a call past its deadline or grow this process's memory without
-//! bound.
+//! have at most [`MAX_UNREAD`](crate::session::demux::MAX_UNREAD) messages queued that no call has
+//! taken: a peer that floods cannot hold a call past its deadline or grow this process's memory
+//! without bound.
 
 use crate::error::Error;
 use crate::session::demux::{Expect, Incoming, Payloads, message, message_len};
-use crate::session::departures::handshake_failed;
 use crate::session::state::Deadline;
 use crate::session::state::Session;
 use shmbroker_allocator::PeerOutbox;
@@ -99,7 +98,7 @@ impl Session {
             let fd = self
                 .inner
                 .take_peer_outbox(peer, deadline.left())
-                .map_err(|error| handshake_failed(peer, error, deadline))?;
+                .map_err(|error| deadline.handshake_failed(peer, error))?;
             let outbox = PeerOutbox::join(std::os::fd::AsFd::as_fd(&fd), peer)
                 .map_err(|source| Error::Outbox { peer, source })?;
             *slot = Some(outbox);
@@ -430,9 +429,9 @@ impl Session {
     /// Receives `incoming` to the end, waiting parked on its ring.
     ///
     /// An interrupt ends it between the chunks of a pipelined message too (a look at two atomics
-    /// per step). Ended there by an interrupt or the deadline, a point-to-point receive is set aside (see
-    /// [`crate::session::demux::Inbox::set_aside`]): the next receive of the message starts where this one
-    /// stopped, so nothing is lost and nothing delivered twice.
+    /// per step). Ended there by an interrupt or the deadline, a point-to-point receive is set
+    /// aside (see [`crate::session::demux::Inbox::set_aside`]): the next receive of the message
+    /// starts where this one stopped, so nothing is lost and nothing delivered twice.
     pub(in crate::session) fn complete(
         &mut self,
         incoming: &mut Incoming<'_>,
