@@ -133,27 +133,17 @@ impl Session {
         }
     }
 
-    /// [`Self::lost_from`] for a ring with `peer` found closed by a call, which in a collective
-    /// names the first rank that died if any did: of the call's team (see
-    /// [`Self::call_team`]), or of the world without a `deadline`. A collective that ends this
-    /// way without a death (the peer left) closes its own stream (see
-    /// [`Self::collective_ended_by_a_leaver`]).
-    pub(super) fn closed(
-        &mut self,
-        peer: u32,
-        collective: bool,
-        deadline: Option<&Deadline>,
-    ) -> Error {
+    /// [`Self::lost_from`] for a ring with `peer` found closed by a call. In a collective (the
+    /// deadline of which `collective` holds) it names the first rank of the call's team that
+    /// died, if any did (see [`Self::call_team`]); a collective that ends this way without a
+    /// death (the peer left) closes its own stream (see [`Self::collective_ended_by_a_leaver`]).
+    pub(super) fn closed(&mut self, peer: u32, collective: Option<&Deadline>) -> Error {
         let error = self.lost_from(peer);
-        if !collective {
+        let Some(deadline) = collective else {
             return error;
-        }
-        let (lost, stream) = match deadline {
-            Some(deadline) => {
-                self.call_team(deadline, |team| (self.team_lost_rank(team), team.stream()))
-            }
-            None => (self.team_lost_rank(self.groups.world()), 0),
         };
+        let (lost, stream) =
+            self.call_team(deadline, |team| (self.team_lost_rank(team), team.stream()));
         match lost {
             Some(rank) => self.collective_lost(rank),
             None => {
@@ -206,8 +196,8 @@ impl Session {
     /// The streams of the teams the dead ranks were in are closed in every inbox (see
     /// `demux::Inbox::close_stream`): their collectives are over, and what their messages leave
     /// in the links, down to a message cut off between its chunks, must not stand in the way of
-    /// other streams' (a group's after `shrink`). The blocks of the messages dropped are acknowledged, so their senders free
-    /// them.
+    /// other streams' (a group's after `shrink`). The blocks of the messages dropped are
+    /// acknowledged, so their senders free them.
     pub(super) fn collective_lost(&mut self, rank: u32) -> Error {
         for dead in self.inner.dead_ranks() {
             self.engine.forget_peer(dead);

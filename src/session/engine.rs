@@ -32,7 +32,7 @@ use outgoing::Outgoing;
 use peer::Peer;
 use shmbroker_allocator::Outbox;
 use shmbroker_bindings::PayloadRef;
-use shmbroker_handshake::LeftAfter;
+use shmbroker_handshake::Departure;
 use shmbroker_queues::{ReadySet, Waiting};
 use std::collections::VecDeque;
 
@@ -239,7 +239,7 @@ impl Engine {
     }
 
     /// How `rank` was found gone by a receive from any peer, if it was.
-    pub(super) fn gone(&self, rank: u32) -> Option<Gone> {
+    pub(super) fn gone(&self, rank: u32) -> Option<Departure> {
         self.any.gone[rank as usize]
     }
 
@@ -341,7 +341,7 @@ struct Readiness {
     /// Where the next look for a ready peer starts.
     next: u32,
     /// Per peer: gone (and already reported, for a death), so nothing more can come from it.
-    gone: Vec<Option<Gone>>,
+    gone: Vec<Option<Departure>>,
 }
 
 impl Readiness {
@@ -349,53 +349,6 @@ impl Readiness {
         Self {
             gone: vec![None; world],
             ..Self::default()
-        }
-    }
-}
-
-/// How a peer left [`Readiness`]'s round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Gone {
-    Left(Option<LeftAfter>),
-    Lost,
-    /// It never logged on, and the broker is gone.
-    BrokerLost,
-    /// It never logged on, and the broker admits nobody new (the job lost `after`).
-    NeverJoined {
-        after: u32,
-        after_left: bool,
-    },
-}
-
-impl Gone {
-    pub(super) fn error(self, rank: u32) -> Error {
-        match self {
-            Self::Left(after) => Error::PeerLeft {
-                rank,
-                after,
-                diagnosis: Vec::new(),
-            },
-            Self::Lost => Error::PeerLost {
-                rank,
-                diagnosis: Vec::new(),
-            },
-            Self::BrokerLost => Error::BrokerLost,
-            Self::NeverJoined { after, after_left } => Error::PeerNeverJoined {
-                rank,
-                after,
-                after_left,
-            },
-        }
-    }
-
-    /// Which is reported when every peer is gone: a death first, then the broker's loss, then a
-    /// departure, then a rank that never came.
-    pub(super) fn precedence(self) -> u8 {
-        match self {
-            Self::Lost => 0,
-            Self::BrokerLost => 1,
-            Self::Left(_) => 2,
-            Self::NeverJoined { .. } => 3,
         }
     }
 }

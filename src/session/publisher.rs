@@ -59,7 +59,8 @@ impl Publisher {
         }
     }
 
-    /// `op` starts (see [`Deadline::tracked_by`](super::state::Deadline::tracked_by)); whether this is the outermost call of its slot.
+    /// `op` starts (see [`Deadline::tracked_by`](super::state::Deadline::tracked_by)); returns
+    /// the slot it publishes in, which only its outermost call of that slot writes.
     pub(super) fn enter(&self, op: &'static str) -> usize {
         let slot = Self::slot_of(op);
         let depth = self.depth[slot].load(Ordering::Relaxed);

@@ -39,12 +39,12 @@
 //! had adopted when it was formed (`Team::formed`), and each rank the number at which it was
 //! last adopted; a team is over when one of its members was adopted after it was formed.
 
-use super::engine::Gone;
 use super::numbers::PeerNumbers;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;
 use crate::error::Error;
+use shmbroker_handshake::Departure;
 use std::time::Duration;
 
 impl Session {
@@ -153,7 +153,7 @@ impl Session {
             let reported = self
                 .engine
                 .gone(rank)
-                .is_some_and(|gone| gone != Gone::BrokerLost);
+                .is_some_and(|gone| gone != Departure::BrokerLost);
             if pending & 1 << rank != 0
                 && reported
                 && let Some(times) = self.adopt_rejoin(rank)?

@@ -282,8 +282,9 @@ impl Session {
     }
 
     /// The tag of the next collective of `team`: its stream and its sequence number
-    /// (see `groups`). `kind` is the message kind of the collective, published with its number so that a
-    /// peer waiting in a collective of another kind at the same number sees the mismatch.
+    /// (see `groups`). `kind` is the message kind of the collective, published with its number
+    /// so that a peer waiting in a collective of another kind at the same number sees the
+    /// mismatch.
     ///
     /// # Errors
     ///

@@ -4,13 +4,13 @@
 //!
 //! # Publishing (the hot path)
 //!
-//! Every call makes a [`Deadline`]; [`Session::track`] ties it to this rank's [`Publisher`](super::publisher::Publisher), and
-//! the deadline says "in `op` since now" when it is made and "last: `op`, finished now" when it
-//! is dropped. Only the outermost deadline of a slot publishes (a call made of calls reports
-//! the outer one). The collective number and group come from `Session::next_seq`, the peer of a
-//! point-to-point call from the call. Each is a handful of relaxed stores, which are plain
-//! moves, and one `CLOCK_MONOTONIC_COARSE` read (vDSO, no system call) each way: no fences, no
-//! read-modify-write.
+//! Every call makes a [`Deadline`]; [`Session::track`] ties it to this rank's
+//! [`Publisher`](super::publisher::Publisher), and the deadline says "in `op` since now" when it is
+//! made and "last: `op`, finished now" when it is dropped. Only the outermost deadline of a slot
+//! publishes (a call made of calls reports the outer one). The collective number and group come
+//! from `Session::next_seq`, the peer of a point-to-point call from the call. Each is a handful of
+//! relaxed stores, which are plain moves, and one `CLOCK_MONOTONIC_COARSE` read (vDSO, no system
+//! call) each way: no fences, no read-modify-write.
 //!
 //! Two slots: receives publish in slot 1, everything else in slot 0, so that the two threads of
 //! a split session each say what they are doing. A slot's nesting depth is this process's own

@@ -42,12 +42,13 @@
 //! naming a rank that died if one did, otherwise [`Error::PeerLeft`] (or
 //! [`Error::PeerNeverJoined`] if no peer ever came).
 
-use super::Gone;
 use crate::error::Error;
 use crate::session::demux::Expect;
+use crate::session::membership::departure_error;
 use crate::session::state::Deadline;
 use crate::session::state::Session;
 use shmbroker_bindings::Message;
+use shmbroker_handshake::Departure;
 use shmbroker_queues::{CROWDED_SPIN_MAX, Consumer, ReadyRings, ReadySet, SPIN_MAX, Waiting};
 use shmbroker_sys::eventfd;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -171,7 +172,7 @@ impl Session {
         // way here.
         self.catch_up_on_departures();
         if let Some(gone) = self.engine.any.gone[peer as usize] {
-            return Err(gone.error(peer));
+            return Err(departure_error(gone));
         }
         let expect = Expect::Send {
             tag: self.numbers[peer as usize].recv_tag,
@@ -186,15 +187,21 @@ impl Session {
                 Err(error) => {
                     let gone = match error {
                         Error::PeerLeft { rank, after, .. } if rank == peer => {
-                            Some(Gone::Left(after))
+                            Some(Departure::Left { rank, after })
                         }
-                        Error::PeerLost { rank, .. } if rank == peer => Some(Gone::Lost),
-                        Error::BrokerLost => Some(Gone::BrokerLost),
+                        Error::PeerLost { rank, .. } if rank == peer => {
+                            Some(Departure::Lost { rank })
+                        }
+                        Error::BrokerLost => Some(Departure::BrokerLost),
                         Error::PeerNeverJoined {
                             rank,
                             after,
                             after_left,
-                        } if rank == peer => Some(Gone::NeverJoined { after, after_left }),
+                        } if rank == peer => Some(Departure::NeverJoined {
+                            rank,
+                            after,
+                            after_left,
+                        }),
                         _ => None,
                     };
                     if gone.is_some() {
@@ -273,16 +280,22 @@ impl Session {
     }
 
     /// When every peer is gone: a death if there was one, else the broker's loss, else the last
-    /// peer's departure, else the last rank that never came (see [`Gone::precedence`]).
+    /// peer's departure, else the last rank that never came.
     fn every_peer_gone(&self) -> Option<Error> {
-        let gone: Vec<(u32, Gone)> = self
+        let precedence = |departure: &Departure| match departure {
+            Departure::Lost { .. } => 0,
+            Departure::BrokerLost => 1,
+            Departure::Left { .. } => 2,
+            Departure::NeverJoined { .. } => 3,
+        };
+        let gone: Vec<Departure> = self
             .peers()
-            .map(|peer| Some((peer, self.engine.any.gone[peer as usize]?)))
+            .map(|peer| self.engine.any.gone[peer as usize])
             .collect::<Option<_>>()?;
-        gone.iter()
+        gone.into_iter()
             .rev()
-            .min_by_key(|(_, g)| g.precedence())
-            .map(|&(rank, g)| g.error(rank))
+            .min_by_key(precedence)
+            .map(departure_error)
     }
 
     /// Takes the registration back from every ring, counting those wakers took. Called before

@@ -158,7 +158,9 @@ impl Session {
         match self.link(peer)?.from.try_recv_batch(buffer) {
             Ok(got) => return Ok(got),
             Err(TryRecvError::Empty) => {}
-            Err(TryRecvError::Disconnected) => return Err(self.closed(peer, collective, wait)),
+            Err(TryRecvError::Disconnected) => {
+                return Err(self.closed(peer, wait.filter(|deadline| deadline.collective)));
+            }
             Err(TryRecvError::Corrupted(corruption)) => {
                 return Err(self.corrupted(peer, corruption));
             }
@@ -225,7 +227,9 @@ impl Session {
                 Ok(0)
             }
             Err(RecvTimeoutError::Timeout) => Err(self.timed_out(deadline, peer)),
-            Err(RecvTimeoutError::Disconnected) => Err(self.closed(peer, collective, wait)),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(self.closed(peer, wait.filter(|deadline| deadline.collective)))
+            }
             Err(RecvTimeoutError::Corrupted(corruption)) => Err(self.corrupted(peer, corruption)),
         }
     }

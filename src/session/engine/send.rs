@@ -9,17 +9,17 @@
 //! # Pipelined
 //!
 //! Larger data is *pipelined*: a header with the total length, then chunks (a quarter of the
-//! message, from [`MIN_CHUNK_BYTES`] to [`CHUNK_BYTES`]) written into this rank's outbox one
-//! after the other, each announced as soon as it is written with a `CHUNK` message carrying its
+//! message, from [`MIN_CHUNK_BYTES`] to [`CHUNK_BYTES`]) written into this rank's outbox one after
+//! the other, each announced as soon as it is written with a `CHUNK` message carrying its
 //! [`PayloadRef`](shmbroker_bindings::PayloadRef); receivers copy each chunk out and acknowledge
-//! it, which frees the block for the next chunk. At most [`CHUNKS_IN_FLIGHT`](super::outgoing::CHUNKS_IN_FLIGHT) chunks are
-//! unacknowledged by any one receiver at once (counted per receiver, so a rank feeding several
-//! workers keeps that many in flight to each), so the sender's copy of chunk `n + 1` overlaps the
-//! receivers' copies of chunk `n`, the chunks stay warm in cache, a slow receiver holds the
-//! sender back, and a message larger than the outbox goes through. A transfer that stalls widens
-//! its window up to the whole outbox: a message that fits is then buffered there even when its
-//! receiver is not receiving yet (two ranks sending to each other first, say); a larger one waits
-//! for its receiver, as `MPI_Send` does.
+//! it, which frees the block for the next chunk. At most
+//! [`CHUNKS_IN_FLIGHT`](super::outgoing::CHUNKS_IN_FLIGHT) chunks are unacknowledged by any one
+//! receiver at once (counted per receiver, so a rank feeding several workers keeps that many in
+//! flight to each), so the sender's copy of chunk `n + 1` overlaps the receivers' copies of chunk
+//! `n`, the chunks stay warm in cache, a slow receiver holds the sender back, and a message larger
+//! than the outbox goes through. A transfer that stalls widens its window up to the whole outbox: a
+//! message that fits is then buffered there even when its receiver is not receiving yet (two ranks
+//! sending to each other first, say); a larger one waits for its receiver, as `MPI_Send` does.
 //!
 //! # Progress without deadlock
 //!
@@ -149,7 +149,7 @@ impl Session {
                 }
                 Err(TrySendError::Full(())) => {}
                 Err(TrySendError::Disconnected(())) => {
-                    return Err(self.closed(peer, deadline.collective, Some(deadline)));
+                    return Err(self.closed(peer, deadline.collective.then_some(deadline)));
                 }
                 Err(TrySendError::Corrupted((), corruption)) => {
                     return Err(self.corrupted(peer, corruption));
@@ -175,7 +175,7 @@ impl Session {
                     }
                 }
                 Err(shmbroker_queues::SendTimeoutError::Disconnected(_)) => {
-                    return Err(self.closed(peer, deadline.collective, Some(deadline)));
+                    return Err(self.closed(peer, deadline.collective.then_some(deadline)));
                 }
                 Err(shmbroker_queues::SendTimeoutError::Corrupted(_, corruption)) => {
                     return Err(self.corrupted(peer, corruption));
@@ -205,7 +205,7 @@ impl Session {
                 Ok(()) => return Ok(()),
                 Err(TrySendError::Full(())) => {}
                 Err(TrySendError::Disconnected(())) => {
-                    return Err(self.closed(peer, deadline.collective, Some(deadline)));
+                    return Err(self.closed(peer, deadline.collective.then_some(deadline)));
                 }
                 Err(TrySendError::Corrupted((), corruption)) => {
                     return Err(self.corrupted(peer, corruption));
@@ -617,7 +617,7 @@ impl Session {
                 }
                 Err(TrySendError::Full(())) => {}
                 Err(TrySendError::Disconnected(())) => {
-                    return Err(self.closed(peer, outgoing.collective, Some(deadline)));
+                    return Err(self.closed(peer, outgoing.collective.then_some(deadline)));
                 }
                 Err(TrySendError::Corrupted((), corruption)) => {
                     return Err(self.corrupted(peer, corruption));

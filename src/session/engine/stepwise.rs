@@ -274,7 +274,7 @@ impl Session {
             Ok(()) => Ok(true),
             Err(TrySendError::Full(())) => Ok(false),
             Err(TrySendError::Disconnected(())) => {
-                Err(self.closed(peer, deadline.collective, Some(deadline)))
+                Err(self.closed(peer, deadline.collective.then_some(deadline)))
             }
             Err(TrySendError::Corrupted((), corruption)) => Err(self.corrupted(peer, corruption)),
         }
