@@ -115,10 +115,9 @@
 //! 3. **The transport's paths,** under `engine` (`receive`, `send`, `acks`, `stepwise`, `any`,
 //!    `loans`): the only code that reads the engine's fields, which are private to it. The rest
 //!    of the session sends, receives and lends through what they define, and reads the engine
-//!    through its methods, so the compiler keeps the rest out of its state. Two of them also
-//!    hold the public calls that are the transport's own: receiving from any peer (`any`:
-//!    `recv_any`, `try_recv`) and loans (`loans`: `loan`, `send_loan`, `recv_loan`,
-//!    `broadcast_loan`).
+//!    through its methods, so the compiler keeps the rest out of its state. They hold no public
+//!    call, and call no call guard (`status`): `recv_any` and the loans are `p2p`'s calls over
+//!    `any` and `loans`, and `broadcast_loan` is `rooted`'s.
 //! 4. **The calls,** each an `impl Session` block over `state` and the layers below it:
 //!    departures and groups (`departures`, `agree`, `groups`, `rejoin`), and what users call
 //!    (`p2p`, `collectives`, `rooted`, `exchange`, `reductions`, `symmetric`, `fds`, `gpu`,

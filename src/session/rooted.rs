@@ -1,13 +1,15 @@
 //! Collectives with a root: broadcast and gather, flat in small worlds and down (or up) a
-//! binomial tree in large ones.
+//! binomial tree in large ones; and `broadcast_loan`, a root's loan to every other rank.
 
 use super::demux::{Expect, Incoming, Sink, message};
+use super::engine::loans::LoanView;
 use super::engine::outgoing::Targets;
 use super::state::Deadline;
 use super::state::Session;
 use super::teams::Team;
 use super::tuning::TREE_PART_MAX;
 use crate::error::Error;
+use shmbroker_allocator::Loan;
 use shmbroker_bindings::{Message, kind};
 
 /// Bytes of a tree broadcast's routing slot before any data it carries: the route and the
@@ -226,6 +228,45 @@ impl Bundle {
 }
 
 impl Session {
+    /// `root`'s loan on every other rank, by reference: the root passes `Some(loan)` and gets
+    /// `None`; the others pass `None` and get a view of the root's buffer.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Collectives::broadcast`](crate::Collectives::broadcast) and [`Self::recv_loan`].
+    pub fn broadcast_loan(
+        &mut self,
+        root: u32,
+        loan: Option<Loan>,
+    ) -> Result<Option<LoanView>, Error> {
+        self.collective("broadcast_loan", |session, team, deadline| {
+            session.broadcast_loan_tracked(team, root, loan, deadline)
+        })
+    }
+
+    /// [`Self::broadcast_loan`] within its tracked deadline (which [`Deadline::settle`] then
+    /// notes the outcome of).
+    fn broadcast_loan_tracked(
+        &mut self,
+        team: &Team,
+        root: u32,
+        loan: Option<Loan>,
+        deadline: &Deadline,
+    ) -> Result<Option<LoanView>, Error> {
+        self.check_root(team, root, loan.is_some(), "broadcast_loan")?;
+        let seq = self.next_seq(team, kind::BROADCAST)?;
+        if let Some(loan) = loan {
+            let targets: Vec<u32> = self.peers().collect();
+            self.lend(kind::BROADCAST, seq, loan, &targets, deadline)?;
+            return Ok(None);
+        }
+        let expect = Expect::Collective {
+            op: kind::BROADCAST,
+            seq,
+        };
+        self.take_loan(root, expect, deadline).map(Some)
+    }
+
     /// [`Collectives::broadcast`](crate::Collectives::broadcast) straight from the root to
     /// every rank (small worlds).
     pub(super) fn flat_broadcast(

@@ -11,7 +11,6 @@ use crate::error::Error;
 use crate::session::demux::{Expect, LoanNote, loan_note, read_ref, with_loan_ref};
 use crate::session::state::Deadline;
 use crate::session::state::Session;
-use crate::session::teams::Team;
 use shmbroker_allocator::{Loan, Outbox, View};
 use shmbroker_bindings::{PayloadRef, kind};
 
@@ -69,22 +68,6 @@ impl Drop for LoanView {
 }
 
 impl Session {
-    /// A writable buffer of `len` bytes in this rank's outbox, to fill and hand to peers by
-    /// reference with [`Self::send_loan`] or [`Self::broadcast_loan`]. Waits (up to the session's
-    /// deadline) while the outbox is full of buffers peers have not let go of yet. Dropped unsent,
-    /// it goes back to the outbox.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::OwnOutbox`] when `len` is more than the outbox can ever hold
-    /// ([`Self::max_loan_bytes`]); [`Error::Timeout`]; [`Error::Protocol`] or
-    /// [`Error::Corrupted`] from what peers sent meanwhile.
-    pub fn loan(&mut self, len: usize) -> Result<Loan, Error> {
-        self.tracked("loan", |session, deadline| {
-            session.loan_within(len, deadline)
-        })
-    }
-
     /// [`Self::loan`] within `deadline` (a collective's, which names it).
     pub(in crate::session) fn loan_within(
         &mut self,
@@ -161,21 +144,6 @@ impl Session {
             .into_iter()
             .filter(|&rank| self.engine.outbox.owed_by(rank) > 0)
             .max_by_key(|&rank| self.engine.outbox.owed_by(rank))
-    }
-
-    /// Hands `loan` to `rank` by reference: it receives it with [`Self::recv_loan`] (or copies it
-    /// with [`Self::recv`]). The buffer comes back to this rank's outbox when `rank` is done.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::OwnOutbox`] for a loan of another session; otherwise as for [`Self::send`].
-    pub fn send_loan(&mut self, rank: u32, loan: Loan) -> Result<(), Error> {
-        self.on_peer("send_loan", rank, self.timeout, |session, deadline| {
-            let tag = session.numbers[rank as usize].send_tag;
-            session.lend(kind::SEND, tag, loan, &[rank], deadline)?;
-            session.numbers[rank as usize].send_tag += 1;
-            Ok(())
-        })
     }
 
     /// Sends the reference to `loan` to `targets` as operation `op` number `tag`.
@@ -257,47 +225,38 @@ impl Session {
         Ok(())
     }
 
-    /// Lends `loan` to `rank` by a reference to carry in a record of a typed channel (see the
-    /// `channel` module), as Agave's transaction regions travel: `rank` views it in place with
-    /// [`Self::view_loan_ref`], and dropping that view gives the buffer back. Nothing is sent:
-    /// the reference is the record's to carry, once.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] for a rank out of range or this rank; [`Error::OwnOutbox`] for a loan
-    /// of another session; [`Error::Timeout`] while the loan is still read in place by a
-    /// collective that failed.
-    pub fn lend_ref(&mut self, rank: u32, loan: Loan) -> Result<PayloadRef, Error> {
-        self.on_peer("lend_ref", rank, self.timeout, |session, deadline| {
-            session.flush_view_acks()?;
-            let mut since = None;
-            while session.engine.outbox.lent_in_place(&loan) {
-                session.await_acks(deadline, &mut since)?;
-            }
-            session
-                .engine
-                .outbox
-                .send_loan(loan, Outbox::receivers([rank]))
-                .map_err(Error::OwnOutbox)
-        })
+    /// Records `loan` as lent to `rank` alone, once no failed all-reduce reads it in place any
+    /// more, and returns its reference, for a record to carry (see `Session::lend_ref`).
+    pub(in crate::session) fn lend_as_ref(
+        &mut self,
+        rank: u32,
+        loan: Loan,
+        deadline: &Deadline,
+    ) -> Result<PayloadRef, Error> {
+        self.flush_view_acks()?;
+        let mut since = None;
+        while self.engine.outbox.lent_in_place(&loan) {
+            self.await_acks(deadline, &mut since)?;
+        }
+        self.engine
+            .outbox
+            .send_loan(loan, Outbox::receivers([rank]))
+            .map_err(Error::OwnOutbox)
     }
 
-    /// A read-only view of the buffer `rank` lent this rank with [`Self::lend_ref`] as
-    /// `lent` (the reference a channel record carried); dropping it gives the buffer back.
-    /// Take each reference once.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Outbox`] naming `rank` for a reference outside its outbox; `rank`'s departure,
-    /// [`Error::Timeout`] while its outbox has not arrived.
-    pub fn view_loan_ref(&mut self, rank: u32, lent: PayloadRef) -> Result<LoanView, Error> {
-        let view = self.on_peer("view_loan_ref", rank, self.timeout, |session, deadline| {
-            session.flush_view_acks()?;
-            session
-                .peer_outbox(rank, deadline)?
-                .view(lent)
-                .map_err(|source| Error::Outbox { peer: rank, source })
-        })?;
+    /// A view of the buffer `rank` lent as `lent`, a reference a record carried (see
+    /// `Session::view_loan_ref`).
+    pub(in crate::session) fn view_lent(
+        &mut self,
+        rank: u32,
+        lent: PayloadRef,
+        deadline: &Deadline,
+    ) -> Result<LoanView, Error> {
+        self.flush_view_acks()?;
+        let view = self
+            .peer_outbox(rank, deadline)?
+            .view(lent)
+            .map_err(|source| Error::Outbox { peer: rank, source })?;
         Ok(LoanView {
             view,
             owner: rank,
@@ -306,63 +265,6 @@ impl Session {
             process: self.membership.adopted_at(rank),
             note: LoanNote::default(),
         })
-    }
-
-    /// The next message `rank` sent this rank, which must be a loan, as a read-only view of the
-    /// lender's buffer; dropping the view gives the buffer back to its owner.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] when the next message from `rank` is not a loan (it stays queued, and
-    /// [`Self::recv`] takes it); otherwise as for [`Self::recv`].
-    pub fn recv_loan(&mut self, rank: u32) -> Result<LoanView, Error> {
-        self.on_peer("recv_loan", rank, self.timeout, |session, deadline| {
-            let expect = Expect::Send {
-                tag: session.numbers[rank as usize].recv_tag,
-            };
-            let view = session.take_loan(rank, expect, deadline)?;
-            session.numbers[rank as usize].recv_tag += 1;
-            Ok(view)
-        })
-    }
-
-    /// `root`'s loan on every other rank, by reference: the root passes `Some(loan)` and gets
-    /// `None`; the others pass `None` and get a view of the root's buffer.
-    ///
-    /// # Errors
-    ///
-    /// As for [`Collectives::broadcast`](crate::Collectives::broadcast) and [`Self::recv_loan`].
-    pub fn broadcast_loan(
-        &mut self,
-        root: u32,
-        loan: Option<Loan>,
-    ) -> Result<Option<LoanView>, Error> {
-        self.collective("broadcast_loan", |session, team, deadline| {
-            session.broadcast_loan_tracked(team, root, loan, deadline)
-        })
-    }
-
-    /// [`Self::broadcast_loan`] within its tracked deadline (which [`Deadline::settle`] then
-    /// notes the outcome of).
-    fn broadcast_loan_tracked(
-        &mut self,
-        team: &Team,
-        root: u32,
-        loan: Option<Loan>,
-        deadline: &Deadline,
-    ) -> Result<Option<LoanView>, Error> {
-        self.check_root(team, root, loan.is_some(), "broadcast_loan")?;
-        let seq = self.next_seq(team, kind::BROADCAST)?;
-        if let Some(loan) = loan {
-            let targets: Vec<u32> = self.peers().collect();
-            self.lend(kind::BROADCAST, seq, loan, &targets, deadline)?;
-            return Ok(None);
-        }
-        let expect = Expect::Collective {
-            op: kind::BROADCAST,
-            seq,
-        };
-        self.take_loan(root, expect, deadline).map(Some)
     }
 
     /// The loan group `expect` selects from `peer`, as a view of the lender's buffer. A group
