@@ -3,6 +3,7 @@
 
 use crate::status::{NONE, RECEIVE_SLOT};
 use shmbroker_allocator::StatusWords;
+use shmbroker_allocator::status::Slot;
 use shmbroker_bindings::{STATUS_SLOTS, status_word as w};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
@@ -10,12 +11,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 /// receiving half.
 #[derive(Debug)]
 pub(super) struct Publisher {
-    pub(super) words: StatusWords,
+    words: StatusWords,
     /// Calls in progress per slot, outermost first (see the module docs).
     depth: [AtomicU32; STATUS_SLOTS],
     /// Whether to publish at all (`SHMBROKER_STATUS=0` or `Session::set_publishing` turns it
     /// off, to measure what it costs).
-    pub(super) on: AtomicBool,
+    on: AtomicBool,
 }
 
 impl Publisher {
@@ -49,6 +50,17 @@ impl Publisher {
     /// Whether calls are published.
     pub(super) fn on(&self) -> bool {
         self.on.load(Ordering::Relaxed)
+    }
+
+    /// Turns publishing on or off (see `Session::set_publishing`).
+    pub(super) fn set_on(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
+    }
+
+    /// The words of slot 0 (the collective in progress, and the last one), while calls are
+    /// published; `None` while they are not, as nothing there is current then.
+    pub(super) fn published(&self) -> Option<&Slot> {
+        self.on().then(|| self.words.slot(0))
     }
 
     /// The slot `op` publishes in.

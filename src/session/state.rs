@@ -197,14 +197,20 @@ impl Deadline {
     /// The time until the watchdog is next due (starting it on the first call).
     pub(super) fn watch_slice(&self) -> Duration {
         let now = Instant::now();
-        let (since, next) = self.watch.get().unwrap_or_else(|| {
-            let start = (now, warn_after());
-            self.watch.set(Some(start));
-            start
-        });
+        let (since, next) = self.watch_from(|| now);
         (since + next)
             .saturating_duration_since(now)
             .max(Duration::from_millis(1))
+    }
+
+    /// The watchdog's clock: since when the call has waited, and after how long it warns next.
+    /// The first wait that asks starts it, at `now()`.
+    fn watch_from(&self, now: impl FnOnce() -> Instant) -> (Instant, Duration) {
+        self.watch.get().unwrap_or_else(|| {
+            let start = (now(), warn_after());
+            self.watch.set(Some(start));
+            start
+        })
     }
 
     /// How long the call has waited, when its watchdog is due (then due again after twice as
@@ -213,11 +219,7 @@ impl Deadline {
         if !self.forever() {
             return None;
         }
-        let (since, next) = self.watch.get().unwrap_or_else(|| {
-            let start = (Instant::now(), warn_after());
-            self.watch.set(Some(start));
-            start
-        });
+        let (since, next) = self.watch_from(Instant::now);
         let waited = since.elapsed();
         (waited >= next).then(|| {
             self.watch.set(Some((since, next.saturating_mul(2))));

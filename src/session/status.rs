@@ -70,7 +70,7 @@ impl Session {
     /// documentation and outside the API's stability promise; it may change or go without notice.
     #[doc(hidden)]
     pub fn set_publishing(&self, on: bool) {
-        self.engine.publisher().on.store(on, Ordering::Relaxed);
+        self.engine.publisher().set_on(on);
     }
 
     /// Runs one public call that settles (every collective, and the calls that agree, as
@@ -173,10 +173,9 @@ impl Session {
         peer: u32,
         deadline: &Deadline,
     ) -> Result<(), Error> {
-        if !self.engine.publisher().on() {
+        let Some(mine) = self.engine.publisher().published() else {
             return Ok(());
-        }
-        let mine = self.engine.publisher().words.slot(0);
+        };
         let [seq, group, kind] =
             [w::SEQ, w::GROUP_PEER, w::KIND].map(|at| mine[at].load(Ordering::Relaxed));
         if seq == NONE || group == NONE || kind == NONE {
@@ -298,10 +297,12 @@ impl Session {
             } if expected_seq != found_seq => *peer,
             _ => return error,
         };
-        if !self.engine.publisher().on() || peer >= self.world_size() {
+        if peer >= self.world_size() {
             return error;
         }
-        let mine = self.engine.publisher().words.slot(0);
+        let Some(mine) = self.engine.publisher().published() else {
+            return error;
+        };
         let [seq, group] = [w::SEQ, w::GROUP_PEER].map(|at| mine[at].load(Ordering::Relaxed));
         let quick = Deadline::new("mismatch", Duration::ZERO);
         let Ok(outbox) = self.peer_outbox(peer, &quick) else {
