@@ -16,6 +16,26 @@
 //!
 //! `engine.rs` imports none of the session's modules that run calls (see the module map in
 //! `session`): only the state it is made of (`peer`, `outgoing`, `publisher`).
+//!
+//! # Why the paths are the session's methods
+//!
+//! The paths are `impl Session` blocks, not `Engine`'s methods, because they take in what the
+//! session learns of its job as they go, and that changes the job's state and the engine's
+//! together, in the middle of a wait:
+//! - a send that finds a peer's ring closed forgets that peer's blocks and, in a collective,
+//!   closes the streams the departure ends (`departures`), before it gives back what its
+//!   transfer still held;
+//! - a point-to-point receive that meets a collective message cut off by a death closes the
+//!   dead rank's streams, then looks at the queue again (`receive::Session::find_send`);
+//! - a receive from any peer takes on a replacement of a rank whose death it has reported, as
+//!   it looks for a sender (`rejoin`).
+//!
+//! For the same reason the sending and the receiving paths are not two halves that two threads
+//! could each hold. Acknowledgements of what a receive took go out on the ring that sends
+//! write, and a send that waits for room takes in what its peers sent meanwhile, or two ranks
+//! sending to each other would both wait out their deadlines. Threads share a session through
+//! `Session::split` instead: its halves share the session behind one mutex, which neither holds
+//! while it waits, so a receive never waits behind a send (see `split`).
 
 pub(super) mod acks;
 pub(super) mod any;
